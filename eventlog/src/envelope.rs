@@ -1,0 +1,228 @@
+//! The envelope around every event, its stored form and its hash.
+//!
+//! Stored form of a record: one format byte ([`RECORD_FORMAT`]), the envelope
+//! as MessagePack with named fields, then the 32-byte BLAKE3 hash of
+//! `prev_hash ‖ envelope bytes`. The hash covers the exact stored bytes, never
+//! a re-encoding.
+
+use crate::LogError;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use uuid::Uuid;
+
+/// Version of the stored record layout this build writes and reads.
+pub const RECORD_FORMAT: u8 = 1;
+
+const HASH_LEN: usize = 32;
+
+/// A BLAKE3 hash in a session's chain.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Hash(pub [u8; HASH_LEN]);
+
+impl Hash {
+    /// The `prev_hash` of a session's first record.
+    pub const ZERO: Hash = Hash([0; HASH_LEN]);
+
+    /// Lower-case hex, 64 characters.
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+impl fmt::Debug for Hash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Hash({})", &self.to_hex()[..16])
+    }
+}
+
+impl Serialize for Hash {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        serde_bytes::Bytes::new(&self.0).serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Hash {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let bytes = serde_bytes::ByteBuf::deserialize(d)?;
+        let array: [u8; HASH_LEN] = bytes
+            .as_ref()
+            .try_into()
+            .map_err(|_| serde::de::Error::invalid_length(bytes.len(), &"32 bytes"))?;
+        Ok(Hash(array))
+    }
+}
+
+/// An event as a caller hands it to the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewEvent {
+    /// What kind of event this is (the caller's vocabulary).
+    pub kind: String,
+    /// Version of the payload's schema (the caller's vocabulary).
+    pub schema: u16,
+    /// Seq of the event that caused this one, if any.
+    pub caused_by: Option<u64>,
+    /// The encoded event.
+    pub payload: Vec<u8>,
+}
+
+/// The envelope of a stored event: everything but its own hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Envelope {
+    /// The session (UUID v7).
+    pub session: Uuid,
+    /// Position in the session, from 1, gapless.
+    pub seq: u64,
+    /// Identity of this event (UUID v7).
+    pub event_id: Uuid,
+    /// When it was appended, milliseconds since the Unix epoch (UTC).
+    pub ts_ms: i64,
+    /// Seq of the event that caused this one, if any.
+    pub caused_by: Option<u64>,
+    /// Version of the payload's schema.
+    pub schema: u16,
+    /// What kind of event this is.
+    pub kind: String,
+    /// Hash of the previous record in the session ([`Hash::ZERO`] for seq 1).
+    pub prev_hash: Hash,
+    /// The encoded event.
+    #[serde(with = "serde_bytes")]
+    pub payload: Vec<u8>,
+}
+
+/// A stored event: its envelope and its hash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The envelope.
+    pub envelope: Envelope,
+    /// BLAKE3 of `prev_hash ‖ encoded envelope`.
+    pub hash: Hash,
+}
+
+impl Record {
+    /// Seals `envelope`: encodes it and computes its hash. Returns the record
+    /// and its exact stored bytes.
+    pub fn seal(envelope: Envelope) -> Result<(Record, Vec<u8>), LogError> {
+        let mut bytes = vec![RECORD_FORMAT];
+        rmp_serde::encode::write_named(&mut bytes, &envelope).map_err(|e| LogError::Encode {
+            kind: envelope.kind.clone(),
+            reason: e.to_string(),
+        })?;
+        let hash = chain_hash(&envelope.prev_hash, &bytes[1..]);
+        bytes.extend_from_slice(&hash.0);
+        Ok((Record { envelope, hash }, bytes))
+    }
+
+    /// Decodes and checks stored bytes that the store keeps under
+    /// (`session`, `seq`): format version, hash, and that the envelope names
+    /// the same session and seq.
+    pub fn open(session: Uuid, seq: u64, bytes: &[u8]) -> Result<Record, LogError> {
+        let corrupt = |reason: String| LogError::Corrupt {
+            session,
+            seq,
+            reason,
+        };
+        let Some((&version, rest)) = bytes.split_first() else {
+            return Err(corrupt("empty record".into()));
+        };
+        if version != RECORD_FORMAT {
+            return Err(LogError::UnknownVersion {
+                session,
+                seq,
+                version,
+            });
+        }
+        if rest.len() < HASH_LEN {
+            return Err(corrupt(format!("record truncated to {} bytes", bytes.len())));
+        }
+        let (body, stored_hash) = rest.split_at(rest.len() - HASH_LEN);
+        let envelope: Envelope = rmp_serde::from_slice(body)
+            .map_err(|e| corrupt(format!("envelope does not decode: {e}")))?;
+        let hash = chain_hash(&envelope.prev_hash, body);
+        if hash.0 != stored_hash {
+            return Err(corrupt(
+                "hash mismatch: the stored bytes were altered".into(),
+            ));
+        }
+        if envelope.session != session || envelope.seq != seq {
+            return Err(corrupt(format!(
+                "record stored under this key names session {} seq {}",
+                envelope.session, envelope.seq
+            )));
+        }
+        Ok(Record { envelope, hash })
+    }
+}
+
+fn chain_hash(prev: &Hash, body: &[u8]) -> Hash {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(&prev.0);
+    hasher.update(body);
+    Hash(*hasher.finalize().as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn envelope() -> Envelope {
+        Envelope {
+            session: Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0001),
+            seq: 1,
+            event_id: Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0002),
+            ts_ms: 1_700_000_000_000,
+            caused_by: None,
+            schema: 1,
+            kind: "Test".into(),
+            prev_hash: Hash::ZERO,
+            payload: vec![1, 2, 3],
+        }
+    }
+
+    #[test]
+    fn sealed_record_opens_to_itself() {
+        let (record, bytes) = Record::seal(envelope()).unwrap();
+        let opened = Record::open(record.envelope.session, 1, &bytes).unwrap();
+        assert_eq!(opened, record);
+    }
+
+    #[test]
+    fn every_flipped_byte_is_detected() {
+        let (record, bytes) = Record::seal(envelope()).unwrap();
+        for i in 0..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[i] ^= 0x40;
+            let result = Record::open(record.envelope.session, 1, &bad);
+            assert!(result.is_err(), "flip at byte {i} went unnoticed");
+        }
+    }
+
+    #[test]
+    fn record_under_wrong_key_is_refused() {
+        let (record, bytes) = Record::seal(envelope()).unwrap();
+        let err = Record::open(record.envelope.session, 2, &bytes).unwrap_err();
+        assert!(err.to_string().contains("seq 2"), "{err}");
+    }
+
+    #[test]
+    fn unknown_format_is_named() {
+        let (record, mut bytes) = Record::seal(envelope()).unwrap();
+        bytes[0] = 9;
+        let err = Record::open(record.envelope.session, 1, &bytes).unwrap_err();
+        assert!(matches!(err, LogError::UnknownVersion { version: 9, .. }));
+    }
+
+    /// The stored bytes of a record are part of the on-disk format: a change
+    /// here breaks every existing log. Update the fixture only with a new
+    /// [`RECORD_FORMAT`].
+    #[test]
+    fn golden_bytes() {
+        let (_, bytes) = Record::seal(envelope()).unwrap();
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/record_v1.hex");
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        if std::env::var_os("MNEME_BLESS").is_some() {
+            std::fs::write(path, format!("{hex}\n")).unwrap();
+        }
+        let golden = std::fs::read_to_string(path).expect("fixture missing: run with MNEME_BLESS=1");
+        assert_eq!(hex, golden.trim(), "record encoding changed");
+    }
+}

@@ -1,0 +1,252 @@
+//! The event log: append-only, gapless, hash-chained streams of opaque events,
+//! one stream per session.
+//!
+//! This crate knows nothing of agents. An event is a `kind` string, a schema
+//! version and an opaque payload; the log gives it a place (`seq`), an identity,
+//! a timestamp and a link in its session's hash chain, and hands the exact
+//! stored bytes back on read, after checking them.
+//!
+//! Guarantees of every [`EventLog`]:
+//! - `seq` starts at 1 and is gapless per session; an append names the seq it
+//!   expects to write, and a writer that lost a race gets [`LogError::Conflict`],
+//!   never a gap or an overwrite.
+//! - A record is never rewritten. A record whose stored bytes changed is
+//!   refused on read with [`LogError::Corrupt`] naming the session and seq.
+//! - An append is durable only after a [`EventLog::barrier`] of the wanted
+//!   [`Durability`] returned.
+
+mod envelope;
+mod sled_log;
+
+pub use envelope::{Envelope, Hash, NewEvent, Record, RECORD_FORMAT};
+pub use sled_log::SledLog;
+
+use std::fmt;
+use uuid::Uuid;
+
+/// How durable appended records are once a barrier returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Durability {
+    /// In the process's memory only: lost if the process dies.
+    Buffered,
+    /// Handed to the operating system: survives the death of the process,
+    /// not a power loss or kernel crash.
+    Flushed,
+    /// On stable storage (`fdatasync`): survives a power loss.
+    Synced,
+}
+
+impl std::str::FromStr for Durability {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "buffered" => Ok(Self::Buffered),
+            "flushed" => Ok(Self::Flushed),
+            "synced" => Ok(Self::Synced),
+            other => Err(format!(
+                "unknown durability {other:?}: expected buffered, flushed or synced"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Durability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Buffered => "buffered",
+            Self::Flushed => "flushed",
+            Self::Synced => "synced",
+        })
+    }
+}
+
+/// The last record of a session: where the next append goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Head {
+    /// Seq of the last record (0 for a session without records).
+    pub seq: u64,
+    /// Hash of the last record (all zeros for a session without records).
+    pub hash: Hash,
+}
+
+impl Head {
+    /// The head of a session that has no records yet.
+    pub const EMPTY: Head = Head {
+        seq: 0,
+        hash: Hash::ZERO,
+    };
+}
+
+/// Small per-session metadata, readable without touching the records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionMeta {
+    /// The session.
+    pub session: Uuid,
+    /// Number of records (equal to the seq of the last one).
+    pub events: u64,
+    /// Time of the first record, milliseconds since the Unix epoch.
+    pub created_ms: i64,
+    /// Time of the last record, milliseconds since the Unix epoch.
+    pub updated_ms: i64,
+    /// Kind of the last record.
+    pub last_kind: String,
+}
+
+/// Everything that can go wrong in the log, each naming what and where.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    /// Another writer appended first: the caller's view of the session is stale.
+    #[error("append conflict in session {session}: expected to write seq {expected}, but the log's next seq is {actual}")]
+    Conflict {
+        /// The session.
+        session: Uuid,
+        /// The seq the caller tried to write.
+        expected: u64,
+        /// The seq the log would have accepted.
+        actual: u64,
+    },
+    /// A stored record failed its checks (hash, chain, seq, decoding).
+    #[error("corrupt record in session {session} at seq {seq}: {reason}")]
+    Corrupt {
+        /// The session.
+        session: Uuid,
+        /// The first bad seq.
+        seq: u64,
+        /// What check failed.
+        reason: String,
+    },
+    /// A record was written by a newer mneme than this one.
+    #[error("record in session {session} at seq {seq} has unknown format version {version} (this build reads version {RECORD_FORMAT})")]
+    UnknownVersion {
+        /// The session.
+        session: Uuid,
+        /// The seq.
+        seq: u64,
+        /// The version byte found.
+        version: u8,
+    },
+    /// The data directory is held by another process.
+    #[error("data directory {dir} is in use by another process ({holder}); stop it or talk to it through its API")]
+    Locked {
+        /// The data directory.
+        dir: String,
+        /// What is known of the holder.
+        holder: String,
+    },
+    /// The storage engine failed.
+    #[error("storage error in {dir}: {source}")]
+    Storage {
+        /// The data directory.
+        dir: String,
+        /// The engine's error.
+        #[source]
+        source: sled::Error,
+    },
+    /// A file system operation failed.
+    #[error("i/o error on {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An event could not be encoded.
+    #[error("cannot encode event of kind {kind}: {reason}")]
+    Encode {
+        /// The kind of the event.
+        kind: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// An append-only store of per-session event streams.
+///
+/// Implementations are shared between threads; appends to one session are
+/// serialized by the expected-seq check.
+pub trait EventLog: Send + Sync {
+    /// Appends `events` atomically to `session` at seqs `expected_seq..`:
+    /// either all are stored or none. Fails with [`LogError::Conflict`] if the
+    /// session's next seq is not `expected_seq`. Not durable until a barrier.
+    fn append(
+        &self,
+        session: Uuid,
+        expected_seq: u64,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<Record>, LogError>;
+
+    /// Records of `session` with `from <= seq <= to`, in seq order, each
+    /// checked (hash, seq, session, and the chain link between neighbours).
+    fn read(&self, session: Uuid, from: u64, to: u64) -> Result<Vec<Record>, LogError>;
+
+    /// The head of `session` ([`Head::EMPTY`] if it has no records).
+    fn head(&self, session: Uuid) -> Result<Head, LogError>;
+
+    /// Metadata of every session, ordered by session id (UUID v7: by creation).
+    fn sessions(&self) -> Result<Vec<SessionMeta>, LogError>;
+
+    /// Returns once everything appended before the call is at least as
+    /// durable as `durability` says.
+    fn barrier(&self, durability: Durability) -> Result<(), LogError>;
+
+    /// Checks the whole chain of `session`: every record's hash, the link to
+    /// its predecessor, gapless seqs, and that the head matches the last record.
+    /// Returns the number of records checked.
+    fn verify(&self, session: Uuid) -> Result<u64, LogError> {
+        let head = self.head(session)?;
+        let mut prev = Head::EMPTY;
+        let mut from = 1;
+        while from <= head.seq {
+            let to = head.seq.min(from + 4095);
+            for record in self.read(session, from, to)? {
+                check_link(session, &prev, &record)?;
+                prev = Head {
+                    seq: record.envelope.seq,
+                    hash: record.hash,
+                };
+            }
+            from = to + 1;
+        }
+        if prev != head {
+            return Err(LogError::Corrupt {
+                session,
+                seq: prev.seq + 1,
+                reason: format!(
+                    "session head says seq {} but the chain ends at seq {}",
+                    head.seq, prev.seq
+                ),
+            });
+        }
+        Ok(head.seq)
+    }
+}
+
+/// Checks that `record` directly follows `prev` in `session`'s chain.
+pub fn check_link(session: Uuid, prev: &Head, record: &Record) -> Result<(), LogError> {
+    let seq = record.envelope.seq;
+    if seq != prev.seq + 1 {
+        return Err(LogError::Corrupt {
+            session,
+            seq: prev.seq + 1,
+            reason: format!("missing record: next stored seq is {seq}"),
+        });
+    }
+    if record.envelope.prev_hash != prev.hash {
+        return Err(LogError::Corrupt {
+            session,
+            seq,
+            reason: "chain broken: prev_hash does not match the hash of the previous record"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
