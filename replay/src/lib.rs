@@ -1,0 +1,22 @@
+//! Replay: a session's events in, its state, prompt and resume plan out.
+//!
+//! Pure: no I/O, no clock, no randomness. The same events always give the
+//! same state, the same prompt bytes and the same plan, in any process.
+
+pub mod event;
+pub mod plan;
+pub mod prompt;
+pub mod spec;
+pub mod state;
+
+pub use event::{
+    idempotency_key, DecodeError, Event, ModelReply, Resolution, SessionOutcome, ToolCall,
+    ToolOutcome, Usage, EVENT_SCHEMA,
+};
+pub use plan::{plan, CallDecision, CallPlan, NextStep, ResumePlan};
+pub use prompt::{messages, request_body, Message};
+pub use spec::{AgentSpec, Effect, ModelSpec, ToolKind, ToolSpec};
+pub use state::{CallPhase, CallState, Entry, SessionState, Status, Totals};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,204 @@
+//! The events of an agent session, and their encoding in the log.
+
+use crate::spec::{AgentSpec, Effect};
+use serde::{Deserialize, Serialize};
+
+/// Version of the event schema this build writes. Older versions are read;
+/// newer ones are refused with [`DecodeError::UnknownSchema`].
+pub const EVENT_SCHEMA: u16 = 1;
+
+/// One thing that happened in a session. Immutable once appended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Event {
+    /// The session began with this agent spec.
+    SessionStarted {
+        /// The spec as it was at the start.
+        spec: AgentSpec,
+    },
+    /// A person said something.
+    UserMessage {
+        /// What they said.
+        text: String,
+    },
+    /// The model answered a request.
+    ModelReplied(ModelReply),
+    /// A tool call is about to run.
+    ToolStarted {
+        /// The model's id of the call.
+        call_id: String,
+        /// The tool.
+        tool: String,
+        /// Arguments, exactly as the model sent them.
+        args: String,
+        /// The tool's declared effect.
+        effect: Effect,
+        /// Key the tool receives; the same on every attempt.
+        idempotency_key: String,
+        /// 1 for the first run, 2 for the first re-run, ...
+        attempt: u32,
+    },
+    /// A tool call ended.
+    ToolFinished {
+        /// The model's id of the call.
+        call_id: String,
+        /// What it returned.
+        outcome: ToolOutcome,
+        /// How long it ran.
+        duration_ms: u64,
+    },
+    /// A call started but its outcome is unknown and it is unsafe to run again.
+    ToolInDoubt {
+        /// The model's id of the call.
+        call_id: String,
+        /// Why it is in doubt.
+        reason: String,
+    },
+    /// A person decided what to do with a call in doubt.
+    ToolResolved {
+        /// The model's id of the call.
+        call_id: String,
+        /// The decision.
+        resolution: Resolution,
+        /// Who decided.
+        by: String,
+    },
+    /// The session stopped until someone resumes it.
+    SessionPaused {
+        /// Why.
+        reason: String,
+    },
+    /// Someone resumed a paused or failed session.
+    SessionResumed {
+        /// Who or what resumed it.
+        by: String,
+    },
+    /// The session ended.
+    SessionFinished {
+        /// How.
+        outcome: SessionOutcome,
+    },
+}
+
+/// What the model sent back for one request.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ModelReply {
+    /// Assistant text, if any.
+    pub content: Option<String>,
+    /// Tool calls, in the model's order.
+    pub tool_calls: Vec<ToolCall>,
+    /// Token usage the server reported.
+    pub usage: Usage,
+    /// Why the model stopped (as the server said it).
+    pub finish_reason: String,
+    /// Time from request to reply.
+    pub latency_ms: u64,
+    /// BLAKE3 of the request body, hex: where two requests' prefixes part.
+    #[serde(default)]
+    pub request_digest: String,
+}
+
+/// One tool call in a model reply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The model's id for the call.
+    pub id: String,
+    /// The tool's name.
+    pub name: String,
+    /// Arguments as a JSON text, exactly as received.
+    pub arguments: String,
+}
+
+/// Token usage of one model request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: u64,
+    /// Completion tokens.
+    pub completion_tokens: u64,
+    /// Prompt tokens served from the server's prefix cache.
+    pub cached_tokens: u64,
+}
+
+/// The outcome of a tool call as the model sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ToolOutcome {
+    /// It returned this output (JSON where it parses, else text).
+    Ok(String),
+    /// It failed with this message.
+    Err(String),
+}
+
+/// A person's decision on a call in doubt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Resolution {
+    /// Run it again (the person accepts the risk of a duplicate).
+    Retry,
+    /// Do not run it; give the model this result (JSON).
+    Skip(String),
+    /// Do not run it; tell the model it failed with this message.
+    Fail(String),
+}
+
+/// How a session ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SessionOutcome {
+    /// A turn failed with this error; `resume` may try again.
+    Failed(String),
+}
+
+/// Why stored bytes are not an event this build can use.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// Written by a newer mneme.
+    #[error("event schema version {found} is newer than this build's {EVENT_SCHEMA}")]
+    UnknownSchema {
+        /// The version found.
+        found: u16,
+    },
+    /// Not a valid event.
+    #[error("event does not decode: {0}")]
+    Malformed(String),
+}
+
+impl Event {
+    /// The name of this kind of event, as stored in the envelope.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Event::SessionStarted { .. } => "SessionStarted",
+            Event::UserMessage { .. } => "UserMessage",
+            Event::ModelReplied(_) => "ModelReplied",
+            Event::ToolStarted { .. } => "ToolStarted",
+            Event::ToolFinished { .. } => "ToolFinished",
+            Event::ToolInDoubt { .. } => "ToolInDoubt",
+            Event::ToolResolved { .. } => "ToolResolved",
+            Event::SessionPaused { .. } => "SessionPaused",
+            Event::SessionResumed { .. } => "SessionResumed",
+            Event::SessionFinished { .. } => "SessionFinished",
+        }
+    }
+
+    /// MessagePack with named fields.
+    pub fn encode(&self) -> Vec<u8> {
+        rmp_serde::to_vec_named(self).expect("events always encode")
+    }
+
+    /// Decodes a payload written with schema version `schema`.
+    pub fn decode(schema: u16, bytes: &[u8]) -> Result<Event, DecodeError> {
+        if schema > EVENT_SCHEMA {
+            return Err(DecodeError::UnknownSchema { found: schema });
+        }
+        rmp_serde::from_slice(bytes).map_err(|e| DecodeError::Malformed(e.to_string()))
+    }
+}
+
+/// The idempotency key of a call: the same on every attempt, restart and
+/// machine, and distinct across sessions and across replies of one session
+/// (some servers reuse call ids such as `call_0` in every reply).
+pub fn idempotency_key(session: uuid::Uuid, reply_seq: u64, call_id: &str) -> String {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(session.as_bytes());
+    hasher.update(&reply_seq.to_be_bytes());
+    hasher.update(call_id.as_bytes());
+    let hex = hasher.finalize().to_hex();
+    format!("mneme-{}", &hex[..32])
+}

@@ -1,0 +1,111 @@
+//! The resume plan: what a process must do next, decided from the state alone.
+
+use crate::state::{CallPhase, SessionState};
+
+/// What to do with one call of the latest reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallDecision {
+    /// It finished: reuse the recorded outcome, never run it again.
+    Reuse,
+    /// It never started: run it (attempt 1).
+    Run,
+    /// It started but did not finish, and running it again with the same
+    /// idempotency key is safe (or a person chose to retry it).
+    Rerun,
+    /// It started but did not finish, and a re-run could repeat a side
+    /// effect: record it as in doubt and pause. The reason says why.
+    InDoubt(String),
+    /// It is already in doubt: a person must decide (`mneme resolve`).
+    AwaitingDecision(String),
+}
+
+/// The plan for one call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallPlan {
+    /// The model's id of the call.
+    pub call_id: String,
+    /// The tool.
+    pub tool: String,
+    /// What to do.
+    pub decision: CallDecision,
+}
+
+/// What the session needs next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NextStep {
+    /// Nothing: the last turn is answered (or nothing was asked yet).
+    Nothing,
+    /// Ask the model (a missing reply is simply requested again).
+    CallModel,
+    /// Run or re-run the calls marked so; record the ones in doubt.
+    RunTools,
+    /// Only calls waiting for a person's decision remain.
+    AwaitDecision,
+    /// Paused by someone or something; resuming it is an explicit act.
+    Paused(String),
+    /// The last turn failed; resuming it is an explicit act.
+    Failed(String),
+}
+
+/// The resume plan of a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResumePlan {
+    /// What to do next.
+    pub next: NextStep,
+    /// Decisions for the calls of the latest reply, in the model's order.
+    pub calls: Vec<CallPlan>,
+}
+
+/// Decides what to do next. A finished call is always reused, never re-run.
+pub fn plan(state: &SessionState) -> ResumePlan {
+    let calls: Vec<CallPlan> = state
+        .open_calls()
+        .iter()
+        .map(|c| CallPlan {
+            call_id: c.call.id.clone(),
+            tool: c.call.name.clone(),
+            decision: decide(state, &c.call.name, &c.phase, c.attempts),
+        })
+        .collect();
+    let next = if let Some(error) = &state.failed {
+        NextStep::Failed(error.clone())
+    } else if let Some(reason) = &state.paused {
+        NextStep::Paused(reason.clone())
+    } else if state.entries.is_empty() || state.answer().is_some() {
+        NextStep::Nothing
+    } else if calls.iter().all(|c| c.decision == CallDecision::Reuse) {
+        NextStep::CallModel
+    } else if calls.iter().any(|c| {
+        matches!(
+            c.decision,
+            CallDecision::Run | CallDecision::Rerun | CallDecision::InDoubt(_)
+        )
+    }) {
+        NextStep::RunTools
+    } else {
+        NextStep::AwaitDecision
+    };
+    ResumePlan { next, calls }
+}
+
+fn decide(state: &SessionState, tool: &str, phase: &CallPhase, attempts: u32) -> CallDecision {
+    match phase {
+        CallPhase::Pending => CallDecision::Run,
+        CallPhase::Finished(_) => CallDecision::Reuse,
+        CallPhase::RetryApproved => CallDecision::Rerun,
+        CallPhase::InDoubt(reason) => CallDecision::AwaitingDecision(reason.clone()),
+        CallPhase::Started => match state.spec.as_ref().and_then(|s| s.tool(tool)) {
+            Some(spec) if spec.safe_to_rerun() => CallDecision::Rerun,
+            Some(spec) => CallDecision::InDoubt(format!(
+                "attempt {attempts} of {tool} started but never finished; {tool} has effect \
+                 {} and does not honour idempotency keys, so running it again could repeat \
+                 its effect",
+                spec.effect
+            )),
+            None => CallDecision::InDoubt(format!(
+                "attempt {attempts} of {tool} started but never finished, and {tool} is not \
+                 in the session's spec"
+            )),
+        },
+    }
+}

@@ -1,0 +1,164 @@
+//! The prompt rebuild: the exact OpenAI chat-completions request a session
+//! sends next, as bytes. A pure function of the events: the same log gives
+//! the same bytes in any process, so a server's prefix cache keeps hitting.
+
+use crate::state::{CallPhase, CallState, Entry, SessionState};
+use crate::event::ToolOutcome;
+use crate::spec::AgentSpec;
+use serde::Serialize;
+
+/// Result text shown for a call that started but has no recorded outcome.
+pub const INTERRUPTED_RESULT: &str =
+    "[mneme] this tool call was interrupted before it finished; its outcome is unknown";
+/// Result text shown for a call that never started.
+pub const NOT_RUN_RESULT: &str = "[mneme] this tool call has not run";
+/// Result text shown for a call in doubt, waiting for a person.
+pub const IN_DOUBT_RESULT: &str =
+    "[mneme] the outcome of this tool call is unknown; a person must decide whether it ran";
+
+/// One chat message, as the OpenAI chat-completions API takes it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Message {
+    /// `system`, `user`, `assistant` or `tool`.
+    pub role: &'static str,
+    /// The text (absent on an assistant message that only calls tools).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    /// Tool calls of an assistant message.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<WireToolCall>>,
+    /// The call a tool message answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+/// A tool call as the API carries it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WireToolCall {
+    /// The call's id.
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// Name and arguments.
+    pub function: WireFunction,
+}
+
+/// Name and arguments of a tool call.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WireFunction {
+    /// The tool.
+    pub name: String,
+    /// Arguments as a JSON text.
+    pub arguments: String,
+}
+
+#[derive(Serialize)]
+struct ToolDefinition<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: FunctionDefinition<'a>,
+}
+
+#[derive(Serialize)]
+struct FunctionDefinition<'a> {
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a serde_json::Value,
+}
+
+#[derive(Serialize)]
+struct ChatRequest<'a> {
+    model: &'a str,
+    messages: &'a [Message],
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<ToolDefinition<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+}
+
+/// The messages of the conversation: system prompt, then every entry in
+/// order, each assistant tool call followed by exactly one result message,
+/// in the model's call order. Never emits a call without a result.
+pub fn messages(state: &SessionState) -> Vec<Message> {
+    let mut out = Vec::with_capacity(state.entries.len() * 2 + 1);
+    if let Some(spec) = state.spec.as_ref().filter(|s| !s.system.is_empty()) {
+        out.push(text_message("system", &spec.system));
+    }
+    for entry in &state.entries {
+        match entry {
+            Entry::User(text) => out.push(text_message("user", text)),
+            Entry::Reply { reply, calls, .. } => {
+                out.push(Message {
+                    role: "assistant",
+                    content: reply.content.clone(),
+                    tool_calls: (!calls.is_empty()).then(|| wire_calls(calls)),
+                    tool_call_id: None,
+                });
+                out.extend(calls.iter().map(|c| Message {
+                    role: "tool",
+                    content: Some(result_text(c)),
+                    tool_calls: None,
+                    tool_call_id: Some(c.call.id.clone()),
+                }));
+            }
+        }
+    }
+    out
+}
+
+/// The exact body of the next chat-completions request.
+pub fn request_body(spec: &AgentSpec, messages: &[Message]) -> Vec<u8> {
+    let request = ChatRequest {
+        model: &spec.model.model,
+        messages,
+        tools: spec
+            .tools
+            .iter()
+            .map(|t| ToolDefinition {
+                kind: "function",
+                function: FunctionDefinition {
+                    name: &t.name,
+                    description: &t.description,
+                    parameters: &t.parameters,
+                },
+            })
+            .collect(),
+        temperature: spec.model.temperature,
+    };
+    serde_json::to_vec(&request).expect("requests always serialize")
+}
+
+fn text_message(role: &'static str, text: &str) -> Message {
+    Message {
+        role,
+        content: Some(text.to_string()),
+        tool_calls: None,
+        tool_call_id: None,
+    }
+}
+
+fn wire_calls(calls: &[CallState]) -> Vec<WireToolCall> {
+    calls
+        .iter()
+        .map(|c| WireToolCall {
+            id: c.call.id.clone(),
+            kind: "function",
+            function: WireFunction {
+                name: c.call.name.clone(),
+                arguments: c.call.arguments.clone(),
+            },
+        })
+        .collect()
+}
+
+/// The text the model sees as a call's result.
+pub fn result_text(call: &CallState) -> String {
+    match &call.phase {
+        CallPhase::Finished(ToolOutcome::Ok(output)) => output.clone(),
+        CallPhase::Finished(ToolOutcome::Err(error)) => format!("error: {error}"),
+        CallPhase::Pending => NOT_RUN_RESULT.to_string(),
+        CallPhase::Started | CallPhase::RetryApproved => INTERRUPTED_RESULT.to_string(),
+        CallPhase::InDoubt(_) => IN_DOUBT_RESULT.to_string(),
+    }
+}

@@ -1,0 +1,279 @@
+//! The fold: a session's state is a function of its events, nothing else.
+
+use crate::event::{Event, ModelReply, Resolution, SessionOutcome, ToolCall, ToolOutcome, Usage};
+use crate::spec::{AgentSpec, Effect};
+
+/// Where one tool call of a reply stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallPhase {
+    /// Not started.
+    Pending,
+    /// Started, no outcome recorded.
+    Started,
+    /// Outcome recorded (or decided by a person).
+    Finished(ToolOutcome),
+    /// Outcome unknown and unsafe to re-run; waits for a person.
+    InDoubt(String),
+    /// A person chose to run it again.
+    RetryApproved,
+}
+
+/// One tool call of a reply, with its history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallState {
+    /// The call as the model made it.
+    pub call: ToolCall,
+    /// Effect recorded when it started.
+    pub effect: Option<Effect>,
+    /// Idempotency key recorded when it started.
+    pub idempotency_key: Option<String>,
+    /// How many times it started.
+    pub attempts: u32,
+    /// Where it stands.
+    pub phase: CallPhase,
+}
+
+/// One entry of the conversation, in prompt order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Entry {
+    /// A user message.
+    User(String),
+    /// A model reply and its tool calls, in the model's order.
+    Reply {
+        /// Seq of the ModelReplied event.
+        seq: u64,
+        /// The reply.
+        reply: ModelReply,
+        /// Its calls, in the same order as `reply.tool_calls`.
+        calls: Vec<CallState>,
+    },
+}
+
+/// Coarse status of a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// No SessionStarted yet.
+    Empty,
+    /// Work is pending: the model or a tool must run.
+    Running,
+    /// The last turn was answered; waiting for a user message.
+    Idle,
+    /// Stopped until someone resumes or resolves it.
+    Paused,
+    /// The last turn failed; `resume` may try again.
+    Failed,
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Status::Empty => "empty",
+            Status::Running => "running",
+            Status::Idle => "idle",
+            Status::Paused => "paused",
+            Status::Failed => "failed",
+        })
+    }
+}
+
+/// Sums across every model request of the session, all attempts included.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Totals {
+    /// Model requests answered.
+    pub model_calls: u64,
+    /// Prompt tokens.
+    pub prompt_tokens: u64,
+    /// Completion tokens.
+    pub completion_tokens: u64,
+    /// Prompt tokens served from the server's prefix cache.
+    pub cached_tokens: u64,
+    /// Cost in the spec's currency, where the spec gives prices.
+    pub cost: f64,
+}
+
+impl Totals {
+    fn add(&mut self, usage: &Usage, spec: Option<&AgentSpec>) {
+        self.model_calls += 1;
+        self.prompt_tokens += usage.prompt_tokens;
+        self.completion_tokens += usage.completion_tokens;
+        self.cached_tokens += usage.cached_tokens;
+        if let Some(model) = spec.map(|s| &s.model) {
+            let per = |price: Option<f64>, tokens: u64| price.unwrap_or(0.0) * tokens as f64 / 1e6;
+            self.cost += per(model.input_cost_per_mtok, usage.prompt_tokens)
+                + per(model.output_cost_per_mtok, usage.completion_tokens);
+        }
+    }
+
+    /// Share of prompt tokens served from the prefix cache (0 when none).
+    pub fn cache_hit_ratio(&self) -> f64 {
+        if self.prompt_tokens == 0 {
+            0.0
+        } else {
+            self.cached_tokens as f64 / self.prompt_tokens as f64
+        }
+    }
+}
+
+/// The folded state of a session.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SessionState {
+    /// The spec from SessionStarted.
+    pub spec: Option<AgentSpec>,
+    /// Seq of the last event folded.
+    pub last_seq: u64,
+    /// The conversation, in prompt order.
+    pub entries: Vec<Entry>,
+    /// Set by SessionPaused, cleared by SessionResumed or a new user message.
+    pub paused: Option<String>,
+    /// Set by a failed SessionFinished, cleared by SessionResumed or a new user message.
+    pub failed: Option<String>,
+    /// Usage and cost totals.
+    pub totals: Totals,
+    /// Events the fold could not place (a tool event for an unknown call):
+    /// `(seq, what)`. A healthy log has none.
+    pub anomalies: Vec<(u64, String)>,
+}
+
+impl SessionState {
+    /// Folds `events` (seq and event, in seq order) from the empty state.
+    pub fn fold<'a>(events: impl IntoIterator<Item = (u64, &'a Event)>) -> SessionState {
+        let mut state = SessionState::default();
+        for (seq, event) in events {
+            state.apply(seq, event);
+        }
+        state
+    }
+
+    /// Folds one more event. Never panics, whatever the event.
+    pub fn apply(&mut self, seq: u64, event: &Event) {
+        self.last_seq = seq;
+        match event {
+            Event::SessionStarted { spec } => self.spec = Some(spec.clone()),
+            Event::UserMessage { text } => {
+                self.paused = None;
+                self.failed = None;
+                self.entries.push(Entry::User(text.clone()));
+            }
+            Event::ModelReplied(reply) => {
+                self.totals.add(&reply.usage, self.spec.as_ref());
+                let calls = reply
+                    .tool_calls
+                    .iter()
+                    .map(|call| CallState {
+                        call: call.clone(),
+                        effect: None,
+                        idempotency_key: None,
+                        attempts: 0,
+                        phase: CallPhase::Pending,
+                    })
+                    .collect();
+                self.entries.push(Entry::Reply {
+                    seq,
+                    reply: reply.clone(),
+                    calls,
+                });
+            }
+            Event::ToolStarted {
+                call_id,
+                effect,
+                idempotency_key,
+                ..
+            } => self.update_call(seq, call_id, |c| {
+                c.effect = Some(*effect);
+                c.idempotency_key = Some(idempotency_key.clone());
+                c.attempts += 1;
+                c.phase = CallPhase::Started;
+            }),
+            Event::ToolFinished {
+                call_id, outcome, ..
+            } => self.update_call(seq, call_id, |c| {
+                c.phase = CallPhase::Finished(outcome.clone())
+            }),
+            Event::ToolInDoubt { call_id, reason } => self.update_call(seq, call_id, |c| {
+                c.phase = CallPhase::InDoubt(reason.clone())
+            }),
+            Event::ToolResolved {
+                call_id,
+                resolution,
+                ..
+            } => self.update_call(seq, call_id, |c| {
+                c.phase = match resolution {
+                    Resolution::Retry => CallPhase::RetryApproved,
+                    Resolution::Skip(result) => CallPhase::Finished(ToolOutcome::Ok(result.clone())),
+                    Resolution::Fail(message) => CallPhase::Finished(ToolOutcome::Err(message.clone())),
+                }
+            }),
+            Event::SessionPaused { reason } => self.paused = Some(reason.clone()),
+            Event::SessionResumed { .. } => {
+                self.paused = None;
+                self.failed = None;
+            }
+            Event::SessionFinished {
+                outcome: SessionOutcome::Failed(error),
+            } => self.failed = Some(error.clone()),
+        }
+    }
+
+    /// Tool events always belong to the latest reply: a new model request is
+    /// only made once every call of the previous reply has an outcome.
+    fn update_call(&mut self, seq: u64, call_id: &str, change: impl FnOnce(&mut CallState)) {
+        let call = match self.entries.last_mut() {
+            Some(Entry::Reply { calls, .. }) => calls.iter_mut().find(|c| c.call.id == call_id),
+            _ => None,
+        };
+        match call {
+            Some(call) => change(call),
+            None => self
+                .anomalies
+                .push((seq, format!("tool event for unknown call {call_id:?}"))),
+        }
+    }
+
+    /// The calls of the latest reply, if the latest entry is a reply.
+    pub fn open_calls(&self) -> &[CallState] {
+        match self.entries.last() {
+            Some(Entry::Reply { calls, .. }) => calls,
+            _ => &[],
+        }
+    }
+
+    /// Seq of the latest reply, if the latest entry is a reply.
+    pub fn latest_reply_seq(&self) -> Option<u64> {
+        match self.entries.last() {
+            Some(Entry::Reply { seq, .. }) => Some(*seq),
+            _ => None,
+        }
+    }
+
+    /// The answer of the last turn, if the last entry is a reply without calls.
+    pub fn answer(&self) -> Option<&str> {
+        match self.entries.last() {
+            Some(Entry::Reply { reply, calls, .. }) if calls.is_empty() => {
+                Some(reply.content.as_deref().unwrap_or(""))
+            }
+            _ => None,
+        }
+    }
+
+    /// Coarse status, derived from the state.
+    pub fn status(&self) -> Status {
+        if self.spec.is_none() {
+            return Status::Empty;
+        }
+        if self.failed.is_some() {
+            return Status::Failed;
+        }
+        let in_doubt = self
+            .open_calls()
+            .iter()
+            .any(|c| matches!(c.phase, CallPhase::InDoubt(_)));
+        if self.paused.is_some() || in_doubt {
+            return Status::Paused;
+        }
+        match self.entries.last() {
+            None => Status::Idle,
+            Some(_) if self.answer().is_some() => Status::Idle,
+            Some(_) => Status::Running,
+        }
+    }
+}
