@@ -132,7 +132,10 @@ impl Record {
             });
         }
         if rest.len() < HASH_LEN {
-            return Err(corrupt(format!("record truncated to {} bytes", bytes.len())));
+            return Err(corrupt(format!(
+                "record truncated to {} bytes",
+                bytes.len()
+            )));
         }
         let (body, stored_hash) = rest.split_at(rest.len() - HASH_LEN);
         let envelope: Envelope = rmp_serde::from_slice(body)
@@ -222,7 +225,8 @@ mod tests {
         if std::env::var_os("MNEME_BLESS").is_some() {
             std::fs::write(path, format!("{hex}\n")).unwrap();
         }
-        let golden = std::fs::read_to_string(path).expect("fixture missing: run with MNEME_BLESS=1");
+        let golden =
+            std::fs::read_to_string(path).expect("fixture missing: run with MNEME_BLESS=1");
         assert_eq!(hex, golden.trim(), "record encoding changed");
     }
 }

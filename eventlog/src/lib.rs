@@ -236,8 +236,7 @@ pub fn check_link(session: Uuid, prev: &Head, record: &Record) -> Result<(), Log
         return Err(LogError::Corrupt {
             session,
             seq,
-            reason: "chain broken: prev_hash does not match the hash of the previous record"
-                .into(),
+            reason: "chain broken: prev_hash does not match the hash of the previous record".into(),
         });
     }
     Ok(())

@@ -82,7 +82,11 @@ impl SledLog {
     }
 
     fn load_meta(&self, session: Uuid) -> Result<Option<StoredMeta>, LogError> {
-        let Some(bytes) = self.db.get(meta_key(session)).map_err(|e| self.storage(e))? else {
+        let Some(bytes) = self
+            .db
+            .get(meta_key(session))
+            .map_err(|e| self.storage(e))?
+        else {
             return Ok(None);
         };
         rmp_serde::from_slice(&bytes)
@@ -206,7 +210,10 @@ impl EventLog for SledLog {
             return Ok(Vec::new());
         }
         let mut records: Vec<Record> = Vec::new();
-        for item in self.db.range(event_key(session, from)..=event_key(session, to)) {
+        for item in self
+            .db
+            .range(event_key(session, from)..=event_key(session, to))
+        {
             let (key, value) = item.map_err(|e| self.storage(e))?;
             let seq = u64::from_be_bytes(key[17..25].try_into().expect("event key is 25 bytes"));
             let record = Record::open(session, seq, &value)?;
@@ -374,10 +381,15 @@ mod tests {
         let _log = SledLog::open(dir.path()).unwrap();
         // sled's lock is per process (flock on a separate open file description);
         // within one process the second open must also fail, naming the holder.
-        let err = SledLog::open(dir.path()).err().expect("second open must fail");
+        let err = SledLog::open(dir.path())
+            .err()
+            .expect("second open must fail");
         let text = err.to_string();
         assert!(matches!(err, LogError::Locked { .. }), "{text}");
-        assert!(text.contains(&format!("pid {}", std::process::id())), "{text}");
+        assert!(
+            text.contains(&format!("pid {}", std::process::id())),
+            "{text}"
+        );
     }
 
     #[test]
@@ -385,7 +397,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let log = SledLog::open(dir.path()).unwrap();
         let s = Uuid::now_v7();
-        log.append(s, 1, vec![event(1), event(2), event(3)]).unwrap();
+        log.append(s, 1, vec![event(1), event(2), event(3)])
+            .unwrap();
         let key = event_key(s, 2);
         let mut bytes = log.db.get(key).unwrap().unwrap().to_vec();
         let n = bytes.len();

@@ -2,9 +2,9 @@
 //! sends next, as bytes. A pure function of the events: the same log gives
 //! the same bytes in any process, so a server's prefix cache keeps hitting.
 
-use crate::state::{CallPhase, CallState, Entry, SessionState};
 use crate::event::ToolOutcome;
 use crate::spec::AgentSpec;
+use crate::state::{CallPhase, CallState, Entry, SessionState};
 use serde::Serialize;
 
 /// Result text shown for a call that started but has no recorded outcome.

@@ -199,8 +199,12 @@ impl SessionState {
             } => self.update_call(seq, call_id, |c| {
                 c.phase = match resolution {
                     Resolution::Retry => CallPhase::RetryApproved,
-                    Resolution::Skip(result) => CallPhase::Finished(ToolOutcome::Ok(result.clone())),
-                    Resolution::Fail(message) => CallPhase::Finished(ToolOutcome::Err(message.clone())),
+                    Resolution::Skip(result) => {
+                        CallPhase::Finished(ToolOutcome::Ok(result.clone()))
+                    }
+                    Resolution::Fail(message) => {
+                        CallPhase::Finished(ToolOutcome::Err(message.clone()))
+                    }
                 }
             }),
             Event::SessionPaused { reason } => self.paused = Some(reason.clone()),

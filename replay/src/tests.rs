@@ -107,7 +107,10 @@ fn story() -> Vec<Event> {
 fn prompt_matches_golden_file() {
     let state = fold(&story()[..7]);
     let body = request_body(state.spec.as_ref().unwrap(), &messages(&state));
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/request_after_tools.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/fixtures/request_after_tools.json"
+    );
     if std::env::var_os("MNEME_BLESS").is_some() {
         std::fs::write(path, &body).unwrap();
     }
@@ -124,7 +127,10 @@ fn tool_results_follow_call_order_not_completion_order() {
     let msgs = messages(&state);
     let ids: Vec<_> = msgs.iter().filter_map(|m| m.tool_call_id.clone()).collect();
     assert_eq!(ids, vec!["c1", "c22"]);
-    assert_eq!(msgs.last().unwrap().content.as_deref(), Some("{\"name\":\"Ada\"}"));
+    assert_eq!(
+        msgs.last().unwrap().content.as_deref(),
+        Some("{\"name\":\"Ada\"}")
+    );
 }
 
 #[test]
@@ -144,7 +150,11 @@ fn crash_between_start_and_finish_plans_by_effect() {
     let mut events = story()[..5].to_vec();
     events[2] = reply(
         None,
-        vec![call("c1", "charge"), call("c2", "email"), call("c3", "lookup")],
+        vec![
+            call("c1", "charge"),
+            call("c2", "email"),
+            call("c3", "lookup"),
+        ],
     );
     events.truncate(3);
     events.push(started("c1", "charge", Effect::SideEffect));
@@ -152,7 +162,11 @@ fn crash_between_start_and_finish_plans_by_effect() {
     let state = fold(&events);
     let p = plan(&state);
     assert_eq!(p.next, NextStep::RunTools);
-    assert_eq!(p.calls[0].decision, CallDecision::Rerun, "http honours keys");
+    assert_eq!(
+        p.calls[0].decision,
+        CallDecision::Rerun,
+        "http honours keys"
+    );
     assert!(matches!(p.calls[1].decision, CallDecision::InDoubt(_)));
     assert_eq!(p.calls[2].decision, CallDecision::Run);
 }
@@ -170,7 +184,10 @@ fn in_doubt_call_waits_then_resolution_finishes_it() {
     assert_eq!(state.status(), Status::Paused);
     assert_eq!(plan(&state).next, NextStep::AwaitDecision);
     let unpaired = messages(&state);
-    assert_eq!(unpaired.last().unwrap().content.as_deref(), Some(prompt::IN_DOUBT_RESULT));
+    assert_eq!(
+        unpaired.last().unwrap().content.as_deref(),
+        Some(prompt::IN_DOUBT_RESULT)
+    );
     events.push(Event::ToolResolved {
         call_id: "c2".into(),
         resolution: Resolution::Skip("{\"sent\":true}".into()),
@@ -202,12 +219,25 @@ fn events_round_trip_through_their_encoding() {
 #[test]
 fn golden_bytes_of_every_event_kind() {
     let mut all = story();
-    all.push(Event::ToolInDoubt { call_id: "c9".into(), reason: "r".into() });
-    all.push(Event::ToolResolved { call_id: "c9".into(), resolution: Resolution::Retry, by: "me".into() });
-    all.push(Event::ToolFinished { call_id: "c9".into(), outcome: ToolOutcome::Err("boom".into()), duration_ms: 9 });
+    all.push(Event::ToolInDoubt {
+        call_id: "c9".into(),
+        reason: "r".into(),
+    });
+    all.push(Event::ToolResolved {
+        call_id: "c9".into(),
+        resolution: Resolution::Retry,
+        by: "me".into(),
+    });
+    all.push(Event::ToolFinished {
+        call_id: "c9".into(),
+        outcome: ToolOutcome::Err("boom".into()),
+        duration_ms: 9,
+    });
     all.push(Event::SessionPaused { reason: "r".into() });
     all.push(Event::SessionResumed { by: "me".into() });
-    all.push(Event::SessionFinished { outcome: SessionOutcome::Failed("f".into()) });
+    all.push(Event::SessionFinished {
+        outcome: SessionOutcome::Failed("f".into()),
+    });
     let text: String = all
         .iter()
         .map(|e| {
@@ -224,7 +254,10 @@ fn golden_bytes_of_every_event_kind() {
     // Old payloads keep decoding.
     for line in golden.lines() {
         let hex = line.split_once(' ').unwrap().1;
-        let bytes: Vec<u8> = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
+        let bytes: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
         Event::decode(EVENT_SCHEMA, &bytes).unwrap();
     }
 }
@@ -242,24 +275,45 @@ fn arbitrary_log() -> impl Strategy<Value = Vec<Event>> {
                 .map(|c| c.id.clone())
                 .unwrap_or_else(|| format!("ghost{i}"));
             let event = match op {
-                0 => Event::UserMessage { text: format!("m{i}") },
+                0 => Event::UserMessage {
+                    text: format!("m{i}"),
+                },
                 1 => {
-                    last_calls = (0..pick).map(|k| call(&format!("r{i}c{k}"), names[k])).collect();
+                    last_calls = (0..pick)
+                        .map(|k| call(&format!("r{i}c{k}"), names[k]))
+                        .collect();
                     reply(flag.then_some("text"), last_calls.clone())
                 }
                 2 | 3 => started(&id, "charge", Effect::SideEffect),
                 4 | 5 => Event::ToolFinished {
                     call_id: id,
-                    outcome: if flag { ToolOutcome::Ok("1".into()) } else { ToolOutcome::Err("e".into()) },
+                    outcome: if flag {
+                        ToolOutcome::Ok("1".into())
+                    } else {
+                        ToolOutcome::Err("e".into())
+                    },
                     duration_ms: 1,
                 },
-                6 => Event::ToolInDoubt { call_id: id, reason: "r".into() },
+                6 => Event::ToolInDoubt {
+                    call_id: id,
+                    reason: "r".into(),
+                },
                 7 => Event::ToolResolved {
                     call_id: id,
-                    resolution: if flag { Resolution::Retry } else { Resolution::Skip("{}".into()) },
+                    resolution: if flag {
+                        Resolution::Retry
+                    } else {
+                        Resolution::Skip("{}".into())
+                    },
                     by: "p".into(),
                 },
-                _ => if flag { Event::SessionPaused { reason: "p".into() } } else { Event::SessionResumed { by: "p".into() } },
+                _ => {
+                    if flag {
+                        Event::SessionPaused { reason: "p".into() }
+                    } else {
+                        Event::SessionResumed { by: "p".into() }
+                    }
+                }
             };
             events.push(event);
         }

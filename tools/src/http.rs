@@ -1,0 +1,88 @@
+//! The HTTP tool: arguments as the JSON body (query string for GET), the
+//! idempotency key as the `Idempotency-Key` header.
+
+use crate::{json_or_text, with_timeout, CallContext, Tool, ToolError};
+use async_trait::async_trait;
+use replay::spec::ToolSpec;
+
+/// A tool that is one HTTP request.
+pub struct HttpTool {
+    spec: ToolSpec,
+    method: reqwest::Method,
+    url: reqwest::Url,
+    client: reqwest::Client,
+}
+
+impl HttpTool {
+    /// Builds the tool; fails if the method or URL is malformed.
+    pub fn new(spec: ToolSpec, client: reqwest::Client) -> Result<HttpTool, ToolError> {
+        let config = |reason: String| ToolError::Config {
+            tool: spec.name.clone(),
+            reason,
+        };
+        let method_name = spec
+            .method
+            .as_deref()
+            .unwrap_or("POST")
+            .to_ascii_uppercase();
+        let method = reqwest::Method::from_bytes(method_name.as_bytes())
+            .map_err(|_| config(format!("bad HTTP method {method_name:?}")))?;
+        let url_text = spec.url.clone().unwrap_or_default();
+        let url = reqwest::Url::parse(&url_text)
+            .map_err(|e| config(format!("bad url {url_text:?}: {e}")))?;
+        Ok(HttpTool {
+            spec,
+            method,
+            url,
+            client,
+        })
+    }
+
+    fn request(&self, args: &serde_json::Value) -> Result<reqwest::RequestBuilder, ToolError> {
+        let builder = self.client.request(self.method.clone(), self.url.clone());
+        if self.method != reqwest::Method::GET {
+            return Ok(builder.json(args));
+        }
+        let Some(fields) = args.as_object() else {
+            return Err(ToolError::BadArguments {
+                tool: self.spec.name.clone(),
+                reason: "a GET tool takes a JSON object of query parameters".into(),
+            });
+        };
+        let pairs: Vec<(&String, String)> = fields
+            .iter()
+            .map(|(k, v)| (k, v.as_str().map_or_else(|| v.to_string(), String::from)))
+            .collect();
+        Ok(builder.query(&pairs))
+    }
+}
+
+#[async_trait]
+impl Tool for HttpTool {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn call(&self, ctx: &CallContext, args: &str) -> Result<String, ToolError> {
+        let args: serde_json::Value =
+            serde_json::from_str(args).map_err(|e| ToolError::BadArguments {
+                tool: self.spec.name.clone(),
+                reason: format!("not JSON: {e}"),
+            })?;
+        let request = self
+            .request(&args)?
+            .header("Idempotency-Key", &ctx.idempotency_key);
+        let failed = |e: reqwest::Error| ToolError::Failed {
+            tool: self.spec.name.clone(),
+            reason: format!("{} {}: {e}", self.method, self.url),
+        };
+        with_timeout(&self.spec, async {
+            let response = request.send().await.map_err(failed)?;
+            let status = response.status().as_u16();
+            let body = response.text().await.map_err(failed)?;
+            let output = serde_json::json!({"status": status, "body": json_or_text(&body)});
+            Ok(output.to_string())
+        })
+        .await
+    }
+}
