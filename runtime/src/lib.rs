@@ -1,1 +1,14 @@
+//! The mneme runtime: wires the log, the fold and the tools into an agent
+//! loop that can be killed at any instant and continued from its log.
 
+pub mod agent;
+pub mod crash;
+pub mod error;
+pub mod model;
+pub mod runner;
+pub mod session;
+pub mod sink;
+
+pub use error::RuntimeError;
+pub use runner::{Runner, TurnEnd};
+pub use session::Session;

@@ -1,1 +1,175 @@
-fn main() {}
+//! `mneme`: the command-line face of the runtime.
+
+mod commands;
+mod demo;
+mod timeline;
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use uuid::Uuid;
+
+/// An event-sourced agent runtime: every agent session is an append-only,
+/// hash-chained log; kill it at any instant and it resumes from the log,
+/// never running a committed side effect twice.
+#[derive(Parser)]
+#[command(name = "mneme", version, propagate_version = true)]
+struct Cli {
+    /// Data directory holding the event log.
+    #[arg(long, env = "MNEME_DATA_DIR", global = true)]
+    data_dir: Option<PathBuf>,
+    /// What a write-ahead barrier waits for: `synced` (fdatasync: survives
+    /// power loss), `flushed` (survives a process crash) or `buffered`.
+    #[arg(
+        long,
+        env = "MNEME_DURABILITY",
+        default_value = "synced",
+        global = true
+    )]
+    durability: eventlog::Durability,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start a session (or continue one) and run the agent until it answers.
+    /// Prints the answer on stdout and the session id on stderr.
+    Run(RunArgs),
+    /// Continue unfinished sessions from their logs.
+    Resume(ResumeArgs),
+    /// List sessions with status, events and last activity.
+    Sessions(JsonFlag),
+    /// Show a session's audit trail as a timeline.
+    Log(LogArgs),
+    /// Check hash chains; exits non-zero naming the first bad seq.
+    Verify(VerifyArgs),
+    /// Dry run: the rebuilt prompt and the resume plan, running nothing.
+    Replay(ReplayArgs),
+    /// Decide what to do with a tool call in doubt, then continue the session.
+    Resolve(ResolveArgs),
+    /// A self-contained story: a crash mid-run, a resume, and proof that
+    /// every side effect happened exactly once. Needs no network.
+    Demo(DemoArgs),
+}
+
+#[derive(Args)]
+struct JsonFlag {
+    /// One JSON object a line.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// The agent file (TOML). Optional with --session: a session keeps the
+    /// spec it started with.
+    #[arg(long)]
+    agent: Option<PathBuf>,
+    /// Continue this session instead of starting a new one.
+    #[arg(long)]
+    session: Option<Uuid>,
+    /// The user's message.
+    message: String,
+    #[command(flatten)]
+    json: JsonFlag,
+}
+
+#[derive(Args)]
+struct ResumeArgs {
+    /// The session to continue.
+    #[arg(required_unless_present = "all", conflicts_with = "all")]
+    session: Option<Uuid>,
+    /// Continue every session that has pending work.
+    #[arg(long)]
+    all: bool,
+    #[command(flatten)]
+    json: JsonFlag,
+}
+
+#[derive(Args)]
+struct LogArgs {
+    /// The session.
+    session: Uuid,
+    /// Only events of these kinds (e.g. ToolStarted); repeatable.
+    #[arg(long)]
+    kind: Vec<String>,
+    /// Only events about calls of this tool.
+    #[arg(long)]
+    tool: Option<String>,
+    /// Only events at or after this time: RFC 3339, or an age such as 10m, 2h, 1d.
+    #[arg(long)]
+    since: Option<String>,
+    #[command(flatten)]
+    json: JsonFlag,
+}
+
+#[derive(Args)]
+struct VerifyArgs {
+    /// Only this session (default: every session).
+    session: Option<Uuid>,
+    #[command(flatten)]
+    json: JsonFlag,
+}
+
+#[derive(Args)]
+struct ReplayArgs {
+    /// The session.
+    session: Uuid,
+    /// Print only the exact bytes of the next model request.
+    #[arg(long, conflicts_with = "json")]
+    raw: bool,
+    #[command(flatten)]
+    json: JsonFlag,
+}
+
+#[derive(Args)]
+#[command(group(clap::ArgGroup::new("decision").required(true).args(["retry", "skip", "fail"])))]
+struct ResolveArgs {
+    /// The session.
+    session: Uuid,
+    /// The call in doubt.
+    call_id: String,
+    /// Run the call again (accepting the risk of a duplicate effect).
+    #[arg(long)]
+    retry: bool,
+    /// Do not run it; give the model the result given with --result.
+    #[arg(long, requires = "result")]
+    skip: bool,
+    /// The result (JSON) for --skip.
+    #[arg(long)]
+    result: Option<String>,
+    /// Do not run it; tell the model it failed with this message.
+    #[arg(long, value_name = "MSG")]
+    fail: Option<String>,
+    /// Who decides (recorded in the log).
+    #[arg(long, env = "USER", default_value = "unknown")]
+    by: String,
+    /// Record the decision but do not continue the session.
+    #[arg(long)]
+    no_resume: bool,
+    #[command(flatten)]
+    json: JsonFlag,
+}
+
+#[derive(Args)]
+struct DemoArgs {
+    /// Keep the demo's data directory here instead of a temporary one.
+    #[arg(long)]
+    keep: Option<PathBuf>,
+}
+
+/// Exit code of a run that stopped on calls in doubt.
+const EXIT_NEEDS_DECISION: u8 = 3;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime starts");
+    match runtime.block_on(commands::dispatch(cli)) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("mneme: error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! Agent files (TOML) into agent specs.
+
+use crate::error::RuntimeError;
+use replay::AgentSpec;
+use std::path::Path;
+
+/// Reads and checks the agent file at `path`. A scripted provider's script
+/// path is made absolute (relative to the agent file), so a session resumes
+/// from any working directory.
+pub fn load_agent_file(path: &Path) -> Result<AgentSpec, RuntimeError> {
+    let origin = path.display().to_string();
+    let error = |reason: String| RuntimeError::Spec {
+        origin: origin.clone(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| error(format!("cannot read: {e}")))?;
+    let mut spec: AgentSpec = toml::from_str(&text).map_err(|e| error(e.to_string()))?;
+    spec.validate().map_err(error)?;
+    if let Some(script) = &spec.model.script {
+        let base = path.parent().unwrap_or(Path::new("."));
+        let absolute = std::path::absolute(base.join(script))
+            .map_err(|e| error(format!("script path {script:?}: {e}")))?;
+        spec.model.script = Some(absolute.display().to_string());
+    }
+    Ok(spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str) -> Result<AgentSpec, RuntimeError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        std::fs::write(&path, text).unwrap();
+        load_agent_file(&path)
+    }
+
+    #[test]
+    fn contract_example_loads() {
+        let spec = load(
+            r#"
+name = "billing-agent"
+system = "You are a billing assistant."
+[model]
+provider = "openai"
+base_url = "http://127.0.0.1:8000/v1"
+model = "gpt-4o-mini"
+api_key_env = "OPENAI_API_KEY"
+[[tools]]
+name = "charge_card"
+description = "Charge a customer's card"
+kind = "http"
+method = "POST"
+url = "http://127.0.0.1:9000/charge"
+effect = "side_effect"
+parameters = { type = "object", properties = { customer = { type = "string" }, cents = { type = "integer" } }, required = ["customer", "cents"] }
+"#,
+        )
+        .unwrap();
+        assert_eq!(spec.tools[0].effect, replay::Effect::SideEffect);
+        assert!(
+            spec.tools[0].honours_key(),
+            "HTTP tools honour keys by default"
+        );
+    }
+
+    #[test]
+    fn errors_name_the_file_and_the_problem() {
+        let err = load("name = \"x\"\n[model]\nprovider = \"openai\"\n[[tools]]\nname = \"t\"\nkind = \"http\"\neffect = \"sometimes\"\nurl = \"http://x\"\n").unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("agent.toml") && text.contains("sometimes"),
+            "{text}"
+        );
+        let err = load("name = \"x\"\n[model]\nprovider = \"openai\"\n").unwrap_err();
+        assert!(err.to_string().contains("base_url"), "{err}");
+        let err = load(
+            "name = \"x\"\n[model]\nprovider = \"openai\"\nbase_url = \"http://x\"\nbogus = 1\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("bogus"), "{err}");
+    }
+}

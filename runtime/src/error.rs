@@ -1,0 +1,48 @@
+//! Errors of the runtime, each naming what and where.
+
+use eventlog::LogError;
+use uuid::Uuid;
+
+/// Everything the runtime can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The log failed or refused a record.
+    #[error(transparent)]
+    Log(#[from] LogError),
+    /// A stored event is not one this build understands.
+    #[error("session {session} seq {seq}: {source}")]
+    Decode {
+        /// The session.
+        session: Uuid,
+        /// The seq.
+        seq: u64,
+        /// Why.
+        #[source]
+        source: replay::DecodeError,
+    },
+    /// No such session in the log.
+    #[error("no session {0} in this data directory")]
+    NoSuchSession(Uuid),
+    /// The agent file or spec is unusable.
+    #[error("agent spec {origin}: {reason}")]
+    Spec {
+        /// File or session the spec came from.
+        origin: String,
+        /// Why.
+        reason: String,
+    },
+    /// The model could not be reached or answered garbage.
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
+    /// The request does not fit the session's state.
+    #[error("session {session}: {reason}")]
+    InvalidRequest {
+        /// The session.
+        session: Uuid,
+        /// Why.
+        reason: String,
+    },
+    /// A tool could not be set up.
+    #[error(transparent)]
+    Tool(#[from] tools::ToolError),
+}

@@ -1,0 +1,408 @@
+//! Model clients: OpenAI-compatible chat completions, and scripted replies.
+
+use async_trait::async_trait;
+use replay::{AgentSpec, ModelReply, SessionState, ToolCall, Usage};
+use serde::Deserialize;
+use std::time::{Duration, Instant};
+
+/// Why no usable reply came back.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The server could not be reached or kept failing after retries.
+    #[error("model server {url}: {reason} (after {attempts} attempts)")]
+    Unavailable {
+        /// The endpoint.
+        url: String,
+        /// The last failure.
+        reason: String,
+        /// How many requests were made.
+        attempts: u32,
+    },
+    /// The server answered something that is not a chat completion.
+    #[error("model server {url} answered garbage: {reason}; body starts: {snippet:?}")]
+    Garbage {
+        /// The endpoint.
+        url: String,
+        /// What is wrong.
+        reason: String,
+        /// The start of the body.
+        snippet: String,
+    },
+    /// The server refused the request (4xx other than 429).
+    #[error("model server {url} refused the request with HTTP {status}: {body}")]
+    Refused {
+        /// The endpoint.
+        url: String,
+        /// HTTP status.
+        status: u16,
+        /// The start of the body.
+        body: String,
+    },
+    /// The client is misconfigured.
+    #[error("model client: {0}")]
+    Config(String),
+    /// The scripted provider has no reply for this request.
+    #[error("script {path}: {reason}")]
+    Script {
+        /// The script file.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A source of model replies.
+#[async_trait]
+pub trait ModelClient: Send + Sync {
+    /// Sends the request `body` (built from `state`) and returns the reply.
+    async fn complete(&self, state: &SessionState, body: &[u8]) -> Result<ModelReply, ModelError>;
+}
+
+/// Builds the client the spec asks for.
+pub fn client_for(spec: &AgentSpec) -> Result<Box<dyn ModelClient>, ModelError> {
+    match spec.model.provider.as_str() {
+        "openai" => Ok(Box::new(OpenAiClient::new(spec)?)),
+        "scripted" => Ok(Box::new(ScriptedClient::load(
+            spec.model.script.as_deref().unwrap_or_default(),
+        )?)),
+        other => Err(ModelError::Config(format!("unknown provider {other:?}"))),
+    }
+}
+
+const MAX_ATTEMPTS: u32 = 4;
+const SNIPPET_CHARS: usize = 200;
+
+/// A client of any OpenAI-compatible `/chat/completions` endpoint.
+pub struct OpenAiClient {
+    http: reqwest::Client,
+    url: String,
+    api_key: Option<String>,
+}
+
+impl OpenAiClient {
+    /// Builds the client; reads the API key from the variable the spec names.
+    pub fn new(spec: &AgentSpec) -> Result<OpenAiClient, ModelError> {
+        let base = spec.model.base_url.as_deref().unwrap_or_default();
+        let api_key = match &spec.model.api_key_env {
+            Some(var) => Some(std::env::var(var).map_err(|_| {
+                ModelError::Config(format!(
+                    "the agent's api_key_env names {var}, which is not set in the environment"
+                ))
+            })?),
+            None => None,
+        };
+        let timeout = Duration::from_secs(spec.model.timeout_secs.unwrap_or(120));
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .build()
+            .map_err(|e| ModelError::Config(e.to_string()))?;
+        Ok(OpenAiClient {
+            http,
+            url: format!("{}/chat/completions", base.trim_end_matches('/')),
+            api_key,
+        })
+    }
+
+    async fn attempt(
+        &self,
+        body: &[u8],
+    ) -> Result<Result<String, ModelError>, (String, Option<Duration>)> {
+        let mut request = self
+            .http
+            .post(&self.url)
+            .header("content-type", "application/json")
+            .body(body.to_vec());
+        if let Some(key) = &self.api_key {
+            request = request.bearer_auth(key);
+        }
+        let response = request.send().await.map_err(|e| (e.to_string(), None))?;
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let text = response.text().await.map_err(|e| (e.to_string(), None))?;
+        if status.as_u16() == 429 || status.is_server_error() {
+            return Err((format!("HTTP {status}: {}", snippet(&text)), retry_after));
+        }
+        if !status.is_success() {
+            return Ok(Err(ModelError::Refused {
+                url: self.url.clone(),
+                status: status.as_u16(),
+                body: snippet(&text),
+            }));
+        }
+        Ok(Ok(text))
+    }
+}
+
+fn snippet(text: &str) -> String {
+    text.chars().take(SNIPPET_CHARS).collect()
+}
+
+#[async_trait]
+impl ModelClient for OpenAiClient {
+    async fn complete(&self, _state: &SessionState, body: &[u8]) -> Result<ModelReply, ModelError> {
+        let started = Instant::now();
+        let mut last_failure = String::new();
+        for attempt in 1..=MAX_ATTEMPTS {
+            match self.attempt(body).await {
+                Ok(Ok(text)) => {
+                    let mut reply = parse_reply(&self.url, &text)?;
+                    reply.latency_ms = started.elapsed().as_millis() as u64;
+                    return Ok(reply);
+                }
+                Ok(Err(refused)) => return Err(refused),
+                Err((reason, retry_after)) => {
+                    last_failure = reason;
+                    if attempt < MAX_ATTEMPTS {
+                        let backoff = Duration::from_millis(100 << attempt);
+                        tokio::time::sleep(
+                            retry_after.unwrap_or(backoff).min(Duration::from_secs(10)),
+                        )
+                        .await;
+                    }
+                }
+            }
+        }
+        Err(ModelError::Unavailable {
+            url: self.url.clone(),
+            reason: last_failure,
+            attempts: MAX_ATTEMPTS,
+        })
+    }
+}
+
+#[derive(Deserialize)]
+struct ChatResponse {
+    choices: Vec<Choice>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    message: WireMessage,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct WireMessage {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    tool_calls: Option<Vec<WireCall>>,
+}
+
+#[derive(Deserialize)]
+struct WireCall {
+    #[serde(default)]
+    id: String,
+    function: WireFunction,
+}
+
+#[derive(Deserialize)]
+struct WireFunction {
+    name: String,
+    #[serde(default)]
+    arguments: serde_json::Value,
+}
+
+#[derive(Deserialize, Default)]
+struct WireUsage {
+    #[serde(default)]
+    prompt_tokens: u64,
+    #[serde(default)]
+    completion_tokens: u64,
+    #[serde(default)]
+    prompt_tokens_details: Option<WireDetails>,
+}
+
+#[derive(Deserialize, Default)]
+struct WireDetails {
+    #[serde(default)]
+    cached_tokens: u64,
+}
+
+/// Parses a chat-completions response, tolerant of what real servers vary
+/// on (empty finish reason, `usage: {}`, arguments as an object).
+fn parse_reply(url: &str, text: &str) -> Result<ModelReply, ModelError> {
+    let garbage = |reason: String| ModelError::Garbage {
+        url: url.to_string(),
+        reason,
+        snippet: snippet(text),
+    };
+    let response: ChatResponse =
+        serde_json::from_str(text).map_err(|e| garbage(format!("not a chat completion: {e}")))?;
+    let choice = response
+        .choices
+        .into_iter()
+        .next()
+        .ok_or_else(|| garbage("no choices".into()))?;
+    let tool_calls = choice
+        .message
+        .tool_calls
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+        .map(|(i, call)| ToolCall {
+            id: if call.id.is_empty() {
+                format!("call_{i}")
+            } else {
+                call.id
+            },
+            name: call.function.name,
+            arguments: match call.function.arguments {
+                serde_json::Value::String(s) => s,
+                serde_json::Value::Null => "{}".to_string(),
+                other => other.to_string(),
+            },
+        })
+        .collect();
+    let usage = response.usage.unwrap_or_default();
+    Ok(ModelReply {
+        content: choice.message.content,
+        tool_calls,
+        usage: Usage {
+            prompt_tokens: usage.prompt_tokens,
+            completion_tokens: usage.completion_tokens,
+            cached_tokens: usage
+                .prompt_tokens_details
+                .unwrap_or_default()
+                .cached_tokens,
+        },
+        finish_reason: choice.finish_reason.unwrap_or_default(),
+        latency_ms: 0,
+        request_digest: String::new(),
+    })
+}
+
+/// Replies read from a JSON file: `{"replies": [{"content": "...",
+/// "tool_calls": [{"name": "...", "arguments": {...}}]}, ...]}`. The n-th
+/// model request of a session gets the n-th reply, so a resumed session
+/// continues the script where the log says it is.
+pub struct ScriptedClient {
+    path: String,
+    replies: Vec<ScriptedReply>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Script {
+    replies: Vec<ScriptedReply>,
+}
+
+#[derive(Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+struct ScriptedReply {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    tool_calls: Vec<ScriptedCall>,
+}
+
+#[derive(Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+struct ScriptedCall {
+    name: String,
+    #[serde(default)]
+    arguments: serde_json::Value,
+}
+
+impl ScriptedClient {
+    /// Reads the script at `path`.
+    pub fn load(path: &str) -> Result<ScriptedClient, ModelError> {
+        let error = |reason: String| ModelError::Script {
+            path: path.to_string(),
+            reason,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| error(e.to_string()))?;
+        let script: Script = serde_json::from_str(&text).map_err(|e| error(e.to_string()))?;
+        Ok(ScriptedClient {
+            path: path.to_string(),
+            replies: script.replies,
+        })
+    }
+}
+
+#[async_trait]
+impl ModelClient for ScriptedClient {
+    async fn complete(&self, state: &SessionState, body: &[u8]) -> Result<ModelReply, ModelError> {
+        let index = state.totals.model_calls as usize;
+        let scripted = self.replies.get(index).ok_or_else(|| ModelError::Script {
+            path: self.path.clone(),
+            reason: format!(
+                "no reply for model request #{} (the script has {})",
+                index + 1,
+                self.replies.len()
+            ),
+        })?;
+        let tool_calls: Vec<ToolCall> = scripted
+            .tool_calls
+            .iter()
+            .enumerate()
+            .map(|(k, call)| ToolCall {
+                id: format!("call_{}_{k}", index + 1),
+                name: call.name.clone(),
+                arguments: call.arguments.to_string(),
+            })
+            .collect();
+        Ok(ModelReply {
+            content: scripted.content.clone(),
+            finish_reason: if tool_calls.is_empty() {
+                "stop"
+            } else {
+                "tool_calls"
+            }
+            .into(),
+            tool_calls,
+            usage: Usage {
+                prompt_tokens: (body.len() / 4) as u64,
+                completion_tokens: 0,
+                cached_tokens: 0,
+            },
+            latency_ms: 0,
+            request_digest: String::new(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tolerates_what_real_servers_vary_on() {
+        let text = r#"{"choices":[{"message":{"content":null,"tool_calls":[
+            {"id":"","type":"function","function":{"name":"f","arguments":{"a":1}}}]},
+            "finish_reason":""}],"usage":{}}"#;
+        let reply = parse_reply("u", text).unwrap();
+        assert_eq!(reply.tool_calls[0].id, "call_0");
+        assert_eq!(reply.tool_calls[0].arguments, r#"{"a":1}"#);
+        assert_eq!(reply.usage, Usage::default());
+    }
+
+    #[test]
+    fn reads_cached_tokens() {
+        let text = r#"{"choices":[{"message":{"content":"hi"},"finish_reason":"stop"}],
+            "usage":{"prompt_tokens":10,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":8}}}"#;
+        let reply = parse_reply("u", text).unwrap();
+        assert_eq!(reply.usage.cached_tokens, 8);
+        assert_eq!(reply.content.as_deref(), Some("hi"));
+    }
+
+    #[test]
+    fn garbage_is_named() {
+        let err = parse_reply("http://x/v1/chat/completions", "<html>oops").unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("garbage") && text.contains("<html>oops"),
+            "{text}"
+        );
+        let err = parse_reply("u", r#"{"choices":[]}"#).unwrap_err();
+        assert!(err.to_string().contains("no choices"));
+    }
+}

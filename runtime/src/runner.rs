@@ -1,0 +1,242 @@
+//! The agent loop: drives a session by its resume plan, obeying the
+//! write-ahead rules:
+//! 1. a UserMessage is durable before the model is called;
+//! 2. a ModelReplied is durable before any of its tool calls starts;
+//! 3. a ToolStarted is durable before its tool runs;
+//! 4. a ToolFinished is durable before its result reaches the model;
+//! 5. results reach the model in call order (the prompt rebuild sees to it).
+
+use crate::crash;
+use crate::error::RuntimeError;
+use crate::model::{client_for, ModelClient};
+use crate::session::Session;
+use eventlog::Durability;
+use replay::{
+    idempotency_key, messages, plan, request_body, CallDecision, CallPhase, CallPlan, Event,
+    NextStep, SessionOutcome, ToolOutcome,
+};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::task::JoinSet;
+use tools::{CallContext, Tool, ToolError, Toolbox};
+
+/// How a drive of a session ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TurnEnd {
+    /// The model answered; nothing is pending.
+    Answered(String),
+    /// Calls are in doubt: a person must decide (`mneme resolve`).
+    NeedsDecision(Vec<(String, String)>),
+    /// Paused for another reason.
+    Paused(String),
+    /// The last turn failed earlier; resume it explicitly.
+    Failed(String),
+}
+
+/// Drives sessions with a model client and tools built from their spec.
+pub struct Runner {
+    durability: Durability,
+}
+
+impl Runner {
+    /// A runner whose barriers give `durability`.
+    pub fn new(durability: Durability) -> Runner {
+        Runner { durability }
+    }
+
+    /// Runs `session` until it is answered, paused or failed.
+    pub async fn drive(&self, session: &mut Session) -> Result<TurnEnd, RuntimeError> {
+        let spec = session.spec()?.clone();
+        let model = client_for(&spec)?;
+        let toolbox = Toolbox::from_specs(&spec.tools)?;
+        loop {
+            let plan = plan(session.state());
+            match plan.next {
+                NextStep::Nothing => {
+                    session.barrier(self.durability)?;
+                    crash::point("turn_answered");
+                    let answer = session.state().answer().unwrap_or_default().to_string();
+                    return Ok(TurnEnd::Answered(answer));
+                }
+                NextStep::CallModel => self.call_model(session, model.as_ref()).await?,
+                NextStep::RunTools => self.run_tools(session, &toolbox, &plan.calls).await?,
+                NextStep::AwaitDecision | NextStep::Paused(_) if !in_doubt(session).is_empty() => {
+                    return Ok(TurnEnd::NeedsDecision(in_doubt(session)))
+                }
+                NextStep::AwaitDecision => {
+                    unreachable!("awaiting a decision implies a call in doubt")
+                }
+                NextStep::Paused(reason) => return Ok(TurnEnd::Paused(reason)),
+                NextStep::Failed(error) => return Ok(TurnEnd::Failed(error)),
+            }
+        }
+    }
+
+    async fn call_model(
+        &self,
+        session: &mut Session,
+        model: &dyn ModelClient,
+    ) -> Result<(), RuntimeError> {
+        session.barrier(self.durability)?;
+        crash::point("before_model_call");
+        let spec = session.spec()?;
+        let body = request_body(spec, &messages(session.state()));
+        let cause = session.state().last_seq;
+        let mut reply = match model.complete(session.state(), &body).await {
+            Ok(reply) => reply,
+            Err(error) => {
+                let outcome = SessionOutcome::Failed(error.to_string());
+                session.append(vec![Event::SessionFinished { outcome }], Some(cause))?;
+                session.barrier(self.durability)?;
+                return Err(error.into());
+            }
+        };
+        crash::point("model_replied_before_append");
+        reply.request_digest = blake3::hash(&body).to_hex().to_string();
+        session.append(vec![Event::ModelReplied(reply)], Some(cause))?;
+        crash::point("model_reply_appended");
+        Ok(())
+    }
+
+    async fn run_tools(
+        &self,
+        session: &mut Session,
+        toolbox: &Toolbox,
+        calls: &[CallPlan],
+    ) -> Result<(), RuntimeError> {
+        let reply_seq = session.state().latest_reply_seq().unwrap_or_default();
+        let mut doubts: Vec<Event> = Vec::new();
+        let mut starts: Vec<(Arc<dyn Tool>, CallContext, String)> = Vec::new();
+        for (plan, state) in calls.iter().zip(session.state().open_calls()) {
+            match &plan.decision {
+                CallDecision::InDoubt(reason) => doubts.push(Event::ToolInDoubt {
+                    call_id: plan.call_id.clone(),
+                    reason: reason.clone(),
+                }),
+                CallDecision::Run | CallDecision::Rerun => match toolbox.get(&plan.tool) {
+                    Some(tool) => starts.push((
+                        tool.clone(),
+                        CallContext {
+                            session: session.id(),
+                            call_id: plan.call_id.clone(),
+                            idempotency_key: idempotency_key(
+                                session.id(),
+                                reply_seq,
+                                &plan.call_id,
+                            ),
+                            attempt: state.attempts + 1,
+                        },
+                        state.call.arguments.clone(),
+                    )),
+                    None => doubts.push(Event::ToolFinished {
+                        call_id: plan.call_id.clone(),
+                        outcome: ToolOutcome::Err(format!("no tool named {:?}", plan.tool)),
+                        duration_ms: 0,
+                    }),
+                },
+                CallDecision::Reuse | CallDecision::AwaitingDecision(_) => {}
+            }
+        }
+        if !doubts.is_empty() {
+            session.append(doubts, Some(reply_seq))?;
+        }
+        if !starts.is_empty() {
+            self.start_and_run(session, starts, reply_seq).await?;
+        }
+        let doubtful = in_doubt(session);
+        if !doubtful.is_empty() {
+            let ids: Vec<&str> = doubtful.iter().map(|(id, _)| id.as_str()).collect();
+            let reason = format!("tool calls in doubt: {}", ids.join(", "));
+            session.append(vec![Event::SessionPaused { reason }], Some(reply_seq))?;
+            session.barrier(self.durability)?;
+        }
+        Ok(())
+    }
+
+    async fn start_and_run(
+        &self,
+        session: &mut Session,
+        starts: Vec<(Arc<dyn Tool>, CallContext, String)>,
+        reply_seq: u64,
+    ) -> Result<(), RuntimeError> {
+        let events = starts
+            .iter()
+            .map(|(tool, ctx, args)| Event::ToolStarted {
+                call_id: ctx.call_id.clone(),
+                tool: tool.spec().name.clone(),
+                args: args.clone(),
+                effect: tool.spec().effect,
+                idempotency_key: ctx.idempotency_key.clone(),
+                attempt: ctx.attempt,
+            })
+            .collect();
+        let first_seq = session.append(events, Some(reply_seq))?;
+        crash::point("tool_started_appended");
+        session.barrier(self.durability)?;
+        crash::point("tool_started_durable");
+        let mut running = JoinSet::new();
+        for (i, (tool, ctx, args)) in starts.into_iter().enumerate() {
+            running.spawn(async move {
+                let started = Instant::now();
+                let result = tool.call(&ctx, &args).await;
+                (
+                    first_seq + i as u64,
+                    tool,
+                    ctx.call_id,
+                    result,
+                    started.elapsed(),
+                )
+            });
+        }
+        while let Some(joined) = running.join_next().await {
+            let (started_seq, tool, call_id, result, took) =
+                joined.expect("tool tasks do not panic");
+            crash::point("tool_returned");
+            let event = finish_event(tool.as_ref(), call_id, result, took.as_millis() as u64);
+            session.append(vec![event], Some(started_seq))?;
+            crash::point("tool_finished_appended");
+        }
+        Ok(())
+    }
+}
+
+/// The event that ends a call: its outcome, or doubt when the tool may have
+/// taken effect and cannot safely be run again.
+fn finish_event(
+    tool: &dyn Tool,
+    call_id: String,
+    result: Result<String, ToolError>,
+    duration_ms: u64,
+) -> Event {
+    match result {
+        Ok(output) => Event::ToolFinished {
+            call_id,
+            outcome: ToolOutcome::Ok(output),
+            duration_ms,
+        },
+        Err(error) if error.outcome_unknown() && !tool.spec().safe_to_rerun() => {
+            Event::ToolInDoubt {
+                call_id,
+                reason: format!("{error}; whether it took effect is unknown"),
+            }
+        }
+        Err(error) => Event::ToolFinished {
+            call_id,
+            outcome: ToolOutcome::Err(error.to_string()),
+            duration_ms,
+        },
+    }
+}
+
+/// Calls of the latest reply that wait for a person, with the reason.
+pub fn in_doubt(session: &Session) -> Vec<(String, String)> {
+    session
+        .state()
+        .open_calls()
+        .iter()
+        .filter_map(|c| match &c.phase {
+            CallPhase::InDoubt(reason) => Some((c.call.id.clone(), reason.clone())),
+            _ => None,
+        })
+        .collect()
+}

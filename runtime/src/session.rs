@@ -1,0 +1,124 @@
+//! A session as a process sees it: its log and the fold of it, kept in step.
+
+use crate::error::RuntimeError;
+use eventlog::{Durability, EventLog, NewEvent, Record};
+use replay::{AgentSpec, Event, SessionState, EVENT_SCHEMA};
+use std::sync::Arc;
+use uuid::Uuid;
+
+/// A session loaded into memory. Every change goes to the log first and is
+/// folded into `state` only once the log accepted it.
+pub struct Session {
+    id: Uuid,
+    log: Arc<dyn EventLog>,
+    state: SessionState,
+    /// Seq up to which a barrier of the session's durability has returned.
+    durable_seq: u64,
+}
+
+/// Decodes a stored record into an event, naming the place on failure.
+pub fn decode(record: &Record) -> Result<Event, RuntimeError> {
+    let envelope = &record.envelope;
+    Event::decode(envelope.schema, &envelope.payload).map_err(|source| RuntimeError::Decode {
+        session: envelope.session,
+        seq: envelope.seq,
+        source,
+    })
+}
+
+/// Reads and decodes every event of `session`, in seq order.
+pub fn read_events(
+    log: &dyn EventLog,
+    session: Uuid,
+) -> Result<Vec<(Record, Event)>, RuntimeError> {
+    let head = log.head(session)?;
+    if head.seq == 0 {
+        return Err(RuntimeError::NoSuchSession(session));
+    }
+    log.read(session, 1, head.seq)?
+        .into_iter()
+        .map(|record| decode(&record).map(|event| (record, event)))
+        .collect()
+}
+
+impl Session {
+    /// Starts a new session with `spec` (appends SessionStarted).
+    pub fn create(log: Arc<dyn EventLog>, spec: AgentSpec) -> Result<Session, RuntimeError> {
+        let mut session = Session {
+            id: Uuid::now_v7(),
+            log,
+            state: SessionState::default(),
+            durable_seq: 0,
+        };
+        session.append(vec![Event::SessionStarted { spec }], None)?;
+        Ok(session)
+    }
+
+    /// Loads `id` by folding its whole log.
+    pub fn load(log: Arc<dyn EventLog>, id: Uuid) -> Result<Session, RuntimeError> {
+        let events = read_events(log.as_ref(), id)?;
+        let state = SessionState::fold(events.iter().map(|(r, e)| (r.envelope.seq, e)));
+        let durable_seq = state.last_seq;
+        Ok(Session {
+            id,
+            log,
+            state,
+            durable_seq,
+        })
+    }
+
+    /// The session's id.
+    pub fn id(&self) -> Uuid {
+        self.id
+    }
+
+    /// The folded state, up to the last accepted append.
+    pub fn state(&self) -> &SessionState {
+        &self.state
+    }
+
+    /// The spec the session started with.
+    pub fn spec(&self) -> Result<&AgentSpec, RuntimeError> {
+        self.state
+            .spec
+            .as_ref()
+            .ok_or(RuntimeError::InvalidRequest {
+                session: self.id,
+                reason: "the log has no SessionStarted event".into(),
+            })
+    }
+
+    /// Appends `events` atomically after the last known seq and folds them.
+    /// Returns the seq of the first. Not durable until [`Session::barrier`].
+    pub fn append(
+        &mut self,
+        events: Vec<Event>,
+        caused_by: Option<u64>,
+    ) -> Result<u64, RuntimeError> {
+        let first = self.state.last_seq + 1;
+        let new = events
+            .iter()
+            .map(|e| NewEvent {
+                kind: e.kind().to_string(),
+                schema: EVENT_SCHEMA,
+                caused_by,
+                payload: e.encode(),
+            })
+            .collect();
+        self.log.append(self.id, first, new)?;
+        for (i, event) in events.iter().enumerate() {
+            self.state.apply(first + i as u64, event);
+        }
+        Ok(first)
+    }
+
+    /// Makes every accepted append at least as durable as `durability`.
+    /// Costs nothing when nothing was appended since the last barrier.
+    pub fn barrier(&mut self, durability: Durability) -> Result<(), RuntimeError> {
+        if self.durable_seq < self.state.last_seq {
+            self.log.barrier(durability)?;
+            self.durable_seq = self.state.last_seq;
+        }
+        Ok(())
+    }
+}

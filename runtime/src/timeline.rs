@@ -1,0 +1,185 @@
+//! `mneme log`: a session's audit trail as a readable timeline or JSON lines.
+
+use crate::LogArgs;
+use anyhow::{bail, Result};
+use eventlog::{EventLog, Record};
+use mneme_runtime::session::read_events;
+use replay::{Event, Resolution, SessionOutcome, ToolOutcome};
+use serde_json::json;
+use std::collections::HashMap;
+use std::process::ExitCode;
+
+/// UTC time with milliseconds, e.g. `2026-11-29T19:40:01.123Z`.
+pub fn format_time(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|t| t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string())
+        .unwrap_or_else(|| format!("{ms}ms"))
+}
+
+/// Parses `--since`: RFC 3339, or an age like `90s`, `10m`, `2h`, `1d`.
+fn parse_since(text: &str) -> Result<i64> {
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(text) {
+        return Ok(t.timestamp_millis());
+    }
+    let (number, unit) = text.split_at(text.len().saturating_sub(1));
+    let seconds = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        _ => bail!("--since {text:?}: expected RFC 3339 (2026-11-29T19:00:00Z) or an age such as 10m, 2h, 1d"),
+    };
+    let Ok(n) = number.parse::<i64>() else {
+        bail!("--since {text:?}: {number:?} is not a whole number");
+    };
+    Ok(chrono::Utc::now().timestamp_millis() - n * seconds * 1000)
+}
+
+/// Prints the events of the session that pass the filters.
+pub fn print(log: &dyn EventLog, args: &LogArgs) -> Result<ExitCode> {
+    let since = args.since.as_deref().map(parse_since).transpose()?;
+    let events = read_events(log, args.session)?;
+    let tool_of_call = tools_by_call(&events);
+    for (record, event) in &events {
+        let e = &record.envelope;
+        if since.is_some_and(|s| e.ts_ms < s)
+            || (!args.kind.is_empty() && !args.kind.iter().any(|k| k == event.kind()))
+            || args
+                .tool
+                .as_ref()
+                .is_some_and(|t| !concerns_tool(event, t, &tool_of_call))
+        {
+            continue;
+        }
+        if args.json.json {
+            println!("{}", record_json(record, event));
+        } else {
+            let caused = e.caused_by.map(|c| format!(" <-#{c}")).unwrap_or_default();
+            println!(
+                "#{:<5} {} {:<16} {}{caused}",
+                e.seq,
+                format_time(e.ts_ms),
+                event.kind(),
+                summary(event)
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The envelope and event of a record as one JSON object.
+pub fn record_json(record: &Record, event: &Event) -> serde_json::Value {
+    let e = &record.envelope;
+    json!({
+        "session": e.session, "seq": e.seq, "event_id": e.event_id, "ts": format_time(e.ts_ms),
+        "caused_by": e.caused_by, "schema": e.schema, "kind": e.kind,
+        "prev_hash": e.prev_hash.to_hex(), "hash": record.hash.to_hex(), "event": event,
+    })
+}
+
+fn tools_by_call(events: &[(Record, Event)]) -> HashMap<String, String> {
+    let mut map = HashMap::new();
+    for (_, event) in events {
+        if let Event::ModelReplied(reply) = event {
+            for call in &reply.tool_calls {
+                map.insert(call.id.clone(), call.name.clone());
+            }
+        }
+    }
+    map
+}
+
+fn concerns_tool(event: &Event, tool: &str, tool_of_call: &HashMap<String, String>) -> bool {
+    let call_is = |id: &str| tool_of_call.get(id).is_some_and(|t| t == tool);
+    match event {
+        Event::ModelReplied(reply) => reply.tool_calls.iter().any(|c| c.name == tool),
+        Event::ToolStarted { tool: t, .. } => t == tool,
+        Event::ToolFinished { call_id, .. }
+        | Event::ToolInDoubt { call_id, .. }
+        | Event::ToolResolved { call_id, .. } => call_is(call_id),
+        _ => false,
+    }
+}
+
+fn clip(text: &str, max: usize) -> String {
+    let one_line = text.replace('\n', " ");
+    if one_line.chars().count() <= max {
+        return one_line;
+    }
+    let clipped: String = one_line.chars().take(max).collect();
+    format!("{clipped}…")
+}
+
+fn summary(event: &Event) -> String {
+    match event {
+        Event::SessionStarted { spec } => format!(
+            "agent {} (provider {}, model {:?}, {} tools)",
+            spec.name,
+            spec.model.provider,
+            spec.model.model,
+            spec.tools.len()
+        ),
+        Event::UserMessage { text } => format!("{:?}", clip(text, 100)),
+        Event::ModelReplied(r) => {
+            let calls: Vec<String> = r
+                .tool_calls
+                .iter()
+                .map(|c| format!("{}({}) {}", c.name, c.id, clip(&c.arguments, 60)))
+                .collect();
+            let what = match (&r.content, calls.is_empty()) {
+                (Some(text), true) => format!("answer {:?}", clip(text, 80)),
+                (_, false) => format!("calls {}", calls.join(", ")),
+                (None, true) => "empty reply".into(),
+            };
+            format!(
+                "{what}; tokens {} in ({} cached) / {} out; {} ms; finish {:?}",
+                r.usage.prompt_tokens,
+                r.usage.cached_tokens,
+                r.usage.completion_tokens,
+                r.latency_ms,
+                r.finish_reason
+            )
+        }
+        Event::ToolStarted {
+            call_id,
+            tool,
+            args,
+            effect,
+            idempotency_key,
+            attempt,
+        } => {
+            format!(
+                "{tool}({call_id}) {effect} attempt {attempt} key {idempotency_key} args {}",
+                clip(args, 60)
+            )
+        }
+        Event::ToolFinished {
+            call_id,
+            outcome,
+            duration_ms,
+        } => match outcome {
+            ToolOutcome::Ok(out) => format!("{call_id} ok in {duration_ms} ms: {}", clip(out, 80)),
+            ToolOutcome::Err(err) => {
+                format!("{call_id} error in {duration_ms} ms: {}", clip(err, 80))
+            }
+        },
+        Event::ToolInDoubt { call_id, reason } => format!("{call_id}: {reason}"),
+        Event::ToolResolved {
+            call_id,
+            resolution,
+            by,
+        } => {
+            let what = match resolution {
+                Resolution::Retry => "retry".to_string(),
+                Resolution::Skip(result) => format!("skip with result {}", clip(result, 60)),
+                Resolution::Fail(message) => format!("fail: {message}"),
+            };
+            format!("{call_id}: {what} (by {by})")
+        }
+        Event::SessionPaused { reason } => reason.clone(),
+        Event::SessionResumed { by } => format!("by {by}"),
+        Event::SessionFinished {
+            outcome: SessionOutcome::Failed(error),
+        } => format!("failed: {error}"),
+    }
+}
