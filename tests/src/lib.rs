@@ -1,1 +1,312 @@
+//! Support for the end-to-end tests: an OpenAI-compatible model server on
+//! loopback, agent files, and a driver for the real `mneme` binary.
 
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::process::Output;
+use std::sync::{Arc, Mutex};
+use tokio::process::Command;
+use tokio::sync::oneshot;
+
+pub use runtime::sink::{Sink, SinkStats};
+
+/// One scripted reply of the model server.
+#[derive(Clone, Debug)]
+pub struct MockReply {
+    /// Assistant text.
+    pub content: Option<String>,
+    /// Tool calls: (tool name, arguments).
+    pub calls: Vec<(String, Value)>,
+}
+
+impl MockReply {
+    /// A reply that calls tools.
+    pub fn calls(calls: &[(&str, Value)]) -> MockReply {
+        MockReply {
+            content: None,
+            calls: calls
+                .iter()
+                .map(|(n, a)| (n.to_string(), a.clone()))
+                .collect(),
+        }
+    }
+
+    /// A final answer.
+    pub fn answer(text: &str) -> MockReply {
+        MockReply {
+            content: Some(text.into()),
+            calls: vec![],
+        }
+    }
+}
+
+/// How the model server misbehaves.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum Fault {
+    /// Behaves.
+    #[default]
+    None,
+    /// Answers HTTP 500 to the first `n` requests.
+    Fail500(u32),
+    /// Answers 200 with a body that is not JSON, always.
+    Garbage,
+}
+
+#[derive(Default)]
+struct ModelInner {
+    replies: Vec<MockReply>,
+    bodies: Vec<Vec<u8>>,
+    fault: Fault,
+    failed: u32,
+}
+
+/// An OpenAI-compatible chat-completions server on loopback. It picks its
+/// reply by the number of assistant messages in the request, so a resumed
+/// session gets the same reply the crashed one would have; it records every
+/// request body; it reports as cached the longest common prefix (in 4-byte
+/// "tokens") with any earlier request, like a server's prefix cache.
+pub struct MockModel {
+    addr: std::net::SocketAddr,
+    inner: Arc<Mutex<ModelInner>>,
+    _stop: oneshot::Sender<()>,
+}
+
+impl MockModel {
+    /// Starts a server with these replies.
+    pub async fn start(replies: Vec<MockReply>, fault: Fault) -> MockModel {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let inner = Arc::new(Mutex::new(ModelInner {
+            replies,
+            fault,
+            ..Default::default()
+        }));
+        let app = Router::new()
+            .route("/v1/chat/completions", post(complete))
+            .with_state(inner.clone());
+        let (stop, stopped) = oneshot::channel::<()>();
+        tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async {
+                    let _ = stopped.await;
+                })
+                .await
+                .unwrap();
+        });
+        MockModel {
+            addr,
+            inner,
+            _stop: stop,
+        }
+    }
+
+    /// Base URL for an agent file.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// Every request body received, in order.
+    pub fn bodies(&self) -> Vec<Vec<u8>> {
+        self.inner.lock().unwrap().bodies.clone()
+    }
+}
+
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+async fn complete(
+    State(inner): State<Arc<Mutex<ModelInner>>>,
+    body: axum::body::Bytes,
+) -> Response {
+    let mut inner = inner.lock().unwrap();
+    let cached = inner
+        .bodies
+        .iter()
+        .map(|b| common_prefix(b, &body))
+        .max()
+        .unwrap_or(0)
+        / 4;
+    inner.bodies.push(body.to_vec());
+    match inner.fault {
+        Fault::Fail500(n) if inner.failed < n => {
+            inner.failed += 1;
+            return (StatusCode::INTERNAL_SERVER_ERROR, "overloaded").into_response();
+        }
+        Fault::Garbage => return (StatusCode::OK, "<html>this is not json").into_response(),
+        _ => {}
+    }
+    let request: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return (StatusCode::BAD_REQUEST, format!("bad json: {e}")).into_response(),
+    };
+    let turn = request["messages"]
+        .as_array()
+        .map_or(0, |m| m.iter().filter(|m| m["role"] == "assistant").count());
+    let Some(reply) = inner.replies.get(turn).cloned() else {
+        return (
+            StatusCode::BAD_REQUEST,
+            format!("no scripted reply #{turn}"),
+        )
+            .into_response();
+    };
+    let tool_calls: Vec<Value> = reply
+        .calls
+        .iter()
+        .enumerate()
+        .map(|(k, (name, args))| {
+            json!({"id": format!("call_{turn}_{k}"), "type": "function",
+                   "function": {"name": name, "arguments": args.to_string()}})
+        })
+        .collect();
+    let mut message = json!({"role": "assistant", "content": reply.content});
+    if !tool_calls.is_empty() {
+        message["tool_calls"] = Value::Array(tool_calls);
+    }
+    let prompt_tokens = body.len() / 4;
+    axum::Json(json!({
+        "id": format!("chatcmpl-{turn}"), "object": "chat.completion", "model": request["model"],
+        "choices": [{"index": 0, "message": message,
+                     "finish_reason": if reply.calls.is_empty() { "stop" } else { "tool_calls" }}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 5, "total_tokens": prompt_tokens + 5,
+                  "prompt_tokens_details": {"cached_tokens": cached}},
+    }))
+    .into_response()
+}
+
+/// Path of the `mneme` binary: `MNEME_BIN`, else next to the test executable
+/// (cargo builds it for the runtime package's own CLI tests).
+pub fn mneme_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("MNEME_BIN") {
+        return PathBuf::from(bin);
+    }
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let bin = dir.join("mneme");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build --bin mneme` (cargo test --workspace builds it)",
+        bin.display()
+    );
+    bin
+}
+
+/// A data directory, an agent file and the `mneme` commands to use them.
+pub struct World {
+    /// Holds every file of the test.
+    pub dir: tempfile::TempDir,
+}
+
+impl World {
+    /// A new empty world.
+    pub fn new() -> World {
+        World {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    /// The data directory.
+    pub fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Writes `name` with `text` and returns its path.
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// A `mneme` command on this world's data directory.
+    pub fn mneme(&self) -> Command {
+        let mut command = Command::new(mneme_bin());
+        command
+            .arg("--data-dir")
+            .arg(self.data())
+            .env_remove("MNEME_CRASH_AT")
+            .env_remove("MNEME_DURABILITY");
+        command
+    }
+
+    /// Runs `mneme ARGS` and returns its output.
+    pub async fn run(&self, args: &[&str]) -> Output {
+        self.mneme().args(args).output().await.unwrap()
+    }
+}
+
+impl Default for World {
+    fn default() -> Self {
+        World::new()
+    }
+}
+
+/// An agent file on the model server `model_url` with `tools` (TOML tables).
+pub fn agent_toml(model_url: &str, tools: &[String]) -> String {
+    let mut text = format!(
+        "name = \"test-agent\"\nsystem = \"You are a test agent.\"\n[model]\nprovider = \"openai\"\nbase_url = \"{model_url}\"\nmodel = \"test-model\"\ntimeout_secs = 10\n"
+    );
+    for tool in tools {
+        text.push_str("[[tools]]\n");
+        text.push_str(tool);
+    }
+    text
+}
+
+/// A TOML tool table for an HTTP tool.
+pub fn http_tool(name: &str, url: &str, effect: &str) -> String {
+    format!("name = \"{name}\"\ndescription = \"{name}\"\nkind = \"http\"\nurl = \"{url}\"\neffect = \"{effect}\"\nparameters = {{ type = \"object\", properties = {{ n = {{ type = \"integer\" }} }} }}\n")
+}
+
+/// A TOML tool table for a command tool.
+pub fn command_tool(name: &str, command: &[&str], effect: &str, timeout_secs: u64) -> String {
+    let words: Vec<String> = command.iter().map(|w| format!("{w:?}")).collect();
+    format!("name = \"{name}\"\ndescription = \"{name}\"\nkind = \"command\"\ncommand = [{}]\neffect = \"{effect}\"\ntimeout_secs = {timeout_secs}\n", words.join(", "))
+}
+
+/// The session id `mneme run` printed on stderr.
+pub fn session_id(output: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("session "))
+        .unwrap_or_else(|| panic!("no session id in stderr: {stderr}"))
+        .trim()
+        .to_string()
+}
+
+/// Text of stdout.
+pub fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).to_string()
+}
+
+/// Text of stderr.
+pub fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).to_string()
+}
+
+/// The final request body of a session as `mneme replay --raw` rebuilds it.
+pub async fn rebuilt_request(world: &World, session: &str) -> Vec<u8> {
+    let out = world.run(&["replay", "--raw", session]).await;
+    assert!(out.status.success(), "replay failed: {}", stderr(&out));
+    out.stdout
+}
+
+/// The kinds of a session's events, from `mneme log --json`.
+pub async fn event_kinds(world: &World, session: &str) -> Vec<String> {
+    let out = world.run(&["log", "--json", session]).await;
+    assert!(out.status.success(), "log failed: {}", stderr(&out));
+    stdout(&out)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["kind"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+}

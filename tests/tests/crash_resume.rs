@@ -1,0 +1,310 @@
+//! Crash and resume, end to end: the real binary, a model server and a
+//! side-effect sink on loopback, SIGKILL at the worst moments.
+
+use mneme_e2e::*;
+use serde_json::json;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+const MESSAGE: &str = "Charge customer 1, look them up, then email them.";
+
+fn replies() -> Vec<MockReply> {
+    vec![
+        MockReply::calls(&[("charge", json!({"n": 1})), ("lookup", json!({"n": 2}))]),
+        MockReply::calls(&[("email", json!({"n": 3}))]),
+        MockReply::answer("Charged, looked up and emailed."),
+    ]
+}
+
+struct Setup {
+    world: World,
+    model: MockModel,
+    sink: Sink,
+    agent: PathBuf,
+}
+
+async fn setup() -> Setup {
+    let world = World::new();
+    let model = MockModel::start(replies(), Fault::None).await;
+    let sink = Sink::start().await.unwrap();
+    let tools = [
+        http_tool("charge", &sink.url("charge"), "side_effect"),
+        command_tool(
+            "lookup",
+            &["sh", "-c", "cat >/dev/null; echo '{\"name\":\"Ada\"}'"],
+            "read_only",
+            10,
+        ),
+        http_tool("email", &sink.url("email"), "side_effect"),
+    ];
+    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &tools));
+    Setup {
+        world,
+        model,
+        sink,
+        agent,
+    }
+}
+
+/// What an uncrashed run sends and ends with.
+struct Reference {
+    bodies: Vec<Vec<u8>>,
+    final_request: Vec<u8>,
+    answer: String,
+}
+
+async fn reference() -> Reference {
+    let s = setup().await;
+    let out = s
+        .world
+        .run(&["run", "--agent", s.agent.to_str().unwrap(), MESSAGE])
+        .await;
+    assert!(
+        out.status.success(),
+        "uncrashed run failed: {}",
+        stderr(&out)
+    );
+    let session = session_id(&out);
+    Reference {
+        bodies: s.model.bodies(),
+        final_request: rebuilt_request(&s.world, &session).await,
+        answer: stdout(&out),
+    }
+}
+
+/// Every request the crashed-and-resumed session sent is byte-identical to
+/// the uncrashed run's request at the same point of the conversation.
+fn assert_requests_match(crashed: &[Vec<u8>], reference: &Reference) {
+    assert_eq!(reference.bodies.len(), 3);
+    for body in crashed {
+        let turn = serde_json::from_slice::<serde_json::Value>(body).unwrap()["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "assistant")
+            .count();
+        assert!(
+            body == &reference.bodies[turn],
+            "request #{turn} after resume differs from the uncrashed run's:\n{}\nvs\n{}",
+            String::from_utf8_lossy(body),
+            String::from_utf8_lossy(&reference.bodies[turn])
+        );
+    }
+}
+
+async fn assert_finished_like_reference(
+    s: &Setup,
+    session: &str,
+    answer: &str,
+    reference: &Reference,
+) {
+    assert_eq!(answer, reference.answer);
+    assert_eq!(
+        rebuilt_request(&s.world, session).await,
+        reference.final_request,
+        "final transcript differs"
+    );
+    assert_requests_match(&s.model.bodies(), reference);
+    let stats = s.sink.stats();
+    assert_eq!(
+        stats.path("charge").effects,
+        1,
+        "charge applied {:?}",
+        stats
+    );
+    assert_eq!(stats.path("email").effects, 1, "email applied {:?}", stats);
+    assert_eq!(
+        stats.hits_by_key.len(),
+        2,
+        "one idempotency key per call: {:?}",
+        stats.hits_by_key
+    );
+    let verify = s.world.run(&["verify", session]).await;
+    assert!(verify.status.success(), "verify: {}", stdout(&verify));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_while_side_effect_is_in_flight_then_resume() {
+    let reference = reference().await;
+    let s = setup().await;
+    let hold = s.sink.hold("email");
+    let mut child = s
+        .world
+        .mneme()
+        .args(["run", "--agent", s.agent.to_str().unwrap(), MESSAGE])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(30), hold.applied)
+        .await
+        .unwrap()
+        .unwrap();
+    child.start_kill().unwrap(); // SIGKILL
+    let killed = child.wait_with_output().await.unwrap();
+    assert!(!killed.status.success());
+    drop(hold.release);
+    let session = session_id(&killed);
+    assert_eq!(s.sink.stats().path("email").hits, 1);
+
+    let out = s.world.run(&["resume", &session]).await;
+    assert!(out.status.success(), "resume failed: {}", stderr(&out));
+    assert_eq!(
+        s.sink.stats().path("email").hits,
+        2,
+        "the email is re-sent once, with its key"
+    );
+    assert_eq!(
+        s.sink.stats().path("charge").hits,
+        1,
+        "the finished charge is reused, not re-sent"
+    );
+    assert_finished_like_reference(&s, &session, &stdout(&out), &reference).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_after_tool_returned_before_tool_finished_then_resume() {
+    let reference = reference().await;
+    let s = setup().await;
+    // The third tool return is the email (charge and lookup run first).
+    let out = s
+        .world
+        .mneme()
+        .args(["run", "--agent", s.agent.to_str().unwrap(), MESSAGE])
+        .env("MNEME_CRASH_AT", "tool_returned:3")
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success(), "the crash point must kill the run");
+    let session = session_id(&out);
+    let kinds = event_kinds(&s.world, &session).await;
+    assert_eq!(
+        kinds.last().map(String::as_str),
+        Some("ToolStarted"),
+        "{kinds:?}"
+    );
+    assert_eq!(s.sink.stats().path("email").effects, 1);
+
+    let out = s.world.run(&["resume", &session]).await;
+    assert!(out.status.success(), "resume failed: {}", stderr(&out));
+    assert_finished_like_reference(&s, &session, &stdout(&out), &reference).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_before_model_reply_is_appended_asks_the_model_again() {
+    let reference = reference().await;
+    let s = setup().await;
+    let out = s
+        .world
+        .mneme()
+        .args(["run", "--agent", s.agent.to_str().unwrap(), MESSAGE])
+        .env("MNEME_CRASH_AT", "model_replied_before_append:2")
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let session = session_id(&out);
+    let out = s.world.run(&["resume", &session]).await;
+    assert!(out.status.success(), "resume failed: {}", stderr(&out));
+    assert_eq!(
+        s.model.bodies().len(),
+        4,
+        "the lost reply is requested once more"
+    );
+    assert_finished_like_reference(&s, &session, &stdout(&out), &reference).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn command_tool_without_key_support_ends_in_doubt_and_resolve_continues() {
+    let world = World::new();
+    let model = MockModel::start(
+        vec![
+            MockReply::calls(&[("notify", json!({"n": 1}))]),
+            MockReply::answer("Notified."),
+        ],
+        Fault::None,
+    )
+    .await;
+    let effects = world.dir.path().join("effects.log");
+    let script = format!(
+        "cat >/dev/null; echo \"$MNEME_IDEMPOTENCY_KEY\" >> {}; echo '{{\"sent\":true}}'",
+        effects.display()
+    );
+    let agent = world.write(
+        "agent.toml",
+        &agent_toml(
+            &model.base_url(),
+            &[command_tool(
+                "notify",
+                &["sh", "-c", &script],
+                "side_effect",
+                10,
+            )],
+        ),
+    );
+    let out = world
+        .mneme()
+        .args(["run", "--agent", agent.to_str().unwrap(), "notify them"])
+        .env("MNEME_CRASH_AT", "tool_returned")
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let session = session_id(&out);
+    assert_eq!(
+        std::fs::read_to_string(&effects).unwrap().lines().count(),
+        1
+    );
+
+    let out = world.run(&["resume", &session]).await;
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "stops for a decision: {}",
+        stderr(&out)
+    );
+    assert!(stderr(&out).contains("mneme resolve"), "{}", stderr(&out));
+    let kinds = event_kinds(&world, &session).await;
+    assert_eq!(&kinds[kinds.len() - 2..], ["ToolInDoubt", "SessionPaused"]);
+    let sessions = stdout(&world.run(&["sessions", "--json"]).await);
+    assert!(sessions.contains("\"status\":\"paused\""), "{sessions}");
+    // Resuming again changes nothing: still waiting for a person.
+    let again = world.run(&["resume", &session]).await;
+    assert_eq!(again.status.code(), Some(3));
+    assert_eq!(event_kinds(&world, &session).await.len(), kinds.len());
+
+    let wrong = world
+        .run(&["resolve", &session, "call_9_9", "--fail", "x"])
+        .await;
+    assert!(
+        !wrong.status.success() && stderr(&wrong).contains("not in doubt"),
+        "{}",
+        stderr(&wrong)
+    );
+    let out = world
+        .run(&[
+            "resolve",
+            &session,
+            "call_0_0",
+            "--skip",
+            "--result",
+            "{\"sent\":true}",
+            "--by",
+            "ops",
+        ])
+        .await;
+    assert!(out.status.success(), "resolve: {}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "Notified.");
+    assert_eq!(
+        std::fs::read_to_string(&effects).unwrap().lines().count(),
+        1,
+        "never run twice"
+    );
+    let log = stdout(
+        &world
+            .run(&["log", &session, "--kind", "ToolResolved"])
+            .await,
+    );
+    assert!(log.contains("skip") && log.contains("by ops"), "{log}");
+}
