@@ -133,8 +133,17 @@ pub enum LogError {
         /// What is known of the holder.
         holder: String,
     },
+    /// The storage engine refused its own files: a page failed its checksum.
+    #[error("data directory {dir} is corrupt: the storage engine found a damaged page and refuses to open it; nothing was changed")]
+    CorruptStore {
+        /// The data directory.
+        dir: String,
+        /// The engine's error.
+        #[source]
+        source: sled::Error,
+    },
     /// The storage engine failed.
-    #[error("storage error in {dir}: {source}")]
+    #[error("storage engine failed in {dir}")]
     Storage {
         /// The data directory.
         dir: String,
@@ -143,7 +152,7 @@ pub enum LogError {
         source: sled::Error,
     },
     /// A file system operation failed.
-    #[error("i/o error on {path}: {source}")]
+    #[error("i/o error on {path}")]
     Io {
         /// The file.
         path: String,

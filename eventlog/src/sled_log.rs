@@ -114,9 +114,10 @@ fn open_error(dir: &Path, source: sled::Error) -> LogError {
             holder,
         };
     }
-    LogError::Storage {
-        dir: dir.display().to_string(),
-        source,
+    let dir = dir.display().to_string();
+    match source {
+        sled::Error::Corruption { .. } => LogError::CorruptStore { dir, source },
+        source => LogError::Storage { dir, source },
     }
 }
 

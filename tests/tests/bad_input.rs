@@ -1,0 +1,202 @@
+//! Bad input of every kind gets a clear error naming what and where, a
+//! non-zero exit, and never a lost or rewritten event.
+
+use mneme_e2e::*;
+use serde_json::json;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_agent_file_is_named_and_nothing_is_written() {
+    let world = World::new();
+    let agent = world.write(
+        "agent.toml",
+        "name = \"x\"\n[model]\nprovider = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n[[tools]]\nname = \"t\"\nkind = \"http\"\nurl = \"http://127.0.0.1:9/t\"\neffect = \"sometimes\"\n",
+    );
+    let out = world
+        .run(&["run", "--agent", agent.to_str().unwrap(), "hi"])
+        .await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("agent.toml") && err.contains("sometimes") && err.contains("line"),
+        "{err}"
+    );
+    assert_eq!(stdout(&world.run(&["sessions", "--json"]).await), "");
+    let missing = world
+        .run(&["run", "--agent", "/nonexistent/agent.toml", "hi"])
+        .await;
+    assert!(
+        stderr(&missing).contains("/nonexistent/agent.toml"),
+        "{}",
+        stderr(&missing)
+    );
+}
+
+async fn run_against(fault: Fault) -> (World, std::process::Output, MockModel) {
+    let world = World::new();
+    let model = MockModel::start(vec![MockReply::answer("fine")], fault).await;
+    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[]));
+    let out = world
+        .run(&["run", "--agent", agent.to_str().unwrap(), "hello"])
+        .await;
+    (world, out, model)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_server_errors_are_retried_then_reported_and_logged() {
+    let (_, out, model) = run_against(Fault::Fail500(2)).await;
+    assert!(
+        out.status.success(),
+        "two 500s are retried: {}",
+        stderr(&out)
+    );
+    assert_eq!(model.bodies().len(), 3);
+
+    let (world, out, _) = run_against(Fault::Fail500(100)).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("/v1/chat/completions") && err.contains("500") && err.contains("4 attempts"),
+        "{err}"
+    );
+    let session = session_id(&out);
+    assert_eq!(
+        event_kinds(&world, &session).await,
+        ["SessionStarted", "UserMessage", "SessionFinished"]
+    );
+    assert!(world.run(&["verify"]).await.status.success());
+    let sessions = stdout(&world.run(&["sessions", "--json"]).await);
+    assert!(sessions.contains("\"status\":\"failed\""), "{sessions}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_from_the_model_is_a_clear_error() {
+    let (world, out, _) = run_against(Fault::Garbage).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("garbage") && err.contains("<html>this is not json"),
+        "{err}"
+    );
+    assert!(world.run(&["verify"]).await.status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_model_server_is_named() {
+    let world = World::new();
+    let agent = world.write("agent.toml", &agent_toml("http://127.0.0.1:1/v1", &[]));
+    let out = world
+        .run(&["run", "--agent", agent.to_str().unwrap(), "hello"])
+        .await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("127.0.0.1:1"), "{}", stderr(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hanging_tools_time_out_read_only_as_error_side_effect_in_doubt() {
+    let world = World::new();
+    let model = MockModel::start(
+        vec![
+            MockReply::calls(&[("slow_read", json!({})), ("slow_write", json!({}))]),
+            MockReply::answer("gave up"),
+        ],
+        Fault::None,
+    )
+    .await;
+    let tools = [
+        command_tool("slow_read", &["sleep", "30"], "read_only", 1),
+        command_tool("slow_write", &["sleep", "30"], "side_effect", 1),
+    ];
+    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &tools));
+    let started = Instant::now();
+    let out = world
+        .run(&["run", "--agent", agent.to_str().unwrap(), "go"])
+        .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "timeouts must fire"
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let session = session_id(&out);
+    let log = stdout(&world.run(&["log", &session]).await);
+    assert!(
+        log.contains("call_0_0 error") && log.contains("timed out after 1 s"),
+        "{log}"
+    );
+    assert!(
+        log.contains("ToolInDoubt") && log.contains("call_0_1"),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_process_is_told_who_holds_the_data_directory() {
+    let world = World::new();
+    let model = MockModel::start(
+        vec![
+            MockReply::calls(&[("hold", json!({}))]),
+            MockReply::answer("ok"),
+        ],
+        Fault::None,
+    )
+    .await;
+    let sink = Sink::start().await.unwrap();
+    let hold = sink.hold("hold");
+    let agent = world.write(
+        "agent.toml",
+        &agent_toml(
+            &model.base_url(),
+            &[http_tool("hold", &sink.url("hold"), "idempotent")],
+        ),
+    );
+    let mut first = world
+        .mneme()
+        .args(["run", "--agent", agent.to_str().unwrap(), "go"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(30), hold.applied)
+        .await
+        .unwrap()
+        .unwrap();
+    let out = world.run(&["sessions"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("in use by another process")
+            && err.contains(&format!("pid {}", first.id().unwrap())),
+        "{err}"
+    );
+    hold.release.send(()).unwrap();
+    assert!(first.wait().await.unwrap().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_resolve_arguments_change_nothing() {
+    let world = World::new();
+    let model = MockModel::start(vec![MockReply::answer("ok")], Fault::None).await;
+    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[]));
+    let out = world
+        .run(&["run", "--agent", agent.to_str().unwrap(), "go"])
+        .await;
+    let session = session_id(&out);
+    let before = event_kinds(&world, &session).await;
+    let out = world
+        .run(&[
+            "resolve",
+            &session,
+            "call_0_0",
+            "--skip",
+            "--result",
+            "{not json",
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(1));
+    let out = world
+        .run(&["resolve", &session, "call_0_0", "--retry"])
+        .await;
+    assert!(stderr(&out).contains("not in doubt"), "{}", stderr(&out));
+    assert_eq!(event_kinds(&world, &session).await, before);
+}

@@ -1,0 +1,139 @@
+//! Damage to the log is detected and named; nothing is served from a
+//! damaged record.
+
+use eventlog::{Envelope, Record};
+use mneme_e2e::*;
+use serde_json::json;
+
+/// A finished session of three tool-using turns; returns (world, session).
+async fn finished_session() -> (World, String) {
+    let world = World::new();
+    let model = MockModel::start(
+        vec![
+            MockReply::calls(&[("lookup", json!({"n": 1}))]),
+            MockReply::answer("UNIQUE-ANSWER-MARKER"),
+        ],
+        Fault::None,
+    )
+    .await;
+    let tools = [command_tool(
+        "lookup",
+        &["sh", "-c", "cat >/dev/null; echo 42"],
+        "read_only",
+        10,
+    )];
+    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &tools));
+    let out = world
+        .run(&[
+            "run",
+            "--agent",
+            agent.to_str().unwrap(),
+            "UNIQUE-MESSAGE-MARKER",
+        ])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let session = session_id(&out);
+    let verify = world.run(&["verify"]).await;
+    assert!(
+        verify.status.success(),
+        "a fresh log verifies: {}",
+        stdout(&verify)
+    );
+    (world, session)
+}
+
+fn event_key(session: &uuid::Uuid, seq: u64) -> Vec<u8> {
+    let mut key = vec![b'e'];
+    key.extend_from_slice(session.as_bytes());
+    key.extend_from_slice(&seq.to_be_bytes());
+    key
+}
+
+/// Rewrites the stored record at `seq` through the storage engine, as a
+/// tamperer with access to the files would.
+fn rewrite(world: &World, session: &str, seq: u64, change: impl FnOnce(Vec<u8>) -> Vec<u8>) {
+    let id: uuid::Uuid = session.parse().unwrap();
+    let db = sled::open(world.data()).unwrap();
+    let old = db.get(event_key(&id, seq)).unwrap().unwrap().to_vec();
+    db.insert(event_key(&id, seq), change(old)).unwrap();
+    db.flush().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn altered_record_is_named_by_verify_and_refused_by_log() {
+    let (world, session) = finished_session().await;
+    rewrite(&world, &session, 2, |mut bytes| {
+        let at = bytes.windows(6).position(|w| w == b"UNIQUE").unwrap();
+        bytes[at] = b'X';
+        bytes
+    });
+    let out = world.run(&["verify"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let text = stdout(&out);
+    assert!(
+        text.contains(&session) && text.contains("seq 2") && text.contains("hash mismatch"),
+        "{text}"
+    );
+    let out = world.run(&["log", &session]).await;
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("seq 2"), "{}", stderr(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replaced_record_with_valid_hash_breaks_the_chain() {
+    let (world, session) = finished_session().await;
+    // A forger re-seals record 3 with a new payload and a correct hash of
+    // its own, but cannot make record 4 point at it.
+    rewrite(&world, &session, 3, |bytes| {
+        let record = Record::open(session.parse().unwrap(), 3, &bytes).unwrap();
+        let forged = Envelope {
+            payload: record.envelope.payload.iter().rev().copied().collect(),
+            ..record.envelope
+        };
+        Record::seal(forged).unwrap().1
+    });
+    let out = world.run(&["verify", &session, "--json"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let line: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(line["ok"], false);
+    let error = line["error"].as_str().unwrap();
+    assert!(
+        error.contains("seq 4") && error.contains("chain broken"),
+        "{error}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flipped_byte_in_the_data_file_is_reported() {
+    let (world, _session) = finished_session().await;
+    let path = world.data().join("db");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let marker = b"UNIQUE-MESSAGE-MARKER";
+    let hits: Vec<usize> = (0..bytes.len() - marker.len())
+        .filter(|&i| &bytes[i..i + marker.len()] == marker)
+        .collect();
+    assert!(!hits.is_empty(), "the message is in sled's data file");
+    for at in hits {
+        bytes[at + 3] ^= 0x20;
+    }
+    std::fs::write(&path, bytes).unwrap();
+    let out = world.run(&["verify"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(stderr(&out).contains("corrupt"), "{}", stderr(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_from_a_newer_format_is_refused_with_its_version() {
+    let (world, session) = finished_session().await;
+    rewrite(&world, &session, 1, |mut bytes| {
+        bytes[0] = 7;
+        bytes
+    });
+    let out = world.run(&["verify", &session]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stdout(&out).contains("unknown format version 7"),
+        "{}",
+        stdout(&out)
+    );
+}
