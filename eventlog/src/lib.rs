@@ -17,6 +17,7 @@
 
 mod envelope;
 mod sled_log;
+mod wal;
 
 pub use envelope::{Envelope, Hash, NewEvent, Record, RECORD_FORMAT};
 pub use sled_log::SledLog;

@@ -6,7 +6,13 @@
 //!
 //! A record and its session's meta are written in one atomic sled batch, so
 //! the head never disagrees with the records after a crash.
+//!
+//! Durability comes from mneme's write-ahead file ([`crate::wal`]), not from
+//! sled's flush: each append is written there first, a synced barrier is one
+//! `fdatasync` of it, and opening the log replays into sled whatever sled
+//! lost. A checkpoint (sled flush + `fdatasync` of sled's files) empties it.
 
+use crate::wal::{Frame, Wal};
 use crate::{
     now_ms, Durability, Envelope, EventLog, Hash, Head, LogError, NewEvent, Record, SessionMeta,
 };
@@ -20,6 +26,9 @@ use uuid::Uuid;
 const EVENT_PREFIX: u8 = b'e';
 const META_PREFIX: u8 = b's';
 const HOLDER_FILE: &str = "mneme.holder";
+const WAL_FILE: &str = "mneme.wal";
+/// The write-ahead file is emptied into sled once it grows past this.
+const CHECKPOINT_BYTES: u64 = 64 << 20;
 
 /// An [`EventLog`] in a sled database in one directory.
 ///
@@ -30,8 +39,18 @@ pub struct SledLog {
     db: sled::Db,
     /// sled's data file, for the `fdatasync` that sled's own flush omits.
     data_file: File,
-    /// Cached session metadata; the lock also serializes appends.
-    metas: Mutex<HashMap<Uuid, StoredMeta>>,
+    /// The write-ahead file's descriptor, for barriers outside the lock.
+    wal_sync: File,
+    /// Records replayed from the write-ahead file when the log was opened.
+    recovered: u64,
+    /// Appends are serialized by this lock.
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    /// Cached session metadata.
+    metas: HashMap<Uuid, StoredMeta>,
+    wal: Wal,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -51,22 +70,140 @@ impl SledLog {
             path: dir.display().to_string(),
             source,
         })?;
+        // sled's own background flush would compete with the write-ahead
+        // file's fdatasync for the device; checkpoints flush sled instead.
         let db = sled::Config::new()
             .path(&dir)
+            .flush_every_ms(None)
             .open()
             .map_err(|source| open_error(&dir, source))?;
         let data_path = dir.join("db");
-        let data_file = File::open(&data_path).map_err(|source| LogError::Io {
-            path: data_path.display().to_string(),
-            source,
-        })?;
+        let io = |path: &Path| {
+            let path = path.display().to_string();
+            move |source| LogError::Io { path, source }
+        };
+        let data_file = File::open(&data_path).map_err(io(&data_path))?;
+        let wal_path = dir.join(WAL_FILE);
+        let (wal, frames) = Wal::open(&wal_path).map_err(io(&wal_path))?;
+        let wal_sync = File::open(&wal_path).map_err(io(&wal_path))?;
         write_holder(&dir);
-        Ok(SledLog {
+        let mut log = SledLog {
             dir,
             db,
             data_file,
-            metas: Mutex::new(HashMap::new()),
+            wal_sync,
+            recovered: 0,
+            inner: Mutex::new(Inner {
+                metas: HashMap::new(),
+                wal,
+            }),
+        };
+        log.recovered = log.recover(frames)?;
+        Ok(log)
+    }
+
+    /// How many records opening the log replayed from the write-ahead file
+    /// into sled (records sled had lost in a crash).
+    pub fn recovered(&self) -> u64 {
+        self.recovered
+    }
+
+    /// Puts into sled every write-ahead record it lacks, brings the heads
+    /// of the sessions concerned up to their last record, then checkpoints.
+    fn recover(&self, frames: Vec<Frame>) -> Result<u64, LogError> {
+        let mut inner = self.inner.lock().expect("log lock poisoned");
+        let mut recovered = 0;
+        let mut touched = std::collections::BTreeSet::new();
+        for (key, value) in frames {
+            let (session, seq) = parse_event_key(&key);
+            touched.insert(session);
+            if self.db.contains_key(&key).map_err(|e| self.storage(e))? {
+                continue;
+            }
+            let record = Record::open(session, seq, &value)?;
+            let prev = match seq {
+                1 => Head::EMPTY,
+                _ => self.stored_head_at(session, seq - 1)?,
+            };
+            crate::check_link(session, &prev, &record)?;
+            self.db.insert(key, value).map_err(|e| self.storage(e))?;
+            recovered += 1;
+        }
+        for session in touched {
+            self.repair_meta(session)?;
+        }
+        self.checkpoint(&mut inner)?;
+        Ok(recovered)
+    }
+
+    /// The record at `seq` as a chain head; an error if it is missing.
+    fn stored_head_at(&self, session: Uuid, seq: u64) -> Result<Head, LogError> {
+        let bytes = self
+            .db
+            .get(event_key(session, seq))
+            .map_err(|e| self.storage(e))?;
+        let Some(bytes) = bytes else {
+            return Err(LogError::Corrupt {
+                session,
+                seq,
+                reason: "missing record: a later record survived a crash without it".into(),
+            });
+        };
+        let record = Record::open(session, seq, &bytes)?;
+        Ok(Head {
+            seq,
+            hash: record.hash,
         })
+    }
+
+    /// A crash can leave a record in sled without the meta written after
+    /// it; the records are the truth, so the meta follows the last one.
+    fn repair_meta(&self, session: Uuid) -> Result<(), LogError> {
+        let last = self
+            .db
+            .scan_prefix(&event_key(session, 0)[..17])
+            .next_back()
+            .transpose()
+            .map_err(|e| self.storage(e))?;
+        let Some((key, bytes)) = last else {
+            return Ok(());
+        };
+        let record = Record::open(session, parse_event_key(&key).1, &bytes)?;
+        let meta = self.load_meta(session)?;
+        if meta
+            .as_ref()
+            .is_some_and(|m| m.head_seq == record.envelope.seq)
+        {
+            return Ok(());
+        }
+        let mut meta = meta.unwrap_or_else(|| StoredMeta::new(record.envelope.ts_ms));
+        meta.advance(&record);
+        self.db
+            .insert(meta_key(session), encode_meta(&meta))
+            .map_err(|e| self.storage(e))?;
+        Ok(())
+    }
+
+    /// Makes sled's copy durable, then empties the write-ahead file.
+    fn checkpoint(&self, inner: &mut Inner) -> Result<(), LogError> {
+        if inner.wal.len() == 0 {
+            return Ok(());
+        }
+        self.db.flush().map_err(|e| self.storage(e))?;
+        let io = |path: PathBuf| {
+            move |source| LogError::Io {
+                path: path.display().to_string(),
+                source,
+            }
+        };
+        self.data_file
+            .sync_data()
+            .map_err(io(self.dir.join("db")))?;
+        sync_blobs(&self.dir.join("blobs")).map_err(io(self.dir.join("blobs")))?;
+        inner
+            .wal
+            .truncate()
+            .map_err(io(inner.wal.path().to_path_buf()))
     }
 
     /// The directory this log lives in.
@@ -96,6 +233,77 @@ impl SledLog {
                 seq: 0,
                 reason: format!("session metadata does not decode: {e}"),
             })
+    }
+}
+
+/// sled keeps values too big for its pages in separate blob files, which
+/// its flush does not fsync.
+fn sync_blobs(dir: &Path) -> std::io::Result<()> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for entry in entries {
+        File::open(entry?.path())?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// Below this many records, checking them on one thread is faster.
+const PARALLEL_OPEN_MIN: usize = 2048;
+
+/// Decodes and checks stored records, on every core for long reads (the
+/// hash check dominates replay).
+fn open_all(session: Uuid, stored: &[(u64, sled::IVec)]) -> Result<Vec<Record>, LogError> {
+    let open_chunk = |chunk: &[(u64, sled::IVec)]| -> Result<Vec<Record>, LogError> {
+        chunk
+            .iter()
+            .map(|(seq, bytes)| Record::open(session, *seq, bytes))
+            .collect()
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    if stored.len() < PARALLEL_OPEN_MIN || threads == 1 {
+        return open_chunk(stored);
+    }
+    let chunk_len = stored.len().div_ceil(threads);
+    let parts: Vec<Result<Vec<Record>, LogError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = stored
+            .chunks(chunk_len)
+            .map(|chunk| scope.spawn(move || open_chunk(chunk)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("record checks do not panic"))
+            .collect()
+    });
+    let mut records = Vec::with_capacity(stored.len());
+    for part in parts {
+        records.extend(part?);
+    }
+    Ok(records)
+}
+
+fn parse_event_key(key: &[u8]) -> (Uuid, u64) {
+    let session = Uuid::from_slice(&key[1..17]).expect("event key holds a uuid");
+    let seq = u64::from_be_bytes(key[17..25].try_into().expect("event key is 25 bytes"));
+    (session, seq)
+}
+
+impl StoredMeta {
+    fn new(now: i64) -> StoredMeta {
+        StoredMeta {
+            head_seq: 0,
+            head_hash: Hash::ZERO,
+            created_ms: now,
+            updated_ms: now,
+            last_kind: String::new(),
+        }
+    }
+
+    fn advance(&mut self, record: &Record) {
+        self.head_seq = record.envelope.seq;
+        self.head_hash = record.hash;
+        self.updated_ms = record.envelope.ts_ms;
+        self.last_kind.clone_from(&record.envelope.kind);
     }
 }
 
@@ -148,6 +356,33 @@ fn encode_meta(meta: &StoredMeta) -> Vec<u8> {
     rmp_serde::to_vec_named(meta).expect("session metadata always encodes")
 }
 
+impl SledLog {
+    fn insert_all(
+        &self,
+        frames: Vec<Frame>,
+        meta_key: &[u8],
+        meta: Vec<u8>,
+    ) -> Result<(), LogError> {
+        for (key, bytes) in frames {
+            self.db.insert(key, bytes).map_err(|e| self.storage(e))?;
+        }
+        self.db
+            .insert(meta_key, meta)
+            .map_err(|e| self.storage(e))?;
+        Ok(())
+    }
+}
+
+impl Drop for SledLog {
+    /// A clean close checkpoints, so the next open has nothing to replay.
+    /// If it fails, the write-ahead file still holds every record.
+    fn drop(&mut self) {
+        if let Ok(mut inner) = self.inner.lock() {
+            let _ = self.checkpoint(&mut inner);
+        }
+    }
+}
+
 impl EventLog for SledLog {
     fn append(
         &self,
@@ -155,10 +390,10 @@ impl EventLog for SledLog {
         expected_seq: u64,
         events: Vec<NewEvent>,
     ) -> Result<Vec<Record>, LogError> {
-        let mut metas = self.metas.lock().expect("log lock poisoned");
-        let cached = metas.get(&session).cloned();
-        let meta = match cached {
-            Some(meta) => Some(meta),
+        let mut guard = self.inner.lock().expect("log lock poisoned");
+        let inner = &mut *guard;
+        let meta = match inner.metas.get(&session) {
+            Some(meta) => Some(meta.clone()),
             None => self.load_meta(session)?,
         };
         let head_seq = meta.as_ref().map_or(0, |m| m.head_seq);
@@ -170,14 +405,8 @@ impl EventLog for SledLog {
             });
         }
         let now = now_ms();
-        let mut meta = meta.unwrap_or(StoredMeta {
-            head_seq: 0,
-            head_hash: Hash::ZERO,
-            created_ms: now,
-            updated_ms: now,
-            last_kind: String::new(),
-        });
-        let mut batch = sled::Batch::default();
+        let mut meta = meta.unwrap_or_else(|| StoredMeta::new(now));
+        let mut frames = Vec::with_capacity(events.len());
         let mut records = Vec::with_capacity(events.len());
         for event in events {
             let envelope = Envelope {
@@ -192,16 +421,28 @@ impl EventLog for SledLog {
                 payload: event.payload,
             };
             let (record, bytes) = Record::seal(envelope)?;
-            batch.insert(&event_key(session, record.envelope.seq), bytes);
-            meta.head_seq = record.envelope.seq;
-            meta.head_hash = record.hash;
-            meta.last_kind.clone_from(&record.envelope.kind);
+            meta.advance(&record);
+            frames.push((event_key(session, record.envelope.seq).to_vec(), bytes));
             records.push(record);
         }
-        meta.updated_ms = now;
-        batch.insert(&meta_key(session), encode_meta(&meta));
-        self.db.apply_batch(batch).map_err(|e| self.storage(e))?;
-        metas.insert(session, meta);
+        let wal_len = inner.wal.len();
+        inner.wal.append(&frames).map_err(|source| LogError::Io {
+            path: inner.wal.path().display().to_string(),
+            source,
+        })?;
+        // Plain inserts, not a sled batch: a batch forces sled to write and
+        // sync its buffer on every append. Atomicity comes from the
+        // write-ahead file; recovery repairs a meta that lags its records.
+        if let Err(e) = self.insert_all(frames, &meta_key(session), encode_meta(&meta)) {
+            inner.wal.cut_back_to(wal_len);
+            return Err(e);
+        }
+        inner.metas.insert(session, meta);
+        if inner.wal.len() > CHECKPOINT_BYTES {
+            // The append itself is done; a failed checkpoint is retried on
+            // the next append and the write-ahead file keeps the records.
+            let _ = self.checkpoint(inner);
+        }
         Ok(records)
     }
 
@@ -210,28 +451,40 @@ impl EventLog for SledLog {
         if from > to {
             return Ok(Vec::new());
         }
-        let mut records: Vec<Record> = Vec::new();
-        for item in self
+        let stored: Vec<(u64, sled::IVec)> = self
             .db
             .range(event_key(session, from)..=event_key(session, to))
-        {
-            let (key, value) = item.map_err(|e| self.storage(e))?;
-            let seq = u64::from_be_bytes(key[17..25].try_into().expect("event key is 25 bytes"));
-            let record = Record::open(session, seq, &value)?;
-            if let Some(prev) = records.last() {
-                let prev = Head {
-                    seq: prev.envelope.seq,
-                    hash: prev.hash,
-                };
-                crate::check_link(session, &prev, &record)?;
-            }
-            records.push(record);
+            .map(|item| {
+                let (key, value) = item.map_err(|e| self.storage(e))?;
+                Ok((parse_event_key(&key).1, value))
+            })
+            .collect::<Result<_, LogError>>()?;
+        if let Some(&(first, _)) = stored.first().filter(|(seq, _)| *seq != from) {
+            return Err(LogError::Corrupt {
+                session,
+                seq: from,
+                reason: format!("missing record: next stored seq is {first}"),
+            });
+        }
+        let records = open_all(session, &stored)?;
+        for pair in records.windows(2) {
+            let prev = Head {
+                seq: pair[0].envelope.seq,
+                hash: pair[0].hash,
+            };
+            crate::check_link(session, &prev, &pair[1])?;
         }
         Ok(records)
     }
 
     fn head(&self, session: Uuid) -> Result<Head, LogError> {
-        if let Some(meta) = self.metas.lock().expect("log lock poisoned").get(&session) {
+        if let Some(meta) = self
+            .inner
+            .lock()
+            .expect("log lock poisoned")
+            .metas
+            .get(&session)
+        {
             return Ok(Head {
                 seq: meta.head_seq,
                 hash: meta.head_hash,
@@ -269,18 +522,17 @@ impl EventLog for SledLog {
         Ok(out)
     }
 
+    /// Every append is in the write-ahead file (in the OS's hands) once
+    /// `append` returns, so `Flushed` costs nothing; `Synced` is one
+    /// `fdatasync` of that file.
     fn barrier(&self, durability: Durability) -> Result<(), LogError> {
-        if durability == Durability::Buffered {
+        if durability < Durability::Synced {
             return Ok(());
         }
-        self.db.flush().map_err(|e| self.storage(e))?;
-        if durability == Durability::Synced {
-            self.data_file.sync_data().map_err(|source| LogError::Io {
-                path: self.dir.join("db").display().to_string(),
-                source,
-            })?;
-        }
-        Ok(())
+        self.wal_sync.sync_data().map_err(|source| LogError::Io {
+            path: self.dir.join(WAL_FILE).display().to_string(),
+            source,
+        })
     }
 }
 
@@ -409,6 +661,62 @@ mod tests {
         assert!(matches!(err, LogError::Corrupt { seq: 2, .. }), "{err}");
         let err = log.verify(s).unwrap_err();
         assert!(err.to_string().contains("seq 2"), "{err}");
+    }
+
+    #[test]
+    fn records_sled_lost_are_replayed_from_the_write_ahead_file() {
+        let s = Uuid::now_v7();
+        let source = tempfile::tempdir().unwrap();
+        let wal = {
+            let log = SledLog::open(source.path()).unwrap();
+            log.append(s, 1, vec![event(1), event(2)]).unwrap();
+            log.append(s, 3, vec![event(3)]).unwrap();
+            log.barrier(Durability::Synced).unwrap();
+            std::fs::read(source.path().join(WAL_FILE)).unwrap()
+        };
+        // A sled directory that never got the records, with the write-ahead
+        // file that did: what a crash before sled's own flush leaves behind.
+        let target = tempfile::tempdir().unwrap();
+        drop(SledLog::open(target.path()).unwrap());
+        std::fs::write(target.path().join(WAL_FILE), wal).unwrap();
+        let log = SledLog::open(target.path()).unwrap();
+        assert_eq!(log.recovered(), 3);
+        assert_eq!(log.verify(s).unwrap(), 3);
+        assert_eq!(
+            std::fs::metadata(target.path().join(WAL_FILE))
+                .unwrap()
+                .len(),
+            0,
+            "checkpointed"
+        );
+        drop(log);
+        let log = SledLog::open(target.path()).unwrap();
+        assert_eq!(log.recovered(), 0, "nothing left to replay");
+        assert_eq!(log.read(s, 3, 3).unwrap()[0].envelope.kind, "K3");
+    }
+
+    #[test]
+    fn a_head_that_lags_its_records_is_repaired_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Uuid::now_v7();
+        let (wal, stale_meta) = {
+            let log = SledLog::open(dir.path()).unwrap();
+            log.append(s, 1, vec![event(1)]).unwrap();
+            let stale = log.db.get(meta_key(s)).unwrap().unwrap().to_vec();
+            log.append(s, 2, vec![event(2)]).unwrap();
+            (std::fs::read(dir.path().join(WAL_FILE)).unwrap(), stale)
+        };
+        // The record reached sled, the meta written after it did not.
+        {
+            let db = sled::open(dir.path()).unwrap();
+            db.insert(meta_key(s), stale_meta).unwrap();
+            db.flush().unwrap();
+        }
+        std::fs::write(dir.path().join(WAL_FILE), wal).unwrap();
+        let log = SledLog::open(dir.path()).unwrap();
+        assert_eq!(log.head(s).unwrap().seq, 2);
+        assert_eq!(log.verify(s).unwrap(), 2);
+        log.append(s, 3, vec![event(3)]).unwrap();
     }
 
     proptest! {

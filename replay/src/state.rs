@@ -136,7 +136,7 @@ pub struct SessionState {
 
 impl SessionState {
     /// Folds `events` (seq and event, in seq order) from the empty state.
-    pub fn fold<'a>(events: impl IntoIterator<Item = (u64, &'a Event)>) -> SessionState {
+    pub fn fold(events: impl IntoIterator<Item = (u64, Event)>) -> SessionState {
         let mut state = SessionState::default();
         for (seq, event) in events {
             state.apply(seq, event);
@@ -145,14 +145,14 @@ impl SessionState {
     }
 
     /// Folds one more event. Never panics, whatever the event.
-    pub fn apply(&mut self, seq: u64, event: &Event) {
+    pub fn apply(&mut self, seq: u64, event: Event) {
         self.last_seq = seq;
         match event {
-            Event::SessionStarted { spec } => self.spec = Some(spec.clone()),
+            Event::SessionStarted { spec } => self.spec = Some(spec),
             Event::UserMessage { text } => {
                 self.paused = None;
                 self.failed = None;
-                self.entries.push(Entry::User(text.clone()));
+                self.entries.push(Entry::User(text));
             }
             Event::ModelReplied(reply) => {
                 self.totals.add(&reply.usage, self.spec.as_ref());
@@ -167,54 +167,44 @@ impl SessionState {
                         phase: CallPhase::Pending,
                     })
                     .collect();
-                self.entries.push(Entry::Reply {
-                    seq,
-                    reply: reply.clone(),
-                    calls,
-                });
+                self.entries.push(Entry::Reply { seq, reply, calls });
             }
             Event::ToolStarted {
                 call_id,
                 effect,
                 idempotency_key,
                 ..
-            } => self.update_call(seq, call_id, |c| {
-                c.effect = Some(*effect);
-                c.idempotency_key = Some(idempotency_key.clone());
+            } => self.update_call(seq, &call_id, |c| {
+                c.effect = Some(effect);
+                c.idempotency_key = Some(idempotency_key);
                 c.attempts += 1;
                 c.phase = CallPhase::Started;
             }),
             Event::ToolFinished {
                 call_id, outcome, ..
-            } => self.update_call(seq, call_id, |c| {
-                c.phase = CallPhase::Finished(outcome.clone())
-            }),
-            Event::ToolInDoubt { call_id, reason } => self.update_call(seq, call_id, |c| {
-                c.phase = CallPhase::InDoubt(reason.clone())
-            }),
+            } => self.update_call(seq, &call_id, |c| c.phase = CallPhase::Finished(outcome)),
+            Event::ToolInDoubt { call_id, reason } => {
+                self.update_call(seq, &call_id, |c| c.phase = CallPhase::InDoubt(reason))
+            }
             Event::ToolResolved {
                 call_id,
                 resolution,
                 ..
-            } => self.update_call(seq, call_id, |c| {
+            } => self.update_call(seq, &call_id, |c| {
                 c.phase = match resolution {
                     Resolution::Retry => CallPhase::RetryApproved,
-                    Resolution::Skip(result) => {
-                        CallPhase::Finished(ToolOutcome::Ok(result.clone()))
-                    }
-                    Resolution::Fail(message) => {
-                        CallPhase::Finished(ToolOutcome::Err(message.clone()))
-                    }
+                    Resolution::Skip(result) => CallPhase::Finished(ToolOutcome::Ok(result)),
+                    Resolution::Fail(message) => CallPhase::Finished(ToolOutcome::Err(message)),
                 }
             }),
-            Event::SessionPaused { reason } => self.paused = Some(reason.clone()),
+            Event::SessionPaused { reason } => self.paused = Some(reason),
             Event::SessionResumed { .. } => {
                 self.paused = None;
                 self.failed = None;
             }
             Event::SessionFinished {
                 outcome: SessionOutcome::Failed(error),
-            } => self.failed = Some(error.clone()),
+            } => self.failed = Some(error),
         }
     }
 

@@ -84,7 +84,13 @@ fn finished(id: &str, out: &str) -> Event {
 }
 
 fn fold(events: &[Event]) -> SessionState {
-    SessionState::fold(events.iter().enumerate().map(|(i, e)| (i as u64 + 1, e)))
+    SessionState::fold(
+        events
+            .iter()
+            .cloned()
+            .enumerate()
+            .map(|(i, e)| (i as u64 + 1, e)),
+    )
 }
 
 /// A conversation whose two parallel calls finished in reverse order.

@@ -41,6 +41,39 @@ pub fn read_events(
         .collect()
 }
 
+/// Below this many records, decoding on one thread is faster.
+const PARALLEL_DECODE_MIN: usize = 2048;
+
+/// Decodes records into (seq, event), on every core for long logs.
+fn decode_all(records: Vec<Record>) -> Result<Vec<(u64, Event)>, RuntimeError> {
+    let decode_chunk = |chunk: &[Record]| -> Result<Vec<(u64, Event)>, RuntimeError> {
+        chunk
+            .iter()
+            .map(|r| decode(r).map(|e| (r.envelope.seq, e)))
+            .collect()
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    if records.len() < PARALLEL_DECODE_MIN || threads == 1 {
+        return decode_chunk(&records);
+    }
+    let chunk_len = records.len().div_ceil(threads);
+    let parts: Vec<_> = std::thread::scope(|scope| {
+        let handles: Vec<_> = records
+            .chunks(chunk_len)
+            .map(|chunk| scope.spawn(move || decode_chunk(chunk)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("decoding does not panic"))
+            .collect()
+    });
+    let mut events = Vec::with_capacity(records.len());
+    for part in parts {
+        events.extend(part?);
+    }
+    Ok(events)
+}
+
 impl Session {
     /// Starts a new session with `spec` (appends SessionStarted).
     pub fn create(log: Arc<dyn EventLog>, spec: AgentSpec) -> Result<Session, RuntimeError> {
@@ -56,8 +89,12 @@ impl Session {
 
     /// Loads `id` by folding its whole log.
     pub fn load(log: Arc<dyn EventLog>, id: Uuid) -> Result<Session, RuntimeError> {
-        let events = read_events(log.as_ref(), id)?;
-        let state = SessionState::fold(events.iter().map(|(r, e)| (r.envelope.seq, e)));
+        let head = log.head(id)?;
+        if head.seq == 0 {
+            return Err(RuntimeError::NoSuchSession(id));
+        }
+        let records = log.read(id, 1, head.seq)?;
+        let state = SessionState::fold(decode_all(records)?);
         let durable_seq = state.last_seq;
         Ok(Session {
             id,
@@ -106,7 +143,7 @@ impl Session {
             })
             .collect();
         self.log.append(self.id, first, new)?;
-        for (i, event) in events.iter().enumerate() {
+        for (i, event) in events.into_iter().enumerate() {
             self.state.apply(first + i as u64, event);
         }
         Ok(first)

@@ -69,7 +69,7 @@ struct ModelInner {
 /// reply by the number of assistant messages in the request, so a resumed
 /// session gets the same reply the crashed one would have; it records every
 /// request body; it reports as cached the longest common prefix (in 4-byte
-/// "tokens") with any earlier request, like a server's prefix cache.
+/// "tokens") with the last [`CACHE_WINDOW`] requests, like a server's prefix cache.
 pub struct MockModel {
     addr: std::net::SocketAddr,
     inner: Arc<Mutex<ModelInner>>,
@@ -116,6 +116,9 @@ impl MockModel {
     }
 }
 
+/// How many recent requests the simulated prefix cache remembers.
+pub const CACHE_WINDOW: usize = 8;
+
 fn common_prefix(a: &[u8], b: &[u8]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
@@ -128,6 +131,8 @@ async fn complete(
     let cached = inner
         .bodies
         .iter()
+        .rev()
+        .take(CACHE_WINDOW)
         .map(|b| common_prefix(b, &body))
         .max()
         .unwrap_or(0)
