@@ -92,7 +92,7 @@ pub struct ModelReply {
     pub finish_reason: String,
     /// Time from request to reply.
     pub latency_ms: u64,
-    /// BLAKE3 of the request body, hex: where two requests' prefixes part.
+    /// SHA-256 of the request body, hex: which request this reply answers.
     #[serde(default)]
     pub request_digest: String,
 }
@@ -161,6 +161,20 @@ pub enum DecodeError {
 }
 
 impl Event {
+    /// The name of every kind of event, as stored in envelopes.
+    pub const KINDS: &'static [&'static str] = &[
+        "SessionStarted",
+        "UserMessage",
+        "ModelReplied",
+        "ToolStarted",
+        "ToolFinished",
+        "ToolInDoubt",
+        "ToolResolved",
+        "SessionPaused",
+        "SessionResumed",
+        "SessionFinished",
+    ];
+
     /// The name of this kind of event, as stored in the envelope.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -195,10 +209,20 @@ impl Event {
 /// machine, and distinct across sessions and across replies of one session
 /// (some servers reuse call ids such as `call_0` in every reply).
 pub fn idempotency_key(session: uuid::Uuid, reply_seq: u64, call_id: &str) -> String {
-    let mut hasher = blake3::Hasher::new();
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
     hasher.update(session.as_bytes());
-    hasher.update(&reply_seq.to_be_bytes());
+    hasher.update(reply_seq.to_be_bytes());
     hasher.update(call_id.as_bytes());
-    let hex = hasher.finalize().to_hex();
-    format!("mneme-{}", &hex[..32])
+    format!("mneme-{}", &hex(&hasher.finalize())[..32])
+}
+
+/// SHA-256 of `bytes`, as 64 lower-case hex digits.
+pub fn digest_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex(&sha2::Sha256::digest(bytes))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

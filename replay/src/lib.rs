@@ -10,8 +10,8 @@ pub mod spec;
 pub mod state;
 
 pub use event::{
-    idempotency_key, DecodeError, Event, ModelReply, Resolution, SessionOutcome, ToolCall,
-    ToolOutcome, Usage, EVENT_SCHEMA,
+    digest_hex, idempotency_key, DecodeError, Event, ModelReply, Resolution, SessionOutcome,
+    ToolCall, ToolOutcome, Usage, EVENT_SCHEMA,
 };
 pub use plan::{plan, CallDecision, CallPlan, NextStep, ResumePlan};
 pub use prompt::{messages, request_body, Message};

@@ -251,6 +251,12 @@ fn golden_bytes_of_every_event_kind() {
             format!("{} {hex}\n", e.kind())
         })
         .collect();
+    let kinds: std::collections::BTreeSet<&str> = all.iter().map(|e| e.kind()).collect();
+    assert_eq!(
+        kinds,
+        Event::KINDS.iter().copied().collect(),
+        "a fixture for every kind"
+    );
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/events_v1.txt");
     if std::env::var_os("MNEME_BLESS").is_some() {
         std::fs::write(path, &text).unwrap();

@@ -227,7 +227,7 @@ impl Ctx {
         let spec = session.spec()?;
         let msgs = messages(state);
         let body = request_body(spec, &msgs);
-        let digest = blake3::hash(&body).to_hex().to_string();
+        let digest = replay::digest_hex(&body);
         let plan = plan(state);
         if raw {
             use std::io::Write;
@@ -258,7 +258,7 @@ impl Ctx {
             state.status()
         );
         println!(
-            "\nRebuilt prompt: {} messages, request body {} bytes, BLAKE3 {}",
+            "\nRebuilt prompt: {} messages, request body {} bytes, SHA-256 {}",
             msgs.len(),
             body.len(),
             &digest[..16]

@@ -60,12 +60,11 @@ impl Runner {
                 }
                 NextStep::CallModel => self.call_model(session, model.as_ref()).await?,
                 NextStep::RunTools => self.run_tools(session, &toolbox, &plan.calls).await?,
+                // A pause with calls in doubt is theirs: only a decision ends it.
                 NextStep::AwaitDecision | NextStep::Paused(_) if !in_doubt(session).is_empty() => {
                     return Ok(TurnEnd::NeedsDecision(in_doubt(session)))
                 }
-                NextStep::AwaitDecision => {
-                    unreachable!("awaiting a decision implies a call in doubt")
-                }
+                NextStep::AwaitDecision => return Ok(TurnEnd::NeedsDecision(Vec::new())),
                 NextStep::Paused(reason) => return Ok(TurnEnd::Paused(reason)),
                 NextStep::Failed(error) => return Ok(TurnEnd::Failed(error)),
             }
@@ -92,7 +91,7 @@ impl Runner {
             }
         };
         crash::point("model_replied_before_append");
-        reply.request_digest = blake3::hash(&body).to_hex().to_string();
+        reply.request_digest = replay::digest_hex(&body);
         session.append(vec![Event::ModelReplied(reply)], Some(cause))?;
         crash::point("model_reply_appended");
         Ok(())
@@ -105,11 +104,12 @@ impl Runner {
         calls: &[CallPlan],
     ) -> Result<(), RuntimeError> {
         let reply_seq = session.state().latest_reply_seq().unwrap_or_default();
-        let mut doubts: Vec<Event> = Vec::new();
+        // Outcomes known without running anything: calls in doubt, unknown tools.
+        let mut settled: Vec<Event> = Vec::new();
         let mut starts: Vec<(Arc<dyn Tool>, CallContext, String)> = Vec::new();
         for (plan, state) in calls.iter().zip(session.state().open_calls()) {
             match &plan.decision {
-                CallDecision::InDoubt(reason) => doubts.push(Event::ToolInDoubt {
+                CallDecision::InDoubt(reason) => settled.push(Event::ToolInDoubt {
                     call_id: plan.call_id.clone(),
                     reason: reason.clone(),
                 }),
@@ -128,7 +128,7 @@ impl Runner {
                         },
                         state.call.arguments.clone(),
                     )),
-                    None => doubts.push(Event::ToolFinished {
+                    None => settled.push(Event::ToolFinished {
                         call_id: plan.call_id.clone(),
                         outcome: ToolOutcome::Err(format!("no tool named {:?}", plan.tool)),
                         duration_ms: 0,
@@ -137,8 +137,8 @@ impl Runner {
                 CallDecision::Reuse | CallDecision::AwaitingDecision(_) => {}
             }
         }
-        if !doubts.is_empty() {
-            session.append(doubts, Some(reply_seq))?;
+        if !settled.is_empty() {
+            session.append(settled, Some(reply_seq))?;
         }
         if !starts.is_empty() {
             self.start_and_run(session, starts, reply_seq).await?;

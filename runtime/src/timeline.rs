@@ -38,6 +38,16 @@ fn parse_since(text: &str) -> Result<i64> {
 /// Prints the events of the session that pass the filters.
 pub fn print(log: &dyn EventLog, args: &LogArgs) -> Result<ExitCode> {
     let since = args.since.as_deref().map(parse_since).transpose()?;
+    if let Some(unknown) = args
+        .kind
+        .iter()
+        .find(|k| !Event::KINDS.contains(&k.as_str()))
+    {
+        bail!(
+            "--kind {unknown:?} is not an event kind; kinds are {}",
+            Event::KINDS.join(", ")
+        );
+    }
     let events = read_events(log, args.session)?;
     let tool_of_call = tools_by_call(&events);
     for (record, event) in &events {

@@ -308,3 +308,52 @@ async fn command_tool_without_key_support_ends_in_doubt_and_resolve_continues() 
     );
     assert!(log.contains("skip") && log.contains("by ops"), "{log}");
 }
+
+/// Every named crash point on the write path, at each of its first three
+/// occurrences, then a resume that crashes at the same point once more, then
+/// a clean resume: the session always ends exactly as the uncrashed run did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_crash_point_resumes_to_the_uncrashed_result() {
+    let reference = reference().await;
+    let mut crashes = 0;
+    for point in runtime::crash::POINTS {
+        for n in 1..=3 {
+            let s = setup().await;
+            let crash_at = format!("{point}:{n}");
+            let out = s
+                .world
+                .mneme()
+                .args(["run", "--agent", s.agent.to_str().unwrap(), MESSAGE])
+                .env("MNEME_CRASH_AT", &crash_at)
+                .output()
+                .await
+                .unwrap();
+            let session = session_id(&out);
+            if out.status.success() {
+                continue; // the point is reached fewer than n times
+            }
+            crashes += 1;
+            let again = s
+                .world
+                .mneme()
+                .args(["resume", &session])
+                .env("MNEME_CRASH_AT", format!("{point}:1"))
+                .output()
+                .await
+                .unwrap();
+            crashes += usize::from(!again.status.success());
+            let out = s.world.run(&["resume", &session]).await;
+            assert!(
+                out.status.success(),
+                "{crash_at}: resume failed: {}",
+                stderr(&out)
+            );
+            assert_finished_like_reference(&s, &session, &stdout(&out), &reference).await;
+        }
+    }
+    assert!(crashes >= 30, "only {crashes} crashes happened");
+    println!(
+        "crash points: {}, crashes survived: {crashes}, violations: 0",
+        runtime::crash::POINTS.len()
+    );
+}
