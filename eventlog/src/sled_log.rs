@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{mpsc, Mutex};
 use uuid::Uuid;
 
 const EVENT_PREFIX: u8 = b'e';
@@ -249,35 +249,81 @@ fn sync_blobs(dir: &Path) -> std::io::Result<()> {
 }
 
 /// Below this many records, checking them on one thread is faster.
-const PARALLEL_OPEN_MIN: usize = 2048;
+const PARALLEL_OPEN_MIN: u64 = 2048;
+/// Records checked as one unit of work on a helper thread.
+const OPEN_CHUNK: usize = 1024;
 
-/// Decodes and checks stored records, on every core for long reads (the
-/// hash check dominates replay).
-fn open_all(session: Uuid, stored: &[(u64, sled::IVec)]) -> Result<Vec<Record>, LogError> {
-    let open_chunk = |chunk: &[(u64, sled::IVec)]| -> Result<Vec<Record>, LogError> {
-        chunk
-            .iter()
-            .map(|(seq, bytes)| Record::open(session, *seq, bytes))
-            .collect()
-    };
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
-    if stored.len() < PARALLEL_OPEN_MIN || threads == 1 {
-        return open_chunk(stored);
+type Stored = (u64, sled::IVec);
+type Checked = Result<Vec<Record>, LogError>;
+
+fn open_chunk(session: Uuid, chunk: &[Stored]) -> Checked {
+    chunk
+        .iter()
+        .map(|(seq, bytes)| Record::open(session, *seq, bytes))
+        .collect()
+}
+
+/// Scans `stored` and checks every record (decoding and hashing it: that
+/// dominates replay). Long scans hand chunks to helper threads while this
+/// thread keeps scanning, then helps; the result is in scan order.
+fn scan_and_open(
+    session: Uuid,
+    stored: impl Iterator<Item = Result<Stored, LogError>>,
+    long: bool,
+) -> Checked {
+    let helpers = std::thread::available_parallelism().map_or(1, |n| n.get().min(8)) - 1;
+    if !long || helpers == 0 {
+        let stored: Vec<Stored> = stored.collect::<Result<_, _>>()?;
+        return open_chunk(session, &stored);
     }
-    let chunk_len = stored.len().div_ceil(threads);
-    let parts: Vec<Result<Vec<Record>, LogError>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = stored
-            .chunks(chunk_len)
-            .map(|chunk| scope.spawn(move || open_chunk(chunk)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("record checks do not panic"))
-            .collect()
+    let (jobs, queue) = mpsc::channel::<(usize, Vec<Stored>)>();
+    let queue = Mutex::new(queue);
+    let (done, results) = mpsc::channel::<(usize, Checked)>();
+    let work = |done: mpsc::Sender<(usize, Checked)>| loop {
+        let job = queue.lock().expect("queue lock").recv();
+        let Ok((index, chunk)) = job else { break };
+        let _ = done.send((index, open_chunk(session, &chunk)));
+    };
+    let (chunks, scan_error) = std::thread::scope(|scope| {
+        for _ in 0..helpers {
+            let done = done.clone();
+            scope.spawn(move || work(done));
+        }
+        let mut chunks = 0;
+        let mut chunk = Vec::with_capacity(OPEN_CHUNK);
+        let mut scan_error = None;
+        for item in stored {
+            match item {
+                Ok(record) => chunk.push(record),
+                Err(e) => {
+                    scan_error = Some(e);
+                    break;
+                }
+            }
+            if chunk.len() == OPEN_CHUNK {
+                let full = std::mem::replace(&mut chunk, Vec::with_capacity(OPEN_CHUNK));
+                let _ = jobs.send((chunks, full));
+                chunks += 1;
+            }
+        }
+        if !chunk.is_empty() {
+            let _ = jobs.send((chunks, chunk));
+            chunks += 1;
+        }
+        drop(jobs);
+        work(done);
+        (chunks, scan_error)
     });
-    let mut records = Vec::with_capacity(stored.len());
+    if let Some(e) = scan_error {
+        return Err(e);
+    }
+    let mut parts: Vec<Option<Checked>> = (0..chunks).map(|_| None).collect();
+    for (index, part) in results {
+        parts[index] = Some(part);
+    }
+    let mut records = Vec::with_capacity(chunks * OPEN_CHUNK);
     for part in parts {
-        records.extend(part?);
+        records.extend(part.expect("every chunk is checked")?);
     }
     Ok(records)
 }
@@ -451,22 +497,22 @@ impl EventLog for SledLog {
         if from > to {
             return Ok(Vec::new());
         }
-        let stored: Vec<(u64, sled::IVec)> = self
+        let stored = self
             .db
             .range(event_key(session, from)..=event_key(session, to))
             .map(|item| {
                 let (key, value) = item.map_err(|e| self.storage(e))?;
                 Ok((parse_event_key(&key).1, value))
-            })
-            .collect::<Result<_, LogError>>()?;
-        if let Some(&(first, _)) = stored.first().filter(|(seq, _)| *seq != from) {
+            });
+        let long = to.saturating_sub(from) >= PARALLEL_OPEN_MIN;
+        let records = scan_and_open(session, stored, long)?;
+        if let Some(first) = records.first().filter(|r| r.envelope.seq != from) {
             return Err(LogError::Corrupt {
                 session,
                 seq: from,
-                reason: format!("missing record: next stored seq is {first}"),
+                reason: format!("missing record: next stored seq is {}", first.envelope.seq),
             });
         }
-        let records = open_all(session, &stored)?;
         for pair in records.windows(2) {
             let prev = Head {
                 seq: pair[0].envelope.seq,

@@ -46,20 +46,29 @@ const PARALLEL_DECODE_MIN: usize = 2048;
 
 /// Decodes records into (seq, event), on every core for long logs.
 fn decode_all(records: Vec<Record>) -> Result<Vec<(u64, Event)>, RuntimeError> {
-    let decode_chunk = |chunk: &[Record]| -> Result<Vec<(u64, Event)>, RuntimeError> {
+    // Each worker owns its chunk and frees it as it goes, while it is hot.
+    let decode_chunk = |chunk: Vec<Record>| -> Result<Vec<(u64, Event)>, RuntimeError> {
         chunk
-            .iter()
-            .map(|r| decode(r).map(|e| (r.envelope.seq, e)))
+            .into_iter()
+            .map(|r| decode(&r).map(|e| (r.envelope.seq, e)))
             .collect()
     };
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
     if records.len() < PARALLEL_DECODE_MIN || threads == 1 {
-        return decode_chunk(&records);
+        return decode_chunk(records);
     }
-    let chunk_len = records.len().div_ceil(threads);
+    let total = records.len();
+    let chunk_len = total.div_ceil(threads);
+    let mut rest = records;
+    let mut chunks = Vec::with_capacity(threads);
+    while rest.len() > chunk_len {
+        let tail = rest.split_off(chunk_len);
+        chunks.push(std::mem::replace(&mut rest, tail));
+    }
+    chunks.push(rest);
     let parts: Vec<_> = std::thread::scope(|scope| {
-        let handles: Vec<_> = records
-            .chunks(chunk_len)
+        let handles: Vec<_> = chunks
+            .into_iter()
             .map(|chunk| scope.spawn(move || decode_chunk(chunk)))
             .collect();
         handles
@@ -67,7 +76,7 @@ fn decode_all(records: Vec<Record>) -> Result<Vec<(u64, Event)>, RuntimeError> {
             .map(|h| h.join().expect("decoding does not panic"))
             .collect()
     });
-    let mut events = Vec::with_capacity(records.len());
+    let mut events = Vec::with_capacity(total);
     for part in parts {
         events.extend(part?);
     }
