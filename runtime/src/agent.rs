@@ -66,6 +66,14 @@ parameters = { type = "object", properties = { customer = { type = "string" }, c
     }
 
     #[test]
+    fn example_agent_file_loads() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/openai-agent.toml");
+        let spec = load_agent_file(&path).unwrap();
+        assert_eq!(spec.tools.len(), 3);
+        assert!(!spec.tool("send_sms").unwrap().safe_to_rerun());
+    }
+
+    #[test]
     fn errors_name_the_file_and_the_problem() {
         let err = load("name = \"x\"\n[model]\nprovider = \"openai\"\n[[tools]]\nname = \"t\"\nkind = \"http\"\neffect = \"sometimes\"\nurl = \"http://x\"\n").unwrap_err();
         let text = err.to_string();

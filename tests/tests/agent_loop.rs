@@ -1,0 +1,180 @@
+//! The agent loop's observable behaviour: parallel calls, result order,
+//! multi-turn sessions, HTTP GET tools, usage totals.
+
+use axum::extract::Query;
+use axum::routing::get;
+use mneme_e2e::*;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+fn tool_messages(body: &[u8]) -> Vec<(String, String)> {
+    let request: Value = serde_json::from_slice(body).unwrap();
+    request["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| {
+            (
+                m["tool_call_id"].as_str().unwrap().to_string(),
+                m["content"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_calls_run_concurrently_and_return_in_call_order() {
+    let world = World::new();
+    let model = MockModel::start(
+        vec![
+            MockReply::calls(&[("slow", json!({})), ("fast", json!({}))]),
+            MockReply::answer("both done"),
+        ],
+        Fault::None,
+    )
+    .await;
+    let tools = [
+        command_tool(
+            "slow",
+            &["sh", "-c", "cat >/dev/null; sleep 1; echo slow"],
+            "read_only",
+            10,
+        ),
+        command_tool(
+            "fast",
+            &["sh", "-c", "cat >/dev/null; sleep 0.6; echo fast"],
+            "read_only",
+            10,
+        ),
+    ];
+    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &tools));
+    let started = Instant::now();
+    let out = world
+        .run(&["run", "--agent", agent.to_str().unwrap(), "go"])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "calls ran one after the other: {:?}",
+        started.elapsed()
+    );
+    let session = session_id(&out);
+    let kinds = event_kinds(&world, &session).await;
+    let finished: Vec<&str> = kinds
+        .iter()
+        .map(String::as_str)
+        .filter(|k| *k == "ToolFinished")
+        .collect();
+    assert_eq!(finished.len(), 2);
+    // fast finished first in the log, but the model sees slow's result first.
+    let log = stdout(
+        &world
+            .run(&["log", &session, "--kind", "ToolFinished"])
+            .await,
+    );
+    let first = log.lines().next().unwrap();
+    assert!(
+        first.contains("call_0_1"),
+        "fast should finish first: {log}"
+    );
+    let bodies = model.bodies();
+    assert_eq!(
+        tool_messages(&bodies[1]),
+        vec![
+            ("call_0_0".to_string(), "\"slow\"".to_string()),
+            ("call_0_1".to_string(), "\"fast\"".to_string())
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_continues_over_several_turns_with_usage_totals() {
+    let world = World::new();
+    let model = MockModel::start(
+        vec![
+            MockReply::answer("first answer"),
+            MockReply::answer("second answer"),
+        ],
+        Fault::None,
+    )
+    .await;
+    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[]));
+    let out = world
+        .run(&["run", "--agent", agent.to_str().unwrap(), "one"])
+        .await;
+    assert_eq!(stdout(&out).trim(), "first answer");
+    let session = session_id(&out);
+    let out = world
+        .run(&["run", "--session", &session, "two", "--json"])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let reply: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(reply["answer"], "second answer");
+    // The second request extends the first byte for byte: a prefix cache hits.
+    let bodies = model.bodies();
+    let first = String::from_utf8(bodies[0].clone()).unwrap();
+    let second = String::from_utf8(bodies[1].clone()).unwrap();
+    let shared = first.trim_end_matches("]}").len() - 10;
+    assert_eq!(first[..shared], second[..shared]);
+    let sessions: Value =
+        serde_json::from_str(stdout(&world.run(&["sessions", "--json"]).await).trim()).unwrap();
+    assert_eq!(sessions["model_calls"], 2);
+    assert_eq!(sessions["status"], "idle");
+    let expected_prompt = (bodies[0].len() / 4 + bodies[1].len() / 4) as u64;
+    assert_eq!(sessions["prompt_tokens"].as_u64().unwrap(), expected_prompt);
+    assert!(
+        sessions["cached_tokens"].as_u64().unwrap() > 0,
+        "{sessions}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_tools_send_arguments_as_the_query_and_the_key_as_a_header() {
+    let world = World::new();
+    let app = axum::Router::new().route(
+        "/weather",
+        get(
+            |Query(q): Query<BTreeMap<String, String>>, headers: axum::http::HeaderMap| async move {
+                let key = headers
+                    .get("idempotency-key")
+                    .map(|v| v.to_str().unwrap().to_string());
+                axum::Json(json!({"query": q, "key": key}))
+            },
+        ),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let model = MockModel::start(
+        vec![
+            MockReply::calls(&[("weather", json!({"city": "Oslo", "days": 2}))]),
+            MockReply::answer("sunny"),
+        ],
+        Fault::None,
+    )
+    .await;
+    let tool = format!(
+        "name = \"weather\"\nkind = \"http\"\nmethod = \"GET\"\nurl = \"http://{addr}/weather\"\neffect = \"read_only\"\n"
+    );
+    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[tool]));
+    let out = world
+        .run(&["run", "--agent", agent.to_str().unwrap(), "weather?"])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let results = tool_messages(&model.bodies()[1]);
+    let result: Value = serde_json::from_str(&results[0].1).unwrap();
+    assert_eq!(result["status"], 200);
+    assert_eq!(
+        result["body"]["query"],
+        json!({"city": "Oslo", "days": "2"})
+    );
+    assert!(
+        result["body"]["key"]
+            .as_str()
+            .unwrap()
+            .starts_with("mneme-"),
+        "{result}"
+    );
+}
