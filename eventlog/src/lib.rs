@@ -15,6 +15,7 @@
 //! - An append is durable only after a [`EventLog::barrier`] of the wanted
 //!   [`Durability`] returned.
 
+pub mod crash;
 mod envelope;
 mod sled_log;
 mod wal;
@@ -28,7 +29,8 @@ use uuid::Uuid;
 /// How durable appended records are once a barrier returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Durability {
-    /// In the process's memory only: lost if the process dies.
+    /// No wait at all. What survives then depends on the backend: with
+    /// sled, every append is already in the write-ahead file (as `Flushed`).
     Buffered,
     /// Handed to the operating system: survives the death of the process,
     /// not a power loss or kernel crash.

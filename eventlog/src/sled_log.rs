@@ -4,13 +4,12 @@
 //! - `e ‖ session (16 bytes) ‖ seq (u64 big-endian)` → a stored record;
 //! - `s ‖ session` → the session's [`StoredMeta`] (head and timestamps).
 //!
-//! A record and its session's meta are written in one atomic sled batch, so
-//! the head never disagrees with the records after a crash.
-//!
-//! Durability comes from mneme's write-ahead file ([`crate::wal`]), not from
-//! sled's flush: each append is written there first, a synced barrier is one
-//! `fdatasync` of it, and opening the log replays into sled whatever sled
-//! lost. A checkpoint (sled flush + `fdatasync` of sled's files) empties it.
+//! Durability and atomicity come from mneme's write-ahead file
+//! ([`crate::wal`]), not from sled: each append is written there first (all
+//! its records in one `write(2)`), a synced barrier is one `fdatasync` of it,
+//! and opening the log puts into sled whatever sled lost and brings each
+//! session's meta up to its last record (the records are the truth). A
+//! checkpoint (sled flush + `fdatasync` of sled's files) empties the file.
 
 use crate::wal::{Frame, Wal};
 use crate::{
@@ -403,19 +402,25 @@ fn encode_meta(meta: &StoredMeta) -> Vec<u8> {
 }
 
 impl SledLog {
+    /// Inserts an append's records, then its meta. On failure, removes
+    /// what it inserted (best effort), so a refused append leaves no record.
     fn insert_all(
         &self,
         frames: Vec<Frame>,
         meta_key: &[u8],
         meta: Vec<u8>,
     ) -> Result<(), LogError> {
-        for (key, bytes) in frames {
-            self.db.insert(key, bytes).map_err(|e| self.storage(e))?;
-        }
-        self.db
-            .insert(meta_key, meta)
-            .map_err(|e| self.storage(e))?;
-        Ok(())
+        let keys: Vec<Vec<u8>> = frames.iter().map(|(k, _)| k.clone()).collect();
+        let result = frames
+            .into_iter()
+            .try_for_each(|(key, bytes)| self.db.insert(key, bytes).map(drop))
+            .and_then(|()| self.db.insert(meta_key, meta).map(drop));
+        result.map_err(|e| {
+            for key in keys {
+                let _ = self.db.remove(key);
+            }
+            self.storage(e)
+        })
     }
 }
 
@@ -476,6 +481,7 @@ impl EventLog for SledLog {
             path: inner.wal.path().display().to_string(),
             source,
         })?;
+        crate::crash::point("log_wal_written");
         // Plain inserts, not a sled batch: a batch forces sled to write and
         // sync its buffer on every append. Atomicity comes from the
         // write-ahead file; recovery repairs a meta that lags its records.

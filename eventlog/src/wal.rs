@@ -7,17 +7,21 @@
 //! same records in memory and persists them at its own pace; a checkpoint
 //! (sled flush + `fdatasync` of sled's files) empties this file.
 //!
-//! Frame: `len: u32 LE` (of key + value), `crc32: u32 LE` (of key + value),
-//! the 25-byte event key, the stored record. A frame cut short by a crash,
-//! or a damaged last frame, ends the file: it was never acknowledged as
-//! synced. A damaged frame with whole frames after it is corruption, and the
-//! file is refused rather than cut, so no acknowledged record is dropped.
+//! Frame: `magic: u32 LE`, `len: u32 LE` (of key + value), `crc32: u32 LE`
+//! (of key + value), the 25-byte event key, the stored record.
+//!
+//! Opening tells a torn tail from damage: a frame that does not check out is
+//! a torn tail only if no whole frame follows it anywhere in the file (the
+//! last `write(2)` before a crash, never acknowledged as synced); the tail is
+//! then moved to a side file, not thrown away. Anything else is damage, and
+//! the file is refused, so no acknowledged record is ever silently dropped.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-const HEADER: usize = 8;
+const MAGIC: u32 = 0x4d57_4c31; // "1LWM" little-endian: mneme WAL v1
+const HEADER: usize = 12;
 /// Size of an event key in the log.
 pub(crate) const KEY_LEN: usize = 25;
 
@@ -33,27 +37,34 @@ pub(crate) struct Wal {
 
 impl Wal {
     /// Opens (creating) the file and returns it with every whole frame in it,
-    /// as (key, value). A torn tail is cut off.
+    /// as (key, value). A torn tail is moved to `<file>.torn-<bytes>`.
     pub(crate) fn open(path: &Path) -> std::io::Result<(Wal, Vec<Frame>)> {
+        let created = !path.exists();
         let mut file = OpenOptions::new()
             .read(true)
             .append(true)
             .create(true)
             .open(path)?;
+        if created {
+            sync_parent(path)?;
+        }
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes)?;
         let (frames, valid) = parse(&bytes).map_err(|at| {
             std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
                 format!(
-                    "write-ahead file damaged at byte {at}: a frame fails its checksum and {} bytes follow it",
-                    bytes.len() - at
+                    "write-ahead file damaged at byte {at}: a frame there fails its checks but whole \
+                     frames follow it; refusing to drop acknowledged records"
                 ),
             )
         })?;
         if valid < bytes.len() {
+            let aside = path.with_extension(format!("wal.torn-{valid}"));
+            std::fs::write(&aside, &bytes[valid..])?;
             file.set_len(valid as u64)?;
             file.sync_all()?;
+            sync_parent(path)?;
         }
         let wal = Wal {
             file,
@@ -77,6 +88,7 @@ impl Wal {
             let mut crc = crc32fast::Hasher::new();
             crc.update(key);
             crc.update(value);
+            buf.extend_from_slice(&MAGIC.to_le_bytes());
             buf.extend_from_slice(&len.to_le_bytes());
             buf.extend_from_slice(&crc.finalize().to_le_bytes());
             buf.extend_from_slice(key);
@@ -90,15 +102,15 @@ impl Wal {
         Ok(())
     }
 
-    /// Undoes a partial write or an append that sled then refused.
+    /// Undoes an append that sled then refused.
     pub(crate) fn cut_back_to(&mut self, len: u64) {
         self.len = len;
         self.cut_back();
     }
 
     fn cut_back(&mut self) {
-        // Best effort: if even this fails, the torn frame ends the file for
-        // recovery, and the error was already reported to the caller.
+        // Best effort: if even this fails, the partial frame is a torn tail
+        // for the next open, and the error was already reported.
         let _ = self.file.set_len(self.len);
     }
 
@@ -121,29 +133,43 @@ impl Wal {
     }
 }
 
-/// Whole frames of `bytes`, and how many bytes they span; or the offset of
-/// a damaged frame that is not the last.
+/// A new file's name is durable only once its directory is synced.
+fn sync_parent(path: &Path) -> std::io::Result<()> {
+    File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()
+}
+
+/// The whole frame at `at`, if one checks out there: (frame, its end).
+fn frame_at(bytes: &[u8], at: usize) -> Option<(Frame, usize)> {
+    let header = bytes.get(at..at + HEADER)?;
+    let word = |i: usize| u32::from_le_bytes(header[i..i + 4].try_into().expect("4 bytes"));
+    let (magic, len, crc) = (word(0), word(4) as usize, word(8));
+    let body = bytes.get(at + HEADER..(at + HEADER).checked_add(len)?)?;
+    if magic != MAGIC || len < KEY_LEN || crc32fast::hash(body) != crc {
+        return None;
+    }
+    let frame = (body[..KEY_LEN].to_vec(), body[KEY_LEN..].to_vec());
+    Some((frame, at + HEADER + len))
+}
+
+/// Whole frames of `bytes` and how many bytes they span; or the offset of
+/// a bad frame that has a whole frame somewhere after it (damage).
 fn parse(bytes: &[u8]) -> Result<(Vec<Frame>, usize), usize> {
     let mut frames = Vec::new();
     let mut at = 0;
-    while bytes.len() - at >= HEADER {
-        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
-        let crc = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().expect("4 bytes"));
-        let body = at + HEADER;
-        if len < KEY_LEN || bytes.len() - body < len {
-            break; // torn tail
-        }
-        if crc32fast::hash(&bytes[body..body + len]) != crc {
-            if body + len == bytes.len() {
-                break; // a last frame whose data never fully reached the disk
+    while at < bytes.len() {
+        match frame_at(bytes, at) {
+            Some((frame, end)) => {
+                frames.push(frame);
+                at = end;
             }
-            return Err(at);
+            None => {
+                let magic = MAGIC.to_le_bytes();
+                let later = (at + 1..bytes.len().saturating_sub(HEADER))
+                    .filter(|&p| bytes[p..p + 4] == magic)
+                    .any(|p| frame_at(bytes, p).is_some());
+                return if later { Err(at) } else { Ok((frames, at)) };
+            }
         }
-        frames.push((
-            bytes[body..body + KEY_LEN].to_vec(),
-            bytes[body + KEY_LEN..body + len].to_vec(),
-        ));
-        at = body + len;
     }
     Ok((frames, at))
 }
@@ -169,12 +195,19 @@ mod tests {
         let whole = std::fs::metadata(&path).unwrap().len();
         // A crash in the middle of a third frame.
         let mut f = OpenOptions::new().append(true).open(&path).unwrap();
-        f.write_all(&[40, 0, 0, 0, 1, 2, 3, 4, 7, 7]).unwrap();
+        f.write_all(&[0x31, 0x4c, 0x57, 0x4d, 40, 0, 0, 0, 1, 2, 3, 4, 7, 7])
+            .unwrap();
         let (wal, frames) = Wal::open(&path).unwrap();
         assert_eq!(frames.len(), 2);
         assert_eq!(frames[1].1, b"two");
         assert_eq!(wal.len(), whole);
         assert_eq!(std::fs::metadata(&path).unwrap().len(), whole);
+        let aside = path.with_extension(format!("wal.torn-{whole}"));
+        assert_eq!(
+            std::fs::read(aside).unwrap().len(),
+            14,
+            "the torn tail is kept aside"
+        );
     }
 
     #[test]

@@ -205,6 +205,21 @@ impl Event {
     }
 }
 
+/// Gives every call of a reply a distinct, non-empty id, deterministically:
+/// an empty id becomes `call_<index>`, a repeated one `<id>_<index>`. Some
+/// servers send empty or repeated ids; results are matched to calls by id.
+pub fn make_call_ids_unique(calls: &mut [ToolCall]) {
+    let mut seen = std::collections::HashSet::new();
+    for (index, call) in calls.iter_mut().enumerate() {
+        if call.id.is_empty() {
+            call.id = format!("call_{index}");
+        }
+        while !seen.insert(call.id.clone()) {
+            call.id = format!("{}_{index}", call.id);
+        }
+    }
+}
+
 /// The idempotency key of a call: the same on every attempt, restart and
 /// machine, and distinct across sessions and across replies of one session
 /// (some servers reuse call ids such as `call_0` in every reply).

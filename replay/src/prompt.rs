@@ -89,9 +89,14 @@ pub fn messages(state: &SessionState) -> Vec<Message> {
         match entry {
             Entry::User(text) => out.push(text_message("user", text)),
             Entry::Reply { reply, calls, .. } => {
+                // Servers refuse an assistant message with neither text nor calls.
+                let content = match (&reply.content, calls.is_empty()) {
+                    (None, true) => Some(String::new()),
+                    (content, _) => content.clone(),
+                };
                 out.push(Message {
                     role: "assistant",
-                    content: reply.content.clone(),
+                    content,
                     tool_calls: (!calls.is_empty()).then(|| wire_calls(calls)),
                     tool_call_id: None,
                 });

@@ -1,7 +1,7 @@
 //! The fold: a session's state is a function of its events, nothing else.
 
 use crate::event::{Event, ModelReply, Resolution, SessionOutcome, ToolCall, ToolOutcome, Usage};
-use crate::spec::{AgentSpec, Effect};
+use crate::spec::AgentSpec;
 
 /// Where one tool call of a reply stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,8 +23,6 @@ pub enum CallPhase {
 pub struct CallState {
     /// The call as the model made it.
     pub call: ToolCall,
-    /// Effect recorded when it started.
-    pub effect: Option<Effect>,
     /// Idempotency key recorded when it started.
     pub idempotency_key: Option<String>,
     /// How many times it started.
@@ -161,7 +159,6 @@ impl SessionState {
                     .iter()
                     .map(|call| CallState {
                         call: call.clone(),
-                        effect: None,
                         idempotency_key: None,
                         attempts: 0,
                         phase: CallPhase::Pending,
@@ -171,11 +168,9 @@ impl SessionState {
             }
             Event::ToolStarted {
                 call_id,
-                effect,
                 idempotency_key,
                 ..
             } => self.update_call(seq, &call_id, |c| {
-                c.effect = Some(effect);
                 c.idempotency_key = Some(idempotency_key);
                 c.attempts += 1;
                 c.phase = CallPhase::Started;

@@ -81,8 +81,9 @@ impl Ctx {
         };
         eprintln!("session {}", session.id());
         session.append(vec![Event::UserMessage { text: message }], None)?;
-        session.barrier(self.durability)?;
         mneme_runtime::crash::point("user_message_appended");
+        session.barrier(self.durability)?;
+        mneme_runtime::crash::point("user_message_durable");
         self.drive(&mut session, json.json).await
     }
 
@@ -315,6 +316,7 @@ impl Ctx {
         }
         session.append(events, None)?;
         session.barrier(self.durability)?;
+        mneme_runtime::crash::point("decision_appended");
         eprintln!("session {}: call {} resolved", a.session, a.call_id);
         if a.no_resume || doubts.len() > 1 {
             return Ok(ExitCode::SUCCESS);

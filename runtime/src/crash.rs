@@ -1,16 +1,11 @@
-//! Named crash points for fault tests.
-//!
-//! `MNEME_CRASH_AT=NAME` (or `NAME:N` for the N-th time the point is
-//! reached) makes the process SIGKILL itself at that point: no destructors,
-//! no flush, exactly as a power cut looks to the process. Unset, a crash
-//! point costs one relaxed load.
+//! The agent loop's crash points (see [`eventlog::crash`] for how to arm one).
 
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::OnceLock;
+pub use eventlog::crash::point;
 
-/// Every crash point on the write path, in the order a step reaches them.
+/// The agent loop's crash points, in the order a turn reaches them.
 pub const POINTS: &[&str] = &[
     "user_message_appended",
+    "user_message_durable",
     "before_model_call",
     "model_replied_before_append",
     "model_reply_appended",
@@ -18,45 +13,16 @@ pub const POINTS: &[&str] = &[
     "tool_started_durable",
     "tool_returned",
     "tool_finished_appended",
+    "in_doubt_appended",
+    "decision_appended",
     "turn_answered",
 ];
 
-struct Armed {
-    name: String,
-    occurrence: u32,
-    seen: AtomicU32,
-}
-
-fn armed() -> Option<&'static Armed> {
-    static ARMED: OnceLock<Option<Armed>> = OnceLock::new();
-    ARMED
-        .get_or_init(|| {
-            let spec = std::env::var("MNEME_CRASH_AT").ok()?;
-            let (name, occurrence) = match spec.split_once(':') {
-                Some((name, n)) => (name.to_string(), n.parse().unwrap_or(1)),
-                None => (spec, 1),
-            };
-            Some(Armed {
-                name,
-                occurrence,
-                seen: AtomicU32::new(0),
-            })
-        })
-        .as_ref()
-}
-
-/// Kills the process here if this point is armed and due.
-pub fn point(name: &str) {
-    let Some(armed) = armed() else { return };
-    if armed.name != name {
-        return;
-    }
-    if armed.seen.fetch_add(1, Ordering::Relaxed) + 1 == armed.occurrence {
-        eprintln!("mneme: crash point {name} reached: killing this process");
-        // SAFETY: kill(2) on our own pid has no memory-safety preconditions.
-        unsafe {
-            libc::kill(libc::getpid(), libc::SIGKILL);
-        }
-        std::process::abort();
-    }
+/// Every crash point of the write path: the agent loop's and the log's.
+pub fn all_points() -> Vec<&'static str> {
+    POINTS
+        .iter()
+        .chain(eventlog::crash::POINTS)
+        .copied()
+        .collect()
 }

@@ -247,13 +247,8 @@ fn parse_reply(url: &str, text: &str) -> Result<ModelReply, ModelError> {
         .tool_calls
         .unwrap_or_default()
         .into_iter()
-        .enumerate()
-        .map(|(i, call)| ToolCall {
-            id: if call.id.is_empty() {
-                format!("call_{i}")
-            } else {
-                call.id
-            },
+        .map(|call| ToolCall {
+            id: call.id,
             name: call.function.name,
             arguments: match call.function.arguments {
                 serde_json::Value::String(s) => s,
@@ -380,7 +375,6 @@ mod tests {
             {"id":"","type":"function","function":{"name":"f","arguments":{"a":1}}}]},
             "finish_reason":""}],"usage":{}}"#;
         let reply = parse_reply("u", text).unwrap();
-        assert_eq!(reply.tool_calls[0].id, "call_0");
         assert_eq!(reply.tool_calls[0].arguments, r#"{"a":1}"#);
         assert_eq!(reply.usage, Usage::default());
     }

@@ -15,8 +15,9 @@ use replay::{
     idempotency_key, messages, plan, request_body, CallDecision, CallPhase, CallPlan, Event,
     NextStep, SessionOutcome, ToolOutcome,
 };
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 use tools::{CallContext, Tool, ToolError, Toolbox};
 
@@ -92,6 +93,7 @@ impl Runner {
         };
         crash::point("model_replied_before_append");
         reply.request_digest = replay::digest_hex(&body);
+        replay::event::make_call_ids_unique(&mut reply.tool_calls);
         session.append(vec![Event::ModelReplied(reply)], Some(cause))?;
         crash::point("model_reply_appended");
         Ok(())
@@ -119,11 +121,10 @@ impl Runner {
                         CallContext {
                             session: session.id(),
                             call_id: plan.call_id.clone(),
-                            idempotency_key: idempotency_key(
-                                session.id(),
-                                reply_seq,
-                                &plan.call_id,
-                            ),
+                            // The key recorded at the first start wins.
+                            idempotency_key: state.idempotency_key.clone().unwrap_or_else(|| {
+                                idempotency_key(session.id(), reply_seq, &plan.call_id)
+                            }),
                             attempt: state.attempts + 1,
                         },
                         state.call.arguments.clone(),
@@ -143,12 +144,18 @@ impl Runner {
         if !starts.is_empty() {
             self.start_and_run(session, starts, reply_seq).await?;
         }
+        // Pause for the calls in doubt once nothing else is left to run.
         let doubtful = in_doubt(session);
-        if !doubtful.is_empty() {
+        let runnable = plan(session.state())
+            .calls
+            .iter()
+            .any(|c| matches!(c.decision, CallDecision::Run | CallDecision::Rerun));
+        if !doubtful.is_empty() && !runnable {
             let ids: Vec<&str> = doubtful.iter().map(|(id, _)| id.as_str()).collect();
             let reason = format!("tool calls in doubt: {}", ids.join(", "));
             session.append(vec![Event::SessionPaused { reason }], Some(reply_seq))?;
             session.barrier(self.durability)?;
+            crash::point("in_doubt_appended");
         }
         Ok(())
     }
@@ -175,56 +182,94 @@ impl Runner {
         session.barrier(self.durability)?;
         crash::point("tool_started_durable");
         let mut running = JoinSet::new();
+        let mut calls = HashMap::new();
         for (i, (tool, ctx, args)) in starts.into_iter().enumerate() {
-            running.spawn(async move {
+            let call = (
+                first_seq + i as u64,
+                tool.clone(),
+                ctx.call_id.clone(),
+                ctx.attempt,
+            );
+            let task = running.spawn(async move {
                 let started = Instant::now();
-                let result = tool.call(&ctx, &args).await;
-                (
-                    first_seq + i as u64,
-                    tool,
-                    ctx.call_id,
-                    result,
-                    started.elapsed(),
-                )
+                (tool.call(&ctx, &args).await, started.elapsed())
             });
+            calls.insert(task.id(), call);
         }
-        while let Some(joined) = running.join_next().await {
-            let (started_seq, tool, call_id, result, took) =
-                joined.expect("tool tasks do not panic");
+        let mut retry = false;
+        while let Some(joined) = running.join_next_with_id().await {
+            let (id, (result, took)) = match joined {
+                Ok(done) => done,
+                Err(e) => {
+                    let reason = format!("the tool's task ended abnormally: {e}");
+                    (
+                        e.id(),
+                        (
+                            Err(ToolError::Interrupted {
+                                tool: "?".into(),
+                                reason,
+                            }),
+                            Duration::ZERO,
+                        ),
+                    )
+                }
+            };
+            let (started_seq, tool, call_id, attempt) =
+                calls.remove(&id).expect("every task is a call");
             crash::point("tool_returned");
-            let event = finish_event(tool.as_ref(), call_id, result, took.as_millis() as u64);
-            session.append(vec![event], Some(started_seq))?;
-            crash::point("tool_finished_appended");
+            let ms = took.as_millis() as u64;
+            match finish_event(tool.as_ref(), call_id, attempt, result, ms) {
+                Some(event) => {
+                    session.append(vec![event], Some(started_seq))?;
+                    crash::point("tool_finished_appended");
+                }
+                None => retry = true,
+            }
+        }
+        if retry {
+            // The plan re-runs the unfinished calls with their keys.
+            tokio::time::sleep(RETRY_BACKOFF).await;
         }
         Ok(())
     }
 }
 
-/// The event that ends a call: its outcome, or doubt when the tool may have
-/// taken effect and cannot safely be run again.
+/// How many times a call whose outcome is unknown is run, with the same
+/// idempotency key, before the model is told it failed.
+pub const MAX_TOOL_ATTEMPTS: u32 = 3;
+const RETRY_BACKOFF: Duration = Duration::from_millis(200);
+
+/// The event that ends a call: its outcome; or doubt when the tool may have
+/// acted and cannot safely run again; or nothing when its outcome is unknown
+/// and it is safe to run again with the same key (the call stays started).
 fn finish_event(
     tool: &dyn Tool,
     call_id: String,
+    attempt: u32,
     result: Result<String, ToolError>,
     duration_ms: u64,
-) -> Event {
+) -> Option<Event> {
+    let failed = |message: String| Event::ToolFinished {
+        call_id: call_id.clone(),
+        outcome: ToolOutcome::Err(message),
+        duration_ms,
+    };
     match result {
-        Ok(output) => Event::ToolFinished {
+        Ok(output) => Some(Event::ToolFinished {
             call_id,
             outcome: ToolOutcome::Ok(output),
             duration_ms,
-        },
-        Err(error) if error.outcome_unknown() && !tool.spec().safe_to_rerun() => {
-            Event::ToolInDoubt {
-                call_id,
-                reason: format!("{error}; whether it took effect is unknown"),
-            }
-        }
-        Err(error) => Event::ToolFinished {
+        }),
+        Err(error) if !error.outcome_unknown() => Some(failed(error.to_string())),
+        Err(error) if !tool.spec().safe_to_rerun() => Some(Event::ToolInDoubt {
             call_id,
-            outcome: ToolOutcome::Err(error.to_string()),
-            duration_ms,
-        },
+            reason: format!("{error}; whether it took effect is unknown"),
+        }),
+        Err(_) if attempt < MAX_TOOL_ATTEMPTS => None,
+        Err(error) => Some(failed(format!(
+            "{error}; gave up after {attempt} attempts with the same idempotency key, \
+             so whether it took effect is unknown"
+        ))),
     }
 }
 

@@ -21,12 +21,14 @@ fn parse_since(text: &str) -> Result<i64> {
     if let Ok(t) = chrono::DateTime::parse_from_rfc3339(text) {
         return Ok(t.timestamp_millis());
     }
-    let (number, unit) = text.split_at(text.len().saturating_sub(1));
+    let mut chars = text.chars();
+    let unit = chars.next_back();
+    let number = chars.as_str();
     let seconds = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86400,
+        Some('s') => 1,
+        Some('m') => 60,
+        Some('h') => 3600,
+        Some('d') => 86400,
         _ => bail!("--since {text:?}: expected RFC 3339 (2026-11-29T19:00:00Z) or an age such as 10m, 2h, 1d"),
     };
     let Ok(n) = number.parse::<i64>() else {
@@ -49,8 +51,16 @@ pub fn print(log: &dyn EventLog, args: &LogArgs) -> Result<ExitCode> {
         );
     }
     let events = read_events(log, args.session)?;
-    let tool_of_call = tools_by_call(&events);
+    // Tool events belong to the latest reply; ids may repeat across replies.
+    let mut tool_of_call = HashMap::new();
     for (record, event) in &events {
+        if let Event::ModelReplied(reply) = event {
+            tool_of_call = reply
+                .tool_calls
+                .iter()
+                .map(|c| (c.id.clone(), c.name.clone()))
+                .collect();
+        }
         let e = &record.envelope;
         if since.is_some_and(|s| e.ts_ms < s)
             || (!args.kind.is_empty() && !args.kind.iter().any(|k| k == event.kind()))
@@ -85,18 +95,6 @@ pub fn record_json(record: &Record, event: &Event) -> serde_json::Value {
         "caused_by": e.caused_by, "schema": e.schema, "kind": e.kind,
         "prev_hash": e.prev_hash.to_hex(), "hash": record.hash.to_hex(), "event": event,
     })
-}
-
-fn tools_by_call(events: &[(Record, Event)]) -> HashMap<String, String> {
-    let mut map = HashMap::new();
-    for (_, event) in events {
-        if let Event::ModelReplied(reply) = event {
-            for call in &reply.tool_calls {
-                map.insert(call.id.clone(), call.name.clone());
-            }
-        }
-    }
-    map
 }
 
 fn concerns_tool(event: &Event, tool: &str, tool_of_call: &HashMap<String, String>) -> bool {

@@ -13,6 +13,8 @@ use std::sync::{Arc, Mutex};
 use tokio::process::Command;
 use tokio::sync::oneshot;
 
+pub mod scenario;
+
 pub use runtime::sink::{Sink, SinkStats};
 
 /// One scripted reply of the model server.
@@ -55,6 +57,9 @@ pub enum Fault {
     Fail500(u32),
     /// Answers 200 with a body that is not JSON, always.
     Garbage,
+    /// Answers HTTP 503 the first time it sees each request body, so every
+    /// request needs one retry (the same on every run, crashed or not).
+    FailFirstTry,
 }
 
 #[derive(Default)]
@@ -128,6 +133,7 @@ async fn complete(
     body: axum::body::Bytes,
 ) -> Response {
     let mut inner = inner.lock().unwrap();
+    let first_try = !inner.bodies.iter().any(|b| b[..] == body[..]);
     let cached = inner
         .bodies
         .iter()
@@ -144,6 +150,9 @@ async fn complete(
             return (StatusCode::INTERNAL_SERVER_ERROR, "overloaded").into_response();
         }
         Fault::Garbage => return (StatusCode::OK, "<html>this is not json").into_response(),
+        Fault::FailFirstTry if first_try => {
+            return (StatusCode::SERVICE_UNAVAILABLE, "warming up").into_response()
+        }
         _ => {}
     }
     let request: Value = match serde_json::from_slice(&body) {

@@ -120,8 +120,15 @@ async fn hanging_tools_time_out_read_only_as_error_side_effect_in_doubt() {
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     let session = session_id(&out);
     let log = stdout(&world.run(&["log", &session]).await);
+    // The read-only call is retried with its key, then the model is told.
     assert!(
-        log.contains("call_0_0 error") && log.contains("timed out after 1 s"),
+        log.contains("call_0_0 error")
+            && log.contains("timed out after 1 s; gave up after 3 attempts"),
+        "{log}"
+    );
+    assert_eq!(
+        log.matches("slow_read(call_0_0) read_only attempt").count(),
+        3,
         "{log}"
     );
     assert!(

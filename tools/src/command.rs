@@ -34,7 +34,18 @@ impl CommandTool {
             tool: self.spec.name.clone(),
             reason,
         };
-        let mut child = tokio::process::Command::new(&self.program)
+        let mut command = tokio::process::Command::new(&self.program);
+        // Its own process group, so a timeout stops everything it started;
+        // and it dies with mneme, so a resumed call never races an orphan.
+        command.process_group(0);
+        // SAFETY: prctl(2) is async-signal-safe and touches no memory of ours.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let mut child = command
             .args(&self.args)
             .env("MNEME_IDEMPOTENCY_KEY", &ctx.idempotency_key)
             .env("MNEME_SESSION_ID", ctx.session.to_string())
@@ -46,6 +57,7 @@ impl CommandTool {
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| failed(format!("cannot start {:?}: {e}", self.program)))?;
+        let _group = child.id().map(GroupKiller);
         if let Some(mut stdin) = child.stdin.take() {
             // A program that ignores its input may close stdin early: not an error.
             let _ = stdin.write_all(input.as_bytes()).await;
@@ -69,6 +81,20 @@ impl CommandTool {
         }
         let stdout = String::from_utf8_lossy(&output.stdout);
         Ok(json_or_text(stdout.trim_end()).to_string())
+    }
+}
+
+/// Kills a process group when dropped: when the call ends, times out or is
+/// abandoned, nothing it started keeps running.
+struct GroupKiller(u32);
+
+impl Drop for GroupKiller {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) has no memory-safety preconditions. The group id is
+        // the pid of our child, which cannot be reused while the group lives.
+        unsafe {
+            libc::kill(-(self.0 as i32), libc::SIGKILL);
+        }
     }
 }
 
@@ -139,9 +165,24 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn hanging_command_times_out() {
-        let tool = CommandTool::new(spec(&["sleep", "30"], 1)).unwrap();
+    async fn hanging_command_times_out_and_everything_it_started_is_stopped() {
+        let dir = std::env::temp_dir().join(format!("mneme-group-{}", std::process::id()));
+        let script = format!("sleep 30 & echo $! > {}; wait", dir.display());
+        let tool = CommandTool::new(spec(&["sh", "-c", &script], 1)).unwrap();
         let err = tool.call(&ctx(), "{}").await.unwrap_err();
         assert!(err.outcome_unknown(), "{err}");
+        let grandchild: i32 = std::fs::read_to_string(&dir)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        std::fs::remove_file(&dir).unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        // SAFETY: signal 0 only asks whether the process exists.
+        let alive = unsafe { libc::kill(grandchild, 0) } == 0
+            && !std::fs::read_to_string(format!("/proc/{grandchild}/stat"))
+                .unwrap_or_default()
+                .contains(") Z ");
+        assert!(!alive, "the sleep the tool started outlived the timeout");
     }
 }

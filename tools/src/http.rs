@@ -72,9 +72,15 @@ impl Tool for HttpTool {
         let request = self
             .request(&args)?
             .header("Idempotency-Key", &ctx.idempotency_key);
-        let failed = |e: reqwest::Error| ToolError::Failed {
-            tool: self.spec.name.clone(),
-            reason: format!("{} {}: {e}", self.method, self.url),
+        // Only a failed connection proves the request never left.
+        let failed = |e: reqwest::Error| {
+            let tool = self.spec.name.clone();
+            let reason = format!("{} {}: {e}", self.method, self.url);
+            if e.is_connect() {
+                ToolError::Failed { tool, reason }
+            } else {
+                ToolError::Interrupted { tool, reason }
+            }
         };
         with_timeout(&self.spec, async {
             let response = request.send().await.map_err(failed)?;

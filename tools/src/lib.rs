@@ -50,7 +50,16 @@ pub enum ToolError {
         /// Why.
         reason: String,
     },
-    /// It ran and failed.
+    /// It was cut off after it may have acted (the connection broke after
+    /// the request was sent, the task died): whether it took effect is unknown.
+    #[error("tool {tool} was interrupted: {reason}")]
+    Interrupted {
+        /// The tool.
+        tool: String,
+        /// What broke.
+        reason: String,
+    },
+    /// It ran and failed, or could not start.
     #[error("tool {tool} failed: {reason}")]
     Failed {
         /// The tool.
@@ -71,7 +80,10 @@ pub enum ToolError {
 impl ToolError {
     /// Whether the call may have taken effect in part or in full.
     pub fn outcome_unknown(&self) -> bool {
-        matches!(self, ToolError::Timeout { .. })
+        matches!(
+            self,
+            ToolError::Timeout { .. } | ToolError::Interrupted { .. }
+        )
     }
 }
 

@@ -1,0 +1,469 @@
+//! Scripted scenarios for fault tests: run one uncrashed for reference, run
+//! it again with crashes, and check the contract's invariants between the two.
+
+use crate::{
+    agent_toml, command_tool, http_tool, rebuilt_request, stderr, stdout, Fault, MockModel,
+    MockReply, Sink, SinkStats, World,
+};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::Output;
+use tokio::process::Command;
+
+/// What the command tool that ignores idempotency keys returns.
+pub const NOTIFY_RESULT: &str = "{\"sent\":true}";
+
+/// A conversation with tools, replayable against fresh servers.
+#[derive(Clone)]
+pub struct Scenario {
+    /// Short name, for reports.
+    pub name: &'static str,
+    /// User messages, one turn each.
+    pub turns: Vec<&'static str>,
+    /// The model's replies, in order.
+    pub replies: Vec<MockReply>,
+    /// How the model server misbehaves.
+    pub fault: Fault,
+}
+
+/// Parallel calls of every effect kind, a failing tool, an HTTP side effect
+/// in a second reply.
+pub fn effects_scenario() -> Scenario {
+    Scenario {
+        name: "effects",
+        turns: vec!["Charge customer 1, reserve a seat, notify them, check the ledger."],
+        replies: vec![
+            MockReply::calls(&[
+                ("charge", json!({"n": 1})),
+                ("reserve", json!({"n": 2})),
+                ("lookup", json!({"n": 3})),
+                ("notify", json!({"n": 4})),
+                ("ledger", json!({"n": 5})),
+            ]),
+            MockReply::calls(&[("email", json!({"n": 6}))]),
+            MockReply::answer("Charged, reserved, notified, emailed; the ledger was down."),
+        ],
+        fault: Fault::None,
+    }
+}
+
+/// Two turns on a model that needs a retry for every request.
+pub fn multi_turn_scenario() -> Scenario {
+    Scenario {
+        name: "multi-turn-retry",
+        turns: vec!["Look customer 1 up.", "Now charge them."],
+        replies: vec![
+            MockReply::calls(&[("lookup", json!({"n": 1}))]),
+            MockReply::answer("Customer 1 is Ada."),
+            MockReply::calls(&[("charge", json!({"n": 2}))]),
+            MockReply::answer("Charged Ada."),
+        ],
+        fault: Fault::FailFirstTry,
+    }
+}
+
+/// The scenarios fault tests run.
+pub fn all() -> Vec<Scenario> {
+    vec![effects_scenario(), multi_turn_scenario()]
+}
+
+/// Fresh servers, data directory and agent file for one run of a scenario.
+pub struct Env {
+    /// Files and the binary.
+    pub world: World,
+    /// The model server.
+    pub model: MockModel,
+    /// The side-effect sink.
+    pub sink: Sink,
+    /// The agent file.
+    pub agent: PathBuf,
+    /// One line per effect of the command tool that ignores keys.
+    pub effects: PathBuf,
+}
+
+impl Scenario {
+    /// Starts fresh servers for one run.
+    pub async fn env(&self) -> Env {
+        let world = World::new();
+        let model = MockModel::start(self.replies.clone(), self.fault).await;
+        let sink = Sink::start().await.unwrap();
+        let effects = world.dir.path().join("notify-effects.log");
+        let notify = format!(
+            "cat >/dev/null; echo \"$MNEME_IDEMPOTENCY_KEY\" >> {}; echo '{NOTIFY_RESULT}'",
+            effects.display()
+        );
+        let tools = [
+            http_tool("charge", &sink.url("charge"), "side_effect"),
+            http_tool("reserve", &sink.url("reserve"), "idempotent"),
+            http_tool("email", &sink.url("email"), "side_effect"),
+            command_tool(
+                "lookup",
+                &["sh", "-c", "cat >/dev/null; echo '{\"name\":\"Ada\"}'"],
+                "read_only",
+                10,
+            ),
+            command_tool("notify", &["sh", "-c", &notify], "side_effect", 10),
+            command_tool(
+                "ledger",
+                &["sh", "-c", "cat >/dev/null; echo 'ledger down' >&2; exit 1"],
+                "read_only",
+                10,
+            ),
+        ];
+        let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &tools));
+        Env {
+            world,
+            model,
+            sink,
+            agent,
+            effects,
+        }
+    }
+}
+
+/// What a finished run of a scenario left behind.
+pub struct Outcome {
+    /// The session.
+    pub session: String,
+    /// Answers, one per turn.
+    pub answers: Vec<String>,
+    /// Processes that died at a crash point or by SIGKILL.
+    pub crashes: usize,
+}
+
+/// How a run is disturbed.
+#[derive(Clone, Debug, Default)]
+pub struct Faults {
+    /// `MNEME_CRASH_AT` for every `mneme run` of the scenario.
+    pub crash_at: Option<String>,
+    /// `MNEME_CRASH_AT` for the first resume after a crash.
+    pub nested: Option<String>,
+    /// SIGKILL each `mneme run` this many milliseconds after it starts.
+    pub kill_after_ms: Option<u64>,
+}
+
+async fn output(
+    mut command: Command,
+    crash_at: Option<&str>,
+    kill_after_ms: Option<u64>,
+) -> Output {
+    if let Some(spec) = crash_at {
+        command.env("MNEME_CRASH_AT", spec);
+    }
+    let child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let Some(ms) = kill_after_ms else {
+        return child.wait_with_output().await.unwrap();
+    };
+    let pid = child.id().unwrap() as i32;
+    let waiting = tokio::spawn(child.wait_with_output());
+    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+    // SAFETY: kill(2) has no memory-safety preconditions; the pid is our
+    // child's and is not reaped until `waiting` finishes.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+    }
+    waiting.await.unwrap().unwrap()
+}
+
+/// Runs every turn of `scenario` in `env`, disturbed by `faults`, and
+/// brings the session to its end the way an operator would: `mneme resume`
+/// after a crash, `mneme resolve` for calls in doubt (skip when the effect is
+/// on record, retry when it is not).
+pub async fn run(scenario: &Scenario, env: &Env, faults: &Faults) -> Result<Outcome, String> {
+    let mut session = None::<String>;
+    let mut answers = Vec::new();
+    let mut crashes = 0;
+    for turn in &scenario.turns {
+        let mut command = env.world.mneme();
+        match &session {
+            None => command.args(["run", "--agent", env.agent.to_str().unwrap(), turn]),
+            Some(id) => command.args(["run", "--session", id, turn]),
+        };
+        let out = output(command, faults.crash_at.as_deref(), faults.kill_after_ms).await;
+        let id = match &session {
+            Some(id) => id.clone(),
+            None => {
+                let Some(id) = stderr(&out)
+                    .lines()
+                    .find_map(|l| l.strip_prefix("session "))
+                    .map(String::from)
+                else {
+                    // Killed before it named the session: start over, undisturbed,
+                    // as a user would.
+                    crashes += 1;
+                    return Box::pin(run(scenario, env, &Faults::default()))
+                        .await
+                        .map(|o| Outcome {
+                            crashes: o.crashes + crashes,
+                            ..o
+                        });
+                };
+                session = Some(id.trim().to_string());
+                id.trim().to_string()
+            }
+        };
+        let answer = match out.status.code() {
+            Some(0) => stdout(&out).trim().to_string(),
+            Some(3) => settle(env, &id, None, &mut crashes).await?,
+            _ => {
+                crashes += 1;
+                settle(env, &id, faults.nested.as_deref(), &mut crashes).await?
+            }
+        };
+        answers.push(answer);
+    }
+    Ok(Outcome {
+        session: session.unwrap_or_default(),
+        answers,
+        crashes,
+    })
+}
+
+/// Resumes and resolves until the session answers.
+async fn settle(
+    env: &Env,
+    session: &str,
+    mut nested: Option<&str>,
+    crashes: &mut usize,
+) -> Result<String, String> {
+    for _ in 0..20 {
+        let mut command = env.world.mneme();
+        command.args(["resume", session]);
+        let out = output(command, nested.take(), None).await;
+        match out.status.code() {
+            Some(0) => return Ok(stdout(&out).trim().to_string()),
+            Some(3) => {
+                if let Some(answer) = resolve_in_doubt(env, session).await? {
+                    return Ok(answer);
+                }
+            }
+            Some(code) => return Err(format!("resume exited {code}: {}", stderr(&out))),
+            None => *crashes += 1,
+        }
+    }
+    Err("the session never finished".into())
+}
+
+/// Decides every call in doubt; returns the answer if the session finished.
+async fn resolve_in_doubt(env: &Env, session: &str) -> Result<Option<String>, String> {
+    let plan: Value =
+        serde_json::from_str(stdout(&env.world.run(&["replay", "--json", session]).await).trim())
+            .map_err(|e| format!("replay --json: {e}"))?;
+    let keys = started_keys(&env.world, session).await;
+    let effects = std::fs::read_to_string(&env.effects).unwrap_or_default();
+    for call in plan["calls"].as_array().into_iter().flatten() {
+        if call["decision"] != "awaiting_decision" {
+            continue;
+        }
+        let id = call["call_id"].as_str().unwrap();
+        let happened = keys
+            .get(id)
+            .is_some_and(|k| effects.lines().any(|l| l == k));
+        let decision: &[&str] = if happened {
+            &["--skip", "--result", NOTIFY_RESULT]
+        } else {
+            &["--retry"]
+        };
+        let mut args = vec!["resolve", session, id];
+        args.extend_from_slice(decision);
+        let out = env.world.run(&args).await;
+        match out.status.code() {
+            Some(0) if !stdout(&out).trim().is_empty() => {
+                return Ok(Some(stdout(&out).trim().to_string()))
+            }
+            Some(0) | Some(3) => {}
+            _ => return Err(format!("resolve failed: {}", stderr(&out))),
+        }
+    }
+    Ok(None)
+}
+
+/// Idempotency key of each call, from its ToolStarted events.
+async fn started_keys(world: &World, session: &str) -> BTreeMap<String, String> {
+    log_events(world, session)
+        .await
+        .into_iter()
+        .filter(|e| e["kind"] == "ToolStarted")
+        .map(|e| {
+            let started = &e["event"]["ToolStarted"];
+            (
+                started["call_id"].as_str().unwrap().to_string(),
+                started["idempotency_key"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Every event of the session, from `mneme log --json`.
+pub async fn log_events(world: &World, session: &str) -> Vec<Value> {
+    let out = world.run(&["log", "--json", session]).await;
+    assert!(out.status.success(), "log: {}", stderr(&out));
+    stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// What an uncrashed run of a scenario produced.
+pub struct Reference {
+    /// Answers, one per turn.
+    pub answers: Vec<String>,
+    /// Request bodies by the number of assistant messages in them.
+    pub bodies: BTreeMap<usize, Vec<u8>>,
+    /// The final transcript as `mneme replay --raw` rebuilds it.
+    pub final_request: Vec<u8>,
+    /// The sink's counts.
+    pub sink: SinkStats,
+    /// Kinds of events, counted.
+    pub kinds: BTreeMap<String, usize>,
+}
+
+fn assistant_turn(body: &[u8]) -> usize {
+    serde_json::from_slice::<Value>(body).unwrap()["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "assistant")
+        .count()
+}
+
+/// Runs `scenario` without faults.
+pub async fn reference(scenario: &Scenario) -> Reference {
+    let env = scenario.env().await;
+    let outcome = run(scenario, &env, &Faults::default()).await.unwrap();
+    assert_eq!(outcome.crashes, 0);
+    let kinds = count_kinds(&log_events(&env.world, &outcome.session).await);
+    Reference {
+        answers: outcome.answers,
+        bodies: env
+            .model
+            .bodies()
+            .into_iter()
+            .map(|b| (assistant_turn(&b), b))
+            .collect(),
+        final_request: rebuilt_request(&env.world, &outcome.session).await,
+        sink: env.sink.stats(),
+        kinds,
+    }
+}
+
+fn count_kinds(events: &[Value]) -> BTreeMap<String, usize> {
+    let mut kinds = BTreeMap::new();
+    for e in events {
+        *kinds
+            .entry(e["kind"].as_str().unwrap().to_string())
+            .or_default() += 1;
+    }
+    kinds
+}
+
+/// Every invariant the contract promises after crashes, as a list of
+/// violations (empty when all hold).
+pub async fn violations(env: &Env, outcome: &Outcome, reference: &Reference) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut check = |ok: bool, what: String| {
+        if !ok {
+            found.push(what);
+        }
+    };
+    let session = &outcome.session;
+    check(
+        outcome.answers == reference.answers,
+        format!("answers {:?} != {:?}", outcome.answers, reference.answers),
+    );
+    let final_request = rebuilt_request(&env.world, session).await;
+    check(
+        final_request == reference.final_request,
+        "final transcript differs".into(),
+    );
+    for body in env.model.bodies() {
+        let turn = assistant_turn(&body);
+        check(
+            reference.bodies.get(&turn) == Some(&body),
+            format!("request at turn {turn} is not byte-identical to the uncrashed run's"),
+        );
+    }
+    // (a) side effects: once per key where keys are honoured, at most once otherwise.
+    let stats = env.sink.stats();
+    for (path, counts) in &reference.sink.paths {
+        check(
+            stats.path(path).effects == counts.effects,
+            format!(
+                "/{path} applied {} times, expected {}",
+                stats.path(path).effects,
+                counts.effects
+            ),
+        );
+    }
+    check(
+        stats.hits_by_key.len() == reference.sink.hits_by_key.len(),
+        format!(
+            "{} distinct keys reached the sink, expected {}",
+            stats.hits_by_key.len(),
+            reference.sink.hits_by_key.len()
+        ),
+    );
+    let effects = std::fs::read_to_string(&env.effects).unwrap_or_default();
+    let lines: Vec<&str> = effects.lines().collect();
+    let distinct: BTreeSet<&&str> = lines.iter().collect();
+    check(
+        lines.len() == distinct.len(),
+        format!("a key-ignoring side effect ran twice: {lines:?}"),
+    );
+    // (d) the chain verifies.
+    let verify = env.world.run(&["verify", session]).await;
+    check(
+        verify.status.success(),
+        format!("verify: {}", stdout(&verify)),
+    );
+    // (e) nothing lost or duplicated: every call has exactly one outcome.
+    let events = log_events(&env.world, session).await;
+    let kinds = count_kinds(&events);
+    for kind in ["UserMessage", "ModelReplied"] {
+        check(
+            kinds.get(kind) == reference.kinds.get(kind),
+            format!(
+                "{kind}: {:?} events, expected {:?}",
+                kinds.get(kind),
+                reference.kinds.get(kind)
+            ),
+        );
+    }
+    let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
+    for e in &events {
+        match e["kind"].as_str().unwrap() {
+            "ToolFinished" => {
+                *outcomes
+                    .entry(
+                        e["event"]["ToolFinished"]["call_id"]
+                            .as_str()
+                            .unwrap()
+                            .into(),
+                    )
+                    .or_default() += 1
+            }
+            "ToolResolved" if e["event"]["ToolResolved"]["resolution"] != "Retry" => {
+                *outcomes
+                    .entry(
+                        e["event"]["ToolResolved"]["call_id"]
+                            .as_str()
+                            .unwrap()
+                            .into(),
+                    )
+                    .or_default() += 1
+            }
+            _ => {}
+        }
+    }
+    let calls: usize = reference.kinds.get("ToolFinished").copied().unwrap_or(0);
+    check(
+        outcomes.len() == calls && outcomes.values().all(|&n| n == 1),
+        format!("call outcomes {outcomes:?}, expected {calls} calls with one each"),
+    );
+    found
+}
