@@ -22,6 +22,7 @@ mod wal;
 
 pub use envelope::{Envelope, Hash, NewEvent, Record, RECORD_FORMAT};
 pub use sled_log::SledLog;
+pub use wal::TornTail;
 
 use std::fmt;
 use uuid::Uuid;

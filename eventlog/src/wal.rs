@@ -33,6 +33,17 @@ pub(crate) struct Wal {
     file: File,
     path: PathBuf,
     len: u64,
+    torn_tail: Option<TornTail>,
+}
+
+/// A partial frame found at the end of the write-ahead file on open: the
+/// last write before a crash. It was never acknowledged as synced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TornTail {
+    /// Where its bytes were moved.
+    pub saved_to: PathBuf,
+    /// How many bytes it had.
+    pub bytes: usize,
 }
 
 impl Wal {
@@ -59,17 +70,23 @@ impl Wal {
                 ),
             )
         })?;
+        let mut torn_tail = None;
         if valid < bytes.len() {
             let aside = path.with_extension(format!("wal.torn-{valid}"));
             std::fs::write(&aside, &bytes[valid..])?;
             file.set_len(valid as u64)?;
             file.sync_all()?;
             sync_parent(path)?;
+            torn_tail = Some(TornTail {
+                saved_to: aside,
+                bytes: bytes.len() - valid,
+            });
         }
         let wal = Wal {
             file,
             path: path.to_path_buf(),
             len: valid as u64,
+            torn_tail,
         };
         Ok((wal, frames))
     }
@@ -125,6 +142,11 @@ impl Wal {
         self.file.sync_all()?;
         self.len = 0;
         Ok(())
+    }
+
+    /// The torn tail found when the file was opened, if any.
+    pub(crate) fn torn_tail(&self) -> Option<&TornTail> {
+        self.torn_tail.as_ref()
     }
 
     /// The file's path.

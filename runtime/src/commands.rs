@@ -22,7 +22,15 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Demo(args) => crate::demo::run(args.keep).await,
         command => {
-            let log: Arc<dyn EventLog> = Arc::new(SledLog::open(&data_dir)?);
+            let log = SledLog::open(&data_dir)?;
+            if let Some(torn) = log.torn_tail() {
+                eprintln!(
+                    "mneme: warning: the write-ahead file ended in a partial write ({} bytes, never acknowledged); moved to {}",
+                    torn.bytes,
+                    torn.saved_to.display()
+                );
+            }
+            let log: Arc<dyn EventLog> = Arc::new(log);
             let ctx = Ctx { log, durability };
             match command {
                 Command::Run(a) => ctx.run(a.agent, a.session, a.message, a.json).await,

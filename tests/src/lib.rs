@@ -57,6 +57,8 @@ pub enum Fault {
     Fail500(u32),
     /// Answers 200 with a body that is not JSON, always.
     Garbage,
+    /// Gives every tool call of a reply the same id, as some servers do.
+    RepeatCallIds,
     /// Answers HTTP 503 the first time it sees each request body, so every
     /// request needs one retry (the same on every run, crashed or not).
     FailFirstTry,
@@ -174,7 +176,11 @@ async fn complete(
         .iter()
         .enumerate()
         .map(|(k, (name, args))| {
-            json!({"id": format!("call_{turn}_{k}"), "type": "function",
+            let id = match inner.fault {
+                Fault::RepeatCallIds => format!("call_{turn}"),
+                _ => format!("call_{turn}_{k}"),
+            };
+            json!({"id": id, "type": "function",
                    "function": {"name": name, "arguments": args.to_string()}})
         })
         .collect();

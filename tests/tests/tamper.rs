@@ -137,3 +137,59 @@ async fn record_from_a_newer_format_is_refused_with_its_version() {
         stdout(&out)
     );
 }
+
+/// A session whose process died right after its last synced barrier: every
+/// record is in the write-ahead file, none was checkpointed into sled.
+async fn session_only_in_the_write_ahead_file() -> (World, String, MockModel) {
+    let world = World::new();
+    let model = MockModel::start(vec![MockReply::answer("UNIQUE-ANSWER-MARKER")], Fault::None).await;
+    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[]));
+    let out = world
+        .mneme()
+        .args(["run", "--agent", agent.to_str().unwrap(), "hello"])
+        .env("MNEME_CRASH_AT", "turn_answered")
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success(), "the crash point must fire");
+    let session = session_id(&out);
+    let wal = std::fs::metadata(world.data().join("mneme.wal")).unwrap().len();
+    assert!(wal > 0, "the records are in the write-ahead file");
+    (world, session, model)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_only_in_the_write_ahead_file_are_recovered() {
+    let (world, session, _model) = session_only_in_the_write_ahead_file().await;
+    let out = world.run(&["verify", &session]).await;
+    assert!(out.status.success(), "{}", stdout(&out));
+    assert!(stdout(&out).contains("3 events"), "{}", stdout(&out));
+    assert_eq!(std::fs::metadata(world.data().join("mneme.wal")).unwrap().len(), 0, "checkpointed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damage_inside_the_write_ahead_file_refuses_the_directory() {
+    let (world, _session, _model) = session_only_in_the_write_ahead_file().await;
+    let path = world.data().join("mneme.wal");
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[5] ^= 0x01; // the length field of the first frame
+    std::fs::write(&path, &bytes).unwrap();
+    let out = world.run(&["verify"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("write-ahead file damaged at byte 0"), "{}", stderr(&out));
+    assert_eq!(std::fs::read(&path).unwrap(), bytes, "a refused file is left as it was");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_torn_last_write_is_set_aside_named_and_the_turn_redone() {
+    let (world, session, model) = session_only_in_the_write_ahead_file().await;
+    let path = world.data().join("mneme.wal");
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() - 10]).unwrap();
+    let out = world.run(&["resume", &session]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("partial write (") && stderr(&out).contains("mneme.wal.torn-"), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "UNIQUE-ANSWER-MARKER");
+    assert_eq!(model.bodies().len(), 2, "the lost reply was asked for again");
+    assert!(world.run(&["verify"]).await.status.success());
+}
