@@ -104,7 +104,12 @@ impl SledLog {
     /// A partial last write found in the write-ahead file when the log was
     /// opened (set aside, never acknowledged as synced), if any.
     pub fn torn_tail(&self) -> Option<crate::TornTail> {
-        self.inner.lock().expect("log lock poisoned").wal.torn_tail().cloned()
+        self.inner
+            .lock()
+            .expect("log lock poisoned")
+            .wal
+            .torn_tail()
+            .cloned()
     }
 
     /// How many records opening the log replayed from the write-ahead file

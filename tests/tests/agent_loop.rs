@@ -183,17 +183,38 @@ async fn get_tools_send_arguments_as_the_query_and_the_key_as_a_header() {
 async fn repeated_call_ids_in_one_reply_each_run_once() {
     let world = World::new();
     let model = MockModel::start(
-        vec![MockReply::calls(&[("count", json!({"n": 1})), ("count", json!({"n": 2}))]), MockReply::answer("counted")],
+        vec![
+            MockReply::calls(&[("count", json!({"n": 1})), ("count", json!({"n": 2}))]),
+            MockReply::answer("counted"),
+        ],
         Fault::RepeatCallIds,
     )
     .await;
     let runs = world.dir.path().join("runs.log");
-    let script = format!("cat >> {}; echo >> {}; echo ok", runs.display(), runs.display());
-    let tools = [command_tool("count", &["sh", "-c", &script], "read_only", 10)];
+    let script = format!(
+        "cat >> {}; echo >> {}; echo ok",
+        runs.display(),
+        runs.display()
+    );
+    let tools = [command_tool(
+        "count",
+        &["sh", "-c", &script],
+        "read_only",
+        10,
+    )];
     let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &tools));
-    let out = world.run(&["run", "--agent", agent.to_str().unwrap(), "go"]).await;
+    let out = world
+        .run(&["run", "--agent", agent.to_str().unwrap(), "go"])
+        .await;
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(std::fs::read_to_string(&runs).unwrap().lines().count(), 2, "each call ran once");
-    let ids: Vec<String> = tool_messages(&model.bodies()[1]).into_iter().map(|(id, _)| id).collect();
+    assert_eq!(
+        std::fs::read_to_string(&runs).unwrap().lines().count(),
+        2,
+        "each call ran once"
+    );
+    let ids: Vec<String> = tool_messages(&model.bodies()[1])
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
     assert_eq!(ids, ["call_0", "call_0_1"]);
 }

@@ -308,3 +308,44 @@ async fn command_tool_without_key_support_ends_in_doubt_and_resolve_continues() 
     );
     assert!(log.contains("skip") && log.contains("by ops"), "{log}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_resumers_at_once_one_wins_and_nothing_runs_twice() {
+    let s = setup().await;
+    // A session that crashed with the charge started but not finished.
+    let out = s
+        .world
+        .mneme()
+        .args(["run", "--agent", s.agent.to_str().unwrap(), MESSAGE])
+        .env("MNEME_CRASH_AT", "tool_started_durable")
+        .output()
+        .await
+        .unwrap();
+    let session = session_id(&out);
+    let hold = s.sink.hold("charge");
+    let first = s
+        .world
+        .mneme()
+        .args(["resume", &session])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(30), hold.applied)
+        .await
+        .unwrap()
+        .unwrap();
+    let second = s.world.run(&["resume", &session]).await;
+    assert_eq!(second.status.code(), Some(1));
+    assert!(
+        stderr(&second).contains("in use by another process"),
+        "{}",
+        stderr(&second)
+    );
+    hold.release.send(()).unwrap();
+    let first = first.wait_with_output().await.unwrap();
+    assert!(first.status.success(), "{}", stderr(&first));
+    assert_eq!(s.sink.stats().path("charge").effects, 1);
+    assert_eq!(s.sink.stats().path("email").effects, 1);
+    assert!(s.world.run(&["verify", &session]).await.status.success());
+}

@@ -142,7 +142,8 @@ async fn record_from_a_newer_format_is_refused_with_its_version() {
 /// record is in the write-ahead file, none was checkpointed into sled.
 async fn session_only_in_the_write_ahead_file() -> (World, String, MockModel) {
     let world = World::new();
-    let model = MockModel::start(vec![MockReply::answer("UNIQUE-ANSWER-MARKER")], Fault::None).await;
+    let model =
+        MockModel::start(vec![MockReply::answer("UNIQUE-ANSWER-MARKER")], Fault::None).await;
     let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[]));
     let out = world
         .mneme()
@@ -153,7 +154,9 @@ async fn session_only_in_the_write_ahead_file() -> (World, String, MockModel) {
         .unwrap();
     assert!(!out.status.success(), "the crash point must fire");
     let session = session_id(&out);
-    let wal = std::fs::metadata(world.data().join("mneme.wal")).unwrap().len();
+    let wal = std::fs::metadata(world.data().join("mneme.wal"))
+        .unwrap()
+        .len();
     assert!(wal > 0, "the records are in the write-ahead file");
     (world, session, model)
 }
@@ -164,7 +167,13 @@ async fn records_only_in_the_write_ahead_file_are_recovered() {
     let out = world.run(&["verify", &session]).await;
     assert!(out.status.success(), "{}", stdout(&out));
     assert!(stdout(&out).contains("3 events"), "{}", stdout(&out));
-    assert_eq!(std::fs::metadata(world.data().join("mneme.wal")).unwrap().len(), 0, "checkpointed");
+    assert_eq!(
+        std::fs::metadata(world.data().join("mneme.wal"))
+            .unwrap()
+            .len(),
+        0,
+        "checkpointed"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -176,8 +185,16 @@ async fn damage_inside_the_write_ahead_file_refuses_the_directory() {
     std::fs::write(&path, &bytes).unwrap();
     let out = world.run(&["verify"]).await;
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("write-ahead file damaged at byte 0"), "{}", stderr(&out));
-    assert_eq!(std::fs::read(&path).unwrap(), bytes, "a refused file is left as it was");
+    assert!(
+        stderr(&out).contains("write-ahead file damaged at byte 0"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        bytes,
+        "a refused file is left as it was"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -188,8 +205,16 @@ async fn a_torn_last_write_is_set_aside_named_and_the_turn_redone() {
     std::fs::write(&path, &bytes[..bytes.len() - 10]).unwrap();
     let out = world.run(&["resume", &session]).await;
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(stderr(&out).contains("partial write (") && stderr(&out).contains("mneme.wal.torn-"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("partial write (") && stderr(&out).contains("mneme.wal.torn-"),
+        "{}",
+        stderr(&out)
+    );
     assert_eq!(stdout(&out).trim(), "UNIQUE-ANSWER-MARKER");
-    assert_eq!(model.bodies().len(), 2, "the lost reply was asked for again");
+    assert_eq!(
+        model.bodies().len(),
+        2,
+        "the lost reply was asked for again"
+    );
     assert!(world.run(&["verify"]).await.status.success());
 }

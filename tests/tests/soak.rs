@@ -1,0 +1,81 @@
+//! Random SIGKILL soak: the fault scenarios, each `mneme run` killed from
+//! outside at a random instant, then resumed and resolved like an operator
+//! would; the invariants are checked against an uncrashed run.
+//!
+//! `MNEME_SOAK_RUNS` (default 24) sets the number of runs and
+//! `MNEME_SOAK_SEED` the seed; a failure prints the seed that reproduces it.
+
+use mneme_e2e::scenario::{self, Faults};
+use std::time::Instant;
+
+/// xorshift64*: small, fast, and reproducible from its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+fn env_number(name: &str) -> Option<u64> {
+    std::env::var(name).ok().map(|v| {
+        v.parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number"))
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_sigkills_never_lose_or_repeat_anything() {
+    let runs = env_number("MNEME_SOAK_RUNS").unwrap_or(24);
+    let seed = env_number("MNEME_SOAK_SEED").unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+            | 1
+    });
+    println!("soak seed {seed} (MNEME_SOAK_SEED={seed} reproduces this run)");
+    let mut rng = Rng(seed);
+    let scenarios = scenario::all();
+    let mut references = Vec::new();
+    for sc in &scenarios {
+        let started = Instant::now();
+        let reference = Box::pin(scenario::reference(sc)).await;
+        // Kill anywhere from the start to a little past the uncrashed run's end.
+        let window_ms =
+            (started.elapsed().as_millis() as u64 / sc.turns.len() as u64).max(20) * 6 / 5;
+        references.push((reference, window_ms));
+    }
+    let mut crashes = 0;
+    for i in 0..runs {
+        let pick = (rng.next() % scenarios.len() as u64) as usize;
+        let (sc, (reference, window_ms)) = (&scenarios[pick], &references[pick]);
+        let kill_after_ms = rng.next() % window_ms;
+        let env = sc.env().await;
+        let faults = Faults {
+            kill_after_ms: Some(kill_after_ms),
+            ..Faults::default()
+        };
+        let outcome = Box::pin(scenario::run(sc, &env, &faults))
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "seed {seed} run {i} ({} killed at {kill_after_ms} ms): {e}",
+                    sc.name
+                )
+            });
+        crashes += outcome.crashes;
+        let violations = Box::pin(scenario::violations(&env, &outcome, reference)).await;
+        assert!(
+            violations.is_empty(),
+            "seed {seed} run {i} ({} killed at {kill_after_ms} ms):\n{}",
+            sc.name,
+            violations.join("\n")
+        );
+    }
+    println!("soak: seed {seed}, runs {runs}, processes killed {crashes}, violations 0");
+    assert!(crashes > 0, "no run was killed: the window is too wide");
+}

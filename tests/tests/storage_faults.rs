@@ -1,0 +1,195 @@
+//! A full disk: appends fail cleanly with a clear error, succeed again once
+//! space returns, and nothing acknowledged is lost. Uses a real, small tmpfs
+//! (CI runs as root; the test says so if it cannot mount one).
+
+use eventlog::{Durability, EventLog, LogError, NewEvent, SledLog};
+use mneme_e2e::*;
+use std::path::PathBuf;
+use std::process::Command;
+
+/// A tmpfs of `size` mounted on a fresh directory; unmounted when dropped.
+struct SmallDisk {
+    _dir: tempfile::TempDir,
+    mount: PathBuf,
+}
+
+impl SmallDisk {
+    fn new(size: &str) -> SmallDisk {
+        let dir = tempfile::tempdir().unwrap();
+        let mount = dir.path().join("disk");
+        std::fs::create_dir(&mount).unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&mount)
+            .output()
+            .expect("the mount command");
+        assert!(
+            out.status.success(),
+            "this test mounts a small tmpfs to fill a real disk and needs root (CI runs as root): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        SmallDisk { _dir: dir, mount }
+    }
+
+    /// Fills the disk with a file until the kernel says ENOSPC.
+    fn fill(&self) -> PathBuf {
+        use std::io::Write;
+        let path = self.mount.join("filler");
+        let mut file = std::fs::File::create(&path).unwrap();
+        let block = vec![0u8; 4096];
+        loop {
+            if let Err(e) = file.write_all(&block) {
+                assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+                return path;
+            }
+        }
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mount).status();
+    }
+}
+
+fn event(n: u64) -> NewEvent {
+    NewEvent {
+        kind: "Test".into(),
+        schema: 1,
+        caused_by: None,
+        payload: vec![n as u8; 1000],
+    }
+}
+
+fn append_synced(log: &SledLog, session: uuid::Uuid, seq: u64) -> Result<(), LogError> {
+    log.append(session, seq, vec![event(seq)])?;
+    log.barrier(Durability::Synced)
+}
+
+/// Reopens in this process. sled's background threads may hold its file
+/// lock for a moment after the handle is dropped, so this waits up to 5 s.
+fn reopen(data: &std::path::Path) -> SledLog {
+    for _ in 0..100 {
+        match SledLog::open(data) {
+            Err(LogError::Locked { .. }) => {
+                std::thread::sleep(std::time::Duration::from_millis(50))
+            }
+            other => return other.unwrap(),
+        }
+    }
+    panic!("sled never released its lock on {}", data.display());
+}
+
+#[test]
+fn appends_on_a_full_disk_fail_cleanly_and_resume_once_space_returns() {
+    let disk = SmallDisk::new("8m");
+    let data = disk.mount.join("data");
+    let session = uuid::Uuid::now_v7();
+    let log = SledLog::open(&data).unwrap();
+    for seq in 1..=50 {
+        append_synced(&log, session, seq).unwrap();
+    }
+    let filler = disk.fill();
+    let mut acknowledged = 50;
+    let error = loop {
+        match append_synced(&log, session, acknowledged + 1) {
+            Ok(()) => acknowledged += 1,
+            Err(e) => break e,
+        }
+        assert!(acknowledged < 10_000, "the disk never filled");
+    };
+    let text = error.to_string();
+    assert!(
+        text.contains("mneme.wal"),
+        "the error names the file: {text}"
+    );
+    let source = std::error::Error::source(&error)
+        .map(|s| s.to_string())
+        .unwrap_or_default();
+    assert!(source.contains("No space left on device"), "{source}");
+    assert_eq!(
+        log.head(session).unwrap().seq,
+        acknowledged,
+        "a failed append leaves no trace"
+    );
+    assert_eq!(
+        log.read(session, 1, u64::MAX).unwrap().len() as u64,
+        acknowledged
+    );
+
+    std::fs::remove_file(filler).unwrap();
+    append_synced(&log, session, acknowledged + 1).unwrap();
+    drop(log);
+    let log = reopen(&data);
+    assert_eq!(
+        log.verify(session).unwrap(),
+        acknowledged + 1,
+        "nothing acknowledged was lost"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_on_a_full_disk_says_so_and_loses_nothing() {
+    let disk = SmallDisk::new("8m");
+    let world = World::new();
+    let data = disk.mount.join("data");
+    let model = MockModel::start(
+        vec![MockReply::answer("one"), MockReply::answer("two")],
+        Fault::None,
+    )
+    .await;
+    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[]));
+    let run = |args: Vec<String>| {
+        let mut command = tokio::process::Command::new(mneme_bin());
+        command.arg("--data-dir").arg(&data).args(args);
+        command
+    };
+    let out = run(vec![
+        "run".into(),
+        "--agent".into(),
+        agent.display().to_string(),
+        "hi".into(),
+    ])
+    .output()
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let session = session_id(&out);
+    let filler = disk.fill();
+    let out = run(vec![
+        "run".into(),
+        "--session".into(),
+        session.clone(),
+        "again".into(),
+    ])
+    .output()
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("No space left on device"),
+        "{}",
+        stderr(&out)
+    );
+    std::fs::remove_file(filler).unwrap();
+    let out = run(vec!["verify".into(), session.clone()])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success() && stdout(&out).contains("3 events"),
+        "{}",
+        stdout(&out)
+    );
+    let out = run(vec![
+        "run".into(),
+        "--session".into(),
+        session,
+        "again".into(),
+    ])
+    .output()
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "two");
+}
