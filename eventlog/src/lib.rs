@@ -21,7 +21,7 @@ mod sled_log;
 mod wal;
 
 pub use envelope::{Envelope, Hash, NewEvent, Record, RECORD_FORMAT};
-pub use sled_log::SledLog;
+pub use sled_log::{SledLog, Totals};
 pub use wal::TornTail;
 
 use std::fmt;
@@ -145,6 +145,16 @@ pub enum LogError {
         /// The engine's error.
         #[source]
         source: sled::Error,
+    },
+    /// sled holds less than its last checkpoint made durable.
+    #[error("data directory {dir} lost records: its last checkpoint held {} sessions and {} records, the storage engine now holds {} and {}; refusing to continue from a shortened log", expected.sessions, expected.records, found.sessions, found.records)]
+    LostRecords {
+        /// The data directory.
+        dir: String,
+        /// What the last checkpoint recorded.
+        expected: Totals,
+        /// What is there now.
+        found: Totals,
     },
     /// The storage engine failed.
     #[error("storage engine failed in {dir}")]

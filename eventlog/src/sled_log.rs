@@ -25,6 +25,8 @@ use uuid::Uuid;
 const EVENT_PREFIX: u8 = b'e';
 const META_PREFIX: u8 = b's';
 const HOLDER_FILE: &str = "mneme.holder";
+/// Sessions and records at the last checkpoint: what sled must still hold.
+const ANCHOR_FILE: &str = "mneme.anchor";
 const WAL_FILE: &str = "mneme.wal";
 /// The write-ahead file is emptied into sled once it grows past this.
 const CHECKPOINT_BYTES: u64 = 64 << 20;
@@ -50,6 +52,8 @@ struct Inner {
     /// Cached session metadata.
     metas: HashMap<Uuid, StoredMeta>,
     wal: Wal,
+    /// Sessions and records in the log, kept for the checkpoint anchor.
+    totals: Totals,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -95,9 +99,16 @@ impl SledLog {
             inner: Mutex::new(Inner {
                 metas: HashMap::new(),
                 wal,
+                totals: Totals::default(),
             }),
         };
         log.recovered = log.recover(frames)?;
+        let totals = log.count()?;
+        log.check_anchor(totals)?;
+        let mut inner = log.inner.lock().expect("log lock poisoned");
+        inner.totals = totals;
+        log.checkpoint(&mut inner)?;
+        drop(inner);
         Ok(log)
     }
 
@@ -121,7 +132,6 @@ impl SledLog {
     /// Puts into sled every write-ahead record it lacks, brings the heads
     /// of the sessions concerned up to their last record, then checkpoints.
     fn recover(&self, frames: Vec<Frame>) -> Result<u64, LogError> {
-        let mut inner = self.inner.lock().expect("log lock poisoned");
         let mut recovered = 0;
         let mut touched = std::collections::BTreeSet::new();
         for (key, value) in frames {
@@ -142,7 +152,6 @@ impl SledLog {
         for session in touched {
             self.repair_meta(session)?;
         }
-        self.checkpoint(&mut inner)?;
         Ok(recovered)
     }
 
@@ -194,7 +203,17 @@ impl SledLog {
         Ok(())
     }
 
-    /// Makes sled's copy durable, then empties the write-ahead file.
+    /// Sessions and records, from the session heads (one key per session).
+    fn count(&self) -> Result<Totals, LogError> {
+        let sessions = self.sessions()?;
+        Ok(Totals {
+            sessions: sessions.len() as u64,
+            records: sessions.iter().map(|m| m.events).sum(),
+        })
+    }
+
+    /// Makes sled's copy durable, records the anchor, then empties the
+    /// write-ahead file.
     fn checkpoint(&self, inner: &mut Inner) -> Result<(), LogError> {
         if inner.wal.len() == 0 {
             return Ok(());
@@ -210,10 +229,36 @@ impl SledLog {
             .sync_data()
             .map_err(io(self.dir.join("db")))?;
         sync_blobs(&self.dir.join("blobs")).map_err(io(self.dir.join("blobs")))?;
+        let anchor = self.dir.join(ANCHOR_FILE);
+        inner.totals.store(&anchor).map_err(io(anchor))?;
+        crate::crash::point("log_checkpoint_synced");
         inner
             .wal
             .truncate()
             .map_err(io(inner.wal.path().to_path_buf()))
+    }
+
+    /// Refuses a directory whose sled holds fewer sessions or records than
+    /// its last checkpoint recorded: sled lost synced data (a torn or
+    /// truncated file it recovered a prefix of), and resuming from the rest
+    /// would silently drop acknowledged events.
+    fn check_anchor(&self, now: Totals) -> Result<(), LogError> {
+        let path = self.dir.join(ANCHOR_FILE);
+        let Some(then) = Totals::load(&path).map_err(|source| LogError::Io {
+            path: path.display().to_string(),
+            source,
+        })?
+        else {
+            return Ok(());
+        };
+        if now.sessions < then.sessions || now.records < then.records {
+            return Err(LogError::LostRecords {
+                dir: self.dir.display().to_string(),
+                expected: then,
+                found: now,
+            });
+        }
+        Ok(())
     }
 
     /// The directory this log lives in.
@@ -243,6 +288,48 @@ impl SledLog {
                 seq: 0,
                 reason: format!("session metadata does not decode: {e}"),
             })
+    }
+}
+
+/// How much a log holds: sessions, and records over all sessions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// Sessions.
+    pub sessions: u64,
+    /// Records, over all sessions.
+    pub records: u64,
+}
+
+impl Totals {
+    fn load(path: &Path) -> std::io::Result<Option<Totals>> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let mut numbers = text
+            .split_whitespace()
+            .filter_map(|w| w.parse::<u64>().ok());
+        match (numbers.next(), numbers.next()) {
+            (Some(sessions), Some(records)) => Ok(Some(Totals { sessions, records })),
+            _ => Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("expected `sessions N records M`, found {text:?}"),
+            )),
+        }
+    }
+
+    /// Writes the file atomically and durably (temporary file, fsync, rename).
+    fn store(&self, path: &Path) -> std::io::Result<()> {
+        let temp = path.with_extension("tmp");
+        let mut file = File::create(&temp)?;
+        std::io::Write::write_all(
+            &mut file,
+            format!("sessions {} records {}\n", self.sessions, self.records).as_bytes(),
+        )?;
+        file.sync_all()?;
+        std::fs::rename(&temp, path)?;
+        File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()
     }
 }
 
@@ -500,6 +587,8 @@ impl EventLog for SledLog {
             inner.wal.cut_back_to(wal_len);
             return Err(e);
         }
+        inner.totals.records += records.len() as u64;
+        inner.totals.sessions += u64::from(head_seq == 0);
         inner.metas.insert(session, meta);
         if inner.wal.len() > CHECKPOINT_BYTES {
             // The append itself is done; a failed checkpoint is retried on
@@ -756,6 +845,40 @@ mod tests {
         let log = SledLog::open(target.path()).unwrap();
         assert_eq!(log.recovered(), 0, "nothing left to replay");
         assert_eq!(log.read(s, 3, 3).unwrap()[0].envelope.kind, "K3");
+    }
+
+    #[test]
+    fn records_sled_loses_after_a_checkpoint_are_caught_by_the_anchor() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Uuid::now_v7();
+        {
+            let log = SledLog::open(dir.path()).unwrap();
+            log.append(s, 1, vec![event(1), event(2), event(3)])
+                .unwrap();
+        } // checkpointed on close: the anchor says 1 session, 3 records
+        {
+            // sled recovers a shorter prefix: the last record and its head are
+            // gone, and what is left is a valid, shorter chain.
+            let log = SledLog::open(dir.path()).unwrap();
+            let mut meta = log.load_meta(s).unwrap().unwrap();
+            let second = log.read(s, 2, 2).unwrap().remove(0);
+            meta.head_seq = 2;
+            meta.head_hash = second.hash;
+            log.db.remove(event_key(s, 3)).unwrap();
+            log.db.insert(meta_key(s), encode_meta(&meta)).unwrap();
+            log.db.flush().unwrap();
+            // Nothing went through the write-ahead file, so closing does not
+            // checkpoint: the anchor keeps saying 3.
+        }
+        let err = SledLog::open(dir.path())
+            .err()
+            .expect("a shortened log must be refused");
+        let text = err.to_string();
+        assert!(matches!(err, LogError::LostRecords { .. }), "{text}");
+        assert!(
+            text.contains("3 records") && text.contains("now holds 1 and 2"),
+            "{text}"
+        );
     }
 
     #[test]

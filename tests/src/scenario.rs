@@ -309,6 +309,22 @@ pub async fn log_events(world: &World, session: &str) -> Vec<Value> {
         .collect()
 }
 
+/// Prints a fault test's summary line and appends it to
+/// `target/fault-summary.txt`, which CI prints after the tests (cargo hides
+/// the output of passing tests).
+pub fn report(line: &str) {
+    use std::io::Write;
+    println!("{line}");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/fault-summary.txt");
+    if let Ok(mut file) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let _ = writeln!(file, "{line}");
+    }
+}
+
 /// What an uncrashed run of a scenario produced.
 pub struct Reference {
     /// Answers, one per turn.

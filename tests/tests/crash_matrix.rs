@@ -51,12 +51,12 @@ async fn every_crash_point_of_every_scenario_resumes_to_the_uncrashed_result() {
             }
         }
     }
-    println!(
+    scenario::report(&format!(
         "crash matrix: scenarios {}, crash points {}, runs {runs}, crashes {crashes}, violations {}",
         scenarios.len(),
         points.len(),
         violations.len()
-    );
+    ));
     assert!(violations.is_empty(), "{}", violations.join("\n"));
     assert!(
         crashes > runs / 2,

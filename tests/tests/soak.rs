@@ -76,6 +76,8 @@ async fn random_sigkills_never_lose_or_repeat_anything() {
             violations.join("\n")
         );
     }
-    println!("soak: seed {seed}, runs {runs}, processes killed {crashes}, violations 0");
+    scenario::report(&format!(
+        "soak: seed {seed}, runs {runs}, processes killed {crashes}, violations 0"
+    ));
     assert!(crashes > 0, "no run was killed: the window is too wide");
 }
