@@ -6,8 +6,10 @@ pub mod crash;
 pub mod error;
 pub mod model;
 pub mod runner;
+pub mod service;
 pub mod session;
 pub mod sink;
+pub mod views;
 
 pub use error::RuntimeError;
 pub use runner::{Runner, TurnEnd};

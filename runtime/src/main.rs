@@ -2,6 +2,7 @@
 
 mod commands;
 mod demo;
+mod render;
 mod timeline;
 
 use clap::{Args, Parser, Subcommand};

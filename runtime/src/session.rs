@@ -14,6 +14,15 @@ pub struct Session {
     state: SessionState,
     /// Seq up to which a barrier of the session's durability has returned.
     durable_seq: u64,
+    observer: Option<Arc<dyn SessionObserver>>,
+}
+
+/// Told what sessions append and make durable (metrics, live streams).
+pub trait SessionObserver: Send + Sync {
+    /// `events` were appended as `records` (not durable yet).
+    fn appended(&self, records: &[Record], events: &[Event]);
+    /// Everything of `session` up to `seq` is durable; the barrier took `took`.
+    fn durable(&self, session: Uuid, seq: u64, took: std::time::Duration);
 }
 
 /// Decodes a stored record into an event, naming the place on failure.
@@ -39,6 +48,17 @@ pub fn read_events(
         .into_iter()
         .map(|record| decode(&record).map(|event| (record, event)))
         .collect()
+}
+
+/// Runs blocking I/O (an fsync) without stalling the async runtime's other
+/// tasks, where the runtime allows it.
+fn blocking<T>(work: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(work)
+        }
+        _ => work(),
+    }
 }
 
 /// Below this many records, decoding on one thread is faster.
@@ -91,6 +111,7 @@ impl Session {
             log,
             state: SessionState::default(),
             durable_seq: 0,
+            observer: None,
         };
         session.append(vec![Event::SessionStarted { spec }], None)?;
         Ok(session)
@@ -110,7 +131,14 @@ impl Session {
             log,
             state,
             durable_seq,
+            observer: None,
         })
+    }
+
+    /// Reports this session's appends and barriers to `observer` from now on.
+    pub fn observed_by(mut self, observer: Arc<dyn SessionObserver>) -> Session {
+        self.observer = Some(observer);
+        self
     }
 
     /// The session's id.
@@ -151,7 +179,10 @@ impl Session {
                 payload: e.encode(),
             })
             .collect();
-        self.log.append(self.id, first, new)?;
+        let records = self.log.append(self.id, first, new)?;
+        if let Some(observer) = &self.observer {
+            observer.appended(&records, &events);
+        }
         for (i, event) in events.into_iter().enumerate() {
             self.state.apply(first + i as u64, event);
         }
@@ -161,9 +192,14 @@ impl Session {
     /// Makes every accepted append at least as durable as `durability`.
     /// Costs nothing when nothing was appended since the last barrier.
     pub fn barrier(&mut self, durability: Durability) -> Result<(), RuntimeError> {
-        if self.durable_seq < self.state.last_seq {
-            self.log.barrier(durability)?;
-            self.durable_seq = self.state.last_seq;
+        if self.durable_seq >= self.state.last_seq {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        blocking(|| self.log.barrier(durability))?;
+        self.durable_seq = self.state.last_seq;
+        if let Some(observer) = &self.observer {
+            observer.durable(self.id, self.durable_seq, started.elapsed());
         }
         Ok(())
     }

@@ -2,19 +2,12 @@
 
 use crate::LogArgs;
 use anyhow::{bail, Result};
-use eventlog::{EventLog, Record};
+use eventlog::EventLog;
 use mneme_runtime::session::read_events;
+use mneme_runtime::views;
 use replay::{Event, Resolution, SessionOutcome, ToolOutcome};
-use serde_json::json;
 use std::collections::HashMap;
 use std::process::ExitCode;
-
-/// UTC time with milliseconds, e.g. `2026-11-29T19:40:01.123Z`.
-pub fn format_time(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .map(|t| t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string())
-        .unwrap_or_else(|| format!("{ms}ms"))
-}
 
 /// Parses `--since`: RFC 3339, or an age like `90s`, `10m`, `2h`, `1d`.
 fn parse_since(text: &str) -> Result<i64> {
@@ -72,29 +65,19 @@ pub fn print(log: &dyn EventLog, args: &LogArgs) -> Result<ExitCode> {
             continue;
         }
         if args.json.json {
-            println!("{}", record_json(record, event));
+            println!("{}", views::record(record, event));
         } else {
             let caused = e.caused_by.map(|c| format!(" <-#{c}")).unwrap_or_default();
             println!(
                 "#{:<5} {} {:<16} {}{caused}",
                 e.seq,
-                format_time(e.ts_ms),
+                views::format_time(e.ts_ms),
                 event.kind(),
                 summary(event)
             );
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The envelope and event of a record as one JSON object.
-pub fn record_json(record: &Record, event: &Event) -> serde_json::Value {
-    let e = &record.envelope;
-    json!({
-        "session": e.session, "seq": e.seq, "event_id": e.event_id, "ts": format_time(e.ts_ms),
-        "caused_by": e.caused_by, "schema": e.schema, "kind": e.kind,
-        "prev_hash": e.prev_hash.to_hex(), "hash": record.hash.to_hex(), "event": event,
-    })
 }
 
 fn concerns_tool(event: &Event, tool: &str, tool_of_call: &HashMap<String, String>) -> bool {

@@ -1,0 +1,97 @@
+//! Text for people, from the same JSON views that `--json` prints and the
+//! daemon returns.
+
+use anyhow::Result;
+use serde_json::Value;
+use std::process::ExitCode;
+
+fn text<'a>(v: &'a Value, key: &str) -> &'a str {
+    v[key].as_str().unwrap_or("")
+}
+
+/// `mneme sessions`.
+pub fn sessions(rows: &[Value], json: bool) {
+    if json {
+        rows.iter().for_each(|r| println!("{r}"));
+        return;
+    }
+    println!(
+        "{:<36}  {:<16}  {:<7}  {:>7}  {:<24}  {:>6}",
+        "SESSION", "AGENT", "STATUS", "EVENTS", "LAST ACTIVITY", "CACHE"
+    );
+    for r in rows {
+        println!(
+            "{:<36}  {:<16}  {:<7}  {:>7}  {:<24}  {:>5.1}%",
+            text(r, "session"),
+            text(r, "agent"),
+            text(r, "status"),
+            r["events"].as_u64().unwrap_or(0),
+            text(r, "last_activity"),
+            r["cache_hit_ratio"].as_f64().unwrap_or(0.0) * 100.0
+        );
+    }
+}
+
+/// `mneme verify`: one line a session; failure if any chain is broken.
+pub fn verify(results: &[Value], json: bool) -> ExitCode {
+    let mut broken = 0;
+    for r in results {
+        let ok = r["ok"].as_bool().unwrap_or(false);
+        broken += usize::from(!ok);
+        match (json, ok) {
+            (true, _) => println!("{r}"),
+            (false, true) => println!(
+                "ok    {}  {} events, head {}",
+                text(r, "session"),
+                r["events"].as_u64().unwrap_or(0),
+                text(r, "head").get(..16).unwrap_or("")
+            ),
+            (false, false) => println!("FAIL  {}  {}", text(r, "session"), text(r, "error")),
+        }
+    }
+    if broken > 0 {
+        eprintln!(
+            "mneme: verify: {broken} of {} sessions failed",
+            results.len()
+        );
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
+/// `mneme replay`.
+pub fn replay(view: &Value, json: bool) -> Result<()> {
+    if json {
+        println!("{view}");
+        return Ok(());
+    }
+    let empty = Vec::new();
+    let messages = view["request"]["messages"].as_array().unwrap_or(&empty);
+    println!(
+        "Session {} ({}), {} events, status {}",
+        text(view, "session"),
+        text(view, "agent"),
+        view["events"].as_u64().unwrap_or(0),
+        text(view, "status")
+    );
+    println!(
+        "\nRebuilt prompt: {} messages, request body {} bytes, SHA-256 {}",
+        messages.len(),
+        view["request_bytes"].as_u64().unwrap_or(0),
+        text(view, "request_digest").get(..16).unwrap_or("")
+    );
+    for m in messages {
+        println!("{}", serde_json::to_string(m)?);
+    }
+    println!("\nResume plan: {}", text(view, "next"));
+    for c in view["calls"].as_array().unwrap_or(&empty) {
+        println!(
+            "  {} {}: {} {}",
+            text(c, "call_id"),
+            text(c, "tool"),
+            text(c, "decision"),
+            text(c, "reason")
+        );
+    }
+    Ok(())
+}

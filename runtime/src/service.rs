@@ -1,0 +1,172 @@
+//! Operations on sessions, shared by the command line and the daemon, so
+//! both obey the same rules and report the same data.
+
+use crate::error::RuntimeError;
+use crate::runner::{in_doubt, Runner};
+use crate::session::{Session, SessionObserver};
+use eventlog::{Durability, EventLog};
+use replay::{AgentSpec, Event, Resolution, Status};
+use std::sync::Arc;
+use uuid::Uuid;
+
+/// Sessions of one log, driven with one durability.
+#[derive(Clone)]
+pub struct Service {
+    log: Arc<dyn EventLog>,
+    durability: Durability,
+    observer: Option<Arc<dyn SessionObserver>>,
+}
+
+impl Service {
+    /// Sessions of `log`; barriers give `durability`.
+    pub fn new(log: Arc<dyn EventLog>, durability: Durability) -> Service {
+        Service {
+            log,
+            durability,
+            observer: None,
+        }
+    }
+
+    /// Reports every session's appends and barriers to `observer`.
+    pub fn observed_by(mut self, observer: Arc<dyn SessionObserver>) -> Service {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// The log.
+    pub fn log(&self) -> &Arc<dyn EventLog> {
+        &self.log
+    }
+
+    fn observe(&self, session: Session) -> Session {
+        match &self.observer {
+            Some(observer) => session.observed_by(observer.clone()),
+            None => session,
+        }
+    }
+
+    /// Loads `id` from the log.
+    pub fn load(&self, id: Uuid) -> Result<Session, RuntimeError> {
+        Ok(self.observe(Session::load(self.log.clone(), id)?))
+    }
+
+    /// Starts a session with `spec`; checks the spec first.
+    pub fn create(&self, spec: AgentSpec) -> Result<Session, RuntimeError> {
+        spec.validate().map_err(|reason| RuntimeError::Spec {
+            origin: "request".into(),
+            reason,
+        })?;
+        let mut session = self.observe(Session::create(self.log.clone(), spec)?);
+        session.barrier(self.durability)?;
+        Ok(session)
+    }
+
+    /// Records a user message, durable before anything else happens (the
+    /// first write-ahead rule). Refused while a turn is unfinished.
+    pub fn post_message(&self, session: &mut Session, text: String) -> Result<u64, RuntimeError> {
+        let status = session.state().status();
+        if !matches!(status, Status::Idle | Status::Failed) {
+            let id = session.id();
+            return Err(RuntimeError::InvalidRequest {
+                session: id,
+                reason: format!(
+                    "it is {status} with an unfinished turn: resume it (or resolve its calls) before sending a new message"
+                ),
+            });
+        }
+        let seq = session.append(vec![Event::UserMessage { text }], None)?;
+        crate::crash::point("user_message_appended");
+        session.barrier(self.durability)?;
+        crate::crash::point("user_message_durable");
+        Ok(seq)
+    }
+
+    /// Makes a paused or failed session runnable again, unless a person
+    /// must first decide on calls in doubt. Returns whether it appended.
+    pub fn reopen(&self, session: &mut Session, by: &str) -> Result<bool, RuntimeError> {
+        let state = session.state();
+        let stopped = state.paused.is_some() || state.failed.is_some();
+        if !stopped || !in_doubt(session).is_empty() {
+            return Ok(false);
+        }
+        session.append(vec![Event::SessionResumed { by: by.into() }], None)?;
+        session.barrier(self.durability)?;
+        Ok(true)
+    }
+
+    /// A runner with this service's durability.
+    pub fn runner(&self) -> Runner {
+        Runner::new(self.durability)
+    }
+
+    /// Records a person's decision on a call in doubt. Returns whether the
+    /// session can continue (no other call waits for a decision).
+    pub fn resolve(
+        &self,
+        session: &mut Session,
+        call_id: &str,
+        resolution: Resolution,
+        by: &str,
+    ) -> Result<bool, RuntimeError> {
+        let doubts = in_doubt(session);
+        if !doubts.iter().any(|(id, _)| id == call_id) {
+            let open: Vec<&str> = doubts.iter().map(|(id, _)| id.as_str()).collect();
+            return Err(RuntimeError::InvalidRequest {
+                session: session.id(),
+                reason: format!(
+                    "call {call_id:?} is not in doubt (calls in doubt: {})",
+                    if open.is_empty() {
+                        "none".to_string()
+                    } else {
+                        open.join(", ")
+                    }
+                ),
+            });
+        }
+        let mut events = vec![Event::ToolResolved {
+            call_id: call_id.into(),
+            resolution,
+            by: by.into(),
+        }];
+        let last = doubts.len() == 1;
+        if last {
+            events.push(Event::SessionResumed { by: by.into() });
+        }
+        session.append(events, None)?;
+        session.barrier(self.durability)?;
+        crate::crash::point("decision_appended");
+        Ok(last)
+    }
+
+    /// Sessions with pending work that no person has to decide on.
+    pub fn resumable(&self) -> Result<Vec<Uuid>, RuntimeError> {
+        let mut out = Vec::new();
+        for meta in self.log.sessions()? {
+            let session = Session::load(self.log.clone(), meta.session)?;
+            let status = session.state().status();
+            let pending = matches!(status, Status::Running | Status::Failed)
+                || (status == Status::Paused && in_doubt(&session).is_empty());
+            if pending {
+                out.push(meta.session);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Parses a resolution as the CLI and the API take it: exactly one of
+/// retry, skip with a JSON result, or fail with a message.
+pub fn resolution(
+    retry: bool,
+    skip_result: Option<&str>,
+    fail: Option<&str>,
+) -> Result<Resolution, String> {
+    match (retry, skip_result, fail) {
+        (true, None, None) => Ok(Resolution::Retry),
+        (false, Some(result), None) => serde_json::from_str::<serde_json::Value>(result)
+            .map(|value| Resolution::Skip(value.to_string()))
+            .map_err(|e| format!("the result is not JSON ({e}): {result:?}")),
+        (false, None, Some(message)) => Ok(Resolution::Fail(message.into())),
+        _ => Err("give exactly one of: retry, skip with a JSON result, fail with a message".into()),
+    }
+}

@@ -1,0 +1,144 @@
+//! The data the CLI prints with `--json` and the daemon's API returns: one
+//! shape for both, built here.
+
+use crate::runner::TurnEnd;
+use crate::session::read_events;
+use eventlog::{EventLog, Record, SessionMeta};
+use replay::{messages, plan, request_body, CallDecision, Event, NextStep, SessionState};
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+/// UTC time with milliseconds, e.g. `2026-11-29T19:40:01.123Z`.
+pub fn format_time(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|t| t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string())
+        .unwrap_or_else(|| format!("{ms}ms"))
+}
+
+/// A session in a listing: status, size, activity, usage.
+pub fn session_summary(meta: &SessionMeta, state: &SessionState) -> Value {
+    let t = &state.totals;
+    json!({
+        "session": meta.session,
+        "agent": state.spec.as_ref().map_or("", |s| s.name.as_str()),
+        "status": state.status().to_string(),
+        "events": meta.events,
+        "created": format_time(meta.created_ms),
+        "last_activity": format_time(meta.updated_ms),
+        "model_calls": t.model_calls,
+        "prompt_tokens": t.prompt_tokens,
+        "completion_tokens": t.completion_tokens,
+        "cached_tokens": t.cached_tokens,
+        "cache_hit_ratio": t.cache_hit_ratio(),
+        "cost": t.cost,
+    })
+}
+
+/// The result of checking one session's chain (and that every record
+/// decodes as an event this build knows).
+pub fn verify(log: &dyn EventLog, session: Uuid) -> Value {
+    let checked = log
+        .verify(session)
+        .map_err(|e| e.to_string())
+        .and_then(|n| {
+            read_events(log, session)
+                .map(|_| n)
+                .map_err(|e| e.to_string())
+        });
+    match checked {
+        Ok(events) => {
+            let head = log
+                .head(session)
+                .map(|h| h.hash.to_hex())
+                .unwrap_or_default();
+            json!({"session": session, "ok": true, "events": events, "head": head})
+        }
+        Err(error) => json!({"session": session, "ok": false, "error": error}),
+    }
+}
+
+/// The dry run: the next request exactly as it would be sent, its digest,
+/// and what resuming would do with each open call.
+pub fn replay(session: Uuid, state: &SessionState) -> Value {
+    let plan = plan(state);
+    let calls: Vec<Value> = plan
+        .calls
+        .iter()
+        .map(|c| {
+            let (decision, reason) = describe_decision(&c.decision);
+            json!({"call_id": c.call_id, "tool": c.tool, "decision": decision, "reason": reason})
+        })
+        .collect();
+    let body = state
+        .spec
+        .as_ref()
+        .map(|spec| request_body(spec, &messages(state)));
+    let request = body.as_deref().map_or(Value::Null, |b| {
+        serde_json::from_slice(b).unwrap_or(Value::Null)
+    });
+    json!({
+        "session": session,
+        "agent": state.spec.as_ref().map_or("", |s| s.name.as_str()),
+        "events": state.last_seq,
+        "status": state.status().to_string(),
+        "next": describe_next(&plan.next),
+        "calls": calls,
+        "request_bytes": body.as_ref().map_or(0, Vec::len),
+        "request_digest": body.as_deref().map(replay::digest_hex),
+        "request": request,
+    })
+}
+
+/// A stored event with its envelope and hashes.
+pub fn record(record: &Record, event: &Event) -> Value {
+    let e = &record.envelope;
+    json!({
+        "session": e.session, "seq": e.seq, "event_id": e.event_id, "ts": format_time(e.ts_ms),
+        "caused_by": e.caused_by, "schema": e.schema, "kind": e.kind,
+        "prev_hash": e.prev_hash.to_hex(), "hash": record.hash.to_hex(), "event": event,
+    })
+}
+
+/// How a drive of a session ended.
+pub fn turn_end(session: Uuid, end: &TurnEnd) -> Value {
+    match end {
+        TurnEnd::Answered(answer) => {
+            json!({"session": session, "status": "idle", "answer": answer})
+        }
+        TurnEnd::NeedsDecision(calls) => {
+            let calls: Vec<Value> = calls
+                .iter()
+                .map(|(c, r)| json!({"call_id": c, "reason": r}))
+                .collect();
+            json!({"session": session, "status": "paused", "in_doubt": calls})
+        }
+        TurnEnd::Paused(reason) => {
+            json!({"session": session, "status": "paused", "reason": reason})
+        }
+        TurnEnd::Failed(error) => json!({"session": session, "status": "failed", "error": error}),
+    }
+}
+
+fn describe_decision(decision: &CallDecision) -> (&'static str, String) {
+    match decision {
+        CallDecision::Reuse => ("reuse", "finished: its recorded result is reused".into()),
+        CallDecision::Run => ("run", "never started".into()),
+        CallDecision::Rerun => (
+            "rerun",
+            "started, not finished; safe to run again with the same idempotency key".into(),
+        ),
+        CallDecision::InDoubt(reason) => ("in_doubt", reason.clone()),
+        CallDecision::AwaitingDecision(reason) => ("awaiting_decision", reason.clone()),
+    }
+}
+
+fn describe_next(next: &NextStep) -> String {
+    match next {
+        NextStep::Nothing => "nothing: the last turn is answered".into(),
+        NextStep::CallModel => "call the model".into(),
+        NextStep::RunTools => "run tools".into(),
+        NextStep::AwaitDecision => "wait for a person's decision (mneme resolve)".into(),
+        NextStep::Paused(reason) => format!("paused: {reason}"),
+        NextStep::Failed(error) => format!("failed: {error} (mneme resume tries again)"),
+    }
+}
