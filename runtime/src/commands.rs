@@ -40,10 +40,69 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 Command::Verify(a) => ctx.verify(a.session, a.json),
                 Command::Replay(a) => ctx.replay(a.session, a.raw, a.json.json),
                 Command::Resolve(a) => ctx.resolve(a).await,
+                Command::Serve(a) => {
+                    serve(ctx.service.log().clone(), &data_dir, durability, a).await
+                }
                 Command::Demo(_) => unreachable!("handled above"),
             }
         }
     }
+}
+
+async fn serve(
+    log: Arc<dyn EventLog>,
+    data_dir: &std::path::Path,
+    durability: eventlog::Durability,
+    a: crate::ServeArgs,
+) -> Result<ExitCode> {
+    let (token, token_file) = token(data_dir, a.token_file)?;
+    let config = mneme_runtime::daemon::DaemonConfig {
+        listen: a.listen,
+        data_dir: data_dir.to_path_buf(),
+        token,
+        token_file,
+        agents_dir: a.agents,
+        durability,
+        shutdown_grace: std::time::Duration::from_secs(a.shutdown_grace),
+        max_body_bytes: a.max_body_bytes,
+    };
+    mneme_runtime::daemon::serve(log, config).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The daemon's token: from `--token-file`, else `$MNEME_TOKEN`, else a new
+/// random one written to `DATA_DIR/mneme.token`, readable by this user only.
+fn token(data_dir: &std::path::Path, file: Option<PathBuf>) -> Result<(String, Option<PathBuf>)> {
+    if let Some(file) = file {
+        let token = std::fs::read_to_string(&file)
+            .with_context(|| format!("reading token file {}", file.display()))?;
+        let token = token.trim().to_string();
+        if token.is_empty() {
+            bail!("token file {} is empty", file.display());
+        }
+        return Ok((token, Some(file)));
+    }
+    if let Some(token) = std::env::var("MNEME_TOKEN").ok().filter(|t| !t.is_empty()) {
+        return Ok((token, None));
+    }
+    use std::io::{Read, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut random = [0u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut random)?;
+    let token: String = random.iter().map(|b| format!("{b:02x}")).collect();
+    let path = data_dir.join("mneme.token");
+    let _ = std::fs::remove_file(&path);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)?;
+    file.write_all(token.as_bytes())?;
+    eprintln!(
+        "mneme serve: generated a token in {} (readable by this user only)",
+        path.display()
+    );
+    Ok((token, Some(path)))
 }
 
 /// `$XDG_DATA_HOME/mneme`, else `~/.local/share/mneme`, else `./.mneme`.

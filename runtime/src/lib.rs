@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod crash;
+pub mod daemon;
 pub mod error;
 pub mod model;
 pub mod runner;

@@ -52,6 +52,29 @@ enum Command {
     /// A self-contained story: a crash mid-run, a resume, and proof that
     /// every side effect happened exactly once. Needs no network.
     Demo(DemoArgs),
+    /// Run the daemon: an HTTP API over many sessions that resumes
+    /// unfinished ones on start. Token: --token-file, else $MNEME_TOKEN,
+    /// else a new one written to DATA_DIR/mneme.token (mode 0600).
+    Serve(ServeArgs),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// Address to listen on (loopback by default).
+    #[arg(long, default_value = "127.0.0.1:7878")]
+    listen: std::net::SocketAddr,
+    /// File holding the bearer token.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// Directory of agent files that sessions can be created from by name.
+    #[arg(long)]
+    agents: Option<PathBuf>,
+    /// Seconds a shutdown waits for running turns to reach a step boundary.
+    #[arg(long, default_value_t = 10)]
+    shutdown_grace: u64,
+    /// Largest request body accepted, in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    max_body_bytes: usize,
 }
 
 #[derive(Args)]

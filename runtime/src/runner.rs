@@ -35,14 +35,43 @@ pub enum TurnEnd {
 }
 
 /// Drives sessions with a model client and tools built from their spec.
+#[derive(Clone)]
 pub struct Runner {
     durability: Durability,
+    stop: Option<StopCheck>,
 }
+
+/// Asked before every step of a session: a reason to pause it there (a
+/// shutdown, a person's request), or `None` to go on.
+pub type StopCheck = Arc<dyn Fn(uuid::Uuid) -> Option<String> + Send + Sync>;
 
 impl Runner {
     /// A runner whose barriers give `durability`.
     pub fn new(durability: Durability) -> Runner {
-        Runner { durability }
+        Runner {
+            durability,
+            stop: None,
+        }
+    }
+
+    /// Pauses a session between steps when `stop` gives a reason; a step
+    /// under way (a model request, running tools) finishes first.
+    pub fn with_stop(mut self, stop: StopCheck) -> Runner {
+        self.stop = Some(stop);
+        self
+    }
+
+    fn stop_requested(&self, session: &mut Session) -> Result<Option<String>, RuntimeError> {
+        let Some(reason) = self.stop.as_ref().and_then(|stop| stop(session.id())) else {
+            return Ok(None);
+        };
+        let reason = reason.to_string();
+        let event = Event::SessionPaused {
+            reason: reason.clone(),
+        };
+        session.append(vec![event], None)?;
+        session.barrier(self.durability)?;
+        Ok(Some(reason))
     }
 
     /// Runs `session` until it is answered, paused or failed.
@@ -52,6 +81,12 @@ impl Runner {
         let toolbox = Toolbox::from_specs(&spec.tools)?;
         loop {
             let plan = plan(session.state());
+            let working = matches!(plan.next, NextStep::CallModel | NextStep::RunTools);
+            if working {
+                if let Some(reason) = self.stop_requested(session)? {
+                    return Ok(TurnEnd::Paused(reason));
+                }
+            }
             match plan.next {
                 NextStep::Nothing => {
                     session.barrier(self.durability)?;

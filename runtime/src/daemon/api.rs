@@ -1,0 +1,513 @@
+//! The daemon's HTTP API (JSON; see `/openapi.json`).
+
+use super::{Daemon, TurnStart};
+use crate::error::RuntimeError;
+use crate::runner::TurnEnd;
+use crate::service;
+use crate::session::read_events;
+use crate::views;
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use eventlog::LogError;
+use replay::AgentSpec;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use tokio::sync::watch;
+use uuid::Uuid;
+
+type Shared = Arc<Daemon>;
+
+/// An error as the API reports it: a status and a message naming what.
+pub(crate) struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(json!({"error": self.1}))).into_response()
+    }
+}
+
+impl From<RuntimeError> for ApiError {
+    fn from(e: RuntimeError) -> ApiError {
+        let status = match &e {
+            RuntimeError::NoSuchSession(_) => StatusCode::NOT_FOUND,
+            RuntimeError::InvalidRequest { .. } | RuntimeError::Log(LogError::Conflict { .. }) => {
+                StatusCode::CONFLICT
+            }
+            RuntimeError::Spec { .. } => StatusCode::BAD_REQUEST,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError(status, e.to_string())
+    }
+}
+
+impl From<LogError> for ApiError {
+    fn from(e: LogError) -> ApiError {
+        RuntimeError::from(e).into()
+    }
+}
+
+fn bad_request(message: impl Into<String>) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, message.into())
+}
+
+/// The routes, with the bearer-token check on all but `/health`.
+pub(crate) fn router(daemon: Shared, stopped: watch::Receiver<bool>) -> Router {
+    let guarded = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi))
+        .route("/sessions", get(list_sessions).post(create_session))
+        .route("/sessions/{id}", get(get_session))
+        .route("/sessions/{id}/messages", post(post_message))
+        .route("/sessions/{id}/resume", post(resume))
+        .route("/sessions/{id}/pause", post(pause))
+        .route("/sessions/{id}/calls/{call}/resolve", post(resolve))
+        .route("/sessions/{id}/events", get(events))
+        .route("/sessions/{id}/verify", get(verify))
+        .route("/sessions/{id}/replay", get(replay_view))
+        .route("/sessions/{id}/request", get(next_request))
+        .layer(axum::middleware::from_fn_with_state(
+            daemon.clone(),
+            require_token,
+        ));
+    Router::new()
+        .route("/health", get(health))
+        .merge(guarded)
+        .layer(DefaultBodyLimit::max(daemon.config.max_body_bytes))
+        .with_state(AppState { daemon, stopped })
+}
+
+#[derive(Clone)]
+struct AppState {
+    daemon: Shared,
+    stopped: watch::Receiver<bool>,
+}
+
+impl axum::extract::FromRef<AppState> for Shared {
+    fn from_ref(state: &AppState) -> Shared {
+        state.daemon.clone()
+    }
+}
+
+async fn require_token(State(daemon): State<Shared>, request: Request, next: Next) -> Response {
+    let expected = format!("Bearer {}", daemon.config.token);
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !constant_time_eq(given.as_bytes(), expected.as_bytes()) {
+        return ApiError(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong bearer token (Authorization: Bearer <token>)".into(),
+        )
+        .into_response();
+    }
+    next.run(request).await
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn health() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+async fn metrics(State(daemon): State<Shared>) -> impl IntoResponse {
+    let running = daemon.running.load(std::sync::atomic::Ordering::SeqCst);
+    let text = daemon.metrics.render(&daemon.status_counts(), running);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+}
+
+async fn openapi() -> Json<Value> {
+    Json(super::openapi::document())
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    status: Option<String>,
+    agent: Option<String>,
+}
+
+async fn list_sessions(
+    State(daemon): State<Shared>,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<Vec<Value>>, ApiError> {
+    let mut rows = Vec::new();
+    for meta in daemon.service.log().sessions()? {
+        let session = daemon.service.load(meta.session)?;
+        let row = views::session_summary(&meta, session.state());
+        let keep = q.status.as_deref().is_none_or(|s| row["status"] == s)
+            && q.agent.as_deref().is_none_or(|a| row["agent"] == a);
+        if keep {
+            rows.push(row);
+        }
+    }
+    Ok(Json(rows))
+}
+
+/// A new session: `{"agent": "NAME"}` (a file in the agents directory),
+/// `{"spec": {...}}`, or an agent file as the TOML body.
+async fn create_session(
+    State(daemon): State<Shared>,
+    headers: HeaderMap,
+    body: String,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let toml_body = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.contains("toml"));
+    let spec = if toml_body {
+        toml::from_str::<AgentSpec>(&body)
+            .map_err(|e| bad_request(format!("agent spec (TOML): {e}")))?
+    } else {
+        spec_from_json(&daemon, &body)?
+    };
+    let session = daemon.service.create(spec)?;
+    daemon.set_status(session.id(), session.state().status());
+    Ok((StatusCode::CREATED, Json(json!({"session": session.id()}))))
+}
+
+fn spec_from_json(daemon: &Daemon, body: &str) -> Result<AgentSpec, ApiError> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Create {
+        agent: Option<String>,
+        spec: Option<AgentSpec>,
+    }
+    let create: Create =
+        serde_json::from_str(body).map_err(|e| bad_request(format!("request body: {e}")))?;
+    match (create.agent, create.spec) {
+        (Some(name), None) => {
+            let Some(dir) = &daemon.config.agents_dir else {
+                return Err(bad_request(
+                    "this daemon has no agents directory (--agents DIR)",
+                ));
+            };
+            if !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                return Err(bad_request(format!(
+                    "agent name {name:?}: letters, digits, '-' and '_' only"
+                )));
+            }
+            Ok(crate::agent::load_agent_file(
+                &dir.join(format!("{name}.toml")),
+            )?)
+        }
+        (None, Some(spec)) => Ok(spec),
+        _ => Err(bad_request(
+            "give exactly one of \"agent\" (a name) or \"spec\" (an agent spec)",
+        )),
+    }
+}
+
+async fn get_session(
+    State(daemon): State<Shared>,
+    Path(id): Path<Uuid>,
+) -> Result<Json<Value>, ApiError> {
+    let session = daemon.service.load(id)?;
+    let meta = daemon
+        .service
+        .log()
+        .sessions()?
+        .into_iter()
+        .find(|m| m.session == id)
+        .ok_or(RuntimeError::NoSuchSession(id))?;
+    let mut view = views::session_summary(&meta, session.state());
+    view["answer"] = json!(session.state().answer());
+    view["in_doubt"] = json!(crate::runner::in_doubt(&session)
+        .into_iter()
+        .map(|(call_id, reason)| json!({"call_id": call_id, "reason": reason}))
+        .collect::<Vec<_>>());
+    Ok(Json(view))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MessageBody {
+    text: String,
+    #[serde(default)]
+    wait: bool,
+}
+
+fn refuse_when_stopping(daemon: &Daemon) -> Result<(), ApiError> {
+    if daemon.is_shutting_down() {
+        return Err(ApiError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the daemon is shutting down".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Records the message (durable before this returns) and runs the turn in
+/// the background; with `"wait": true`, answers when the turn ends.
+async fn post_message(
+    State(daemon): State<Shared>,
+    Path(id): Path<Uuid>,
+    Json(body): Json<MessageBody>,
+) -> Result<Response, ApiError> {
+    refuse_when_stopping(&daemon)?;
+    let (seq_tx, seq_rx) = tokio::sync::oneshot::channel();
+    let turn = daemon.spawn_turn(id, TurnStart::Message(body.text, seq_tx));
+    let seq = seq_rx.await.map_err(|_| {
+        ApiError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the turn ended before recording the message".into(),
+        )
+    })??;
+    if !body.wait {
+        return Ok((
+            StatusCode::ACCEPTED,
+            Json(json!({"session": id, "seq": seq})),
+        )
+            .into_response());
+    }
+    let end = finished(turn).await?;
+    Ok(Json(views::turn_end(id, &end)).into_response())
+}
+
+async fn finished(
+    turn: tokio::task::JoinHandle<Result<TurnEnd, RuntimeError>>,
+) -> Result<TurnEnd, ApiError> {
+    turn.await
+        .map_err(|e| {
+            ApiError(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("the turn's task failed: {e}"),
+            )
+        })?
+        .map_err(ApiError::from)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct WaitBody {
+    #[serde(default)]
+    wait: bool,
+}
+
+async fn resume(
+    State(daemon): State<Shared>,
+    Path(id): Path<Uuid>,
+    body: Option<Json<WaitBody>>,
+) -> Result<Response, ApiError> {
+    refuse_when_stopping(&daemon)?;
+    daemon.service.load(id)?; // 404 before spawning
+    let turn = daemon.spawn_turn(id, TurnStart::Resume("api"));
+    if !body.unwrap_or_default().wait {
+        return Ok((
+            StatusCode::ACCEPTED,
+            Json(json!({"session": id, "resuming": true})),
+        )
+            .into_response());
+    }
+    let end = finished(turn).await?;
+    Ok(Json(views::turn_end(id, &end)).into_response())
+}
+
+async fn pause(
+    State(daemon): State<Shared>,
+    Path(id): Path<Uuid>,
+) -> Result<Json<Value>, ApiError> {
+    daemon.service.load(id)?;
+    daemon.request_pause(id);
+    Ok(Json(json!({"session": id, "pause_requested": true})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResolveBody {
+    #[serde(default)]
+    retry: bool,
+    #[serde(default)]
+    skip: Option<Value>,
+    #[serde(default)]
+    fail: Option<String>,
+    by: String,
+    #[serde(default)]
+    wait: bool,
+}
+
+async fn resolve(
+    State(daemon): State<Shared>,
+    Path((id, call)): Path<(Uuid, String)>,
+    Json(body): Json<ResolveBody>,
+) -> Result<Response, ApiError> {
+    refuse_when_stopping(&daemon)?;
+    let skip = body.skip.as_ref().map(Value::to_string);
+    let resolution = service::resolution(body.retry, skip.as_deref(), body.fail.as_deref())
+        .map_err(bad_request)?;
+    let can_continue = {
+        let lock = daemon.lock_for(id);
+        let _turn = lock.lock().await;
+        let mut session = daemon.service.load(id)?;
+        let can_continue = daemon
+            .service
+            .resolve(&mut session, &call, resolution, &body.by)?;
+        daemon.set_status(id, session.state().status());
+        can_continue
+    };
+    if !can_continue {
+        return Ok(
+            Json(json!({"session": id, "resolved": call, "continuing": false})).into_response(),
+        );
+    }
+    let turn = daemon.spawn_turn(id, TurnStart::Resume("api"));
+    if !body.wait {
+        return Ok((
+            StatusCode::ACCEPTED,
+            Json(json!({"session": id, "resolved": call, "continuing": true})),
+        )
+            .into_response());
+    }
+    let end = finished(turn).await?;
+    Ok(Json(views::turn_end(id, &end)).into_response())
+}
+
+#[derive(Deserialize)]
+struct EventsQuery {
+    /// Only events of these kinds (comma-separated).
+    kind: Option<String>,
+    /// Only events after this seq.
+    after: Option<u64>,
+    /// Keep the stream open and send new events as they become durable.
+    #[serde(default)]
+    follow: bool,
+}
+
+/// The log as JSON (an array), or with `follow=true` as Server-Sent
+/// Events: history first, then each new event once it is durable.
+async fn events(
+    State(state): State<AppState>,
+    Path(id): Path<Uuid>,
+    Query(q): Query<EventsQuery>,
+) -> Result<Response, ApiError> {
+    let daemon = state.daemon.clone();
+    let kinds: Option<Vec<String>> = q.kind.map(|k| k.split(',').map(String::from).collect());
+    let after = q.after.unwrap_or(0);
+    // Subscribe before reading history, so nothing falls in between.
+    let heads = daemon.heads.subscribe();
+    let history = read_events(daemon.service.log().as_ref(), id)?;
+    let keep = move |v: &Value| {
+        kinds
+            .as_ref()
+            .is_none_or(|k| k.iter().any(|k| v["kind"] == k.as_str()))
+    };
+    let rows: Vec<Value> = history
+        .iter()
+        .filter(|(r, _)| r.envelope.seq > after)
+        .map(|(r, e)| views::record(r, e))
+        .filter(&keep)
+        .collect();
+    if !q.follow {
+        return Ok(Json(rows).into_response());
+    }
+    let next = history
+        .last()
+        .map_or(1, |(r, _)| r.envelope.seq + 1)
+        .max(after + 1);
+    let stream = Follow {
+        daemon,
+        id,
+        next,
+        heads,
+        stopped: state.stopped.clone(),
+        buffer: rows.into(),
+        keep: Box::new(keep),
+    }
+    .into_stream();
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
+
+/// A live event stream of one session.
+struct Follow {
+    daemon: Shared,
+    id: Uuid,
+    next: u64,
+    heads: tokio::sync::broadcast::Receiver<(Uuid, u64)>,
+    stopped: watch::Receiver<bool>,
+    buffer: VecDeque<Value>,
+    keep: Box<dyn Fn(&Value) -> bool + Send>,
+}
+
+impl Follow {
+    fn into_stream(
+        self,
+    ) -> impl futures_util::Stream<Item = Result<SseEvent, std::convert::Infallible>> {
+        futures_util::stream::unfold(self, |mut f| async move {
+            loop {
+                if let Some(row) = f.buffer.pop_front() {
+                    let event = SseEvent::default()
+                        .event(row["kind"].as_str().unwrap_or("event"))
+                        .data(row.to_string());
+                    return Some((Ok(event), f));
+                }
+                let head = tokio::select! {
+                    head = f.heads.recv() => head,
+                    _ = f.stopped.wait_for(|stopped| *stopped) => return None,
+                };
+                let upto = match head {
+                    Ok((session, seq)) if session == f.id => seq,
+                    Ok(_) => continue,
+                    // Fell behind: catch up from the log itself.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        f.daemon.service.log().head(f.id).ok()?.seq
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                };
+                if upto < f.next {
+                    continue;
+                }
+                let records = f.daemon.service.log().read(f.id, f.next, upto).ok()?;
+                for record in records {
+                    let event = crate::session::decode(&record).ok()?;
+                    f.next = record.envelope.seq + 1;
+                    let row = views::record(&record, &event);
+                    if (f.keep)(&row) {
+                        f.buffer.push_back(row);
+                    }
+                }
+            }
+        })
+    }
+}
+
+async fn verify(
+    State(daemon): State<Shared>,
+    Path(id): Path<Uuid>,
+) -> Result<Json<Value>, ApiError> {
+    if daemon.service.log().head(id)?.seq == 0 {
+        return Err(RuntimeError::NoSuchSession(id).into());
+    }
+    Ok(Json(views::verify(daemon.service.log().as_ref(), id)))
+}
+
+async fn replay_view(
+    State(daemon): State<Shared>,
+    Path(id): Path<Uuid>,
+) -> Result<Json<Value>, ApiError> {
+    let session = daemon.service.load(id)?;
+    Ok(Json(views::replay(id, session.state())))
+}
+
+/// The exact bytes of the session's next model request.
+async fn next_request(
+    State(daemon): State<Shared>,
+    Path(id): Path<Uuid>,
+) -> Result<Response, ApiError> {
+    let session = daemon.service.load(id)?;
+    let body = replay::request_body(session.spec()?, &replay::messages(session.state()));
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}

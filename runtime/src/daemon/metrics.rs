@@ -1,0 +1,169 @@
+//! The daemon's metrics, in Prometheus text format.
+
+use crate::session::SessionObserver;
+use eventlog::Record;
+use replay::Event;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::broadcast;
+use uuid::Uuid;
+
+/// Upper bounds of the latency histograms, in seconds.
+const BUCKETS: [f64; 12] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0,
+];
+
+/// A latency histogram with fixed buckets.
+#[derive(Default)]
+struct Histogram {
+    counts: [AtomicU64; BUCKETS.len()],
+    total: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    fn observe(&self, took: Duration) {
+        let seconds = took.as_secs_f64();
+        if let Some(i) = BUCKETS.iter().position(|&b| seconds <= b) {
+            self.counts[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.total.fetch_add(1, Ordering::Relaxed);
+        self.sum_micros
+            .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (bound, count) in BUCKETS.iter().zip(&self.counts) {
+            cumulative += count.load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
+        }
+        let total = self.total.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {total}");
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {total}");
+    }
+}
+
+/// Counters and histograms of the daemon; also the observer that publishes
+/// each session's durable head to live event streams.
+pub struct Metrics {
+    events_appended: AtomicU64,
+    barriers: AtomicU64,
+    recovered: AtomicU64,
+    flush_latency: Histogram,
+    model_latency: Histogram,
+    tool_latency: Histogram,
+    heads: broadcast::Sender<(Uuid, u64)>,
+}
+
+impl Metrics {
+    /// Metrics that publish durable heads on `heads`.
+    pub fn new(heads: broadcast::Sender<(Uuid, u64)>) -> Metrics {
+        Metrics {
+            events_appended: AtomicU64::new(0),
+            barriers: AtomicU64::new(0),
+            recovered: AtomicU64::new(0),
+            flush_latency: Histogram::default(),
+            model_latency: Histogram::default(),
+            tool_latency: Histogram::default(),
+            heads,
+        }
+    }
+
+    /// One more session resumed by recovery.
+    pub fn recovered(&self) {
+        self.recovered.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Sessions resumed by recovery so far.
+    pub fn recovered_count(&self) -> u64 {
+        self.recovered.load(Ordering::Relaxed)
+    }
+
+    /// The metrics in Prometheus text format.
+    pub fn render(
+        &self,
+        sessions: &std::collections::HashMap<String, usize>,
+        running_turns: usize,
+    ) -> String {
+        let mut out = String::new();
+        let counter = |out: &mut String, name: &str, help: &str, value: u64| {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+            );
+        };
+        let _ = writeln!(
+            out,
+            "# HELP mneme_sessions Sessions by status.\n# TYPE mneme_sessions gauge"
+        );
+        let mut statuses: Vec<_> = sessions.iter().collect();
+        statuses.sort();
+        for (status, count) in statuses {
+            let _ = writeln!(out, "mneme_sessions{{status=\"{status}\"}} {count}");
+        }
+        let _ = writeln!(out, "# HELP mneme_turns_running Turns running now.\n# TYPE mneme_turns_running gauge\nmneme_turns_running {running_turns}");
+        counter(
+            &mut out,
+            "mneme_events_appended_total",
+            "Events appended to the log.",
+            self.events_appended.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "mneme_flushes_total",
+            "Durability barriers that waited for the disk.",
+            self.barriers.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "mneme_sessions_recovered_total",
+            "Sessions resumed by recovery on start.",
+            self.recovered_count(),
+        );
+        self.flush_latency.render(
+            &mut out,
+            "mneme_flush_latency_seconds",
+            "Time a durability barrier took.",
+        );
+        self.model_latency.render(
+            &mut out,
+            "mneme_model_latency_seconds",
+            "Time from model request to reply.",
+        );
+        self.tool_latency.render(
+            &mut out,
+            "mneme_tool_latency_seconds",
+            "Time a tool call ran.",
+        );
+        out
+    }
+}
+
+impl SessionObserver for Metrics {
+    fn appended(&self, records: &[Record], events: &[Event]) {
+        self.events_appended
+            .fetch_add(records.len() as u64, Ordering::Relaxed);
+        for event in events {
+            match event {
+                Event::ModelReplied(reply) => self
+                    .model_latency
+                    .observe(Duration::from_millis(reply.latency_ms)),
+                Event::ToolFinished { duration_ms, .. } => self
+                    .tool_latency
+                    .observe(Duration::from_millis(*duration_ms)),
+                _ => {}
+            }
+        }
+    }
+
+    fn durable(&self, session: Uuid, seq: u64, took: Duration) {
+        self.barriers.fetch_add(1, Ordering::Relaxed);
+        self.flush_latency.observe(took);
+        // Nobody listening is fine.
+        let _ = self.heads.send((session, seq));
+    }
+}

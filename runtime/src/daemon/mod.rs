@@ -1,0 +1,339 @@
+//! `mneme serve`: the long-running home of many sessions.
+//!
+//! One process holds the data directory. Turns run as tasks, one at a time
+//! per session (a per-session lock); idle sessions are not kept in memory,
+//! only their status. On start the daemon resumes, in the background, every
+//! session that was running when the last process died; it serves requests
+//! meanwhile. On SIGTERM or ctrl-c it stops taking turns, lets each running
+//! turn finish its current step (tool calls under way complete) up to a
+//! deadline, pauses those turns with a SessionPaused, checkpoints and exits 0.
+
+mod api;
+mod metrics;
+mod openapi;
+
+pub use metrics::Metrics;
+
+use crate::error::RuntimeError;
+use crate::runner::{Runner, TurnEnd};
+use crate::service::Service;
+use eventlog::{Durability, EventLog};
+use replay::Status;
+use std::collections::{HashMap, HashSet};
+use std::future::IntoFuture;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{broadcast, Notify};
+use uuid::Uuid;
+
+/// Reason recorded when a shutdown pauses a turn; such sessions are resumed
+/// when the daemon starts again.
+pub const SHUTDOWN_REASON: &str = "daemon shutting down";
+
+/// Name of the file in the data directory that tells the CLI where the
+/// daemon listens.
+pub const DAEMON_FILE: &str = "mneme.daemon";
+
+/// How the daemon runs.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// The data directory (for the daemon file).
+    pub data_dir: PathBuf,
+    /// Bearer token every endpoint but `/health` requires.
+    pub token: String,
+    /// File the token is in, if any (named in the daemon file).
+    pub token_file: Option<PathBuf>,
+    /// Directory of named agent files (`NAME.toml`).
+    pub agents_dir: Option<PathBuf>,
+    /// What barriers wait for.
+    pub durability: Durability,
+    /// How long a shutdown waits for running turns.
+    pub shutdown_grace: Duration,
+    /// Largest request body accepted.
+    pub max_body_bytes: usize,
+}
+
+/// What the daemon shares between requests and turns.
+pub(crate) struct Daemon {
+    pub(crate) service: Service,
+    pub(crate) runner: Runner,
+    pub(crate) config: DaemonConfig,
+    pub(crate) metrics: Arc<Metrics>,
+    locks: Mutex<HashMap<Uuid, Arc<tokio::sync::Mutex<()>>>>,
+    statuses: Mutex<HashMap<Uuid, Status>>,
+    pause_requests: Arc<Mutex<HashSet<Uuid>>>,
+    shutting_down: Arc<AtomicBool>,
+    running: AtomicUsize,
+    idle: Notify,
+    /// (session, seq) each time a session's records up to seq are durable.
+    pub(crate) heads: broadcast::Sender<(Uuid, u64)>,
+}
+
+/// How a turn task starts.
+pub(crate) enum TurnStart {
+    /// A new user message.
+    Message(
+        String,
+        tokio::sync::oneshot::Sender<Result<u64, RuntimeError>>,
+    ),
+    /// Continue pending work (after a crash or a pause).
+    Resume(&'static str),
+}
+
+impl Daemon {
+    fn new(
+        service: Service,
+        config: DaemonConfig,
+        metrics: Arc<Metrics>,
+        heads: broadcast::Sender<(Uuid, u64)>,
+    ) -> Daemon {
+        let shutting_down = Arc::new(AtomicBool::new(false));
+        let pause_requests: Arc<Mutex<HashSet<Uuid>>> = Arc::default();
+        let stop = {
+            let shutting_down = shutting_down.clone();
+            let pause_requests = pause_requests.clone();
+            Arc::new(move |id: Uuid| {
+                if shutting_down.load(Ordering::SeqCst) {
+                    return Some(SHUTDOWN_REASON.to_string());
+                }
+                let requested = pause_requests.lock().expect("pause lock").remove(&id);
+                requested.then(|| "paused on request".to_string())
+            })
+        };
+        Daemon {
+            runner: service.runner().with_stop(stop),
+            service,
+            config,
+            metrics,
+            locks: Mutex::default(),
+            statuses: Mutex::default(),
+            pause_requests,
+            shutting_down,
+            running: AtomicUsize::new(0),
+            idle: Notify::new(),
+            heads,
+        }
+    }
+
+    fn lock_for(&self, id: Uuid) -> Arc<tokio::sync::Mutex<()>> {
+        self.locks
+            .lock()
+            .expect("locks")
+            .entry(id)
+            .or_default()
+            .clone()
+    }
+
+    pub(crate) fn set_status(&self, id: Uuid, status: Status) {
+        self.statuses.lock().expect("statuses").insert(id, status);
+    }
+
+    /// Sessions by status, as last seen.
+    pub(crate) fn status_counts(&self) -> HashMap<String, usize> {
+        let mut counts = HashMap::new();
+        for status in self.statuses.lock().expect("statuses").values() {
+            *counts.entry(status.to_string()).or_default() += 1;
+        }
+        counts
+    }
+
+    pub(crate) fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    /// Asks a running turn to pause at its next step boundary.
+    pub(crate) fn request_pause(&self, id: Uuid) {
+        self.pause_requests.lock().expect("pause lock").insert(id);
+    }
+
+    /// Runs one turn of `id` to its end, one turn per session at a time.
+    pub(crate) async fn turn(
+        self: Arc<Self>,
+        id: Uuid,
+        start: TurnStart,
+    ) -> Result<TurnEnd, RuntimeError> {
+        let lock = self.lock_for(id);
+        let _turn = lock.lock().await;
+        self.running.fetch_add(1, Ordering::SeqCst);
+        let _running = RunningGuard(&self);
+        let mut session = self.service.load(id)?;
+        match start {
+            TurnStart::Message(text, seq) => {
+                let posted = self.service.post_message(&mut session, text);
+                let failed = posted.as_ref().err().map(ToString::to_string);
+                let _ = seq.send(posted);
+                if let Some(reason) = failed {
+                    return Err(RuntimeError::InvalidRequest {
+                        session: id,
+                        reason,
+                    });
+                }
+            }
+            TurnStart::Resume(by) => {
+                self.service.reopen(&mut session, by)?;
+            }
+        }
+        self.set_status(id, session.state().status());
+        let end = self.runner.drive(&mut session).await;
+        self.set_status(id, session.state().status());
+        end
+    }
+
+    /// Starts a turn in the background.
+    pub(crate) fn spawn_turn(
+        self: &Arc<Self>,
+        id: Uuid,
+        start: TurnStart,
+    ) -> tokio::task::JoinHandle<Result<TurnEnd, RuntimeError>> {
+        let daemon = self.clone();
+        tokio::spawn(async move {
+            let result = daemon.clone().turn(id, start).await;
+            if let Err(e) = &result {
+                eprintln!("mneme serve: session {id}: {e}");
+            }
+            result
+        })
+    }
+
+    /// Folds every session once to learn its status, and resumes those that
+    /// were running when the last process died (or paused by a shutdown).
+    async fn recover(self: Arc<Self>) {
+        let metas = match self.service.log().sessions() {
+            Ok(metas) => metas,
+            Err(e) => return eprintln!("mneme serve: recovery could not list sessions: {e}"),
+        };
+        let mut recovered = 0;
+        for meta in metas {
+            let session = match self.service.load(meta.session) {
+                Ok(session) => session,
+                Err(e) => {
+                    eprintln!("mneme serve: session {} not recovered: {e}", meta.session);
+                    continue;
+                }
+            };
+            let state = session.state();
+            let status = state.status();
+            self.set_status(meta.session, status);
+            let shut_down = state.paused.as_deref() == Some(SHUTDOWN_REASON);
+            if status == Status::Running
+                || (shut_down && crate::runner::in_doubt(&session).is_empty())
+            {
+                drop(session);
+                recovered += 1;
+                self.metrics.recovered();
+                self.spawn_turn(meta.session, TurnStart::Resume("daemon recovery"));
+            }
+        }
+        eprintln!("mneme serve: recovery resumed {recovered} sessions");
+    }
+
+    /// Stops taking turns, lets running ones pause at a step boundary, and
+    /// waits for them up to the grace period.
+    async fn drain(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+        let waiting = async {
+            while self.running.load(Ordering::SeqCst) > 0 {
+                let notified = self.idle.notified();
+                if self.running.load(Ordering::SeqCst) == 0 {
+                    break;
+                }
+                notified.await;
+            }
+        };
+        if tokio::time::timeout(self.config.shutdown_grace, waiting)
+            .await
+            .is_err()
+        {
+            eprintln!(
+                "mneme serve: {} turns still running after {:?}; their calls resume on the next start",
+                self.running.load(Ordering::SeqCst),
+                self.config.shutdown_grace
+            );
+        }
+    }
+}
+
+struct RunningGuard<'a>(&'a Daemon);
+
+impl Drop for RunningGuard<'_> {
+    fn drop(&mut self) {
+        if self.0.running.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+/// Runs the daemon on `log` until SIGTERM or ctrl-c; returns after a clean
+/// shutdown.
+pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), RuntimeError> {
+    let (heads, _) = broadcast::channel(4096);
+    let metrics = Arc::new(Metrics::new(heads.clone()));
+    let service = Service::new(log, config.durability).observed_by(metrics.clone());
+    let daemon = Arc::new(Daemon::new(service, config.clone(), metrics, heads));
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| RuntimeError::InvalidRequest {
+            session: Uuid::nil(),
+            reason: format!("cannot listen on {}: {e}", config.listen),
+        })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| RuntimeError::InvalidRequest {
+            session: Uuid::nil(),
+            reason: format!("listener address: {e}"),
+        })?;
+    write_daemon_file(&config, addr);
+    eprintln!("mneme serve: listening on http://{addr}");
+    tokio::spawn(daemon.clone().recover());
+    let (stop_http, http_stopped) = tokio::sync::watch::channel(false);
+    let app = api::router(daemon.clone(), http_stopped);
+    let stopping = daemon.clone();
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        shutdown_signal().await;
+        eprintln!("mneme serve: shutting down");
+        // Turns pause at their next step; live streams end; no new turns.
+        stopping.shutting_down.store(true, Ordering::SeqCst);
+        let _ = stop_http.send(true);
+    });
+    let grace = config.shutdown_grace + Duration::from_secs(1);
+    let served = server.into_future();
+    let served = tokio::select! {
+        served = served => served,
+        _ = async {
+            while !daemon.is_shutting_down() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            tokio::time::sleep(grace).await;
+        } => Ok(()),
+    };
+    daemon.drain().await;
+    let _ = std::fs::remove_file(config.data_dir.join(DAEMON_FILE));
+    served.map_err(|e| RuntimeError::InvalidRequest {
+        session: Uuid::nil(),
+        reason: format!("server: {e}"),
+    })
+}
+
+/// Tells CLI processes where the daemon is and where its token lives.
+fn write_daemon_file(config: &DaemonConfig, addr: SocketAddr) {
+    let note = serde_json::json!({
+        "addr": addr.to_string(),
+        "pid": std::process::id(),
+        "token_file": config.token_file,
+    });
+    let _ = std::fs::write(config.data_dir.join(DAEMON_FILE), note.to_string());
+}
+
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler installs");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
