@@ -56,7 +56,7 @@ impl Service {
             origin: "request".into(),
             reason,
         })?;
-        let mut session = self.observe(Session::create(self.log.clone(), spec)?);
+        let mut session = Session::create_observed(self.log.clone(), spec, self.observer.clone())?;
         session.barrier(self.durability)?;
         Ok(session)
     }

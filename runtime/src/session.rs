@@ -106,12 +106,22 @@ fn decode_all(records: Vec<Record>) -> Result<Vec<(u64, Event)>, RuntimeError> {
 impl Session {
     /// Starts a new session with `spec` (appends SessionStarted).
     pub fn create(log: Arc<dyn EventLog>, spec: AgentSpec) -> Result<Session, RuntimeError> {
+        Session::create_observed(log, spec, None)
+    }
+
+    /// Starts a new session with `spec`, reporting to `observer` from its
+    /// first event on.
+    pub fn create_observed(
+        log: Arc<dyn EventLog>,
+        spec: AgentSpec,
+        observer: Option<Arc<dyn SessionObserver>>,
+    ) -> Result<Session, RuntimeError> {
         let mut session = Session {
             id: Uuid::now_v7(),
             log,
             state: SessionState::default(),
             durable_seq: 0,
-            observer: None,
+            observer,
         };
         session.append(vec![Event::SessionStarted { spec }], None)?;
         Ok(session)

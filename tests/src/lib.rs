@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use tokio::process::Command;
 use tokio::sync::oneshot;
 
+pub mod daemon;
 pub mod scenario;
 
 pub use runtime::sink::{Sink, SinkStats};

@@ -41,6 +41,7 @@ impl From<RuntimeError> for ApiError {
                 StatusCode::CONFLICT
             }
             RuntimeError::Spec { .. } => StatusCode::BAD_REQUEST,
+            RuntimeError::Model(_) => StatusCode::BAD_GATEWAY,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError(status, e.to_string())

@@ -1,0 +1,143 @@
+//! A `mneme serve` process for tests, and a client for its API.
+
+use crate::mneme_bin;
+use serde_json::Value;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use tokio::process::{Child, Command};
+
+/// The token the test daemons use.
+pub const TOKEN: &str = "test-token-0123456789";
+
+/// A running daemon on a free loopback port.
+pub struct DaemonProcess {
+    /// The process.
+    pub child: Child,
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    /// HTTP client with the token set.
+    pub http: reqwest::Client,
+}
+
+impl DaemonProcess {
+    /// Starts `mneme serve` on `data` and waits until it answers.
+    pub async fn start(data: &Path, extra: &[&str]) -> DaemonProcess {
+        let note = data.join("mneme.daemon");
+        let _ = std::fs::remove_file(&note);
+        let child = Command::new(mneme_bin())
+            .arg("--data-dir")
+            .arg(data)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(extra)
+            .env("MNEME_TOKEN", TOKEN)
+            .env_remove("MNEME_CRASH_AT")
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        let addr = loop {
+            if let Some(addr) = std::fs::read_to_string(&note)
+                .ok()
+                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+                .and_then(|v| v["addr"].as_str().map(String::from))
+            {
+                break addr;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "the daemon never wrote {}",
+                note.display()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(
+            reqwest::header::AUTHORIZATION,
+            format!("Bearer {TOKEN}").parse().unwrap(),
+        );
+        let http = reqwest::Client::builder()
+            .default_headers(headers)
+            .build()
+            .unwrap();
+        DaemonProcess {
+            child,
+            base: format!("http://{addr}"),
+            http,
+        }
+    }
+
+    /// `base` + `path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// GET `path`, as JSON.
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let response = self.http.get(self.url(path)).send().await.unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// POST `body` (JSON) to `path`.
+    pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let response = self
+            .http
+            .post(self.url(path))
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Creates a session from an agent file's text; returns its id.
+    pub async fn create(&self, agent_toml: &str) -> String {
+        let response = self
+            .http
+            .post(self.url("/sessions"))
+            .header("content-type", "application/toml")
+            .body(agent_toml.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 201);
+        let body: Value = response.json().await.unwrap();
+        body["session"].as_str().unwrap().to_string()
+    }
+
+    /// SIGKILL.
+    pub async fn kill(mut self) {
+        self.child.start_kill().unwrap();
+        self.child.wait().await.unwrap();
+    }
+
+    /// SIGTERM, then the exit status.
+    pub async fn terminate(mut self) -> std::process::ExitStatus {
+        // SAFETY: kill(2) has no memory-safety preconditions; the pid is our child's.
+        unsafe {
+            libc::kill(self.child.id().unwrap() as i32, libc::SIGTERM);
+        }
+        tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("the daemon exits")
+            .unwrap()
+    }
+
+    /// Polls until every listed session is idle; returns how long it took.
+    pub async fn wait_all_idle(&self, expected: usize, limit: Duration) -> Duration {
+        let started = Instant::now();
+        loop {
+            let (_, sessions) = self.get("/sessions?status=idle").await;
+            let idle = sessions.as_array().map_or(0, Vec::len);
+            if idle >= expected {
+                return started.elapsed();
+            }
+            assert!(
+                started.elapsed() < limit,
+                "only {idle} of {expected} sessions finished in {limit:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}

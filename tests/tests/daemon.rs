@@ -1,0 +1,212 @@
+//! `mneme serve` end to end: the API, its security, live streams, recovery
+//! after SIGKILL under load, and graceful shutdown.
+
+use mneme_e2e::daemon::{DaemonProcess, TOKEN};
+use mneme_e2e::*;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+fn billing_agent(model: &MockModel, sink: &Sink) -> String {
+    agent_toml(
+        &model.base_url(),
+        &[
+            http_tool("charge", &sink.url("charge"), "side_effect"),
+            command_tool(
+                "lookup",
+                &["sh", "-c", "cat >/dev/null; echo '{\"name\":\"Ada\"}'"],
+                "read_only",
+                10,
+            ),
+            http_tool("email", &sink.url("email"), "side_effect"),
+        ],
+    )
+}
+
+fn billing_replies() -> Vec<MockReply> {
+    vec![
+        MockReply::calls(&[("charge", json!({"n": 1})), ("lookup", json!({"n": 2}))]),
+        MockReply::calls(&[("email", json!({"n": 3}))]),
+        MockReply::answer("Charged and emailed."),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_runs_a_turn_and_shows_its_log() {
+    let world = World::new();
+    let mut replies = billing_replies();
+    replies.push(MockReply::answer("Nothing more to do."));
+    let model = MockModel::start(replies, Fault::None).await;
+    let sink = Sink::start().await.unwrap();
+    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let (status, health) = daemon.get("/health").await;
+    assert_eq!((status, health["status"].as_str()), (200, Some("ok")));
+    let id = daemon.create(&billing_agent(&model, &sink)).await;
+    let (status, end) = daemon
+        .post(
+            &format!("/sessions/{id}/messages"),
+            &json!({"text": "charge ada", "wait": true}),
+        )
+        .await;
+    assert_eq!(status, 200, "{end}");
+    assert_eq!(end["answer"], "Charged and emailed.");
+    let (_, session) = daemon.get(&format!("/sessions/{id}")).await;
+    assert_eq!(session["status"], "idle");
+    assert_eq!(session["answer"], "Charged and emailed.");
+    let (_, events) = daemon
+        .get(&format!("/sessions/{id}/events?kind=ToolStarted"))
+        .await;
+    assert_eq!(events.as_array().unwrap().len(), 3);
+    let (_, verified) = daemon.get(&format!("/sessions/{id}/verify")).await;
+    assert_eq!(verified["ok"], true, "{verified}");
+    let (_, listed) = daemon.get("/sessions?status=idle").await;
+    assert_eq!(listed.as_array().unwrap().len(), 1);
+    let metrics = daemon
+        .http
+        .get(daemon.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("mneme_events_appended_total 11"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("mneme_sessions{status=\"idle\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("mneme_flush_latency_seconds_count"),
+        "{metrics}"
+    );
+    let (_, openapi) = daemon.get("/openapi.json").await;
+    assert!(openapi["paths"]["/sessions/{id}/messages"].is_object());
+    assert_eq!(sink.stats().path("charge").effects, 1);
+    let (status, end) = daemon
+        .post(
+            &format!("/sessions/{id}/messages"),
+            &json!({"text": "again", "wait": true}),
+        )
+        .await;
+    assert_eq!(
+        (status, end["answer"].as_str()),
+        (200, Some("Nothing more to do.")),
+        "{end}"
+    );
+    assert!(daemon.terminate().await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_tokens_and_bad_bodies_are_refused_and_change_nothing() {
+    let world = World::new();
+    let daemon = DaemonProcess::start(&world.data(), &["--max-body-bytes", "65536"]).await;
+    let plain = reqwest::Client::new();
+    for auth in [None, Some("Bearer wrong"), Some(TOKEN)] {
+        let mut request = plain.get(daemon.url("/sessions"));
+        if let Some(auth) = auth {
+            request = request.header("authorization", auth);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status().as_u16(), 401, "{auth:?}");
+        let body: Value = response.json().await.unwrap();
+        assert!(body["error"].as_str().unwrap().contains("bearer token"));
+    }
+    let response = daemon
+        .http
+        .post(daemon.url("/sessions"))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 400);
+    let body: Value = response.json().await.unwrap();
+    assert!(
+        body["error"].as_str().unwrap().contains("request body"),
+        "{body}"
+    );
+    let huge = format!("{{\"spec\": \"{}\"}}", "x".repeat(100_000));
+    let response = daemon
+        .http
+        .post(daemon.url("/sessions"))
+        .header("content-type", "application/json")
+        .body(huge)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 413);
+    let (status, body) = daemon
+        .post(
+            "/sessions",
+            &json!({"spec": {"name": "x", "model": {"provider": "nope"}}}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("nope"), "{body}");
+    let (status, _) = daemon
+        .get("/sessions/01900000-0000-7000-8000-000000000001")
+        .await;
+    assert_eq!(status, 404);
+    let (_, sessions) = daemon.get("/sessions").await;
+    assert_eq!(sessions, json!([]), "nothing was created");
+    assert!(daemon.terminate().await.success());
+}
+
+async fn read_until(
+    stream: &mut (impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+    seen: &mut String,
+    needle: &str,
+) {
+    use futures_util::StreamExt;
+    while !seen.contains(needle) {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .unwrap_or_else(|_| panic!("the stream stalled before {needle}: {seen}"))
+            .expect("the stream ended")
+            .unwrap();
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_stream_replays_history_then_follows() {
+    let world = World::new();
+    let model = MockModel::start(
+        vec![MockReply::answer("one"), MockReply::answer("two")],
+        Fault::None,
+    )
+    .await;
+    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let id = daemon.create(&agent_toml(&model.base_url(), &[])).await;
+    daemon
+        .post(
+            &format!("/sessions/{id}/messages"),
+            &json!({"text": "first", "wait": true}),
+        )
+        .await;
+    let response = daemon
+        .http
+        .get(daemon.url(&format!("/sessions/{id}/events?follow=true")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let mut stream = response.bytes_stream();
+    let mut seen = String::new();
+    read_until(&mut stream, &mut seen, "\"one\"").await;
+    assert!(
+        seen.contains("event: SessionStarted") && seen.contains("event: ModelReplied"),
+        "{seen}"
+    );
+    daemon
+        .post(
+            &format!("/sessions/{id}/messages"),
+            &json!({"text": "second"}),
+        )
+        .await;
+    read_until(&mut stream, &mut seen, "\"two\"").await;
+    assert_eq!(seen.matches("event: UserMessage").count(), 2, "{seen}");
+    assert!(daemon.terminate().await.success());
+}
