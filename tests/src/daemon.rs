@@ -91,6 +91,11 @@ impl DaemonProcess {
         (status, response.json().await.unwrap_or(Value::Null))
     }
 
+    /// POST with owned arguments, for many requests at once.
+    pub fn post_owned(&self, path: String, body: Value) -> impl std::future::Future<Output = (u16, Value)> + '_ {
+        async move { self.post(&path, &body).await }
+    }
+
     /// Creates a session from an agent file's text; returns its id.
     pub async fn create(&self, agent_toml: &str) -> String {
         let response = self

@@ -210,3 +210,97 @@ async fn the_event_stream_replays_history_then_follows() {
     assert_eq!(seen.matches("event: UserMessage").count(), 2, "{seen}");
     assert!(daemon.terminate().await.success());
 }
+
+async fn kinds_of(daemon: &DaemonProcess, id: &str) -> Vec<String> {
+    let (_, events) = daemon.get(&format!("/sessions/{id}/events")).await;
+    events.as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap().to_string()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_under_load_then_restart_finishes_every_session_exactly_once() {
+    const SESSIONS: usize = 200;
+    let world = World::new();
+    let model = MockModel::start(billing_replies(), Fault::None).await;
+    let sink = Sink::start().await.unwrap();
+    let agent = billing_agent(&model, &sink);
+    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let mut ids = Vec::new();
+    for _ in 0..SESSIONS {
+        ids.push(daemon.create(&agent).await);
+    }
+    let posts = ids.iter().map(|id| daemon.post_owned(format!("/sessions/{id}/messages"), json!({"text": "charge and email"})));
+    for (status, body) in futures_util::future::join_all(posts).await {
+        assert_eq!(status, 202, "{body}");
+    }
+    // Kill it mid-load: some sessions charged, most not finished.
+    let started = std::time::Instant::now();
+    while sink.stats().path("charge").effects < (SESSIONS / 5) as u64 {
+        assert!(started.elapsed() < Duration::from_secs(60), "no progress: {:?}", sink.stats().paths);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    daemon.kill().await;
+    let done_before = sink.stats().path("email").effects;
+    assert!(done_before < SESSIONS as u64, "the kill came too late to test anything");
+
+    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    daemon.wait_all_idle(SESSIONS, Duration::from_secs(180)).await;
+    let stats = sink.stats();
+    assert_eq!(stats.path("charge").effects, SESSIONS as u64, "{:?}", stats.paths);
+    assert_eq!(stats.path("email").effects, SESSIONS as u64, "{:?}", stats.paths);
+    assert_eq!(stats.hits_by_key.len(), 2 * SESSIONS, "one key per call, every retry reused it");
+    for id in &ids {
+        let (_, verified) = daemon.get(&format!("/sessions/{id}/verify")).await;
+        assert_eq!(verified["ok"], true, "{verified}");
+        let (_, session) = daemon.get(&format!("/sessions/{id}")).await;
+        assert_eq!(session["answer"], "Charged and emailed.", "{session}");
+    }
+    let metrics = daemon.http.get(daemon.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let recovered: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("mneme_sessions_recovered_total "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(recovered > 0 && recovered <= SESSIONS as u64, "{recovered}");
+    assert!(daemon.terminate().await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_running_calls_finish_pauses_the_rest_and_restart_resumes() {
+    const SESSIONS: usize = 4;
+    let world = World::new();
+    let model = MockModel::start(
+        vec![MockReply::calls(&[("slow", json!({}))]), MockReply::answer("done")],
+        Fault::None,
+    )
+    .await;
+    let started_dir = world.dir.path().join("started");
+    std::fs::create_dir(&started_dir).unwrap();
+    let script = format!("cat >/dev/null; touch {}/$MNEME_SESSION_ID; sleep 1; echo slow-done", started_dir.display());
+    let agent = agent_toml(&model.base_url(), &[command_tool("slow", &["sh", "-c", &script], "read_only", 10)]);
+    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let mut ids = Vec::new();
+    for _ in 0..SESSIONS {
+        let id = daemon.create(&agent).await;
+        daemon.post(&format!("/sessions/{id}/messages"), &json!({"text": "go"})).await;
+        ids.push(id);
+    }
+    let started = std::time::Instant::now();
+    while std::fs::read_dir(&started_dir).unwrap().count() < SESSIONS {
+        assert!(started.elapsed() < Duration::from_secs(30));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let status = daemon.terminate().await;
+    assert!(status.success(), "exit {status:?}");
+
+    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    daemon.wait_all_idle(SESSIONS, Duration::from_secs(60)).await;
+    for id in &ids {
+        let kinds = kinds_of(&daemon, id).await;
+        let at = |k: &str| kinds.iter().position(|x| x == k).unwrap_or_else(|| panic!("no {k} in {kinds:?}"));
+        assert!(at("ToolFinished") < at("SessionPaused"), "the call under way finished first: {kinds:?}");
+        assert_eq!(kinds.iter().filter(|k| *k == "ToolStarted").count(), 1, "never re-run: {kinds:?}");
+        assert!(at("SessionPaused") < at("SessionResumed"), "{kinds:?}");
+    }
+    assert!(daemon.terminate().await.success());
+}
