@@ -20,7 +20,16 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Demo(args) => crate::demo::run(args.keep).await,
         command => {
-            let log = SledLog::open(&data_dir)?;
+            let log = match SledLog::open(&data_dir) {
+                Ok(log) => log,
+                Err(eventlog::LogError::Locked { .. }) if !matches!(command, Command::Serve(_)) => {
+                    if let Some(client) = crate::client::Client::discover(&data_dir)? {
+                        return client.dispatch(command).await;
+                    }
+                    SledLog::open(&data_dir)?
+                }
+                Err(e) => return Err(e.into()),
+            };
             if let Some(torn) = log.torn_tail() {
                 eprintln!(
                     "mneme: warning: the write-ahead file ended in a partial write ({} bytes, never acknowledged); moved to {}",
@@ -36,7 +45,9 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 Command::Run(a) => ctx.run(a.agent, a.session, a.message, a.json).await,
                 Command::Resume(a) => ctx.resume(a.session, a.json).await,
                 Command::Sessions(a) => ctx.sessions(a),
-                Command::Log(a) => crate::timeline::print(ctx.log(), &a),
+                Command::Log(a) => {
+                    crate::timeline::print(&crate::timeline::rows(ctx.log(), a.session)?, &a)
+                }
                 Command::Verify(a) => ctx.verify(a.session, a.json),
                 Command::Replay(a) => ctx.replay(a.session, a.raw, a.json.json),
                 Command::Resolve(a) => ctx.resolve(a).await,
@@ -226,7 +237,8 @@ impl Ctx {
     }
 }
 
-fn report_end(id: Uuid, end: &TurnEnd, json: bool) -> Result<ExitCode> {
+/// Prints how a drive ended and gives the exit code for it.
+pub fn report_end(id: Uuid, end: &TurnEnd, json: bool) -> Result<ExitCode> {
     if json && matches!(end, TurnEnd::Answered(_) | TurnEnd::NeedsDecision(_)) {
         println!("{}", views::turn_end(id, end));
     }

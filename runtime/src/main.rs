@@ -1,5 +1,6 @@
 //! `mneme`: the command-line face of the runtime.
 
+mod client;
 mod commands;
 mod demo;
 mod render;

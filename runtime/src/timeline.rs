@@ -6,6 +6,7 @@ use eventlog::EventLog;
 use mneme_runtime::session::read_events;
 use mneme_runtime::views;
 use replay::{Event, Resolution, SessionOutcome, ToolOutcome};
+use serde_json::Value;
 use std::collections::HashMap;
 use std::process::ExitCode;
 
@@ -30,8 +31,16 @@ fn parse_since(text: &str) -> Result<i64> {
     Ok(chrono::Utc::now().timestamp_millis() - n * seconds * 1000)
 }
 
-/// Prints the events of the session that pass the filters.
-pub fn print(log: &dyn EventLog, args: &LogArgs) -> Result<ExitCode> {
+/// Reads a session's events from the log as rows (the `--json` shape).
+pub fn rows(log: &dyn EventLog, session: uuid::Uuid) -> Result<Vec<Value>> {
+    Ok(read_events(log, session)?
+        .iter()
+        .map(|(record, event)| views::record(record, event))
+        .collect())
+}
+
+/// Prints the rows (the log's events, see [`rows`]) that pass the filters.
+pub fn print(rows: &[Value], args: &LogArgs) -> Result<ExitCode> {
     let since = args.since.as_deref().map(parse_since).transpose()?;
     if let Some(unknown) = args
         .kind
@@ -43,37 +52,40 @@ pub fn print(log: &dyn EventLog, args: &LogArgs) -> Result<ExitCode> {
             Event::KINDS.join(", ")
         );
     }
-    let events = read_events(log, args.session)?;
     // Tool events belong to the latest reply; ids may repeat across replies.
     let mut tool_of_call = HashMap::new();
-    for (record, event) in &events {
-        if let Event::ModelReplied(reply) = event {
+    for row in rows {
+        let event: Event = serde_json::from_value(row["event"].clone())?;
+        if let Event::ModelReplied(reply) = &event {
             tool_of_call = reply
                 .tool_calls
                 .iter()
                 .map(|c| (c.id.clone(), c.name.clone()))
                 .collect();
         }
-        let e = &record.envelope;
-        if since.is_some_and(|s| e.ts_ms < s)
+        let ts = row["ts"].as_str().unwrap_or_default();
+        let ts_ms = chrono::DateTime::parse_from_rfc3339(ts).map_or(0, |t| t.timestamp_millis());
+        if since.is_some_and(|s| ts_ms < s)
             || (!args.kind.is_empty() && !args.kind.iter().any(|k| k == event.kind()))
             || args
                 .tool
                 .as_ref()
-                .is_some_and(|t| !concerns_tool(event, t, &tool_of_call))
+                .is_some_and(|t| !concerns_tool(&event, t, &tool_of_call))
         {
             continue;
         }
         if args.json.json {
-            println!("{}", views::record(record, event));
+            println!("{row}");
         } else {
-            let caused = e.caused_by.map(|c| format!(" <-#{c}")).unwrap_or_default();
+            let caused = row["caused_by"]
+                .as_u64()
+                .map(|c| format!(" <-#{c}"))
+                .unwrap_or_default();
             println!(
-                "#{:<5} {} {:<16} {}{caused}",
-                e.seq,
-                views::format_time(e.ts_ms),
+                "#{:<5} {ts} {:<16} {}{caused}",
+                row["seq"].as_u64().unwrap_or(0),
                 event.kind(),
-                summary(event)
+                summary(&event)
             );
         }
     }

@@ -119,6 +119,30 @@ pub fn turn_end(session: Uuid, end: &TurnEnd) -> Value {
     }
 }
 
+/// Reads back what [`turn_end`] wrote.
+pub fn turn_end_from(value: &Value) -> Option<TurnEnd> {
+    let text = |key: &str| value[key].as_str().map(String::from);
+    match value["status"].as_str()? {
+        "idle" => Some(TurnEnd::Answered(text("answer")?)),
+        "failed" => Some(TurnEnd::Failed(text("error")?)),
+        "paused" => match value["in_doubt"].as_array() {
+            Some(calls) => Some(TurnEnd::NeedsDecision(
+                calls
+                    .iter()
+                    .map(|c| {
+                        Some((
+                            c["call_id"].as_str()?.to_string(),
+                            c["reason"].as_str()?.to_string(),
+                        ))
+                    })
+                    .collect::<Option<_>>()?,
+            )),
+            None => Some(TurnEnd::Paused(text("reason")?)),
+        },
+        _ => None,
+    }
+}
+
 fn describe_decision(decision: &CallDecision) -> (&'static str, String) {
     match decision {
         CallDecision::Reuse => ("reuse", "finished: its recorded result is reused".into()),

@@ -304,3 +304,48 @@ async fn sigterm_lets_running_calls_finish_pauses_the_rest_and_restart_resumes()
     }
     assert!(daemon.terminate().await.success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_beside_a_running_daemon_goes_through_it_with_the_same_output() {
+    let world = World::new();
+    let model = MockModel::start(
+        vec![MockReply::calls(&[("slow_write", json!({}))]), MockReply::answer("gave up on it")],
+        Fault::None,
+    )
+    .await;
+    let tools = [command_tool("slow_write", &["sleep", "30"], "side_effect", 1)];
+    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &tools));
+    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let cli = |args: &[&str]| {
+        let mut command = world.mneme();
+        command.args(args).env("MNEME_TOKEN", TOKEN);
+        command
+    };
+    let out = cli(&["run", "--agent", agent.to_str().unwrap(), "write it"]).output().await.unwrap();
+    assert_eq!(out.status.code(), Some(3), "the call is in doubt: {}", stderr(&out));
+    let session = session_id(&out);
+    let out = cli(&["resolve", &session, "call_0_0", "--fail", "not sent", "--by", "ops"]).output().await.unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "gave up on it");
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["sessions"],
+        vec!["sessions", "--json"],
+        vec!["log", &session],
+        vec!["log", &session, "--json", "--kind", "ToolResolved"],
+        vec!["verify"],
+        vec!["replay", &session],
+        vec!["replay", &session, "--raw"],
+    ];
+    let mut through_daemon = Vec::new();
+    for args in &commands {
+        let out = cli(args).output().await.unwrap();
+        assert!(out.status.success(), "{args:?} via the daemon: {}", stderr(&out));
+        through_daemon.push(stdout(&out));
+    }
+    assert!(daemon.terminate().await.success());
+    for (args, expected) in commands.iter().zip(&through_daemon) {
+        let out = cli(args).output().await.unwrap();
+        assert!(out.status.success(), "{args:?} directly: {}", stderr(&out));
+        assert_eq!(&stdout(&out), expected, "{args:?} differs between the daemon and the log");
+    }
+}

@@ -1,0 +1,222 @@
+//! The CLI beside a running daemon: sled admits one process per data
+//! directory, so while `mneme serve` holds it, commands go through the
+//! daemon's API (found from `mneme.daemon` in the data directory) and print
+//! what they would print reading the log directly.
+
+use crate::{Command, JsonFlag};
+use anyhow::{anyhow, bail, Context, Result};
+use mneme_runtime::agent::load_agent_file;
+use mneme_runtime::daemon::DAEMON_FILE;
+use mneme_runtime::views;
+use serde_json::{json, Value};
+use std::path::Path;
+use std::process::ExitCode;
+use uuid::Uuid;
+
+/// A client of the daemon that holds a data directory.
+pub struct Client {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Client {
+    /// The daemon named by `DATA_DIR/mneme.daemon`, if the file is there.
+    /// Its token comes from the file the daemon names, else `$MNEME_TOKEN`.
+    pub fn discover(data_dir: &Path) -> Result<Option<Client>> {
+        let path = data_dir.join(DAEMON_FILE);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            return Ok(None);
+        };
+        let note: Value = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not JSON", path.display()))?;
+        let addr = note["addr"]
+            .as_str()
+            .with_context(|| format!("{} names no address", path.display()))?;
+        let token = match note["token_file"].as_str() {
+            Some(file) => std::fs::read_to_string(file)
+                .with_context(|| format!("reading the daemon's token from {file}"))?
+                .trim()
+                .to_string(),
+            None => std::env::var("MNEME_TOKEN")
+                .context("the daemon's token is not in a file: set MNEME_TOKEN to it")?,
+        };
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(
+            reqwest::header::AUTHORIZATION,
+            format!("Bearer {token}").parse()?,
+        );
+        let http = reqwest::Client::builder()
+            .default_headers(headers)
+            .build()?;
+        Ok(Some(Client {
+            base: format!("http://{addr}"),
+            http,
+        }))
+    }
+
+    async fn call(&self, request: reqwest::RequestBuilder) -> Result<reqwest::Response> {
+        let response = request.send().await.with_context(|| {
+            format!(
+                "the daemon at {} holds this data directory but does not answer",
+                self.base
+            )
+        })?;
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        let status = response.status();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        let error = body["error"]
+            .as_str()
+            .map_or_else(|| status.to_string(), String::from);
+        Err(anyhow!("{error}"))
+    }
+
+    async fn get(&self, path: &str) -> Result<Value> {
+        Ok(self
+            .call(self.http.get(format!("{}{path}", self.base)))
+            .await?
+            .json()
+            .await?)
+    }
+
+    async fn post(&self, path: &str, body: Value) -> Result<Value> {
+        let request = self.http.post(format!("{}{path}", self.base)).json(&body);
+        Ok(self.call(request).await?.json().await?)
+    }
+
+    async fn session_ids(&self) -> Result<Vec<(Uuid, String)>> {
+        let rows = self.get("/sessions").await?;
+        Ok(rows
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| {
+                Some((
+                    r["session"].as_str()?.parse().ok()?,
+                    r["status"].as_str()?.to_string(),
+                ))
+            })
+            .collect())
+    }
+
+    /// Runs `command` through the daemon.
+    pub async fn dispatch(&self, command: Command) -> Result<ExitCode> {
+        match command {
+            Command::Run(a) => {
+                let id = match (a.session, a.agent) {
+                    (Some(id), _) => id,
+                    (None, Some(path)) => {
+                        let spec = load_agent_file(&path)?;
+                        let created = self.post("/sessions", json!({ "spec": spec })).await?;
+                        created["session"].as_str().context("no session id")?.parse()?
+                    }
+                    (None, None) => bail!("mneme run needs --agent FILE to start a session, or --session ID to continue one"),
+                };
+                eprintln!("session {id}");
+                let end = self
+                    .post(
+                        &format!("/sessions/{id}/messages"),
+                        json!({"text": a.message, "wait": true}),
+                    )
+                    .await;
+                report(id, end.with_context(|| format!("session {id}"))?, a.json)
+            }
+            Command::Resume(a) => {
+                let ids = match a.session {
+                    Some(id) => vec![id],
+                    None => self
+                        .session_ids()
+                        .await?
+                        .into_iter()
+                        .filter(|(_, status)| {
+                            matches!(status.as_str(), "running" | "failed" | "paused")
+                        })
+                        .map(|(id, _)| id)
+                        .collect(),
+                };
+                let mut worst = ExitCode::SUCCESS;
+                for id in ids {
+                    eprintln!("session {id}");
+                    let end = self
+                        .post(&format!("/sessions/{id}/resume"), json!({"wait": true}))
+                        .await?;
+                    let code = report(id, end, JsonFlag { json: a.json.json })?;
+                    if code != ExitCode::SUCCESS {
+                        worst = code;
+                    }
+                }
+                Ok(worst)
+            }
+            Command::Sessions(a) => {
+                let rows = self.get("/sessions").await?;
+                crate::render::sessions(rows.as_array().map_or(&[][..], Vec::as_slice), a.json);
+                Ok(ExitCode::SUCCESS)
+            }
+            Command::Log(a) => {
+                let rows = self.get(&format!("/sessions/{}/events", a.session)).await?;
+                crate::timeline::print(rows.as_array().map_or(&[][..], Vec::as_slice), &a)
+            }
+            Command::Verify(a) => {
+                let ids = match a.session {
+                    Some(id) => vec![id],
+                    None => self
+                        .session_ids()
+                        .await?
+                        .into_iter()
+                        .map(|(id, _)| id)
+                        .collect(),
+                };
+                let mut results = Vec::new();
+                for id in ids {
+                    results.push(self.get(&format!("/sessions/{id}/verify")).await?);
+                }
+                Ok(crate::render::verify(&results, a.json.json))
+            }
+            Command::Replay(a) => {
+                if a.raw {
+                    use std::io::Write;
+                    let request = self
+                        .http
+                        .get(format!("{}/sessions/{}/request", self.base, a.session));
+                    let body = self.call(request).await?.bytes().await?;
+                    std::io::stdout().write_all(&body)?;
+                    return Ok(ExitCode::SUCCESS);
+                }
+                let view = self.get(&format!("/sessions/{}/replay", a.session)).await?;
+                crate::render::replay(&view, a.json.json)?;
+                Ok(ExitCode::SUCCESS)
+            }
+            Command::Resolve(a) => {
+                let mut body = json!({"by": a.by, "wait": !a.no_resume});
+                match (a.retry, a.result, a.fail) {
+                    (true, _, _) => body["retry"] = json!(true),
+                    (_, Some(result), None) => {
+                        body["skip"] = serde_json::from_str(&result)
+                            .with_context(|| format!("--result is not JSON: {result:?}"))?
+                    }
+                    (_, _, Some(message)) => body["fail"] = json!(message),
+                    _ => bail!("give one of --retry, --skip --result JSON, --fail MSG"),
+                }
+                let answer = self
+                    .post(
+                        &format!("/sessions/{}/calls/{}/resolve", a.session, a.call_id),
+                        body,
+                    )
+                    .await?;
+                eprintln!("session {}: call {} resolved", a.session, a.call_id);
+                if answer["status"].is_null() {
+                    return Ok(ExitCode::SUCCESS); // recorded; not continued
+                }
+                report(a.session, answer, a.json)
+            }
+            Command::Serve(_) | Command::Demo(_) => unreachable!("never sent to a daemon"),
+        }
+    }
+}
+
+fn report(id: Uuid, end: Value, json: JsonFlag) -> Result<ExitCode> {
+    let end = views::turn_end_from(&end)
+        .with_context(|| format!("the daemon answered an unknown turn end: {end}"))?;
+    crate::commands::report_end(id, &end, json.json)
+}
