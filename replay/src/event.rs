@@ -62,6 +62,20 @@ pub enum Event {
         /// Who decided.
         by: String,
     },
+    /// A call of a tool that requires approval waits for a person.
+    ApprovalRequested {
+        /// The model's id of the call.
+        call_id: String,
+    },
+    /// A person approved or denied a call.
+    ApprovalDecided {
+        /// The model's id of the call.
+        call_id: String,
+        /// Whether it may run.
+        approved: bool,
+        /// Who decided.
+        by: String,
+    },
     /// The session stopped until someone resumes it.
     SessionPaused {
         /// Why.
@@ -170,6 +184,8 @@ impl Event {
         "ToolFinished",
         "ToolInDoubt",
         "ToolResolved",
+        "ApprovalRequested",
+        "ApprovalDecided",
         "SessionPaused",
         "SessionResumed",
         "SessionFinished",
@@ -185,6 +201,8 @@ impl Event {
             Event::ToolFinished { .. } => "ToolFinished",
             Event::ToolInDoubt { .. } => "ToolInDoubt",
             Event::ToolResolved { .. } => "ToolResolved",
+            Event::ApprovalRequested { .. } => "ApprovalRequested",
+            Event::ApprovalDecided { .. } => "ApprovalDecided",
             Event::SessionPaused { .. } => "SessionPaused",
             Event::SessionResumed { .. } => "SessionResumed",
             Event::SessionFinished { .. } => "SessionFinished",

@@ -1,6 +1,6 @@
 //! The resume plan: what a process must do next, decided from the state alone.
 
-use crate::state::{CallPhase, SessionState};
+use crate::state::{CallPhase, CallState, SessionState};
 
 /// What to do with one call of the latest reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,6 +17,10 @@ pub enum CallDecision {
     InDoubt(String),
     /// It is already in doubt: a person must decide (`mneme resolve`).
     AwaitingDecision(String),
+    /// Its tool requires approval: record the request and wait.
+    NeedsApproval,
+    /// Approval was requested: a person must approve or deny it.
+    AwaitingApproval,
 }
 
 /// The plan for one call.
@@ -64,7 +68,7 @@ pub fn plan(state: &SessionState) -> ResumePlan {
         .map(|c| CallPlan {
             call_id: c.call.id.clone(),
             tool: c.call.name.clone(),
-            decision: decide(state, &c.call.name, &c.phase, c.attempts),
+            decision: decide(state, c),
         })
         .collect();
     let next = if let Some(error) = &state.failed {
@@ -78,7 +82,10 @@ pub fn plan(state: &SessionState) -> ResumePlan {
     } else if calls.iter().any(|c| {
         matches!(
             c.decision,
-            CallDecision::Run | CallDecision::Rerun | CallDecision::InDoubt(_)
+            CallDecision::Run
+                | CallDecision::Rerun
+                | CallDecision::InDoubt(_)
+                | CallDecision::NeedsApproval
         )
     }) {
         NextStep::RunTools
@@ -88,13 +95,20 @@ pub fn plan(state: &SessionState) -> ResumePlan {
     ResumePlan { next, calls }
 }
 
-fn decide(state: &SessionState, tool: &str, phase: &CallPhase, attempts: u32) -> CallDecision {
-    match phase {
+fn decide(state: &SessionState, call: &CallState) -> CallDecision {
+    let tool = call.call.name.as_str();
+    let attempts = call.attempts;
+    let spec = state.spec.as_ref().and_then(|s| s.tool(tool));
+    match &call.phase {
+        CallPhase::Pending if spec.is_some_and(|t| t.requires_approval) && !call.approved => {
+            CallDecision::NeedsApproval
+        }
+        CallPhase::AwaitingApproval => CallDecision::AwaitingApproval,
         CallPhase::Pending => CallDecision::Run,
         CallPhase::Finished(_) => CallDecision::Reuse,
         CallPhase::RetryApproved => CallDecision::Rerun,
         CallPhase::InDoubt(reason) => CallDecision::AwaitingDecision(reason.clone()),
-        CallPhase::Started => match state.spec.as_ref().and_then(|s| s.tool(tool)) {
+        CallPhase::Started => match spec {
             Some(spec) if spec.safe_to_rerun() => CallDecision::Rerun,
             Some(spec) => CallDecision::InDoubt(format!(
                 "attempt {attempts} of {tool} started but never finished; {tool} has effect \

@@ -16,6 +16,10 @@ pub const NOT_RUN_RESULT: &str = "[mneme] this tool call has not run";
 pub const IN_DOUBT_RESULT: &str =
     "[mneme] the outcome of this tool call is unknown; a person must decide whether it ran";
 
+/// Result text shown for a call that waits for a person's approval.
+pub const AWAITING_APPROVAL_RESULT: &str =
+    "[mneme] this tool call is waiting for a person's approval and has not run";
+
 /// One chat message, as the OpenAI chat-completions API takes it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Message {
@@ -165,5 +169,6 @@ pub fn result_text(call: &CallState) -> String {
         CallPhase::Pending => NOT_RUN_RESULT.to_string(),
         CallPhase::Started | CallPhase::RetryApproved => INTERRUPTED_RESULT.to_string(),
         CallPhase::InDoubt(_) => IN_DOUBT_RESULT.to_string(),
+        CallPhase::AwaitingApproval => AWAITING_APPROVAL_RESULT.to_string(),
     }
 }

@@ -63,6 +63,9 @@ pub struct ToolSpec {
     /// Per-call timeout in seconds (default 30).
     #[serde(default)]
     pub timeout_secs: Option<u64>,
+    /// Whether each call waits for a person's approval before it runs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub requires_approval: bool,
     /// HTTP method (HTTP tools; default POST).
     #[serde(default)]
     pub method: Option<String>,

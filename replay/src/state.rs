@@ -16,6 +16,8 @@ pub enum CallPhase {
     InDoubt(String),
     /// A person chose to run it again.
     RetryApproved,
+    /// Waits for a person to approve it.
+    AwaitingApproval,
 }
 
 /// One tool call of a reply, with its history.
@@ -27,6 +29,8 @@ pub struct CallState {
     pub idempotency_key: Option<String>,
     /// How many times it started.
     pub attempts: u32,
+    /// Whether a person approved it (for tools that require approval).
+    pub approved: bool,
     /// Where it stands.
     pub phase: CallPhase,
 }
@@ -161,6 +165,7 @@ impl SessionState {
                         call: call.clone(),
                         idempotency_key: None,
                         attempts: 0,
+                        approved: false,
                         phase: CallPhase::Pending,
                     })
                     .collect();
@@ -190,6 +195,20 @@ impl SessionState {
                     Resolution::Retry => CallPhase::RetryApproved,
                     Resolution::Skip(result) => CallPhase::Finished(ToolOutcome::Ok(result)),
                     Resolution::Fail(message) => CallPhase::Finished(ToolOutcome::Err(message)),
+                }
+            }),
+            Event::ApprovalRequested { call_id } => {
+                self.update_call(seq, &call_id, |c| c.phase = CallPhase::AwaitingApproval)
+            }
+            Event::ApprovalDecided {
+                call_id,
+                approved,
+                by,
+            } => self.update_call(seq, &call_id, |c| {
+                c.approved = approved;
+                c.phase = match approved {
+                    true => CallPhase::Pending,
+                    false => CallPhase::Finished(ToolOutcome::Err(format!("denied by {by}"))),
                 }
             }),
             Event::SessionPaused { reason } => self.paused = Some(reason),
@@ -255,7 +274,7 @@ impl SessionState {
         let in_doubt = self
             .open_calls()
             .iter()
-            .any(|c| matches!(c.phase, CallPhase::InDoubt(_)));
+            .any(|c| matches!(c.phase, CallPhase::InDoubt(_) | CallPhase::AwaitingApproval));
         if self.paused.is_some() || in_doubt {
             return Status::Paused;
         }

@@ -12,6 +12,7 @@ fn tool(name: &str, kind: ToolKind, effect: Effect, honours: Option<bool>) -> To
         parameters: serde_json::json!({"type": "object", "properties": {"x": {"type": "integer"}}}),
         honours_idempotency_key: honours,
         timeout_secs: None,
+        requires_approval: false,
         method: None,
         url: Some("http://127.0.0.1:9/x".into()),
         command: Some(vec!["true".into()]),
@@ -218,6 +219,52 @@ fn call_ids_are_made_unique_and_non_empty() {
 }
 
 #[test]
+fn calls_needing_approval_wait_then_run_or_are_denied() {
+    let mut spec = spec();
+    spec.tools[0].requires_approval = true; // charge
+    let mut events = vec![
+        Event::SessionStarted { spec },
+        Event::UserMessage {
+            text: "refund".into(),
+        },
+        reply(None, vec![call("c1", "charge"), call("c2", "lookup")]),
+    ];
+    let p = plan(&fold(&events));
+    assert_eq!(p.calls[0].decision, CallDecision::NeedsApproval);
+    assert_eq!(p.calls[1].decision, CallDecision::Run);
+    events.push(Event::ApprovalRequested {
+        call_id: "c1".into(),
+    });
+    events.push(started("c2", "lookup", Effect::ReadOnly));
+    events.push(finished("c2", "{}"));
+    let state = fold(&events);
+    assert_eq!(state.status(), Status::Paused);
+    assert_eq!(plan(&state).next, NextStep::AwaitDecision);
+    assert_eq!(
+        messages(&state)[3].content.as_deref(),
+        Some(prompt::AWAITING_APPROVAL_RESULT)
+    );
+    let mut approved = events.clone();
+    approved.push(Event::ApprovalDecided {
+        call_id: "c1".into(),
+        approved: true,
+        by: "ops".into(),
+    });
+    assert_eq!(plan(&fold(&approved)).calls[0].decision, CallDecision::Run);
+    events.push(Event::ApprovalDecided {
+        call_id: "c1".into(),
+        approved: false,
+        by: "ops".into(),
+    });
+    let denied = fold(&events);
+    assert_eq!(plan(&denied).next, NextStep::CallModel);
+    assert_eq!(
+        messages(&denied)[3].content.as_deref(),
+        Some("error: denied by ops")
+    );
+}
+
+#[test]
 fn missing_model_reply_is_requested_again() {
     let state = fold(&story()[..2]);
     assert_eq!(plan(&state).next, NextStep::CallModel);
@@ -251,6 +298,14 @@ fn golden_bytes_of_every_event_kind() {
         call_id: "c9".into(),
         outcome: ToolOutcome::Err("boom".into()),
         duration_ms: 9,
+    });
+    all.push(Event::ApprovalRequested {
+        call_id: "c8".into(),
+    });
+    all.push(Event::ApprovalDecided {
+        call_id: "c8".into(),
+        approved: false,
+        by: "ops".into(),
     });
     all.push(Event::SessionPaused { reason: "r".into() });
     all.push(Event::SessionResumed { by: "me".into() });

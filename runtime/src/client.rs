@@ -210,6 +210,21 @@ impl Client {
                 }
                 report(a.session, answer, a.json)
             }
+            Command::Approve(a) => {
+                let body = json!({"approved": !a.deny, "by": a.by, "wait": !a.no_resume});
+                let answer = self
+                    .post(
+                        &format!("/sessions/{}/calls/{}/approve", a.session, a.call_id),
+                        body,
+                    )
+                    .await?;
+                let verb = if a.deny { "denied" } else { "approved" };
+                eprintln!("session {}: call {} {verb}", a.session, a.call_id);
+                if answer["status"].is_null() {
+                    return Ok(ExitCode::SUCCESS); // recorded; not continued
+                }
+                report(a.session, answer, a.json)
+            }
             Command::Serve(_) | Command::Demo(_) => unreachable!("never sent to a daemon"),
         }
     }

@@ -51,6 +51,7 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 Command::Verify(a) => ctx.verify(a.session, a.json),
                 Command::Replay(a) => ctx.replay(a.session, a.raw, a.json.json),
                 Command::Resolve(a) => ctx.resolve(a).await,
+                Command::Approve(a) => ctx.approve(a).await,
                 Command::Serve(a) => {
                     serve(ctx.service.log().clone(), &data_dir, durability, a).await
                 }
@@ -222,6 +223,19 @@ impl Ctx {
         Ok(ExitCode::SUCCESS)
     }
 
+    async fn approve(&self, a: crate::ApproveArgs) -> Result<ExitCode> {
+        let mut session = self.service.load(a.session)?;
+        let can_continue =
+            self.service
+                .decide_approval(&mut session, &a.call_id, !a.deny, &a.by)?;
+        let verb = if a.deny { "denied" } else { "approved" };
+        eprintln!("session {}: call {} {verb}", a.session, a.call_id);
+        if a.no_resume || !can_continue {
+            return Ok(ExitCode::SUCCESS);
+        }
+        self.drive(&mut session, a.json.json).await
+    }
+
     async fn resolve(&self, a: crate::ResolveArgs) -> Result<ExitCode> {
         let mut session = self.service.load(a.session)?;
         let resolution = service::resolution(a.retry, a.result.as_deref(), a.fail.as_deref())
@@ -239,7 +253,12 @@ impl Ctx {
 
 /// Prints how a drive ended and gives the exit code for it.
 pub fn report_end(id: Uuid, end: &TurnEnd, json: bool) -> Result<ExitCode> {
-    if json && matches!(end, TurnEnd::Answered(_) | TurnEnd::NeedsDecision(_)) {
+    if json
+        && matches!(
+            end,
+            TurnEnd::Answered(_) | TurnEnd::NeedsDecision(_) | TurnEnd::NeedsApproval(_)
+        )
+    {
         println!("{}", views::turn_end(id, end));
     }
     match end {
@@ -256,6 +275,14 @@ pub fn report_end(id: Uuid, end: &TurnEnd, json: bool) -> Result<ExitCode> {
                 eprintln!(
                     "    mneme resolve {id} {call} --retry | --skip --result JSON | --fail MSG"
                 );
+            }
+            Ok(ExitCode::from(EXIT_NEEDS_DECISION))
+        }
+        TurnEnd::NeedsApproval(calls) => {
+            eprintln!("mneme: session {id} paused: tool calls wait for approval");
+            for (call, tool) in calls {
+                eprintln!("  {call}: {tool} requires approval");
+                eprintln!("    mneme approve {id} {call} [--deny]");
             }
             Ok(ExitCode::from(EXIT_NEEDS_DECISION))
         }

@@ -50,6 +50,8 @@ enum Command {
     Replay(ReplayArgs),
     /// Decide what to do with a tool call in doubt, then continue the session.
     Resolve(ResolveArgs),
+    /// Approve (or deny) a tool call that waits for approval, then continue.
+    Approve(ApproveArgs),
     /// A self-contained story: a crash mid-run, a resume, and proof that
     /// every side effect happened exactly once. Needs no network.
     Demo(DemoArgs),
@@ -167,6 +169,25 @@ struct ResolveArgs {
     /// Do not run it; tell the model it failed with this message.
     #[arg(long, value_name = "MSG")]
     fail: Option<String>,
+    /// Who decides (recorded in the log).
+    #[arg(long, env = "USER", default_value = "unknown")]
+    by: String,
+    /// Record the decision but do not continue the session.
+    #[arg(long)]
+    no_resume: bool,
+    #[command(flatten)]
+    json: JsonFlag,
+}
+
+#[derive(Args)]
+struct ApproveArgs {
+    /// The session.
+    session: Uuid,
+    /// The call waiting for approval.
+    call_id: String,
+    /// Deny it: the tool never runs and the model is told.
+    #[arg(long)]
+    deny: bool,
     /// Who decides (recorded in the log).
     #[arg(long, env = "USER", default_value = "unknown")]
     by: String,

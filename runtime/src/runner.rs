@@ -28,6 +28,8 @@ pub enum TurnEnd {
     Answered(String),
     /// Calls are in doubt: a person must decide (`mneme resolve`).
     NeedsDecision(Vec<(String, String)>),
+    /// Calls wait for approval (`mneme approve`): (call id, tool).
+    NeedsApproval(Vec<(String, String)>),
     /// Paused for another reason.
     Paused(String),
     /// The last turn failed earlier; resume it explicitly.
@@ -100,6 +102,11 @@ impl Runner {
                 NextStep::AwaitDecision | NextStep::Paused(_) if !in_doubt(session).is_empty() => {
                     return Ok(TurnEnd::NeedsDecision(in_doubt(session)))
                 }
+                NextStep::AwaitDecision | NextStep::Paused(_)
+                    if !awaiting_approval(session).is_empty() =>
+                {
+                    return Ok(TurnEnd::NeedsApproval(awaiting_approval(session)))
+                }
                 NextStep::AwaitDecision => return Ok(TurnEnd::NeedsDecision(Vec::new())),
                 NextStep::Paused(reason) => return Ok(TurnEnd::Paused(reason)),
                 NextStep::Failed(error) => return Ok(TurnEnd::Failed(error)),
@@ -150,6 +157,9 @@ impl Runner {
                     call_id: plan.call_id.clone(),
                     reason: reason.clone(),
                 }),
+                CallDecision::NeedsApproval => settled.push(Event::ApprovalRequested {
+                    call_id: plan.call_id.clone(),
+                }),
                 CallDecision::Run | CallDecision::Rerun => match toolbox.get(&plan.tool) {
                     Some(tool) => starts.push((
                         tool.clone(),
@@ -170,7 +180,9 @@ impl Runner {
                         duration_ms: 0,
                     }),
                 },
-                CallDecision::Reuse | CallDecision::AwaitingDecision(_) => {}
+                CallDecision::Reuse
+                | CallDecision::AwaitingDecision(_)
+                | CallDecision::AwaitingApproval => {}
             }
         }
         if !settled.is_empty() {
@@ -179,15 +191,17 @@ impl Runner {
         if !starts.is_empty() {
             self.start_and_run(session, starts, reply_seq).await?;
         }
-        // Pause for the calls in doubt once nothing else is left to run.
-        let doubtful = in_doubt(session);
+        // Pause for the calls that wait for a person once nothing else is
+        // left to run.
+        let mut doubtful = in_doubt(session);
+        doubtful.extend(awaiting_approval(session));
         let runnable = plan(session.state())
             .calls
             .iter()
             .any(|c| matches!(c.decision, CallDecision::Run | CallDecision::Rerun));
         if !doubtful.is_empty() && !runnable {
             let ids: Vec<&str> = doubtful.iter().map(|(id, _)| id.as_str()).collect();
-            let reason = format!("tool calls in doubt: {}", ids.join(", "));
+            let reason = format!("tool calls wait for a person: {}", ids.join(", "));
             session.append(vec![Event::SessionPaused { reason }], Some(reply_seq))?;
             session.barrier(self.durability)?;
             crash::point("in_doubt_appended");
@@ -309,6 +323,23 @@ fn finish_event(
 }
 
 /// Calls of the latest reply that wait for a person, with the reason.
+/// Calls of the latest reply that wait for a person's approval, with their tool.
+pub fn awaiting_approval(session: &Session) -> Vec<(String, String)> {
+    session
+        .state()
+        .open_calls()
+        .iter()
+        .filter(|c| c.phase == CallPhase::AwaitingApproval)
+        .map(|c| (c.call.id.clone(), c.call.name.clone()))
+        .collect()
+}
+
+/// Whether any call waits for a person (a decision or an approval).
+pub fn waits_for_a_person(session: &Session) -> bool {
+    !in_doubt(session).is_empty() || !awaiting_approval(session).is_empty()
+}
+
+/// Calls of the latest reply that are in doubt, with the reason.
 pub fn in_doubt(session: &Session) -> Vec<(String, String)> {
     session
         .state()

@@ -2,7 +2,7 @@
 //! both obey the same rules and report the same data.
 
 use crate::error::RuntimeError;
-use crate::runner::{in_doubt, Runner};
+use crate::runner::{awaiting_approval, in_doubt, waits_for_a_person, Runner};
 use crate::session::{Session, SessionObserver};
 use eventlog::{Durability, EventLog};
 use replay::{AgentSpec, Event, Resolution, Status};
@@ -86,7 +86,7 @@ impl Service {
     pub fn reopen(&self, session: &mut Session, by: &str) -> Result<bool, RuntimeError> {
         let state = session.state();
         let stopped = state.paused.is_some() || state.failed.is_some();
-        if !stopped || !in_doubt(session).is_empty() {
+        if !stopped || waits_for_a_person(session) {
             return Ok(false);
         }
         session.append(vec![Event::SessionResumed { by: by.into() }], None)?;
@@ -128,7 +128,46 @@ impl Service {
             resolution,
             by: by.into(),
         }];
-        let last = doubts.len() == 1;
+        let last = doubts.len() == 1 && awaiting_approval(session).is_empty();
+        if last {
+            events.push(Event::SessionResumed { by: by.into() });
+        }
+        session.append(events, None)?;
+        session.barrier(self.durability)?;
+        crate::crash::point("decision_appended");
+        Ok(last)
+    }
+
+    /// Records a person's approval or denial of a call waiting for one.
+    /// Returns whether the session can continue (nothing else waits).
+    pub fn decide_approval(
+        &self,
+        session: &mut Session,
+        call_id: &str,
+        approved: bool,
+        by: &str,
+    ) -> Result<bool, RuntimeError> {
+        let waiting = awaiting_approval(session);
+        if !waiting.iter().any(|(id, _)| id == call_id) {
+            let open: Vec<&str> = waiting.iter().map(|(id, _)| id.as_str()).collect();
+            return Err(RuntimeError::InvalidRequest {
+                session: session.id(),
+                reason: format!(
+                    "call {call_id:?} does not wait for approval (waiting: {})",
+                    if open.is_empty() {
+                        "none".to_string()
+                    } else {
+                        open.join(", ")
+                    }
+                ),
+            });
+        }
+        let mut events = vec![Event::ApprovalDecided {
+            call_id: call_id.into(),
+            approved,
+            by: by.into(),
+        }];
+        let last = waiting.len() == 1 && in_doubt(session).is_empty();
         if last {
             events.push(Event::SessionResumed { by: by.into() });
         }
@@ -145,7 +184,7 @@ impl Service {
             let session = Session::load(self.log.clone(), meta.session)?;
             let status = session.state().status();
             let pending = matches!(status, Status::Running | Status::Failed)
-                || (status == Status::Paused && in_doubt(&session).is_empty());
+                || (status == Status::Paused && !waits_for_a_person(&session));
             if pending {
                 out.push(meta.session);
             }

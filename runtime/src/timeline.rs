@@ -99,7 +99,9 @@ fn concerns_tool(event: &Event, tool: &str, tool_of_call: &HashMap<String, Strin
         Event::ToolStarted { tool: t, .. } => t == tool,
         Event::ToolFinished { call_id, .. }
         | Event::ToolInDoubt { call_id, .. }
-        | Event::ToolResolved { call_id, .. } => call_is(call_id),
+        | Event::ToolResolved { call_id, .. }
+        | Event::ApprovalRequested { call_id }
+        | Event::ApprovalDecided { call_id, .. } => call_is(call_id),
         _ => false,
     }
 }
@@ -167,6 +169,15 @@ fn summary(event: &Event) -> String {
             }
         },
         Event::ToolInDoubt { call_id, reason } => format!("{call_id}: {reason}"),
+        Event::ApprovalRequested { call_id } => format!("{call_id} waits for approval"),
+        Event::ApprovalDecided {
+            call_id,
+            approved,
+            by,
+        } => format!(
+            "{call_id} {} by {by}",
+            if *approved { "approved" } else { "denied" }
+        ),
         Event::ToolResolved {
             call_id,
             resolution,

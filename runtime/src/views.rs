@@ -112,6 +112,13 @@ pub fn turn_end(session: Uuid, end: &TurnEnd) -> Value {
                 .collect();
             json!({"session": session, "status": "paused", "in_doubt": calls})
         }
+        TurnEnd::NeedsApproval(calls) => {
+            let calls: Vec<Value> = calls
+                .iter()
+                .map(|(c, t)| json!({"call_id": c, "tool": t}))
+                .collect();
+            json!({"session": session, "status": "paused", "awaiting_approval": calls})
+        }
         TurnEnd::Paused(reason) => {
             json!({"session": session, "status": "paused", "reason": reason})
         }
@@ -125,20 +132,27 @@ pub fn turn_end_from(value: &Value) -> Option<TurnEnd> {
     match value["status"].as_str()? {
         "idle" => Some(TurnEnd::Answered(text("answer")?)),
         "failed" => Some(TurnEnd::Failed(text("error")?)),
-        "paused" => match value["in_doubt"].as_array() {
-            Some(calls) => Some(TurnEnd::NeedsDecision(
-                calls
+        "paused" => {
+            let pairs = |key: &str, second: &str| -> Option<Vec<(String, String)>> {
+                value[key]
+                    .as_array()?
                     .iter()
                     .map(|c| {
                         Some((
                             c["call_id"].as_str()?.to_string(),
-                            c["reason"].as_str()?.to_string(),
+                            c[second].as_str()?.to_string(),
                         ))
                     })
-                    .collect::<Option<_>>()?,
-            )),
-            None => Some(TurnEnd::Paused(text("reason")?)),
-        },
+                    .collect()
+            };
+            if let Some(calls) = pairs("in_doubt", "reason") {
+                Some(TurnEnd::NeedsDecision(calls))
+            } else if let Some(calls) = pairs("awaiting_approval", "tool") {
+                Some(TurnEnd::NeedsApproval(calls))
+            } else {
+                Some(TurnEnd::Paused(text("reason")?))
+            }
+        }
         _ => None,
     }
 }
@@ -153,6 +167,14 @@ fn describe_decision(decision: &CallDecision) -> (&'static str, String) {
         ),
         CallDecision::InDoubt(reason) => ("in_doubt", reason.clone()),
         CallDecision::AwaitingDecision(reason) => ("awaiting_decision", reason.clone()),
+        CallDecision::NeedsApproval => (
+            "needs_approval",
+            "its tool requires a person's approval; the request is recorded next".into(),
+        ),
+        CallDecision::AwaitingApproval => (
+            "awaiting_approval",
+            "waits for a person's approval (mneme approve)".into(),
+        ),
     }
 }
 
@@ -161,7 +183,9 @@ fn describe_next(next: &NextStep) -> String {
         NextStep::Nothing => "nothing: the last turn is answered".into(),
         NextStep::CallModel => "call the model".into(),
         NextStep::RunTools => "run tools".into(),
-        NextStep::AwaitDecision => "wait for a person's decision (mneme resolve)".into(),
+        NextStep::AwaitDecision => {
+            "wait for a person's decision (mneme resolve or mneme approve)".into()
+        }
         NextStep::Paused(reason) => format!("paused: {reason}"),
         NextStep::Failed(error) => format!("failed: {error} (mneme resume tries again)"),
     }

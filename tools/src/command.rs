@@ -123,6 +123,7 @@ mod tests {
             parameters: serde_json::json!({}),
             honours_idempotency_key: None,
             timeout_secs: Some(timeout),
+            requires_approval: false,
             method: None,
             url: None,
             command: Some(command.iter().map(|s| s.to_string()).collect()),

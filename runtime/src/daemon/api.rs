@@ -69,6 +69,7 @@ pub(crate) fn router(daemon: Shared, stopped: watch::Receiver<bool>) -> Router {
         .route("/sessions/{id}/resume", post(resume))
         .route("/sessions/{id}/pause", post(pause))
         .route("/sessions/{id}/calls/{call}/resolve", post(resolve))
+        .route("/sessions/{id}/calls/{call}/approve", post(approve))
         .route("/sessions/{id}/events", get(events))
         .route("/sessions/{id}/verify", get(verify))
         .route("/sessions/{id}/replay", get(replay_view))
@@ -358,16 +359,56 @@ async fn resolve(
         daemon.set_status(id, session.state().status());
         can_continue
     };
+    continue_after_decision(&daemon, id, &call, can_continue, body.wait).await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApproveBody {
+    approved: bool,
+    by: String,
+    #[serde(default)]
+    wait: bool,
+}
+
+async fn approve(
+    State(daemon): State<Shared>,
+    Path((id, call)): Path<(Uuid, String)>,
+    Json(body): Json<ApproveBody>,
+) -> Result<Response, ApiError> {
+    refuse_when_stopping(&daemon)?;
+    let can_continue = {
+        let lock = daemon.lock_for(id);
+        let _turn = lock.lock().await;
+        let mut session = daemon.service.load(id)?;
+        let can_continue =
+            daemon
+                .service
+                .decide_approval(&mut session, &call, body.approved, &body.by)?;
+        daemon.set_status(id, session.state().status());
+        can_continue
+    };
+    continue_after_decision(&daemon, id, &call, can_continue, body.wait).await
+}
+
+/// After a person's decision: continue the session if nothing else waits.
+async fn continue_after_decision(
+    daemon: &Shared,
+    id: Uuid,
+    call: &str,
+    can_continue: bool,
+    wait: bool,
+) -> Result<Response, ApiError> {
     if !can_continue {
         return Ok(
-            Json(json!({"session": id, "resolved": call, "continuing": false})).into_response(),
+            Json(json!({"session": id, "decided": call, "continuing": false})).into_response(),
         );
     }
     let turn = daemon.spawn_turn(id, TurnStart::Resume("api"));
-    if !body.wait {
+    if !wait {
         return Ok((
             StatusCode::ACCEPTED,
-            Json(json!({"session": id, "resolved": call, "continuing": true})),
+            Json(json!({"session": id, "decided": call, "continuing": true})),
         )
             .into_response());
     }

@@ -221,7 +221,7 @@ impl Daemon {
             self.set_status(meta.session, status);
             let shut_down = state.paused.as_deref() == Some(SHUTDOWN_REASON);
             if status == Status::Running
-                || (shut_down && crate::runner::in_doubt(&session).is_empty())
+                || (shut_down && !crate::runner::waits_for_a_person(&session))
             {
                 drop(session);
                 recovered += 1;

@@ -44,6 +44,8 @@ pub(crate) fn document() -> Value {
             "/sessions/{id}/pause": {"post": op("Pause the session at its next step", "200")},
             "/sessions/{id}/calls/{call}/resolve": {"post": with_body(op("Decide on a call in doubt: exactly one of retry, skip (the result), fail (a message); by names who decides", "202"),
                 json!({"type": "object", "required": ["by"], "properties": {"retry": {"type": "boolean"}, "skip": {}, "fail": {"type": "string"}, "by": {"type": "string"}, "wait": wait["wait"]}}))},
+            "/sessions/{id}/calls/{call}/approve": {"post": with_body(op("Approve or deny a call that waits for approval; by names who decides", "202"),
+                json!({"type": "object", "required": ["approved", "by"], "properties": {"approved": {"type": "boolean"}, "by": {"type": "string"}, "wait": wait["wait"]}}))},
             "/sessions/{id}/events": {"get": op("The audit trail (query: kind=K1,K2, after=SEQ); with follow=true a Server-Sent Events stream: history, then each event once durable", "200")},
             "/sessions/{id}/verify": {"get": op("Check the session's hash chain", "200")},
             "/sessions/{id}/replay": {"get": op("Dry run: the rebuilt prompt and the resume plan", "200")},
