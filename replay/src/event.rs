@@ -10,6 +10,14 @@ pub const EVENT_SCHEMA: u16 = 1;
 /// One thing that happened in a session. Immutable once appended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Event {
+    /// This session began as a copy of another's first `at_seq` events,
+    /// which follow this event.
+    SessionForked {
+        /// The session it was forked from.
+        parent: uuid::Uuid,
+        /// The last seq of the parent it holds.
+        at_seq: u64,
+    },
     /// The session began with this agent spec.
     SessionStarted {
         /// The spec as it was at the start.
@@ -158,6 +166,11 @@ pub enum Resolution {
 pub enum SessionOutcome {
     /// A turn failed with this error; `resume` may try again.
     Failed(String),
+    /// Someone cancelled the session; only a new user message reopens it.
+    Cancelled {
+        /// Who cancelled it.
+        by: String,
+    },
 }
 
 /// Why stored bytes are not an event this build can use.
@@ -177,6 +190,7 @@ pub enum DecodeError {
 impl Event {
     /// The name of every kind of event, as stored in envelopes.
     pub const KINDS: &'static [&'static str] = &[
+        "SessionForked",
         "SessionStarted",
         "UserMessage",
         "ModelReplied",
@@ -194,6 +208,7 @@ impl Event {
     /// The name of this kind of event, as stored in the envelope.
     pub fn kind(&self) -> &'static str {
         match self {
+            Event::SessionForked { .. } => "SessionForked",
             Event::SessionStarted { .. } => "SessionStarted",
             Event::UserMessage { .. } => "UserMessage",
             Event::ModelReplied(_) => "ModelReplied",

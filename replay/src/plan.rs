@@ -49,6 +49,8 @@ pub enum NextStep {
     Paused(String),
     /// The last turn failed; resuming it is an explicit act.
     Failed(String),
+    /// Cancelled (by whom): nothing runs until a new user message.
+    Cancelled(String),
 }
 
 /// The resume plan of a session.
@@ -71,7 +73,9 @@ pub fn plan(state: &SessionState) -> ResumePlan {
             decision: decide(state, c),
         })
         .collect();
-    let next = if let Some(error) = &state.failed {
+    let next = if let Some(by) = &state.cancelled {
+        NextStep::Cancelled(by.clone())
+    } else if let Some(error) = &state.failed {
         NextStep::Failed(error.clone())
     } else if let Some(reason) = &state.paused {
         NextStep::Paused(reason.clone())

@@ -64,6 +64,8 @@ pub enum Status {
     Paused,
     /// The last turn failed; `resume` may try again.
     Failed,
+    /// Cancelled; a new user message reopens it.
+    Cancelled,
 }
 
 impl std::fmt::Display for Status {
@@ -74,6 +76,7 @@ impl std::fmt::Display for Status {
             Status::Idle => "idle",
             Status::Paused => "paused",
             Status::Failed => "failed",
+            Status::Cancelled => "cancelled",
         })
     }
 }
@@ -129,6 +132,10 @@ pub struct SessionState {
     pub paused: Option<String>,
     /// Set by a failed SessionFinished, cleared by SessionResumed or a new user message.
     pub failed: Option<String>,
+    /// Who cancelled the session; cleared by a new user message.
+    pub cancelled: Option<String>,
+    /// The session and seq this one was forked from.
+    pub forked_from: Option<(uuid::Uuid, u64)>,
     /// Usage and cost totals.
     pub totals: Totals,
     /// Events the fold could not place (a tool event for an unknown call):
@@ -150,10 +157,12 @@ impl SessionState {
     pub fn apply(&mut self, seq: u64, event: Event) {
         self.last_seq = seq;
         match event {
+            Event::SessionForked { parent, at_seq } => self.forked_from = Some((parent, at_seq)),
             Event::SessionStarted { spec } => self.spec = Some(spec),
             Event::UserMessage { text } => {
                 self.paused = None;
                 self.failed = None;
+                self.cancelled = None;
                 self.entries.push(Entry::User(text));
             }
             Event::ModelReplied(reply) => {
@@ -219,6 +228,13 @@ impl SessionState {
             Event::SessionFinished {
                 outcome: SessionOutcome::Failed(error),
             } => self.failed = Some(error),
+            Event::SessionFinished {
+                outcome: SessionOutcome::Cancelled { by },
+            } => {
+                self.paused = None;
+                self.failed = None;
+                self.cancelled = Some(by);
+            }
         }
     }
 
@@ -267,6 +283,9 @@ impl SessionState {
     pub fn status(&self) -> Status {
         if self.spec.is_none() {
             return Status::Empty;
+        }
+        if self.cancelled.is_some() {
+            return Status::Cancelled;
         }
         if self.failed.is_some() {
             return Status::Failed;

@@ -265,6 +265,21 @@ fn calls_needing_approval_wait_then_run_or_are_denied() {
 }
 
 #[test]
+fn a_cancelled_session_runs_nothing_until_a_new_message() {
+    let mut events = story()[..3].to_vec();
+    events.push(Event::SessionFinished {
+        outcome: SessionOutcome::Cancelled { by: "ops".into() },
+    });
+    let state = fold(&events);
+    assert_eq!(state.status(), Status::Cancelled);
+    assert_eq!(plan(&state).next, NextStep::Cancelled("ops".into()));
+    events.push(Event::UserMessage {
+        text: "again".into(),
+    });
+    assert_eq!(fold(&events).status(), Status::Running);
+}
+
+#[test]
 fn missing_model_reply_is_requested_again() {
     let state = fold(&story()[..2]);
     assert_eq!(plan(&state).next, NextStep::CallModel);
@@ -298,6 +313,13 @@ fn golden_bytes_of_every_event_kind() {
         call_id: "c9".into(),
         outcome: ToolOutcome::Err("boom".into()),
         duration_ms: 9,
+    });
+    all.push(Event::SessionForked {
+        parent: uuid::Uuid::from_u128(7),
+        at_seq: 3,
+    });
+    all.push(Event::SessionFinished {
+        outcome: SessionOutcome::Cancelled { by: "ops".into() },
     });
     all.push(Event::ApprovalRequested {
         call_id: "c8".into(),

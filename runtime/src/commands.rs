@@ -292,5 +292,8 @@ pub fn report_end(id: Uuid, end: &TurnEnd, json: bool) -> Result<ExitCode> {
         TurnEnd::Failed(error) => {
             bail!("session {id} failed earlier ({error}): `mneme resume {id}` tries again")
         }
+        TurnEnd::Cancelled(by) => {
+            bail!("session {id} was cancelled by {by}: a new message (`mneme run --session {id}`) reopens it")
+        }
     }
 }

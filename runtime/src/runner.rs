@@ -34,6 +34,8 @@ pub enum TurnEnd {
     Paused(String),
     /// The last turn failed earlier; resume it explicitly.
     Failed(String),
+    /// Cancelled (by whom); a new message reopens it.
+    Cancelled(String),
 }
 
 /// Drives sessions with a model client and tools built from their spec.
@@ -110,6 +112,7 @@ impl Runner {
                 NextStep::AwaitDecision => return Ok(TurnEnd::NeedsDecision(Vec::new())),
                 NextStep::Paused(reason) => return Ok(TurnEnd::Paused(reason)),
                 NextStep::Failed(error) => return Ok(TurnEnd::Failed(error)),
+                NextStep::Cancelled(by) => return Ok(TurnEnd::Cancelled(by)),
             }
         }
     }

@@ -3,9 +3,10 @@
 
 use crate::error::RuntimeError;
 use crate::runner::{awaiting_approval, in_doubt, waits_for_a_person, Runner};
+use crate::session::read_events;
 use crate::session::{Session, SessionObserver};
 use eventlog::{Durability, EventLog};
-use replay::{AgentSpec, Event, Resolution, Status};
+use replay::{AgentSpec, Event, Resolution, SessionOutcome, SessionState, Status};
 use std::sync::Arc;
 use uuid::Uuid;
 
@@ -65,7 +66,7 @@ impl Service {
     /// first write-ahead rule). Refused while a turn is unfinished.
     pub fn post_message(&self, session: &mut Session, text: String) -> Result<u64, RuntimeError> {
         let status = session.state().status();
-        if !matches!(status, Status::Idle | Status::Failed) {
+        if !matches!(status, Status::Idle | Status::Failed | Status::Cancelled) {
             let id = session.id();
             return Err(RuntimeError::InvalidRequest {
                 session: id,
@@ -175,6 +176,59 @@ impl Service {
         session.barrier(self.durability)?;
         crate::crash::point("decision_appended");
         Ok(last)
+    }
+
+    /// Cancels the session: nothing runs until a new user message. The
+    /// caller makes sure no turn runs at the same time.
+    pub fn cancel(&self, session: &mut Session, by: &str) -> Result<(), RuntimeError> {
+        let outcome = SessionOutcome::Cancelled { by: by.into() };
+        session.append(vec![Event::SessionFinished { outcome }], None)?;
+        session.barrier(self.durability)
+    }
+
+    /// Starts a new session holding `parent`'s first `at_seq` events, after
+    /// a first event that names them. Only at a point where no tool call is
+    /// under way, so the branch never shares a call with its parent.
+    pub fn fork(&self, parent: Uuid, at_seq: u64) -> Result<Session, RuntimeError> {
+        let events: Vec<Event> = read_events(self.log.as_ref(), parent)?
+            .into_iter()
+            .take_while(|(record, _)| record.envelope.seq <= at_seq)
+            .map(|(_, event)| event)
+            .collect();
+        let refuse = |reason: String| RuntimeError::InvalidRequest {
+            session: parent,
+            reason,
+        };
+        if events.len() as u64 != at_seq || at_seq == 0 {
+            return Err(refuse(format!(
+                "cannot fork at seq {at_seq}: the session has {} events",
+                events.len()
+            )));
+        }
+        let state = SessionState::fold(
+            events
+                .iter()
+                .cloned()
+                .enumerate()
+                .map(|(i, e)| (i as u64 + 1, e)),
+        );
+        if !state
+            .open_calls()
+            .iter()
+            .all(|c| matches!(c.phase, replay::CallPhase::Finished(_)))
+        {
+            return Err(refuse(format!(
+                "cannot fork at seq {at_seq}: a tool call is under way there"
+            )));
+        }
+        let mut child = Session::create_observed_with(
+            self.log.clone(),
+            vec![Event::SessionForked { parent, at_seq }],
+            self.observer.clone(),
+        )?;
+        child.append(events, Some(at_seq))?;
+        child.barrier(self.durability)?;
+        Ok(child)
     }
 
     /// Sessions with pending work that no person has to decide on.

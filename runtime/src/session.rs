@@ -116,6 +116,15 @@ impl Session {
         spec: AgentSpec,
         observer: Option<Arc<dyn SessionObserver>>,
     ) -> Result<Session, RuntimeError> {
+        Session::create_observed_with(log, vec![Event::SessionStarted { spec }], observer)
+    }
+
+    /// Starts a new session whose first events are `first`.
+    pub fn create_observed_with(
+        log: Arc<dyn EventLog>,
+        first: Vec<Event>,
+        observer: Option<Arc<dyn SessionObserver>>,
+    ) -> Result<Session, RuntimeError> {
         let mut session = Session {
             id: Uuid::now_v7(),
             log,
@@ -123,7 +132,7 @@ impl Session {
             durable_seq: 0,
             observer,
         };
-        session.append(vec![Event::SessionStarted { spec }], None)?;
+        session.append(first, None)?;
         Ok(session)
     }
 

@@ -117,6 +117,10 @@ fn clip(text: &str, max: usize) -> String {
 
 fn summary(event: &Event) -> String {
     match event {
+        Event::SessionForked { parent, at_seq } => format!("forked from {parent} at seq {at_seq}"),
+        Event::SessionFinished {
+            outcome: SessionOutcome::Cancelled { by },
+        } => format!("cancelled by {by}"),
         Event::SessionStarted { spec } => format!(
             "agent {} (provider {}, model {:?}, {} tools)",
             spec.name,

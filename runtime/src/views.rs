@@ -123,6 +123,7 @@ pub fn turn_end(session: Uuid, end: &TurnEnd) -> Value {
             json!({"session": session, "status": "paused", "reason": reason})
         }
         TurnEnd::Failed(error) => json!({"session": session, "status": "failed", "error": error}),
+        TurnEnd::Cancelled(by) => json!({"session": session, "status": "cancelled", "by": by}),
     }
 }
 
@@ -132,6 +133,7 @@ pub fn turn_end_from(value: &Value) -> Option<TurnEnd> {
     match value["status"].as_str()? {
         "idle" => Some(TurnEnd::Answered(text("answer")?)),
         "failed" => Some(TurnEnd::Failed(text("error")?)),
+        "cancelled" => Some(TurnEnd::Cancelled(text("by")?)),
         "paused" => {
             let pairs = |key: &str, second: &str| -> Option<Vec<(String, String)>> {
                 value[key]
@@ -188,5 +190,6 @@ fn describe_next(next: &NextStep) -> String {
         }
         NextStep::Paused(reason) => format!("paused: {reason}"),
         NextStep::Failed(error) => format!("failed: {error} (mneme resume tries again)"),
+        NextStep::Cancelled(by) => format!("cancelled by {by}: nothing runs until a new message"),
     }
 }

@@ -349,3 +349,45 @@ async fn the_cli_beside_a_running_daemon_goes_through_it_with_the_same_output() 
         assert_eq!(&stdout(&out), expected, "{args:?} differs between the daemon and the log");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fork_branches_a_session_and_cancel_stops_one() {
+    let world = World::new();
+    let model = MockModel::start(
+        vec![MockReply::answer("one"), MockReply::calls(&[("slow", json!({}))]), MockReply::answer("two")],
+        Fault::None,
+    )
+    .await;
+    let agent = agent_toml(&model.base_url(), &[command_tool("slow", &["sh", "-c", "cat >/dev/null; sleep 1; echo ok"], "read_only", 10)]);
+    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let parent = daemon.create(&agent).await;
+    let (_, end) = daemon.post(&format!("/sessions/{parent}/messages"), &json!({"text": "first", "wait": true})).await;
+    assert_eq!(end["answer"], "one");
+    // Fork after the first answer (SessionStarted, UserMessage, ModelReplied).
+    let (status, forked) = daemon.post(&format!("/sessions/{parent}/fork"), &json!({"at": 3})).await;
+    assert_eq!(status, 201, "{forked}");
+    let child = forked["session"].as_str().unwrap().to_string();
+    let (_, events) = daemon.get(&format!("/sessions/{child}/events")).await;
+    let first = &events[0]["event"]["SessionForked"];
+    assert_eq!((first["parent"].as_str(), first["at_seq"].as_u64()), (Some(parent.as_str()), Some(3)));
+    assert_eq!(events.as_array().unwrap().len(), 4);
+    // The branch goes on by itself; cancel it while its tool runs.
+    daemon.post(&format!("/sessions/{child}/messages"), &json!({"text": "second"})).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, cancelled) = daemon.post(&format!("/sessions/{child}/cancel"), &json!({"by": "ops"})).await;
+    assert_eq!(status, 200, "{cancelled}");
+    let kinds = kinds_of(&daemon, &child).await;
+    assert_eq!(kinds.last().map(String::as_str), Some("SessionFinished"), "{kinds:?}");
+    assert!(kinds.contains(&"ToolFinished".to_string()), "the call under way finished first: {kinds:?}");
+    let (_, session) = daemon.get(&format!("/sessions/{child}")).await;
+    assert_eq!(session["status"], "cancelled");
+    let (status, _) = daemon.post(&format!("/sessions/{child}/resume"), &json!({"wait": true})).await;
+    assert_eq!(status, 200);
+    assert_eq!(kinds_of(&daemon, &child).await.len(), kinds.len(), "a resume runs nothing");
+    // The parent is untouched, and a fork inside a tool call is refused.
+    assert_eq!(kinds_of(&daemon, &parent).await.len(), 3);
+    let (status, refused) = daemon.post(&format!("/sessions/{child}/fork"), &json!({"at": 6})).await;
+    assert_eq!(status, 409, "{refused}");
+    assert!(refused["error"].as_str().unwrap().contains("under way"), "{refused}");
+    assert!(daemon.terminate().await.success());
+}

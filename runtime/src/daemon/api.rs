@@ -68,6 +68,8 @@ pub(crate) fn router(daemon: Shared, stopped: watch::Receiver<bool>) -> Router {
         .route("/sessions/{id}/messages", post(post_message))
         .route("/sessions/{id}/resume", post(resume))
         .route("/sessions/{id}/pause", post(pause))
+        .route("/sessions/{id}/cancel", post(cancel))
+        .route("/sessions/{id}/fork", post(fork))
         .route("/sessions/{id}/calls/{call}/resolve", post(resolve))
         .route("/sessions/{id}/calls/{call}/approve", post(approve))
         .route("/sessions/{id}/events", get(events))
@@ -324,6 +326,49 @@ async fn pause(
     daemon.service.load(id)?;
     daemon.request_pause(id);
     Ok(Json(json!({"session": id, "pause_requested": true})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ByBody {
+    by: String,
+}
+
+/// Cancels the session: a running turn stops at its next step first.
+async fn cancel(
+    State(daemon): State<Shared>,
+    Path(id): Path<Uuid>,
+    Json(body): Json<ByBody>,
+) -> Result<Json<Value>, ApiError> {
+    daemon.service.load(id)?;
+    daemon.request_pause(id);
+    let lock = daemon.lock_for(id);
+    let _turn = lock.lock().await;
+    daemon.withdraw_pause(id);
+    let mut session = daemon.service.load(id)?;
+    daemon.service.cancel(&mut session, &body.by)?;
+    daemon.set_status(id, session.state().status());
+    Ok(Json(json!({"session": id, "status": "cancelled"})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ForkBody {
+    at: u64,
+}
+
+/// A new session holding this one's first `at` events.
+async fn fork(
+    State(daemon): State<Shared>,
+    Path(id): Path<Uuid>,
+    Json(body): Json<ForkBody>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let child = daemon.service.fork(id, body.at)?;
+    daemon.set_status(child.id(), child.state().status());
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"session": child.id(), "parent": id, "at": body.at})),
+    ))
 }
 
 #[derive(Deserialize)]

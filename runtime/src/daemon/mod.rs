@@ -151,6 +151,11 @@ impl Daemon {
         self.pause_requests.lock().expect("pause lock").insert(id);
     }
 
+    /// Withdraws a pause request no turn consumed.
+    pub(crate) fn withdraw_pause(&self, id: Uuid) {
+        self.pause_requests.lock().expect("pause lock").remove(&id);
+    }
+
     /// Runs one turn of `id` to its end, one turn per session at a time.
     pub(crate) async fn turn(
         self: Arc<Self>,
