@@ -1,0 +1,216 @@
+//! The daemon's benchmark: agent steps across concurrent sessions, and the
+//! daemon's memory with many idle sessions in its log.
+//!
+//! Run: `cargo bench -p mneme-e2e --bench daemon` (`MNEME_BENCH_DIR` sets the
+//! disk; default `target/bench-data`).
+
+use eventlog::{Durability, EventLog, NewEvent, SledLog};
+use mneme_e2e::{Fault, MockModel, MockReply, Sink};
+use replay::{Event, ModelReply, EVENT_SCHEMA};
+use runtime::{Runner, Session};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const CHILD_ENV: &str = "MNEME_BENCH_DAEMON_CHILD";
+
+fn bench_dir(name: &str) -> PathBuf {
+    let root = std::env::var_os("MNEME_BENCH_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-data"));
+    let dir = root.join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn spec(model_url: &str, tool_url: &str) -> replay::AgentSpec {
+    let text = format!(
+        "name = \"bench\"\nsystem = \"You are a benchmark.\"\n[model]\nprovider = \"openai\"\nbase_url = \"{model_url}\"\nmodel = \"m\"\n\
+         [[tools]]\nname = \"charge\"\nkind = \"http\"\nurl = \"{tool_url}\"\neffect = \"side_effect\"\n"
+    );
+    toml::from_str(&text).unwrap()
+}
+
+/// Agent steps/s with `sessions` sessions running at once, each `steps` steps.
+async fn steps(sessions: usize, steps: usize) -> f64 {
+    let mut replies: Vec<MockReply> = (0..steps)
+        .map(|i| MockReply::calls(&[("charge", json!({"n": i}))]))
+        .collect();
+    replies.push(MockReply::answer("done"));
+    let model = MockModel::start(replies, Fault::None).await;
+    let sink = Sink::start().await.unwrap();
+    let log: Arc<dyn EventLog> =
+        Arc::new(SledLog::open(bench_dir(&format!("steps-{sessions}"))).unwrap());
+    let runner = Runner::new(Durability::Synced);
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..sessions)
+        .map(|_| {
+            let (log, runner) = (log.clone(), runner.clone());
+            let spec = spec(&model.base_url(), &sink.url("charge"));
+            tokio::spawn(async move {
+                let mut session = Session::create(log, spec).unwrap();
+                session
+                    .append(vec![Event::UserMessage { text: "go".into() }], None)
+                    .unwrap();
+                runner.drive(&mut session).await.unwrap()
+            })
+        })
+        .collect();
+    for task in tasks {
+        assert_eq!(
+            task.await.unwrap(),
+            runtime::TurnEnd::Answered("done".into())
+        );
+    }
+    let rate = (sessions * steps) as f64 / started.elapsed().as_secs_f64();
+    assert_eq!(
+        sink.stats().path("charge").effects as usize,
+        sessions * steps
+    );
+    rate
+}
+
+/// Fills `n` idle sessions (started, asked, answered).
+fn fill_idle(dir: &Path, n: usize) {
+    let log = SledLog::open(dir).unwrap();
+    let spec = Event::SessionStarted {
+        spec: spec("http://127.0.0.1:9/v1", "http://127.0.0.1:9/x"),
+    };
+    let events = [
+        spec,
+        Event::UserMessage {
+            text: "What is the balance of account 42?".repeat(4),
+        },
+        Event::ModelReplied(ModelReply {
+            content: Some("It is 1,234.56.".repeat(8)),
+            finish_reason: "stop".into(),
+            ..Default::default()
+        }),
+    ];
+    for _ in 0..n {
+        let new = events
+            .iter()
+            .map(|e| NewEvent {
+                kind: e.kind().into(),
+                schema: EVENT_SCHEMA,
+                caused_by: None,
+                payload: e.encode(),
+            })
+            .collect();
+        log.append(uuid::Uuid::now_v7(), 1, new).unwrap();
+    }
+    log.barrier(Durability::Synced).unwrap();
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// Starts this benchmark as a daemon child on `dir`; returns (RSS KiB once
+/// every session's status is known, time to know them).
+fn daemon_memory(dir: &Path, sessions: usize) -> (u64, Duration) {
+    let started = Instant::now();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .env(CHILD_ENV, dir)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let note = dir.join("mneme.daemon");
+    let addr = loop {
+        if let Some(addr) = std::fs::read_to_string(&note)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v["addr"].as_str().map(String::from))
+        {
+            break addr;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let wanted = format!("mneme_sessions{{status=\"idle\"}} {sessions}");
+    loop {
+        let metrics = http_get(&format!("http://{addr}/metrics"));
+        if sessions == 0 || metrics.contains(&wanted) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = started.elapsed();
+    std::thread::sleep(Duration::from_millis(300)); // let allocators settle
+    let rss = rss_kib(child.id());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    (rss, took)
+}
+
+/// GET `url` with the bench token; empty on any failure.
+fn http_get(url: &str) -> String {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        match reqwest::Client::new()
+            .get(url)
+            .bearer_auth("bench")
+            .send()
+            .await
+        {
+            Ok(response) => response.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        }
+    })
+}
+
+fn run_child(dir: &str) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir).unwrap());
+        let config = runtime::daemon::DaemonConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            data_dir: dir.into(),
+            token: "bench".into(),
+            token_file: None,
+            agents_dir: None,
+            durability: Durability::Synced,
+            shutdown_grace: Duration::from_secs(1),
+            max_body_bytes: 1 << 20,
+        };
+        runtime::daemon::serve(log, config).await.unwrap();
+    });
+}
+
+fn main() {
+    if let Ok(dir) = std::env::var(CHILD_ENV) {
+        return run_child(&dir);
+    }
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    println!("# mneme daemon benchmark");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    println!("\n## Agent steps across concurrent sessions (model reply + one side_effect HTTP call a step; loopback; synced)\n");
+    println!("| sessions | steps/s |\n|---:|---:|");
+    for sessions in [1usize, 16] {
+        let rate = rt.block_on(steps(sessions, 100));
+        println!("| {sessions} | {rate:.0} |");
+    }
+    println!("\n## Daemon memory with idle sessions in the log (RSS once every session's status is known)\n");
+    println!("| idle sessions | RSS | recovery scan |\n|---:|---:|---:|");
+    for sessions in [0usize, 10_000] {
+        let dir = bench_dir(&format!("idle-{sessions}"));
+        fill_idle(&dir, sessions);
+        let (rss, took) = daemon_memory(&dir, sessions);
+        println!(
+            "| {sessions} | {:.1} MiB | {:.0} ms |",
+            rss as f64 / 1024.0,
+            took.as_secs_f64() * 1e3
+        );
+    }
+}
