@@ -92,7 +92,11 @@ impl DaemonProcess {
     }
 
     /// POST with owned arguments, for many requests at once.
-    pub fn post_owned(&self, path: String, body: Value) -> impl std::future::Future<Output = (u16, Value)> + '_ {
+    pub fn post_owned(
+        &self,
+        path: String,
+        body: Value,
+    ) -> impl std::future::Future<Output = (u16, Value)> + '_ {
         async move { self.post(&path, &body).await }
     }
 

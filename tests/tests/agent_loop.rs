@@ -224,29 +224,53 @@ async fn a_tool_that_requires_approval_waits_for_a_person() {
     let world = World::new();
     let sink = Sink::start().await.unwrap();
     let model = MockModel::start(
-        vec![MockReply::calls(&[("refund", json!({"n": 1}))]), MockReply::answer("handled")],
+        vec![
+            MockReply::calls(&[("refund", json!({"n": 1}))]),
+            MockReply::answer("handled"),
+        ],
         Fault::None,
     )
     .await;
-    let tool = format!("{}requires_approval = true\n", http_tool("refund", &sink.url("refund"), "side_effect"));
+    let tool = format!(
+        "{}requires_approval = true\n",
+        http_tool("refund", &sink.url("refund"), "side_effect")
+    );
     let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[tool]));
     let mut sessions = Vec::new();
     for _ in 0..2 {
-        let out = world.run(&["run", "--agent", agent.to_str().unwrap(), "refund ada"]).await;
+        let out = world
+            .run(&["run", "--agent", agent.to_str().unwrap(), "refund ada"])
+            .await;
         assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
         assert!(stderr(&out).contains("mneme approve"), "{}", stderr(&out));
         sessions.push(session_id(&out));
     }
-    assert_eq!(sink.stats().path("refund").hits, 0, "nothing ran before approval");
-    let out = world.run(&["approve", &sessions[0], "call_0_0", "--by", "ops"]).await;
+    assert_eq!(
+        sink.stats().path("refund").hits,
+        0,
+        "nothing ran before approval"
+    );
+    let out = world
+        .run(&["approve", &sessions[0], "call_0_0", "--by", "ops"])
+        .await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out).trim(), "handled");
     assert_eq!(sink.stats().path("refund").effects, 1);
-    let out = world.run(&["approve", &sessions[1], "call_0_0", "--deny", "--by", "ops"]).await;
+    let out = world
+        .run(&["approve", &sessions[1], "call_0_0", "--deny", "--by", "ops"])
+        .await;
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(sink.stats().path("refund").hits, 1, "a denied call never runs");
+    assert_eq!(
+        sink.stats().path("refund").hits,
+        1,
+        "a denied call never runs"
+    );
     let denied = tool_messages(&model.bodies().last().unwrap().clone());
     assert_eq!(denied[0].1, "error: denied by ops");
-    let log = stdout(&world.run(&["log", &sessions[1], "--kind", "ApprovalDecided"]).await);
+    let log = stdout(
+        &world
+            .run(&["log", &sessions[1], "--kind", "ApprovalDecided"])
+            .await,
+    );
     assert!(log.contains("call_0_0 denied by ops"), "{log}");
 }

@@ -213,7 +213,12 @@ async fn the_event_stream_replays_history_then_follows() {
 
 async fn kinds_of(daemon: &DaemonProcess, id: &str) -> Vec<String> {
     let (_, events) = daemon.get(&format!("/sessions/{id}/events")).await;
-    events.as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap().to_string()).collect()
+    events
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap().to_string())
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -228,33 +233,69 @@ async fn sigkill_under_load_then_restart_finishes_every_session_exactly_once() {
     for _ in 0..SESSIONS {
         ids.push(daemon.create(&agent).await);
     }
-    let posts = ids.iter().map(|id| daemon.post_owned(format!("/sessions/{id}/messages"), json!({"text": "charge and email"})));
+    let posts = ids.iter().map(|id| {
+        daemon.post_owned(
+            format!("/sessions/{id}/messages"),
+            json!({"text": "charge and email"}),
+        )
+    });
     for (status, body) in futures_util::future::join_all(posts).await {
         assert_eq!(status, 202, "{body}");
     }
     // Kill it mid-load: some sessions charged, most not finished.
     let started = std::time::Instant::now();
     while sink.stats().path("charge").effects < (SESSIONS / 5) as u64 {
-        assert!(started.elapsed() < Duration::from_secs(60), "no progress: {:?}", sink.stats().paths);
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no progress: {:?}",
+            sink.stats().paths
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     daemon.kill().await;
     let done_before = sink.stats().path("email").effects;
-    assert!(done_before < SESSIONS as u64, "the kill came too late to test anything");
+    assert!(
+        done_before < SESSIONS as u64,
+        "the kill came too late to test anything"
+    );
 
     let daemon = DaemonProcess::start(&world.data(), &[]).await;
-    daemon.wait_all_idle(SESSIONS, Duration::from_secs(180)).await;
+    daemon
+        .wait_all_idle(SESSIONS, Duration::from_secs(180))
+        .await;
     let stats = sink.stats();
-    assert_eq!(stats.path("charge").effects, SESSIONS as u64, "{:?}", stats.paths);
-    assert_eq!(stats.path("email").effects, SESSIONS as u64, "{:?}", stats.paths);
-    assert_eq!(stats.hits_by_key.len(), 2 * SESSIONS, "one key per call, every retry reused it");
+    assert_eq!(
+        stats.path("charge").effects,
+        SESSIONS as u64,
+        "{:?}",
+        stats.paths
+    );
+    assert_eq!(
+        stats.path("email").effects,
+        SESSIONS as u64,
+        "{:?}",
+        stats.paths
+    );
+    assert_eq!(
+        stats.hits_by_key.len(),
+        2 * SESSIONS,
+        "one key per call, every retry reused it"
+    );
     for id in &ids {
         let (_, verified) = daemon.get(&format!("/sessions/{id}/verify")).await;
         assert_eq!(verified["ok"], true, "{verified}");
         let (_, session) = daemon.get(&format!("/sessions/{id}")).await;
         assert_eq!(session["answer"], "Charged and emailed.", "{session}");
     }
-    let metrics = daemon.http.get(daemon.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let metrics = daemon
+        .http
+        .get(daemon.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     let recovered: u64 = metrics
         .lines()
         .find_map(|l| l.strip_prefix("mneme_sessions_recovered_total "))
@@ -270,19 +311,35 @@ async fn sigterm_lets_running_calls_finish_pauses_the_rest_and_restart_resumes()
     const SESSIONS: usize = 4;
     let world = World::new();
     let model = MockModel::start(
-        vec![MockReply::calls(&[("slow", json!({}))]), MockReply::answer("done")],
+        vec![
+            MockReply::calls(&[("slow", json!({}))]),
+            MockReply::answer("done"),
+        ],
         Fault::None,
     )
     .await;
     let started_dir = world.dir.path().join("started");
     std::fs::create_dir(&started_dir).unwrap();
-    let script = format!("cat >/dev/null; touch {}/$MNEME_SESSION_ID; sleep 1; echo slow-done", started_dir.display());
-    let agent = agent_toml(&model.base_url(), &[command_tool("slow", &["sh", "-c", &script], "read_only", 10)]);
+    let script = format!(
+        "cat >/dev/null; touch {}/$MNEME_SESSION_ID; sleep 1; echo slow-done",
+        started_dir.display()
+    );
+    let agent = agent_toml(
+        &model.base_url(),
+        &[command_tool(
+            "slow",
+            &["sh", "-c", &script],
+            "read_only",
+            10,
+        )],
+    );
     let daemon = DaemonProcess::start(&world.data(), &[]).await;
     let mut ids = Vec::new();
     for _ in 0..SESSIONS {
         let id = daemon.create(&agent).await;
-        daemon.post(&format!("/sessions/{id}/messages"), &json!({"text": "go"})).await;
+        daemon
+            .post(&format!("/sessions/{id}/messages"), &json!({"text": "go"}))
+            .await;
         ids.push(id);
     }
     let started = std::time::Instant::now();
@@ -294,12 +351,26 @@ async fn sigterm_lets_running_calls_finish_pauses_the_rest_and_restart_resumes()
     assert!(status.success(), "exit {status:?}");
 
     let daemon = DaemonProcess::start(&world.data(), &[]).await;
-    daemon.wait_all_idle(SESSIONS, Duration::from_secs(60)).await;
+    daemon
+        .wait_all_idle(SESSIONS, Duration::from_secs(60))
+        .await;
     for id in &ids {
         let kinds = kinds_of(&daemon, id).await;
-        let at = |k: &str| kinds.iter().position(|x| x == k).unwrap_or_else(|| panic!("no {k} in {kinds:?}"));
-        assert!(at("ToolFinished") < at("SessionPaused"), "the call under way finished first: {kinds:?}");
-        assert_eq!(kinds.iter().filter(|k| *k == "ToolStarted").count(), 1, "never re-run: {kinds:?}");
+        let at = |k: &str| {
+            kinds
+                .iter()
+                .position(|x| x == k)
+                .unwrap_or_else(|| panic!("no {k} in {kinds:?}"))
+        };
+        assert!(
+            at("ToolFinished") < at("SessionPaused"),
+            "the call under way finished first: {kinds:?}"
+        );
+        assert_eq!(
+            kinds.iter().filter(|k| *k == "ToolStarted").count(),
+            1,
+            "never re-run: {kinds:?}"
+        );
         assert!(at("SessionPaused") < at("SessionResumed"), "{kinds:?}");
     }
     assert!(daemon.terminate().await.success());
@@ -309,11 +380,19 @@ async fn sigterm_lets_running_calls_finish_pauses_the_rest_and_restart_resumes()
 async fn the_cli_beside_a_running_daemon_goes_through_it_with_the_same_output() {
     let world = World::new();
     let model = MockModel::start(
-        vec![MockReply::calls(&[("slow_write", json!({}))]), MockReply::answer("gave up on it")],
+        vec![
+            MockReply::calls(&[("slow_write", json!({}))]),
+            MockReply::answer("gave up on it"),
+        ],
         Fault::None,
     )
     .await;
-    let tools = [command_tool("slow_write", &["sleep", "30"], "side_effect", 1)];
+    let tools = [command_tool(
+        "slow_write",
+        &["sleep", "30"],
+        "side_effect",
+        1,
+    )];
     let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &tools));
     let daemon = DaemonProcess::start(&world.data(), &[]).await;
     let cli = |args: &[&str]| {
@@ -321,10 +400,23 @@ async fn the_cli_beside_a_running_daemon_goes_through_it_with_the_same_output() 
         command.args(args).env("MNEME_TOKEN", TOKEN);
         command
     };
-    let out = cli(&["run", "--agent", agent.to_str().unwrap(), "write it"]).output().await.unwrap();
-    assert_eq!(out.status.code(), Some(3), "the call is in doubt: {}", stderr(&out));
+    let out = cli(&["run", "--agent", agent.to_str().unwrap(), "write it"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "the call is in doubt: {}",
+        stderr(&out)
+    );
     let session = session_id(&out);
-    let out = cli(&["resolve", &session, "call_0_0", "--fail", "not sent", "--by", "ops"]).output().await.unwrap();
+    let out = cli(&[
+        "resolve", &session, "call_0_0", "--fail", "not sent", "--by", "ops",
+    ])
+    .output()
+    .await
+    .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out).trim(), "gave up on it");
     let commands: Vec<Vec<&str>> = vec![
@@ -339,14 +431,22 @@ async fn the_cli_beside_a_running_daemon_goes_through_it_with_the_same_output() 
     let mut through_daemon = Vec::new();
     for args in &commands {
         let out = cli(args).output().await.unwrap();
-        assert!(out.status.success(), "{args:?} via the daemon: {}", stderr(&out));
+        assert!(
+            out.status.success(),
+            "{args:?} via the daemon: {}",
+            stderr(&out)
+        );
         through_daemon.push(stdout(&out));
     }
     assert!(daemon.terminate().await.success());
     for (args, expected) in commands.iter().zip(&through_daemon) {
         let out = cli(args).output().await.unwrap();
         assert!(out.status.success(), "{args:?} directly: {}", stderr(&out));
-        assert_eq!(&stdout(&out), expected, "{args:?} differs between the daemon and the log");
+        assert_eq!(
+            &stdout(&out),
+            expected,
+            "{args:?} differs between the daemon and the log"
+        );
     }
 }
 
@@ -354,40 +454,87 @@ async fn the_cli_beside_a_running_daemon_goes_through_it_with_the_same_output() 
 async fn fork_branches_a_session_and_cancel_stops_one() {
     let world = World::new();
     let model = MockModel::start(
-        vec![MockReply::answer("one"), MockReply::calls(&[("slow", json!({}))]), MockReply::answer("two")],
+        vec![
+            MockReply::answer("one"),
+            MockReply::calls(&[("slow", json!({}))]),
+            MockReply::answer("two"),
+        ],
         Fault::None,
     )
     .await;
-    let agent = agent_toml(&model.base_url(), &[command_tool("slow", &["sh", "-c", "cat >/dev/null; sleep 1; echo ok"], "read_only", 10)]);
+    let agent = agent_toml(
+        &model.base_url(),
+        &[command_tool(
+            "slow",
+            &["sh", "-c", "cat >/dev/null; sleep 1; echo ok"],
+            "read_only",
+            10,
+        )],
+    );
     let daemon = DaemonProcess::start(&world.data(), &[]).await;
     let parent = daemon.create(&agent).await;
-    let (_, end) = daemon.post(&format!("/sessions/{parent}/messages"), &json!({"text": "first", "wait": true})).await;
+    let (_, end) = daemon
+        .post(
+            &format!("/sessions/{parent}/messages"),
+            &json!({"text": "first", "wait": true}),
+        )
+        .await;
     assert_eq!(end["answer"], "one");
     // Fork after the first answer (SessionStarted, UserMessage, ModelReplied).
-    let (status, forked) = daemon.post(&format!("/sessions/{parent}/fork"), &json!({"at": 3})).await;
+    let (status, forked) = daemon
+        .post(&format!("/sessions/{parent}/fork"), &json!({"at": 3}))
+        .await;
     assert_eq!(status, 201, "{forked}");
     let child = forked["session"].as_str().unwrap().to_string();
     let (_, events) = daemon.get(&format!("/sessions/{child}/events")).await;
     let first = &events[0]["event"]["SessionForked"];
-    assert_eq!((first["parent"].as_str(), first["at_seq"].as_u64()), (Some(parent.as_str()), Some(3)));
+    assert_eq!(
+        (first["parent"].as_str(), first["at_seq"].as_u64()),
+        (Some(parent.as_str()), Some(3))
+    );
     assert_eq!(events.as_array().unwrap().len(), 4);
     // The branch goes on by itself; cancel it while its tool runs.
-    daemon.post(&format!("/sessions/{child}/messages"), &json!({"text": "second"})).await;
+    daemon
+        .post(
+            &format!("/sessions/{child}/messages"),
+            &json!({"text": "second"}),
+        )
+        .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (status, cancelled) = daemon.post(&format!("/sessions/{child}/cancel"), &json!({"by": "ops"})).await;
+    let (status, cancelled) = daemon
+        .post(&format!("/sessions/{child}/cancel"), &json!({"by": "ops"}))
+        .await;
     assert_eq!(status, 200, "{cancelled}");
     let kinds = kinds_of(&daemon, &child).await;
-    assert_eq!(kinds.last().map(String::as_str), Some("SessionFinished"), "{kinds:?}");
-    assert!(kinds.contains(&"ToolFinished".to_string()), "the call under way finished first: {kinds:?}");
+    assert_eq!(
+        kinds.last().map(String::as_str),
+        Some("SessionFinished"),
+        "{kinds:?}"
+    );
+    assert!(
+        kinds.contains(&"ToolFinished".to_string()),
+        "the call under way finished first: {kinds:?}"
+    );
     let (_, session) = daemon.get(&format!("/sessions/{child}")).await;
     assert_eq!(session["status"], "cancelled");
-    let (status, _) = daemon.post(&format!("/sessions/{child}/resume"), &json!({"wait": true})).await;
+    let (status, _) = daemon
+        .post(&format!("/sessions/{child}/resume"), &json!({"wait": true}))
+        .await;
     assert_eq!(status, 200);
-    assert_eq!(kinds_of(&daemon, &child).await.len(), kinds.len(), "a resume runs nothing");
+    assert_eq!(
+        kinds_of(&daemon, &child).await.len(),
+        kinds.len(),
+        "a resume runs nothing"
+    );
     // The parent is untouched, and a fork inside a tool call is refused.
     assert_eq!(kinds_of(&daemon, &parent).await.len(), 3);
-    let (status, refused) = daemon.post(&format!("/sessions/{child}/fork"), &json!({"at": 6})).await;
+    let (status, refused) = daemon
+        .post(&format!("/sessions/{child}/fork"), &json!({"at": 6}))
+        .await;
     assert_eq!(status, 409, "{refused}");
-    assert!(refused["error"].as_str().unwrap().contains("under way"), "{refused}");
+    assert!(
+        refused["error"].as_str().unwrap().contains("under way"),
+        "{refused}"
+    );
     assert!(daemon.terminate().await.success());
 }
