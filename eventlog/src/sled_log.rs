@@ -6,10 +6,11 @@
 //!
 //! Durability and atomicity come from mneme's write-ahead file
 //! ([`crate::wal`]), not from sled: each append is written there first (all
-//! its records in one `write(2)`), a synced barrier is one `fdatasync` of it,
-//! and opening the log puts into sled whatever sled lost and brings each
-//! session's meta up to its last record (the records are the truth). A
-//! checkpoint (sled flush + `fdatasync` of sled's files) empties the file.
+//! its records in one `write(2)`), synced barriers share `fdatasync`s of it
+//! (group commit, [`GroupCommit`]), and opening the log puts into sled
+//! whatever sled lost and brings each session's meta up to its last record
+//! (the records are the truth). A checkpoint (sled flush + `fdatasync` of
+//! sled's files) empties the file.
 
 use crate::wal::{Frame, Wal};
 use crate::{
@@ -19,7 +20,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::{mpsc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Condvar, Mutex};
 use uuid::Uuid;
 
 const EVENT_PREFIX: u8 = b'e';
@@ -46,6 +48,10 @@ pub struct SledLog {
     recovered: u64,
     /// Appends are serialized by this lock.
     inner: Mutex<Inner>,
+    /// Synced barriers share their `fdatasync`s through this.
+    commit: GroupCommit,
+    /// `fdatasync`s of the write-ahead file issued by synced barriers.
+    syncs: AtomicU64,
 }
 
 struct Inner {
@@ -54,6 +60,172 @@ struct Inner {
     wal: Wal,
     /// Sessions and records in the log, kept for the checkpoint anchor.
     totals: Totals,
+    /// Bytes ever appended to the write-ahead file by appends that returned
+    /// Ok, since the log was opened. Never decreases (the file itself is
+    /// emptied at checkpoints): a synced barrier waits until a sync or a
+    /// checkpoint covered the count it saw.
+    appended: u64,
+}
+
+/// Leader/follower group commit: concurrent synced barriers share
+/// `fdatasync`s of the write-ahead file.
+///
+/// Positions are values of [`Inner::appended`]. A barrier needs everything up
+/// to the position it saw when called. One caller at a time leads: it reads
+/// the position (every append counted there finished its `write(2)`), syncs,
+/// and everything up to what it read is then durable. Callers arriving
+/// meanwhile wait; when the sync ends, those it covered return, and one of the
+/// others leads the next sync. A failed sync fails every waiter it would have
+/// covered; after one, the kernel may have dropped the file's dirty pages, so
+/// a later `fdatasync` proves nothing about them: until a checkpoint (sled
+/// flush and fsync, from sled's copy in memory) covers the failed range,
+/// leaders checkpoint instead of syncing.
+struct GroupCommit {
+    state: Mutex<SyncState>,
+    /// Signalled when a sync ends or a checkpoint moved `durable`.
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct SyncState {
+    /// Everything up to this position is on stable storage.
+    durable: u64,
+    /// A leader is syncing.
+    leading: bool,
+    /// Syncs ended so far, successful or not.
+    rounds: u64,
+    /// Callers waiting for a running sync.
+    waiting: usize,
+    /// The last failed sync.
+    failure: Option<Failure>,
+    /// The highest position a failed sync should have covered; suspect
+    /// while above `durable`.
+    suspect: u64,
+}
+
+/// What a caller learns when it becomes the leader.
+struct Lead {
+    /// A failed sync's range is not durable yet: checkpoint, do not sync.
+    suspect: bool,
+    /// Other callers are waiting. Yielding once before reading the position
+    /// lets runnable appenders join this sync (fewer, fuller syncs); alone,
+    /// the leader syncs at once.
+    company: bool,
+}
+
+/// A failed sync, kept for the waiters it would have covered.
+struct Failure {
+    /// Its number in [`SyncState::rounds`].
+    round: u64,
+    /// The position it would have made durable.
+    upto: u64,
+    error: LogError,
+}
+
+impl GroupCommit {
+    fn new() -> GroupCommit {
+        GroupCommit {
+            state: Mutex::new(SyncState::default()),
+            changed: Condvar::new(),
+        }
+    }
+
+    /// Returns once everything up to `target` is durable. If no sync that
+    /// covers `target` is running or done, this caller leads: `lead` gets a
+    /// [`Lead`] and returns the position it read before syncing (under the
+    /// append lock) and the outcome.
+    fn wait(
+        &self,
+        target: u64,
+        lead: impl FnOnce(Lead) -> (u64, Result<(), LogError>),
+    ) -> Result<(), LogError> {
+        let mut state = self.state.lock().expect("sync lock poisoned");
+        let arrived = state.rounds;
+        loop {
+            if let Some(failure) = &state.failure {
+                if failure.round > arrived && failure.upto >= target {
+                    return Err(copy_error(&failure.error));
+                }
+            }
+            if state.durable >= target {
+                return Ok(());
+            }
+            if !state.leading {
+                break;
+            }
+            state.waiting += 1;
+            state = self.changed.wait(state).expect("sync lock poisoned");
+            state.waiting -= 1;
+        }
+        state.leading = true;
+        let leader = Lead {
+            suspect: state.suspect > state.durable,
+            company: state.waiting > 0,
+        };
+        drop(state);
+        // No lock is held here: appends go on while the leader syncs.
+        let (upto, result) = lead(leader);
+        let mut state = self.state.lock().expect("sync lock poisoned");
+        state.leading = false;
+        state.rounds += 1;
+        match &result {
+            Ok(()) => state.durable = state.durable.max(upto),
+            Err(error) => {
+                if upto > state.durable {
+                    state.suspect = state.suspect.max(upto);
+                }
+                state.failure = Some(Failure {
+                    round: state.rounds,
+                    upto,
+                    error: copy_error(error),
+                });
+            }
+        }
+        drop(state);
+        self.changed.notify_all();
+        result
+    }
+
+    /// A checkpoint made everything up to `position` durable.
+    fn checkpointed(&self, position: u64) {
+        let mut state = self.state.lock().expect("sync lock poisoned");
+        if position > state.durable {
+            state.durable = position;
+            drop(state);
+            self.changed.notify_all();
+        }
+    }
+}
+
+/// The same error again, for each waiter a failed sync covered
+/// ([`LogError`] is not `Clone`).
+fn copy_error(error: &LogError) -> LogError {
+    match error {
+        LogError::Io { path, source } => LogError::Io {
+            path: path.clone(),
+            source: match source.raw_os_error() {
+                Some(code) => std::io::Error::from_raw_os_error(code),
+                None => std::io::Error::new(source.kind(), source.to_string()),
+            },
+        },
+        LogError::Storage { dir, source } => LogError::Storage {
+            dir: dir.clone(),
+            source: source.clone(),
+        },
+        // Syncs and checkpoints fail only with the two above.
+        other => {
+            let mut text = other.to_string();
+            let mut cause = std::error::Error::source(other);
+            while let Some(e) = cause {
+                text = format!("{text}: {e}");
+                cause = e.source();
+            }
+            LogError::Io {
+                path: "the write-ahead barrier".into(),
+                source: std::io::Error::other(text),
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -100,7 +272,10 @@ impl SledLog {
                 metas: HashMap::new(),
                 wal,
                 totals: Totals::default(),
+                appended: 0,
             }),
+            commit: GroupCommit::new(),
+            syncs: AtomicU64::new(0),
         };
         log.recovered = log.recover(frames)?;
         let totals = log.count()?;
@@ -121,6 +296,12 @@ impl SledLog {
             .wal
             .torn_tail()
             .cloned()
+    }
+
+    /// `fdatasync`s of the write-ahead file issued by synced barriers so
+    /// far, for metrics (with group commit, fewer than the barriers).
+    pub fn syncs(&self) -> u64 {
+        self.syncs.load(Ordering::Relaxed)
     }
 
     /// How many records opening the log replayed from the write-ahead file
@@ -213,8 +394,15 @@ impl SledLog {
     }
 
     /// Makes sled's copy durable, records the anchor, then empties the
-    /// write-ahead file.
+    /// write-ahead file. Everything appended is then durable, which it
+    /// tells synced barriers.
     fn checkpoint(&self, inner: &mut Inner) -> Result<(), LogError> {
+        self.checkpoint_files(inner)?;
+        self.commit.checkpointed(inner.appended);
+        Ok(())
+    }
+
+    fn checkpoint_files(&self, inner: &mut Inner) -> Result<(), LogError> {
         if inner.wal.len() == 0 {
             return Ok(());
         }
@@ -587,6 +775,7 @@ impl EventLog for SledLog {
             inner.wal.cut_back_to(wal_len);
             return Err(e);
         }
+        inner.appended += inner.wal.len() - wal_len;
         inner.totals.records += records.len() as u64;
         inner.totals.sessions += u64::from(head_seq == 0);
         inner.metas.insert(session, meta);
@@ -675,15 +864,36 @@ impl EventLog for SledLog {
     }
 
     /// Every append is in the write-ahead file (in the OS's hands) once
-    /// `append` returns, so `Flushed` costs nothing; `Synced` is one
-    /// `fdatasync` of that file.
+    /// `append` returns, so `Flushed` costs nothing.
+    ///
+    /// `Synced` is group commit (see `GroupCommit`): when it returns Ok, every
+    /// append that returned before it was called is on stable storage (made
+    /// so by an `fdatasync` of the write-ahead file that started after that
+    /// append's write, or by a checkpoint). Concurrent callers share one
+    /// `fdatasync`, no lock is held during it (appends go on), and a caller
+    /// whose appends are already covered returns at once. If the
+    /// `fdatasync` that would cover a caller fails, the caller gets its error.
     fn barrier(&self, durability: Durability) -> Result<(), LogError> {
         if durability < Durability::Synced {
             return Ok(());
         }
-        self.wal_sync.sync_data().map_err(|source| LogError::Io {
-            path: self.dir.join(WAL_FILE).display().to_string(),
-            source,
+        let position = || self.inner.lock().expect("log lock poisoned").appended;
+        self.commit.wait(position(), |lead| {
+            if lead.suspect {
+                let mut inner = self.inner.lock().expect("log lock poisoned");
+                let upto = inner.appended;
+                return (upto, self.checkpoint(&mut inner));
+            }
+            if lead.company {
+                std::thread::yield_now();
+            }
+            let upto = position();
+            self.syncs.fetch_add(1, Ordering::Relaxed);
+            let result = self.wal_sync.sync_data().map_err(|source| LogError::Io {
+                path: self.dir.join(WAL_FILE).display().to_string(),
+                source,
+            });
+            (upto, result)
         })
     }
 }
@@ -903,6 +1113,123 @@ mod tests {
         assert_eq!(log.head(s).unwrap().seq, 2);
         assert_eq!(log.verify(s).unwrap(), 2);
         log.append(s, 3, vec![event(3)]).unwrap();
+    }
+
+    #[test]
+    fn concurrent_synced_barriers_share_fdatasyncs() {
+        const THREADS: usize = 8;
+        const APPENDS: u64 = 40;
+        let dir = tempfile::tempdir().unwrap();
+        let log = std::sync::Arc::new(SledLog::open(dir.path()).unwrap());
+        log.barrier(Durability::Synced).unwrap();
+        assert_eq!(
+            log.syncs(),
+            0,
+            "nothing appended since the open's checkpoint"
+        );
+        let start = std::sync::Arc::new(std::sync::Barrier::new(THREADS));
+        let threads: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let (log, start) = (log.clone(), start.clone());
+                std::thread::spawn(move || {
+                    let s = Uuid::now_v7();
+                    start.wait();
+                    for seq in 1..=APPENDS {
+                        log.append(s, seq, vec![event(seq as u8)]).unwrap();
+                        log.barrier(Durability::Synced).unwrap();
+                    }
+                    s
+                })
+            })
+            .collect();
+        for thread in threads {
+            let s = thread.join().unwrap();
+            assert_eq!(log.verify(s).unwrap(), APPENDS);
+        }
+        let syncs = log.syncs();
+        let barriers = THREADS as u64 * APPENDS;
+        assert!(
+            (1..barriers).contains(&syncs),
+            "{syncs} fdatasyncs for {barriers} barriers"
+        );
+        log.barrier(Durability::Synced).unwrap();
+        assert_eq!(log.syncs(), syncs, "everything is covered already");
+        log.append(Uuid::now_v7(), 1, vec![event(1)]).unwrap();
+        log.barrier(Durability::Synced).unwrap();
+        assert_eq!(log.syncs(), syncs + 1);
+    }
+
+    #[test]
+    fn a_failed_sync_fails_every_waiter_it_covers_until_a_checkpoint() {
+        use std::sync::Arc;
+        let eio = || LogError::Io {
+            path: "wal".into(),
+            source: std::io::Error::from_raw_os_error(libc::EIO),
+        };
+        let is_eio = |r: Result<(), LogError>| matches!(r, Err(LogError::Io { source, .. }) if source.raw_os_error() == Some(libc::EIO));
+        let commit = Arc::new(GroupCommit::new());
+        let (started, leading) = mpsc::channel();
+        let (fail, failing) = mpsc::channel::<()>();
+        let leader = {
+            let commit = commit.clone();
+            std::thread::spawn(move || {
+                commit.wait(10, |lead| {
+                    assert!(!lead.suspect);
+                    started.send(()).unwrap();
+                    failing.recv().unwrap();
+                    (10, Err(eio()))
+                })
+            })
+        };
+        leading.recv().unwrap();
+        // Two callers the running sync covers arrive while it runs.
+        let followers: Vec<_> = [4, 10]
+            .into_iter()
+            .map(|target| {
+                let commit = commit.clone();
+                std::thread::spawn(move || {
+                    commit.wait(target, |_| panic!("covered by the running sync"))
+                })
+            })
+            .collect();
+        while commit.state.lock().unwrap().waiting < 2 {
+            std::thread::yield_now();
+        }
+        fail.send(()).unwrap();
+        assert!(is_eio(leader.join().unwrap()));
+        for follower in followers {
+            assert!(is_eio(follower.join().unwrap()));
+        }
+        // The pages may be gone: the next leader must checkpoint, not sync.
+        let mut asked = None;
+        assert!(is_eio(commit.wait(10, |lead| {
+            asked = Some(lead.suspect);
+            (11, Err(eio()))
+        })));
+        assert_eq!(asked, Some(true));
+        commit
+            .wait(11, |lead| {
+                assert!(lead.suspect);
+                (12, Ok(()))
+            })
+            .unwrap();
+        commit.wait(12, |_| panic!("already durable")).unwrap();
+        commit
+            .wait(13, |lead| {
+                assert!(!lead.suspect);
+                (13, Ok(()))
+            })
+            .unwrap();
+        // A checkpoint covering a failed range also clears the suspicion.
+        assert!(is_eio(commit.wait(20, |_| (20, Err(eio())))));
+        commit.checkpointed(20);
+        commit.wait(20, |_| panic!("checkpointed")).unwrap();
+        commit
+            .wait(21, |lead| {
+                assert!(!lead.suspect);
+                (21, Ok(()))
+            })
+            .unwrap();
     }
 
     proptest! {

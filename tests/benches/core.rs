@@ -18,6 +18,8 @@ use uuid::Uuid;
 
 const APPENDS: usize = 3000;
 const BATCH: usize = 64;
+/// Events per row of the group-commit section (split between the writers).
+const GROUP_EVENTS: usize = 6000;
 
 fn bench_dir(name: &str) -> PathBuf {
     let root = std::env::var_os("MNEME_BENCH_DIR")
@@ -109,7 +111,15 @@ fn row(name: &str, r: &Rate, base: f64) {
     );
 }
 
-fn appends() {
+/// Per-event rates measured by [`appends`], for the sections after it.
+struct Floors {
+    /// Raw write + fdatasync per event.
+    raw: f64,
+    /// mneme append + barrier(synced) per event, one writer.
+    per_event: f64,
+}
+
+fn appends() -> Floors {
     println!("\n## Durable appends ({APPENDS} events of ~1 KiB; ratio to raw write+fdatasync per event)\n");
     println!("| mode | events/s | p50 µs/op | ratio |\n|---|---:|---:|---:|");
     // The same bytes mneme stores, written raw.
@@ -197,6 +207,99 @@ fn appends() {
     println!(
         "\nmneme synced per event / raw fdatasync per event: {:.2}x slower (target ≤ 1.5x)",
         raw.per_sec / synced.per_sec
+    );
+    Floors {
+        raw: raw.per_sec,
+        per_event: synced.per_sec,
+    }
+}
+
+/// What [`run_writers`] measured.
+struct Concurrent {
+    /// Events per second over all writers.
+    per_sec: f64,
+    /// Median time of one append + barrier.
+    p50_us: f64,
+    /// fdatasyncs the log issued.
+    syncs: u64,
+    events: usize,
+}
+
+/// `writers` threads on one fresh log, each appending one event at a time
+/// to its own session and calling a barrier of `durability` after each;
+/// [`GROUP_EVENTS`] events in all.
+fn run_writers(writers: usize, durability: Durability) -> Concurrent {
+    let log = Arc::new(SledLog::open(bench_dir(&format!("group-{writers}-{durability}"))).unwrap());
+    let per_writer = GROUP_EVENTS / writers;
+    let start = Arc::new(std::sync::Barrier::new(writers + 1));
+    let threads: Vec<_> = (0..writers)
+        .map(|w| {
+            let (log, start) = (log.clone(), start.clone());
+            std::thread::spawn(move || {
+                let session = Uuid::now_v7();
+                let mut lat = Vec::with_capacity(per_writer);
+                start.wait();
+                for i in 0..per_writer {
+                    let t = Instant::now();
+                    log.append(session, i as u64 + 1, vec![new_event(w + i)])
+                        .unwrap();
+                    log.barrier(durability).unwrap();
+                    lat.push(t.elapsed());
+                }
+                lat
+            })
+        })
+        .collect();
+    start.wait();
+    let t = Instant::now();
+    let mut lat: Vec<Duration> = threads
+        .into_iter()
+        .flat_map(|thread| thread.join().unwrap())
+        .collect();
+    let total = t.elapsed();
+    lat.sort();
+    let events = per_writer * writers;
+    Concurrent {
+        per_sec: events as f64 / total.as_secs_f64(),
+        p50_us: lat[lat.len() / 2].as_secs_f64() * 1e6,
+        syncs: log.syncs(),
+        events,
+    }
+}
+
+/// Concurrent writers, each appending one event to its own session and then
+/// calling barrier(synced), all on one log: synced barriers share fdatasyncs.
+/// Next to it, the same writers with barrier(flushed): no fdatasync at all,
+/// the ceiling group commit can approach on this machine.
+fn group_commit(floors: &Floors) {
+    println!("\n## Group commit ({GROUP_EVENTS} events of ~1 KiB per row, split between the writers; each writer: append one event to its own session, then barrier(synced), repeatedly)\n");
+    println!(
+        "per-event flush (1 writer, above): {:.0} events/s; raw write + fdatasync floor: {:.0} events/s\n",
+        floors.per_event, floors.raw
+    );
+    println!("| writers | events/s | p50 µs/event | vs per-event flush | vs raw fdatasync | fdatasyncs | events/fdatasync | same writers, barrier(flushed) (no fsync) | synced / flushed |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut at_64 = 0.0;
+    for n in [1usize, 16, 64, 256] {
+        let synced = run_writers(n, Durability::Synced);
+        let flushed = run_writers(n, Durability::Flushed);
+        if n == 64 {
+            at_64 = synced.per_sec;
+        }
+        println!(
+            "| {n} | {:.0} | {:.0} | {:.2}x | {:.2}x | {} | {:.1} | {:.0} | {:.2} |",
+            synced.per_sec,
+            synced.p50_us,
+            synced.per_sec / floors.per_event,
+            synced.per_sec / floors.raw,
+            synced.syncs,
+            synced.events as f64 / synced.syncs.max(1) as f64,
+            flushed.per_sec,
+            synced.per_sec / flushed.per_sec,
+        );
+    }
+    println!(
+        "\ngroup commit, 64 writers / per-event flush: {:.1}x (target ≥ 20x)",
+        at_64 / floors.per_event
     );
 }
 
@@ -341,7 +444,8 @@ fn main() {
     }
     let rt = tokio::runtime::Runtime::new().unwrap();
     println!("# mneme core benchmark");
-    appends();
+    let floors = appends();
+    group_commit(&floors);
     replay_and_resume();
     agent_steps(&rt);
 }

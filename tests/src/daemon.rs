@@ -92,12 +92,8 @@ impl DaemonProcess {
     }
 
     /// POST with owned arguments, for many requests at once.
-    pub fn post_owned(
-        &self,
-        path: String,
-        body: Value,
-    ) -> impl std::future::Future<Output = (u16, Value)> + '_ {
-        async move { self.post(&path, &body).await }
+    pub async fn post_owned(&self, path: String, body: Value) -> (u16, Value) {
+        self.post(&path, &body).await
     }
 
     /// Creates a session from an agent file's text; returns its id.
