@@ -538,3 +538,118 @@ async fn fork_branches_a_session_and_cancel_stops_one() {
     );
     assert!(daemon.terminate().await.success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generated_token_is_private_and_secrets_never_reach_the_log_or_api() {
+    use std::os::unix::fs::PermissionsExt;
+    let world = World::new();
+    let model = MockModel::start(vec![MockReply::answer("fine")], Fault::None).await;
+    // No MNEME_TOKEN: the daemon makes one, readable by its user only.
+    let mut child = world
+        .mneme()
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env_remove("MNEME_TOKEN")
+        .env("MNEME_TEST_API_KEY", "sk-very-secret-value")
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let token_path = world.data().join("mneme.token");
+    let note_path = world.data().join("mneme.daemon");
+    let started = std::time::Instant::now();
+    while !note_path.exists() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the daemon never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mode = std::fs::metadata(&token_path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "token file mode {mode:o}");
+    let note: Value = serde_json::from_str(&std::fs::read_to_string(&note_path).unwrap()).unwrap();
+    assert_eq!(
+        note["token_file"].as_str(),
+        Some(token_path.to_str().unwrap())
+    );
+    let token = std::fs::read_to_string(&token_path).unwrap();
+    let base = format!("http://{}", note["addr"].as_str().unwrap());
+    let http = reqwest::Client::new();
+    let agent = agent_toml(&model.base_url(), &[]).replace(
+        "timeout_secs = 10\n",
+        "timeout_secs = 10\napi_key_env = \"MNEME_TEST_API_KEY\"\n",
+    );
+    let created: Value = http
+        .post(format!("{base}/sessions"))
+        .bearer_auth(&token)
+        .header("content-type", "application/toml")
+        .body(agent)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = created["session"].as_str().unwrap();
+    let end: Value = http
+        .post(format!("{base}/sessions/{id}/messages"))
+        .bearer_auth(&token)
+        .json(&json!({"text": "hi", "wait": true}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(end["answer"], "fine", "{end}");
+    // The spec names the variable; the value appears nowhere.
+    let mut everything = String::new();
+    for path in [
+        format!("/sessions/{id}"),
+        format!("/sessions/{id}/events"),
+        format!("/sessions/{id}/replay"),
+        "/sessions".into(),
+        "/metrics".into(),
+    ] {
+        everything.push_str(
+            &http
+                .get(format!("{base}{path}"))
+                .bearer_auth(&token)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap(),
+        );
+    }
+    assert!(
+        everything.contains("MNEME_TEST_API_KEY"),
+        "the spec names the variable"
+    );
+    assert!(
+        !everything.contains("sk-very-secret-value"),
+        "the API leaks the key"
+    );
+    // SAFETY: kill(2) has no memory-safety preconditions; the pid is our child's.
+    unsafe {
+        libc::kill(child.id().unwrap() as i32, libc::SIGTERM);
+    }
+    let out = child.wait_with_output().await.unwrap();
+    assert!(out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("mneme.token"),
+        "the daemon says where the token is"
+    );
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("sk-very-secret-value"));
+    for entry in std::fs::read_dir(world.data()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            let bytes = std::fs::read(&path).unwrap();
+            assert!(
+                !bytes.windows(20).any(|w| w == b"sk-very-secret-value"),
+                "{} holds the key",
+                path.display()
+            );
+        }
+    }
+}
