@@ -545,7 +545,7 @@ async fn a_generated_token_is_private_and_secrets_never_reach_the_log_or_api() {
     let world = World::new();
     let model = MockModel::start(vec![MockReply::answer("fine")], Fault::None).await;
     // No MNEME_TOKEN: the daemon makes one, readable by its user only.
-    let mut child = world
+    let child = world
         .mneme()
         .args(["serve", "--listen", "127.0.0.1:0"])
         .env_remove("MNEME_TOKEN")
