@@ -209,6 +209,15 @@ pub trait EventLog: Send + Sync {
     /// Metadata of every session, ordered by session id (UUID v7: by creation).
     fn sessions(&self) -> Result<Vec<SessionMeta>, LogError>;
 
+    /// Stores data derived from `session`'s events (a snapshot, a summary)
+    /// under `name`, replacing what was there. Derived data is not part of
+    /// the chain and not covered by barriers: it may be lost or stale after a
+    /// crash, and whoever reads it must check it against the log.
+    fn put_derived(&self, session: Uuid, name: &str, bytes: &[u8]) -> Result<(), LogError>;
+
+    /// What [`EventLog::put_derived`] stored under `name`, if anything.
+    fn get_derived(&self, session: Uuid, name: &str) -> Result<Option<Vec<u8>>, LogError>;
+
     /// Returns once everything appended before the call is at least as
     /// durable as `durability` says.
     fn barrier(&self, durability: Durability) -> Result<(), LogError>;

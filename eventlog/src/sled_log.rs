@@ -26,6 +26,7 @@ use uuid::Uuid;
 
 const EVENT_PREFIX: u8 = b'e';
 const META_PREFIX: u8 = b's';
+const DERIVED_PREFIX: u8 = b'd';
 const HOLDER_FILE: &str = "mneme.holder";
 /// Sessions and records at the last checkpoint: what sled must still hold.
 const ANCHOR_FILE: &str = "mneme.anchor";
@@ -676,6 +677,13 @@ fn event_key(session: Uuid, seq: u64) -> [u8; 25] {
     key
 }
 
+fn derived_key(session: Uuid, name: &str) -> Vec<u8> {
+    let mut key = vec![DERIVED_PREFIX];
+    key.extend_from_slice(session.as_bytes());
+    key.extend_from_slice(name.as_bytes());
+    key
+}
+
 fn meta_key(session: Uuid) -> [u8; 17] {
     let mut key = [0u8; 17];
     key[0] = META_PREFIX;
@@ -816,6 +824,20 @@ impl EventLog for SledLog {
             crate::check_link(session, &prev, &pair[1])?;
         }
         Ok(records)
+    }
+
+    fn put_derived(&self, session: Uuid, name: &str, bytes: &[u8]) -> Result<(), LogError> {
+        self.db
+            .insert(derived_key(session, name), bytes)
+            .map(drop)
+            .map_err(|e| self.storage(e))
+    }
+
+    fn get_derived(&self, session: Uuid, name: &str) -> Result<Option<Vec<u8>>, LogError> {
+        self.db
+            .get(derived_key(session, name))
+            .map(|v| v.map(|v| v.to_vec()))
+            .map_err(|e| self.storage(e))
     }
 
     fn head(&self, session: Uuid) -> Result<Head, LogError> {

@@ -16,7 +16,7 @@ pub use event::{
 pub use plan::{plan, CallDecision, CallPlan, NextStep, ResumePlan};
 pub use prompt::{messages, request_body, Message};
 pub use spec::{AgentSpec, Effect, ModelSpec, ToolKind, ToolSpec};
-pub use state::{CallPhase, CallState, Entry, SessionState, Status, Totals};
+pub use state::{CallPhase, CallState, Entry, SessionState, Status, Totals, STATE_FORMAT};
 
 #[cfg(test)]
 mod tests;

@@ -2,9 +2,10 @@
 
 use crate::event::{Event, ModelReply, Resolution, SessionOutcome, ToolCall, ToolOutcome, Usage};
 use crate::spec::AgentSpec;
+use serde::{Deserialize, Serialize};
 
 /// Where one tool call of a reply stands.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CallPhase {
     /// Not started.
     Pending,
@@ -21,7 +22,7 @@ pub enum CallPhase {
 }
 
 /// One tool call of a reply, with its history.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CallState {
     /// The call as the model made it.
     pub call: ToolCall,
@@ -36,7 +37,7 @@ pub struct CallState {
 }
 
 /// One entry of the conversation, in prompt order.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Entry {
     /// A user message.
     User(String),
@@ -82,7 +83,7 @@ impl std::fmt::Display for Status {
 }
 
 /// Sums across every model request of the session, all attempts included.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct Totals {
     /// Model requests answered.
     pub model_calls: u64,
@@ -119,8 +120,12 @@ impl Totals {
     }
 }
 
+/// Version of the encoded state in snapshots; a snapshot of another version
+/// is ignored (the log is folded instead).
+pub const STATE_FORMAT: u16 = 1;
+
 /// The folded state of a session.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct SessionState {
     /// The spec from SessionStarted.
     pub spec: Option<AgentSpec>,
@@ -144,6 +149,16 @@ pub struct SessionState {
 }
 
 impl SessionState {
+    /// The state as MessagePack with named fields (for snapshots).
+    pub fn encode(&self) -> Vec<u8> {
+        rmp_serde::to_vec_named(self).expect("states always encode")
+    }
+
+    /// A state [`SessionState::encode`] wrote; `None` if the bytes are not one.
+    pub fn decode(bytes: &[u8]) -> Option<SessionState> {
+        rmp_serde::from_slice(bytes).ok()
+    }
+
     /// Folds `events` (seq and event, in seq order) from the empty state.
     pub fn fold(events: impl IntoIterator<Item = (u64, Event)>) -> SessionState {
         let mut state = SessionState::default();

@@ -461,6 +461,21 @@ proptest! {
         }
     }
 
+    /// A state saved at any position (encoded and decoded, as a snapshot
+    /// is) and then given the rest of the events equals the full fold.
+    #[test]
+    fn snapshot_plus_tail_equals_the_full_fold(events in arbitrary_log()) {
+        let whole = fold(&events);
+        for cut in 0..=events.len() {
+            let saved = fold(&events[..cut]).encode();
+            let mut state = SessionState::decode(&saved).expect("a state decodes");
+            for (i, e) in events.iter().enumerate().skip(cut) {
+                state.apply(i as u64 + 1, e.clone());
+            }
+            prop_assert_eq!(&state, &whole);
+        }
+    }
+
     /// The prompt depends on the events alone: not on their trip through
     /// the stored encoding, nor on whether they were folded in one go or
     /// resumed from a state folded up to any point.

@@ -17,6 +17,7 @@ use uuid::Uuid;
 pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
     let data_dir = cli.data_dir.clone().unwrap_or_else(default_data_dir);
     let durability = cli.durability;
+    let snapshot_every = cli.snapshot_every;
     match cli.command {
         Command::Demo(args) => crate::demo::run(args.keep).await,
         command => {
@@ -39,7 +40,7 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
             }
             let log: Arc<dyn EventLog> = Arc::new(log);
             let ctx = Ctx {
-                service: Service::new(log, durability),
+                service: Service::new(log, durability).snapshot_every(snapshot_every),
             };
             match command {
                 Command::Run(a) => ctx.run(a.agent, a.session, a.message, a.json).await,
@@ -53,7 +54,8 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 Command::Resolve(a) => ctx.resolve(a).await,
                 Command::Approve(a) => ctx.approve(a).await,
                 Command::Serve(a) => {
-                    serve(ctx.service.log().clone(), &data_dir, durability, a).await
+                    let log = ctx.service.log().clone();
+                    serve(log, &data_dir, durability, snapshot_every, a).await
                 }
                 Command::Demo(_) => unreachable!("handled above"),
             }
@@ -65,6 +67,7 @@ async fn serve(
     log: Arc<dyn EventLog>,
     data_dir: &std::path::Path,
     durability: eventlog::Durability,
+    snapshot_every: u64,
     a: crate::ServeArgs,
 ) -> Result<ExitCode> {
     let (token, token_file) = token(data_dir, a.token_file)?;
@@ -75,6 +78,7 @@ async fn serve(
         token_file,
         agents_dir: a.agents,
         durability,
+        snapshot_every,
         shutdown_grace: std::time::Duration::from_secs(a.shutdown_grace),
         max_body_bytes: a.max_body_bytes,
     };
@@ -187,8 +191,7 @@ impl Ctx {
     fn sessions(&self, json: JsonFlag) -> Result<ExitCode> {
         let mut rows = Vec::new();
         for meta in self.log().sessions()? {
-            let session = self.service.load(meta.session)?;
-            rows.push(views::session_summary(&meta, session.state()));
+            rows.push(views::session_summary(&meta, &self.service.summary(&meta)?));
         }
         crate::render::sessions(&rows, json.json);
         Ok(ExitCode::SUCCESS)

@@ -10,6 +10,7 @@ pub mod runner;
 pub mod service;
 pub mod session;
 pub mod sink;
+pub mod snapshot;
 pub mod views;
 
 pub use error::RuntimeError;

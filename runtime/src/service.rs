@@ -5,6 +5,8 @@ use crate::error::RuntimeError;
 use crate::runner::{awaiting_approval, in_doubt, waits_for_a_person, Runner};
 use crate::session::read_events;
 use crate::session::{Session, SessionObserver};
+use crate::snapshot::{self, Summary};
+use eventlog::SessionMeta;
 use eventlog::{Durability, EventLog};
 use replay::{AgentSpec, Event, Resolution, SessionOutcome, SessionState, Status};
 use std::sync::Arc;
@@ -16,6 +18,7 @@ pub struct Service {
     log: Arc<dyn EventLog>,
     durability: Durability,
     observer: Option<Arc<dyn SessionObserver>>,
+    snapshot_every: u64,
 }
 
 impl Service {
@@ -25,6 +28,7 @@ impl Service {
             log,
             durability,
             observer: None,
+            snapshot_every: snapshot::DEFAULT_EVERY,
         }
     }
 
@@ -40,10 +44,18 @@ impl Service {
     }
 
     fn observe(&self, session: Session) -> Session {
+        let session = session.snapshot_every(self.snapshot_every);
         match &self.observer {
             Some(observer) => session.observed_by(observer.clone()),
             None => session,
         }
+    }
+
+    /// Snapshots every `every` events (0: never); default
+    /// [`snapshot::DEFAULT_EVERY`].
+    pub fn snapshot_every(mut self, every: u64) -> Service {
+        self.snapshot_every = every;
+        self
     }
 
     /// Loads `id` from the log.
@@ -57,7 +69,8 @@ impl Service {
             origin: "request".into(),
             reason,
         })?;
-        let mut session = Session::create_observed(self.log.clone(), spec, self.observer.clone())?;
+        let session = Session::create_observed(self.log.clone(), spec, self.observer.clone())?;
+        let mut session = session.snapshot_every(self.snapshot_every);
         session.barrier(self.durability)?;
         Ok(session)
     }
@@ -231,14 +244,26 @@ impl Service {
         Ok(child)
     }
 
+    /// What a listing shows of a session: its stored summary while that is
+    /// current, else computed from the session (snapshot and tail) and stored.
+    pub fn summary(&self, meta: &SessionMeta) -> Result<Summary, RuntimeError> {
+        if let Some(summary) = snapshot::fresh_summary(self.log.as_ref(), meta.session, meta.events)
+        {
+            return Ok(summary);
+        }
+        let session = self.load(meta.session)?;
+        // Derived data: a failure only costs speed next time.
+        let _ = snapshot::store_summary(self.log.as_ref(), meta.session, session.state());
+        Ok(Summary::of(session.state()))
+    }
+
     /// Sessions with pending work that no person has to decide on.
     pub fn resumable(&self) -> Result<Vec<Uuid>, RuntimeError> {
         let mut out = Vec::new();
         for meta in self.log.sessions()? {
-            let session = Session::load(self.log.clone(), meta.session)?;
-            let status = session.state().status();
-            let pending = matches!(status, Status::Running | Status::Failed)
-                || (status == Status::Paused && !waits_for_a_person(&session));
+            let summary = self.summary(&meta)?;
+            let pending = matches!(summary.status.as_str(), "running" | "failed")
+                || (summary.status == "paused" && !summary.waits_for_a_person);
             if pending {
                 out.push(meta.session);
             }

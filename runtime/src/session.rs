@@ -15,6 +15,12 @@ pub struct Session {
     /// Seq up to which a barrier of the session's durability has returned.
     durable_seq: u64,
     observer: Option<Arc<dyn SessionObserver>>,
+    /// Hash of the last record.
+    last_hash: eventlog::Hash,
+    /// Events between two snapshots (0: none).
+    snapshot_every: u64,
+    /// Seq of the last snapshot written or loaded.
+    snapshot_seq: u64,
 }
 
 /// Told what sessions append and make durable (metrics, live streams).
@@ -131,27 +137,62 @@ impl Session {
             state: SessionState::default(),
             durable_seq: 0,
             observer,
+            last_hash: eventlog::Hash::ZERO,
+            snapshot_every: crate::snapshot::DEFAULT_EVERY,
+            snapshot_seq: 0,
         };
         session.append(first, None)?;
         Ok(session)
     }
 
     /// Loads `id` by folding its whole log.
+    /// Loads `id`: from its newest valid snapshot and the events after it,
+    /// or, without one, by folding its whole log.
     pub fn load(log: Arc<dyn EventLog>, id: Uuid) -> Result<Session, RuntimeError> {
         let head = log.head(id)?;
         if head.seq == 0 {
             return Err(RuntimeError::NoSuchSession(id));
         }
-        let records = log.read(id, 1, head.seq)?;
-        let state = SessionState::fold(decode_all(records)?);
-        let durable_seq = state.last_seq;
+        let mut state = crate::snapshot::load(log.as_ref(), id)
+            .ok()
+            .filter(|s| s.last_seq <= head.seq)
+            .unwrap_or_default();
+        let snapshot_seq = state.last_seq;
+        if state.last_seq < head.seq {
+            let tail = log.read(id, state.last_seq + 1, head.seq)?;
+            if let (Some(first), true) = (tail.first(), snapshot_seq > 0) {
+                let at = log.read(id, snapshot_seq, snapshot_seq)?;
+                let prev = eventlog::Head {
+                    seq: snapshot_seq,
+                    hash: at.first().map_or(eventlog::Hash::ZERO, |r| r.hash),
+                };
+                eventlog::check_link(id, &prev, first)?;
+            }
+            for (seq, event) in decode_all(tail)? {
+                state.apply(seq, event);
+            }
+        }
         Ok(Session {
             id,
             log,
+            durable_seq: state.last_seq,
             state,
-            durable_seq,
             observer: None,
+            last_hash: head.hash,
+            snapshot_every: crate::snapshot::DEFAULT_EVERY,
+            snapshot_seq,
         })
+    }
+
+    /// Seq of the snapshot this session was loaded from or last wrote (0: none).
+    pub fn snapshot_seq(&self) -> u64 {
+        self.snapshot_seq
+    }
+
+    /// Takes a snapshot every `every` events (0: never), off the append path.
+    pub fn snapshot_every(mut self, every: u64) -> Session {
+        self.snapshot_every = every;
+        self
     }
 
     /// Reports this session's appends and barriers to `observer` from now on.
@@ -202,10 +243,40 @@ impl Session {
         if let Some(observer) = &self.observer {
             observer.appended(&records, &events);
         }
+        let pausing = events
+            .iter()
+            .any(|e| matches!(e, Event::SessionPaused { .. }));
         for (i, event) in events.into_iter().enumerate() {
             self.state.apply(first + i as u64, event);
         }
+        self.last_hash = records.last().map_or(self.last_hash, |r| r.hash);
+        if pausing || self.snapshot_due() {
+            self.snapshot_in_background();
+        }
         Ok(first)
+    }
+
+    fn snapshot_due(&self) -> bool {
+        self.snapshot_every > 0 && self.state.last_seq - self.snapshot_seq >= self.snapshot_every
+    }
+
+    /// Writes a snapshot of the current state on another thread: the
+    /// append path only pays for a copy of the state.
+    fn snapshot_in_background(&mut self) {
+        if self.snapshot_every == 0 {
+            return;
+        }
+        self.snapshot_seq = self.state.last_seq;
+        let (log, id, hash, state) = (
+            self.log.clone(),
+            self.id,
+            self.last_hash,
+            self.state.clone(),
+        );
+        std::thread::spawn(move || {
+            // Derived data: a failed snapshot only costs speed.
+            let _ = crate::snapshot::store(log.as_ref(), id, hash, &state);
+        });
     }
 
     /// Makes every accepted append at least as durable as `durability`.
@@ -217,6 +288,8 @@ impl Session {
         let started = std::time::Instant::now();
         blocking(|| self.log.barrier(durability))?;
         self.durable_seq = self.state.last_seq;
+        // Derived data, for listings: a failure only costs speed.
+        let _ = crate::snapshot::store_summary(self.log.as_ref(), self.id, &self.state);
         if let Some(observer) = &self.observer {
             observer.durable(self.id, self.durable_seq, started.elapsed());
         }

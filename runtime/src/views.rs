@@ -3,6 +3,7 @@
 
 use crate::runner::TurnEnd;
 use crate::session::read_events;
+use crate::snapshot::Summary;
 use eventlog::{EventLog, Record, SessionMeta};
 use replay::{messages, plan, request_body, CallDecision, Event, NextStep, SessionState};
 use serde_json::{json, Value};
@@ -16,12 +17,12 @@ pub fn format_time(ms: i64) -> String {
 }
 
 /// A session in a listing: status, size, activity, usage.
-pub fn session_summary(meta: &SessionMeta, state: &SessionState) -> Value {
-    let t = &state.totals;
+pub fn session_summary(meta: &SessionMeta, summary: &Summary) -> Value {
+    let t = &summary.totals;
     json!({
         "session": meta.session,
-        "agent": state.spec.as_ref().map_or("", |s| s.name.as_str()),
-        "status": state.status().to_string(),
+        "agent": summary.agent,
+        "status": summary.status,
         "events": meta.events,
         "created": format_time(meta.created_ms),
         "last_activity": format_time(meta.updated_ms),

@@ -179,6 +179,7 @@ fn run_child(dir: &str) {
             token_file: None,
             agents_dir: None,
             durability: Durability::Synced,
+            snapshot_every: runtime::snapshot::DEFAULT_EVERY,
             shutdown_grace: Duration::from_secs(1),
             max_body_bytes: 1 << 20,
         };

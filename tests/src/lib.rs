@@ -243,10 +243,12 @@ impl World {
         path
     }
 
-    /// A `mneme` command on this world's data directory.
+    /// A `mneme` command on this world's data directory. It snapshots every
+    /// 3 events, so every test also resumes from snapshots and their tails.
     pub fn mneme(&self) -> Command {
         let mut command = Command::new(mneme_bin());
         command
+            .env("MNEME_SNAPSHOT_EVERY", "3")
             .arg("--data-dir")
             .arg(self.data())
             .env_remove("MNEME_CRASH_AT")

@@ -146,8 +146,7 @@ async fn list_sessions(
 ) -> Result<Json<Vec<Value>>, ApiError> {
     let mut rows = Vec::new();
     for meta in daemon.service.log().sessions()? {
-        let session = daemon.service.load(meta.session)?;
-        let row = views::session_summary(&meta, session.state());
+        let row = views::session_summary(&meta, &daemon.service.summary(&meta)?);
         let keep = q.status.as_deref().is_none_or(|s| row["status"] == s)
             && q.agent.as_deref().is_none_or(|a| row["agent"] == a);
         if keep {
@@ -226,7 +225,7 @@ async fn get_session(
         .into_iter()
         .find(|m| m.session == id)
         .ok_or(RuntimeError::NoSuchSession(id))?;
-    let mut view = views::session_summary(&meta, session.state());
+    let mut view = views::session_summary(&meta, &crate::snapshot::Summary::of(session.state()));
     view["answer"] = json!(session.state().answer());
     view["in_doubt"] = json!(crate::runner::in_doubt(&session)
         .into_iter()

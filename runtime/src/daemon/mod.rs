@@ -18,7 +18,6 @@ use crate::error::RuntimeError;
 use crate::runner::{Runner, TurnEnd};
 use crate::service::Service;
 use eventlog::{Durability, EventLog};
-use replay::Status;
 use std::collections::{HashMap, HashSet};
 use std::future::IntoFuture;
 use std::net::SocketAddr;
@@ -52,6 +51,8 @@ pub struct DaemonConfig {
     pub agents_dir: Option<PathBuf>,
     /// What barriers wait for.
     pub durability: Durability,
+    /// Events between two snapshots of a session (0: never).
+    pub snapshot_every: u64,
     /// How long a shutdown waits for running turns.
     pub shutdown_grace: Duration,
     /// Largest request body accepted.
@@ -65,7 +66,7 @@ pub(crate) struct Daemon {
     pub(crate) config: DaemonConfig,
     pub(crate) metrics: Arc<Metrics>,
     locks: Mutex<HashMap<Uuid, Arc<tokio::sync::Mutex<()>>>>,
-    statuses: Mutex<HashMap<Uuid, Status>>,
+    statuses: Mutex<HashMap<Uuid, String>>,
     pause_requests: Arc<Mutex<HashSet<Uuid>>>,
     shutting_down: Arc<AtomicBool>,
     running: AtomicUsize,
@@ -129,15 +130,18 @@ impl Daemon {
             .clone()
     }
 
-    pub(crate) fn set_status(&self, id: Uuid, status: Status) {
-        self.statuses.lock().expect("statuses").insert(id, status);
+    pub(crate) fn set_status(&self, id: Uuid, status: impl std::fmt::Display) {
+        self.statuses
+            .lock()
+            .expect("statuses")
+            .insert(id, status.to_string());
     }
 
     /// Sessions by status, as last seen.
     pub(crate) fn status_counts(&self) -> HashMap<String, usize> {
         let mut counts = HashMap::new();
         for status in self.statuses.lock().expect("statuses").values() {
-            *counts.entry(status.to_string()).or_default() += 1;
+            *counts.entry(status.clone()).or_default() += 1;
         }
         counts
     }
@@ -214,21 +218,16 @@ impl Daemon {
         };
         let mut recovered = 0;
         for meta in metas {
-            let session = match self.service.load(meta.session) {
-                Ok(session) => session,
+            let summary = match self.service.summary(&meta) {
+                Ok(summary) => summary,
                 Err(e) => {
                     eprintln!("mneme serve: session {} not recovered: {e}", meta.session);
                     continue;
                 }
             };
-            let state = session.state();
-            let status = state.status();
-            self.set_status(meta.session, status);
-            let shut_down = state.paused.as_deref() == Some(SHUTDOWN_REASON);
-            if status == Status::Running
-                || (shut_down && !crate::runner::waits_for_a_person(&session))
-            {
-                drop(session);
+            self.set_status(meta.session, &summary.status);
+            let shut_down = summary.paused.as_deref() == Some(SHUTDOWN_REASON);
+            if summary.status == "running" || (shut_down && !summary.waits_for_a_person) {
                 recovered += 1;
                 self.metrics.recovered();
                 self.spawn_turn(meta.session, TurnStart::Resume("daemon recovery"));
@@ -278,7 +277,9 @@ impl Drop for RunningGuard<'_> {
 pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), RuntimeError> {
     let (heads, _) = broadcast::channel(4096);
     let metrics = Arc::new(Metrics::new(heads.clone()));
-    let service = Service::new(log, config.durability).observed_by(metrics.clone());
+    let service = Service::new(log, config.durability)
+        .snapshot_every(config.snapshot_every)
+        .observed_by(metrics.clone());
     let daemon = Arc::new(Daemon::new(service, config.clone(), metrics, heads));
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await

@@ -1,0 +1,248 @@
+//! Snapshots and summaries: data derived from a session's log, kept to make
+//! resume and listing fast, never trusted without a check against the log.
+//!
+//! A snapshot is the folded state at some seq, with that record's hash and a
+//! SHA-256 of the encoded state. Loading one checks the format, the digest,
+//! and that the log's record at that seq still has that hash; anything else
+//! is ignored and the log is folded instead. Deleting every snapshot changes
+//! nothing but speed.
+//!
+//! A summary is what a listing shows (status, agent, usage) as of some seq;
+//! it is used only while the session's head is still that seq.
+
+use eventlog::{EventLog, Hash};
+use replay::{SessionState, Status, Totals, STATE_FORMAT};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+const SNAPSHOT: &str = "snapshot";
+const SUMMARY: &str = "summary";
+
+/// Default number of events between two snapshots of a session.
+pub const DEFAULT_EVERY: u64 = 1000;
+
+#[derive(Serialize, Deserialize)]
+struct Stored {
+    format: u16,
+    seq: u64,
+    hash: String,
+    digest: String,
+    #[serde(with = "serde_bytes")]
+    state: Vec<u8>,
+}
+
+/// Writes a snapshot of `state`, whose last record has `hash`.
+pub fn store(
+    log: &dyn EventLog,
+    session: Uuid,
+    hash: Hash,
+    state: &SessionState,
+) -> Result<(), eventlog::LogError> {
+    let encoded = state.encode();
+    let stored = Stored {
+        format: STATE_FORMAT,
+        seq: state.last_seq,
+        hash: hash.to_hex(),
+        digest: replay::digest_hex(&encoded),
+        state: encoded,
+    };
+    let bytes = rmp_serde::to_vec_named(&stored).expect("snapshots always encode");
+    log.put_derived(session, SNAPSHOT, &bytes)
+}
+
+/// The newest snapshot of `session` that checks out against the log, or
+/// why there is none to use.
+pub fn load(log: &dyn EventLog, session: Uuid) -> Result<SessionState, String> {
+    let bytes = log
+        .get_derived(session, SNAPSHOT)
+        .map_err(|e| e.to_string())?
+        .ok_or("no snapshot")?;
+    let stored: Stored =
+        rmp_serde::from_slice(&bytes).map_err(|e| format!("snapshot does not decode: {e}"))?;
+    if stored.format != STATE_FORMAT {
+        return Err(format!(
+            "snapshot format {} is not {STATE_FORMAT}",
+            stored.format
+        ));
+    }
+    if replay::digest_hex(&stored.state) != stored.digest {
+        return Err("snapshot damaged: its digest does not match".into());
+    }
+    let record = log
+        .read(session, stored.seq, stored.seq)
+        .map_err(|e| e.to_string())?;
+    match record.first() {
+        Some(r) if r.hash.to_hex() == stored.hash => {}
+        _ => {
+            return Err(format!(
+                "snapshot stale: the log's record {} is not the one it was taken at",
+                stored.seq
+            ))
+        }
+    }
+    let state = SessionState::decode(&stored.state).ok_or("snapshot state does not decode")?;
+    if state.last_seq != stored.seq {
+        return Err("snapshot state does not match its seq".into());
+    }
+    Ok(state)
+}
+
+/// What a listing shows of a session, as of `seq`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Summary {
+    /// The seq it describes.
+    pub seq: u64,
+    /// The agent's name.
+    pub agent: String,
+    /// Status at `seq`.
+    pub status: String,
+    /// Why it is paused, if it is.
+    pub paused: Option<String>,
+    /// Whether a call waits for a person (a decision or an approval).
+    pub waits_for_a_person: bool,
+    /// Usage totals.
+    pub totals: Totals,
+}
+
+impl Summary {
+    /// The summary of `state`.
+    pub fn of(state: &SessionState) -> Summary {
+        let waits = state.status() == Status::Paused
+            && state.open_calls().iter().any(|c| {
+                matches!(
+                    c.phase,
+                    replay::CallPhase::InDoubt(_) | replay::CallPhase::AwaitingApproval
+                )
+            });
+        Summary {
+            seq: state.last_seq,
+            agent: state
+                .spec
+                .as_ref()
+                .map_or(String::new(), |s| s.name.clone()),
+            status: state.status().to_string(),
+            paused: state.paused.clone(),
+            waits_for_a_person: waits,
+            totals: state.totals,
+        }
+    }
+}
+
+/// Writes the summary of `state`.
+pub fn store_summary(
+    log: &dyn EventLog,
+    session: Uuid,
+    state: &SessionState,
+) -> Result<(), eventlog::LogError> {
+    let bytes = rmp_serde::to_vec_named(&Summary::of(state)).expect("summaries always encode");
+    log.put_derived(session, SUMMARY, &bytes)
+}
+
+/// The stored summary of `session`, if it describes seq `head`.
+pub fn fresh_summary(log: &dyn EventLog, session: Uuid, head: u64) -> Option<Summary> {
+    let bytes = log.get_derived(session, SUMMARY).ok()??;
+    let summary: Summary = rmp_serde::from_slice(&bytes).ok()?;
+    (summary.seq == head).then_some(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::Session;
+    use eventlog::SledLog;
+    use replay::Event;
+    use std::sync::Arc;
+
+    fn spec() -> replay::AgentSpec {
+        toml::from_str("name = \"t\"\n[model]\nprovider = \"scripted\"\nscript = \"s.json\"\n")
+            .unwrap()
+    }
+
+    /// A session of `n` user messages, snapshotted every 4 events.
+    fn session(log: &Arc<dyn EventLog>, n: usize) -> Session {
+        let mut s = Session::create(log.clone(), spec())
+            .unwrap()
+            .snapshot_every(4);
+        for i in 0..n {
+            s.append(
+                vec![Event::UserMessage {
+                    text: format!("m{i}"),
+                }],
+                None,
+            )
+            .unwrap();
+        }
+        s
+    }
+
+    fn wait_for_snapshot(log: &dyn EventLog, id: Uuid, seq: u64) {
+        for _ in 0..500 {
+            if load(log, id).is_ok_and(|s| s.last_seq >= seq) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        panic!("no snapshot at seq {seq}");
+    }
+
+    #[test]
+    fn resume_from_a_snapshot_equals_a_full_fold_and_bad_ones_are_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.path()).unwrap());
+        let s = session(&log, 10); // 11 events: snapshots at 4 and 8
+        let id = s.id();
+        wait_for_snapshot(log.as_ref(), id, 8);
+        let full = replay::SessionState::fold(
+            crate::session::read_events(log.as_ref(), id)
+                .unwrap()
+                .into_iter()
+                .map(|(r, e)| (r.envelope.seq, e)),
+        );
+        let loaded = Session::load(log.clone(), id).unwrap();
+        assert_eq!(loaded.snapshot_seq(), 8, "loaded from the snapshot");
+        assert_eq!(loaded.state(), &full);
+
+        // A damaged snapshot is ignored: the log is folded instead.
+        let mut bytes = log.get_derived(id, SNAPSHOT).unwrap().unwrap();
+        let n = bytes.len();
+        bytes[n - 3] ^= 0xff;
+        log.put_derived(id, SNAPSHOT, &bytes).unwrap();
+        assert!(load(log.as_ref(), id).unwrap_err().contains("damaged"));
+        let loaded = Session::load(log.clone(), id).unwrap();
+        assert_eq!((loaded.snapshot_seq(), loaded.state()), (0, &full));
+
+        // A snapshot of another history (same seq, another hash) is stale.
+        let other_dir = tempfile::tempdir().unwrap();
+        let other_log: Arc<dyn EventLog> = Arc::new(SledLog::open(other_dir.path()).unwrap());
+        let other = session(&other_log, 10);
+        let hash = other_log.head(other.id()).unwrap().hash;
+        store(log.as_ref(), id, hash, other.state()).unwrap();
+        assert!(load(log.as_ref(), id).unwrap_err().contains("stale"));
+        assert_eq!(Session::load(log.clone(), id).unwrap().state(), &full);
+    }
+
+    #[test]
+    fn a_summary_is_used_only_while_it_describes_the_head() {
+        let dir = tempfile::tempdir().unwrap();
+        let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.path()).unwrap());
+        let mut s = session(&log, 2);
+        s.barrier(eventlog::Durability::Flushed).unwrap();
+        let id = s.id();
+        let summary = fresh_summary(log.as_ref(), id, 3).expect("written at the barrier");
+        assert_eq!(
+            (summary.status.as_str(), summary.agent.as_str()),
+            ("running", "t")
+        );
+        s.append(
+            vec![Event::UserMessage {
+                text: "more".into(),
+            }],
+            None,
+        )
+        .unwrap();
+        assert!(
+            fresh_summary(log.as_ref(), id, 4).is_none(),
+            "stale after an append"
+        );
+    }
+}
