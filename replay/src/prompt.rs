@@ -79,6 +79,10 @@ struct ChatRequest<'a> {
     tools: Vec<ToolDefinition<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     temperature: Option<f64>,
+    /// OpenAI's prefix-cache routing hint: requests with the same key are
+    /// routed to the same cache.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_cache_key: Option<&'a str>,
 }
 
 /// The messages of the conversation: system prompt, then every entry in
@@ -116,8 +120,20 @@ pub fn messages(state: &SessionState) -> Vec<Message> {
     out
 }
 
-/// The exact body of the next chat-completions request.
-pub fn request_body(spec: &AgentSpec, messages: &[Message]) -> Vec<u8> {
+/// The exact body of the next request of `session`: its messages, and the
+/// session id as the prefix-cache key unless the spec turns that off.
+pub fn next_request(session: &str, state: &SessionState) -> Option<Vec<u8>> {
+    let spec = state.spec.as_ref()?;
+    let key = spec
+        .model
+        .prompt_cache_key
+        .unwrap_or(true)
+        .then_some(session);
+    Some(request_body(spec, &messages(state), key))
+}
+
+/// The exact body of a chat-completions request.
+pub fn request_body(spec: &AgentSpec, messages: &[Message], cache_key: Option<&str>) -> Vec<u8> {
     let request = ChatRequest {
         model: &spec.model.model,
         messages,
@@ -134,6 +150,7 @@ pub fn request_body(spec: &AgentSpec, messages: &[Message]) -> Vec<u8> {
             })
             .collect(),
         temperature: spec.model.temperature,
+        prompt_cache_key: cache_key,
     };
     serde_json::to_vec(&request).expect("requests always serialize")
 }

@@ -149,6 +149,11 @@ pub struct ModelSpec {
     /// Request timeout in seconds (default 120).
     #[serde(default)]
     pub timeout_secs: Option<u64>,
+    /// Whether requests carry the session id as `prompt_cache_key` (OpenAI's
+    /// prefix-cache routing hint; default true). Turn off for servers that
+    /// refuse unknown fields.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_cache_key: Option<bool>,
     /// Price of a million prompt tokens, for cost totals.
     #[serde(default)]
     pub input_cost_per_mtok: Option<f64>,

@@ -31,6 +31,7 @@ fn spec() -> AgentSpec {
             script: None,
             temperature: None,
             timeout_secs: None,
+            prompt_cache_key: None,
             input_cost_per_mtok: Some(1.0),
             output_cost_per_mtok: Some(2.0),
         },
@@ -113,7 +114,7 @@ fn story() -> Vec<Event> {
 #[test]
 fn prompt_matches_golden_file() {
     let state = fold(&story()[..7]);
-    let body = request_body(state.spec.as_ref().unwrap(), &messages(&state));
+    let body = next_request("0190aaaa-0000-7000-8000-000000000001", &state).unwrap();
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/fixtures/request_after_tools.json"
@@ -482,16 +483,16 @@ proptest! {
     #[test]
     fn prompt_rebuild_depends_on_the_events_alone(events in arbitrary_log(), cut in 0usize..60) {
         let whole = fold(&events);
-        let body = request_body(&spec(), &messages(&whole));
+        let body = request_body(&spec(), &messages(&whole), None);
         let decoded: Vec<Event> = events.iter().map(|e| Event::decode(EVENT_SCHEMA, &e.encode()).unwrap()).collect();
         let from_bytes = fold(&decoded);
-        prop_assert_eq!(&body, &request_body(&spec(), &messages(&from_bytes)));
+        prop_assert_eq!(&body, &request_body(&spec(), &messages(&from_bytes), None));
         let cut = cut.min(events.len());
         let mut resumed = fold(&events[..cut]).clone();
         for (i, e) in events.iter().enumerate().skip(cut) {
             resumed.apply(i as u64 + 1, e.clone());
         }
-        prop_assert_eq!(&body, &request_body(&spec(), &messages(&resumed)));
+        prop_assert_eq!(&body, &request_body(&spec(), &messages(&resumed), None));
         prop_assert_eq!(plan(&whole), plan(&resumed));
     }
 }

@@ -7,7 +7,6 @@ use eventlog::{EventLog, SledLog};
 use mneme_runtime::agent::load_agent_file;
 use mneme_runtime::service::{self, Service};
 use mneme_runtime::{views, Session, TurnEnd};
-use replay::{messages, request_body};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -218,7 +217,7 @@ impl Ctx {
         let session = self.service.load(id)?;
         if raw {
             use std::io::Write;
-            let body = request_body(session.spec()?, &messages(session.state()));
+            let body = session.next_request()?;
             std::io::stdout().write_all(&body)?;
             return Ok(ExitCode::SUCCESS);
         }

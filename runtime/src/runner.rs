@@ -12,8 +12,8 @@ use crate::model::{client_for, ModelClient};
 use crate::session::Session;
 use eventlog::Durability;
 use replay::{
-    idempotency_key, messages, plan, request_body, CallDecision, CallPhase, CallPlan, Event,
-    NextStep, SessionOutcome, ToolOutcome,
+    idempotency_key, plan, CallDecision, CallPhase, CallPlan, Event, NextStep, SessionOutcome,
+    ToolOutcome,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -124,8 +124,7 @@ impl Runner {
     ) -> Result<(), RuntimeError> {
         session.barrier(self.durability)?;
         crash::point("before_model_call");
-        let spec = session.spec()?;
-        let body = request_body(spec, &messages(session.state()));
+        let body = session.next_request()?;
         let cause = session.state().last_seq;
         let mut reply = match model.complete(session.state(), &body).await {
             Ok(reply) => reply,

@@ -211,6 +211,16 @@ impl Session {
         &self.state
     }
 
+    /// The exact body of the session's next model request.
+    pub fn next_request(&self) -> Result<Vec<u8>, RuntimeError> {
+        replay::next_request(&self.id.to_string(), &self.state).ok_or(
+            RuntimeError::InvalidRequest {
+                session: self.id,
+                reason: "the log has no SessionStarted event".into(),
+            },
+        )
+    }
+
     /// The spec the session started with.
     pub fn spec(&self) -> Result<&AgentSpec, RuntimeError> {
         self.state

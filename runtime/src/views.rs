@@ -5,7 +5,7 @@ use crate::runner::TurnEnd;
 use crate::session::read_events;
 use crate::snapshot::Summary;
 use eventlog::{EventLog, Record, SessionMeta};
-use replay::{messages, plan, request_body, CallDecision, Event, NextStep, SessionState};
+use replay::{plan, CallDecision, Event, NextStep, SessionState};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
@@ -70,10 +70,7 @@ pub fn replay(session: Uuid, state: &SessionState) -> Value {
             json!({"call_id": c.call_id, "tool": c.tool, "decision": decision, "reason": reason})
         })
         .collect();
-    let body = state
-        .spec
-        .as_ref()
-        .map(|spec| request_body(spec, &messages(state)));
+    let body = replay::next_request(&session.to_string(), state);
     let request = body.as_deref().map_or(Value::Null, |b| {
         serde_json::from_slice(b).unwrap_or(Value::Null)
     });

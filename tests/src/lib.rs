@@ -118,14 +118,38 @@ impl MockModel {
         format!("http://{}/v1", self.addr)
     }
 
-    /// Every request body received, in order.
+    /// Every request body received, in order, without the session-specific
+    /// `prompt_cache_key`, so runs of different sessions compare byte for byte.
     pub fn bodies(&self) -> Vec<Vec<u8>> {
+        self.raw_bodies()
+            .iter()
+            .map(|b| without_cache_key(b))
+            .collect()
+    }
+
+    /// Every request body received, in order, exactly as sent.
+    pub fn raw_bodies(&self) -> Vec<Vec<u8>> {
         self.inner.lock().unwrap().bodies.clone()
     }
 }
 
 /// How many recent requests the simulated prefix cache remembers.
 pub const CACHE_WINDOW: usize = 8;
+
+/// `body` without its `"prompt_cache_key":"<session id>"` member.
+pub fn without_cache_key(body: &[u8]) -> Vec<u8> {
+    let text = String::from_utf8_lossy(body);
+    let marker = ",\"prompt_cache_key\":\"";
+    match text.find(marker) {
+        Some(at) => {
+            let end = text[at + marker.len()..]
+                .find('"')
+                .map_or(text.len(), |e| at + marker.len() + e + 1);
+            format!("{}{}", &text[..at], &text[end..]).into_bytes()
+        }
+        None => body.to_vec(),
+    }
+}
 
 fn common_prefix(a: &[u8], b: &[u8]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
@@ -312,11 +336,12 @@ pub fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).to_string()
 }
 
-/// The final request body of a session as `mneme replay --raw` rebuilds it.
+/// The final request body of a session as `mneme replay --raw` rebuilds it,
+/// without its session-specific `prompt_cache_key`.
 pub async fn rebuilt_request(world: &World, session: &str) -> Vec<u8> {
     let out = world.run(&["replay", "--raw", session]).await;
     assert!(out.status.success(), "replay failed: {}", stderr(&out));
-    out.stdout
+    without_cache_key(&out.stdout)
 }
 
 /// The kinds of a session's events, from `mneme log --json`.

@@ -112,6 +112,12 @@ async fn a_session_continues_over_several_turns_with_usage_totals() {
     assert!(out.status.success(), "{}", stderr(&out));
     let reply: Value = serde_json::from_str(stdout(&out).trim()).unwrap();
     assert_eq!(reply["answer"], "second answer");
+    // Requests name the session as the prefix-cache key.
+    let raw = String::from_utf8(model.raw_bodies()[0].clone()).unwrap();
+    assert!(
+        raw.contains(&format!("\"prompt_cache_key\":\"{session}\"")),
+        "{raw}"
+    );
     // The second request extends the first byte for byte: a prefix cache hits.
     let bodies = model.bodies();
     let first = String::from_utf8(bodies[0].clone()).unwrap();

@@ -52,6 +52,21 @@ struct Reference {
     bodies: Vec<Vec<u8>>,
     final_request: Vec<u8>,
     answer: String,
+    cache: (u64, u64),
+}
+
+/// (prompt tokens, cached prompt tokens) of a session, from `mneme sessions --json`.
+async fn cache_tokens(world: &World, session: &str) -> (u64, u64) {
+    let out = world.run(&["sessions", "--json"]).await;
+    let row = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|r| r["session"] == session)
+        .unwrap();
+    (
+        row["prompt_tokens"].as_u64().unwrap(),
+        row["cached_tokens"].as_u64().unwrap(),
+    )
 }
 
 async fn reference() -> Reference {
@@ -70,6 +85,7 @@ async fn reference() -> Reference {
         bodies: s.model.bodies(),
         final_request: rebuilt_request(&s.world, &session).await,
         answer: stdout(&out),
+        cache: cache_tokens(&s.world, &session).await,
     }
 }
 
@@ -161,6 +177,13 @@ async fn sigkill_while_side_effect_is_in_flight_then_resume() {
         "the finished charge is reused, not re-sent"
     );
     assert_finished_like_reference(&s, &session, &stdout(&out), &reference).await;
+    // The server's prefix cache served the resumed session exactly as much.
+    let cache = cache_tokens(&s.world, &session).await;
+    assert_eq!(
+        cache, reference.cache,
+        "(prompt, cached) tokens after the resume"
+    );
+    assert!(cache.1 > 0, "the simulated prefix cache hit: {cache:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

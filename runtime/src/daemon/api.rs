@@ -594,6 +594,6 @@ async fn next_request(
     Path(id): Path<Uuid>,
 ) -> Result<Response, ApiError> {
     let session = daemon.service.load(id)?;
-    let body = replay::request_body(session.spec()?, &replay::messages(session.state()));
+    let body = session.next_request()?;
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }

@@ -51,6 +51,8 @@ impl Histogram {
 /// each session's durable head to live event streams.
 pub struct Metrics {
     events_appended: AtomicU64,
+    prompt_tokens: AtomicU64,
+    cached_tokens: AtomicU64,
     barriers: AtomicU64,
     recovered: AtomicU64,
     flush_latency: Histogram,
@@ -64,6 +66,8 @@ impl Metrics {
     pub fn new(heads: broadcast::Sender<(Uuid, u64)>) -> Metrics {
         Metrics {
             events_appended: AtomicU64::new(0),
+            prompt_tokens: AtomicU64::new(0),
+            cached_tokens: AtomicU64::new(0),
             barriers: AtomicU64::new(0),
             recovered: AtomicU64::new(0),
             flush_latency: Histogram::default(),
@@ -124,6 +128,26 @@ impl Metrics {
             "Sessions resumed by recovery on start.",
             self.recovered_count(),
         );
+        let prompt = self.prompt_tokens.load(Ordering::Relaxed);
+        let cached = self.cached_tokens.load(Ordering::Relaxed);
+        counter(
+            &mut out,
+            "mneme_prompt_tokens_total",
+            "Prompt tokens the model servers reported.",
+            prompt,
+        );
+        counter(
+            &mut out,
+            "mneme_cached_prompt_tokens_total",
+            "Prompt tokens served from the servers' prefix caches.",
+            cached,
+        );
+        let ratio = if prompt == 0 {
+            0.0
+        } else {
+            cached as f64 / prompt as f64
+        };
+        let _ = writeln!(out, "# HELP mneme_prefix_cache_hit_ratio Cached share of prompt tokens since start.\n# TYPE mneme_prefix_cache_hit_ratio gauge\nmneme_prefix_cache_hit_ratio {ratio}");
         self.flush_latency.render(
             &mut out,
             "mneme_flush_latency_seconds",
@@ -149,9 +173,14 @@ impl SessionObserver for Metrics {
             .fetch_add(records.len() as u64, Ordering::Relaxed);
         for event in events {
             match event {
-                Event::ModelReplied(reply) => self
-                    .model_latency
-                    .observe(Duration::from_millis(reply.latency_ms)),
+                Event::ModelReplied(reply) => {
+                    self.model_latency
+                        .observe(Duration::from_millis(reply.latency_ms));
+                    self.prompt_tokens
+                        .fetch_add(reply.usage.prompt_tokens, Ordering::Relaxed);
+                    self.cached_tokens
+                        .fetch_add(reply.usage.cached_tokens, Ordering::Relaxed);
+                }
                 Event::ToolFinished { duration_ms, .. } => self
                     .tool_latency
                     .observe(Duration::from_millis(*duration_ms)),
