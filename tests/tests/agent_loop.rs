@@ -128,7 +128,8 @@ async fn a_session_continues_over_several_turns_with_usage_totals() {
         serde_json::from_str(stdout(&world.run(&["sessions", "--json"]).await).trim()).unwrap();
     assert_eq!(sessions["model_calls"], 2);
     assert_eq!(sessions["status"], "idle");
-    let expected_prompt = (bodies[0].len() / 4 + bodies[1].len() / 4) as u64;
+    let raw = model.raw_bodies();
+    let expected_prompt = (raw[0].len() / 4 + raw[1].len() / 4) as u64;
     assert_eq!(sessions["prompt_tokens"].as_u64().unwrap(), expected_prompt);
     assert!(
         sessions["cached_tokens"].as_u64().unwrap() > 0,
