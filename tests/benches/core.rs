@@ -437,6 +437,51 @@ fn agent_steps(rt: &tokio::runtime::Runtime) {
     let _: Duration = p50;
 }
 
+/// Resume with a snapshot 100 events behind the head, next to a full fold of
+/// the same log, each from a freshly opened data directory.
+fn snapshot_resume() {
+    println!(
+        "\n## Resume with a snapshot (100 events behind the head) and by full replay, same log\n"
+    );
+    println!(
+        "| events | full replay | snapshot + 100-event tail | speed-up |\n|---:|---:|---:|---:|"
+    );
+    for n in [1_000usize, 10_000, 100_000] {
+        let dir = bench_dir(&format!("snapshot-{n}"));
+        let session = fill(&dir, n - 100);
+        {
+            let log: Arc<dyn EventLog> = Arc::new(SledLog::open(&dir).unwrap());
+            let loaded = Session::load(log.clone(), session).unwrap();
+            let hash = log.head(session).unwrap().hash;
+            runtime::snapshot::store(log.as_ref(), session, hash, loaded.state()).unwrap();
+            let tail: Vec<NewEvent> = (0..100).map(new_event).collect();
+            log.append(session, (n - 100) as u64 + 1, tail).unwrap();
+            log.barrier(Durability::Synced).unwrap();
+        }
+        let resume = || {
+            let t = Instant::now();
+            let log: Arc<dyn EventLog> = Arc::new(SledLog::open(&dir).unwrap());
+            let loaded = Session::load(log, session).unwrap();
+            assert_eq!(loaded.state().last_seq, n as u64);
+            (t.elapsed(), loaded.snapshot_seq())
+        };
+        let (with_snapshot, from) = resume();
+        assert_eq!(from, (n - 100) as u64, "the snapshot was used");
+        {
+            let log = SledLog::open(&dir).unwrap();
+            log.put_derived(session, "snapshot", b"").unwrap(); // unusable: ignored
+        }
+        let (full, from) = resume();
+        assert_eq!(from, 0, "no snapshot was used");
+        println!(
+            "| {n} | {:.1} ms | {:.1} ms | {:.1}x |",
+            full.as_secs_f64() * 1e3,
+            with_snapshot.as_secs_f64() * 1e3,
+            full.as_secs_f64() / with_snapshot.as_secs_f64()
+        );
+    }
+}
+
 fn main() {
     // `cargo bench` passes --bench; `cargo test --benches` passes nothing we need.
     if std::env::args().any(|a| a == "--list") {
@@ -447,5 +492,6 @@ fn main() {
     let floors = appends();
     group_commit(&floors);
     replay_and_resume();
+    snapshot_resume();
     agent_steps(&rt);
 }

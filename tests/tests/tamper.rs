@@ -23,14 +23,19 @@ async fn finished_session() -> (World, String) {
         10,
     )];
     let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &tools));
+    // No snapshots: the marker is then only in the records themselves.
     let out = world
-        .run(&[
+        .mneme()
+        .args([
             "run",
             "--agent",
             agent.to_str().unwrap(),
             "UNIQUE-MESSAGE-MARKER",
         ])
-        .await;
+        .env("MNEME_SNAPSHOT_EVERY", "0")
+        .output()
+        .await
+        .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let session = session_id(&out);
     let verify = world.run(&["verify"]).await;
@@ -117,9 +122,15 @@ async fn flipped_byte_in_the_data_file_is_reported() {
         bytes[at + 3] ^= 0x20;
     }
     std::fs::write(&path, bytes).unwrap();
+    // sled either refuses the damaged page, or recovers only what precedes
+    // it, which the checkpoint anchor then refuses as a shortened log.
     let out = world.run(&["verify"]).await;
     assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
-    assert!(stderr(&out).contains("corrupt"), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("corrupt") || err.contains("lost records"),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
