@@ -14,7 +14,9 @@ pub use event::{
     ToolCall, ToolOutcome, Usage, EVENT_SCHEMA,
 };
 pub use plan::{plan, CallDecision, CallPlan, NextStep, ResumePlan};
-pub use prompt::{messages, next_request, request_body, Message};
+pub use prompt::{
+    messages, next_request, next_request_incremental, request_body, Message, RenderedPrefix,
+};
 pub use spec::{AgentSpec, Effect, ModelSpec, ToolKind, ToolSpec};
 pub use state::{CallPhase, CallState, Entry, SessionState, Status, Totals, STATE_FORMAT};
 

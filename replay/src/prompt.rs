@@ -90,34 +90,135 @@ struct ChatRequest<'a> {
 /// in the model's call order. Never emits a call without a result.
 pub fn messages(state: &SessionState) -> Vec<Message> {
     let mut out = Vec::with_capacity(state.entries.len() * 2 + 1);
-    if let Some(spec) = state.spec.as_ref().filter(|s| !s.system.is_empty()) {
-        out.push(text_message("system", &spec.system));
-    }
+    out.extend(system_message(state));
     for entry in &state.entries {
-        match entry {
-            Entry::User(text) => out.push(text_message("user", text)),
-            Entry::Reply { reply, calls, .. } => {
-                // Servers refuse an assistant message with neither text nor calls.
-                let content = match (&reply.content, calls.is_empty()) {
-                    (None, true) => Some(String::new()),
-                    (content, _) => content.clone(),
-                };
-                out.push(Message {
-                    role: "assistant",
-                    content,
-                    tool_calls: (!calls.is_empty()).then(|| wire_calls(calls)),
-                    tool_call_id: None,
-                });
-                out.extend(calls.iter().map(|c| Message {
-                    role: "tool",
-                    content: Some(result_text(c)),
-                    tool_calls: None,
-                    tool_call_id: Some(c.call.id.clone()),
-                }));
-            }
-        }
+        entry_messages(entry, &mut out);
     }
     out
+}
+
+fn system_message(state: &SessionState) -> Option<Message> {
+    let spec = state.spec.as_ref().filter(|s| !s.system.is_empty())?;
+    Some(text_message("system", &spec.system))
+}
+
+/// The messages of one entry: a user message, or an assistant message and
+/// one result per call, in call order.
+fn entry_messages(entry: &Entry, out: &mut Vec<Message>) {
+    match entry {
+        Entry::User(text) => out.push(text_message("user", text)),
+        Entry::Reply { reply, calls, .. } => {
+            // Servers refuse an assistant message with neither text nor calls.
+            let content = match (&reply.content, calls.is_empty()) {
+                (None, true) => Some(String::new()),
+                (content, _) => content.clone(),
+            };
+            out.push(Message {
+                role: "assistant",
+                content,
+                tool_calls: (!calls.is_empty()).then(|| wire_calls(calls)),
+                tool_call_id: None,
+            });
+            out.extend(calls.iter().map(|c| Message {
+                role: "tool",
+                content: Some(result_text(c)),
+                tool_calls: None,
+                tool_call_id: Some(c.call.id.clone()),
+            }));
+        }
+    }
+}
+
+/// The rendered messages of every entry but the last, kept to extend: the
+/// fold only ever changes the last entry (tool results arrive for the latest
+/// reply), so every earlier entry renders the same forever. With it, the work
+/// of building a request is proportional to what is new, not to the history
+/// (copying the bytes out aside).
+#[derive(Debug, Clone, Default)]
+pub struct RenderedPrefix {
+    /// Comma-separated JSON of the messages rendered so far.
+    json: Vec<u8>,
+    /// Entries rendered (the system message comes with the first render).
+    entries: usize,
+    /// Whether the system message was rendered.
+    started: bool,
+}
+
+impl RenderedPrefix {
+    /// Bytes held.
+    pub fn len(&self) -> usize {
+        self.json.len()
+    }
+
+    /// Whether nothing is rendered yet.
+    pub fn is_empty(&self) -> bool {
+        self.json.is_empty()
+    }
+
+    fn push(&mut self, message: &Message) {
+        if !self.json.is_empty() {
+            self.json.push(b',');
+        }
+        serde_json::to_writer(&mut self.json, message).expect("messages always serialize");
+    }
+
+    /// Renders the entries of `state` it lacks, all but the last. A prefix
+    /// rendered from a longer or another history starts over.
+    fn extend(&mut self, state: &SessionState) {
+        let done = state.entries.len().saturating_sub(1);
+        if self.entries > done {
+            *self = RenderedPrefix::default();
+        }
+        if !self.started {
+            if let Some(system) = system_message(state) {
+                self.push(&system);
+            }
+            self.started = true;
+        }
+        let mut messages = Vec::new();
+        for entry in &state.entries[self.entries..done] {
+            entry_messages(entry, &mut messages);
+        }
+        for message in &messages {
+            self.push(message);
+        }
+        self.entries = done;
+    }
+}
+
+/// [`next_request`], built on `prefix` (extended here): byte for byte the
+/// same request, without re-rendering the history.
+pub fn next_request_incremental(
+    session: &str,
+    state: &SessionState,
+    prefix: &mut RenderedPrefix,
+) -> Option<Vec<u8>> {
+    let spec = state.spec.as_ref()?;
+    let key = spec
+        .model
+        .prompt_cache_key
+        .unwrap_or(true)
+        .then_some(session);
+    prefix.extend(state);
+    let mut last = Vec::new();
+    if let Some(entry) = state.entries.last() {
+        entry_messages(entry, &mut last);
+    }
+    // The request with no messages, split where they go.
+    let empty = request_body(spec, &[], key);
+    let marker = b"\"messages\":[]";
+    let at = empty.windows(marker.len()).position(|w| w == marker)? + marker.len() - 1;
+    let mut body = Vec::with_capacity(empty.len() + prefix.json.len() + 256);
+    body.extend_from_slice(&empty[..at]);
+    body.extend_from_slice(&prefix.json);
+    for message in &last {
+        if body.last() != Some(&b'[') {
+            body.push(b',');
+        }
+        serde_json::to_writer(&mut body, message).expect("messages always serialize");
+    }
+    body.extend_from_slice(&empty[at..]);
+    Some(body)
 }
 
 /// The exact body of the next request of `session`: its messages, and the

@@ -462,6 +462,22 @@ proptest! {
         }
     }
 
+    /// The incremental rebuild, extended event by event (or started at any
+    /// point), gives the same bytes as a full render, every time.
+    #[test]
+    fn incremental_prompt_equals_full_render(events in arbitrary_log(), start in 0usize..60) {
+        let mut prefix = RenderedPrefix::default();
+        let mut state = SessionState::default();
+        for (i, e) in events.iter().enumerate() {
+            state.apply(i as u64 + 1, e.clone());
+            if i + 1 < start.min(events.len()) {
+                continue;
+            }
+            let full = next_request("s", &state);
+            prop_assert_eq!(next_request_incremental("s", &state, &mut prefix), full);
+        }
+    }
+
     /// A state saved at any position (encoded and decoded, as a snapshot
     /// is) and then given the rest of the events equals the full fold.
     #[test]

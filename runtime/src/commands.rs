@@ -214,7 +214,7 @@ impl Ctx {
     }
 
     fn replay(&self, id: Uuid, raw: bool, json: bool) -> Result<ExitCode> {
-        let session = self.service.load(id)?;
+        let mut session = self.service.load(id)?;
         if raw {
             use std::io::Write;
             let body = session.next_request()?;

@@ -21,6 +21,8 @@ pub struct Session {
     snapshot_every: u64,
     /// Seq of the last snapshot written or loaded.
     snapshot_seq: u64,
+    /// The rendered prompt so far, extended rather than rebuilt.
+    rendered: replay::RenderedPrefix,
 }
 
 /// Told what sessions append and make durable (metrics, live streams).
@@ -140,6 +142,7 @@ impl Session {
             last_hash: eventlog::Hash::ZERO,
             snapshot_every: crate::snapshot::DEFAULT_EVERY,
             snapshot_seq: 0,
+            rendered: replay::RenderedPrefix::default(),
         };
         session.append(first, None)?;
         Ok(session)
@@ -181,6 +184,7 @@ impl Session {
             last_hash: head.hash,
             snapshot_every: crate::snapshot::DEFAULT_EVERY,
             snapshot_seq,
+            rendered: replay::RenderedPrefix::default(),
         })
     }
 
@@ -211,14 +215,27 @@ impl Session {
         &self.state
     }
 
-    /// The exact body of the session's next model request.
-    pub fn next_request(&self) -> Result<Vec<u8>, RuntimeError> {
-        replay::next_request(&self.id.to_string(), &self.state).ok_or(
+    /// The exact body of the session's next model request, extending the
+    /// prompt rendered so far instead of rendering the history again.
+    pub fn next_request(&mut self) -> Result<Vec<u8>, RuntimeError> {
+        let id = self.id.to_string();
+        replay::next_request_incremental(&id, &self.state, &mut self.rendered).ok_or(
             RuntimeError::InvalidRequest {
                 session: self.id,
                 reason: "the log has no SessionStarted event".into(),
             },
         )
+    }
+
+    /// Hands over the rendered prompt (to a cache that outlives this value).
+    pub fn take_rendered(&mut self) -> replay::RenderedPrefix {
+        std::mem::take(&mut self.rendered)
+    }
+
+    /// Starts from a prompt rendered earlier for this session.
+    pub fn with_rendered(mut self, rendered: replay::RenderedPrefix) -> Session {
+        self.rendered = rendered;
+        self
     }
 
     /// The spec the session started with.

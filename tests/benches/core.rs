@@ -482,6 +482,71 @@ fn snapshot_resume() {
     }
 }
 
+/// Time to build the next request as a session grows: a full render of the
+/// history against extending the rendered prefix.
+fn prompt_rebuild() {
+    use replay::{next_request, next_request_incremental, RenderedPrefix, SessionState};
+    println!(
+        "\n## Prompt rebuild per turn (a turn: user message, reply with one call, its result)\n"
+    );
+    println!("| turns | full render | incremental | bytes built |\n|---:|---:|---:|---:|");
+    let spec = bench_spec("http://127.0.0.1:9/v1", "http://127.0.0.1:9/x");
+    let mut state = SessionState::default();
+    state.apply(1, Event::SessionStarted { spec });
+    let mut prefix = RenderedPrefix::default();
+    let mut seq = 1;
+    for turn in 1..=1000usize {
+        for event in [
+            Event::UserMessage {
+                text: format!("turn {turn}: {}", "x".repeat(200)),
+            },
+            Event::ModelReplied(ModelReply {
+                content: Some("y".repeat(200)),
+                tool_calls: vec![ToolCall {
+                    id: format!("call_{turn}"),
+                    name: "charge".into(),
+                    arguments: "{\"n\":1}".into(),
+                }],
+                ..Default::default()
+            }),
+            Event::ToolStarted {
+                call_id: format!("call_{turn}"),
+                tool: "charge".into(),
+                args: "{}".into(),
+                effect: replay::Effect::SideEffect,
+                idempotency_key: "k".into(),
+                attempt: 1,
+            },
+            Event::ToolFinished {
+                call_id: format!("call_{turn}"),
+                outcome: ToolOutcome::Ok("{\"ok\":true}".into()),
+                duration_ms: 1,
+            },
+        ] {
+            seq += 1;
+            state.apply(seq, event);
+        }
+        let incremental = next_request_incremental("s", &state, &mut prefix).unwrap();
+        if [10, 100, 1000].contains(&turn) {
+            let t = Instant::now();
+            let full = next_request("s", &state).unwrap();
+            let full_time = t.elapsed();
+            assert_eq!(full, incremental);
+            // One more render on the warm prefix: what the next step costs.
+            let t = Instant::now();
+            let again = next_request_incremental("s", &state, &mut prefix).unwrap();
+            let incremental_time = t.elapsed();
+            assert_eq!(again, full);
+            println!(
+                "| {turn} | {:.1} µs | {:.1} µs | {} |",
+                full_time.as_secs_f64() * 1e6,
+                incremental_time.as_secs_f64() * 1e6,
+                full.len()
+            );
+        }
+    }
+}
+
 fn main() {
     // `cargo bench` passes --bench; `cargo test --benches` passes nothing we need.
     if std::env::args().any(|a| a == "--list") {
@@ -493,5 +558,6 @@ fn main() {
     group_commit(&floors);
     replay_and_resume();
     snapshot_resume();
+    prompt_rebuild();
     agent_steps(&rt);
 }

@@ -593,7 +593,7 @@ async fn next_request(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
 ) -> Result<Response, ApiError> {
-    let session = daemon.service.load(id)?;
+    let mut session = daemon.service.load(id)?;
     let body = session.next_request()?;
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }

@@ -73,6 +73,45 @@ pub(crate) struct Daemon {
     idle: Notify,
     /// (session, seq) each time a session's records up to seq are durable.
     pub(crate) heads: broadcast::Sender<(Uuid, u64)>,
+    /// Rendered prompts of recently active sessions.
+    prompts: Mutex<PromptCache>,
+}
+
+/// Bytes of rendered prompts the daemon keeps across turns.
+const PROMPT_CACHE_BYTES: usize = 64 << 20;
+
+/// Rendered prompts by session, least recently used first out, bounded in
+/// bytes: a session's next turn extends its prompt instead of rendering its
+/// history again.
+#[derive(Default)]
+struct PromptCache {
+    prompts: HashMap<Uuid, replay::RenderedPrefix>,
+    order: std::collections::VecDeque<Uuid>,
+    bytes: usize,
+}
+
+impl PromptCache {
+    fn take(&mut self, id: Uuid) -> replay::RenderedPrefix {
+        let prompt = self.prompts.remove(&id).unwrap_or_default();
+        self.bytes -= prompt.len();
+        self.order.retain(|o| *o != id);
+        prompt
+    }
+
+    fn put(&mut self, id: Uuid, prompt: replay::RenderedPrefix) {
+        self.take(id);
+        self.bytes += prompt.len();
+        self.prompts.insert(id, prompt);
+        self.order.push_back(id);
+        while self.bytes > PROMPT_CACHE_BYTES {
+            let Some(oldest) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(evicted) = self.prompts.remove(&oldest) {
+                self.bytes -= evicted.len();
+            }
+        }
+    }
 }
 
 /// How a turn task starts.
@@ -118,6 +157,7 @@ impl Daemon {
             running: AtomicUsize::new(0),
             idle: Notify::new(),
             heads,
+            prompts: Mutex::default(),
         }
     }
 
@@ -170,7 +210,8 @@ impl Daemon {
         let _turn = lock.lock().await;
         self.running.fetch_add(1, Ordering::SeqCst);
         let _running = RunningGuard(&self);
-        let mut session = self.service.load(id)?;
+        let rendered = self.prompts.lock().expect("prompts").take(id);
+        let mut session = self.service.load(id)?.with_rendered(rendered);
         match start {
             TurnStart::Message(text, seq) => {
                 let posted = self.service.post_message(&mut session, text);
@@ -190,6 +231,10 @@ impl Daemon {
         self.set_status(id, session.state().status());
         let end = self.runner.drive(&mut session).await;
         self.set_status(id, session.state().status());
+        self.prompts
+            .lock()
+            .expect("prompts")
+            .put(id, session.take_rendered());
         end
     }
 
