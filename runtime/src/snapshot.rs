@@ -36,13 +36,26 @@ struct Stored {
     state: Vec<u8>,
 }
 
-/// Writes a snapshot of `state`, whose last record has `hash`.
+/// Snapshot writers run on their own threads; this keeps an older snapshot
+/// from overwriting a newer one that finished first.
+static STORE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Writes a snapshot of `state`, whose last record has `hash`, unless a newer
+/// one is already stored.
 pub fn store(
     log: &dyn EventLog,
     session: Uuid,
     hash: Hash,
     state: &SessionState,
 ) -> Result<(), eventlog::LogError> {
+    let _one_at_a_time = STORE.lock().unwrap_or_else(|e| e.into_inner());
+    let stored_seq = log
+        .get_derived(session, SNAPSHOT)?
+        .and_then(|bytes| rmp_serde::from_slice::<Stored>(&bytes).ok())
+        .map_or(0, |s| s.seq);
+    if stored_seq > state.last_seq {
+        return Ok(());
+    }
     let encoded = state.encode();
     let stored = Stored {
         format: STATE_FORMAT,

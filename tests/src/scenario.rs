@@ -207,7 +207,7 @@ pub async fn run(scenario: &Scenario, env: &Env, faults: &Faults) -> Result<Outc
                 id.trim().to_string()
             }
         };
-        let answer = match out.status.code() {
+        let mut answer = match out.status.code() {
             Some(0) => stdout(&out).trim().to_string(),
             Some(3) => settle(env, &id, None, &mut crashes).await?,
             _ => {
@@ -215,6 +215,28 @@ pub async fn run(scenario: &Scenario, env: &Env, faults: &Faults) -> Result<Outc
                 settle(env, &id, faults.nested.as_deref(), &mut crashes).await?
             }
         };
+        // A process that died before it recorded the message (say, while
+        // opening the log) never took the turn: the user sends it again.
+        let recorded = log_events(&env.world, &id)
+            .await
+            .iter()
+            .filter(|e| e["kind"] == "UserMessage")
+            .count();
+        if recorded <= answers.len() {
+            let mut again = env.world.mneme();
+            again.args(["run", "--session", &id, turn]);
+            let out = output(again, None, None).await;
+            answer = match out.status.code() {
+                Some(0) => stdout(&out).trim().to_string(),
+                Some(3) => settle(env, &id, None, &mut crashes).await?,
+                code => {
+                    return Err(format!(
+                        "sending turn {turn:?} again exited {code:?}: {}",
+                        stderr(&out)
+                    ))
+                }
+            };
+        }
         answers.push(answer);
     }
     Ok(Outcome {
