@@ -143,13 +143,15 @@ impl GroupCommit {
         let mut state = self.state.lock().expect("sync lock poisoned");
         let arrived = state.rounds;
         loop {
+            // Durable (a checkpoint may have covered a failed sync's range)
+            // wins over a failure.
+            if state.durable >= target {
+                return Ok(());
+            }
             if let Some(failure) = &state.failure {
                 if failure.round > arrived && failure.upto >= target {
                     return Err(copy_error(&failure.error));
                 }
-            }
-            if state.durable >= target {
-                return Ok(());
             }
             if !state.leading {
                 break;

@@ -92,10 +92,12 @@ impl Client {
             .into_iter()
             .flatten()
             .filter_map(|r| {
-                Some((
-                    r["session"].as_str()?.parse().ok()?,
-                    r["status"].as_str()?.to_string(),
-                ))
+                // Paused waiting for a person is not "pending work" for resume.
+                let status = match (r["status"].as_str()?, r["waits_for_a_person"].as_bool()) {
+                    ("paused", Some(false)) => "paused-unattended",
+                    (status, _) => status,
+                };
+                Some((r["session"].as_str()?.parse().ok()?, status.to_string()))
             })
             .collect())
     }
@@ -188,7 +190,7 @@ impl Client {
                 Ok(ExitCode::SUCCESS)
             }
             Command::Resolve(a) => {
-                let mut body = json!({"by": a.by, "wait": !a.no_resume});
+                let mut body = json!({"by": a.by, "wait": !a.no_resume, "continue": !a.no_resume});
                 match (a.retry, a.result, a.fail) {
                     (true, _, _) => body["retry"] = json!(true),
                     (_, Some(result), None) => {
@@ -211,7 +213,7 @@ impl Client {
                 report(a.session, answer, a.json)
             }
             Command::Approve(a) => {
-                let body = json!({"approved": !a.deny, "by": a.by, "wait": !a.no_resume});
+                let body = json!({"approved": !a.deny, "by": a.by, "wait": !a.no_resume, "continue": !a.no_resume});
                 let answer = self
                     .post(
                         &format!("/sessions/{}/calls/{}/approve", a.session, a.call_id),

@@ -81,8 +81,19 @@ impl Runner {
     /// Runs `session` until it is answered, paused or failed.
     pub async fn drive(&self, session: &mut Session) -> Result<TurnEnd, RuntimeError> {
         let spec = session.spec()?.clone();
-        let model = client_for(&spec)?;
-        let toolbox = Toolbox::from_specs(&spec.tools)?;
+        let setup = client_for(&spec)
+            .map_err(RuntimeError::from)
+            .and_then(|model| Ok((model, Toolbox::from_specs(&spec.tools)?)));
+        let (model, toolbox) = match setup {
+            Ok(parts) => parts,
+            Err(error) => {
+                // Recorded, so the session shows failed instead of running.
+                let outcome = SessionOutcome::Failed(error.to_string());
+                session.append(vec![Event::SessionFinished { outcome }], None)?;
+                session.barrier(self.durability)?;
+                return Err(error);
+            }
+        };
         loop {
             let plan = plan(session.state());
             let working = matches!(plan.next, NextStep::CallModel | NextStep::RunTools);

@@ -178,7 +178,9 @@ impl Session {
         Ok(Session {
             id,
             log,
-            durable_seq: state.last_seq,
+            // Not known to be durable in this process: the first barrier
+            // checks (and costs nothing when the log already synced them).
+            durable_seq: 0,
             state,
             observer: None,
             last_hash: head.hash,

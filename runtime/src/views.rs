@@ -23,6 +23,7 @@ pub fn session_summary(meta: &SessionMeta, summary: &Summary) -> Value {
         "session": meta.session,
         "agent": summary.agent,
         "status": summary.status,
+        "waits_for_a_person": summary.waits_for_a_person,
         "events": meta.events,
         "created": format_time(meta.created_ms),
         "last_activity": format_time(meta.updated_ms),

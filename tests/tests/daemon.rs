@@ -653,3 +653,57 @@ async fn a_generated_token_is_private_and_secrets_never_reach_the_log_or_api() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_can_be_recorded_without_continuing_and_idle_sessions_cannot_be_paused() {
+    let world = World::new();
+    let sink = Sink::start().await.unwrap();
+    let model = MockModel::start(
+        vec![
+            MockReply::calls(&[("refund", json!({"n": 1}))]),
+            MockReply::answer("refunded"),
+        ],
+        Fault::None,
+    )
+    .await;
+    let tool = format!(
+        "{}requires_approval = true\n",
+        http_tool("refund", &sink.url("refund"), "side_effect")
+    );
+    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let id = daemon.create(&agent_toml(&model.base_url(), &[tool])).await;
+    let (_, end) = daemon
+        .post(
+            &format!("/sessions/{id}/messages"),
+            &json!({"text": "refund", "wait": true}),
+        )
+        .await;
+    assert_eq!(end["awaiting_approval"][0]["call_id"], "call_0_0", "{end}");
+    let (status, _) = daemon
+        .post(&format!("/sessions/{id}/pause"), &json!({}))
+        .await;
+    assert_eq!(status, 409, "no turn runs: nothing to pause");
+    let (status, body) = daemon
+        .post(
+            &format!("/sessions/{id}/calls/call_0_0/approve"),
+            &json!({"approved": true, "by": "ops", "continue": false}),
+        )
+        .await;
+    assert_eq!(
+        (status, body["continuing"].as_bool()),
+        (200, Some(false)),
+        "{body}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        sink.stats().path("refund").hits,
+        0,
+        "recorded only: nothing ran"
+    );
+    let (_, end) = daemon
+        .post(&format!("/sessions/{id}/resume"), &json!({"wait": true}))
+        .await;
+    assert_eq!(end["answer"], "refunded", "{end}");
+    assert_eq!(sink.stats().path("refund").effects, 1);
+    assert!(daemon.terminate().await.success());
+}

@@ -35,16 +35,10 @@ impl CommandTool {
             reason,
         };
         let mut command = tokio::process::Command::new(&self.program);
-        // Its own process group, so a timeout stops everything it started;
-        // and it dies with mneme, so a resumed call never races an orphan.
+        // Its own process group, so a timeout stops everything it started.
+        // (Not PR_SET_PDEATHSIG: it fires when the spawning *thread* exits,
+        // and the async runtime retires threads.)
         command.process_group(0);
-        // SAFETY: prctl(2) is async-signal-safe and touches no memory of ours.
-        unsafe {
-            command.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
         let mut child = command
             .args(&self.args)
             .env("MNEME_IDEMPOTENCY_KEY", &ctx.idempotency_key)
@@ -66,6 +60,13 @@ impl CommandTool {
             .wait_with_output()
             .await
             .map_err(|e| failed(format!("waiting for {:?}: {e}", self.program)))?;
+        if let Some(signal) = std::os::unix::process::ExitStatusExt::signal(&output.status) {
+            // Killed by someone else: it may have acted before it died.
+            return Err(ToolError::Interrupted {
+                tool: self.spec.name.clone(),
+                reason: format!("killed by signal {signal}"),
+            });
+        }
         if !output.status.success() {
             let stderr = String::from_utf8_lossy(&output.stderr);
             let tail: String = stderr
@@ -152,6 +153,16 @@ mod tests {
         .unwrap();
         let out = tool.call(&ctx(), "{\"x\":1}\n").await.unwrap();
         assert_eq!(out, r#"{"in":{"x":1},"key":"mneme-k1"}"#);
+    }
+
+    #[tokio::test]
+    async fn a_command_killed_by_a_signal_has_an_unknown_outcome() {
+        let tool = CommandTool::new(spec(&["sh", "-c", "kill -9 $$"], 5)).unwrap();
+        let err = tool.call(&ctx(), "{}").await.unwrap_err();
+        assert!(
+            err.outcome_unknown() && err.to_string().contains("signal 9"),
+            "{err}"
+        );
     }
 
     #[tokio::test]

@@ -260,6 +260,7 @@ async fn post_message(
     Json(body): Json<MessageBody>,
 ) -> Result<Response, ApiError> {
     refuse_when_stopping(&daemon)?;
+    daemon.service.load(id)?; // 404 before spawning
     let (seq_tx, seq_rx) = tokio::sync::oneshot::channel();
     let turn = daemon.spawn_turn(id, TurnStart::Message(body.text, seq_tx));
     let seq = seq_rx.await.map_err(|_| {
@@ -323,7 +324,12 @@ async fn pause(
     Path(id): Path<Uuid>,
 ) -> Result<Json<Value>, ApiError> {
     daemon.service.load(id)?;
-    daemon.request_pause(id);
+    if !daemon.request_pause(id) {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("session {id} has no turn running to pause"),
+        ));
+    }
     Ok(Json(json!({"session": id, "pause_requested": true})))
 }
 
@@ -382,6 +388,13 @@ struct ResolveBody {
     by: String,
     #[serde(default)]
     wait: bool,
+    /// Continue the session after recording the decision (default true).
+    #[serde(default = "yes", rename = "continue")]
+    proceed: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 async fn resolve(
@@ -403,7 +416,7 @@ async fn resolve(
         daemon.set_status(id, session.state().status());
         can_continue
     };
-    continue_after_decision(&daemon, id, &call, can_continue, body.wait).await
+    continue_after_decision(&daemon, id, &call, can_continue && body.proceed, body.wait).await
 }
 
 #[derive(Deserialize)]
@@ -413,6 +426,9 @@ struct ApproveBody {
     by: String,
     #[serde(default)]
     wait: bool,
+    /// Continue the session after recording the decision (default true).
+    #[serde(default = "yes", rename = "continue")]
+    proceed: bool,
 }
 
 async fn approve(
@@ -432,7 +448,7 @@ async fn approve(
         daemon.set_status(id, session.state().status());
         can_continue
     };
-    continue_after_decision(&daemon, id, &call, can_continue, body.wait).await
+    continue_after_decision(&daemon, id, &call, can_continue && body.proceed, body.wait).await
 }
 
 /// After a person's decision: continue the session if nothing else waits.

@@ -68,6 +68,8 @@ pub(crate) struct Daemon {
     locks: Mutex<HashMap<Uuid, Arc<tokio::sync::Mutex<()>>>>,
     statuses: Mutex<HashMap<Uuid, String>>,
     pause_requests: Arc<Mutex<HashSet<Uuid>>>,
+    /// Sessions with a turn under way.
+    active: Mutex<HashSet<Uuid>>,
     shutting_down: Arc<AtomicBool>,
     running: AtomicUsize,
     idle: Notify,
@@ -138,11 +140,13 @@ impl Daemon {
             let shutting_down = shutting_down.clone();
             let pause_requests = pause_requests.clone();
             Arc::new(move |id: Uuid| {
-                if shutting_down.load(Ordering::SeqCst) {
-                    return Some(SHUTDOWN_REASON.to_string());
+                // A person's pause wins: recovery must not resume it.
+                if pause_requests.lock().expect("pause lock").remove(&id) {
+                    return Some("paused on request".to_string());
                 }
-                let requested = pause_requests.lock().expect("pause lock").remove(&id);
-                requested.then(|| "paused on request".to_string())
+                shutting_down
+                    .load(Ordering::SeqCst)
+                    .then(|| SHUTDOWN_REASON.to_string())
             })
         };
         Daemon {
@@ -153,6 +157,7 @@ impl Daemon {
             locks: Mutex::default(),
             statuses: Mutex::default(),
             pause_requests,
+            active: Mutex::default(),
             shutting_down,
             running: AtomicUsize::new(0),
             idle: Notify::new(),
@@ -190,9 +195,14 @@ impl Daemon {
         self.shutting_down.load(Ordering::SeqCst)
     }
 
-    /// Asks a running turn to pause at its next step boundary.
-    pub(crate) fn request_pause(&self, id: Uuid) {
-        self.pause_requests.lock().expect("pause lock").insert(id);
+    /// Asks the running turn of `id` to pause at its next step boundary;
+    /// false if no turn is running.
+    pub(crate) fn request_pause(&self, id: Uuid) -> bool {
+        let active = self.active.lock().expect("active").contains(&id);
+        if active {
+            self.pause_requests.lock().expect("pause lock").insert(id);
+        }
+        active
     }
 
     /// Withdraws a pause request no turn consumed.
@@ -210,6 +220,19 @@ impl Daemon {
         let _turn = lock.lock().await;
         self.running.fetch_add(1, Ordering::SeqCst);
         let _running = RunningGuard(&self);
+        self.active.lock().expect("active").insert(id);
+        let result = self.clone().turn_locked(id, start).await;
+        self.active.lock().expect("active").remove(&id);
+        // A pause asked for during the turn's last step has nothing to pause.
+        self.withdraw_pause(id);
+        result
+    }
+
+    async fn turn_locked(
+        self: Arc<Self>,
+        id: Uuid,
+        start: TurnStart,
+    ) -> Result<TurnEnd, RuntimeError> {
         let rendered = self.prompts.lock().expect("prompts").take(id);
         let mut session = self.service.load(id)?.with_rendered(rendered);
         match start {
@@ -283,7 +306,7 @@ impl Daemon {
 
     /// Stops taking turns, lets running ones pause at a step boundary, and
     /// waits for them up to the grace period.
-    async fn drain(&self) {
+    async fn drain(&self, left: Duration) {
         self.shutting_down.store(true, Ordering::SeqCst);
         let waiting = async {
             while self.running.load(Ordering::SeqCst) > 0 {
@@ -294,10 +317,7 @@ impl Daemon {
                 notified.await;
             }
         };
-        if tokio::time::timeout(self.config.shutdown_grace, waiting)
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout(left, waiting).await.is_err() {
             eprintln!(
                 "mneme serve: {} turns still running after {:?}; their calls resume on the next start",
                 self.running.load(Ordering::SeqCst),
@@ -351,23 +371,29 @@ pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), R
         stopping.shutting_down.store(true, Ordering::SeqCst);
         let _ = stop_http.send(true);
     });
-    let grace = config.shutdown_grace + Duration::from_secs(1);
+    // One deadline for the whole shutdown: open requests and running turns
+    // share the grace period.
+    let grace = config.shutdown_grace;
     let served = server.into_future();
-    let served = tokio::select! {
-        served = served => served,
-        _ = async {
+    let stopping_since = tokio::select! {
+        served = served => {
+            served.map_err(|e| RuntimeError::InvalidRequest { session: Uuid::nil(), reason: format!("server: {e}") })?;
+            std::time::Instant::now()
+        }
+        since = async {
             while !daemon.is_shutting_down() {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
+            let since = std::time::Instant::now();
             tokio::time::sleep(grace).await;
-        } => Ok(()),
+            since
+        } => since,
     };
-    daemon.drain().await;
+    daemon
+        .drain(grace.saturating_sub(stopping_since.elapsed()))
+        .await;
     let _ = std::fs::remove_file(config.data_dir.join(DAEMON_FILE));
-    served.map_err(|e| RuntimeError::InvalidRequest {
-        session: Uuid::nil(),
-        reason: format!("server: {e}"),
-    })
+    Ok(())
 }
 
 /// Tells CLI processes where the daemon is and where its token lives.
