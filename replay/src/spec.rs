@@ -154,12 +154,41 @@ pub struct ModelSpec {
     /// refuse unknown fields.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_cache_key: Option<bool>,
+    /// The model's context window, in tokens (for reports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u64>,
+    /// The model's shape, to estimate the KV cache a prompt occupies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv: Option<KvShape>,
     /// Price of a million prompt tokens, for cost totals.
     #[serde(default)]
     pub input_cost_per_mtok: Option<f64>,
     /// Price of a million completion tokens, for cost totals.
     #[serde(default)]
     pub output_cost_per_mtok: Option<f64>,
+}
+
+/// What a model's KV cache holds per token: 2 (K and V) × layers × KV heads
+/// × head dimension × bytes per value (about 0.5 MB for a 7B MHA model in
+/// 16-bit, a quarter of that with grouped-query attention).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvShape {
+    /// Transformer layers.
+    pub layers: u64,
+    /// Key/value heads.
+    pub kv_heads: u64,
+    /// Dimension of a head.
+    pub head_dim: u64,
+    /// Bytes per value (2 for fp16/bf16).
+    pub dtype_bytes: u64,
+}
+
+impl KvShape {
+    /// KV-cache bytes per token.
+    pub fn bytes_per_token(&self) -> u64 {
+        2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+    }
 }
 
 /// An agent: its model, system prompt and tools.

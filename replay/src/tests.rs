@@ -32,6 +32,8 @@ fn spec() -> AgentSpec {
             temperature: None,
             timeout_secs: None,
             prompt_cache_key: None,
+            context_window: None,
+            kv: None,
             input_cost_per_mtok: Some(1.0),
             output_cost_per_mtok: Some(2.0),
         },
@@ -278,6 +280,22 @@ fn a_cancelled_session_runs_nothing_until_a_new_message() {
         text: "again".into(),
     });
     assert_eq!(fold(&events).status(), Status::Running);
+}
+
+#[test]
+fn kv_bytes_per_token_match_the_seed() {
+    let mha_7b = KvShape {
+        layers: 32,
+        kv_heads: 32,
+        head_dim: 128,
+        dtype_bytes: 2,
+    };
+    assert_eq!(mha_7b.bytes_per_token(), 524_288);
+    let gqa_8b = KvShape {
+        kv_heads: 8,
+        ..mha_7b
+    };
+    assert_eq!(gqa_8b.bytes_per_token(), 131_072);
 }
 
 #[test]

@@ -120,6 +120,15 @@ pub struct Summary {
     pub waits_for_a_person: bool,
     /// Usage totals.
     pub totals: Totals,
+    /// Prompt tokens of the latest model request.
+    #[serde(default)]
+    pub prompt_tokens_last: u64,
+    /// KV-cache bytes that prompt occupies, where the spec gives the shape.
+    #[serde(default)]
+    pub kv_bytes_last: Option<u64>,
+    /// The model's context window, where the spec gives it.
+    #[serde(default)]
+    pub context_window: Option<u64>,
 }
 
 impl Summary {
@@ -132,7 +141,22 @@ impl Summary {
                     replay::CallPhase::InDoubt(_) | replay::CallPhase::AwaitingApproval
                 )
             });
+        let prompt_tokens_last = state
+            .entries
+            .iter()
+            .rev()
+            .find_map(|e| match e {
+                replay::Entry::Reply { reply, .. } => Some(reply.usage.prompt_tokens),
+                replay::Entry::User(_) => None,
+            })
+            .unwrap_or(0);
+        let model = state.spec.as_ref().map(|s| &s.model);
         Summary {
+            prompt_tokens_last,
+            kv_bytes_last: model
+                .and_then(|m| m.kv)
+                .map(|kv| kv.bytes_per_token() * prompt_tokens_last),
+            context_window: model.and_then(|m| m.context_window),
             seq: state.last_seq,
             agent: state
                 .spec

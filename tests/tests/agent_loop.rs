@@ -100,7 +100,12 @@ async fn a_session_continues_over_several_turns_with_usage_totals() {
         Fault::None,
     )
     .await;
-    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[]));
+    // An 8B GQA shape: 131,072 KV bytes a token.
+    let shape = "timeout_secs = 10\ncontext_window = 8192\nkv = { layers = 32, kv_heads = 8, head_dim = 128, dtype_bytes = 2 }\n";
+    let agent = world.write(
+        "agent.toml",
+        &agent_toml(&model.base_url(), &[]).replace("timeout_secs = 10\n", shape),
+    );
     let out = world
         .run(&["run", "--agent", agent.to_str().unwrap(), "one"])
         .await;
@@ -131,6 +136,10 @@ async fn a_session_continues_over_several_turns_with_usage_totals() {
     let raw = model.raw_bodies();
     let expected_prompt = (raw[0].len() / 4 + raw[1].len() / 4) as u64;
     assert_eq!(sessions["prompt_tokens"].as_u64().unwrap(), expected_prompt);
+    let last = (raw[1].len() / 4) as u64;
+    assert_eq!(sessions["prompt_tokens_last"].as_u64(), Some(last));
+    assert_eq!(sessions["kv_bytes_last"].as_u64(), Some(last * 131_072));
+    assert_eq!(sessions["context_window"].as_u64(), Some(8192));
     assert!(
         sessions["cached_tokens"].as_u64().unwrap() > 0,
         "{sessions}"
