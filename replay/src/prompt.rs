@@ -194,11 +194,7 @@ pub fn next_request_incremental(
     prefix: &mut RenderedPrefix,
 ) -> Option<Vec<u8>> {
     let spec = state.spec.as_ref()?;
-    let key = spec
-        .model
-        .prompt_cache_key
-        .unwrap_or(true)
-        .then_some(session);
+    let key = cache_key(spec, session);
     prefix.extend(state);
     let mut last = Vec::new();
     if let Some(entry) = state.entries.last() {
@@ -221,15 +217,20 @@ pub fn next_request_incremental(
     Some(body)
 }
 
+/// The session id as the request's prefix-cache key, unless the spec turns
+/// that off.
+fn cache_key<'a>(spec: &AgentSpec, session: &'a str) -> Option<&'a str> {
+    spec.model
+        .prompt_cache_key
+        .unwrap_or(true)
+        .then_some(session)
+}
+
 /// The exact body of the next request of `session`: its messages, and the
 /// session id as the prefix-cache key unless the spec turns that off.
 pub fn next_request(session: &str, state: &SessionState) -> Option<Vec<u8>> {
     let spec = state.spec.as_ref()?;
-    let key = spec
-        .model
-        .prompt_cache_key
-        .unwrap_or(true)
-        .then_some(session);
+    let key = cache_key(spec, session);
     Some(request_body(spec, &messages(state), key))
 }
 

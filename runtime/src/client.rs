@@ -102,6 +102,25 @@ impl Client {
             .collect())
     }
 
+    /// Posts a person's decision on a call; reports how the session went on.
+    async fn decide(
+        &self,
+        (session, call): (Uuid, &str),
+        action: &str,
+        body: Value,
+        verb: &str,
+        json: JsonFlag,
+    ) -> Result<ExitCode> {
+        let answer = self
+            .post(&format!("/sessions/{session}/calls/{call}/{action}"), body)
+            .await?;
+        eprintln!("session {session}: call {call} {verb}");
+        if answer["status"].is_null() {
+            return Ok(ExitCode::SUCCESS); // recorded; not continued
+        }
+        report(session, answer, json)
+    }
+
     /// Runs `command` through the daemon.
     pub async fn dispatch(&self, command: Command) -> Result<ExitCode> {
         match command {
@@ -132,7 +151,7 @@ impl Client {
                         .await?
                         .into_iter()
                         .filter(|(_, status)| {
-                            matches!(status.as_str(), "running" | "failed" | "paused")
+                            matches!(status.as_str(), "running" | "failed" | "paused-unattended")
                         })
                         .map(|(id, _)| id)
                         .collect(),
@@ -200,32 +219,20 @@ impl Client {
                     (_, _, Some(message)) => body["fail"] = json!(message),
                     _ => bail!("give one of --retry, --skip --result JSON, --fail MSG"),
                 }
-                let answer = self
-                    .post(
-                        &format!("/sessions/{}/calls/{}/resolve", a.session, a.call_id),
-                        body,
-                    )
-                    .await?;
-                eprintln!("session {}: call {} resolved", a.session, a.call_id);
-                if answer["status"].is_null() {
-                    return Ok(ExitCode::SUCCESS); // recorded; not continued
-                }
-                report(a.session, answer, a.json)
+                let call = (a.session, a.call_id.as_str());
+                self.decide(call, "resolve", body, "resolved", a.json).await
             }
             Command::Approve(a) => {
                 let body = json!({"approved": !a.deny, "by": a.by, "wait": !a.no_resume, "continue": !a.no_resume});
-                let answer = self
-                    .post(
-                        &format!("/sessions/{}/calls/{}/approve", a.session, a.call_id),
-                        body,
-                    )
-                    .await?;
                 let verb = if a.deny { "denied" } else { "approved" };
-                eprintln!("session {}: call {} {verb}", a.session, a.call_id);
-                if answer["status"].is_null() {
-                    return Ok(ExitCode::SUCCESS); // recorded; not continued
-                }
-                report(a.session, answer, a.json)
+                self.decide(
+                    (a.session, a.call_id.as_str()),
+                    "approve",
+                    body,
+                    verb,
+                    a.json,
+                )
+                .await
             }
             Command::Serve(_) | Command::Demo(_) => unreachable!("never sent to a daemon"),
         }

@@ -114,7 +114,7 @@ impl Service {
     }
 
     /// Records a person's decision on a call in doubt. Returns whether the
-    /// session can continue (no other call waits for a decision).
+    /// session can continue (no other call waits for a person).
     pub fn resolve(
         &self,
         session: &mut Session,
@@ -122,34 +122,19 @@ impl Service {
         resolution: Resolution,
         by: &str,
     ) -> Result<bool, RuntimeError> {
-        let doubts = in_doubt(session);
-        if !doubts.iter().any(|(id, _)| id == call_id) {
-            let open: Vec<&str> = doubts.iter().map(|(id, _)| id.as_str()).collect();
-            return Err(RuntimeError::InvalidRequest {
-                session: session.id(),
-                reason: format!(
-                    "call {call_id:?} is not in doubt (calls in doubt: {})",
-                    if open.is_empty() {
-                        "none".to_string()
-                    } else {
-                        open.join(", ")
-                    }
-                ),
-            });
-        }
-        let mut events = vec![Event::ToolResolved {
+        let decision = Event::ToolResolved {
             call_id: call_id.into(),
             resolution,
             by: by.into(),
-        }];
-        let last = doubts.len() == 1 && awaiting_approval(session).is_empty();
-        if last {
-            events.push(Event::SessionResumed { by: by.into() });
-        }
-        session.append(events, None)?;
-        session.barrier(self.durability)?;
-        crate::crash::point("decision_appended");
-        Ok(last)
+        };
+        self.decide(
+            session,
+            call_id,
+            in_doubt(session),
+            "is not in doubt",
+            decision,
+            by,
+        )
     }
 
     /// Records a person's approval or denial of a call waiting for one.
@@ -161,27 +146,48 @@ impl Service {
         approved: bool,
         by: &str,
     ) -> Result<bool, RuntimeError> {
-        let waiting = awaiting_approval(session);
-        if !waiting.iter().any(|(id, _)| id == call_id) {
-            let open: Vec<&str> = waiting.iter().map(|(id, _)| id.as_str()).collect();
-            return Err(RuntimeError::InvalidRequest {
-                session: session.id(),
-                reason: format!(
-                    "call {call_id:?} does not wait for approval (waiting: {})",
-                    if open.is_empty() {
-                        "none".to_string()
-                    } else {
-                        open.join(", ")
-                    }
-                ),
-            });
-        }
-        let mut events = vec![Event::ApprovalDecided {
+        let decision = Event::ApprovalDecided {
             call_id: call_id.into(),
             approved,
             by: by.into(),
-        }];
-        let last = waiting.len() == 1 && in_doubt(session).is_empty();
+        };
+        let waiting = awaiting_approval(session);
+        self.decide(
+            session,
+            call_id,
+            waiting,
+            "does not wait for approval",
+            decision,
+            by,
+        )
+    }
+
+    /// Records `decision` on `call_id`, one of `waiting`; resumes the session
+    /// when no other call waits for a person.
+    fn decide(
+        &self,
+        session: &mut Session,
+        call_id: &str,
+        waiting: Vec<(String, String)>,
+        refusal: &str,
+        decision: Event,
+        by: &str,
+    ) -> Result<bool, RuntimeError> {
+        if !waiting.iter().any(|(id, _)| id == call_id) {
+            let open: Vec<&str> = waiting.iter().map(|(id, _)| id.as_str()).collect();
+            let open = if open.is_empty() {
+                "none".to_string()
+            } else {
+                open.join(", ")
+            };
+            return Err(RuntimeError::InvalidRequest {
+                session: session.id(),
+                reason: format!("call {call_id:?} {refusal} (waiting: {open})"),
+            });
+        }
+        let all_waiting = in_doubt(session).len() + awaiting_approval(session).len();
+        let last = all_waiting == 1;
+        let mut events = vec![decision];
         if last {
             events.push(Event::SessionResumed { by: by.into() });
         }
