@@ -84,6 +84,17 @@ pub enum Event {
         /// Who decided.
         by: String,
     },
+    /// The prompt's oldest entries were replaced by a summary (the log keeps
+    /// them all; only the prompt is compacted).
+    ContextCompacted {
+        /// How many entries of the conversation the summary stands for, from
+        /// the first.
+        entries: u64,
+        /// Seqs of the first and last events they cover.
+        covers: (u64, u64),
+        /// The model's summary of them.
+        summary: String,
+    },
     /// The session stopped until someone resumes it.
     SessionPaused {
         /// Why.
@@ -200,6 +211,7 @@ impl Event {
         "ToolResolved",
         "ApprovalRequested",
         "ApprovalDecided",
+        "ContextCompacted",
         "SessionPaused",
         "SessionResumed",
         "SessionFinished",
@@ -218,6 +230,7 @@ impl Event {
             Event::ToolResolved { .. } => "ToolResolved",
             Event::ApprovalRequested { .. } => "ApprovalRequested",
             Event::ApprovalDecided { .. } => "ApprovalDecided",
+            Event::ContextCompacted { .. } => "ContextCompacted",
             Event::SessionPaused { .. } => "SessionPaused",
             Event::SessionResumed { .. } => "SessionResumed",
             Event::SessionFinished { .. } => "SessionFinished",

@@ -15,7 +15,8 @@ pub use event::{
 };
 pub use plan::{plan, CallDecision, CallPlan, NextStep, ResumePlan};
 pub use prompt::{
-    messages, next_request, next_request_incremental, request_body, Message, RenderedPrefix,
+    compaction_request, messages, next_request, next_request_incremental, request_body, Message,
+    RenderedPrefix,
 };
 pub use spec::{AgentSpec, Effect, KvShape, ModelSpec, ToolKind, ToolSpec};
 pub use state::{CallPhase, CallState, Entry, SessionState, Status, Totals, STATE_FORMAT};

@@ -91,11 +91,26 @@ struct ChatRequest<'a> {
 pub fn messages(state: &SessionState) -> Vec<Message> {
     let mut out = Vec::with_capacity(state.entries.len() * 2 + 1);
     out.extend(system_message(state));
-    for entry in &state.entries {
+    out.extend(summary_message(state));
+    for entry in &state.entries[compacted_entries(state)..] {
         entry_messages(entry, &mut out);
     }
     out
 }
+
+/// Entries a compaction summary stands for (skipped in the prompt).
+fn compacted_entries(state: &SessionState) -> usize {
+    state.compacted.as_ref().map_or(0, |(n, _)| *n)
+}
+
+/// The summary of compacted entries, as the message that replaces them.
+fn summary_message(state: &SessionState) -> Option<Message> {
+    let (_, summary) = state.compacted.as_ref()?;
+    Some(text_message("user", &format!("{SUMMARY_PREFIX}{summary}")))
+}
+
+/// What the message that replaces compacted entries starts with.
+pub const SUMMARY_PREFIX: &str = "[mneme] Summary of the earlier conversation: ";
 
 fn system_message(state: &SessionState) -> Option<Message> {
     let spec = state.spec.as_ref().filter(|s| !s.system.is_empty())?;
@@ -142,6 +157,8 @@ pub struct RenderedPrefix {
     entries: usize,
     /// Whether the system message was rendered.
     started: bool,
+    /// The compaction it was rendered under (entries replaced, summary).
+    compacted: Option<(usize, String)>,
 }
 
 impl RenderedPrefix {
@@ -166,14 +183,19 @@ impl RenderedPrefix {
     /// rendered from a longer or another history starts over.
     fn extend(&mut self, state: &SessionState) {
         let done = state.entries.len().saturating_sub(1);
-        if self.entries > done {
+        if self.entries > done || self.compacted != state.compacted {
             *self = RenderedPrefix::default();
         }
         if !self.started {
-            if let Some(system) = system_message(state) {
-                self.push(&system);
+            for message in system_message(state)
+                .into_iter()
+                .chain(summary_message(state))
+            {
+                self.push(&message);
             }
             self.started = true;
+            self.compacted = state.compacted.clone();
+            self.entries = compacted_entries(state).min(done);
         }
         let mut messages = Vec::new();
         for entry in &state.entries[self.entries..done] {
@@ -215,6 +237,50 @@ pub fn next_request_incremental(
     }
     body.extend_from_slice(&empty[at..]);
     Some(body)
+}
+
+/// The instruction of a compaction request.
+pub const COMPACT_INSTRUCTION: &str = "[mneme:compact] Summarize the conversation below for your own later use: \
+keep every fact, decision, amount, identifier and tool result that later turns may need. Answer with the summary only.";
+
+/// The request that asks the model to summarize the first `upto` entries
+/// (after any earlier summary): the instruction, then the conversation as
+/// text. Deterministic, like every request.
+pub fn compaction_request(state: &SessionState, upto: usize) -> Option<Vec<u8>> {
+    let spec = state.spec.as_ref()?;
+    let mut lines = Vec::new();
+    if let Some((_, summary)) = &state.compacted {
+        lines.push(format!("summary so far: {summary}"));
+    }
+    let mut earlier = Vec::new();
+    for entry in state.entries.get(compacted_entries(state)..upto)? {
+        entry_messages(entry, &mut earlier);
+    }
+    for m in &earlier {
+        let calls = m
+            .tool_calls
+            .iter()
+            .flatten()
+            .map(|c| format!(" [calls {}({})]", c.function.name, c.function.arguments));
+        lines.push(format!(
+            "{}: {}{}",
+            m.role,
+            m.content.as_deref().unwrap_or(""),
+            calls.collect::<String>()
+        ));
+    }
+    let messages = [
+        text_message("system", COMPACT_INSTRUCTION),
+        text_message("user", &lines.join("\n")),
+    ];
+    let request = ChatRequest {
+        model: &spec.model.model,
+        messages: &messages,
+        tools: Vec::new(),
+        temperature: spec.model.temperature,
+        prompt_cache_key: None,
+    };
+    Some(serde_json::to_vec(&request).expect("requests always serialize"))
 }
 
 /// The session id as the request's prefix-cache key, unless the spec turns

@@ -122,7 +122,7 @@ impl Totals {
 
 /// Version of the encoded state in snapshots; a snapshot of another version
 /// is ignored (the log is folded instead).
-pub const STATE_FORMAT: u16 = 1;
+pub const STATE_FORMAT: u16 = 2;
 
 /// The folded state of a session.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -133,6 +133,9 @@ pub struct SessionState {
     pub last_seq: u64,
     /// The conversation, in prompt order.
     pub entries: Vec<Entry>,
+    /// Seq of the event that began each entry (parallel to `entries`).
+    #[serde(default)]
+    pub entry_seqs: Vec<u64>,
     /// Set by SessionPaused, cleared by SessionResumed or a new user message.
     pub paused: Option<String>,
     /// Set by a failed SessionFinished, cleared by SessionResumed or a new user message.
@@ -141,6 +144,9 @@ pub struct SessionState {
     pub cancelled: Option<String>,
     /// The session and seq this one was forked from.
     pub forked_from: Option<(uuid::Uuid, u64)>,
+    /// How many entries a summary replaces in the prompt, and the summary.
+    #[serde(default)]
+    pub compacted: Option<(usize, String)>,
     /// Usage and cost totals.
     pub totals: Totals,
     /// Events the fold could not place (a tool event for an unknown call):
@@ -179,6 +185,7 @@ impl SessionState {
                 self.failed = None;
                 self.cancelled = None;
                 self.entries.push(Entry::User(text));
+                self.entry_seqs.push(seq);
             }
             Event::ModelReplied(reply) => {
                 self.totals.add(&reply.usage, self.spec.as_ref());
@@ -194,6 +201,7 @@ impl SessionState {
                     })
                     .collect();
                 self.entries.push(Entry::Reply { seq, reply, calls });
+                self.entry_seqs.push(seq);
             }
             Event::ToolStarted {
                 call_id,
@@ -235,6 +243,12 @@ impl SessionState {
                     false => CallPhase::Finished(ToolOutcome::Err(format!("denied by {by}"))),
                 }
             }),
+            Event::ContextCompacted {
+                entries, summary, ..
+            } => {
+                let entries = (entries as usize).min(self.entries.len().saturating_sub(1));
+                self.compacted = Some((entries, summary));
+            }
             Event::SessionPaused { reason } => self.paused = Some(reason),
             Event::SessionResumed { .. } => {
                 self.paused = None;
@@ -282,6 +296,20 @@ impl SessionState {
             Some(Entry::Reply { seq, .. }) => Some(*seq),
             _ => None,
         }
+    }
+
+    /// Entries a compaction could replace by a summary now: all but the last
+    /// two (the exchange under way stays verbatim), and the seqs of the
+    /// events they span. `None` when there is nothing new to compact.
+    pub fn compactable(&self) -> Option<(usize, (u64, u64))> {
+        let upto = self.entries.len().checked_sub(2)?;
+        let done = self.compacted.as_ref().map_or(0, |(n, _)| *n);
+        if upto <= done {
+            return None;
+        }
+        let first = *self.entry_seqs.first()?;
+        let last = self.entry_seqs.get(upto)?.saturating_sub(1);
+        Some((upto, (first, last)))
     }
 
     /// The answer of the last turn, if the last entry is a reply without calls.

@@ -299,6 +299,33 @@ fn kv_bytes_per_token_match_the_seed() {
 }
 
 #[test]
+fn compaction_replaces_the_oldest_entries_in_the_prompt_only() {
+    let mut events = story();
+    events.push(Event::UserMessage {
+        text: "and now?".into(),
+    });
+    let before = messages(&fold(&events));
+    events.push(Event::ContextCompacted {
+        entries: 2,
+        covers: (2, 7),
+        summary: "ada was charged".into(),
+    });
+    let state = fold(&events);
+    let after = messages(&state);
+    assert_eq!(state.entries.len(), 4, "the state keeps every entry");
+    assert_eq!(after[0], before[0], "the system prompt stays first");
+    assert_eq!(
+        after[1].content.as_deref(),
+        Some("[mneme] Summary of the earlier conversation: ada was charged")
+    );
+    assert_eq!(
+        &after[2..],
+        &before[before.len() - 2..],
+        "the newest entries follow"
+    );
+}
+
+#[test]
 fn missing_model_reply_is_requested_again() {
     let state = fold(&story()[..2]);
     assert_eq!(plan(&state).next, NextStep::CallModel);
@@ -339,6 +366,11 @@ fn golden_bytes_of_every_event_kind() {
     });
     all.push(Event::SessionFinished {
         outcome: SessionOutcome::Cancelled { by: "ops".into() },
+    });
+    all.push(Event::ContextCompacted {
+        entries: 2,
+        covers: (2, 5),
+        summary: "s".into(),
     });
     all.push(Event::ApprovalRequested {
         call_id: "c8".into(),
@@ -386,7 +418,7 @@ fn golden_bytes_of_every_event_kind() {
 /// Builds a plausible log from random choices: tool events name calls of
 /// the latest reply most of the time, and garbage otherwise.
 fn arbitrary_log() -> impl Strategy<Value = Vec<Event>> {
-    proptest::collection::vec((0u8..9, 0usize..4, any::<bool>()), 0..60).prop_map(|ops| {
+    proptest::collection::vec((0u8..10, 0usize..4, any::<bool>()), 0..60).prop_map(|ops| {
         let names = ["charge", "email", "lookup", "nope"];
         let mut events = vec![Event::SessionStarted { spec: spec() }];
         let mut last_calls: Vec<ToolCall> = Vec::new();
@@ -429,6 +461,11 @@ fn arbitrary_log() -> impl Strategy<Value = Vec<Event>> {
                         Resolution::Skip("{}".into())
                     },
                     by: "p".into(),
+                },
+                8 => Event::ContextCompacted {
+                    entries: (i / 3) as u64,
+                    covers: (2, i as u64),
+                    summary: format!("summary {i}"),
                 },
                 _ => {
                     if flag {

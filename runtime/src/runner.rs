@@ -134,6 +134,7 @@ impl Runner {
         model: &dyn ModelClient,
     ) -> Result<(), RuntimeError> {
         session.barrier(self.durability)?;
+        self.compact_if_needed(session, model).await?;
         crash::point("before_model_call");
         let body = session.next_request()?;
         let cause = session.state().last_seq;
@@ -152,6 +153,51 @@ impl Runner {
         session.append(vec![Event::ModelReplied(reply)], Some(cause))?;
         crash::point("model_reply_appended");
         Ok(())
+    }
+
+    /// When the next prompt would fill more than [`COMPACT_AT`] of the
+    /// model's context window, asks the model to summarize the oldest entries
+    /// and records the summary (ContextCompacted). The log keeps everything;
+    /// only the prompt changes. A failed summary request fails the turn.
+    async fn compact_if_needed(
+        &self,
+        session: &mut Session,
+        model: &dyn ModelClient,
+    ) -> Result<(), RuntimeError> {
+        let Some(window) = session.spec()?.model.context_window else {
+            return Ok(());
+        };
+        let tokens = session.next_request()?.len() as u64 / BYTES_PER_TOKEN;
+        if (tokens as f64) < window as f64 * COMPACT_AT {
+            return Ok(());
+        }
+        let Some((upto, covers)) = session.state().compactable() else {
+            return Ok(());
+        };
+        let body = replay::compaction_request(session.state(), upto).ok_or(
+            RuntimeError::InvalidRequest {
+                session: session.id(),
+                reason: "the log has no SessionStarted event".into(),
+            },
+        )?;
+        let cause = session.state().last_seq;
+        let reply = match model.complete(session.state(), &body).await {
+            Ok(reply) => reply,
+            Err(error) => {
+                let outcome = SessionOutcome::Failed(format!("compacting the prompt: {error}"));
+                session.append(vec![Event::SessionFinished { outcome }], Some(cause))?;
+                session.barrier(self.durability)?;
+                return Err(error.into());
+            }
+        };
+        let summary = reply.content.unwrap_or_default();
+        let event = Event::ContextCompacted {
+            entries: upto as u64,
+            covers,
+            summary,
+        };
+        session.append(vec![event], Some(cause))?;
+        session.barrier(self.durability)
     }
 
     async fn run_tools(
@@ -295,6 +341,11 @@ impl Runner {
         Ok(())
     }
 }
+
+/// Share of the context window a prompt may fill before it is compacted.
+pub const COMPACT_AT: f64 = 0.8;
+/// Bytes of a request counted as one token when estimating its size.
+pub const BYTES_PER_TOKEN: u64 = 4;
 
 /// How many times a call whose outcome is unknown is run, with the same
 /// idempotency key, before the model is told it failed.

@@ -174,6 +174,16 @@ fn summary(event: &Event) -> String {
         },
         Event::ToolInDoubt { call_id, reason } => format!("{call_id}: {reason}"),
         Event::ApprovalRequested { call_id } => format!("{call_id} waits for approval"),
+        Event::ContextCompacted {
+            entries,
+            covers,
+            summary,
+        } => format!(
+            "first {entries} entries (seqs {}-{}) summarized in the prompt: {:?}",
+            covers.0,
+            covers.1,
+            clip(summary, 80)
+        ),
         Event::ApprovalDecided {
             call_id,
             approved,

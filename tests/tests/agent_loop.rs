@@ -290,3 +290,59 @@ async fn a_tool_that_requires_approval_waits_for_a_person() {
     );
     assert!(log.contains("call_0_0 denied by ops"), "{log}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_near_the_context_window_is_compacted_and_the_log_keeps_everything() {
+    let world = World::new();
+    let model = MockModel::start(vec![MockReply::answer("noted"); 8], Fault::None).await;
+    // About 100 tokens at 4 bytes a token: the third turn crosses 80%.
+    let agent = agent_toml(&model.base_url(), &[]).replace(
+        "timeout_secs = 10\n",
+        "timeout_secs = 10\ncontext_window = 100\n",
+    );
+    let agent = world.write("agent.toml", &agent);
+    let out = world
+        .run(&[
+            "run",
+            "--agent",
+            agent.to_str().unwrap(),
+            "FIRST-QUESTION about ada",
+        ])
+        .await;
+    let session = session_id(&out);
+    for text in [
+        "second question about bob",
+        "third question about carol",
+        "fourth question about dave",
+    ] {
+        let out = world.run(&["run", "--session", &session, text]).await;
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let log = stdout(&world.run(&["log", &session]).await);
+    assert!(
+        log.contains("ContextCompacted") && log.contains("SUMMARY of"),
+        "{log}"
+    );
+    assert_eq!(
+        log.matches("UserMessage").count(),
+        4,
+        "the log keeps every message: {log}"
+    );
+    let last = String::from_utf8(model.bodies().last().unwrap().clone()).unwrap();
+    assert!(
+        last.contains("Summary of the earlier conversation: SUMMARY of"),
+        "{last}"
+    );
+    assert!(
+        !last.contains("FIRST-QUESTION"),
+        "compacted away from the prompt: {last}"
+    );
+    assert!(last.contains("fourth question about dave"));
+    // The rebuild from the log gives the prompt that was sent.
+    let rebuilt = String::from_utf8(rebuilt_request(&world, &session).await).unwrap();
+    let messages_sent = &last[..last.rfind("}]").unwrap() + 1];
+    assert!(
+        rebuilt.starts_with(messages_sent),
+        "the rebuild extends what was sent:\n{rebuilt}\n{last}"
+    );
+}
