@@ -190,7 +190,7 @@ impl Ctx {
     fn sessions(&self, json: JsonFlag) -> Result<ExitCode> {
         let mut rows = Vec::new();
         for meta in self.log().sessions()? {
-            rows.push(views::session_summary(&meta, &self.service.summary(&meta)?));
+            rows.push(views::session_row(&meta, self.service.summary(&meta)));
         }
         crate::render::sessions(&rows, json.json);
         Ok(ExitCode::SUCCESS)

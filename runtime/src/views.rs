@@ -39,6 +39,24 @@ pub fn session_summary(meta: &SessionMeta, summary: &Summary) -> Value {
     })
 }
 
+/// A listing's row for a session whose summary may not be readable: an
+/// unreadable session is listed with its error, not hidden, and does not
+/// fail the listing.
+pub fn session_row(meta: &SessionMeta, summary: Result<Summary, crate::RuntimeError>) -> Value {
+    match summary {
+        Ok(summary) => session_summary(meta, &summary),
+        Err(error) => json!({
+            "session": meta.session,
+            "agent": "",
+            "status": "unreadable",
+            "error": error.to_string(),
+            "events": meta.events,
+            "created": format_time(meta.created_ms),
+            "last_activity": format_time(meta.updated_ms),
+        }),
+    }
+}
+
 /// The result of checking one session's chain (and that every record
 /// decodes as an event this build knows).
 pub fn verify(log: &dyn EventLog, session: Uuid) -> Value {
@@ -193,5 +211,29 @@ fn describe_next(next: &NextStep) -> String {
         NextStep::Paused(reason) => format!("paused: {reason}"),
         NextStep::Failed(error) => format!("failed: {error} (mneme resume tries again)"),
         NextStep::Cancelled(by) => format!("cancelled by {by}: nothing runs until a new message"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unreadable_session_is_listed_with_its_error() {
+        let meta = SessionMeta {
+            session: Uuid::nil(),
+            events: 3,
+            created_ms: 0,
+            updated_ms: 0,
+            last_kind: "UserMessage".into(),
+        };
+        let error = crate::RuntimeError::NoSuchSession(Uuid::nil());
+        let row = session_row(&meta, Err(error));
+        assert_eq!(row["status"], "unreadable");
+        assert!(
+            row["error"].as_str().unwrap().contains("no session"),
+            "{row}"
+        );
+        assert_eq!(row["events"], 3);
     }
 }

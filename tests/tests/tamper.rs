@@ -82,6 +82,11 @@ async fn altered_record_is_named_by_verify_and_refused_by_log() {
     let out = world.run(&["log", &session]).await;
     assert!(!out.status.success());
     assert!(stderr(&out).contains("seq 2"), "{}", stderr(&out));
+    // A listing reads summaries, not records: it still lists the session
+    // (verify and log are what check the records).
+    let out = world.run(&["sessions", "--json"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains(&session));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -146,7 +146,7 @@ async fn list_sessions(
 ) -> Result<Json<Vec<Value>>, ApiError> {
     let mut rows = Vec::new();
     for meta in daemon.service.log().sessions()? {
-        let row = views::session_summary(&meta, &daemon.service.summary(&meta)?);
+        let row = views::session_row(&meta, daemon.service.summary(&meta));
         let keep = q.status.as_deref().is_none_or(|s| row["status"] == s)
             && q.agent.as_deref().is_none_or(|a| row["agent"] == a);
         if keep {
@@ -499,7 +499,10 @@ async fn events(
     let after = q.after.unwrap_or(0);
     // Subscribe before reading history, so nothing falls in between.
     let heads = daemon.heads.subscribe();
-    let history = read_events(daemon.service.log().as_ref(), id)?;
+    // Only durable events: a turn's latest appends wait for their barrier.
+    let durable = daemon.metrics.durable_head(id).unwrap_or(u64::MAX);
+    let mut history = read_events(daemon.service.log().as_ref(), id)?;
+    history.retain(|(r, _)| r.envelope.seq <= durable);
     let keep = move |v: &Value| {
         kinds
             .as_ref()
@@ -563,9 +566,12 @@ impl Follow {
                 let upto = match head {
                     Ok((session, seq)) if session == f.id => seq,
                     Ok(_) => continue,
-                    // Fell behind: catch up from the log itself.
+                    // Fell behind: catch up to what is durable.
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                        f.daemon.service.log().head(f.id).ok()?.seq
+                        match f.daemon.metrics.durable_head(f.id) {
+                            Some(seq) => seq,
+                            None => f.daemon.service.log().head(f.id).ok()?.seq,
+                        }
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
                 };

@@ -59,6 +59,8 @@ pub struct Metrics {
     model_latency: Histogram,
     tool_latency: Histogram,
     heads: broadcast::Sender<(Uuid, u64)>,
+    /// The last seq made durable in this process, by session.
+    durable_heads: std::sync::Mutex<std::collections::HashMap<Uuid, u64>>,
 }
 
 impl Metrics {
@@ -74,7 +76,19 @@ impl Metrics {
             model_latency: Histogram::default(),
             tool_latency: Histogram::default(),
             heads,
+            durable_heads: Default::default(),
         }
+    }
+
+    /// The last seq of `session` a barrier in this process made durable;
+    /// `None` if no turn ran here (then every record is durable: opening the
+    /// log checkpointed it).
+    pub fn durable_head(&self, session: Uuid) -> Option<u64> {
+        self.durable_heads
+            .lock()
+            .expect("heads")
+            .get(&session)
+            .copied()
     }
 
     /// One more session resumed by recovery.
@@ -190,6 +204,10 @@ impl SessionObserver for Metrics {
     }
 
     fn durable(&self, session: Uuid, seq: u64, took: Duration) {
+        self.durable_heads
+            .lock()
+            .expect("heads")
+            .insert(session, seq);
         self.barriers.fetch_add(1, Ordering::Relaxed);
         self.flush_latency.observe(took);
         // Nobody listening is fine.
