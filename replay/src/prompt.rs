@@ -92,15 +92,10 @@ pub fn messages(state: &SessionState) -> Vec<Message> {
     let mut out = Vec::with_capacity(state.entries.len() * 2 + 1);
     out.extend(system_message(state));
     out.extend(summary_message(state));
-    for entry in &state.entries[compacted_entries(state)..] {
+    for entry in &state.entries {
         entry_messages(entry, &mut out);
     }
     out
-}
-
-/// Entries a compaction summary stands for (skipped in the prompt).
-fn compacted_entries(state: &SessionState) -> usize {
-    state.compacted.as_ref().map_or(0, |(n, _)| *n)
 }
 
 /// The summary of compacted entries, as the message that replaces them.
@@ -195,7 +190,6 @@ impl RenderedPrefix {
             }
             self.started = true;
             self.compacted = state.compacted.clone();
-            self.entries = compacted_entries(state).min(done);
         }
         let mut messages = Vec::new();
         for entry in &state.entries[self.entries..done] {
@@ -253,7 +247,7 @@ pub fn compaction_request(state: &SessionState, upto: usize) -> Option<Vec<u8>> 
         lines.push(format!("summary so far: {summary}"));
     }
     let mut earlier = Vec::new();
-    for entry in state.entries.get(compacted_entries(state)..upto)? {
+    for entry in state.entries.get(..upto.checked_sub(state.dropped)?)? {
         entry_messages(entry, &mut earlier);
     }
     for m in &earlier {

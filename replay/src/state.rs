@@ -122,7 +122,7 @@ impl Totals {
 
 /// Version of the encoded state in snapshots; a snapshot of another version
 /// is ignored (the log is folded instead).
-pub const STATE_FORMAT: u16 = 2;
+pub const STATE_FORMAT: u16 = 3;
 
 /// The folded state of a session.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -144,9 +144,13 @@ pub struct SessionState {
     pub cancelled: Option<String>,
     /// The session and seq this one was forked from.
     pub forked_from: Option<(uuid::Uuid, u64)>,
-    /// How many entries a summary replaces in the prompt, and the summary.
+    /// How many entries (from the start of the conversation) a summary
+    /// replaces, and the summary.
     #[serde(default)]
     pub compacted: Option<(usize, String)>,
+    /// Entries compacted away: `entries` holds the conversation after them.
+    #[serde(default)]
+    pub dropped: usize,
     /// Usage and cost totals.
     pub totals: Totals,
     /// Events the fold could not place (a tool event for an unknown call):
@@ -246,8 +250,15 @@ impl SessionState {
             Event::ContextCompacted {
                 entries, summary, ..
             } => {
-                let entries = (entries as usize).min(self.entries.len().saturating_sub(1));
-                self.compacted = Some((entries, summary));
+                // Compacted entries leave memory: a long session's state stays
+                // as small as its prompt. The log keeps them.
+                let last_kept = self.dropped + self.entries.len().saturating_sub(1);
+                let upto = (entries as usize).clamp(self.dropped, last_kept);
+                let gone = upto - self.dropped;
+                self.entries.drain(..gone);
+                self.entry_seqs.drain(..gone.min(self.entry_seqs.len()));
+                self.dropped = upto;
+                self.compacted = Some((upto, summary));
             }
             Event::SessionPaused { reason } => self.paused = Some(reason),
             Event::SessionResumed { .. } => {
@@ -302,14 +313,10 @@ impl SessionState {
     /// two (the exchange under way stays verbatim), and the seqs of the
     /// events they span. `None` when there is nothing new to compact.
     pub fn compactable(&self) -> Option<(usize, (u64, u64))> {
-        let upto = self.entries.len().checked_sub(2)?;
-        let done = self.compacted.as_ref().map_or(0, |(n, _)| *n);
-        if upto <= done {
-            return None;
-        }
+        let kept = self.entries.len().checked_sub(2).filter(|&k| k > 0)?;
         let first = *self.entry_seqs.first()?;
-        let last = self.entry_seqs.get(upto)?.saturating_sub(1);
-        Some((upto, (first, last)))
+        let last = self.entry_seqs.get(kept)?.saturating_sub(1);
+        Some((self.dropped + kept, (first, last)))
     }
 
     /// The answer of the last turn, if the last entry is a reply without calls.

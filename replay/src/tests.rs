@@ -299,7 +299,7 @@ fn kv_bytes_per_token_match_the_seed() {
 }
 
 #[test]
-fn compaction_replaces_the_oldest_entries_in_the_prompt_only() {
+fn compaction_replaces_the_oldest_entries_in_the_prompt_and_in_memory() {
     let mut events = story();
     events.push(Event::UserMessage {
         text: "and now?".into(),
@@ -312,7 +312,11 @@ fn compaction_replaces_the_oldest_entries_in_the_prompt_only() {
     });
     let state = fold(&events);
     let after = messages(&state);
-    assert_eq!(state.entries.len(), 4, "the state keeps every entry");
+    assert_eq!(
+        (state.entries.len(), state.dropped),
+        (2, 2),
+        "compacted entries leave memory (the log keeps them)"
+    );
     assert_eq!(after[0], before[0], "the system prompt stays first");
     assert_eq!(
         after[1].content.as_deref(),

@@ -16,7 +16,9 @@ use uuid::Uuid;
 pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
     let data_dir = cli.data_dir.clone().unwrap_or_else(default_data_dir);
     let durability = cli.durability;
-    let snapshot_every = cli.snapshot_every;
+    let snapshot_every = cli
+        .snapshot_every
+        .unwrap_or(mneme_runtime::snapshot::DEFAULT_EVERY);
     match cli.command {
         Command::Demo(args) => crate::demo::run(args.keep).await,
         command => {

@@ -29,10 +29,11 @@ struct Cli {
         global = true
     )]
     durability: eventlog::Durability,
-    /// Snapshot a session's state every N events (0: never). Snapshots only
-    /// make resume faster; the log alone is the truth.
-    #[arg(long, env = "MNEME_SNAPSHOT_EVERY", default_value_t = mneme_runtime::snapshot::DEFAULT_EVERY, global = true)]
-    snapshot_every: u64,
+    /// Snapshot a session's state every N events (0: never). Default: every
+    /// 1000 events for agents with a context window (their state stays
+    /// small), never otherwise. Snapshots only make resume faster.
+    #[arg(long, env = "MNEME_SNAPSHOT_EVERY", global = true)]
+    snapshot_every: Option<u64>,
     #[command(subcommand)]
     command: Command,
 }

@@ -285,14 +285,33 @@ impl Session {
         Ok(first)
     }
 
+    fn effective_snapshot_every(&self) -> u64 {
+        match self.snapshot_every {
+            crate::snapshot::AUTO => {
+                let bounded = self
+                    .state
+                    .spec
+                    .as_ref()
+                    .is_some_and(|s| s.model.context_window.is_some());
+                if bounded {
+                    crate::snapshot::BOUNDED_EVERY
+                } else {
+                    0
+                }
+            }
+            every => every,
+        }
+    }
+
     fn snapshot_due(&self) -> bool {
-        self.snapshot_every > 0 && self.state.last_seq - self.snapshot_seq >= self.snapshot_every
+        let every = self.effective_snapshot_every();
+        every > 0 && self.state.last_seq - self.snapshot_seq >= every
     }
 
     /// Writes a snapshot of the current state on another thread: the
     /// append path only pays for a copy of the state.
     fn snapshot_in_background(&mut self) {
-        if self.snapshot_every == 0 {
+        if self.effective_snapshot_every() == 0 {
             return;
         }
         self.snapshot_seq = self.state.last_seq;

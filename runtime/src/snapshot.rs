@@ -19,12 +19,18 @@ use uuid::Uuid;
 const SNAPSHOT: &str = "snapshot";
 const SUMMARY: &str = "summary";
 
-/// Default number of events between two snapshots of a session: none.
-/// A snapshot holds the whole transcript, so loading one of a long session
-/// costs about as much as folding its log (see README, Performance); they
-/// pay off for sessions of about 1k-10k events. Turn them on with
-/// `--snapshot-every N`.
-pub const DEFAULT_EVERY: u64 = 0;
+/// Snapshot setting that picks for itself: every [`BOUNDED_EVERY`] events
+/// when the agent has a context window (compaction keeps its state as small
+/// as its prompt, and a snapshot then makes resume constant-time), never
+/// otherwise (a snapshot of an uncompacted session holds the whole
+/// transcript, and loading it costs about as much as folding the log).
+pub const AUTO: u64 = u64::MAX;
+
+/// Events between snapshots under [`AUTO`] for agents with a context window.
+pub const BOUNDED_EVERY: u64 = 1000;
+
+/// Default setting: [`AUTO`].
+pub const DEFAULT_EVERY: u64 = AUTO;
 
 #[derive(Serialize, Deserialize)]
 struct Stored {

@@ -547,6 +547,116 @@ fn prompt_rebuild() {
     }
 }
 
+/// A session of `n` short events, compacted every 100 events as a context
+/// window would force; snapshotted 100 events before its head.
+fn fill_compacted(dir: &Path, n: usize) -> Uuid {
+    let log = SledLog::open(dir).unwrap();
+    let session = Uuid::now_v7();
+    let mut state = SessionState::default();
+    let mut pending: Vec<Event> = Vec::new();
+    let push = |event: Event, state: &mut SessionState, pending: &mut Vec<Event>| {
+        state.apply(state.last_seq + 1, event.clone());
+        pending.push(event);
+    };
+    let spec = bench_spec("http://127.0.0.1:9/v1", "http://127.0.0.1:9/x");
+    push(Event::SessionStarted { spec }, &mut state, &mut pending);
+    let mut snapshot = None;
+    let mut written = 0u64;
+    while (state.last_seq as usize) < n {
+        let seq = state.last_seq;
+        let event = if seq % 2 == 1 {
+            Event::UserMessage {
+                text: format!("question {seq}"),
+            }
+        } else {
+            Event::ModelReplied(ModelReply {
+                content: Some(format!("answer {seq}")),
+                ..Default::default()
+            })
+        };
+        push(event, &mut state, &mut pending);
+        let seq = state.last_seq;
+        if seq % 100 == 0 && (seq as usize) < n {
+            if let Some((entries, covers)) = state.compactable() {
+                let event = Event::ContextCompacted {
+                    entries: entries as u64,
+                    covers,
+                    summary: format!("summary up to {seq}"),
+                };
+                push(event, &mut state, &mut pending);
+            }
+        }
+        if state.last_seq as usize >= n - 100 && snapshot.is_none() {
+            snapshot = Some(state.clone());
+        }
+        if pending.len() >= 1000 || state.last_seq as usize >= n {
+            let events: Vec<NewEvent> = pending
+                .drain(..)
+                .map(|e| NewEvent {
+                    kind: e.kind().into(),
+                    schema: EVENT_SCHEMA,
+                    caused_by: None,
+                    payload: e.encode(),
+                })
+                .collect();
+            let count = events.len() as u64;
+            log.append(session, written + 1, events).unwrap();
+            written += count;
+        }
+    }
+    let snapshot = snapshot.expect("the fill passes head - 100");
+    let at = log
+        .read(session, snapshot.last_seq, snapshot.last_seq)
+        .unwrap()
+        .remove(0)
+        .hash;
+    runtime::snapshot::store(&log, session, at, &snapshot).unwrap();
+    log.barrier(Durability::Synced).unwrap();
+    session
+}
+
+/// Resume of long sessions whose prompt a context window keeps compacted:
+/// the snapshot holds only what the prompt still needs.
+fn long_session_resume() {
+    println!("\n## Resume of long, compacted sessions (a snapshot 100 events behind the head)\n");
+    println!("| events | open data directory | load (snapshot + tail) | full replay (load without the snapshot) |\n|---:|---:|---:|---:|");
+    for n in [1_000usize, 10_000, 100_000, 1_000_000] {
+        let dir = bench_dir(&format!("long-{n}"));
+        let session = fill_compacted(&dir, n);
+        // sled's threads may hold its lock a moment after the fill closed it.
+        let (log, open) = loop {
+            let t = Instant::now();
+            match SledLog::open(&dir) {
+                Ok(log) => break (log, t.elapsed()),
+                Err(eventlog::LogError::Locked { .. }) => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
+        let log: Arc<dyn EventLog> = Arc::new(log);
+        let t = Instant::now();
+        let loaded = Session::load(log.clone(), session).unwrap();
+        let load = t.elapsed();
+        assert!(
+            loaded.snapshot_seq() as usize >= n - 100,
+            "resumed from the snapshot"
+        );
+        assert_eq!(loaded.state().last_seq as usize, n);
+        log.put_derived(session, "snapshot", b"").unwrap();
+        let t = Instant::now();
+        let full = Session::load(log, session).unwrap();
+        let replay = t.elapsed();
+        assert_eq!(full.state(), loaded.state(), "the same state either way");
+        println!(
+            "| {n} | {:.1} ms | {:.2} ms | {:.1} ms |",
+            open.as_secs_f64() * 1e3,
+            load.as_secs_f64() * 1e3,
+            replay.as_secs_f64() * 1e3
+        );
+    }
+}
+
 fn main() {
     // `cargo bench` passes --bench; `cargo test --benches` passes nothing we need.
     if std::env::args().any(|a| a == "--list") {
@@ -558,6 +668,7 @@ fn main() {
     group_commit(&floors);
     replay_and_resume();
     snapshot_resume();
+    long_session_resume();
     prompt_rebuild();
     agent_steps(&rt);
 }
