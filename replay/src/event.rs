@@ -128,6 +128,12 @@ pub struct ModelReply {
     /// SHA-256 of the request body, hex: which request this reply answers.
     #[serde(default)]
     pub request_digest: String,
+    /// Chained SHA-256 of the request's stable prefix (system prompt, any
+    /// summary, every message but the newest entry's), hex. It extends from
+    /// one request to the next; where it does not, the prefix changed (a
+    /// compaction), and a server's prefix cache misses from there.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub prefix_digest: String,
 }
 
 /// One tool call in a model reply.

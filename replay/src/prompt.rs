@@ -154,6 +154,8 @@ pub struct RenderedPrefix {
     started: bool,
     /// The compaction it was rendered under (entries replaced, summary).
     compacted: Option<(usize, String)>,
+    /// Chained SHA-256 over the rendered messages: H(previous ‖ message).
+    digest: [u8; 32],
 }
 
 impl RenderedPrefix {
@@ -171,7 +173,18 @@ impl RenderedPrefix {
         if !self.json.is_empty() {
             self.json.push(b',');
         }
+        let start = self.json.len();
         serde_json::to_writer(&mut self.json, message).expect("messages always serialize");
+        use sha2::Digest;
+        let mut hasher = sha2::Sha256::new();
+        hasher.update(self.digest);
+        hasher.update(&self.json[start..]);
+        self.digest = hasher.finalize().into();
+    }
+
+    /// Chained digest of the messages rendered so far, hex.
+    pub fn digest_hex(&self) -> String {
+        self.digest.iter().map(|b| format!("{b:02x}")).collect()
     }
 
     /// Renders the entries of `state` it lacks, all but the last. A prefix

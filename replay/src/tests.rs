@@ -65,6 +65,7 @@ fn reply(content: Option<&str>, calls: Vec<ToolCall>) -> Event {
         finish_reason: "tool_calls".into(),
         latency_ms: 3,
         request_digest: String::new(),
+        prefix_digest: String::new(),
     })
 }
 
@@ -534,6 +535,11 @@ proptest! {
             }
             let full = next_request("s", &state);
             prop_assert_eq!(next_request_incremental("s", &state, &mut prefix), full);
+            // The prefix digest is a function of the state, not of how the
+            // prefix was built up.
+            let mut fresh = RenderedPrefix::default();
+            next_request_incremental("s", &state, &mut fresh);
+            prop_assert_eq!(prefix.digest_hex(), fresh.digest_hex());
         }
     }
 

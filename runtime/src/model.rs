@@ -272,6 +272,7 @@ fn parse_reply(url: &str, text: &str) -> Result<ModelReply, ModelError> {
         finish_reason: choice.finish_reason.unwrap_or_default(),
         latency_ms: 0,
         request_digest: String::new(),
+        prefix_digest: String::new(),
     })
 }
 
@@ -361,6 +362,7 @@ impl ModelClient for ScriptedClient {
             },
             latency_ms: 0,
             request_digest: String::new(),
+            prefix_digest: String::new(),
         })
     }
 }

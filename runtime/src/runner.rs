@@ -149,6 +149,7 @@ impl Runner {
         };
         crash::point("model_replied_before_append");
         reply.request_digest = replay::digest_hex(&body);
+        reply.prefix_digest = session.prefix_digest();
         replay::event::make_call_ids_unique(&mut reply.tool_calls);
         session.append(vec![Event::ModelReplied(reply)], Some(cause))?;
         crash::point("model_reply_appended");

@@ -229,6 +229,11 @@ impl Session {
         )
     }
 
+    /// Chained digest of the stable prefix of the last request built.
+    pub fn prefix_digest(&self) -> String {
+        self.rendered.digest_hex()
+    }
+
     /// Hands over the rendered prompt (to a cache that outlives this value).
     pub fn take_rendered(&mut self) -> replay::RenderedPrefix {
         std::mem::take(&mut self.rendered)

@@ -140,8 +140,13 @@ fn summary(event: &Event) -> String {
                 (_, false) => format!("calls {}", calls.join(", ")),
                 (None, true) => "empty reply".into(),
             };
+            let prefix = r
+                .prefix_digest
+                .get(..12)
+                .map(|p| format!("; prefix {p}"))
+                .unwrap_or_default();
             format!(
-                "{what}; tokens {} in ({} cached) / {} out; {} ms; finish {:?}",
+                "{what}; tokens {} in ({} cached) / {} out; {} ms; finish {:?}{prefix}",
                 r.usage.prompt_tokens,
                 r.usage.cached_tokens,
                 r.usage.completion_tokens,

@@ -53,6 +53,7 @@ fn event(i: usize) -> Event {
             finish_reason: "tool_calls".into(),
             latency_ms: 12,
             request_digest: "d".repeat(64),
+            prefix_digest: String::new(),
         }),
         2 => Event::ToolStarted {
             call_id: format!("call_{}", i - 1),
