@@ -5,13 +5,14 @@
 //! measure another disk; default `target/bench-data`).
 
 use eventlog::{Durability, EventLog, NewEvent, SledLog};
+use mneme_e2e::bench::{bench_dir, bench_spec};
 use mneme_e2e::{Fault, MockModel, MockReply, Sink};
 use replay::{Event, ModelReply, SessionState, ToolCall, ToolOutcome, Usage, EVENT_SCHEMA};
 use runtime::{Runner, Session};
 use serde_json::json;
 use std::fs::OpenOptions;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
@@ -20,16 +21,6 @@ const APPENDS: usize = 3000;
 const BATCH: usize = 64;
 /// Events per row of the group-commit section (split between the writers).
 const GROUP_EVENTS: usize = 6000;
-
-fn bench_dir(name: &str) -> PathBuf {
-    let root = std::env::var_os("MNEME_BENCH_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-data"));
-    let dir = root.join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 /// A realistic event mix: a user message, a reply with a tool call, its
 /// start and its finish, about 1 KiB per event on average.
@@ -382,16 +373,6 @@ fn replay_and_resume() {
         "\nfold alone: {:.0} events/s",
         100_000.0 / t.elapsed().as_secs_f64()
     );
-}
-
-fn bench_spec(model_url: &str, tool_url: &str) -> replay::AgentSpec {
-    let text = format!(
-        "name = \"bench\"\nsystem = \"You are a benchmark.\"\n[model]\nprovider = \"openai\"\nbase_url = \"{model_url}\"\nmodel = \"m\"\n\
-         [[tools]]\nname = \"charge\"\nkind = \"http\"\nurl = \"{tool_url}\"\neffect = \"side_effect\"\n"
-    );
-    let spec: replay::AgentSpec = toml::from_str(&text).unwrap();
-    spec.validate().unwrap();
-    spec
 }
 
 fn agent_steps(rt: &tokio::runtime::Runtime) {

@@ -5,33 +5,16 @@
 //! disk; default `target/bench-data`).
 
 use eventlog::{Durability, EventLog, NewEvent, SledLog};
+use mneme_e2e::bench::{bench_dir, bench_spec};
 use mneme_e2e::{Fault, MockModel, MockReply, Sink};
 use replay::{Event, ModelReply, EVENT_SCHEMA};
 use runtime::{Runner, Session};
 use serde_json::json;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const CHILD_ENV: &str = "MNEME_BENCH_DAEMON_CHILD";
-
-fn bench_dir(name: &str) -> PathBuf {
-    let root = std::env::var_os("MNEME_BENCH_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-data"));
-    let dir = root.join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn spec(model_url: &str, tool_url: &str) -> replay::AgentSpec {
-    let text = format!(
-        "name = \"bench\"\nsystem = \"You are a benchmark.\"\n[model]\nprovider = \"openai\"\nbase_url = \"{model_url}\"\nmodel = \"m\"\n\
-         [[tools]]\nname = \"charge\"\nkind = \"http\"\nurl = \"{tool_url}\"\neffect = \"side_effect\"\n"
-    );
-    toml::from_str(&text).unwrap()
-}
 
 /// Agent steps/s with `sessions` sessions running at once, each `steps` steps.
 async fn steps(sessions: usize, steps: usize) -> f64 {
@@ -48,7 +31,7 @@ async fn steps(sessions: usize, steps: usize) -> f64 {
     let tasks: Vec<_> = (0..sessions)
         .map(|_| {
             let (log, runner) = (log.clone(), runner.clone());
-            let spec = spec(&model.base_url(), &sink.url("charge"));
+            let spec = bench_spec(&model.base_url(), &sink.url("charge"));
             tokio::spawn(async move {
                 let mut session = Session::create(log, spec).unwrap();
                 session
@@ -76,7 +59,7 @@ async fn steps(sessions: usize, steps: usize) -> f64 {
 fn fill_idle(dir: &Path, n: usize) {
     let log = SledLog::open(dir).unwrap();
     let spec = Event::SessionStarted {
-        spec: spec("http://127.0.0.1:9/v1", "http://127.0.0.1:9/x"),
+        spec: bench_spec("http://127.0.0.1:9/v1", "http://127.0.0.1:9/x"),
     };
     let events = [
         spec,

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use tokio::process::Command;
 use tokio::sync::oneshot;
 
+pub mod bench;
 pub mod daemon;
 pub mod scenario;
 
@@ -284,6 +285,16 @@ impl World {
             .env_remove("MNEME_CRASH_AT")
             .env_remove("MNEME_DURABILITY");
         command
+    }
+
+    /// Runs `mneme ARGS` with the crash point `crash_at` armed.
+    pub async fn run_crashing(&self, args: &[&str], crash_at: &str) -> Output {
+        self.mneme()
+            .args(args)
+            .env("MNEME_CRASH_AT", crash_at)
+            .output()
+            .await
+            .unwrap()
     }
 
     /// Runs `mneme ARGS` and returns its output.

@@ -193,12 +193,11 @@ async fn sigkill_after_tool_returned_before_tool_finished_then_resume() {
     // The third tool return is the email (charge and lookup run first).
     let out = s
         .world
-        .mneme()
-        .args(["run", "--agent", s.agent.to_str().unwrap(), MESSAGE])
-        .env("MNEME_CRASH_AT", "tool_returned:3")
-        .output()
-        .await
-        .unwrap();
+        .run_crashing(
+            &["run", "--agent", s.agent.to_str().unwrap(), MESSAGE],
+            "tool_returned:3",
+        )
+        .await;
     assert!(!out.status.success(), "the crash point must kill the run");
     let session = session_id(&out);
     let kinds = event_kinds(&s.world, &session).await;
@@ -220,12 +219,11 @@ async fn crash_before_model_reply_is_appended_asks_the_model_again() {
     let s = setup().await;
     let out = s
         .world
-        .mneme()
-        .args(["run", "--agent", s.agent.to_str().unwrap(), MESSAGE])
-        .env("MNEME_CRASH_AT", "model_replied_before_append:2")
-        .output()
-        .await
-        .unwrap();
+        .run_crashing(
+            &["run", "--agent", s.agent.to_str().unwrap(), MESSAGE],
+            "model_replied_before_append:2",
+        )
+        .await;
     assert!(!out.status.success());
     let session = session_id(&out);
     let out = s.world.run(&["resume", &session]).await;
@@ -267,12 +265,11 @@ async fn command_tool_without_key_support_ends_in_doubt_and_resolve_continues() 
         ),
     );
     let out = world
-        .mneme()
-        .args(["run", "--agent", agent.to_str().unwrap(), "notify them"])
-        .env("MNEME_CRASH_AT", "tool_returned")
-        .output()
-        .await
-        .unwrap();
+        .run_crashing(
+            &["run", "--agent", agent.to_str().unwrap(), "notify them"],
+            "tool_returned",
+        )
+        .await;
     assert!(!out.status.success());
     let session = session_id(&out);
     assert_eq!(
@@ -338,12 +335,11 @@ async fn two_resumers_at_once_one_wins_and_nothing_runs_twice() {
     // A session that crashed with the charge started but not finished.
     let out = s
         .world
-        .mneme()
-        .args(["run", "--agent", s.agent.to_str().unwrap(), MESSAGE])
-        .env("MNEME_CRASH_AT", "tool_started_durable")
-        .output()
-        .await
-        .unwrap();
+        .run_crashing(
+            &["run", "--agent", s.agent.to_str().unwrap(), MESSAGE],
+            "tool_started_durable",
+        )
+        .await;
     let session = session_id(&out);
     let hold = s.sink.hold("charge");
     let first = s

@@ -162,12 +162,11 @@ async fn session_only_in_the_write_ahead_file() -> (World, String, MockModel) {
         MockModel::start(vec![MockReply::answer("UNIQUE-ANSWER-MARKER")], Fault::None).await;
     let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[]));
     let out = world
-        .mneme()
-        .args(["run", "--agent", agent.to_str().unwrap(), "hello"])
-        .env("MNEME_CRASH_AT", "turn_answered")
-        .output()
-        .await
-        .unwrap();
+        .run_crashing(
+            &["run", "--agent", agent.to_str().unwrap(), "hello"],
+            "turn_answered",
+        )
+        .await;
     assert!(!out.status.success(), "the crash point must fire");
     let session = session_id(&out);
     let wal = std::fs::metadata(world.data().join("mneme.wal"))
