@@ -341,8 +341,11 @@ impl Session {
         let started = std::time::Instant::now();
         blocking(|| self.log.barrier(durability))?;
         self.durable_seq = self.state.last_seq;
-        // Derived data, for listings: a failure only costs speed.
-        let _ = crate::snapshot::store_summary(self.log.as_ref(), self.id, &self.state);
+        // Derived data for listings, written when the session comes to rest
+        // (mid-turn, a listing folds instead): a failure only costs speed.
+        if self.state.status() != replay::Status::Running {
+            let _ = crate::snapshot::store_summary(self.log.as_ref(), self.id, &self.state);
+        }
         if let Some(observer) = &self.observer {
             observer.durable(self.id, self.durable_seq, started.elapsed());
         }

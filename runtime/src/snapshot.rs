@@ -276,10 +276,18 @@ mod tests {
         let mut s = session(&log, 2);
         s.barrier(eventlog::Durability::Flushed).unwrap();
         let id = s.id();
-        let summary = fresh_summary(log.as_ref(), id, 3).expect("written at the barrier");
+        assert!(
+            fresh_summary(log.as_ref(), id, 3).is_none(),
+            "not written mid-turn"
+        );
+        let reason = "a person".to_string();
+        s.append(vec![Event::SessionPaused { reason }], None)
+            .unwrap();
+        s.barrier(eventlog::Durability::Flushed).unwrap();
+        let summary = fresh_summary(log.as_ref(), id, 4).expect("written at rest");
         assert_eq!(
             (summary.status.as_str(), summary.agent.as_str()),
-            ("running", "t")
+            ("paused", "t")
         );
         s.append(
             vec![Event::UserMessage {
@@ -289,7 +297,7 @@ mod tests {
         )
         .unwrap();
         assert!(
-            fresh_summary(log.as_ref(), id, 4).is_none(),
+            fresh_summary(log.as_ref(), id, 5).is_none(),
             "stale after an append"
         );
     }
