@@ -248,13 +248,7 @@ impl SledLog {
             path: dir.display().to_string(),
             source,
         })?;
-        // sled's own background flush would compete with the write-ahead
-        // file's fdatasync for the device; checkpoints flush sled instead.
-        let db = sled::Config::new()
-            .path(&dir)
-            .flush_every_ms(None)
-            .open()
-            .map_err(|source| open_error(&dir, source))?;
+        let db = open_sled(&dir)?;
         let data_path = dir.join("db");
         let io = |path: &Path| {
             let path = path.display().to_string();
@@ -638,6 +632,40 @@ impl StoredMeta {
         self.head_hash = record.hash;
         self.updated_ms = record.envelope.ts_ms;
         self.last_kind.clone_from(&record.envelope.kind);
+    }
+}
+
+/// Opens sled in `dir`. A lock held by a process that no longer runs (one
+/// just killed, whose files the kernel is still closing) is waited for, up to
+/// two seconds; a lock held by a live process is reported at once.
+fn open_sled(dir: &Path) -> Result<sled::Db, LogError> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        // sled's own background flush would compete with the write-ahead
+        // file's fdatasync for the device; checkpoints flush sled instead.
+        let opened = sled::Config::new().path(dir).flush_every_ms(None).open();
+        match opened.map_err(|source| open_error(dir, source)) {
+            Err(LogError::Locked { .. })
+                if !holder_alive(dir) && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Whether the process the holder note names still runs.
+fn holder_alive(dir: &Path) -> bool {
+    let note = std::fs::read_to_string(dir.join(HOLDER_FILE)).unwrap_or_default();
+    let pid = note
+        .strip_prefix("pid ")
+        .and_then(|rest| rest.split(':').next())
+        .and_then(|pid| pid.trim().parse::<u32>().ok());
+    match pid {
+        Some(pid) if pid == std::process::id() => true,
+        Some(pid) => Path::new(&format!("/proc/{pid}")).exists(),
+        None => true,
     }
 }
 

@@ -264,6 +264,12 @@ async fn settle(
                     return Ok(answer);
                 }
             }
+            // Like an operator, try again when the directory is still held
+            // a moment after the killed process (its last tools may be
+            // exiting); every invariant is still checked at the end.
+            Some(1) if stderr(&out).contains("in use by another process") => {
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
             Some(code) => return Err(format!("resume exited {code}: {}", stderr(&out))),
             None => *crashes += 1,
         }
