@@ -5,9 +5,9 @@
 //! measure another disk; default `target/bench-data`).
 
 use eventlog::{Durability, EventLog, NewEvent, SledLog};
-use mneme_e2e::bench::{bench_dir, bench_spec};
+use mneme_e2e::bench::{bench_dir, bench_spec, to_new_event};
 use mneme_e2e::{Fault, MockModel, MockReply, Sink};
-use replay::{Event, ModelReply, SessionState, ToolCall, ToolOutcome, Usage, EVENT_SCHEMA};
+use replay::{Event, ModelReply, SessionState, ToolCall, ToolOutcome, Usage};
 use runtime::{Runner, Session};
 use serde_json::json;
 use std::fs::OpenOptions;
@@ -63,13 +63,7 @@ fn event(i: usize) -> Event {
 }
 
 fn new_event(i: usize) -> NewEvent {
-    let e = event(i);
-    NewEvent {
-        kind: e.kind().into(),
-        schema: EVENT_SCHEMA,
-        caused_by: None,
-        payload: e.encode(),
-    }
+    to_new_event(&event(i))
 }
 
 struct Rate {
@@ -302,12 +296,7 @@ fn fill(dir: &Path, n: usize) -> Uuid {
     let spec_event = Event::SessionStarted {
         spec: bench_spec("http://127.0.0.1:9/v1", "http://127.0.0.1:9/x"),
     };
-    let first = NewEvent {
-        kind: spec_event.kind().into(),
-        schema: EVENT_SCHEMA,
-        caused_by: None,
-        payload: spec_event.encode(),
-    };
+    let first = to_new_event(&spec_event);
     log.append(session, 1, vec![first]).unwrap();
     let mut seq = 2;
     for chunk in (0..n - 1).collect::<Vec<_>>().chunks(1000) {
@@ -572,15 +561,7 @@ fn fill_compacted(dir: &Path, n: usize) -> Uuid {
             snapshot = Some(state.clone());
         }
         if pending.len() >= 1000 || state.last_seq as usize >= n {
-            let events: Vec<NewEvent> = pending
-                .drain(..)
-                .map(|e| NewEvent {
-                    kind: e.kind().into(),
-                    schema: EVENT_SCHEMA,
-                    caused_by: None,
-                    payload: e.encode(),
-                })
-                .collect();
+            let events: Vec<NewEvent> = pending.drain(..).map(|e| to_new_event(&e)).collect();
             let count = events.len() as u64;
             log.append(session, written + 1, events).unwrap();
             written += count;

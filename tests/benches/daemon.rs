@@ -4,10 +4,10 @@
 //! Run: `cargo bench -p mneme-e2e --bench daemon` (`MNEME_BENCH_DIR` sets the
 //! disk; default `target/bench-data`).
 
-use eventlog::{Durability, EventLog, NewEvent, SledLog};
-use mneme_e2e::bench::{bench_dir, bench_spec};
+use eventlog::{Durability, EventLog, SledLog};
+use mneme_e2e::bench::{bench_dir, bench_spec, to_new_event};
 use mneme_e2e::{Fault, MockModel, MockReply, Sink};
-use replay::{Event, ModelReply, EVENT_SCHEMA};
+use replay::{Event, ModelReply};
 use runtime::{Runner, Session};
 use serde_json::json;
 use std::path::Path;
@@ -73,15 +73,7 @@ fn fill_idle(dir: &Path, n: usize) {
         }),
     ];
     for _ in 0..n {
-        let new = events
-            .iter()
-            .map(|e| NewEvent {
-                kind: e.kind().into(),
-                schema: EVENT_SCHEMA,
-                caused_by: None,
-                payload: e.encode(),
-            })
-            .collect();
+        let new = events.iter().map(to_new_event).collect();
         log.append(uuid::Uuid::now_v7(), 1, new).unwrap();
     }
     log.barrier(Durability::Synced).unwrap();

@@ -24,3 +24,13 @@ pub fn bench_spec(model_url: &str, tool_url: &str) -> replay::AgentSpec {
     spec.validate().unwrap();
     spec
 }
+
+/// `event` as the log takes it, with the current schema and no cause.
+pub fn to_new_event(event: &replay::Event) -> eventlog::NewEvent {
+    eventlog::NewEvent {
+        kind: event.kind().into(),
+        schema: replay::EVENT_SCHEMA,
+        caused_by: None,
+        payload: event.encode(),
+    }
+}

@@ -321,6 +321,26 @@ pub fn agent_toml(model_url: &str, tools: &[String]) -> String {
     text
 }
 
+/// A read-only command tool `lookup` that answers `{"name":"Ada"}`.
+pub fn lookup_tool() -> String {
+    command_tool(
+        "lookup",
+        &["sh", "-c", "cat >/dev/null; echo '{\"name\":\"Ada\"}'"],
+        "read_only",
+        10,
+    )
+}
+
+/// The billing agent's tools: `charge` and `email` side effects on `sink`
+/// (which honour idempotency keys), and `lookup`.
+pub fn billing_tools(sink: &Sink) -> [String; 3] {
+    [
+        http_tool("charge", &sink.url("charge"), "side_effect"),
+        lookup_tool(),
+        http_tool("email", &sink.url("email"), "side_effect"),
+    ]
+}
+
 /// A TOML tool table for an HTTP tool.
 pub fn http_tool(name: &str, url: &str, effect: &str) -> String {
     format!("name = \"{name}\"\ndescription = \"{name}\"\nkind = \"http\"\nurl = \"{url}\"\neffect = \"{effect}\"\nparameters = {{ type = \"object\", properties = {{ n = {{ type = \"integer\" }} }} }}\n")

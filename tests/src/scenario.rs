@@ -2,8 +2,8 @@
 //! it again with crashes, and check the contract's invariants between the two.
 
 use crate::{
-    agent_toml, command_tool, http_tool, rebuilt_request, stderr, stdout, Fault, MockModel,
-    MockReply, Sink, SinkStats, World,
+    agent_toml, command_tool, http_tool, lookup_tool, rebuilt_request, stderr, stdout, Fault,
+    MockModel, MockReply, Sink, SinkStats, World,
 };
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -97,12 +97,7 @@ impl Scenario {
             http_tool("charge", &sink.url("charge"), "side_effect"),
             http_tool("reserve", &sink.url("reserve"), "idempotent"),
             http_tool("email", &sink.url("email"), "side_effect"),
-            command_tool(
-                "lookup",
-                &["sh", "-c", "cat >/dev/null; echo '{\"name\":\"Ada\"}'"],
-                "read_only",
-                10,
-            ),
+            lookup_tool(),
             command_tool("notify", &["sh", "-c", &notify], "side_effect", 10),
             command_tool(
                 "ledger",

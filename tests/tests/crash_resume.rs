@@ -28,16 +28,7 @@ async fn setup() -> Setup {
     let world = World::new();
     let model = MockModel::start(replies(), Fault::None).await;
     let sink = Sink::start().await.unwrap();
-    let tools = [
-        http_tool("charge", &sink.url("charge"), "side_effect"),
-        command_tool(
-            "lookup",
-            &["sh", "-c", "cat >/dev/null; echo '{\"name\":\"Ada\"}'"],
-            "read_only",
-            10,
-        ),
-        http_tool("email", &sink.url("email"), "side_effect"),
-    ];
+    let tools = billing_tools(&sink);
     let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &tools));
     Setup {
         world,

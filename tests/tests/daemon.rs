@@ -7,19 +7,7 @@ use serde_json::{json, Value};
 use std::time::Duration;
 
 fn billing_agent(model: &MockModel, sink: &Sink) -> String {
-    agent_toml(
-        &model.base_url(),
-        &[
-            http_tool("charge", &sink.url("charge"), "side_effect"),
-            command_tool(
-                "lookup",
-                &["sh", "-c", "cat >/dev/null; echo '{\"name\":\"Ada\"}'"],
-                "read_only",
-                10,
-            ),
-            http_tool("email", &sink.url("email"), "side_effect"),
-        ],
-    )
+    agent_toml(&model.base_url(), &billing_tools(sink))
 }
 
 fn billing_replies() -> Vec<MockReply> {
