@@ -15,17 +15,27 @@
 //! - An append is durable only after a [`EventLog::barrier`] of the wanted
 //!   [`Durability`] returned.
 
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
 pub mod crash;
 mod envelope;
+mod lease;
 mod sled_log;
 mod wal;
 
 pub use envelope::{Envelope, Hash, NewEvent, Record, RECORD_FORMAT};
+pub use lease::{Lease, LocalLeases};
 pub use sled_log::{SledLog, Totals};
 pub use wal::TornTail;
 
 use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
 use uuid::Uuid;
+
+/// Called with (session, seq) when another process appended to `session`
+/// up to `seq`.
+pub type AppendListener = Arc<dyn Fn(Uuid, u64) + Send + Sync>;
 
 /// How durable appended records are once a barrier returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -174,6 +184,47 @@ pub enum LogError {
         #[source]
         source: std::io::Error,
     },
+    /// Another owner holds a live lease on the session: it runs there.
+    #[error("session {session} is leased to {owner} until {expires_ms} (ms since the epoch); it runs there")]
+    LeaseHeld {
+        /// The session.
+        session: Uuid,
+        /// Who holds the lease.
+        owner: String,
+        /// When it lapses unless renewed.
+        expires_ms: i64,
+    },
+    /// This writer's lease was taken over: it may no longer append.
+    #[error("session {session}: this writer's lease (token {token}) was taken over (the session's token is now {current}); append refused")]
+    Fenced {
+        /// The session.
+        session: Uuid,
+        /// The token this writer held.
+        token: u64,
+        /// The session's current token.
+        current: u64,
+    },
+    /// The database server failed or refused a statement.
+    #[error("store {store}: {what}")]
+    Backend {
+        /// The store (its address, without credentials).
+        store: String,
+        /// What was being done.
+        what: String,
+        /// The server's or driver's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The store's schema is newer than this build knows.
+    #[error("store {store} has schema version {found}, this build knows versions up to {known}; upgrade mneme")]
+    SchemaTooNew {
+        /// The store.
+        store: String,
+        /// Its schema version.
+        found: i32,
+        /// The newest this build knows.
+        known: i32,
+    },
     /// An event could not be encoded.
     #[error("cannot encode event of kind {kind}: {reason}")]
     Encode {
@@ -221,6 +272,33 @@ pub trait EventLog: Send + Sync {
     /// Returns once everything appended before the call is at least as
     /// durable as `durability` says.
     fn barrier(&self, durability: Durability) -> Result<(), LogError>;
+
+    /// Appends records sealed elsewhere (an export), byte for byte, after
+    /// `session`'s head: each must open (hash, format) under its seq and
+    /// link to its predecessor, else nothing is stored and the error names
+    /// the first bad record. Returns the new head.
+    fn import(&self, session: Uuid, sealed: Vec<Vec<u8>>) -> Result<Head, LogError>;
+
+    /// Grants `owner` the lease of `session` for `ttl`, unless another owner
+    /// holds a live one ([`LogError::LeaseHeld`]). From then on, until the
+    /// lease is released or taken over, this log's appends to `session` are
+    /// fenced by the lease's token.
+    fn acquire_lease(&self, session: Uuid, owner: &str, ttl: Duration) -> Result<Lease, LogError>;
+
+    /// Extends `lease` by `ttl` from now; [`LogError::Fenced`] if it was
+    /// taken over meanwhile.
+    fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<Lease, LogError>;
+
+    /// Gives `lease` up (a lease already taken over is left alone).
+    fn release_lease(&self, lease: &Lease) -> Result<(), LogError>;
+
+    /// Leases that lapsed without being released: sessions whose owner
+    /// stopped, to be taken over.
+    fn expired_leases(&self) -> Result<Vec<Lease>, LogError>;
+
+    /// Asks to be told of appends made by other processes sharing this
+    /// store. A store that one process owns has none to tell.
+    fn follow(&self, _listener: AppendListener) {}
 
     /// Checks the whole chain of `session`: every record's hash, the link to
     /// its predecessor, gapless seqs, and that the head matches the last record.
@@ -272,6 +350,23 @@ pub fn check_link(session: Uuid, prev: &Head, record: &Record) -> Result<(), Log
         });
     }
     Ok(())
+}
+
+/// Opens `sealed` as the records that follow `head` in `session`, checking
+/// each one's bytes and its link to the one before.
+pub fn open_sealed(session: Uuid, head: Head, sealed: &[Vec<u8>]) -> Result<Vec<Record>, LogError> {
+    let mut prev = head;
+    let mut records = Vec::with_capacity(sealed.len());
+    for bytes in sealed {
+        let record = Record::open(session, prev.seq + 1, bytes)?;
+        check_link(session, &prev, &record)?;
+        prev = Head {
+            seq: record.envelope.seq,
+            hash: record.hash,
+        };
+        records.push(record);
+    }
+    Ok(records)
 }
 
 /// Milliseconds since the Unix epoch, now.

@@ -14,7 +14,8 @@
 
 use crate::wal::{Frame, Wal};
 use crate::{
-    now_ms, Durability, Envelope, EventLog, Hash, Head, LogError, NewEvent, Record, SessionMeta,
+    now_ms, Durability, Envelope, EventLog, Hash, Head, Lease, LocalLeases, LogError, NewEvent,
+    Record, SessionMeta,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -53,6 +54,8 @@ pub struct SledLog {
     commit: GroupCommit,
     /// `fdatasync`s of the write-ahead file issued by synced barriers.
     syncs: AtomicU64,
+    /// The one process that holds the directory is the only writer.
+    leases: LocalLeases,
 }
 
 struct Inner {
@@ -273,6 +276,7 @@ impl SledLog {
             }),
             commit: GroupCommit::new(),
             syncs: AtomicU64::new(0),
+            leases: LocalLeases::default(),
         };
         log.recovered = log.recover(frames)?;
         let totals = log.count()?;
@@ -726,6 +730,47 @@ fn encode_meta(meta: &StoredMeta) -> Vec<u8> {
 }
 
 impl SledLog {
+    /// Stores checked, sealed records that follow the session's head: first
+    /// in the write-ahead file, then in sled; `meta` is the head after them.
+    fn store(
+        &self,
+        inner: &mut Inner,
+        session: Uuid,
+        meta: StoredMeta,
+        records: &[Record],
+        sealed: Vec<Vec<u8>>,
+    ) -> Result<(), LogError> {
+        let new_session = records.first().is_some_and(|r| r.envelope.seq == 1);
+        let frames: Vec<Frame> = records
+            .iter()
+            .zip(sealed)
+            .map(|(r, bytes)| (event_key(session, r.envelope.seq).to_vec(), bytes))
+            .collect();
+        let wal_len = inner.wal.len();
+        inner.wal.append(&frames).map_err(|source| LogError::Io {
+            path: inner.wal.path().display().to_string(),
+            source,
+        })?;
+        crate::crash::point("log_wal_written");
+        // Plain inserts, not a sled batch: a batch forces sled to write and
+        // sync its buffer on every append. Atomicity comes from the
+        // write-ahead file; recovery repairs a meta that lags its records.
+        if let Err(e) = self.insert_all(frames, &meta_key(session), encode_meta(&meta)) {
+            inner.wal.cut_back_to(wal_len);
+            return Err(e);
+        }
+        inner.appended += inner.wal.len() - wal_len;
+        inner.totals.records += records.len() as u64;
+        inner.totals.sessions += u64::from(new_session);
+        inner.metas.insert(session, meta);
+        if inner.wal.len() > CHECKPOINT_BYTES {
+            // The append itself is done; a failed checkpoint is retried on
+            // the next append and the write-ahead file keeps the records.
+            let _ = self.checkpoint(inner);
+        }
+        Ok(())
+    }
+
     /// Inserts an append's records, then its meta. On failure, removes
     /// what it inserted (best effort), so a refused append leaves no record.
     fn insert_all(
@@ -781,7 +826,7 @@ impl EventLog for SledLog {
         }
         let now = now_ms();
         let mut meta = meta.unwrap_or_else(|| StoredMeta::new(now));
-        let mut frames = Vec::with_capacity(events.len());
+        let mut sealed = Vec::with_capacity(events.len());
         let mut records = Vec::with_capacity(events.len());
         for event in events {
             let envelope = Envelope {
@@ -797,32 +842,60 @@ impl EventLog for SledLog {
             };
             let (record, bytes) = Record::seal(envelope)?;
             meta.advance(&record);
-            frames.push((event_key(session, record.envelope.seq).to_vec(), bytes));
+            sealed.push(bytes);
             records.push(record);
         }
-        let wal_len = inner.wal.len();
-        inner.wal.append(&frames).map_err(|source| LogError::Io {
-            path: inner.wal.path().display().to_string(),
-            source,
-        })?;
-        crate::crash::point("log_wal_written");
-        // Plain inserts, not a sled batch: a batch forces sled to write and
-        // sync its buffer on every append. Atomicity comes from the
-        // write-ahead file; recovery repairs a meta that lags its records.
-        if let Err(e) = self.insert_all(frames, &meta_key(session), encode_meta(&meta)) {
-            inner.wal.cut_back_to(wal_len);
-            return Err(e);
-        }
-        inner.appended += inner.wal.len() - wal_len;
-        inner.totals.records += records.len() as u64;
-        inner.totals.sessions += u64::from(head_seq == 0);
-        inner.metas.insert(session, meta);
-        if inner.wal.len() > CHECKPOINT_BYTES {
-            // The append itself is done; a failed checkpoint is retried on
-            // the next append and the write-ahead file keeps the records.
-            let _ = self.checkpoint(inner);
-        }
+        self.store(inner, session, meta, &records, sealed)?;
         Ok(records)
+    }
+
+    fn import(&self, session: Uuid, sealed: Vec<Vec<u8>>) -> Result<Head, LogError> {
+        let mut guard = self.inner.lock().expect("log lock poisoned");
+        let inner = &mut *guard;
+        let meta = match inner.metas.get(&session) {
+            Some(meta) => Some(meta.clone()),
+            None => self.load_meta(session)?,
+        };
+        let head = meta.as_ref().map_or(Head::EMPTY, |m| Head {
+            seq: m.head_seq,
+            hash: m.head_hash,
+        });
+        let records = crate::open_sealed(session, head, &sealed)?;
+        let Some(first) = records.first() else {
+            return Ok(head);
+        };
+        let mut meta = meta.unwrap_or_else(|| StoredMeta::new(first.envelope.ts_ms));
+        for record in &records {
+            meta.advance(record);
+        }
+        let head = Head {
+            seq: meta.head_seq,
+            hash: meta.head_hash,
+        };
+        self.store(inner, session, meta, &records, sealed)?;
+        Ok(head)
+    }
+
+    fn acquire_lease(
+        &self,
+        session: Uuid,
+        owner: &str,
+        ttl: std::time::Duration,
+    ) -> Result<Lease, LogError> {
+        self.leases.acquire(session, owner, ttl)
+    }
+
+    fn renew_lease(&self, lease: &Lease, ttl: std::time::Duration) -> Result<Lease, LogError> {
+        self.leases.renew(lease, ttl)
+    }
+
+    fn release_lease(&self, lease: &Lease) -> Result<(), LogError> {
+        self.leases.release(lease);
+        Ok(())
+    }
+
+    fn expired_leases(&self) -> Result<Vec<Lease>, LogError> {
+        Ok(self.leases.expired())
     }
 
     fn read(&self, session: Uuid, from: u64, to: u64) -> Result<Vec<Record>, LogError> {
@@ -954,6 +1027,7 @@ impl EventLog for SledLog {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::sync::Arc;
 
     fn event(n: u8) -> NewEvent {
         NewEvent {
@@ -964,83 +1038,44 @@ mod tests {
         }
     }
 
-    #[test]
-    fn appends_are_gapless_and_read_back_in_order() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = SledLog::open(dir.path()).unwrap();
-        let s = Uuid::now_v7();
-        log.append(s, 1, vec![event(1), event(2)]).unwrap();
-        log.append(s, 3, vec![event(3)]).unwrap();
-        let records = log.read(s, 1, u64::MAX).unwrap();
-        let seqs: Vec<u64> = records.iter().map(|r| r.envelope.seq).collect();
-        assert_eq!(seqs, vec![1, 2, 3]);
-        assert_eq!(records[2].envelope.payload, vec![3, 3, 3]);
-        assert_eq!(log.verify(s).unwrap(), 3);
-    }
+    /// sled as the conformance suite sees it: one directory per store.
+    struct Sled;
 
-    #[test]
-    fn stale_writer_gets_conflict_and_changes_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = SledLog::open(dir.path()).unwrap();
-        let s = Uuid::now_v7();
-        log.append(s, 1, vec![event(1)]).unwrap();
-        let err = log.append(s, 1, vec![event(9)]).unwrap_err();
-        assert!(matches!(
-            err,
-            LogError::Conflict {
-                expected: 1,
-                actual: 2,
-                ..
-            }
-        ));
-        let err = log.append(s, 3, vec![event(9)]).unwrap_err();
-        assert!(matches!(err, LogError::Conflict { actual: 2, .. }));
-        assert_eq!(log.read(s, 1, 10).unwrap().len(), 1);
-        assert_eq!(log.read(s, 1, 1).unwrap()[0].envelope.kind, "K1");
-    }
+    impl crate::conformance::Backend for Sled {
+        type Store = tempfile::TempDir;
 
-    #[test]
-    fn racing_threads_never_leave_gaps_or_overwrites() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = std::sync::Arc::new(SledLog::open(dir.path()).unwrap());
-        let s = Uuid::now_v7();
-        let threads: Vec<_> = (0..4)
-            .map(|_| {
-                let log = log.clone();
-                std::thread::spawn(move || {
-                    let mut won = 0;
-                    for _ in 0..200 {
-                        let next = log.head(s).unwrap().seq + 1;
-                        if log.append(s, next, vec![event(1)]).is_ok() {
-                            won += 1;
-                        }
-                    }
-                    won
-                })
-            })
-            .collect();
-        let won: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
-        assert_eq!(log.verify(s).unwrap(), won);
-    }
-
-    #[test]
-    fn survives_reopen_with_heads_intact() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = Uuid::now_v7();
-        {
-            let log = SledLog::open(dir.path()).unwrap();
-            log.append(s, 1, vec![event(1), event(2)]).unwrap();
-            log.barrier(Durability::Synced).unwrap();
+        fn create(&self) -> tempfile::TempDir {
+            tempfile::tempdir().unwrap()
         }
-        let log = SledLog::open(dir.path()).unwrap();
-        assert_eq!(log.head(s).unwrap().seq, 2);
-        log.append(s, 3, vec![event(3)]).unwrap();
-        assert_eq!(log.verify(s).unwrap(), 3);
-        let sessions = log.sessions().unwrap();
-        assert_eq!(sessions.len(), 1);
-        assert_eq!(sessions[0].events, 3);
-        assert_eq!(sessions[0].last_kind, "K3");
+
+        /// sled may hold its lock a moment after the last handle dropped.
+        fn open(&self, dir: &tempfile::TempDir) -> Result<Arc<dyn EventLog>, LogError> {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+            loop {
+                match SledLog::open(dir.path()) {
+                    Err(LogError::Locked { .. }) if std::time::Instant::now() < deadline => {
+                        std::thread::sleep(std::time::Duration::from_millis(20))
+                    }
+                    opened => return opened.map(|log| Arc::new(log) as Arc<dyn EventLog>),
+                }
+            }
+        }
+
+        fn tamper(&self, dir: &tempfile::TempDir, session: Uuid, seq: u64) {
+            let log = SledLog::open(dir.path()).unwrap();
+            let key = event_key(session, seq);
+            let mut bytes = log.db.get(key).unwrap().unwrap().to_vec();
+            let n = bytes.len();
+            bytes[n - 40] ^= 1;
+            log.db.insert(key, bytes).unwrap();
+        }
+
+        fn shared(&self) -> bool {
+            false
+        }
     }
+
+    crate::conformance_tests!(Sled);
 
     #[test]
     fn second_opener_is_told_who_holds_the_directory() {
@@ -1057,24 +1092,6 @@ mod tests {
             text.contains(&format!("pid {}", std::process::id())),
             "{text}"
         );
-    }
-
-    #[test]
-    fn tampered_record_is_refused_by_read_and_verify() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = SledLog::open(dir.path()).unwrap();
-        let s = Uuid::now_v7();
-        log.append(s, 1, vec![event(1), event(2), event(3)])
-            .unwrap();
-        let key = event_key(s, 2);
-        let mut bytes = log.db.get(key).unwrap().unwrap().to_vec();
-        let n = bytes.len();
-        bytes[n - 40] ^= 1;
-        log.db.insert(key, bytes).unwrap();
-        let err = log.read(s, 1, 3).unwrap_err();
-        assert!(matches!(err, LogError::Corrupt { seq: 2, .. }), "{err}");
-        let err = log.verify(s).unwrap_err();
-        assert!(err.to_string().contains("seq 2"), "{err}");
     }
 
     #[test]

@@ -1,0 +1,435 @@
+//! The conformance suite every [`EventLog`] backend passes, so that no
+//! backend drifts from the contract: appends, conflicts, range reads,
+//! listing, durability across a reopen, corruption detection, chain
+//! verification, derived data, import, leases and fencing.
+//!
+//! A backend's tests implement [`Backend`] and call
+//! [`conformance_tests!`](crate::conformance_tests) once, which writes one
+//! `#[test]` per check.
+
+use crate::{Durability, EventLog, Head, LogError, NewEvent, Record};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+/// What the suite needs of a backend under test.
+pub trait Backend {
+    /// Keeps one empty store alive for a test (a directory, a schema).
+    type Store;
+    /// A new, empty store.
+    fn create(&self) -> Self::Store;
+    /// Opens `store`. The suite drops every handle before opening again,
+    /// unless [`Backend::shared`] says several may be open at once.
+    fn open(&self, store: &Self::Store) -> Result<Arc<dyn EventLog>, LogError>;
+    /// Alters one byte inside the stored record at (`session`, `seq`),
+    /// behind the log's back, while no handle is open.
+    fn tamper(&self, store: &Self::Store, session: Uuid, seq: u64);
+    /// Whether several processes may hold the store at once (each handle
+    /// from [`Backend::open`] stands for one).
+    fn shared(&self) -> bool;
+}
+
+/// Writes one `#[test]` per conformance check against `$backend`.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($backend:expr) => {
+        $crate::conformance_tests!(@each $backend;
+            appends_are_gapless_and_read_back_in_order,
+            stale_and_future_writers_get_conflicts_and_change_nothing,
+            racing_writers_never_leave_gaps_or_overwrites,
+            range_reads_return_exactly_the_range,
+            listing_names_every_session_in_id_order,
+            synced_records_and_heads_survive_a_reopen,
+            a_tampered_record_is_refused_by_read_and_verify,
+            derived_data_is_kept_per_session_and_name,
+            import_copies_records_byte_for_byte,
+            import_refuses_a_broken_chain_and_stores_nothing,
+            leases_exclude_other_owners_until_released_or_expired,
+            a_taken_over_owner_is_fenced,
+            appends_are_followed_across_handles,
+        );
+    };
+    (@each $backend:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $crate::conformance::$name(&$backend);
+            }
+        )*
+    };
+}
+
+fn event(n: u8) -> NewEvent {
+    NewEvent {
+        kind: format!("K{n}"),
+        schema: 1,
+        caused_by: None,
+        payload: vec![n; n as usize],
+    }
+}
+
+fn kinds(log: &dyn EventLog, session: Uuid) -> Vec<String> {
+    log.read(session, 1, u64::MAX)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.envelope.kind)
+        .collect()
+}
+
+fn sealed(records: &[Record]) -> Vec<Vec<u8>> {
+    records
+        .iter()
+        .map(|r| Record::seal(r.envelope.clone()).unwrap().1)
+        .collect()
+}
+
+/// Appends get seqs 1, 2, 3… and read back in order, payloads intact.
+pub fn appends_are_gapless_and_read_back_in_order<B: Backend>(b: &B) {
+    let store = b.create();
+    let log = b.open(&store).unwrap();
+    let s = Uuid::now_v7();
+    let first = log.append(s, 1, vec![event(1), event(2)]).unwrap();
+    assert_eq!(first[1].envelope.seq, 2);
+    log.append(s, 3, vec![event(3)]).unwrap();
+    let records = log.read(s, 1, u64::MAX).unwrap();
+    let seqs: Vec<u64> = records.iter().map(|r| r.envelope.seq).collect();
+    assert_eq!(seqs, vec![1, 2, 3]);
+    assert_eq!(records[2].envelope.payload, vec![3, 3, 3]);
+    assert_eq!(records[1].envelope.prev_hash, records[0].hash);
+    assert_eq!(log.verify(s).unwrap(), 3);
+    let head = log.head(s).unwrap();
+    assert_eq!((head.seq, head.hash), (3, records[2].hash));
+    assert_eq!(log.head(Uuid::now_v7()).unwrap(), Head::EMPTY);
+}
+
+/// A writer with a stale or future expected seq gets `Conflict` naming the
+/// seq the log would accept, and nothing changes.
+pub fn stale_and_future_writers_get_conflicts_and_change_nothing<B: Backend>(b: &B) {
+    let store = b.create();
+    let log = b.open(&store).unwrap();
+    let s = Uuid::now_v7();
+    log.append(s, 1, vec![event(1)]).unwrap();
+    for expected in [1, 3, 0] {
+        let err = log.append(s, expected, vec![event(9)]).unwrap_err();
+        assert!(
+            matches!(err, LogError::Conflict { actual: 2, .. }),
+            "expected {expected}: {err}"
+        );
+    }
+    let err = log.append(Uuid::now_v7(), 2, vec![event(9)]).unwrap_err();
+    assert!(matches!(err, LogError::Conflict { actual: 1, .. }), "{err}");
+    assert_eq!(kinds(log.as_ref(), s), vec!["K1"]);
+    assert_eq!(log.sessions().unwrap().len(), 1);
+}
+
+/// Threads racing on one session: each append lands whole or gets a
+/// conflict; the chain is gapless and holds exactly the winners.
+pub fn racing_writers_never_leave_gaps_or_overwrites<B: Backend>(b: &B) {
+    let store = b.create();
+    let log = b.open(&store).unwrap();
+    let s = Uuid::now_v7();
+    let won = Arc::new(Mutex::new(0u64));
+    std::thread::scope(|scope| {
+        for t in 0..4u8 {
+            let (log, won) = (log.clone(), won.clone());
+            scope.spawn(move || {
+                for _ in 0..15 {
+                    let next = log.head(s).unwrap().seq + 1;
+                    match log.append(s, next, vec![event(t), event(t)]) {
+                        Ok(records) => *won.lock().unwrap() += records.len() as u64,
+                        Err(LogError::Conflict { .. }) => {}
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            });
+        }
+    });
+    let won = *won.lock().unwrap();
+    assert!(won >= 30, "at least one writer wins each round: {won}");
+    assert_eq!(log.verify(s).unwrap(), won);
+    let kinds = kinds(log.as_ref(), s);
+    for pair in kinds.chunks(2) {
+        assert_eq!(pair[0], pair[1], "an append's records stay together");
+    }
+}
+
+/// `read(from, to)` returns exactly the stored records in `from..=to`.
+pub fn range_reads_return_exactly_the_range<B: Backend>(b: &B) {
+    let store = b.create();
+    let log = b.open(&store).unwrap();
+    let s = Uuid::now_v7();
+    log.append(s, 1, (1..=10).map(event).collect()).unwrap();
+    let seqs = |from, to| -> Vec<u64> {
+        log.read(s, from, to)
+            .unwrap()
+            .iter()
+            .map(|r| r.envelope.seq)
+            .collect()
+    };
+    assert_eq!(seqs(3, 5), vec![3, 4, 5]);
+    assert_eq!(seqs(0, 2), vec![1, 2]);
+    assert_eq!(seqs(9, 100), vec![9, 10]);
+    assert_eq!(seqs(7, 7), vec![7]);
+    assert!(seqs(6, 5).is_empty());
+    assert!(seqs(11, 20).is_empty());
+    assert!(log.read(Uuid::now_v7(), 1, 10).unwrap().is_empty());
+}
+
+/// `sessions()` lists every session once, by id, with its count and last kind.
+pub fn listing_names_every_session_in_id_order<B: Backend>(b: &B) {
+    let store = b.create();
+    let log = b.open(&store).unwrap();
+    let ids: Vec<Uuid> = (0..5).map(|_| Uuid::now_v7()).collect();
+    for (i, id) in ids.iter().enumerate().rev() {
+        let events: Vec<NewEvent> = (1..=i as u8 + 1).map(event).collect();
+        log.append(*id, 1, events).unwrap();
+    }
+    let metas = log.sessions().unwrap();
+    let listed: Vec<Uuid> = metas.iter().map(|m| m.session).collect();
+    assert_eq!(listed, ids);
+    for (i, meta) in metas.iter().enumerate() {
+        assert_eq!(meta.events, i as u64 + 1);
+        assert_eq!(meta.last_kind, format!("K{}", i + 1));
+        assert!(meta.created_ms <= meta.updated_ms);
+        assert!(meta.created_ms > 1_600_000_000_000, "{}", meta.created_ms);
+    }
+}
+
+/// After a synced barrier, records and heads survive closing and reopening.
+pub fn synced_records_and_heads_survive_a_reopen<B: Backend>(b: &B) {
+    let store = b.create();
+    let s = Uuid::now_v7();
+    let before = {
+        let log = b.open(&store).unwrap();
+        let records = log.append(s, 1, vec![event(1), event(2)]).unwrap();
+        log.barrier(Durability::Synced).unwrap();
+        records
+    };
+    let log = b.open(&store).unwrap();
+    assert_eq!(log.head(s).unwrap().hash, before[1].hash);
+    log.append(s, 3, vec![event(3)]).unwrap();
+    log.barrier(Durability::Synced).unwrap();
+    assert_eq!(log.verify(s).unwrap(), 3);
+    assert_eq!(log.read(s, 1, 2).unwrap(), before);
+    assert_eq!(log.sessions().unwrap()[0].events, 3);
+}
+
+/// A record whose stored bytes changed is refused by `read` and `verify`,
+/// naming its seq.
+pub fn a_tampered_record_is_refused_by_read_and_verify<B: Backend>(b: &B) {
+    let store = b.create();
+    let s = Uuid::now_v7();
+    {
+        let log = b.open(&store).unwrap();
+        log.append(s, 1, vec![event(1), event(2), event(3)])
+            .unwrap();
+        log.barrier(Durability::Synced).unwrap();
+    }
+    b.tamper(&store, s, 2);
+    let log = b.open(&store).unwrap();
+    let err = log.read(s, 1, 3).unwrap_err();
+    assert!(matches!(err, LogError::Corrupt { seq: 2, .. }), "{err}");
+    let err = log.verify(s).unwrap_err();
+    assert!(err.to_string().contains("seq 2"), "{err}");
+    assert_eq!(log.read(s, 1, 1).unwrap().len(), 1, "seq 1 still reads");
+}
+
+/// Derived data is stored per (session, name) and replaced on put.
+pub fn derived_data_is_kept_per_session_and_name<B: Backend>(b: &B) {
+    let store = b.create();
+    let log = b.open(&store).unwrap();
+    let (s, t) = (Uuid::now_v7(), Uuid::now_v7());
+    assert_eq!(log.get_derived(s, "snapshot").unwrap(), None);
+    log.put_derived(s, "snapshot", b"one").unwrap();
+    log.put_derived(s, "summary", b"two").unwrap();
+    log.put_derived(s, "snapshot", b"three").unwrap();
+    assert_eq!(
+        log.get_derived(s, "snapshot").unwrap().as_deref(),
+        Some(&b"three"[..])
+    );
+    assert_eq!(
+        log.get_derived(s, "summary").unwrap().as_deref(),
+        Some(&b"two"[..])
+    );
+    assert_eq!(log.get_derived(t, "snapshot").unwrap(), None);
+}
+
+/// Records imported from another store read back identical (same hashes,
+/// same ids, same timestamps) and extend the chain.
+pub fn import_copies_records_byte_for_byte<B: Backend>(b: &B) {
+    let (from, to) = (b.create(), b.create());
+    let s = Uuid::now_v7();
+    let records = {
+        let source = b.open(&from).unwrap();
+        source.append(s, 1, vec![event(1), event(2)]).unwrap();
+        source.append(s, 3, vec![event(3)]).unwrap();
+        source.read(s, 1, u64::MAX).unwrap()
+    };
+    let target = b.open(&to).unwrap();
+    let head = target.import(s, sealed(&records[..2])).unwrap();
+    assert_eq!(head.seq, 2);
+    let head = target.import(s, sealed(&records[2..])).unwrap();
+    assert_eq!((head.seq, head.hash), (3, records[2].hash));
+    assert_eq!(target.read(s, 1, u64::MAX).unwrap(), records);
+    assert_eq!(target.verify(s).unwrap(), 3);
+    let appended = target.append(s, 4, vec![event(4)]).unwrap();
+    assert_eq!(appended[0].envelope.prev_hash, records[2].hash);
+    assert_eq!(target.sessions().unwrap()[0].events, 4);
+}
+
+/// An import with a gap, an altered byte, or records that do not follow
+/// the target's head is refused whole.
+pub fn import_refuses_a_broken_chain_and_stores_nothing<B: Backend>(b: &B) {
+    let (from, to) = (b.create(), b.create());
+    let s = Uuid::now_v7();
+    let records = {
+        let source = b.open(&from).unwrap();
+        source.append(s, 1, (1..=4).map(event).collect()).unwrap();
+        source.read(s, 1, u64::MAX).unwrap()
+    };
+    let target = b.open(&to).unwrap();
+    let all = sealed(&records);
+    let gap = vec![all[0].clone(), all[2].clone()];
+    let err = target.import(s, gap).unwrap_err();
+    assert!(matches!(err, LogError::Corrupt { seq: 2, .. }), "{err}");
+    let mut altered = all.clone();
+    let n = altered[1].len();
+    altered[1][n - 40] ^= 1;
+    let err = target.import(s, altered).unwrap_err();
+    assert!(matches!(err, LogError::Corrupt { seq: 2, .. }), "{err}");
+    let err = target.import(s, all[1..].to_vec()).unwrap_err();
+    assert!(matches!(err, LogError::Corrupt { seq: 1, .. }), "{err}");
+    assert_eq!(target.head(s).unwrap(), Head::EMPTY);
+    assert!(target.sessions().unwrap().is_empty());
+    target.import(s, all).unwrap();
+    assert_eq!(target.verify(s).unwrap(), 4);
+}
+
+/// A live lease excludes other owners; release or expiry lets another take
+/// it with a greater token, and the old lease can no longer be renewed.
+pub fn leases_exclude_other_owners_until_released_or_expired<B: Backend>(b: &B) {
+    let store = b.create();
+    let log = b.open(&store).unwrap();
+    let s = Uuid::now_v7();
+    let long = Duration::from_secs(60);
+    let a = log.acquire_lease(s, "a", long).unwrap();
+    match log.acquire_lease(s, "b", long).unwrap_err() {
+        LogError::LeaseHeld { owner, .. } => assert_eq!(owner, "a"),
+        other => panic!("{other}"),
+    }
+    let again = log.acquire_lease(s, "a", long).unwrap();
+    assert_eq!(
+        again.token, a.token,
+        "re-acquiring one's own lease keeps it"
+    );
+    let renewed = log.renew_lease(&a, long).unwrap();
+    assert!(renewed.expires_ms >= a.expires_ms);
+    log.release_lease(&a).unwrap();
+    let b1 = log
+        .acquire_lease(s, "b", Duration::from_millis(300))
+        .unwrap();
+    assert!(b1.token > a.token);
+    assert!(log.expired_leases().unwrap().is_empty());
+    std::thread::sleep(Duration::from_millis(500));
+    let expired = log.expired_leases().unwrap();
+    assert_eq!(expired.len(), 1);
+    assert_eq!(
+        (expired[0].session, &expired[0].owner),
+        (s, &"b".to_string())
+    );
+    let c = log.acquire_lease(s, "c", long).unwrap();
+    assert!(c.token > b1.token);
+    assert!(matches!(
+        log.renew_lease(&b1, long).unwrap_err(),
+        LogError::Fenced { .. }
+    ));
+    log.release_lease(&b1).unwrap();
+    assert!(
+        matches!(
+            log.acquire_lease(s, "d", long),
+            Err(LogError::LeaseHeld { .. })
+        ),
+        "releasing a lease that was taken over leaves the new owner's alone"
+    );
+    assert!(log.expired_leases().unwrap().is_empty());
+}
+
+/// A writer whose lease was taken over cannot append; the new owner can; a
+/// writer without a lease cannot append while another holds a live one.
+/// A store that one process owns refuses a second opener instead.
+pub fn a_taken_over_owner_is_fenced<B: Backend>(b: &B) {
+    let store = b.create();
+    let old = b.open(&store).unwrap();
+    if !b.shared() {
+        return assert_second_opener_refused(b, &store);
+    }
+    let new = b.open(&store).unwrap();
+    let third = b.open(&store).unwrap();
+    let s = Uuid::now_v7();
+    old.acquire_lease(s, "old", Duration::from_millis(200))
+        .unwrap();
+    old.append(s, 1, vec![event(1)]).unwrap();
+    assert!(matches!(
+        third.append(s, 2, vec![event(7)]).unwrap_err(),
+        LogError::LeaseHeld { .. }
+    ));
+    std::thread::sleep(Duration::from_millis(400));
+    let lease = new
+        .acquire_lease(s, "new", Duration::from_secs(60))
+        .unwrap();
+    let err = old.append(s, 2, vec![event(2)]).unwrap_err();
+    match err {
+        LogError::Fenced { token, current, .. } => {
+            assert!(token < current && current == lease.token)
+        }
+        other => panic!("{other}"),
+    }
+    new.append(s, 2, vec![event(3)]).unwrap();
+    assert!(matches!(
+        third.append(s, 3, vec![event(7)]).unwrap_err(),
+        LogError::LeaseHeld { .. }
+    ));
+    new.release_lease(&lease).unwrap();
+    third.append(s, 3, vec![event(4)]).unwrap();
+    assert_eq!(kinds(new.as_ref(), s), vec!["K1", "K3", "K4"]);
+}
+
+/// A handle told to follow hears of appends made through another handle.
+pub fn appends_are_followed_across_handles<B: Backend>(b: &B) {
+    let store = b.create();
+    if !b.shared() {
+        let _only = b.open(&store).unwrap();
+        return assert_second_opener_refused(b, &store);
+    }
+    let (writer, reader) = (b.open(&store).unwrap(), b.open(&store).unwrap());
+    let heard: Arc<Mutex<Vec<(Uuid, u64)>>> = Arc::default();
+    let sink = heard.clone();
+    reader.follow(Arc::new(move |s, seq| sink.lock().unwrap().push((s, seq))));
+    let s = Uuid::now_v7();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut next = 1;
+    // The follower may start listening a moment after `follow` returns:
+    // append until it hears one, then check it hears the next exactly.
+    while heard.lock().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "no append was heard");
+        writer.append(s, next, vec![event(1)]).unwrap();
+        next += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    writer.append(s, next, vec![event(2), event(3)]).unwrap();
+    let last = next + 1;
+    while !heard.lock().unwrap().contains(&(s, last)) {
+        assert!(Instant::now() < deadline, "append up to {last} not heard");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Nobody else can append to a store one process owns: a second opener is
+/// refused.
+fn assert_second_opener_refused<B: Backend>(b: &B, store: &B::Store) {
+    match b.open(store) {
+        Err(LogError::Locked { .. }) => {}
+        Err(other) => panic!("a second opener must be told the store is locked: {other}"),
+        Ok(_) => panic!("a second opener must be refused"),
+    }
+}

@@ -1,0 +1,118 @@
+//! Leases: who may write a session, for how long, fenced by a token.
+//!
+//! A lease names its owner (a daemon) and carries a token that grows every
+//! time the session changes hands. A backend that several processes share
+//! refuses an append whose writer's token is not the session's current one,
+//! so an owner that was paused or cut off past its lease's expiry cannot
+//! write after another took over.
+
+use crate::{now_ms, LogError};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// A claim on a session's writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The session.
+    pub session: Uuid,
+    /// Who holds it (a daemon's name).
+    pub owner: String,
+    /// Fencing token: strictly greater than every earlier holder's.
+    pub token: u64,
+    /// When it lapses unless renewed, milliseconds since the Unix epoch (by
+    /// the store's clock).
+    pub expires_ms: i64,
+}
+
+/// Leases kept in the memory of the one process that owns a store (sled):
+/// the same rules as a shared store's, with nobody else to fence.
+#[derive(Default)]
+pub struct LocalLeases {
+    leases: Mutex<HashMap<Uuid, LocalLease>>,
+}
+
+struct LocalLease {
+    owner: String,
+    token: u64,
+    expires_ms: i64,
+    released: bool,
+}
+
+impl LocalLeases {
+    /// Grants `owner` the lease of `session` if nobody else holds a live one.
+    pub fn acquire(&self, session: Uuid, owner: &str, ttl: Duration) -> Result<Lease, LogError> {
+        let now = now_ms();
+        let mut leases = self.leases.lock().expect("lease lock poisoned");
+        let entry = leases.entry(session).or_insert(LocalLease {
+            owner: String::new(),
+            token: 0,
+            expires_ms: 0,
+            released: true,
+        });
+        let live = !entry.released && entry.expires_ms > now;
+        if live && entry.owner != owner {
+            return Err(LogError::LeaseHeld {
+                session,
+                owner: entry.owner.clone(),
+                expires_ms: entry.expires_ms,
+            });
+        }
+        if !live || entry.owner != owner {
+            entry.token += 1;
+        }
+        entry.owner = owner.to_string();
+        entry.expires_ms = now + ttl.as_millis() as i64;
+        entry.released = false;
+        Ok(lease_of(session, entry))
+    }
+
+    /// Extends `lease` if it is still the session's current one.
+    pub fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Lease, LogError> {
+        let mut leases = self.leases.lock().expect("lease lock poisoned");
+        match leases.get_mut(&lease.session) {
+            Some(entry) if entry.token == lease.token && !entry.released => {
+                entry.expires_ms = now_ms() + ttl.as_millis() as i64;
+                Ok(lease_of(lease.session, entry))
+            }
+            entry => Err(LogError::Fenced {
+                session: lease.session,
+                token: lease.token,
+                current: entry.map_or(0, |e| e.token),
+            }),
+        }
+    }
+
+    /// Gives `lease` up; a lease already taken over is left alone.
+    pub fn release(&self, lease: &Lease) {
+        let mut leases = self.leases.lock().expect("lease lock poisoned");
+        if let Some(entry) = leases.get_mut(&lease.session) {
+            if entry.token == lease.token {
+                entry.released = true;
+            }
+        }
+    }
+
+    /// Leases that lapsed without being released.
+    pub fn expired(&self) -> Vec<Lease> {
+        let now = now_ms();
+        let leases = self.leases.lock().expect("lease lock poisoned");
+        let mut out: Vec<Lease> = leases
+            .iter()
+            .filter(|(_, e)| !e.released && e.expires_ms <= now)
+            .map(|(session, e)| lease_of(*session, e))
+            .collect();
+        out.sort_by_key(|l| l.session);
+        out
+    }
+}
+
+fn lease_of(session: Uuid, entry: &LocalLease) -> Lease {
+    Lease {
+        session,
+        owner: entry.owner.clone(),
+        token: entry.token,
+        expires_ms: entry.expires_ms,
+    }
+}
