@@ -352,6 +352,26 @@ pub fn check_link(session: Uuid, prev: &Head, record: &Record) -> Result<(), Log
     Ok(())
 }
 
+/// Checks that `records`, read for a range starting at `from`, start there
+/// and link up one to the next.
+pub fn check_run(session: Uuid, from: u64, records: &[Record]) -> Result<(), LogError> {
+    if let Some(first) = records.first().filter(|r| r.envelope.seq != from) {
+        return Err(LogError::Corrupt {
+            session,
+            seq: from,
+            reason: format!("missing record: next stored seq is {}", first.envelope.seq),
+        });
+    }
+    for pair in records.windows(2) {
+        let prev = Head {
+            seq: pair[0].envelope.seq,
+            hash: pair[0].hash,
+        };
+        check_link(session, &prev, &pair[1])?;
+    }
+    Ok(())
+}
+
 /// Opens `sealed` as the records that follow `head` in `session`, checking
 /// each one's bytes and its link to the one before.
 pub fn open_sealed(session: Uuid, head: Head, sealed: &[Vec<u8>]) -> Result<Vec<Record>, LogError> {

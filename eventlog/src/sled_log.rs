@@ -912,20 +912,7 @@ impl EventLog for SledLog {
             });
         let long = to.saturating_sub(from) >= PARALLEL_OPEN_MIN;
         let records = scan_and_open(session, stored, long)?;
-        if let Some(first) = records.first().filter(|r| r.envelope.seq != from) {
-            return Err(LogError::Corrupt {
-                session,
-                seq: from,
-                reason: format!("missing record: next stored seq is {}", first.envelope.seq),
-            });
-        }
-        for pair in records.windows(2) {
-            let prev = Head {
-                seq: pair[0].envelope.seq,
-                hash: pair[0].hash,
-            };
-            crate::check_link(session, &prev, &pair[1])?;
-        }
+        crate::check_run(session, from, &records)?;
         Ok(records)
     }
 

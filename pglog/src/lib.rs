@@ -1,0 +1,711 @@
+//! The PostgreSQL backend of [`EventLog`]: one store that several mneme
+//! processes (daemons on several machines) share.
+//!
+//! Records are the same sealed bytes as on sled (format byte, named-field
+//! MessagePack envelope, SHA-256 chain hash), so an export from one backend
+//! imports into the other and verifies. What PostgreSQL adds:
+//! - an append is one transaction (`mneme_append`), durable once it commits
+//!   (per the server's `synchronous_commit`), so every barrier is free;
+//! - optimistic concurrency on (session, seq): a writer that lost a race
+//!   gets [`LogError::Conflict`], as on sled;
+//! - leases with fencing tokens: while this handle holds a session's lease,
+//!   its appends carry the token and are refused once another owner took
+//!   the session over ([`LogError::Fenced`]); a writer without a lease is
+//!   refused while another owner's lease is live ([`LogError::LeaseHeld`]);
+//! - `follow`: appends by every process, heard through LISTEN/NOTIFY.
+//!
+//! The schema is migrated on connect, under an advisory lock, by versioned
+//! scripts in `migrations/`; a store migrated by a newer mneme is refused.
+//!
+//! The trait is synchronous; this handle runs its own small tokio runtime
+//! and blocks the caller on it, so it may be called from any thread,
+//! including another runtime's workers.
+
+mod schema;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use eventlog::{
+    open_sealed, AppendListener, Durability, Envelope, EventLog, Hash, Head, Lease, LogError,
+    NewEvent, Record, SessionMeta,
+};
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, Once};
+use std::time::Duration;
+use tokio_postgres::NoTls;
+use uuid::Uuid;
+
+/// Connections the pool keeps open at most.
+const POOL_SIZE: usize = 16;
+
+/// An [`EventLog`] in a PostgreSQL database.
+pub struct PgLog {
+    /// Where the store is, without credentials: named in every error.
+    store: String,
+    config: tokio_postgres::Config,
+    pool: Pool,
+    runtime: Option<tokio::runtime::Runtime>,
+    /// Fencing tokens of the leases this handle holds, by session.
+    held: Mutex<HashMap<Uuid, u64>>,
+    listeners: Arc<Mutex<Vec<AppendListener>>>,
+    listening: Once,
+}
+
+impl PgLog {
+    /// Connects to the store at `url` (`postgres://user:pass@host:port/db`,
+    /// optionally `?schema=NAME` to keep mneme's tables in their own
+    /// schema) and brings its schema up to this build's version.
+    pub fn connect(url: &str) -> Result<PgLog, LogError> {
+        let target = schema::Target::parse(url)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("mneme-pg")
+            .enable_all()
+            .build()
+            .map_err(|source| LogError::Io {
+                path: "tokio runtime".into(),
+                source,
+            })?;
+        let manager = Manager::from_config(
+            target.config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .build()
+            .expect("a pool without timeouts needs no runtime");
+        let log = PgLog {
+            store: target.display.clone(),
+            config: target.config.clone(),
+            pool,
+            runtime: Some(runtime),
+            held: Mutex::default(),
+            listeners: Arc::default(),
+            listening: Once::new(),
+        };
+        let (pool, store) = (log.pool.clone(), log.store.clone());
+        log.block(async move { schema::migrate(&pool, &store, &target).await })?;
+        Ok(log)
+    }
+
+    /// The store's address, without credentials.
+    pub fn store(&self) -> &str {
+        &self.store
+    }
+
+    /// Runs `work` on this handle's runtime and waits for it.
+    fn block<T, F>(&self, work: F) -> Result<T, LogError>
+    where
+        T: Send + 'static,
+        F: Future<Output = Result<T, LogError>> + Send + 'static,
+    {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.runtime
+            .as_ref()
+            .expect("runtime lives as long as the log")
+            .spawn(async move {
+                let _ = tx.send(work.await);
+            });
+        rx.recv().unwrap_or_else(|_| {
+            Err(LogError::Backend {
+                store: self.store.clone(),
+                what: "the store's runtime stopped".into(),
+                source: "task dropped".into(),
+            })
+        })
+    }
+
+    /// The pool, for a task.
+    fn db(&self) -> Db {
+        Db {
+            pool: self.pool.clone(),
+            store: self.store.clone(),
+        }
+    }
+
+    fn fence(&self, session: Uuid) -> Option<u64> {
+        self.held
+            .lock()
+            .expect("lease lock poisoned")
+            .get(&session)
+            .copied()
+    }
+
+    /// Stores sealed `records` after `head` through `mneme_append`.
+    fn store_after(
+        &self,
+        session: Uuid,
+        head: Head,
+        records: &[Record],
+        sealed: Vec<Vec<u8>>,
+    ) -> Result<Stored, LogError> {
+        let (Some(first), Some(last)) = (records.first(), records.last()) else {
+            return Ok(Stored::Done);
+        };
+        let args = AppendArgs {
+            session,
+            first: first.envelope.seq as i64,
+            prev: head.hash.0.to_vec(),
+            fence: self.fence(session).map(|t| t as i64),
+            records: sealed,
+            head: last.hash.0.to_vec(),
+            created_ms: first.envelope.ts_ms,
+            updated_ms: last.envelope.ts_ms,
+            kind: last.envelope.kind.clone(),
+        };
+        let db = self.db();
+        let code = self.block(async move { db.append(args).await })?;
+        match code {
+            0 => Ok(Stored::Done),
+            -1 => Err(self.lease_held(session)?),
+            -2 => {
+                let token = self.fence(session).unwrap_or(0);
+                let current = self.current_lease(session)?.map_or(0, |l| l.token);
+                Err(LogError::Fenced {
+                    session,
+                    token,
+                    current,
+                })
+            }
+            next => Ok(Stored::HeadMoved(next as u64)),
+        }
+    }
+
+    fn current_lease(&self, session: Uuid) -> Result<Option<Lease>, LogError> {
+        let db = self.db();
+        self.block(async move { db.lease(session).await })
+    }
+
+    fn lease_held(&self, session: Uuid) -> Result<LogError, LogError> {
+        let lease = self.current_lease(session)?;
+        Ok(match lease {
+            Some(lease) => LogError::LeaseHeld {
+                session,
+                owner: lease.owner,
+                expires_ms: lease.expires_ms,
+            },
+            // Released between the refusal and this look: say who asked.
+            None => LogError::LeaseHeld {
+                session,
+                owner: "another owner (now released)".into(),
+                expires_ms: 0,
+            },
+        })
+    }
+
+    fn start_listening(&self) {
+        let config = self.config.clone();
+        let listeners = self.listeners.clone();
+        let store = self.store.clone();
+        self.runtime
+            .as_ref()
+            .expect("runtime lives as long as the log")
+            .spawn(schema::listen(config, store, listeners));
+    }
+}
+
+/// What an attempt to store records came to.
+enum Stored {
+    Done,
+    /// The session's head is not where the records follow: the log would
+    /// accept this seq next.
+    HeadMoved(u64),
+}
+
+/// Arguments of `mneme_append`.
+struct AppendArgs {
+    session: Uuid,
+    first: i64,
+    prev: Vec<u8>,
+    fence: Option<i64>,
+    records: Vec<Vec<u8>>,
+    head: Vec<u8>,
+    created_ms: i64,
+    updated_ms: i64,
+    kind: String,
+}
+
+/// The pool as a task sees it: each call takes a connection and names the
+/// store in its errors.
+struct Db {
+    pool: Pool,
+    store: String,
+}
+
+impl Db {
+    fn fail(&self, what: &str) -> impl Fn(tokio_postgres::Error) -> LogError + '_ {
+        let what = what.to_string();
+        move |source| LogError::Backend {
+            store: self.store.clone(),
+            what: what.clone(),
+            source: Box::new(source),
+        }
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, LogError> {
+        self.pool.get().await.map_err(|source| LogError::Backend {
+            store: self.store.clone(),
+            what: "cannot get a connection".into(),
+            source: Box::new(source),
+        })
+    }
+
+    async fn query(
+        &self,
+        what: &str,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, LogError> {
+        let client = self.client().await?;
+        let statement = client.prepare_cached(sql).await.map_err(self.fail(what))?;
+        client
+            .query(&statement, params)
+            .await
+            .map_err(self.fail(what))
+    }
+
+    async fn append(&self, a: AppendArgs) -> Result<i64, LogError> {
+        let rows = self
+            .query(
+                "append",
+                "SELECT mneme_append($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                &[
+                    &a.session,
+                    &a.first,
+                    &a.prev,
+                    &a.fence,
+                    &a.records,
+                    &a.head,
+                    &a.created_ms,
+                    &a.updated_ms,
+                    &a.kind,
+                ],
+            )
+            .await?;
+        Ok(rows[0].get(0))
+    }
+
+    async fn head(&self, session: Uuid) -> Result<Head, LogError> {
+        let rows = self
+            .query(
+                "read head",
+                "SELECT head_seq, head_hash FROM mneme_sessions WHERE session = $1",
+                &[&session],
+            )
+            .await?;
+        rows.first().map_or(Ok(Head::EMPTY), |row| {
+            Ok(Head {
+                seq: row.get::<_, i64>(0) as u64,
+                hash: hash_of(session, row.get::<_, i64>(0) as u64, row.get(1))?,
+            })
+        })
+    }
+
+    async fn lease(&self, session: Uuid) -> Result<Option<Lease>, LogError> {
+        let rows = self
+            .query(
+                "read lease",
+                &format!("SELECT {LEASE_COLUMNS} FROM mneme_leases WHERE session = $1"),
+                &[&session],
+            )
+            .await?;
+        Ok(rows.first().map(lease_of))
+    }
+}
+
+/// Columns that [`lease_of`] reads, in order.
+const LEASE_COLUMNS: &str =
+    "session, owner, token, (extract(epoch FROM expires_at) * 1000)::bigint";
+
+fn lease_of(row: &tokio_postgres::Row) -> Lease {
+    Lease {
+        session: row.get(0),
+        owner: row.get(1),
+        token: row.get::<_, i64>(2) as u64,
+        expires_ms: row.get(3),
+    }
+}
+
+fn hash_of(session: Uuid, seq: u64, bytes: &[u8]) -> Result<Hash, LogError> {
+    let array: [u8; 32] = bytes.try_into().map_err(|_| LogError::Corrupt {
+        session,
+        seq,
+        reason: format!("session head hash has {} bytes, not 32", bytes.len()),
+    })?;
+    Ok(Hash(array))
+}
+
+fn ttl_ms(ttl: Duration) -> i64 {
+    ttl.as_millis().min(i64::MAX as u128) as i64
+}
+
+impl Drop for PgLog {
+    /// Stops the runtime without waiting: dropping a runtime may happen
+    /// inside another runtime's task, where blocking is not allowed.
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl EventLog for PgLog {
+    fn append(
+        &self,
+        session: Uuid,
+        expected_seq: u64,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<Record>, LogError> {
+        let head = self.head(session)?;
+        let conflict = |actual| LogError::Conflict {
+            session,
+            expected: expected_seq,
+            actual,
+        };
+        if expected_seq != head.seq + 1 {
+            return Err(conflict(head.seq + 1));
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let mut prev = head;
+        let mut records = Vec::with_capacity(events.len());
+        let mut sealed = Vec::with_capacity(events.len());
+        for event in events {
+            let (record, bytes) = Record::seal(Envelope {
+                session,
+                seq: prev.seq + 1,
+                event_id: Uuid::now_v7(),
+                ts_ms: now,
+                caused_by: event.caused_by,
+                schema: event.schema,
+                kind: event.kind,
+                prev_hash: prev.hash,
+                payload: event.payload,
+            })?;
+            prev = Head {
+                seq: record.envelope.seq,
+                hash: record.hash,
+            };
+            records.push(record);
+            sealed.push(bytes);
+        }
+        match self.store_after(session, head, &records, sealed)? {
+            Stored::Done => Ok(records),
+            Stored::HeadMoved(actual) => Err(conflict(actual)),
+        }
+    }
+
+    fn read(&self, session: Uuid, from: u64, to: u64) -> Result<Vec<Record>, LogError> {
+        let from = from.max(1);
+        if from > to {
+            return Ok(Vec::new());
+        }
+        let db = self.db();
+        let (lo, hi) = (from as i64, to.min(i64::MAX as u64) as i64);
+        let rows = self.block(async move {
+            db.query(
+                "read records",
+                "SELECT seq, record FROM mneme_events WHERE session = $1 AND seq BETWEEN $2 AND $3 ORDER BY seq",
+                &[&session, &lo, &hi],
+            )
+            .await
+        })?;
+        let records = rows
+            .iter()
+            .map(|row| Record::open(session, row.get::<_, i64>(0) as u64, row.get(1)))
+            .collect::<Result<Vec<_>, _>>()?;
+        eventlog::check_run(session, from, &records)?;
+        Ok(records)
+    }
+
+    fn head(&self, session: Uuid) -> Result<Head, LogError> {
+        let db = self.db();
+        self.block(async move { db.head(session).await })
+    }
+
+    fn sessions(&self) -> Result<Vec<SessionMeta>, LogError> {
+        let db = self.db();
+        let rows = self.block(async move {
+            db.query(
+                "list sessions",
+                "SELECT session, head_seq, created_ms, updated_ms, last_kind FROM mneme_sessions ORDER BY session",
+                &[],
+            )
+            .await
+        })?;
+        Ok(rows
+            .iter()
+            .map(|row| SessionMeta {
+                session: row.get(0),
+                events: row.get::<_, i64>(1) as u64,
+                created_ms: row.get(2),
+                updated_ms: row.get(3),
+                last_kind: row.get(4),
+            })
+            .collect())
+    }
+
+    fn put_derived(&self, session: Uuid, name: &str, bytes: &[u8]) -> Result<(), LogError> {
+        let db = self.db();
+        let (name, bytes) = (name.to_string(), bytes.to_vec());
+        self.block(async move {
+            db.query(
+                "store derived data",
+                "INSERT INTO mneme_derived (session, name, bytes) VALUES ($1, $2, $3) \
+                 ON CONFLICT (session, name) DO UPDATE SET bytes = EXCLUDED.bytes",
+                &[&session, &name, &bytes],
+            )
+            .await
+            .map(drop)
+        })
+    }
+
+    fn get_derived(&self, session: Uuid, name: &str) -> Result<Option<Vec<u8>>, LogError> {
+        let db = self.db();
+        let name = name.to_string();
+        let rows = self.block(async move {
+            db.query(
+                "read derived data",
+                "SELECT bytes FROM mneme_derived WHERE session = $1 AND name = $2",
+                &[&session, &name],
+            )
+            .await
+        })?;
+        Ok(rows.first().map(|row| row.get(0)))
+    }
+
+    /// Every append is durable once its transaction committed, before
+    /// `append` returned: there is nothing to wait for.
+    fn barrier(&self, _durability: Durability) -> Result<(), LogError> {
+        Ok(())
+    }
+
+    fn import(&self, session: Uuid, sealed: Vec<Vec<u8>>) -> Result<Head, LogError> {
+        let head = self.head(session)?;
+        let records = open_sealed(session, head, &sealed)?;
+        let Some(last) = records.last() else {
+            return Ok(head);
+        };
+        let new_head = Head {
+            seq: last.envelope.seq,
+            hash: last.hash,
+        };
+        match self.store_after(session, head, &records, sealed)? {
+            Stored::Done => Ok(new_head),
+            Stored::HeadMoved(actual) => Err(LogError::Conflict {
+                session,
+                expected: head.seq + 1,
+                actual,
+            }),
+        }
+    }
+
+    fn acquire_lease(&self, session: Uuid, owner: &str, ttl: Duration) -> Result<Lease, LogError> {
+        let db = self.db();
+        let (owner, ttl) = (owner.to_string(), ttl_ms(ttl));
+        let rows = self.block(async move {
+            db.query(
+                "acquire lease",
+                &format!(
+                    "INSERT INTO mneme_leases AS l (session, owner, token, expires_at, released) \
+                     VALUES ($1, $2, 1, clock_timestamp() + $3 * interval '1 millisecond', false) \
+                     ON CONFLICT (session) DO UPDATE SET \
+                       token = CASE WHEN l.owner = EXCLUDED.owner AND NOT l.released \
+                                     AND l.expires_at > clock_timestamp() \
+                                    THEN l.token ELSE l.token + 1 END, \
+                       owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at, released = false \
+                     WHERE l.released OR l.expires_at <= clock_timestamp() OR l.owner = EXCLUDED.owner \
+                     RETURNING {LEASE_COLUMNS}"
+                ),
+                &[&session, &owner, &(ttl as f64)],
+            )
+            .await
+        })?;
+        let Some(lease) = rows.first().map(lease_of) else {
+            return Err(self.lease_held(session)?);
+        };
+        self.held
+            .lock()
+            .expect("lease lock poisoned")
+            .insert(session, lease.token);
+        Ok(lease)
+    }
+
+    fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<Lease, LogError> {
+        let db = self.db();
+        let (session, token, ttl) = (lease.session, lease.token as i64, ttl_ms(ttl));
+        let rows = self.block(async move {
+            db.query(
+                "renew lease",
+                &format!(
+                    "UPDATE mneme_leases \
+                     SET expires_at = clock_timestamp() + $3 * interval '1 millisecond' \
+                     WHERE session = $1 AND token = $2 AND NOT released \
+                     RETURNING {LEASE_COLUMNS}"
+                ),
+                &[&session, &token, &(ttl as f64)],
+            )
+            .await
+        })?;
+        match rows.first().map(lease_of) {
+            Some(renewed) => Ok(renewed),
+            None => {
+                self.held
+                    .lock()
+                    .expect("lease lock poisoned")
+                    .remove(&session);
+                let current = self.current_lease(session)?.map_or(0, |l| l.token);
+                Err(LogError::Fenced {
+                    session,
+                    token: lease.token,
+                    current,
+                })
+            }
+        }
+    }
+
+    fn release_lease(&self, lease: &Lease) -> Result<(), LogError> {
+        {
+            let mut held = self.held.lock().expect("lease lock poisoned");
+            if held.get(&lease.session) == Some(&lease.token) {
+                held.remove(&lease.session);
+            }
+        }
+        let db = self.db();
+        let (session, token) = (lease.session, lease.token as i64);
+        self.block(async move {
+            db.query(
+                "release lease",
+                "UPDATE mneme_leases SET released = true WHERE session = $1 AND token = $2",
+                &[&session, &token],
+            )
+            .await
+            .map(drop)
+        })
+    }
+
+    fn expired_leases(&self) -> Result<Vec<Lease>, LogError> {
+        let db = self.db();
+        let rows = self.block(async move {
+            db.query(
+                "list lapsed leases",
+                &format!(
+                    "SELECT {LEASE_COLUMNS} FROM mneme_leases \
+                     WHERE NOT released AND expires_at <= clock_timestamp() ORDER BY session"
+                ),
+                &[],
+            )
+            .await
+        })?;
+        Ok(rows.iter().map(lease_of).collect())
+    }
+
+    fn follow(&self, listener: AppendListener) {
+        self.listeners
+            .lock()
+            .expect("listener lock poisoned")
+            .push(listener);
+        self.listening.call_once(|| self.start_listening());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// The server the tests use: `MNEME_TEST_PG`, which
+    /// `scripts/with-postgres.sh` starts and sets.
+    fn server() -> String {
+        std::env::var("MNEME_TEST_PG").expect(
+            "MNEME_TEST_PG is not set: run the tests as `scripts/with-postgres.sh cargo test --workspace`",
+        )
+    }
+
+    /// PostgreSQL as the conformance suite sees it: each store is a fresh
+    /// schema on the test server.
+    struct Postgres;
+
+    static STORES: AtomicU64 = AtomicU64::new(0);
+
+    impl eventlog::conformance::Backend for Postgres {
+        type Store = String;
+
+        fn create(&self) -> String {
+            let n = STORES.fetch_add(1, Ordering::SeqCst);
+            let schema = format!("t{}_{}_{n}", std::process::id(), Uuid::now_v7().simple());
+            format!("{}?schema={schema}", server())
+        }
+
+        fn open(&self, url: &String) -> Result<Arc<dyn EventLog>, LogError> {
+            Ok(Arc::new(PgLog::connect(url)?))
+        }
+
+        fn tamper(&self, url: &String, session: Uuid, seq: u64) {
+            let log = PgLog::connect(url).unwrap();
+            let db = log.db();
+            let seq = seq as i64;
+            log.block(async move {
+                db.query(
+                    "tamper",
+                    "UPDATE mneme_events SET record = set_byte(record, length(record) - 40, \
+                     get_byte(record, length(record) - 40) # 1) WHERE session = $1 AND seq = $2",
+                    &[&session, &seq],
+                )
+                .await
+                .map(drop)
+            })
+            .unwrap();
+        }
+
+        fn shared(&self) -> bool {
+            true
+        }
+    }
+
+    eventlog::conformance_tests!(Postgres);
+
+    #[test]
+    fn migrations_run_once_and_a_newer_schema_is_refused() {
+        let url = eventlog::conformance::Backend::create(&Postgres);
+        let log = PgLog::connect(&url).unwrap();
+        drop(PgLog::connect(&url).unwrap());
+        let db = log.db();
+        let versions = log
+            .block(async move {
+                db.query("read", "SELECT version FROM mneme_schema_version", &[])
+                    .await
+            })
+            .unwrap();
+        assert_eq!(versions.len(), schema::MIGRATIONS.len());
+        let db = log.db();
+        log.block(async move {
+            db.query(
+                "bump",
+                "INSERT INTO mneme_schema_version (version) VALUES (999)",
+                &[],
+            )
+            .await
+        })
+        .unwrap();
+        let err = PgLog::connect(&url).err().unwrap();
+        assert!(
+            matches!(err, LogError::SchemaTooNew { found: 999, .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn an_unreachable_store_is_named_without_its_password() {
+        let err = PgLog::connect("postgres://me:hunter2@127.0.0.1:1/mneme")
+            .err()
+            .unwrap();
+        let text = err.to_string();
+        assert!(text.contains("127.0.0.1:1"), "{text}");
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+}

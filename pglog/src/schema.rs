@@ -1,0 +1,237 @@
+//! Where the store is, its versioned schema, and the listener that hears
+//! appends.
+
+use deadpool_postgres::Pool;
+use eventlog::{AppendListener, LogError};
+use futures_util::StreamExt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_postgres::{AsyncMessage, NoTls};
+use uuid::Uuid;
+
+/// The schema versions this build knows, in order: each script runs once,
+/// in one transaction with the bump of `mneme_schema_version`.
+pub(crate) const MIGRATIONS: &[(i32, &str)] =
+    &[(1, include_str!("../migrations/001_event_log.sql"))];
+
+/// A parsed store address.
+pub(crate) struct Target {
+    pub(crate) config: tokio_postgres::Config,
+    /// The address without credentials, for messages.
+    pub(crate) display: String,
+    /// The schema mneme's tables live in, if not the default.
+    schema: Option<String>,
+}
+
+impl Target {
+    /// Parses `postgres://…[?…&schema=NAME]`.
+    pub(crate) fn parse(url: &str) -> Result<Target, LogError> {
+        let invalid = |reason: String| LogError::Backend {
+            store: redact(url),
+            what: "invalid store address".into(),
+            source: reason.into(),
+        };
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let mut schema = None;
+        let mut kept = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.strip_prefix("schema=") {
+                Some(name) => schema = Some(name.to_string()),
+                None => kept.push(pair),
+            }
+        }
+        if let Some(name) = &schema {
+            let ok = name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            if !ok {
+                return Err(invalid(format!(
+                    "schema {name:?}: use lowercase letters, digits and _, not starting with a digit"
+                )));
+            }
+        }
+        let rest = if kept.is_empty() {
+            base.to_string()
+        } else {
+            format!("{base}?{}", kept.join("&"))
+        };
+        let mut config: tokio_postgres::Config = rest
+            .parse()
+            .map_err(|e: tokio_postgres::Error| invalid(e.to_string()))?;
+        if let Some(name) = &schema {
+            config.options(format!("-c search_path={name}"));
+        }
+        config.application_name("mneme");
+        Ok(Target {
+            config,
+            display: redact(url),
+            schema,
+        })
+    }
+}
+
+/// `url` without its password.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{}{}@{}", &url[..scheme + 3], user, &url[at + 1..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// Brings the store's schema up to the newest version this build knows,
+/// under an advisory lock so that daemons starting together migrate once.
+pub(crate) async fn migrate(pool: &Pool, store: &str, target: &Target) -> Result<(), LogError> {
+    let fail = |what: &str| {
+        let what = what.to_string();
+        move |source: tokio_postgres::Error| LogError::Backend {
+            store: store.to_string(),
+            what: what.clone(),
+            source: Box::new(source),
+        }
+    };
+    let mut client = pool.get().await.map_err(|source| LogError::Backend {
+        store: store.to_string(),
+        what: "cannot connect".into(),
+        source: Box::new(source),
+    })?;
+    let tx = client.transaction().await.map_err(fail("migrate"))?;
+    tx.batch_execute("SELECT pg_advisory_xact_lock(7236491)")
+        .await
+        .map_err(fail("lock for migration"))?;
+    if let Some(schema) = &target.schema {
+        tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
+            .await
+            .map_err(fail("create schema"))?;
+    }
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS mneme_schema_version (
+            version int PRIMARY KEY,
+            applied_at timestamptz NOT NULL DEFAULT now())",
+    )
+    .await
+    .map_err(fail("create schema version table"))?;
+    let found: i32 = tx
+        .query_one(
+            "SELECT coalesce(max(version), 0) FROM mneme_schema_version",
+            &[],
+        )
+        .await
+        .map_err(fail("read schema version"))?
+        .get(0);
+    let known = MIGRATIONS.last().map_or(0, |m| m.0);
+    if found > known {
+        return Err(LogError::SchemaTooNew {
+            store: store.to_string(),
+            found,
+            known,
+        });
+    }
+    for (version, script) in MIGRATIONS.iter().filter(|m| m.0 > found) {
+        tx.batch_execute(script)
+            .await
+            .map_err(fail(&format!("migration {version}")))?;
+        tx.execute(
+            "INSERT INTO mneme_schema_version (version) VALUES ($1)",
+            &[version],
+        )
+        .await
+        .map_err(fail(&format!("record migration {version}")))?;
+    }
+    tx.commit().await.map_err(fail("commit migrations"))
+}
+
+/// Hears every append to the store (`mneme_append` notifies on a channel
+/// named after the schema) and tells `listeners`, reconnecting after a lost
+/// connection. Appends made while it was disconnected are not replayed:
+/// followers read the log from where they are.
+pub(crate) async fn listen(
+    config: tokio_postgres::Config,
+    store: String,
+    listeners: Arc<Mutex<Vec<AppendListener>>>,
+) {
+    loop {
+        if let Err(e) = listen_once(&config, &listeners).await {
+            eprintln!("mneme: listening to {store} for appends: {e}; retrying");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+async fn listen_once(
+    config: &tokio_postgres::Config,
+    listeners: &Mutex<Vec<AppendListener>>,
+) -> Result<(), tokio_postgres::Error> {
+    let (client, mut connection) = config.connect(NoTls).await?;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(message)) = messages.next().await {
+            if let AsyncMessage::Notification(note) = message {
+                if tx.send(note.payload().to_string()).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    let schema: String = client
+        .query_one("SELECT current_schema()", &[])
+        .await?
+        .get(0);
+    client
+        .batch_execute(&format!("LISTEN \"mneme:{schema}\""))
+        .await?;
+    while let Some(payload) = rx.recv().await {
+        let Some((session, seq)) = parse_note(&payload) else {
+            continue;
+        };
+        let listeners = listeners.lock().expect("listener lock poisoned").clone();
+        for listener in listeners {
+            listener(session, seq);
+        }
+    }
+    Ok(())
+}
+
+/// `"<session> <seq>"`, as `mneme_append` sends it.
+fn parse_note(payload: &str) -> Option<(Uuid, u64)> {
+    let (session, seq) = payload.split_once(' ')?;
+    Some((session.parse().ok()?, seq.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_kept_out_of_messages() {
+        assert_eq!(
+            redact("postgres://me:secret@db:5432/mneme?schema=a"),
+            "postgres://me@db:5432/mneme?schema=a"
+        );
+        assert_eq!(redact("postgres://db/mneme"), "postgres://db/mneme");
+    }
+
+    #[test]
+    fn the_schema_is_taken_out_of_the_address_and_checked() {
+        let target = Target::parse("postgres://me@db/mneme?schema=fleet_1").unwrap();
+        assert_eq!(target.schema.as_deref(), Some("fleet_1"));
+        let err = Target::parse("postgres://me:pw@db/mneme?schema=Drop;")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("invalid store address"), "{err}");
+        assert!(!err.contains("pw"), "{err}");
+    }
+
+    #[test]
+    fn notes_parse_and_garbage_is_ignored() {
+        let id = Uuid::now_v7();
+        assert_eq!(parse_note(&format!("{id} 42")), Some((id, 42)));
+        assert_eq!(parse_note("nonsense"), None);
+    }
+}

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Runs a command with a throwaway PostgreSQL server beside it.
+#
+#   scripts/with-postgres.sh cargo test --workspace
+#
+# Installs PostgreSQL from Debian's packages if no server is found, starts a
+# cluster in a temporary directory on a free loopback port, exports its
+# address as MNEME_TEST_PG, runs the command, then stops the cluster and
+# removes the directory. The command's exit status is the script's.
+set -euo pipefail
+
+find_bin() {
+    if command -v initdb >/dev/null 2>&1 && command -v pg_ctl >/dev/null 2>&1; then
+        dirname "$(readlink -f "$(command -v initdb)")"
+        return
+    fi
+    ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1
+}
+
+bin=$(find_bin)
+if [ -z "$bin" ] || [ ! -x "$bin/postgres" ]; then
+    echo "with-postgres: no PostgreSQL server found; installing Debian's package" >&2
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq postgresql >&2
+    bin=$(find_bin)
+fi
+[ -x "$bin/postgres" ] || { echo "with-postgres: no postgres binary after install" >&2; exit 1; }
+
+# The server refuses to run as root: run it as the package's user.
+as_pg=()
+if [ "$(id -u)" -eq 0 ]; then
+    id postgres >/dev/null 2>&1 || useradd --system --home-dir /nonexistent --shell /usr/sbin/nologin postgres
+    as_pg=(runuser -u postgres --)
+fi
+
+dir=$(mktemp -d /tmp/mneme-pg.XXXXXX)
+chmod 755 "$dir"
+[ ${#as_pg[@]} -eq 0 ] || chown postgres "$dir"
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+
+stop() {
+    "${as_pg[@]}" "$bin/pg_ctl" -D "$dir/data" -m immediate stop >/dev/null 2>&1 || true
+    rm -rf "$dir"
+}
+trap stop EXIT
+
+"${as_pg[@]}" "$bin/initdb" -D "$dir/data" -U mneme -A trust --no-sync -E UTF8 >"$dir/initdb.log" 2>&1 \
+    || { cat "$dir/initdb.log" >&2; exit 1; }
+"${as_pg[@]}" "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
+    -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=300" start >/dev/null \
+    || { cat "$dir/server.log" >&2; exit 1; }
+
+export MNEME_TEST_PG="postgres://mneme@127.0.0.1:$port/postgres"
+echo "with-postgres: PostgreSQL $("$bin/postgres" --version | awk '{print $3}') at $MNEME_TEST_PG" >&2
+set +e
+"$@"
+status=$?
+set -e
+exit $status
