@@ -234,6 +234,10 @@ impl Client {
                 )
                 .await
             }
+            Command::Export(_) | Command::Import(_) => anyhow::bail!(
+                "the data directory is held by the daemon at {}: stop it, then export or import",
+                self.base
+            ),
             Command::Serve(_) | Command::Demo(_) => unreachable!("never sent to a daemon"),
         }
     }

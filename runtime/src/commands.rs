@@ -5,43 +5,35 @@ use crate::{Cli, Command, JsonFlag, EXIT_NEEDS_DECISION};
 use anyhow::{bail, Context, Result};
 use eventlog::{EventLog, SledLog};
 use mneme_runtime::agent::load_agent_file;
+use mneme_runtime::lease::HeldLease;
 use mneme_runtime::service::{self, Service};
 use mneme_runtime::{views, Session, TurnEnd};
-use std::path::PathBuf;
+use pglog::PgLog;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 use uuid::Uuid;
 
 /// Runs the command `cli` names.
 pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
     let data_dir = cli.data_dir.clone().unwrap_or_else(default_data_dir);
     let durability = cli.durability;
+    let lease_ttl = Duration::from_millis(cli.lease_ttl_ms.max(100));
     let snapshot_every = cli
         .snapshot_every
         .unwrap_or(mneme_runtime::snapshot::DEFAULT_EVERY);
     match cli.command {
         Command::Demo(args) => crate::demo::run(args.keep).await,
         command => {
-            let log = match SledLog::open(&data_dir) {
-                Ok(log) => log,
-                Err(eventlog::LogError::Locked { .. }) if !matches!(command, Command::Serve(_)) => {
-                    if let Some(client) = crate::client::Client::discover(&data_dir)? {
-                        return client.dispatch(command).await;
-                    }
-                    SledLog::open(&data_dir)?
-                }
-                Err(e) => return Err(e.into()),
+            let log = match open_log(&cli.store, &data_dir, &command)? {
+                Opened::Log(log) => log,
+                Opened::Daemon(client) => return client.dispatch(command).await,
             };
-            if let Some(torn) = log.torn_tail() {
-                eprintln!(
-                    "mneme: warning: the write-ahead file ended in a partial write ({} bytes, never acknowledged); moved to {}",
-                    torn.bytes,
-                    torn.saved_to.display()
-                );
-            }
-            let log: Arc<dyn EventLog> = Arc::new(log);
             let ctx = Ctx {
                 service: Service::new(log, durability).snapshot_every(snapshot_every),
+                owner: mneme_runtime::lease::owner_name("cli"),
+                lease_ttl,
             };
             match command {
                 Command::Run(a) => ctx.run(a.agent, a.session, a.message, a.json).await,
@@ -54,9 +46,17 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 Command::Replay(a) => ctx.replay(a.session, a.raw, a.json.json),
                 Command::Resolve(a) => ctx.resolve(a).await,
                 Command::Approve(a) => ctx.approve(a).await,
+                Command::Export(a) => ctx.export(a),
+                Command::Import(a) => ctx.import(a),
                 Command::Serve(a) => {
                     let log = ctx.service.log().clone();
-                    serve(log, &data_dir, durability, snapshot_every, a).await
+                    let settings = ServeSettings {
+                        data_dir: &data_dir,
+                        durability,
+                        snapshot_every,
+                        lease_ttl,
+                    };
+                    serve(log, settings, a).await
                 }
                 Command::Demo(_) => unreachable!("handled above"),
             }
@@ -64,24 +64,69 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
     }
 }
 
-async fn serve(
-    log: Arc<dyn EventLog>,
-    data_dir: &std::path::Path,
+/// Where a command's log is: opened here, or behind a running daemon.
+enum Opened {
+    Log(Arc<dyn EventLog>),
+    Daemon(crate::client::Client),
+}
+
+/// Opens the PostgreSQL store `store` names, else the sled log in
+/// `data_dir`; a data directory a daemon holds is reached through it.
+fn open_log(store: &Option<String>, data_dir: &Path, command: &Command) -> Result<Opened> {
+    if let Some(url) = store {
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            bail!("--store {url:?}: expected a postgres:// address (the sled log is chosen with --data-dir)");
+        }
+        return Ok(Opened::Log(Arc::new(PgLog::connect(url)?)));
+    }
+    let log = match SledLog::open(data_dir) {
+        Ok(log) => log,
+        Err(eventlog::LogError::Locked { .. }) if !matches!(command, Command::Serve(_)) => {
+            if let Some(client) = crate::client::Client::discover(data_dir)? {
+                return Ok(Opened::Daemon(client));
+            }
+            SledLog::open(data_dir)?
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if let Some(torn) = log.torn_tail() {
+        eprintln!(
+            "mneme: warning: the write-ahead file ended in a partial write ({} bytes, never acknowledged); moved to {}",
+            torn.bytes,
+            torn.saved_to.display()
+        );
+    }
+    Ok(Opened::Log(Arc::new(log)))
+}
+
+/// What `serve` takes from the global options.
+struct ServeSettings<'a> {
+    data_dir: &'a Path,
     durability: eventlog::Durability,
     snapshot_every: u64,
+    lease_ttl: Duration,
+}
+
+async fn serve(
+    log: Arc<dyn EventLog>,
+    settings: ServeSettings<'_>,
     a: crate::ServeArgs,
 ) -> Result<ExitCode> {
-    let (token, token_file) = token(data_dir, a.token_file)?;
+    std::fs::create_dir_all(settings.data_dir)
+        .with_context(|| format!("creating {}", settings.data_dir.display()))?;
+    let (token, token_file) = token(settings.data_dir, a.token_file)?;
     let config = mneme_runtime::daemon::DaemonConfig {
         listen: a.listen,
-        data_dir: data_dir.to_path_buf(),
+        data_dir: settings.data_dir.to_path_buf(),
         token,
         token_file,
         agents_dir: a.agents,
-        durability,
-        snapshot_every,
-        shutdown_grace: std::time::Duration::from_secs(a.shutdown_grace),
+        durability: settings.durability,
+        snapshot_every: settings.snapshot_every,
+        shutdown_grace: Duration::from_secs(a.shutdown_grace),
         max_body_bytes: a.max_body_bytes,
+        owner: mneme_runtime::lease::owner_name("daemon"),
+        lease_ttl: settings.lease_ttl,
     };
     mneme_runtime::daemon::serve(log, config).await?;
     Ok(ExitCode::SUCCESS)
@@ -135,11 +180,77 @@ fn default_data_dir() -> PathBuf {
 
 struct Ctx {
     service: Service,
+    /// This process as a lease owner.
+    owner: String,
+    lease_ttl: Duration,
 }
 
 impl Ctx {
     fn log(&self) -> &dyn EventLog {
         self.service.log().as_ref()
+    }
+
+    /// Takes session `id`'s lease for as long as the value lives: a daemon
+    /// or another CLI running it gets a clear refusal instead.
+    fn hold(&self, id: Uuid) -> Result<HeldLease> {
+        Ok(HeldLease::acquire(
+            self.service.log().clone(),
+            id,
+            &self.owner,
+            self.lease_ttl,
+        )?)
+    }
+
+    fn export(&self, a: crate::ExportArgs) -> Result<ExitCode> {
+        let ids = match a.session {
+            Some(id) if self.log().head(id)?.seq == 0 => bail!("no session {id} in this store"),
+            Some(id) => vec![id],
+            None => self.session_ids()?,
+        };
+        let mut out: Box<dyn std::io::Write> = match &a.output {
+            Some(path) => Box::new(std::io::BufWriter::new(
+                std::fs::File::create(path)
+                    .with_context(|| format!("creating {}", path.display()))?,
+            )),
+            None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
+        };
+        let written = mneme_runtime::transfer::export(self.log(), &ids, &mut out)?;
+        eprintln!("exported {written} records of {} sessions", ids.len());
+        Ok(ExitCode::SUCCESS)
+    }
+
+    fn import(&self, a: crate::ImportArgs) -> Result<ExitCode> {
+        let mut input: Box<dyn std::io::BufRead> = match &a.input {
+            Some(path) => Box::new(std::io::BufReader::new(
+                std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?,
+            )),
+            None => Box::new(std::io::stdin().lock()),
+        };
+        let origin = a
+            .input
+            .as_ref()
+            .map_or("stdin".to_string(), |p| p.display().to_string());
+        let done = mneme_runtime::transfer::import(self.log(), &mut input)
+            .with_context(|| format!("importing {origin}"))?;
+        self.log().barrier(eventlog::Durability::Synced)?;
+        for id in &done.sessions {
+            self.log().verify(*id)?;
+        }
+        eprintln!(
+            "imported {} records into {} sessions; every chain verifies",
+            done.records,
+            done.sessions.len()
+        );
+        Ok(ExitCode::SUCCESS)
+    }
+
+    fn session_ids(&self) -> Result<Vec<Uuid>> {
+        Ok(self
+            .log()
+            .sessions()?
+            .into_iter()
+            .map(|m| m.session)
+            .collect())
     }
 
     async fn run(
@@ -157,6 +268,7 @@ impl Ctx {
             ),
         };
         eprintln!("session {}", session.id());
+        let _lease = self.hold(session.id())?;
         self.service.post_message(&mut session, message)?;
         self.drive(&mut session, json.json).await
     }
@@ -178,6 +290,7 @@ impl Ctx {
         };
         let mut worst = ExitCode::SUCCESS;
         for id in ids {
+            let _lease = self.hold(id)?;
             let mut session = self.service.load(id)?;
             self.service.reopen(&mut session, "mneme resume")?;
             eprintln!("session {id}");
@@ -201,12 +314,7 @@ impl Ctx {
     fn verify(&self, id: Option<Uuid>, json: JsonFlag) -> Result<ExitCode> {
         let ids = match id {
             Some(id) => vec![id],
-            None => self
-                .log()
-                .sessions()?
-                .into_iter()
-                .map(|m| m.session)
-                .collect(),
+            None => self.session_ids()?,
         };
         let results: Vec<serde_json::Value> = ids
             .iter()
@@ -228,6 +336,7 @@ impl Ctx {
     }
 
     async fn approve(&self, a: crate::ApproveArgs) -> Result<ExitCode> {
+        let _lease = self.hold(a.session)?;
         let mut session = self.service.load(a.session)?;
         let can_continue =
             self.service
@@ -241,6 +350,7 @@ impl Ctx {
     }
 
     async fn resolve(&self, a: crate::ResolveArgs) -> Result<ExitCode> {
+        let _lease = self.hold(a.session)?;
         let mut session = self.service.load(a.session)?;
         let resolution = service::resolution(a.retry, a.result.as_deref(), a.fail.as_deref())
             .map_err(|e| anyhow::anyhow!(e))?;

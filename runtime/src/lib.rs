@@ -5,12 +5,14 @@ pub mod agent;
 pub mod crash;
 pub mod daemon;
 pub mod error;
+pub mod lease;
 pub mod model;
 pub mod runner;
 pub mod service;
 pub mod session;
 pub mod sink;
 pub mod snapshot;
+pub mod transfer;
 pub mod views;
 
 pub use error::RuntimeError;

@@ -17,9 +17,24 @@ use uuid::Uuid;
 #[derive(Parser)]
 #[command(name = "mneme", version, propagate_version = true)]
 struct Cli {
-    /// Data directory holding the event log.
+    /// Data directory holding the event log (sled), and the daemon's token
+    /// and address files.
     #[arg(long, env = "MNEME_DATA_DIR", global = true)]
     data_dir: Option<PathBuf>,
+    /// Keep the event log in PostgreSQL instead of the data directory:
+    /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?schema=NAME]`. Several
+    /// daemons may share one store.
+    #[arg(long, env = "MNEME_STORE", global = true)]
+    store: Option<String>,
+    /// Milliseconds a session's lease lasts unless renewed: how soon another
+    /// daemon on the same store takes over the sessions of one that died.
+    #[arg(
+        long,
+        env = "MNEME_LEASE_TTL_MS",
+        default_value_t = 15_000,
+        global = true
+    )]
+    lease_ttl_ms: u64,
     /// What a write-ahead barrier waits for: `synced` (fdatasync: survives
     /// power loss), `flushed` (survives a process crash) or `buffered`.
     #[arg(
@@ -57,6 +72,12 @@ enum Command {
     Resolve(ResolveArgs),
     /// Approve (or deny) a tool call that waits for approval, then continue.
     Approve(ApproveArgs),
+    /// Write sessions' records as JSON lines (envelopes, hashes and the
+    /// exact stored bytes), to stdout or --output.
+    Export(ExportArgs),
+    /// Read JSON lines written by `export` into this store, checking every
+    /// hash and chain link; the way from sled to PostgreSQL.
+    Import(ImportArgs),
     /// A self-contained story: a crash mid-run, a resume, and proof that
     /// every side effect happened exactly once. Needs no network.
     Demo(DemoArgs),
@@ -201,6 +222,21 @@ struct ApproveArgs {
     no_resume: bool,
     #[command(flatten)]
     json: JsonFlag,
+}
+
+#[derive(Args)]
+struct ExportArgs {
+    /// Only this session (default: every session).
+    session: Option<Uuid>,
+    /// Write here instead of stdout.
+    #[arg(long, short)]
+    output: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct ImportArgs {
+    /// The file to read (default: stdin).
+    input: Option<PathBuf>,
 }
 
 #[derive(Args)]

@@ -253,13 +253,21 @@ impl Service {
     /// What a listing shows of a session: its stored summary while that is
     /// current, else computed from the session (snapshot and tail) and stored.
     pub fn summary(&self, meta: &SessionMeta) -> Result<Summary, RuntimeError> {
-        if let Some(summary) = snapshot::fresh_summary(self.log.as_ref(), meta.session, meta.events)
-        {
+        self.summary_at(meta.session, meta.events)
+    }
+
+    /// The summary of session `id` as its log stands now.
+    pub fn current_summary(&self, id: Uuid) -> Result<Summary, RuntimeError> {
+        self.summary_at(id, self.log.head(id)?.seq)
+    }
+
+    fn summary_at(&self, id: Uuid, head: u64) -> Result<Summary, RuntimeError> {
+        if let Some(summary) = snapshot::fresh_summary(self.log.as_ref(), id, head) {
             return Ok(summary);
         }
-        let session = self.load(meta.session)?;
+        let session = self.load(id)?;
         // Derived data: a failure only costs speed next time.
-        let _ = snapshot::store_summary(self.log.as_ref(), meta.session, session.state());
+        let _ = snapshot::store_summary(self.log.as_ref(), id, session.state());
         Ok(Summary::of(session.state()))
     }
 

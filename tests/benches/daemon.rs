@@ -157,6 +157,8 @@ fn run_child(dir: &str) {
             snapshot_every: runtime::snapshot::DEFAULT_EVERY,
             shutdown_grace: Duration::from_secs(1),
             max_body_bytes: 1 << 20,
+            owner: runtime::lease::owner_name("bench"),
+            lease_ttl: runtime::lease::DEFAULT_TTL,
         };
         runtime::daemon::serve(log, config).await.unwrap();
     });

@@ -37,9 +37,10 @@ impl From<RuntimeError> for ApiError {
     fn from(e: RuntimeError) -> ApiError {
         let status = match &e {
             RuntimeError::NoSuchSession(_) => StatusCode::NOT_FOUND,
-            RuntimeError::InvalidRequest { .. } | RuntimeError::Log(LogError::Conflict { .. }) => {
-                StatusCode::CONFLICT
-            }
+            RuntimeError::InvalidRequest { .. }
+            | RuntimeError::Log(
+                LogError::Conflict { .. } | LogError::LeaseHeld { .. } | LogError::Fenced { .. },
+            ) => StatusCode::CONFLICT,
             RuntimeError::Spec { .. } => StatusCode::BAD_REQUEST,
             RuntimeError::Model(_) => StatusCode::BAD_GATEWAY,
             _ => StatusCode::INTERNAL_SERVER_ERROR,

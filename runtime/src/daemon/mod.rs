@@ -1,10 +1,12 @@
 //! `mneme serve`: the long-running home of many sessions.
 //!
-//! One process holds the data directory. Turns run as tasks, one at a time
-//! per session (a per-session lock); idle sessions are not kept in memory,
-//! only their status. On start the daemon resumes, in the background, every
-//! session that was running when the last process died; it serves requests
-//! meanwhile. On SIGTERM or ctrl-c it stops taking turns, lets each running
+//! Turns run as tasks, one at a time per session (a per-session lock, and
+//! the session's lease in the store, so that several daemons sharing a
+//! PostgreSQL store never run one session twice); idle sessions are not kept
+//! in memory, only their status. On start the daemon resumes, in the
+//! background, every session that was running when the last process died;
+//! it serves requests meanwhile. Every half lease it looks for leases that
+//! lapsed (their daemon died) and takes those sessions over. On SIGTERM or ctrl-c it stops taking turns, lets each running
 //! turn finish its current step (tool calls under way complete) up to a
 //! deadline, pauses those turns with a SessionPaused, checkpoints and exits 0.
 
@@ -15,8 +17,10 @@ mod openapi;
 pub use metrics::Metrics;
 
 use crate::error::RuntimeError;
+use crate::lease::HeldLease;
 use crate::runner::{Runner, TurnEnd};
 use crate::service::Service;
+use crate::snapshot::Summary;
 use eventlog::{Durability, EventLog};
 use std::collections::{HashMap, HashSet};
 use std::future::IntoFuture;
@@ -57,6 +61,11 @@ pub struct DaemonConfig {
     pub shutdown_grace: Duration,
     /// Largest request body accepted.
     pub max_body_bytes: usize,
+    /// This daemon's name as the owner of session leases.
+    pub owner: String,
+    /// How long a session's lease lasts unless renewed: how soon another
+    /// daemon takes over the sessions of one that died.
+    pub lease_ttl: Duration,
 }
 
 /// What the daemon shares between requests and turns.
@@ -220,11 +229,24 @@ impl Daemon {
         let _turn = lock.lock().await;
         self.running.fetch_add(1, Ordering::SeqCst);
         let _running = RunningGuard(&self);
+        let lease = match HeldLease::acquire(
+            self.service.log().clone(),
+            id,
+            &self.config.owner,
+            self.config.lease_ttl,
+        ) {
+            Ok(lease) => lease,
+            Err(e) => return Err(refuse_start(id, start, e)),
+        };
         self.active.lock().expect("active").insert(id);
         let result = self.clone().turn_locked(id, start).await;
         self.active.lock().expect("active").remove(&id);
         // A pause asked for during the turn's last step has nothing to pause.
         self.withdraw_pause(id);
+        if matches!(&result, Ok(TurnEnd::Paused(reason)) if reason == SHUTDOWN_REASON) {
+            // Another daemon sharing the store takes it over once it lapses.
+            lease.abandon();
+        }
         result
     }
 
@@ -270,8 +292,11 @@ impl Daemon {
         let daemon = self.clone();
         tokio::spawn(async move {
             let result = daemon.clone().turn(id, start).await;
-            if let Err(e) = &result {
-                eprintln!("mneme serve: session {id}: {e}");
+            match &result {
+                // Another daemon runs it: nothing went wrong here.
+                Err(RuntimeError::Log(eventlog::LogError::LeaseHeld { .. })) => {}
+                Err(e) => eprintln!("mneme serve: session {id}: {e}"),
+                Ok(_) => {}
             }
             result
         })
@@ -294,14 +319,48 @@ impl Daemon {
                 }
             };
             self.set_status(meta.session, &summary.status);
-            let shut_down = summary.paused.as_deref() == Some(SHUTDOWN_REASON);
-            if summary.status == "running" || (shut_down && !summary.waits_for_a_person) {
+            if was_interrupted(&summary) {
                 recovered += 1;
                 self.metrics.recovered();
                 self.spawn_turn(meta.session, TurnStart::Resume("daemon recovery"));
             }
         }
         eprintln!("mneme serve: recovery resumed {recovered} sessions");
+    }
+
+    /// Every half lease: resumes the sessions whose leases lapsed (their
+    /// daemon died or was cut off) and that were interrupted mid-turn; clears
+    /// lapsed leases of sessions at rest.
+    async fn take_over_lapsed(self: Arc<Self>) {
+        let every = self.config.lease_ttl / 2;
+        while !self.is_shutting_down() {
+            tokio::time::sleep(every).await;
+            let lapsed = match self.service.log().expired_leases() {
+                Ok(lapsed) => lapsed,
+                Err(e) => {
+                    eprintln!("mneme serve: cannot list lapsed leases: {e}");
+                    continue;
+                }
+            };
+            for lease in lapsed {
+                let id = lease.session;
+                if self.is_shutting_down() || self.active.lock().expect("active").contains(&id) {
+                    continue;
+                }
+                match self.service.current_summary(id) {
+                    Ok(summary) if was_interrupted(&summary) => {
+                        eprintln!("mneme serve: taking over session {id} from {}", lease.owner);
+                        self.metrics.recovered();
+                        self.spawn_turn(id, TurnStart::Resume("lease takeover"));
+                    }
+                    Ok(_) => {
+                        let log = self.service.log().clone();
+                        let _ = HeldLease::acquire(log, id, &self.config.owner, every);
+                    }
+                    Err(e) => eprintln!("mneme serve: session {id} not taken over: {e}"),
+                }
+            }
+        }
     }
 
     /// Stops taking turns, lets running ones pause at a step boundary, and
@@ -325,6 +384,26 @@ impl Daemon {
             );
         }
     }
+}
+
+/// Whether a session stopped mid-turn without a person's say: its process
+/// died, or a shutdown paused it. Such a session is resumed by whoever
+/// takes it over.
+fn was_interrupted(summary: &Summary) -> bool {
+    let shut_down = summary.paused.as_deref() == Some(SHUTDOWN_REASON);
+    summary.status == "running" || (shut_down && !summary.waits_for_a_person)
+}
+
+/// The error of a turn that could not start (its lease is held elsewhere);
+/// a message's poster is told the same.
+fn refuse_start(id: Uuid, start: TurnStart, error: eventlog::LogError) -> RuntimeError {
+    if let TurnStart::Message(_, poster) = start {
+        let _ = poster.send(Err(RuntimeError::InvalidRequest {
+            session: id,
+            reason: error.to_string(),
+        }));
+    }
+    RuntimeError::Log(error)
 }
 
 struct RunningGuard<'a>(&'a Daemon);
@@ -361,6 +440,8 @@ pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), R
     write_daemon_file(&config, addr);
     eprintln!("mneme serve: listening on http://{addr}");
     tokio::spawn(daemon.clone().recover());
+    tokio::spawn(daemon.clone().take_over_lapsed());
+    follow_other_daemons(&daemon);
     let (stop_http, http_stopped) = tokio::sync::watch::channel(false);
     let app = api::router(daemon.clone(), http_stopped);
     let stopping = daemon.clone();
@@ -394,6 +475,15 @@ pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), R
         .await;
     let _ = std::fs::remove_file(config.data_dir.join(DAEMON_FILE));
     Ok(())
+}
+
+/// Live event streams follow sessions that other daemons sharing the
+/// store run: their appends arrive as durable heads.
+fn follow_other_daemons(daemon: &Arc<Daemon>) {
+    let heads = daemon.heads.clone();
+    daemon.service.log().follow(Arc::new(move |session, seq| {
+        let _ = heads.send((session, seq));
+    }));
 }
 
 /// Tells CLI processes where the daemon is and where its token lives.

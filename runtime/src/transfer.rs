@@ -1,0 +1,300 @@
+//! Export and import of logs as JSON lines, between any two stores (the
+//! way from sled to PostgreSQL, and back).
+//!
+//! Each line is one record: its envelope's fields for people and tools to
+//! read, and `sealed`, the record's exact stored bytes in hex, which are
+//! what an import trusts. The import checks every record's hash and its link
+//! to the one before, and refuses a line whose readable fields disagree with
+//! its sealed bytes, naming the line.
+
+use eventlog::{EventLog, LogError, Record};
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, Write};
+use uuid::Uuid;
+
+/// Records read or written per call to the log.
+const BATCH: u64 = 4096;
+
+/// One exported record.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Line {
+    /// The session.
+    pub session: Uuid,
+    /// Its place in the session.
+    pub seq: u64,
+    /// The event's id.
+    pub event_id: Uuid,
+    /// When it was appended, ms since the Unix epoch.
+    pub ts_ms: i64,
+    /// The event kind.
+    pub kind: String,
+    /// The event's schema version.
+    pub schema: u16,
+    /// The seq it answers, if any.
+    pub caused_by: Option<u64>,
+    /// Hash of the record before it (hex).
+    pub prev_hash: String,
+    /// This record's chain hash (hex).
+    pub hash: String,
+    /// The stored bytes (hex): format byte, envelope, hash.
+    pub sealed: String,
+}
+
+/// Everything that can go wrong in a transfer, naming where.
+#[derive(Debug, thiserror::Error)]
+pub enum TransferError {
+    /// The log refused or failed.
+    #[error(transparent)]
+    Log(#[from] LogError),
+    /// A line of the input is not an exported record.
+    #[error("line {line}: {reason}")]
+    BadLine {
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Reading the input or writing the output failed.
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Writes every record of `sessions` as JSON lines; returns how many.
+pub fn export(
+    log: &dyn EventLog,
+    sessions: &[Uuid],
+    out: &mut dyn Write,
+) -> Result<u64, TransferError> {
+    let mut written = 0;
+    for &session in sessions {
+        let head = log.head(session)?.seq;
+        let mut from = 1;
+        while from <= head {
+            let to = head.min(from + BATCH - 1);
+            for record in log.read(session, from, to)? {
+                serde_json::to_writer(&mut *out, &line_of(&record)?)
+                    .map_err(std::io::Error::from)?;
+                out.write_all(b"\n")?;
+                written += 1;
+            }
+            from = to + 1;
+        }
+    }
+    out.flush()?;
+    Ok(written)
+}
+
+fn line_of(record: &Record) -> Result<Line, LogError> {
+    let (_, sealed) = Record::seal(record.envelope.clone())?;
+    let e = &record.envelope;
+    Ok(Line {
+        session: e.session,
+        seq: e.seq,
+        event_id: e.event_id,
+        ts_ms: e.ts_ms,
+        kind: e.kind.clone(),
+        schema: e.schema,
+        caused_by: e.caused_by,
+        prev_hash: e.prev_hash.to_hex(),
+        hash: record.hash.to_hex(),
+        sealed: hex(&sealed),
+    })
+}
+
+/// What an import stored.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Imported {
+    /// Sessions written to, in the order first seen.
+    pub sessions: Vec<Uuid>,
+    /// Records stored.
+    pub records: u64,
+}
+
+/// Reads JSON lines written by [`export`] into `log`, each session's
+/// records after its head there, checking every hash and link. Stops at the
+/// first bad line; what came before it is stored and verified.
+pub fn import(log: &dyn EventLog, input: &mut dyn BufRead) -> Result<Imported, TransferError> {
+    let mut imported = Imported::default();
+    let mut batch: Vec<Vec<u8>> = Vec::new();
+    let mut current: Option<(Uuid, usize)> = None;
+    for (n, text) in input.lines().enumerate() {
+        let (line_no, text) = (n + 1, text?);
+        if text.trim().is_empty() {
+            continue;
+        }
+        let (session, sealed) = match parse_line(line_no, &text) {
+            Ok(parsed) => parsed,
+            Err(e) => {
+                flush(log, current, &mut batch, &mut imported)?;
+                return Err(e);
+            }
+        };
+        if current.is_some_and(|(s, _)| s != session) || batch.len() as u64 >= BATCH {
+            flush(log, current, &mut batch, &mut imported)?;
+        }
+        if batch.is_empty() {
+            current = Some((session, line_no));
+        }
+        batch.push(sealed);
+    }
+    flush(log, current, &mut batch, &mut imported)?;
+    Ok(imported)
+}
+
+/// Stores one session's run of lines, starting at `first_line`.
+fn flush(
+    log: &dyn EventLog,
+    current: Option<(Uuid, usize)>,
+    batch: &mut Vec<Vec<u8>>,
+    imported: &mut Imported,
+) -> Result<(), TransferError> {
+    let Some((session, first_line)) = current else {
+        return Ok(());
+    };
+    if batch.is_empty() {
+        return Ok(());
+    }
+    let count = batch.len() as u64;
+    let before = log.head(session)?.seq;
+    log.import(session, std::mem::take(batch))
+        .map_err(|e| match e {
+            LogError::Corrupt { seq, reason, .. } => TransferError::BadLine {
+                line: first_line + seq.saturating_sub(before + 1) as usize,
+                reason: format!("session {session} seq {seq}: {reason}"),
+            },
+            other => other.into(),
+        })?;
+    if !imported.sessions.contains(&session) {
+        imported.sessions.push(session);
+    }
+    imported.records += count;
+    Ok(())
+}
+
+/// The session and sealed bytes of one line, after checking that its
+/// readable fields say what the sealed bytes say.
+fn parse_line(line: usize, text: &str) -> Result<(Uuid, Vec<u8>), TransferError> {
+    let bad = |reason: String| TransferError::BadLine { line, reason };
+    let parsed: Line =
+        serde_json::from_str(text).map_err(|e| bad(format!("not an exported record: {e}")))?;
+    let sealed = unhex(&parsed.sealed).ok_or_else(|| bad("`sealed` is not hex".into()))?;
+    let record = Record::open(parsed.session, parsed.seq, &sealed)
+        .map_err(|e| bad(format!("the sealed record does not open: {e}")))?;
+    let e = &record.envelope;
+    let agrees = record.hash.to_hex() == parsed.hash
+        && e.prev_hash.to_hex() == parsed.prev_hash
+        && e.kind == parsed.kind
+        && e.event_id == parsed.event_id
+        && e.ts_ms == parsed.ts_ms
+        && e.schema == parsed.schema
+        && e.caused_by == parsed.caused_by;
+    if !agrees {
+        return Err(bad(format!(
+            "session {} seq {}: the readable fields disagree with the sealed record",
+            parsed.session, parsed.seq
+        )));
+    }
+    Ok((parsed.session, sealed))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(DIGITS[usize::from(b >> 4)] as char);
+        out.push(DIGITS[usize::from(b & 15)] as char);
+    }
+    out
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use eventlog::{NewEvent, SledLog};
+
+    fn log_with(sessions: &[(Uuid, u8)]) -> (tempfile::TempDir, SledLog) {
+        let dir = tempfile::tempdir().unwrap();
+        let log = SledLog::open(dir.path()).unwrap();
+        for &(id, n) in sessions {
+            let events = (0..n)
+                .map(|i| NewEvent {
+                    kind: format!("K{i}"),
+                    schema: 1,
+                    caused_by: None,
+                    payload: vec![i; 3],
+                })
+                .collect();
+            log.append(id, 1, events).unwrap();
+        }
+        (dir, log)
+    }
+
+    fn exported(log: &dyn EventLog, ids: &[Uuid]) -> String {
+        let mut out = Vec::new();
+        export(log, ids, &mut out).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn an_export_imports_into_another_store_record_for_record() {
+        let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
+        let (_dir, source) = log_with(&[(a, 3), (b, 2)]);
+        let text = exported(&source, &[a, b]);
+        assert_eq!(text.lines().count(), 5);
+        let (_dir2, target) = log_with(&[]);
+        let done = import(&target, &mut text.as_bytes()).unwrap();
+        assert_eq!(
+            done,
+            Imported {
+                sessions: vec![a, b],
+                records: 5
+            }
+        );
+        for id in [a, b] {
+            assert_eq!(
+                target.read(id, 1, 10).unwrap(),
+                source.read(id, 1, 10).unwrap()
+            );
+        }
+        assert_eq!(exported(&target, &[a, b]), text);
+    }
+
+    #[test]
+    fn a_line_that_lies_or_breaks_the_chain_is_named() {
+        let a = Uuid::now_v7();
+        let (_dir, source) = log_with(&[(a, 3)]);
+        let text = exported(&source, &[a]);
+        let lines: Vec<&str> = text.lines().collect();
+        let cases = [
+            (format!("{}\n{}\n", lines[0], lines[2]), "line 2", "seq 2"),
+            (
+                text.replacen("\"kind\":\"K1\"", "\"kind\":\"K9\"", 1),
+                "line 2",
+                "disagree",
+            ),
+            (
+                format!("{}\nnot json\n", lines[0]),
+                "line 2",
+                "not an exported record",
+            ),
+        ];
+        for (input, line, what) in cases {
+            let (_dir2, target) = log_with(&[]);
+            let err = import(&target, &mut input.as_bytes())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(line) && err.contains(what), "{err}");
+        }
+    }
+}
