@@ -385,6 +385,13 @@ pub fn a_taken_over_owner_is_fenced<B: Backend>(b: &B) {
         other => panic!("{other}"),
     }
     new.append(s, 2, vec![event(3)]).unwrap();
+    assert!(
+        matches!(
+            old.append(s, 2, vec![event(2)]).unwrap_err(),
+            LogError::Fenced { .. }
+        ),
+        "a taken-over writer with a stale seq hears that it was fenced"
+    );
     assert!(matches!(
         third.append(s, 3, vec![event(7)]).unwrap_err(),
         LogError::LeaseHeld { .. }

@@ -162,16 +162,32 @@ impl PgLog {
             0 => Ok(Stored::Done),
             -1 => Err(self.lease_held(session)?),
             -2 => {
-                let token = self.fence(session).unwrap_or(0);
-                let current = self.current_lease(session)?.map_or(0, |l| l.token);
+                self.check_fence(session)?;
                 Err(LogError::Fenced {
                     session,
-                    token,
-                    current,
+                    token: self.fence(session).unwrap_or(0),
+                    current: 0,
                 })
             }
             next => Ok(Stored::HeadMoved(next as u64)),
         }
+    }
+
+    /// [`LogError::Fenced`] if this handle holds a lease on `session` that
+    /// another owner has taken over since.
+    fn check_fence(&self, session: Uuid) -> Result<(), LogError> {
+        let Some(token) = self.fence(session) else {
+            return Ok(());
+        };
+        let current = self.current_lease(session)?.map_or(0, |l| l.token);
+        if current == token {
+            return Ok(());
+        }
+        Err(LogError::Fenced {
+            session,
+            token,
+            current,
+        })
     }
 
     fn current_lease(&self, session: Uuid) -> Result<Option<Lease>, LogError> {
@@ -366,6 +382,8 @@ impl EventLog for PgLog {
             actual,
         };
         if expected_seq != head.seq + 1 {
+            // A writer that was taken over hears that, not a stale seq.
+            self.check_fence(session)?;
             return Err(conflict(head.seq + 1));
         }
         let now = std::time::SystemTime::now()
@@ -553,11 +571,9 @@ impl EventLog for PgLog {
         })?;
         match rows.first().map(lease_of) {
             Some(renewed) => Ok(renewed),
+            // The stale token stays in `held`: this handle's appends to the
+            // session go on being refused as fenced until it releases.
             None => {
-                self.held
-                    .lock()
-                    .expect("lease lock poisoned")
-                    .remove(&session);
                 let current = self.current_lease(session)?.map_or(0, |l| l.token);
                 Err(LogError::Fenced {
                     session,

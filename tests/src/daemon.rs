@@ -96,6 +96,22 @@ impl DaemonProcess {
         self.post(&path, &body).await
     }
 
+    /// The value of an unlabelled counter or gauge from `/metrics`.
+    pub async fn metric(&self, name: &str) -> u64 {
+        let text = self
+            .http
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no metric {name} in {text}"))
+    }
+
     /// Creates a session from an agent file's text; returns its id.
     pub async fn create(&self, agent_toml: &str) -> String {
         let response = self
@@ -144,5 +160,23 @@ impl DaemonProcess {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+}
+
+/// Reads an event stream into `seen` until it contains `needle`; fails if
+/// the stream stalls for 10 s or ends first.
+pub async fn read_until(
+    stream: &mut (impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+    seen: &mut String,
+    needle: &str,
+) {
+    use futures_util::StreamExt;
+    while !seen.contains(needle) {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .unwrap_or_else(|_| panic!("the stream stalled before {needle}: {seen}"))
+            .expect("the stream ended")
+            .unwrap();
+        seen.push_str(&String::from_utf8_lossy(&chunk));
     }
 }

@@ -395,3 +395,16 @@ pub async fn event_kinds(world: &World, session: &str) -> Vec<String> {
         })
         .collect()
 }
+
+/// A fresh, empty store on the test PostgreSQL server (`MNEME_TEST_PG`,
+/// which `scripts/with-postgres.sh` starts and sets): its own schema.
+pub fn pg_store() -> String {
+    let server = std::env::var("MNEME_TEST_PG").expect(
+        "MNEME_TEST_PG is not set: run the tests as `scripts/with-postgres.sh cargo test --workspace`",
+    );
+    format!(
+        "{server}?schema=e2e_{}_{}",
+        std::process::id(),
+        uuid::Uuid::now_v7().simple()
+    )
+}

@@ -1,7 +1,7 @@
 //! `mneme serve` end to end: the API, its security, live streams, recovery
 //! after SIGKILL under load, and graceful shutdown.
 
-use mneme_e2e::daemon::{DaemonProcess, TOKEN};
+use mneme_e2e::daemon::{read_until, DaemonProcess, TOKEN};
 use mneme_e2e::*;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -142,22 +142,6 @@ async fn wrong_tokens_and_bad_bodies_are_refused_and_change_nothing() {
     assert!(daemon.terminate().await.success());
 }
 
-async fn read_until(
-    stream: &mut (impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
-    seen: &mut String,
-    needle: &str,
-) {
-    use futures_util::StreamExt;
-    while !seen.contains(needle) {
-        let chunk = tokio::time::timeout(Duration::from_secs(10), stream.next())
-            .await
-            .unwrap_or_else(|_| panic!("the stream stalled before {needle}: {seen}"))
-            .expect("the stream ended")
-            .unwrap();
-        seen.push_str(&String::from_utf8_lossy(&chunk));
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_event_stream_replays_history_then_follows() {
     let world = World::new();
@@ -275,21 +259,7 @@ async fn sigkill_under_load_then_restart_finishes_every_session_exactly_once() {
         let (_, session) = daemon.get(&format!("/sessions/{id}")).await;
         assert_eq!(session["answer"], "Charged and emailed.", "{session}");
     }
-    let metrics = daemon
-        .http
-        .get(daemon.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let recovered: u64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("mneme_sessions_recovered_total "))
-        .unwrap()
-        .parse()
-        .unwrap();
+    let recovered = daemon.metric("mneme_sessions_recovered_total").await;
     assert!(recovered > 0 && recovered <= SESSIONS as u64, "{recovered}");
     assert!(daemon.terminate().await.success());
 }

@@ -295,6 +295,9 @@ impl Daemon {
             match &result {
                 // Another daemon runs it: nothing went wrong here.
                 Err(RuntimeError::Log(eventlog::LogError::LeaseHeld { .. })) => {}
+                Err(e) if e.to_string().contains(&id.to_string()) => {
+                    eprintln!("mneme serve: {e}")
+                }
                 Err(e) => eprintln!("mneme serve: session {id}: {e}"),
                 Ok(_) => {}
             }

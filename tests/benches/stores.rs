@@ -1,0 +1,276 @@
+//! PostgreSQL next to sled: durable appends/s and resume latency by number
+//! of concurrent sessions, with a raw fdatasync baseline from the same run.
+//!
+//! Run: `scripts/with-postgres.sh cargo bench -p mneme-e2e --bench stores`,
+//! or name a server with `MNEME_BENCH_PG` (else `MNEME_TEST_PG`); every case
+//! gets a fresh schema in it. Without a server only sled is measured.
+
+use eventlog::{Durability, EventLog, NewEvent, SledLog};
+use mneme_e2e::bench::{bench_dir, bench_spec, to_new_event};
+use pglog::PgLog;
+use replay::{Event, ModelReply, ToolCall, ToolOutcome, Usage};
+use runtime::Session;
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+/// Concurrent sessions per case.
+const CONCURRENCY: [usize; 3] = [1, 16, 64];
+/// Sessions filled for the resume cases.
+const SESSIONS: usize = 64;
+/// Events per filled session.
+const EVENTS: usize = 1000;
+/// Ops of the raw fdatasync baseline.
+const RAW_OPS: usize = 2000;
+
+/// The realistic event mix of `core.rs`: a user message, a reply with a tool
+/// call, its start and its finish, about 1 KiB per event on average.
+fn event(i: usize) -> Event {
+    let text = "x".repeat(700 + i % 300);
+    match i % 4 {
+        0 => Event::UserMessage { text },
+        1 => Event::ModelReplied(ModelReply {
+            content: Some(text),
+            tool_calls: vec![ToolCall {
+                id: format!("call_{i}"),
+                name: "charge".into(),
+                arguments: "{\"n\":1}".into(),
+            }],
+            usage: Usage {
+                prompt_tokens: 1000,
+                completion_tokens: 50,
+                cached_tokens: 900,
+            },
+            finish_reason: "tool_calls".into(),
+            latency_ms: 12,
+            request_digest: "d".repeat(64),
+            prefix_digest: String::new(),
+        }),
+        2 => Event::ToolStarted {
+            call_id: format!("call_{}", i - 1),
+            tool: "charge".into(),
+            args: text,
+            effect: replay::Effect::SideEffect,
+            idempotency_key: "mneme-0123456789abcdef0123456789abcdef".into(),
+            attempt: 1,
+        },
+        _ => Event::ToolFinished {
+            call_id: format!("call_{}", i - 2),
+            outcome: ToolOutcome::Ok(text),
+            duration_ms: 3,
+        },
+    }
+}
+
+fn new_event(i: usize) -> NewEvent {
+    to_new_event(&event(i))
+}
+
+/// A backend under test.
+enum Store {
+    Sled,
+    Pg(String),
+}
+
+impl Store {
+    /// A fresh, empty log for the case `case`.
+    fn open(&self, case: &str) -> Arc<dyn EventLog> {
+        match self {
+            Store::Sled => {
+                Arc::new(SledLog::open(bench_dir(&format!("stores-sled-{case}"))).unwrap())
+            }
+            Store::Pg(url) => {
+                let sep = if url.contains('?') { '&' } else { '?' };
+                let schema = format!("bench_{case}_{}", Uuid::now_v7().simple());
+                Arc::new(PgLog::connect(&format!("{url}{sep}schema={schema}")).unwrap())
+            }
+        }
+    }
+}
+
+/// Runs `work(thread)` on `c` threads started together; returns their
+/// results and the wall time from the start until the last one finished.
+fn on_threads<T: Send>(c: usize, work: impl Fn(usize) -> T + Sync) -> (Vec<T>, Duration) {
+    let start = Barrier::new(c + 1);
+    let (work, start_ref) = (&work, &start);
+    thread::scope(|s| {
+        let threads: Vec<_> = (0..c)
+            .map(|w| {
+                s.spawn(move || {
+                    start_ref.wait();
+                    work(w)
+                })
+            })
+            .collect();
+        start.wait();
+        let t = Instant::now();
+        let results = threads.into_iter().map(|h| h.join().unwrap()).collect();
+        (results, t.elapsed())
+    })
+}
+
+/// Raw write of 300 bytes + fdatasync per op, in the bench directory: ops/s.
+fn raw_fdatasync() -> f64 {
+    let dir = bench_dir("stores-raw-fsync");
+    let mut file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("log"))
+        .unwrap();
+    let t = Instant::now();
+    for _ in 0..RAW_OPS {
+        file.write_all(&[b'x'; 300]).unwrap();
+        file.sync_data().unwrap();
+    }
+    RAW_OPS as f64 / t.elapsed().as_secs_f64()
+}
+
+/// `c` threads, each appending one event at a time to its own session and
+/// calling barrier(synced) after each, `n` appends per thread: appends/s.
+fn durable_appends(log: &dyn EventLog, c: usize, n: usize) -> f64 {
+    let (_, took) = on_threads(c, |w| {
+        let session = Uuid::now_v7();
+        for i in 0..n {
+            log.append(session, i as u64 + 1, vec![new_event(w + i)])
+                .unwrap();
+            log.barrier(Durability::Synced).unwrap();
+        }
+    });
+    (c * n) as f64 / took.as_secs_f64()
+}
+
+/// [`SESSIONS`] sessions of [`EVENTS`] events each, appended straight to the
+/// log (so without snapshots), synced.
+fn fill(log: &dyn EventLog) -> Vec<Uuid> {
+    let spec = bench_spec("http://127.0.0.1:9/v1", "http://127.0.0.1:9/x");
+    let first = to_new_event(&Event::SessionStarted { spec });
+    let rest: Vec<NewEvent> = (0..EVENTS - 1).map(new_event).collect();
+    let sessions: Vec<Uuid> = (0..SESSIONS).map(|_| Uuid::now_v7()).collect();
+    for &session in &sessions {
+        log.append(session, 1, vec![first.clone()]).unwrap();
+        log.append(session, 2, rest.clone()).unwrap();
+    }
+    log.barrier(Durability::Synced).unwrap();
+    sessions
+}
+
+/// Every session of `sessions` loaded once by `c` threads, each loading its
+/// share in turn (so `c` loads are in flight): each load's time, sorted.
+fn resume(log: &Arc<dyn EventLog>, sessions: &[Uuid], c: usize) -> Vec<Duration> {
+    let (times, _) = on_threads(c, |w| {
+        let mine = sessions.iter().skip(w).step_by(c);
+        mine.map(|&id| {
+            let t = Instant::now();
+            let loaded = Session::load(log.clone(), id).unwrap();
+            let took = t.elapsed();
+            assert_eq!(loaded.snapshot_seq(), 0, "no snapshot involved");
+            assert_eq!(loaded.state().last_seq, EVENTS as u64);
+            took
+        })
+        .collect::<Vec<_>>()
+    });
+    let mut times: Vec<Duration> = times.into_iter().flatten().collect();
+    times.sort();
+    times
+}
+
+/// The `p`th percentile (nearest rank) of sorted `times`, in ms.
+fn percentile_ms(times: &[Duration], p: usize) -> f64 {
+    times[(times.len() * p).div_ceil(100) - 1].as_secs_f64() * 1e3
+}
+
+/// Appends per thread at concurrency `c`: each case lasts about 1–3 s.
+fn appends_per_thread(c: usize) -> usize {
+    if c == 1 {
+        2000
+    } else {
+        200
+    }
+}
+
+fn main() {
+    // `cargo bench` passes --bench; `cargo test --benches` may pass --list.
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    println!("# mneme stores benchmark: sled next to PostgreSQL\n");
+    let mut stores = vec![("sled", Store::Sled)];
+    match std::env::var("MNEME_BENCH_PG").or_else(|_| std::env::var("MNEME_TEST_PG")) {
+        Ok(url) => stores.push(("PostgreSQL", Store::Pg(url))),
+        Err(_) => println!(
+            "PostgreSQL skipped: no server given. Set MNEME_BENCH_PG (or MNEME_TEST_PG) to \
+             postgres://user@host:port/db, or run \
+             `scripts/with-postgres.sh cargo bench -p mneme-e2e --bench stores`.\n"
+        ),
+    }
+    let both = stores.len() == 2;
+    let raw = raw_fdatasync();
+    println!(
+        "raw write of 300 B + fdatasync in the bench directory: {raw:.0} ops/s ({:.0} µs/op)",
+        1e6 / raw
+    );
+
+    println!("\n## Durable appends/s (one ~1 KiB event per append, then barrier(synced); each session its own thread)\n");
+    let mut head = "| sessions | appends |".to_string();
+    for (name, _) in &stores {
+        head += &format!(" {name} |");
+    }
+    println!("{head}{}", if both { " pg / sled |" } else { "" });
+    println!(
+        "|---:|---:|{}",
+        "---:|".repeat(stores.len() + both as usize)
+    );
+    for c in CONCURRENCY {
+        let n = appends_per_thread(c);
+        let rates: Vec<f64> = stores
+            .iter()
+            .map(|(_, store)| durable_appends(store.open(&format!("append{c}")).as_ref(), c, n))
+            .collect();
+        let mut row = format!("| {c} | {} |", c * n);
+        for rate in &rates {
+            row += &format!(" {rate:.0} |");
+        }
+        if let [sled, pg] = rates[..] {
+            row += &format!(" {:.2}x |", pg / sled);
+        }
+        println!("{row}");
+    }
+
+    println!("\n## Resume (Session::load of a {EVENTS}-event session, no snapshot; {SESSIONS} loads per row, `sessions` of them at once)\n");
+    let filled: Vec<_> = stores
+        .iter()
+        .map(|(name, store)| {
+            let log = store.open("resume");
+            let t = Instant::now();
+            let sessions = fill(log.as_ref());
+            let secs = t.elapsed().as_secs_f64();
+            println!("{name}: filled {SESSIONS} sessions in {secs:.1} s");
+            (log, sessions)
+        })
+        .collect();
+    let mut head = "\n| sessions |".to_string();
+    for (name, _) in &stores {
+        head += &format!(" {name} median ms | {name} p99 ms |");
+    }
+    println!("{head}{}", if both { " pg / sled (median) |" } else { "" });
+    println!("|---:|{}", "---:|".repeat(2 * stores.len() + both as usize));
+    for c in CONCURRENCY {
+        let mut row = format!("| {c} |");
+        let medians: Vec<f64> = filled
+            .iter()
+            .map(|(log, sessions)| {
+                let times = resume(log, sessions, c);
+                let median = percentile_ms(&times, 50);
+                row += &format!(" {median:.1} | {:.1} |", percentile_ms(&times, 99));
+                median
+            })
+            .collect();
+        if let [sled, pg] = medians[..] {
+            row += &format!(" {:.2}x |", pg / sled);
+        }
+        println!("{row}");
+    }
+}

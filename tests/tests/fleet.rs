@@ -1,0 +1,215 @@
+//! Several daemons, one PostgreSQL store: sessions move to a surviving
+//! daemon when their owner dies, every side effect still happens once, and
+//! live streams follow sessions that another daemon runs.
+
+use mneme_e2e::daemon::{read_until, DaemonProcess};
+use mneme_e2e::*;
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+/// Short leases, so that a takeover happens within the test.
+const LEASE_TTL_MS: &str = "1500";
+
+async fn daemon_on(world: &World, name: &str, store: &str) -> DaemonProcess {
+    let data = world.dir.path().join(name);
+    std::fs::create_dir_all(&data).unwrap();
+    DaemonProcess::start(&data, &["--store", store, "--lease-ttl-ms", LEASE_TTL_MS]).await
+}
+
+fn billing_replies() -> Vec<MockReply> {
+    vec![
+        MockReply::calls(&[("charge", json!({"n": 1})), ("lookup", json!({"n": 2}))]),
+        MockReply::calls(&[("email", json!({"n": 3}))]),
+        MockReply::answer("Charged and emailed."),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_one_of_two_daemons_mid_load_and_the_other_finishes_every_session_once() {
+    const SESSIONS: usize = 50;
+    let world = World::new();
+    let store = pg_store();
+    let model = MockModel::start(billing_replies(), Fault::None).await;
+    let sink = Sink::start().await.unwrap();
+    let agent = agent_toml(&model.base_url(), &billing_tools(&sink));
+    let doomed = daemon_on(&world, "a", &store).await;
+    let survivor = daemon_on(&world, "b", &store).await;
+    let mut ids = Vec::new();
+    for i in 0..SESSIONS {
+        let daemon = if i % 2 == 0 { &doomed } else { &survivor };
+        ids.push(daemon.create(&agent).await);
+    }
+    let posts = ids.iter().enumerate().map(|(i, id)| {
+        let daemon = if i % 2 == 0 { &doomed } else { &survivor };
+        daemon.post_owned(
+            format!("/sessions/{id}/messages"),
+            json!({"text": "charge and email"}),
+        )
+    });
+    for (status, body) in futures_util::future::join_all(posts).await {
+        assert_eq!(status, 202, "{body}");
+    }
+    let started = Instant::now();
+    while sink.stats().path("charge").effects < (SESSIONS / 5) as u64 {
+        assert!(started.elapsed() < Duration::from_secs(60), "no progress");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    doomed.kill().await;
+    let emailed_at_kill = sink.stats().path("email").effects;
+    assert!(
+        emailed_at_kill < SESSIONS as u64,
+        "the kill came too late to test anything"
+    );
+
+    survivor
+        .wait_all_idle(SESSIONS, Duration::from_secs(120))
+        .await;
+    let stats = sink.stats();
+    assert_eq!(
+        stats.path("charge").effects,
+        SESSIONS as u64,
+        "{:?}",
+        stats.paths
+    );
+    assert_eq!(
+        stats.path("email").effects,
+        SESSIONS as u64,
+        "{:?}",
+        stats.paths
+    );
+    assert_eq!(
+        stats.hits_by_key.len(),
+        2 * SESSIONS,
+        "one key per side-effecting call, every retry reused it"
+    );
+    for id in &ids {
+        let (_, verified) = survivor.get(&format!("/sessions/{id}/verify")).await;
+        assert_eq!(verified["ok"], true, "{verified}");
+        let (_, session) = survivor.get(&format!("/sessions/{id}")).await;
+        assert_eq!(session["answer"], "Charged and emailed.", "{session}");
+    }
+    let taken_over = survivor.metric("mneme_sessions_recovered_total").await;
+    assert!(
+        (1..=SESSIONS as u64 / 2).contains(&taken_over),
+        "the survivor takes over the dead daemon's unfinished sessions, and only those: {taken_over}"
+    );
+    assert!(survivor.terminate().await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_frozen_past_its_leases_is_fenced_when_it_wakes() {
+    const SESSIONS: usize = 8;
+    let world = World::new();
+    let store = pg_store();
+    let model = MockModel::start(billing_replies(), Fault::None).await;
+    let sink = Sink::start().await.unwrap();
+    // A lookup slow enough that every turn is under way when the daemon
+    // running it freezes.
+    let [charge, _, email] = billing_tools(&sink);
+    let slow_lookup = command_tool(
+        "lookup",
+        &[
+            "sh",
+            "-c",
+            "cat >/dev/null; sleep 2; echo '{\"name\":\"Ada\"}'",
+        ],
+        "read_only",
+        10,
+    );
+    let agent = agent_toml(&model.base_url(), &[charge, slow_lookup, email]);
+    let frozen = daemon_on(&world, "a", &store).await;
+    let survivor = daemon_on(&world, "b", &store).await;
+    let mut ids = Vec::new();
+    for _ in 0..SESSIONS {
+        ids.push(frozen.create(&agent).await);
+    }
+    for id in &ids {
+        let (status, body) = frozen
+            .post(&format!("/sessions/{id}/messages"), &json!({"text": "go"}))
+            .await;
+        assert_eq!(status, 202, "{body}");
+    }
+    let pid = frozen.child.id().unwrap() as i32;
+    // SAFETY: kill(2) has no memory-safety preconditions; the pid is our child's.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    survivor
+        .wait_all_idle(SESSIONS, Duration::from_secs(60))
+        .await;
+    let mut before = Vec::new();
+    for id in &ids {
+        let (_, events) = survivor.get(&format!("/sessions/{id}/events")).await;
+        before.push(events.as_array().unwrap().len());
+    }
+    assert_eq!(
+        survivor.metric("mneme_sessions_recovered_total").await,
+        SESSIONS as u64,
+        "every turn was under way when its daemon froze"
+    );
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for (id, count) in ids.iter().zip(before) {
+        let (_, events) = survivor.get(&format!("/sessions/{id}/events")).await;
+        assert_eq!(
+            events.as_array().unwrap().len(),
+            count,
+            "the woken daemon appended to {id} after it was taken over"
+        );
+        let (_, verified) = survivor.get(&format!("/sessions/{id}/verify")).await;
+        assert_eq!(verified["ok"], true, "{verified}");
+    }
+    let stats = sink.stats();
+    assert_eq!(
+        stats.path("charge").effects,
+        SESSIONS as u64,
+        "{:?}",
+        stats.paths
+    );
+    assert_eq!(
+        stats.path("email").effects,
+        SESSIONS as u64,
+        "{:?}",
+        stats.paths
+    );
+    assert!(frozen.terminate().await.success());
+    assert!(survivor.terminate().await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_runs_on_one_daemon_and_the_other_streams_it_live() {
+    let world = World::new();
+    let store = pg_store();
+    let model = MockModel::start(
+        vec![MockReply::answer("one"), MockReply::answer("two")],
+        Fault::None,
+    )
+    .await;
+    let runner = daemon_on(&world, "a", &store).await;
+    let watcher = daemon_on(&world, "b", &store).await;
+    let id = runner.create(&agent_toml(&model.base_url(), &[])).await;
+    runner
+        .post(
+            &format!("/sessions/{id}/messages"),
+            &json!({"text": "first", "wait": true}),
+        )
+        .await;
+    let response = watcher
+        .http
+        .get(watcher.url(&format!("/sessions/{id}/events?follow=true")))
+        .send()
+        .await
+        .unwrap();
+    let mut stream = response.bytes_stream();
+    let mut seen = String::new();
+    read_until(&mut stream, &mut seen, "\"one\"").await;
+    runner
+        .post(
+            &format!("/sessions/{id}/messages"),
+            &json!({"text": "second"}),
+        )
+        .await;
+    read_until(&mut stream, &mut seen, "\"two\"").await;
+    assert_eq!(seen.matches("event: UserMessage").count(), 2, "{seen}");
+    assert!(runner.terminate().await.success());
+    assert!(watcher.terminate().await.success());
+}
