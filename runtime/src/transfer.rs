@@ -117,24 +117,28 @@ pub struct Imported {
 pub fn import(log: &dyn EventLog, input: &mut dyn BufRead) -> Result<Imported, TransferError> {
     let mut imported = Imported::default();
     let mut batch: Vec<Vec<u8>> = Vec::new();
-    let mut current: Option<(Uuid, usize)> = None;
+    let mut current: Option<Run> = None;
     for (n, text) in input.lines().enumerate() {
         let (line_no, text) = (n + 1, text?);
         if text.trim().is_empty() {
             continue;
         }
-        let (session, sealed) = match parse_line(line_no, &text) {
+        let (session, seq, sealed) = match parse_line(line_no, &text) {
             Ok(parsed) => parsed,
             Err(e) => {
                 flush(log, current, &mut batch, &mut imported)?;
                 return Err(e);
             }
         };
-        if current.is_some_and(|(s, _)| s != session) || batch.len() as u64 >= BATCH {
+        if current.is_some_and(|run| run.session != session) || batch.len() as u64 >= BATCH {
             flush(log, current, &mut batch, &mut imported)?;
         }
         if batch.is_empty() {
-            current = Some((session, line_no));
+            current = Some(Run {
+                session,
+                line: line_no,
+                seq,
+            });
         }
         batch.push(sealed);
     }
@@ -142,14 +146,24 @@ pub fn import(log: &dyn EventLog, input: &mut dyn BufRead) -> Result<Imported, T
     Ok(imported)
 }
 
-/// Stores one session's run of lines, starting at `first_line`.
+/// Where a run of consecutive lines of one session starts.
+#[derive(Clone, Copy)]
+struct Run {
+    session: Uuid,
+    /// Its first line's number.
+    line: usize,
+    /// Its first record's seq.
+    seq: u64,
+}
+
+/// Stores one session's run of lines.
 fn flush(
     log: &dyn EventLog,
-    current: Option<(Uuid, usize)>,
+    current: Option<Run>,
     batch: &mut Vec<Vec<u8>>,
     imported: &mut Imported,
 ) -> Result<(), TransferError> {
-    let Some((session, first_line)) = current else {
+    let Some(Run { session, line, seq }) = current else {
         return Ok(());
     };
     if batch.is_empty() {
@@ -157,10 +171,18 @@ fn flush(
     }
     let count = batch.len() as u64;
     let before = log.head(session)?.seq;
+    if seq <= before {
+        return Err(TransferError::BadLine {
+            line,
+            reason: format!(
+                "session {session} already holds seq {seq} here (its head is seq {before}): import only the records that follow"
+            ),
+        });
+    }
     log.import(session, std::mem::take(batch))
         .map_err(|e| match e {
             LogError::Corrupt { seq, reason, .. } => TransferError::BadLine {
-                line: first_line + seq.saturating_sub(before + 1) as usize,
+                line: line + seq.saturating_sub(before + 1) as usize,
                 reason: format!("session {session} seq {seq}: {reason}"),
             },
             other => other.into(),
@@ -174,7 +196,7 @@ fn flush(
 
 /// The session and sealed bytes of one line, after checking that its
 /// readable fields say what the sealed bytes say.
-fn parse_line(line: usize, text: &str) -> Result<(Uuid, Vec<u8>), TransferError> {
+fn parse_line(line: usize, text: &str) -> Result<(Uuid, u64, Vec<u8>), TransferError> {
     let bad = |reason: String| TransferError::BadLine { line, reason };
     let parsed: Line =
         serde_json::from_str(text).map_err(|e| bad(format!("not an exported record: {e}")))?;
@@ -195,7 +217,7 @@ fn parse_line(line: usize, text: &str) -> Result<(Uuid, Vec<u8>), TransferError>
             parsed.session, parsed.seq
         )));
     }
-    Ok((parsed.session, sealed))
+    Ok((parsed.session, parsed.seq, sealed))
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -296,5 +318,15 @@ mod tests {
                 .to_string();
             assert!(err.contains(line) && err.contains(what), "{err}");
         }
+        let (_dir2, target) = log_with(&[]);
+        import(&target, &mut text.as_bytes()).unwrap();
+        let err = import(&target, &mut text.as_bytes())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("line 1") && err.contains("already holds seq 1"),
+            "{err}"
+        );
+        assert_eq!(target.head(a).unwrap().seq, 3);
     }
 }
