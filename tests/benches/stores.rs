@@ -12,7 +12,7 @@ use replay::{Event, ModelReply, ToolCall, ToolOutcome, Usage};
 use runtime::Session;
 use std::fs::OpenOptions;
 use std::io::Write;
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Barrier, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
@@ -91,22 +91,23 @@ impl Store {
     }
 }
 
-/// Runs `work(thread)` on `c` threads started together; returns their
-/// results and the wall time from the start until the last one finished.
-fn on_threads<T: Send>(c: usize, work: impl Fn(usize) -> T + Sync) -> (Vec<T>, Duration) {
-    let start = Barrier::new(c + 1);
-    let (work, start_ref) = (&work, &start);
+/// Runs `work(thread, start)` on `c` threads released together at `start`;
+/// returns their results and the wall time from `start` until the last one
+/// finished.
+fn on_threads<T: Send>(c: usize, work: impl Fn(usize, Instant) -> T + Sync) -> (Vec<T>, Duration) {
+    let (ready, start) = (Barrier::new(c + 1), OnceLock::new());
     thread::scope(|s| {
         let threads: Vec<_> = (0..c)
             .map(|w| {
+                let (ready, start, work) = (&ready, &start, &work);
                 s.spawn(move || {
-                    start_ref.wait();
-                    work(w)
+                    ready.wait();
+                    work(w, *start.get_or_init(Instant::now))
                 })
             })
             .collect();
-        start.wait();
-        let t = Instant::now();
+        ready.wait();
+        let t = *start.get_or_init(Instant::now);
         let results = threads.into_iter().map(|h| h.join().unwrap()).collect();
         (results, t.elapsed())
     })
@@ -131,7 +132,7 @@ fn raw_fdatasync() -> f64 {
 /// `c` threads, each appending one event at a time to its own session and
 /// calling barrier(synced) after each, `n` appends per thread: appends/s.
 fn durable_appends(log: &dyn EventLog, c: usize, n: usize) -> f64 {
-    let (_, took) = on_threads(c, |w| {
+    let (_, took) = on_threads(c, |w, _| {
         let session = Uuid::now_v7();
         for i in 0..n {
             log.append(session, i as u64 + 1, vec![new_event(w + i)])
@@ -158,16 +159,20 @@ fn fill(log: &dyn EventLog) -> Vec<Uuid> {
 }
 
 /// Every session of `sessions` loaded once by `c` threads, each loading its
-/// share in turn (so `c` loads are in flight): each load's time, sorted.
+/// share in turn (so `c` loads are in flight): each load's time, sorted. A
+/// load is timed from when its thread asked for it (the common start, then
+/// the end of its previous load), so waiting for a core counts too.
 fn resume(log: &Arc<dyn EventLog>, sessions: &[Uuid], c: usize) -> Vec<Duration> {
-    let (times, _) = on_threads(c, |w| {
+    let (times, _) = on_threads(c, |w, start| {
+        let mut asked = start;
         let mine = sessions.iter().skip(w).step_by(c);
         mine.map(|&id| {
-            let t = Instant::now();
             let loaded = Session::load(log.clone(), id).unwrap();
-            let took = t.elapsed();
+            let done = Instant::now();
             assert_eq!(loaded.snapshot_seq(), 0, "no snapshot involved");
             assert_eq!(loaded.state().last_seq, EVENTS as u64);
+            let took = done - asked;
+            asked = done;
             took
         })
         .collect::<Vec<_>>()
