@@ -252,13 +252,28 @@ pub fn mneme_bin() -> PathBuf {
 pub struct World {
     /// Holds every file of the test.
     pub dir: tempfile::TempDir,
+    /// The PostgreSQL store its commands use, if not the data directory.
+    pub store: Option<String>,
 }
 
+/// Lease time to live of commands on PostgreSQL in tests: a SIGKILLed
+/// command's lease lapses quickly, as the operator-like driver waits.
+pub const TEST_LEASE_TTL_MS: u64 = 400;
+
 impl World {
-    /// A new empty world.
+    /// A new empty world on a sled data directory.
     pub fn new() -> World {
         World {
             dir: tempfile::tempdir().unwrap(),
+            store: None,
+        }
+    }
+
+    /// A new empty world whose log is a fresh PostgreSQL store.
+    pub fn on_postgres() -> World {
+        World {
+            store: Some(pg_store()),
+            ..World::new()
         }
     }
 
@@ -274,8 +289,9 @@ impl World {
         path
     }
 
-    /// A `mneme` command on this world's data directory. It snapshots every
-    /// 3 events, so every test also resumes from snapshots and their tails.
+    /// A `mneme` command on this world's data directory (or store). It
+    /// snapshots every 3 events, so every test also resumes from snapshots
+    /// and their tails.
     pub fn mneme(&self) -> Command {
         let mut command = Command::new(mneme_bin());
         command
@@ -284,6 +300,12 @@ impl World {
             .arg(self.data())
             .env_remove("MNEME_CRASH_AT")
             .env_remove("MNEME_DURABILITY");
+        if let Some(store) = &self.store {
+            command
+                .arg("--store")
+                .arg(store)
+                .env("MNEME_LEASE_TTL_MS", TEST_LEASE_TTL_MS.to_string());
+        }
         command
     }
 

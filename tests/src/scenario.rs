@@ -83,9 +83,13 @@ pub struct Env {
 }
 
 impl Scenario {
-    /// Starts fresh servers for one run.
+    /// Starts fresh servers for one run on a sled data directory.
     pub async fn env(&self) -> Env {
-        let world = World::new();
+        self.env_in(World::new()).await
+    }
+
+    /// Starts fresh servers for one run in `world`.
+    pub async fn env_in(&self, world: World) -> Env {
         let model = MockModel::start(self.replies.clone(), self.fault).await;
         let sink = Sink::start().await.unwrap();
         let effects = world.dir.path().join("notify-effects.log");
@@ -262,7 +266,11 @@ async fn settle(
             // Like an operator, try again when the directory is still held
             // a moment after the killed process (its last tools may be
             // exiting); every invariant is still checked at the end.
-            Some(1) if stderr(&out).contains("in use by another process") => {
+            // On PostgreSQL: the killed process's lease, until it lapses.
+            Some(1)
+                if stderr(&out).contains("in use by another process")
+                    || stderr(&out).contains("is leased to") =>
+            {
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;
             }
             Some(code) => return Err(format!("resume exited {code}: {}", stderr(&out))),

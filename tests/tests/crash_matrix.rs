@@ -6,16 +6,71 @@
 //! `MNEME_CRASH_FULL=1` to try every point for the nested crash too.
 
 use mneme_e2e::scenario::{self, Faults};
+use mneme_e2e::World;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_crash_point_of_every_scenario_resumes_to_the_uncrashed_result() {
+    let tally = matrix(&runtime::crash::all_points(), Store::Sled).await;
+    tally.check("crash matrix");
+}
+
+/// The agent loop's crash points with the log on PostgreSQL, checked against
+/// the same uncrashed runs on sled. (The log's own crash points are inside
+/// sled's write path; on PostgreSQL an append is one transaction.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_agent_crash_point_resumes_to_the_uncrashed_result_on_postgres() {
+    let tally = matrix(runtime::crash::POINTS, Store::Postgres).await;
+    tally.check("crash matrix on PostgreSQL");
+}
+
+#[derive(Clone, Copy)]
+enum Store {
+    Sled,
+    Postgres,
+}
+
+#[derive(Default)]
+struct Tally {
+    scenarios: usize,
+    points: usize,
+    runs: usize,
+    crashes: usize,
+    violations: Vec<String>,
+}
+
+impl Tally {
+    fn check(&self, name: &str) {
+        scenario::report(&format!(
+            "{name}: scenarios {}, crash points {}, runs {}, crashes {}, violations {}",
+            self.scenarios,
+            self.points,
+            self.runs,
+            self.crashes,
+            self.violations.len()
+        ));
+        assert!(self.violations.is_empty(), "{}", self.violations.join("\n"));
+        assert!(
+            self.crashes > self.runs / 2,
+            "most runs must actually crash: {} of {}",
+            self.crashes,
+            self.runs
+        );
+    }
+}
+
+/// Every scenario × every point × every occurrence, with a nested crash in
+/// the first resume; the invariants checked against an uncrashed sled run.
+async fn matrix(points: &[&str], store: Store) -> Tally {
     let full = std::env::var_os("MNEME_CRASH_FULL").is_some();
-    let points = runtime::crash::all_points();
     let scenarios = scenario::all();
-    let (mut runs, mut crashes, mut violations) = (0, 0, Vec::new());
+    let mut tally = Tally {
+        scenarios: scenarios.len(),
+        points: points.len(),
+        ..Tally::default()
+    };
     for sc in &scenarios {
         let reference = Box::pin(scenario::reference(sc)).await;
-        for point in &points {
+        for point in points {
             for n in 1.. {
                 let nested: Vec<String> = if full {
                     points.iter().map(|p| format!("{p}:1")).collect()
@@ -24,25 +79,30 @@ async fn every_crash_point_of_every_scenario_resumes_to_the_uncrashed_result() {
                 };
                 let mut reached = false;
                 for nested in nested {
-                    let env = sc.env().await;
+                    let world = match store {
+                        Store::Sled => World::new(),
+                        Store::Postgres => World::on_postgres(),
+                    };
+                    let env = sc.env_in(world).await;
                     let faults = Faults {
                         crash_at: Some(format!("{point}:{n}")),
                         nested: Some(nested.clone()),
                         kill_after_ms: None,
                     };
                     let outcome = Box::pin(scenario::run(sc, &env, &faults)).await;
-                    runs += 1;
+                    tally.runs += 1;
+                    let what = format!("{} {point}:{n} then {nested}", sc.name);
                     let outcome = match outcome {
                         Ok(outcome) => outcome,
                         Err(e) => {
-                            violations.push(format!("{} {point}:{n} then {nested}: {e}", sc.name));
+                            tally.violations.push(format!("{what}: {e}"));
                             continue;
                         }
                     };
                     reached |= outcome.crashes > 0;
-                    crashes += outcome.crashes;
+                    tally.crashes += outcome.crashes;
                     for v in Box::pin(scenario::violations(&env, &outcome, &reference)).await {
-                        violations.push(format!("{} {point}:{n} then {nested}: {v}", sc.name));
+                        tally.violations.push(format!("{what}: {v}"));
                     }
                 }
                 if !reached {
@@ -51,15 +111,5 @@ async fn every_crash_point_of_every_scenario_resumes_to_the_uncrashed_result() {
             }
         }
     }
-    scenario::report(&format!(
-        "crash matrix: scenarios {}, crash points {}, runs {runs}, crashes {crashes}, violations {}",
-        scenarios.len(),
-        points.len(),
-        violations.len()
-    ));
-    assert!(violations.is_empty(), "{}", violations.join("\n"));
-    assert!(
-        crashes > runs / 2,
-        "most runs must actually crash: {crashes} of {runs}"
-    );
+    tally
 }
