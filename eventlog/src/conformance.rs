@@ -47,6 +47,7 @@ macro_rules! conformance_tests {
             leases_exclude_other_owners_until_released_or_expired,
             a_taken_over_owner_is_fenced,
             appends_are_followed_across_handles,
+            handles_sharing_a_store_see_each_others_appends,
         );
     };
     (@each $backend:expr; $($name:ident),* $(,)?) => {
@@ -429,6 +430,27 @@ pub fn appends_are_followed_across_handles<B: Backend>(b: &B) {
         assert!(Instant::now() < deadline, "append up to {last} not heard");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Two handles on one store (two processes) append to one session in turn:
+/// each sees the other's records, and a writer whose view is stale gets a
+/// conflict, whatever it remembered.
+pub fn handles_sharing_a_store_see_each_others_appends<B: Backend>(b: &B) {
+    let store = b.create();
+    let one = b.open(&store).unwrap();
+    if !b.shared() {
+        return assert_second_opener_refused(b, &store);
+    }
+    let two = b.open(&store).unwrap();
+    let s = Uuid::now_v7();
+    one.append(s, 1, vec![event(1)]).unwrap();
+    two.append(s, 2, vec![event(2)]).unwrap();
+    let err = one.append(s, 2, vec![event(9)]).unwrap_err();
+    assert!(matches!(err, LogError::Conflict { actual: 3, .. }), "{err}");
+    one.append(s, 3, vec![event(3)]).unwrap();
+    assert_eq!(two.head(s).unwrap(), one.head(s).unwrap());
+    assert_eq!(kinds(two.as_ref(), s), vec!["K1", "K2", "K3"]);
+    assert_eq!(two.verify(s).unwrap(), 3);
 }
 
 /// Nobody else can append to a store one process owns: a second opener is

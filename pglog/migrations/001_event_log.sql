@@ -80,7 +80,9 @@ BEGIN
     END IF;
     INSERT INTO mneme_events (session, seq, record)
     SELECT p_session, p_first + i - 1, p_records[i] FROM generate_subscripts(p_records, 1) AS i;
-    PERFORM pg_notify('mneme:' || current_schema(), p_session::text || ' ' || (p_first + n - 1)::text);
+    -- No NOTIFY here: a transaction that notifies holds a global lock through
+    -- its commit, so appends could no longer share the server's WAL flushes.
+    -- The writer announces committed appends itself, in batches.
     RETURN 0;
 END
 $$;

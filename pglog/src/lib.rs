@@ -12,7 +12,9 @@
 //!   its appends carry the token and are refused once another owner took
 //!   the session over ([`LogError::Fenced`]); a writer without a lease is
 //!   refused while another owner's lease is live ([`LogError::LeaseHeld`]);
-//! - `follow`: appends by every process, heard through LISTEN/NOTIFY.
+//! - `follow`: appends by every process, announced after they commit and
+//!   heard through LISTEN/NOTIFY (best effort: a follower that missed one
+//!   catches up at the next).
 //!
 //! The schema is migrated on connect, under an advisory lock, by versioned
 //! scripts in `migrations/`; a store migrated by a newer mneme is refused.
@@ -35,6 +37,9 @@ use std::time::Duration;
 use tokio_postgres::NoTls;
 use uuid::Uuid;
 
+/// Sessions whose heads a handle remembers before it starts over.
+const HEAD_CACHE_SESSIONS: usize = 100_000;
+
 /// Connections the pool keeps open at most.
 const POOL_SIZE: usize = 16;
 
@@ -49,6 +54,11 @@ pub struct PgLog {
     held: Mutex<HashMap<Uuid, u64>>,
     listeners: Arc<Mutex<Vec<AppendListener>>>,
     listening: Once,
+    /// Heads this handle wrote or read last, by session: a hint, checked by
+    /// the store on every append.
+    heads: Mutex<HashMap<Uuid, Head>>,
+    /// Committed appends, (session, last seq), to announce to followers.
+    appended: tokio::sync::mpsc::UnboundedSender<(Uuid, u64)>,
 }
 
 impl PgLog {
@@ -77,7 +87,15 @@ impl PgLog {
             .max_size(POOL_SIZE)
             .build()
             .expect("a pool without timeouts needs no runtime");
+        let (appended, to_announce) = tokio::sync::mpsc::unbounded_channel();
+        runtime.spawn(schema::announce(
+            pool.clone(),
+            target.display.clone(),
+            to_announce,
+        ));
         let log = PgLog {
+            heads: Mutex::default(),
+            appended,
             store: target.display.clone(),
             config: target.config.clone(),
             pool,
@@ -134,6 +152,70 @@ impl PgLog {
             .copied()
     }
 
+    /// Seals `events` after `head` and stores them: `Err(next)` if the
+    /// session's head has moved and the log would accept seq `next`.
+    fn append_after(
+        &self,
+        session: Uuid,
+        head: Head,
+        events: &[NewEvent],
+    ) -> Result<Result<Vec<Record>, u64>, LogError> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let mut prev = head;
+        let mut records = Vec::with_capacity(events.len());
+        let mut sealed = Vec::with_capacity(events.len());
+        for event in events {
+            let (record, bytes) = Record::seal(Envelope {
+                session,
+                seq: prev.seq + 1,
+                event_id: Uuid::now_v7(),
+                ts_ms: now,
+                caused_by: event.caused_by,
+                schema: event.schema,
+                kind: event.kind.clone(),
+                prev_hash: prev.hash,
+                payload: event.payload.clone(),
+            })?;
+            prev = Head {
+                seq: record.envelope.seq,
+                hash: record.hash,
+            };
+            records.push(record);
+            sealed.push(bytes);
+        }
+        Ok(match self.store_after(session, head, &records, sealed)? {
+            Stored::Done => Ok(records),
+            Stored::HeadMoved(actual) => Err(actual),
+        })
+    }
+
+    /// The head this handle last saw for `session`, if a record at
+    /// `expected_seq` would follow it.
+    fn cached_head(&self, session: Uuid, expected_seq: u64) -> Option<Head> {
+        let heads = self.heads.lock().expect("head cache poisoned");
+        heads
+            .get(&session)
+            .copied()
+            .filter(|h| h.seq + 1 == expected_seq)
+    }
+
+    fn remember_head(&self, session: Uuid, head: Head) {
+        let mut heads = self.heads.lock().expect("head cache poisoned");
+        if heads.len() >= HEAD_CACHE_SESSIONS {
+            heads.clear();
+        }
+        heads.insert(session, head);
+    }
+
+    fn forget_head(&self, session: Uuid) {
+        self.heads
+            .lock()
+            .expect("head cache poisoned")
+            .remove(&session);
+    }
+
     /// Stores sealed `records` after `head` through `mneme_append`.
     fn store_after(
         &self,
@@ -159,7 +241,17 @@ impl PgLog {
         let db = self.db();
         let code = self.block(async move { db.append(args).await })?;
         match code {
-            0 => Ok(Stored::Done),
+            0 => {
+                let _ = self.appended.send((session, last.envelope.seq));
+                self.remember_head(
+                    session,
+                    Head {
+                        seq: last.envelope.seq,
+                        hash: last.hash,
+                    },
+                );
+                Ok(Stored::Done)
+            }
             -1 => Err(self.lease_held(session)?),
             -2 => {
                 self.check_fence(session)?;
@@ -375,6 +467,14 @@ impl EventLog for PgLog {
         expected_seq: u64,
         events: Vec<NewEvent>,
     ) -> Result<Vec<Record>, LogError> {
+        // The head this handle last wrote saves a round trip; the store
+        // checks it, and a stale one costs one retry from the real head.
+        if let Some(head) = self.cached_head(session, expected_seq) {
+            if let Ok(records) = self.append_after(session, head, &events)? {
+                return Ok(records);
+            }
+            self.forget_head(session);
+        }
         let head = self.head(session)?;
         let conflict = |actual| LogError::Conflict {
             session,
@@ -386,35 +486,7 @@ impl EventLog for PgLog {
             self.check_fence(session)?;
             return Err(conflict(head.seq + 1));
         }
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
-        let mut prev = head;
-        let mut records = Vec::with_capacity(events.len());
-        let mut sealed = Vec::with_capacity(events.len());
-        for event in events {
-            let (record, bytes) = Record::seal(Envelope {
-                session,
-                seq: prev.seq + 1,
-                event_id: Uuid::now_v7(),
-                ts_ms: now,
-                caused_by: event.caused_by,
-                schema: event.schema,
-                kind: event.kind,
-                prev_hash: prev.hash,
-                payload: event.payload,
-            })?;
-            prev = Head {
-                seq: record.envelope.seq,
-                hash: record.hash,
-            };
-            records.push(record);
-            sealed.push(bytes);
-        }
-        match self.store_after(session, head, &records, sealed)? {
-            Stored::Done => Ok(records),
-            Stored::HeadMoved(actual) => Err(conflict(actual)),
-        }
+        self.append_after(session, head, &events)?.map_err(conflict)
     }
 
     fn read(&self, session: Uuid, from: u64, to: u64) -> Result<Vec<Record>, LogError> {
@@ -442,7 +514,9 @@ impl EventLog for PgLog {
 
     fn head(&self, session: Uuid) -> Result<Head, LogError> {
         let db = self.db();
-        self.block(async move { db.head(session).await })
+        let head = self.block(async move { db.head(session).await })?;
+        self.remember_head(session, head);
+        Ok(head)
     }
 
     fn sessions(&self) -> Result<Vec<SessionMeta>, LogError> {

@@ -145,8 +145,42 @@ pub(crate) async fn migrate(pool: &Pool, store: &str, target: &Target) -> Result
     tx.commit().await.map_err(fail("commit migrations"))
 }
 
-/// Hears every append to the store (`mneme_append` notifies on a channel
-/// named after the schema) and tells `listeners`, reconnecting after a lost
+/// Announces committed appends, (session, last seq), to every process
+/// listening on the store's channel (`mneme:<schema>`): what arrived while
+/// the last announcement was under way goes out together, one statement,
+/// the highest seq per session. Best effort: an announcement lost (a broken
+/// connection, this process killed after a commit) delays a follower until
+/// the next one or its own periodic look at the head.
+pub(crate) async fn announce(
+    pool: Pool,
+    store: String,
+    mut appended: tokio::sync::mpsc::UnboundedReceiver<(Uuid, u64)>,
+) {
+    while let Some((session, seq)) = appended.recv().await {
+        let mut heads = std::collections::BTreeMap::from([(session, seq)]);
+        while let Ok((session, seq)) = appended.try_recv() {
+            let head = heads.entry(session).or_default();
+            *head = (*head).max(seq);
+        }
+        let notes: Vec<String> = heads.iter().map(|(s, seq)| format!("{s} {seq}")).collect();
+        let sent = async {
+            let client = pool.get().await.map_err(|e| e.to_string())?;
+            client
+                .execute(
+                    "SELECT pg_notify('mneme:' || current_schema(), note) FROM unnest($1::text[]) AS note",
+                    &[&notes],
+                )
+                .await
+                .map_err(|e| e.to_string())
+        };
+        if let Err(e) = sent.await {
+            eprintln!("mneme: announcing appends on {store}: {e}");
+        }
+    }
+}
+
+/// Hears every append to the store (announced on a channel named after the
+/// schema) and tells `listeners`, reconnecting after a lost
 /// connection. Appends made while it was disconnected are not replayed:
 /// followers read the log from where they are.
 pub(crate) async fn listen(

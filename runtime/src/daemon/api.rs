@@ -530,12 +530,17 @@ async fn events(
         stopped: state.stopped.clone(),
         buffer: rows.into(),
         keep: Box::new(keep),
+        next_look: tokio::time::Instant::now() + LOOK_AT_HEAD_EVERY,
     }
     .into_stream();
     Ok(Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response())
 }
+
+/// How long a quiet live stream waits before it reads the session's head
+/// itself, in case an announcement from another daemon was lost.
+const LOOK_AT_HEAD_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A live event stream of one session.
 struct Follow {
@@ -546,6 +551,8 @@ struct Follow {
     stopped: watch::Receiver<bool>,
     buffer: VecDeque<Value>,
     keep: Box<dyn Fn(&Value) -> bool + Send>,
+    /// When to read the head if no announcement came.
+    next_look: tokio::time::Instant,
 }
 
 impl Follow {
@@ -563,11 +570,16 @@ impl Follow {
                 let head = tokio::select! {
                     head = f.heads.recv() => head,
                     _ = f.stopped.wait_for(|stopped| *stopped) => return None,
+                    // Another daemon's announcement may be lost: look anyway.
+                    _ = tokio::time::sleep_until(f.next_look) => {
+                        f.next_look = tokio::time::Instant::now() + LOOK_AT_HEAD_EVERY;
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(0))
+                    }
                 };
                 let upto = match head {
                     Ok((session, seq)) if session == f.id => seq,
                     Ok(_) => continue,
-                    // Fell behind: catch up to what is durable.
+                    // Fell behind, or looking anyway: catch up to what is durable.
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
                         match f.daemon.metrics.durable_head(f.id) {
                             Some(seq) => seq,
