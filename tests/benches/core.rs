@@ -5,9 +5,9 @@
 //! measure another disk; default `target/bench-data`).
 
 use eventlog::{Durability, EventLog, NewEvent, SledLog};
-use mneme_e2e::bench::{bench_dir, bench_spec, to_new_event};
+use mneme_e2e::bench::{bench_dir, bench_spec, event, new_event, to_new_event};
 use mneme_e2e::{Fault, MockModel, MockReply, Sink};
-use replay::{Event, ModelReply, SessionState, ToolCall, ToolOutcome, Usage};
+use replay::{Event, ModelReply, SessionState, ToolCall, ToolOutcome};
 use runtime::{Runner, Session};
 use serde_json::json;
 use std::fs::OpenOptions;
@@ -21,50 +21,6 @@ const APPENDS: usize = 3000;
 const BATCH: usize = 64;
 /// Events per row of the group-commit section (split between the writers).
 const GROUP_EVENTS: usize = 6000;
-
-/// A realistic event mix: a user message, a reply with a tool call, its
-/// start and its finish, about 1 KiB per event on average.
-fn event(i: usize) -> Event {
-    let text = "x".repeat(700 + i % 300);
-    let call_id = format!("call_{i}");
-    match i % 4 {
-        0 => Event::UserMessage { text },
-        1 => Event::ModelReplied(ModelReply {
-            content: Some(text),
-            tool_calls: vec![ToolCall {
-                id: call_id,
-                name: "charge".into(),
-                arguments: "{\"n\":1}".into(),
-            }],
-            usage: Usage {
-                prompt_tokens: 1000,
-                completion_tokens: 50,
-                cached_tokens: 900,
-            },
-            finish_reason: "tool_calls".into(),
-            latency_ms: 12,
-            request_digest: "d".repeat(64),
-            prefix_digest: String::new(),
-        }),
-        2 => Event::ToolStarted {
-            call_id: format!("call_{}", i - 1),
-            tool: "charge".into(),
-            args: text,
-            effect: replay::Effect::SideEffect,
-            idempotency_key: "mneme-0123456789abcdef0123456789abcdef".into(),
-            attempt: 1,
-        },
-        _ => Event::ToolFinished {
-            call_id: format!("call_{}", i - 2),
-            outcome: ToolOutcome::Ok(text),
-            duration_ms: 3,
-        },
-    }
-}
-
-fn new_event(i: usize) -> NewEvent {
-    to_new_event(&event(i))
-}
 
 struct Rate {
     per_sec: f64,

@@ -6,9 +6,9 @@
 //! gets a fresh schema in it. Without a server only sled is measured.
 
 use eventlog::{Durability, EventLog, NewEvent, SledLog};
-use mneme_e2e::bench::{bench_dir, bench_spec, to_new_event};
+use mneme_e2e::bench::{bench_dir, bench_spec, new_event, to_new_event};
 use pglog::PgLog;
-use replay::{Event, ModelReply, ToolCall, ToolOutcome, Usage};
+use replay::Event;
 use runtime::Session;
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -25,49 +25,6 @@ const SESSIONS: usize = 64;
 const EVENTS: usize = 1000;
 /// Ops of the raw fdatasync baseline.
 const RAW_OPS: usize = 2000;
-
-/// The realistic event mix of `core.rs`: a user message, a reply with a tool
-/// call, its start and its finish, about 1 KiB per event on average.
-fn event(i: usize) -> Event {
-    let text = "x".repeat(700 + i % 300);
-    match i % 4 {
-        0 => Event::UserMessage { text },
-        1 => Event::ModelReplied(ModelReply {
-            content: Some(text),
-            tool_calls: vec![ToolCall {
-                id: format!("call_{i}"),
-                name: "charge".into(),
-                arguments: "{\"n\":1}".into(),
-            }],
-            usage: Usage {
-                prompt_tokens: 1000,
-                completion_tokens: 50,
-                cached_tokens: 900,
-            },
-            finish_reason: "tool_calls".into(),
-            latency_ms: 12,
-            request_digest: "d".repeat(64),
-            prefix_digest: String::new(),
-        }),
-        2 => Event::ToolStarted {
-            call_id: format!("call_{}", i - 1),
-            tool: "charge".into(),
-            args: text,
-            effect: replay::Effect::SideEffect,
-            idempotency_key: "mneme-0123456789abcdef0123456789abcdef".into(),
-            attempt: 1,
-        },
-        _ => Event::ToolFinished {
-            call_id: format!("call_{}", i - 2),
-            outcome: ToolOutcome::Ok(text),
-            duration_ms: 3,
-        },
-    }
-}
-
-fn new_event(i: usize) -> NewEvent {
-    to_new_event(&event(i))
-}
 
 /// A backend under test.
 enum Store {

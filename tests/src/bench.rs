@@ -34,3 +34,47 @@ pub fn to_new_event(event: &replay::Event) -> eventlog::NewEvent {
         payload: event.encode(),
     }
 }
+
+/// A realistic event mix: a user message, a reply with a tool call, its
+/// start and its finish, about 1 KiB per event on average.
+pub fn event(i: usize) -> replay::Event {
+    let text = "x".repeat(700 + i % 300);
+    let call_id = format!("call_{i}");
+    match i % 4 {
+        0 => replay::Event::UserMessage { text },
+        1 => replay::Event::ModelReplied(replay::ModelReply {
+            content: Some(text),
+            tool_calls: vec![replay::ToolCall {
+                id: call_id,
+                name: "charge".into(),
+                arguments: "{\"n\":1}".into(),
+            }],
+            usage: replay::Usage {
+                prompt_tokens: 1000,
+                completion_tokens: 50,
+                cached_tokens: 900,
+            },
+            finish_reason: "tool_calls".into(),
+            latency_ms: 12,
+            request_digest: "d".repeat(64),
+            prefix_digest: String::new(),
+        }),
+        2 => replay::Event::ToolStarted {
+            call_id: format!("call_{}", i - 1),
+            tool: "charge".into(),
+            args: text,
+            effect: replay::Effect::SideEffect,
+            idempotency_key: "mneme-0123456789abcdef0123456789abcdef".into(),
+            attempt: 1,
+        },
+        _ => replay::Event::ToolFinished {
+            call_id: format!("call_{}", i - 2),
+            outcome: replay::ToolOutcome::Ok(text),
+            duration_ms: 3,
+        },
+    }
+}
+
+pub fn new_event(i: usize) -> eventlog::NewEvent {
+    to_new_event(&event(i))
+}

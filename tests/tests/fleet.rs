@@ -132,6 +132,21 @@ async fn a_daemon_frozen_past_its_leases_is_fenced_when_it_wakes() {
     let pid = frozen.child.id().unwrap() as i32;
     // SAFETY: kill(2) has no memory-safety preconditions; the pid is our child's.
     unsafe { libc::kill(pid, libc::SIGSTOP) };
+    // Until its leases lapse, the frozen daemon still owns its sessions.
+    let (status, refused) = survivor
+        .post(
+            &format!("/sessions/{}/messages", ids[0]),
+            &json!({"text": "me too"}),
+        )
+        .await;
+    assert_eq!(status, 409, "{refused}");
+    assert!(
+        refused["error"]
+            .as_str()
+            .unwrap()
+            .contains("is leased to daemon@"),
+        "{refused}"
+    );
     survivor
         .wait_all_idle(SESSIONS, Duration::from_secs(60))
         .await;

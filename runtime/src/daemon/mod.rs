@@ -132,8 +132,11 @@ pub(crate) enum TurnStart {
         String,
         tokio::sync::oneshot::Sender<Result<u64, RuntimeError>>,
     ),
-    /// Continue pending work (after a crash or a pause).
+    /// Continue pending work (after a crash or a pause), as asked.
     Resume(&'static str),
+    /// Continue a session that stopped mid-turn when its daemon died;
+    /// counted as recovered once this daemon holds its lease.
+    Recover(&'static str),
 }
 
 impl Daemon {
@@ -269,6 +272,14 @@ impl Daemon {
                     });
                 }
             }
+            TurnStart::Recover(by) => {
+                // Another daemon may have finished it before this one got
+                // the lease.
+                if was_interrupted(&Summary::of(session.state())) {
+                    self.metrics.recovered();
+                }
+                self.service.reopen(&mut session, by)?;
+            }
             TurnStart::Resume(by) => {
                 self.service.reopen(&mut session, by)?;
             }
@@ -324,11 +335,10 @@ impl Daemon {
             self.set_status(meta.session, &summary.status);
             if was_interrupted(&summary) {
                 recovered += 1;
-                self.metrics.recovered();
-                self.spawn_turn(meta.session, TurnStart::Resume("daemon recovery"));
+                self.spawn_turn(meta.session, TurnStart::Recover("daemon recovery"));
             }
         }
-        eprintln!("mneme serve: recovery resumed {recovered} sessions");
+        eprintln!("mneme serve: recovery found {recovered} interrupted sessions");
     }
 
     /// Every half lease: resumes the sessions whose leases lapsed (their
@@ -353,8 +363,7 @@ impl Daemon {
                 match self.service.current_summary(id) {
                     Ok(summary) if was_interrupted(&summary) => {
                         eprintln!("mneme serve: taking over session {id} from {}", lease.owner);
-                        self.metrics.recovered();
-                        self.spawn_turn(id, TurnStart::Resume("lease takeover"));
+                        self.spawn_turn(id, TurnStart::Recover("lease takeover"));
                     }
                     Ok(_) => {
                         let log = self.service.log().clone();

@@ -38,7 +38,7 @@ pub(crate) fn document() -> Value {
                     json!({"type": "object", "properties": {"agent": {"type": "string"}, "spec": {"type": "object"}}})),
             },
             "/sessions/{id}": {"get": op("A session's status, usage, answer and calls in doubt", "200")},
-            "/sessions/{id}/messages": {"post": with_body(op("Record a user message (durable before the reply: 202 with its seq) and run the turn; with wait, 200 with the turn's end", "202"),
+            "/sessions/{id}/messages": {"post": with_body(op("Record a user message (durable before the reply: 202 with its seq) and run the turn; with wait, 200 with the turn's end. 409 while another daemon sharing the store runs the session (the error names it)", "202"),
                 json!({"type": "object", "required": ["text"], "properties": {"text": {"type": "string"}, "wait": wait["wait"]}}))},
             "/sessions/{id}/resume": {"post": op("Continue pending work (optional body {\"wait\": true})", "202")},
             "/sessions/{id}/pause": {"post": op("Pause the session at its next step", "200")},
