@@ -8,6 +8,7 @@
 # address as MNEME_TEST_PG, runs the command, then stops the cluster and
 # removes the directory. The command's exit status is the script's.
 set -euo pipefail
+export PATH="$PATH:/usr/sbin:/sbin"
 
 find_bin() {
     if command -v initdb >/dev/null 2>&1 && command -v pg_ctl >/dev/null 2>&1; then
