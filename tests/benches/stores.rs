@@ -86,6 +86,44 @@ fn raw_fdatasync() -> f64 {
     RAW_OPS as f64 / t.elapsed().as_secs_f64()
 }
 
+/// Raw PostgreSQL on the same server: `c` connections, each inserting `n`
+/// rows of 1 KiB into a plain table under its own key, one autocommitted
+/// INSERT per row: rows/s. The floor under mneme's appends there.
+fn raw_pg_inserts(url: &str, c: usize, n: usize) -> f64 {
+    use tokio_postgres::NoTls;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let connect = || async {
+            let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
+            tokio::spawn(connection);
+            client
+        };
+        let table = format!("bench_raw_{}", Uuid::now_v7().simple());
+        connect()
+            .await
+            .batch_execute(&format!(
+                "CREATE TABLE {table} (session uuid, seq bigint, record bytea, PRIMARY KEY (session, seq))"
+            ))
+            .await
+            .unwrap();
+        let clients = futures_util::future::join_all((0..c).map(|_| connect())).await;
+        let insert = format!("INSERT INTO {table} VALUES ($1, $2, $3)");
+        let record = vec![b'x'; 1024];
+        let t = Instant::now();
+        futures_util::future::join_all(clients.iter().map(|client| async {
+            let session = Uuid::now_v7();
+            for seq in 0..n as i64 {
+                client
+                    .execute(&insert, &[&session, &seq, &record])
+                    .await
+                    .unwrap();
+            }
+        }))
+        .await;
+        (c * n) as f64 / t.elapsed().as_secs_f64()
+    })
+}
+
 /// `c` threads, each appending one event at a time to its own session and
 /// calling barrier(synced) after each, `n` appends per thread: appends/s.
 fn durable_appends(log: &dyn EventLog, c: usize, n: usize) -> f64 {
@@ -180,10 +218,19 @@ fn main() {
     for (name, _) in &stores {
         head += &format!(" {name} |");
     }
-    println!("{head}{}", if both { " pg / sled |" } else { "" });
+    let pg_url = stores.iter().find_map(|(_, store)| match store {
+        Store::Pg(url) => Some(url.clone()),
+        Store::Sled => None,
+    });
+    let extra = if both {
+        " pg / sled | raw PostgreSQL INSERT + commit | pg / raw pg |"
+    } else {
+        ""
+    };
+    println!("{head}{extra}");
     println!(
         "|---:|---:|{}",
-        "---:|".repeat(stores.len() + both as usize)
+        "---:|".repeat(stores.len() + 3 * both as usize)
     );
     for c in CONCURRENCY {
         let n = appends_per_thread(c);
@@ -195,8 +242,9 @@ fn main() {
         for rate in &rates {
             row += &format!(" {rate:.0} |");
         }
-        if let [sled, pg] = rates[..] {
-            row += &format!(" {:.2}x |", pg / sled);
+        if let ([sled, pg], Some(url)) = (&rates[..], &pg_url) {
+            let raw = raw_pg_inserts(url, c, n);
+            row += &format!(" {:.2}x | {raw:.0} | {:.2}x |", pg / sled, pg / raw);
         }
         println!("{row}");
     }
