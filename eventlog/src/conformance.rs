@@ -60,7 +60,8 @@ macro_rules! conformance_tests {
     };
 }
 
-fn event(n: u8) -> NewEvent {
+/// A small event of kind `K<n>` whose payload is `n` bytes of `n`.
+pub fn event(n: u8) -> NewEvent {
     NewEvent {
         kind: format!("K{n}"),
         schema: 1,

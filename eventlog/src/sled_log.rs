@@ -1013,17 +1013,9 @@ impl EventLog for SledLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conformance::event;
     use proptest::prelude::*;
     use std::sync::Arc;
-
-    fn event(n: u8) -> NewEvent {
-        NewEvent {
-            kind: format!("K{n}"),
-            schema: 1,
-            caused_by: None,
-            payload: vec![n; n as usize],
-        }
-    }
 
     /// sled as the conformance suite sees it: one directory per store.
     struct Sled;

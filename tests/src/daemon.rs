@@ -96,6 +96,16 @@ impl DaemonProcess {
         self.post(&path, &body).await
     }
 
+    /// Asserts that each of `ids` verifies and ended with `answer`.
+    pub async fn assert_verified_with_answer(&self, ids: &[String], answer: &str) {
+        for id in ids {
+            let (_, verified) = self.get(&format!("/sessions/{id}/verify")).await;
+            assert_eq!(verified["ok"], true, "{verified}");
+            let (_, session) = self.get(&format!("/sessions/{id}")).await;
+            assert_eq!(session["answer"], answer, "{session}");
+        }
+    }
+
     /// The value of an unlabelled counter or gauge from `/metrics`.
     pub async fn metric(&self, name: &str) -> u64 {
         let text = self

@@ -430,3 +430,23 @@ pub fn pg_store() -> String {
         uuid::Uuid::now_v7().simple()
     )
 }
+
+/// Asserts that every session charged and emailed exactly once on `sink`:
+/// each path's effects equal `sessions`, and each side-effecting call had
+/// one idempotency key that every retry reused.
+pub fn assert_billed_once(sink: &Sink, sessions: usize) {
+    let stats = sink.stats();
+    for path in ["charge", "email"] {
+        assert_eq!(
+            stats.path(path).effects,
+            sessions as u64,
+            "{path}: {:?}",
+            stats.paths
+        );
+    }
+    assert_eq!(
+        stats.hits_by_key.len(),
+        2 * sessions,
+        "one key per side-effecting call, every retry reused it"
+    );
+}

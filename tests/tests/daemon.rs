@@ -235,30 +235,10 @@ async fn sigkill_under_load_then_restart_finishes_every_session_exactly_once() {
     daemon
         .wait_all_idle(SESSIONS, Duration::from_secs(180))
         .await;
-    let stats = sink.stats();
-    assert_eq!(
-        stats.path("charge").effects,
-        SESSIONS as u64,
-        "{:?}",
-        stats.paths
-    );
-    assert_eq!(
-        stats.path("email").effects,
-        SESSIONS as u64,
-        "{:?}",
-        stats.paths
-    );
-    assert_eq!(
-        stats.hits_by_key.len(),
-        2 * SESSIONS,
-        "one key per call, every retry reused it"
-    );
-    for id in &ids {
-        let (_, verified) = daemon.get(&format!("/sessions/{id}/verify")).await;
-        assert_eq!(verified["ok"], true, "{verified}");
-        let (_, session) = daemon.get(&format!("/sessions/{id}")).await;
-        assert_eq!(session["answer"], "Charged and emailed.", "{session}");
-    }
+    assert_billed_once(&sink, SESSIONS);
+    daemon
+        .assert_verified_with_answer(&ids, "Charged and emailed.")
+        .await;
     let recovered = daemon.metric("mneme_sessions_recovered_total").await;
     assert!(recovered > 0 && recovered <= SESSIONS as u64, "{recovered}");
     assert!(daemon.terminate().await.success());

@@ -64,30 +64,10 @@ async fn sigkill_one_of_two_daemons_mid_load_and_the_other_finishes_every_sessio
     survivor
         .wait_all_idle(SESSIONS, Duration::from_secs(120))
         .await;
-    let stats = sink.stats();
-    assert_eq!(
-        stats.path("charge").effects,
-        SESSIONS as u64,
-        "{:?}",
-        stats.paths
-    );
-    assert_eq!(
-        stats.path("email").effects,
-        SESSIONS as u64,
-        "{:?}",
-        stats.paths
-    );
-    assert_eq!(
-        stats.hits_by_key.len(),
-        2 * SESSIONS,
-        "one key per side-effecting call, every retry reused it"
-    );
-    for id in &ids {
-        let (_, verified) = survivor.get(&format!("/sessions/{id}/verify")).await;
-        assert_eq!(verified["ok"], true, "{verified}");
-        let (_, session) = survivor.get(&format!("/sessions/{id}")).await;
-        assert_eq!(session["answer"], "Charged and emailed.", "{session}");
-    }
+    assert_billed_once(&sink, SESSIONS);
+    survivor
+        .assert_verified_with_answer(&ids, "Charged and emailed.")
+        .await;
     let taken_over = survivor.metric("mneme_sessions_recovered_total").await;
     assert!(
         (1..=SESSIONS as u64 / 2).contains(&taken_over),
@@ -170,22 +150,11 @@ async fn a_daemon_frozen_past_its_leases_is_fenced_when_it_wakes() {
             count,
             "the woken daemon appended to {id} after it was taken over"
         );
-        let (_, verified) = survivor.get(&format!("/sessions/{id}/verify")).await;
-        assert_eq!(verified["ok"], true, "{verified}");
     }
-    let stats = sink.stats();
-    assert_eq!(
-        stats.path("charge").effects,
-        SESSIONS as u64,
-        "{:?}",
-        stats.paths
-    );
-    assert_eq!(
-        stats.path("email").effects,
-        SESSIONS as u64,
-        "{:?}",
-        stats.paths
-    );
+    assert_billed_once(&sink, SESSIONS);
+    survivor
+        .assert_verified_with_answer(&ids, "Charged and emailed.")
+        .await;
     assert!(frozen.terminate().await.success());
     assert!(survivor.terminate().await.success());
 }
