@@ -106,17 +106,15 @@ impl DaemonProcess {
         }
     }
 
+    /// The Prometheus text of `/metrics`.
+    pub async fn metrics_text(&self) -> String {
+        let response = self.http.get(self.url("/metrics")).send().await.unwrap();
+        response.text().await.unwrap()
+    }
+
     /// The value of an unlabelled counter or gauge from `/metrics`.
     pub async fn metric(&self, name: &str) -> u64 {
-        let text = self
-            .http
-            .get(self.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = self.metrics_text().await;
         text.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
             .unwrap_or_else(|| panic!("no metric {name} in {text}"))
@@ -175,7 +173,7 @@ impl DaemonProcess {
 
 /// Reads an event stream into `seen` until it contains `needle`; fails if
 /// the stream stalls for 10 s or ends first.
-pub async fn read_until(
+async fn read_until(
     stream: &mut (impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
     seen: &mut String,
     needle: &str,
@@ -189,4 +187,41 @@ pub async fn read_until(
             .unwrap();
         seen.push_str(&String::from_utf8_lossy(&chunk));
     }
+}
+
+/// Runs a session of two turns on `runner` (a model answering "one", then
+/// "two") and follows its event stream on `watcher` from after the first
+/// turn until the second answer arrives. Returns the stream's content type
+/// and everything it carried.
+pub async fn follow_two_turns(
+    runner: &DaemonProcess,
+    watcher: &DaemonProcess,
+    agent_toml: &str,
+) -> (String, String) {
+    let id = runner.create(agent_toml).await;
+    let messages = format!("/sessions/{id}/messages");
+    runner
+        .post(
+            &messages,
+            &serde_json::json!({"text": "first", "wait": true}),
+        )
+        .await;
+    let response = watcher
+        .http
+        .get(watcher.url(&format!("/sessions/{id}/events?follow=true")))
+        .send()
+        .await
+        .unwrap();
+    let content_type = response.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let mut stream = response.bytes_stream();
+    let mut seen = String::new();
+    read_until(&mut stream, &mut seen, "\"one\"").await;
+    runner
+        .post(&messages, &serde_json::json!({"text": "second"}))
+        .await;
+    read_until(&mut stream, &mut seen, "\"two\"").await;
+    (content_type, seen)
 }

@@ -1,7 +1,7 @@
 //! `mneme serve` end to end: the API, its security, live streams, recovery
 //! after SIGKILL under load, and graceful shutdown.
 
-use mneme_e2e::daemon::{read_until, DaemonProcess, TOKEN};
+use mneme_e2e::daemon::{follow_two_turns, DaemonProcess, TOKEN};
 use mneme_e2e::*;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -48,15 +48,7 @@ async fn the_api_runs_a_turn_and_shows_its_log() {
     assert_eq!(verified["ok"], true, "{verified}");
     let (_, listed) = daemon.get("/sessions?status=idle").await;
     assert_eq!(listed.as_array().unwrap().len(), 1);
-    let metrics = daemon
-        .http
-        .get(daemon.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = daemon.metrics_text().await;
     assert!(
         metrics.contains("mneme_events_appended_total 11"),
         "{metrics}"
@@ -151,34 +143,13 @@ async fn the_event_stream_replays_history_then_follows() {
     )
     .await;
     let daemon = DaemonProcess::start(&world.data(), &[]).await;
-    let id = daemon.create(&agent_toml(&model.base_url(), &[])).await;
-    daemon
-        .post(
-            &format!("/sessions/{id}/messages"),
-            &json!({"text": "first", "wait": true}),
-        )
-        .await;
-    let response = daemon
-        .http
-        .get(daemon.url(&format!("/sessions/{id}/events?follow=true")))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.headers()["content-type"], "text/event-stream");
-    let mut stream = response.bytes_stream();
-    let mut seen = String::new();
-    read_until(&mut stream, &mut seen, "\"one\"").await;
+    let agent = agent_toml(&model.base_url(), &[]);
+    let (content_type, seen) = follow_two_turns(&daemon, &daemon, &agent).await;
+    assert_eq!(content_type, "text/event-stream");
     assert!(
         seen.contains("event: SessionStarted") && seen.contains("event: ModelReplied"),
         "{seen}"
     );
-    daemon
-        .post(
-            &format!("/sessions/{id}/messages"),
-            &json!({"text": "second"}),
-        )
-        .await;
-    read_until(&mut stream, &mut seen, "\"two\"").await;
     assert_eq!(seen.matches("event: UserMessage").count(), 2, "{seen}");
     assert!(daemon.terminate().await.success());
 }

@@ -2,7 +2,7 @@
 //! daemon when their owner dies, every side effect still happens once, and
 //! live streams follow sessions that another daemon runs.
 
-use mneme_e2e::daemon::{read_until, DaemonProcess};
+use mneme_e2e::daemon::{follow_two_turns, DaemonProcess};
 use mneme_e2e::*;
 use serde_json::json;
 use std::time::{Duration, Instant};
@@ -170,29 +170,8 @@ async fn a_session_runs_on_one_daemon_and_the_other_streams_it_live() {
     .await;
     let runner = daemon_on(&world, "a", &store).await;
     let watcher = daemon_on(&world, "b", &store).await;
-    let id = runner.create(&agent_toml(&model.base_url(), &[])).await;
-    runner
-        .post(
-            &format!("/sessions/{id}/messages"),
-            &json!({"text": "first", "wait": true}),
-        )
-        .await;
-    let response = watcher
-        .http
-        .get(watcher.url(&format!("/sessions/{id}/events?follow=true")))
-        .send()
-        .await
-        .unwrap();
-    let mut stream = response.bytes_stream();
-    let mut seen = String::new();
-    read_until(&mut stream, &mut seen, "\"one\"").await;
-    runner
-        .post(
-            &format!("/sessions/{id}/messages"),
-            &json!({"text": "second"}),
-        )
-        .await;
-    read_until(&mut stream, &mut seen, "\"two\"").await;
+    let agent = agent_toml(&model.base_url(), &[]);
+    let (_, seen) = follow_two_turns(&runner, &watcher, &agent).await;
     assert_eq!(seen.matches("event: UserMessage").count(), 2, "{seen}");
     assert!(runner.terminate().await.success());
     assert!(watcher.terminate().await.success());
