@@ -5,7 +5,7 @@
 //! MessagePack envelope, SHA-256 chain hash), so an export from one backend
 //! imports into the other and verifies. What PostgreSQL adds:
 //! - an append is one transaction (`mneme_append`), durable once it commits
-//!   (per the server's `synchronous_commit`), so every barrier is free;
+//!   (connections set `synchronous_commit=on`), so every barrier is free;
 //! - optimistic concurrency on (session, seq): a writer that lost a race
 //!   gets [`LogError::Conflict`], as on sled;
 //! - leases with fencing tokens: while this handle holds a session's lease,
@@ -39,6 +39,9 @@ use uuid::Uuid;
 
 /// Sessions whose heads a handle remembers before it starts over.
 const HEAD_CACHE_SESSIONS: usize = 100_000;
+
+/// How long a call waits for a free connection before it fails.
+const POOL_WAIT: Duration = Duration::from_secs(30);
 
 /// Connections the pool keeps open at most.
 const POOL_SIZE: usize = 16;
@@ -85,8 +88,12 @@ impl PgLog {
         );
         let pool = Pool::builder(manager)
             .max_size(POOL_SIZE)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(POOL_WAIT))
+            .create_timeout(Some(schema::CONNECT_TIMEOUT))
+            .recycle_timeout(Some(schema::CONNECT_TIMEOUT))
             .build()
-            .expect("a pool without timeouts needs no runtime");
+            .expect("a pool with a runtime accepts timeouts");
         let (appended, to_announce) = tokio::sync::mpsc::unbounded_channel();
         runtime.spawn(schema::announce(
             pool.clone(),
@@ -787,6 +794,25 @@ mod tests {
             matches!(err, LogError::SchemaTooNew { found: 999, .. }),
             "{err}"
         );
+    }
+
+    #[test]
+    fn connections_commit_synchronously_whatever_the_server_default() {
+        let url = eventlog::conformance::Backend::create(&Postgres);
+        let log = PgLog::connect(&url).unwrap();
+        let db = log.db();
+        let settings = log
+            .block(async move {
+                db.query(
+                    "read settings",
+                    "SELECT current_setting('synchronous_commit'), current_setting('statement_timeout')",
+                    &[],
+                )
+                .await
+            })
+            .unwrap();
+        let (commit, timeout): (String, String) = (settings[0].get(0), settings[0].get(1));
+        assert_eq!((commit.as_str(), timeout.as_str()), ("on", "1min"));
     }
 
     #[test]

@@ -14,6 +14,12 @@ use uuid::Uuid;
 pub(crate) const MIGRATIONS: &[(i32, &str)] =
     &[(1, include_str!("../migrations/001_event_log.sql"))];
 
+/// How long connecting to the server may take.
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long one statement may run on the server.
+const STATEMENT_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// A parsed store address.
 pub(crate) struct Target {
     pub(crate) config: tokio_postgres::Config,
@@ -59,10 +65,22 @@ impl Target {
         let mut config: tokio_postgres::Config = rest
             .parse()
             .map_err(|e: tokio_postgres::Error| invalid(e.to_string()))?;
+        // An acknowledged append must survive the server's crash, whatever
+        // the server's default; a dead peer must not hang a call forever.
+        let mut options = format!(
+            "{} -c synchronous_commit=on -c statement_timeout={}",
+            config.get_options().unwrap_or(""),
+            STATEMENT_TIMEOUT.as_millis()
+        );
         if let Some(name) = &schema {
-            config.options(format!("-c search_path={name}"));
+            options += &format!(" -c search_path={name}");
         }
-        config.application_name("mneme");
+        config
+            .options(options.trim())
+            .application_name("mneme")
+            .connect_timeout(CONNECT_TIMEOUT)
+            .keepalives(true)
+            .keepalives_idle(Duration::from_secs(10));
         Ok(Target {
             config,
             display: redact(url),

@@ -268,9 +268,10 @@ impl Ctx {
             ),
         };
         eprintln!("session {}", session.id());
-        let _lease = self.hold(session.id())?;
+        let lease = self.hold(session.id())?;
         self.service.post_message(&mut session, message)?;
-        self.drive(&mut session, json.json).await
+        self.drive_then_release(lease, &mut session, json.json, true)
+            .await
     }
 
     async fn drive(&self, session: &mut Session, json: bool) -> Result<ExitCode> {
@@ -290,11 +291,13 @@ impl Ctx {
         };
         let mut worst = ExitCode::SUCCESS;
         for id in ids {
-            let _lease = self.hold(id)?;
+            let lease = self.hold(id)?;
             let mut session = self.service.load(id)?;
             self.service.reopen(&mut session, "mneme resume")?;
             eprintln!("session {id}");
-            let code = self.drive(&mut session, json.json).await?;
+            let code = self
+                .drive_then_release(lease, &mut session, json.json, true)
+                .await?;
             if code != ExitCode::SUCCESS {
                 worst = code;
             }
@@ -336,21 +339,20 @@ impl Ctx {
     }
 
     async fn approve(&self, a: crate::ApproveArgs) -> Result<ExitCode> {
-        let _lease = self.hold(a.session)?;
+        let lease = self.hold(a.session)?;
         let mut session = self.service.load(a.session)?;
         let can_continue =
             self.service
                 .decide_approval(&mut session, &a.call_id, !a.deny, &a.by)?;
         let verb = if a.deny { "denied" } else { "approved" };
         eprintln!("session {}: call {} {verb}", a.session, a.call_id);
-        if a.no_resume || !can_continue {
-            return Ok(ExitCode::SUCCESS);
-        }
-        self.drive(&mut session, a.json.json).await
+        let go_on = can_continue && !a.no_resume;
+        self.drive_then_release(lease, &mut session, a.json.json, go_on)
+            .await
     }
 
     async fn resolve(&self, a: crate::ResolveArgs) -> Result<ExitCode> {
-        let _lease = self.hold(a.session)?;
+        let lease = self.hold(a.session)?;
         let mut session = self.service.load(a.session)?;
         let resolution = service::resolution(a.retry, a.result.as_deref(), a.fail.as_deref())
             .map_err(|e| anyhow::anyhow!(e))?;
@@ -358,10 +360,28 @@ impl Ctx {
             .service
             .resolve(&mut session, &a.call_id, resolution, &a.by)?;
         eprintln!("session {}: call {} resolved", a.session, a.call_id);
-        if a.no_resume || !can_continue {
-            return Ok(ExitCode::SUCCESS);
-        }
-        self.drive(&mut session, a.json.json).await
+        let go_on = can_continue && !a.no_resume;
+        self.drive_then_release(lease, &mut session, a.json.json, go_on)
+            .await
+    }
+
+    /// Drives the session (if `go_on`) to the end of its turn, then gives
+    /// its lease up. On an error the lease is dropped instead, and lapses at
+    /// once: a daemon sharing the store may take the session over.
+    async fn drive_then_release(
+        &self,
+        lease: HeldLease,
+        session: &mut Session,
+        json: bool,
+        go_on: bool,
+    ) -> Result<ExitCode> {
+        let code = if go_on {
+            self.drive(session, json).await?
+        } else {
+            ExitCode::SUCCESS
+        };
+        lease.release();
+        Ok(code)
     }
 }
 

@@ -26,13 +26,15 @@ pub fn owner_name(role: &str) -> String {
 }
 
 /// A lease held for as long as this value lives, renewed every third of its
-/// time to live. Dropping it releases the lease; [`HeldLease::abandon`]
-/// leaves it to lapse, so that another process takes the session over.
+/// time to live. [`HeldLease::release`] gives it up once the session is at
+/// rest; dropping it otherwise (the turn failed, was paused by a shutdown,
+/// or never finished) lets it lapse at once, so that any daemon sharing the
+/// store takes the session over on its next look.
 pub struct HeldLease {
     log: Arc<dyn EventLog>,
     lease: Arc<Mutex<Lease>>,
     renewer: tokio::task::JoinHandle<()>,
-    release: bool,
+    released: bool,
 }
 
 impl HeldLease {
@@ -50,14 +52,23 @@ impl HeldLease {
             log,
             lease,
             renewer,
-            release: true,
+            released: false,
         })
     }
 
-    /// Stops renewing without releasing: the lease lapses after its time to
-    /// live and another process may take the session over.
-    pub fn abandon(mut self) {
-        self.release = false;
+    /// Gives the lease up: the session is at rest, nobody needs to take it
+    /// over.
+    pub fn release(mut self) {
+        self.renewer.abort();
+        self.released = true;
+        let lease = self.current();
+        if let Err(e) = self.log.release_lease(&lease) {
+            eprintln!("mneme: releasing the lease of {}: {e}", lease.session);
+        }
+    }
+
+    fn current(&self) -> Lease {
+        self.lease.lock().expect("lease lock").clone()
     }
 }
 
@@ -83,13 +94,17 @@ async fn renew(log: Arc<dyn EventLog>, lease: Arc<Mutex<Lease>>, ttl: Duration) 
 }
 
 impl Drop for HeldLease {
+    /// Unless released: the lease lapses now (a lease already taken over is
+    /// left alone, its token no longer matches).
     fn drop(&mut self) {
+        if self.released {
+            return;
+        }
         self.renewer.abort();
-        if self.release {
-            let lease = self.lease.lock().expect("lease lock").clone();
-            if let Err(e) = self.log.release_lease(&lease) {
-                eprintln!("mneme: releasing the lease of {}: {e}", lease.session);
-            }
+        let lease = self.current();
+        match self.log.renew_lease(&lease, Duration::ZERO) {
+            Ok(_) | Err(LogError::Fenced { .. }) => {}
+            Err(e) => eprintln!("mneme: handing over the lease of {}: {e}", lease.session),
         }
     }
 }

@@ -86,8 +86,15 @@ pub fn export(
 }
 
 fn line_of(record: &Record) -> Result<Line, LogError> {
-    let (_, sealed) = Record::seal(record.envelope.clone())?;
+    let (resealed, sealed) = Record::seal(record.envelope.clone())?;
     let e = &record.envelope;
+    if resealed.hash != record.hash {
+        return Err(LogError::Corrupt {
+            session: e.session,
+            seq: e.seq,
+            reason: "this build cannot re-encode the record to its stored bytes (written by another encoder); export it with the mneme that wrote it".into(),
+        });
+    }
     Ok(Line {
         session: e.session,
         seq: e.seq,

@@ -556,6 +556,22 @@ struct Follow {
 }
 
 impl Follow {
+    /// The session's durable head: the log's, capped by this daemon's last
+    /// barrier while one of its turns runs the session (elsewhere, what
+    /// another daemon appended is in the store, committed).
+    fn durable_head(&self) -> Option<u64> {
+        let head = self.daemon.service.log().head(self.id).ok()?.seq;
+        if !self.daemon.is_running(self.id) {
+            return Some(head);
+        }
+        Some(
+            self.daemon
+                .metrics
+                .durable_head(self.id)
+                .map_or(head, |d| d.min(head)),
+        )
+    }
+
     fn into_stream(
         self,
     ) -> impl futures_util::Stream<Item = Result<SseEvent, std::convert::Infallible>> {
@@ -580,12 +596,7 @@ impl Follow {
                     Ok((session, seq)) if session == f.id => seq,
                     Ok(_) => continue,
                     // Fell behind, or looking anyway: catch up to what is durable.
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                        match f.daemon.metrics.durable_head(f.id) {
-                            Some(seq) => seq,
-                            None => f.daemon.service.log().head(f.id).ok()?.seq,
-                        }
-                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => f.durable_head()?,
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
                 };
                 if upto < f.next {

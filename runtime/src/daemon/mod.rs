@@ -217,6 +217,11 @@ impl Daemon {
         active
     }
 
+    /// Whether a turn of `id` runs in this daemon now.
+    pub(crate) fn is_running(&self, id: Uuid) -> bool {
+        self.active.lock().expect("active").contains(&id)
+    }
+
     /// Withdraws a pause request no turn consumed.
     pub(crate) fn withdraw_pause(&self, id: Uuid) {
         self.pause_requests.lock().expect("pause lock").remove(&id);
@@ -246,9 +251,12 @@ impl Daemon {
         self.active.lock().expect("active").remove(&id);
         // A pause asked for during the turn's last step has nothing to pause.
         self.withdraw_pause(id);
-        if matches!(&result, Ok(TurnEnd::Paused(reason)) if reason == SHUTDOWN_REASON) {
-            // Another daemon sharing the store takes it over once it lapses.
-            lease.abandon();
+        match &result {
+            // Interrupted (a shutdown, an error): the lease lapses on drop
+            // and whichever daemon looks next takes the session over.
+            Ok(TurnEnd::Paused(reason)) if reason == SHUTDOWN_REASON => {}
+            Err(_) => {}
+            Ok(_) => lease.release(),
         }
         result
     }
@@ -272,13 +280,13 @@ impl Daemon {
                     });
                 }
             }
+            // Another daemon may have finished it, or a person paused it,
+            // before this one got the lease: then there is nothing to do.
             TurnStart::Recover(by) => {
-                // Another daemon may have finished it before this one got
-                // the lease.
                 if was_interrupted(&Summary::of(session.state())) {
                     self.metrics.recovered();
+                    self.service.reopen(&mut session, by)?;
                 }
-                self.service.reopen(&mut session, by)?;
             }
             TurnStart::Resume(by) => {
                 self.service.reopen(&mut session, by)?;
@@ -365,9 +373,15 @@ impl Daemon {
                         eprintln!("mneme serve: taking over session {id} from {}", lease.owner);
                         self.spawn_turn(id, TurnStart::Recover("lease takeover"));
                     }
+                    // At rest: clear the lapsed lease, unless a turn of this
+                    // daemon is starting (it holds the session's lock).
                     Ok(_) => {
+                        let lock = self.lock_for(id);
+                        let Ok(_turn) = lock.try_lock() else { continue };
                         let log = self.service.log().clone();
-                        let _ = HeldLease::acquire(log, id, &self.config.owner, every);
+                        if let Ok(lease) = HeldLease::acquire(log, id, &self.config.owner, every) {
+                            lease.release();
+                        }
                     }
                     Err(e) => eprintln!("mneme serve: session {id} not taken over: {e}"),
                 }
