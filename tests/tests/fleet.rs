@@ -11,9 +11,30 @@ use std::time::{Duration, Instant};
 const LEASE_TTL_MS: &str = "1500";
 
 async fn daemon_on(world: &World, name: &str, store: &str) -> DaemonProcess {
+    daemon_with_ttl(world, name, store, LEASE_TTL_MS).await
+}
+
+async fn daemon_with_ttl(world: &World, name: &str, store: &str, ttl_ms: &str) -> DaemonProcess {
     let data = world.dir.path().join(name);
     std::fs::create_dir_all(&data).unwrap();
-    DaemonProcess::start(&data, &["--store", store, "--lease-ttl-ms", LEASE_TTL_MS]).await
+    DaemonProcess::start(&data, &["--store", store, "--lease-ttl-ms", ttl_ms]).await
+}
+
+/// The billing agent, its lookup slow enough that every turn is under way
+/// when the daemon running it stops.
+fn slow_billing_agent(model: &MockModel, sink: &Sink) -> String {
+    let [charge, _, email] = billing_tools(sink);
+    let slow_lookup = command_tool(
+        "lookup",
+        &[
+            "sh",
+            "-c",
+            "cat >/dev/null; sleep 2; echo '{\"name\":\"Ada\"}'",
+        ],
+        "read_only",
+        10,
+    );
+    agent_toml(&model.base_url(), &[charge, slow_lookup, email])
 }
 
 fn billing_replies() -> Vec<MockReply> {
@@ -83,20 +104,7 @@ async fn a_daemon_frozen_past_its_leases_is_fenced_when_it_wakes() {
     let store = pg_store();
     let model = MockModel::start(billing_replies(), Fault::None).await;
     let sink = Sink::start().await.unwrap();
-    // A lookup slow enough that every turn is under way when the daemon
-    // running it freezes.
-    let [charge, _, email] = billing_tools(&sink);
-    let slow_lookup = command_tool(
-        "lookup",
-        &[
-            "sh",
-            "-c",
-            "cat >/dev/null; sleep 2; echo '{\"name\":\"Ada\"}'",
-        ],
-        "read_only",
-        10,
-    );
-    let agent = agent_toml(&model.base_url(), &[charge, slow_lookup, email]);
+    let agent = slow_billing_agent(&model, &sink);
     let frozen = daemon_on(&world, "a", &store).await;
     let survivor = daemon_on(&world, "b", &store).await;
     let mut ids = Vec::new();
@@ -175,4 +183,46 @@ async fn a_session_runs_on_one_daemon_and_the_other_streams_it_live() {
     assert_eq!(seen.matches("event: UserMessage").count(), 2, "{seen}");
     assert!(runner.terminate().await.success());
     assert!(watcher.terminate().await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_shut_down_mid_turn_hands_its_sessions_over_at_once() {
+    const SESSIONS: usize = 6;
+    // Leases far longer than the test: only a handover can explain a takeover.
+    const LONG_TTL_MS: &str = "120000";
+    let world = World::new();
+    let store = pg_store();
+    let model = MockModel::start(billing_replies(), Fault::None).await;
+    let sink = Sink::start().await.unwrap();
+    let agent = slow_billing_agent(&model, &sink);
+    let leaving = daemon_with_ttl(&world, "a", &store, LONG_TTL_MS).await;
+    let staying = daemon_with_ttl(&world, "b", &store, LONG_TTL_MS).await;
+    let mut ids = Vec::new();
+    for _ in 0..SESSIONS {
+        let id = leaving.create(&agent).await;
+        let (status, body) = leaving
+            .post(&format!("/sessions/{id}/messages"), &json!({"text": "go"}))
+            .await;
+        assert_eq!(status, 202, "{body}");
+        ids.push(id);
+    }
+    let started = Instant::now();
+    assert!(leaving.terminate().await.success());
+    staying
+        .wait_all_idle(SESSIONS, Duration::from_secs(60))
+        .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "taken over long before the leases' 120 s"
+    );
+    assert_eq!(
+        staying.metric("mneme_sessions_recovered_total").await,
+        SESSIONS as u64,
+        "every session paused by the shutdown moved to the other daemon"
+    );
+    assert_billed_once(&sink, SESSIONS);
+    staying
+        .assert_verified_with_answer(&ids, "Charged and emailed.")
+        .await;
+    assert!(staying.terminate().await.success());
 }

@@ -6,7 +6,8 @@
 //! in memory, only their status. On start the daemon resumes, in the
 //! background, every session that was running when the last process died;
 //! it serves requests meanwhile. Every half lease it looks for leases that
-//! lapsed (their daemon died) and takes those sessions over. On SIGTERM or ctrl-c it stops taking turns, lets each running
+//! lapsed (their daemon died or handed them over) and takes those sessions
+//! over. On SIGTERM or ctrl-c it stops taking turns, lets each running
 //! turn finish its current step (tool calls under way complete) up to a
 //! deadline, pauses those turns with a SessionPaused, checkpoints and exits 0.
 
@@ -35,6 +36,10 @@ use uuid::Uuid;
 /// Reason recorded when a shutdown pauses a turn; such sessions are resumed
 /// when the daemon starts again.
 pub const SHUTDOWN_REASON: &str = "daemon shutting down";
+
+/// The longest wait between two looks for lapsed leases: a lease handed
+/// over at once (a shutdown, a failed turn) is taken over within it.
+const LOOK_FOR_LAPSED_LEASES: Duration = Duration::from_secs(1);
 
 /// Name of the file in the data directory that tells the CLI where the
 /// daemon listens.
@@ -349,11 +354,11 @@ impl Daemon {
         eprintln!("mneme serve: recovery found {recovered} interrupted sessions");
     }
 
-    /// Every half lease: resumes the sessions whose leases lapsed (their
+    /// Every half lease (at most a second): resumes the sessions whose leases lapsed (their
     /// daemon died or was cut off) and that were interrupted mid-turn; clears
     /// lapsed leases of sessions at rest.
     async fn take_over_lapsed(self: Arc<Self>) {
-        let every = self.config.lease_ttl / 2;
+        let every = (self.config.lease_ttl / 2).min(LOOK_FOR_LAPSED_LEASES);
         while !self.is_shutting_down() {
             tokio::time::sleep(every).await;
             let lapsed = match self.service.log().expired_leases() {
