@@ -21,7 +21,8 @@
 //!
 //! The trait is synchronous; this handle runs its own small tokio runtime
 //! and blocks the caller on it, so it may be called from any thread,
-//! including another runtime's workers.
+//! including another runtime's workers (there through `block_in_place`, so
+//! that runtime's other tasks go on meanwhile).
 
 mod schema;
 
@@ -134,7 +135,16 @@ impl PgLog {
             .spawn(async move {
                 let _ = tx.send(work.await);
             });
-        rx.recv().unwrap_or_else(|_| {
+        // On a worker of a multi-threaded tokio runtime (the daemon's),
+        // let the runtime move its other tasks elsewhere while this waits.
+        let in_workers = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        let received = if in_workers {
+            tokio::task::block_in_place(|| rx.recv())
+        } else {
+            rx.recv()
+        };
+        received.unwrap_or_else(|_| {
             Err(LogError::Backend {
                 store: self.store.clone(),
                 what: "the store's runtime stopped".into(),
