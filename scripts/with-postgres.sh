@@ -46,6 +46,8 @@ stop() {
     rm -rf "$dir"
 }
 trap stop EXIT
+trap "exit 130" INT
+trap "exit 143" TERM
 
 "${as_pg[@]}" "$bin/initdb" -D "$dir/data" -U mneme -A trust --no-sync -E UTF8 >"$dir/initdb.log" 2>&1 \
     || { cat "$dir/initdb.log" >&2; exit 1; }

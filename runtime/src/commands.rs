@@ -237,9 +237,10 @@ impl Ctx {
             self.log().verify(*id)?;
         }
         eprintln!(
-            "imported {} records into {} sessions; every chain verifies",
+            "imported {} records into {} sessions ({} already held); every chain verifies",
             done.records,
-            done.sessions.len()
+            done.sessions.len(),
+            done.already_held
         );
         Ok(ExitCode::SUCCESS)
     }

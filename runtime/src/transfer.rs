@@ -5,7 +5,8 @@
 //! read, and `sealed`, the record's exact stored bytes in hex, which are
 //! what an import trusts. The import checks every record's hash and its link
 //! to the one before, and refuses a line whose readable fields disagree with
-//! its sealed bytes, naming the line.
+//! its sealed bytes, naming the line. Records the target already holds,
+//! identical, are skipped, so an interrupted import can simply run again.
 
 use eventlog::{EventLog, LogError, Record};
 use serde::{Deserialize, Serialize};
@@ -112,25 +113,35 @@ fn line_of(record: &Record) -> Result<Line, LogError> {
 /// What an import stored.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Imported {
-    /// Sessions written to, in the order first seen.
+    /// Sessions written to or found complete, in the order first seen.
     pub sessions: Vec<Uuid>,
     /// Records stored.
     pub records: u64,
+    /// Records skipped because the store already held them, identical.
+    pub already_held: u64,
+}
+
+/// A checked line waiting to be stored.
+struct Pending {
+    seq: u64,
+    hash: eventlog::Hash,
+    sealed: Vec<u8>,
 }
 
 /// Reads JSON lines written by [`export`] into `log`, each session's
-/// records after its head there, checking every hash and link. Stops at the
+/// records after its head there, checking every hash and link; records the
+/// store already holds must be identical and are skipped. Stops at the
 /// first bad line; what came before it is stored and verified.
 pub fn import(log: &dyn EventLog, input: &mut dyn BufRead) -> Result<Imported, TransferError> {
     let mut imported = Imported::default();
-    let mut batch: Vec<Vec<u8>> = Vec::new();
+    let mut batch: Vec<Pending> = Vec::new();
     let mut current: Option<Run> = None;
     for (n, text) in input.lines().enumerate() {
         let (line_no, text) = (n + 1, text?);
         if text.trim().is_empty() {
             continue;
         }
-        let (session, seq, sealed) = match parse_line(line_no, &text) {
+        let (session, pending) = match parse_line(line_no, &text) {
             Ok(parsed) => parsed,
             Err(e) => {
                 flush(log, current, &mut batch, &mut imported)?;
@@ -144,10 +155,10 @@ pub fn import(log: &dyn EventLog, input: &mut dyn BufRead) -> Result<Imported, T
             current = Some(Run {
                 session,
                 line: line_no,
-                seq,
+                seq: pending.seq,
             });
         }
-        batch.push(sealed);
+        batch.push(pending);
     }
     flush(log, current, &mut batch, &mut imported)?;
     Ok(imported)
@@ -163,47 +174,63 @@ struct Run {
     seq: u64,
 }
 
-/// Stores one session's run of lines.
+/// Stores one session's run of lines, after skipping those the store
+/// already holds (each must be identical to the held record).
 fn flush(
     log: &dyn EventLog,
     current: Option<Run>,
-    batch: &mut Vec<Vec<u8>>,
+    batch: &mut Vec<Pending>,
     imported: &mut Imported,
 ) -> Result<(), TransferError> {
-    let Some(Run { session, line, seq }) = current else {
+    let Some(run) = current else {
         return Ok(());
     };
     if batch.is_empty() {
         return Ok(());
     }
-    let count = batch.len() as u64;
-    let before = log.head(session)?.seq;
-    if seq <= before {
-        return Err(TransferError::BadLine {
-            line,
-            reason: format!(
-                "session {session} already holds seq {seq} here (its head is seq {before}): import only the records that follow"
-            ),
-        });
+    let session = run.session;
+    let line_of = |seq: u64| run.line + seq.saturating_sub(run.seq) as usize;
+    let head = log.head(session)?.seq;
+    let held = batch.iter().take_while(|p| p.seq <= head).count();
+    if held > 0 {
+        let stored = log.read(session, run.seq, batch[held - 1].seq)?;
+        for (i, pending) in batch[..held].iter().enumerate() {
+            let same = stored
+                .get(i)
+                .is_some_and(|r| r.envelope.seq == pending.seq && r.hash == pending.hash);
+            if !same {
+                return Err(TransferError::BadLine {
+                    line: line_of(pending.seq),
+                    reason: format!(
+                        "session {session} seq {}: differs from the record this store already holds",
+                        pending.seq
+                    ),
+                });
+            }
+        }
     }
-    log.import(session, std::mem::take(batch))
-        .map_err(|e| match e {
+    let fresh: Vec<Vec<u8>> = batch.drain(..).skip(held).map(|p| p.sealed).collect();
+    let count = fresh.len() as u64;
+    if !fresh.is_empty() {
+        log.import(session, fresh).map_err(|e| match e {
             LogError::Corrupt { seq, reason, .. } => TransferError::BadLine {
-                line: line + seq.saturating_sub(before + 1) as usize,
+                line: line_of(seq),
                 reason: format!("session {session} seq {seq}: {reason}"),
             },
             other => other.into(),
         })?;
+    }
     if !imported.sessions.contains(&session) {
         imported.sessions.push(session);
     }
     imported.records += count;
+    imported.already_held += held as u64;
     Ok(())
 }
 
 /// The session and sealed bytes of one line, after checking that its
 /// readable fields say what the sealed bytes say.
-fn parse_line(line: usize, text: &str) -> Result<(Uuid, u64, Vec<u8>), TransferError> {
+fn parse_line(line: usize, text: &str) -> Result<(Uuid, Pending), TransferError> {
     let bad = |reason: String| TransferError::BadLine { line, reason };
     let parsed: Line =
         serde_json::from_str(text).map_err(|e| bad(format!("not an exported record: {e}")))?;
@@ -224,7 +251,12 @@ fn parse_line(line: usize, text: &str) -> Result<(Uuid, u64, Vec<u8>), TransferE
             parsed.session, parsed.seq
         )));
     }
-    Ok((parsed.session, parsed.seq, sealed))
+    let pending = Pending {
+        seq: parsed.seq,
+        hash: record.hash,
+        sealed,
+    };
+    Ok((parsed.session, pending))
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -287,7 +319,8 @@ mod tests {
             done,
             Imported {
                 sessions: vec![a, b],
-                records: 5
+                records: 5,
+                already_held: 0
             }
         );
         for id in [a, b] {
@@ -325,15 +358,27 @@ mod tests {
                 .to_string();
             assert!(err.contains(line) && err.contains(what), "{err}");
         }
+    }
+
+    #[test]
+    fn an_interrupted_import_runs_again_skipping_what_is_held() {
+        let a = Uuid::now_v7();
+        let (_dir, source) = log_with(&[(a, 3)]);
+        let text = exported(&source, &[a]);
         let (_dir2, target) = log_with(&[]);
-        import(&target, &mut text.as_bytes()).unwrap();
-        let err = import(&target, &mut text.as_bytes())
+        let first_two: String = text.lines().take(2).map(|l| format!("{l}\n")).collect();
+        import(&target, &mut first_two.as_bytes()).unwrap();
+        let done = import(&target, &mut text.as_bytes()).unwrap();
+        assert_eq!((done.records, done.already_held), (1, 2));
+        assert_eq!(target.read(a, 1, 3).unwrap(), source.read(a, 1, 3).unwrap());
+        let again = import(&target, &mut text.as_bytes()).unwrap();
+        assert_eq!((again.records, again.already_held), (0, 3));
+
+        // A held seq whose record differs is refused, naming its line.
+        let (_dir3, other) = log_with(&[(a, 3)]);
+        let err = import(&other, &mut text.as_bytes())
             .unwrap_err()
             .to_string();
-        assert!(
-            err.contains("line 1") && err.contains("already holds seq 1"),
-            "{err}"
-        );
-        assert_eq!(target.head(a).unwrap().seq, 3);
+        assert!(err.contains("line 1") && err.contains("differs"), "{err}");
     }
 }
