@@ -117,11 +117,6 @@ impl PgLog {
         Ok(log)
     }
 
-    /// The store's address, without credentials.
-    pub fn store(&self) -> &str {
-        &self.store
-    }
-
     /// Runs `work` on this handle's runtime and waits for it.
     fn block<T, F>(&self, work: F) -> Result<T, LogError>
     where
