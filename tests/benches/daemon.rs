@@ -5,55 +5,13 @@
 //! disk; default `target/bench-data`).
 
 use eventlog::{Durability, EventLog, SledLog};
-use mneme_e2e::bench::{bench_dir, bench_spec, to_new_event};
-use mneme_e2e::{Fault, MockModel, MockReply, Sink};
+use mneme_e2e::bench::{agent_steps, bench_dir, bench_spec, to_new_event};
 use replay::{Event, ModelReply};
-use runtime::{Runner, Session};
-use serde_json::json;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const CHILD_ENV: &str = "MNEME_BENCH_DAEMON_CHILD";
-
-/// Agent steps/s with `sessions` sessions running at once, each `steps` steps.
-async fn steps(sessions: usize, steps: usize) -> f64 {
-    let mut replies: Vec<MockReply> = (0..steps)
-        .map(|i| MockReply::calls(&[("charge", json!({"n": i}))]))
-        .collect();
-    replies.push(MockReply::answer("done"));
-    let model = MockModel::start(replies, Fault::None).await;
-    let sink = Sink::start().await.unwrap();
-    let log: Arc<dyn EventLog> =
-        Arc::new(SledLog::open(bench_dir(&format!("steps-{sessions}"))).unwrap());
-    let runner = Runner::new(Durability::Synced);
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..sessions)
-        .map(|_| {
-            let (log, runner) = (log.clone(), runner.clone());
-            let spec = bench_spec(&model.base_url(), &sink.url("charge"));
-            tokio::spawn(async move {
-                let mut session = Session::create(log, spec).unwrap();
-                session
-                    .append(vec![Event::UserMessage { text: "go".into() }], None)
-                    .unwrap();
-                runner.drive(&mut session).await.unwrap()
-            })
-        })
-        .collect();
-    for task in tasks {
-        assert_eq!(
-            task.await.unwrap(),
-            runtime::TurnEnd::Answered("done".into())
-        );
-    }
-    let rate = (sessions * steps) as f64 / started.elapsed().as_secs_f64();
-    assert_eq!(
-        sink.stats().path("charge").effects as usize,
-        sessions * steps
-    );
-    rate
-}
 
 /// Fills `n` idle sessions (started, asked, answered).
 fn fill_idle(dir: &Path, n: usize) {
@@ -176,7 +134,9 @@ fn main() {
     println!("\n## Agent steps across concurrent sessions (model reply + one side_effect HTTP call a step; loopback; synced)\n");
     println!("| sessions | steps/s |\n|---:|---:|");
     for sessions in [1usize, 16] {
-        let rate = rt.block_on(steps(sessions, 100));
+        let log: Arc<dyn EventLog> =
+            Arc::new(SledLog::open(bench_dir(&format!("steps-{sessions}"))).unwrap());
+        let rate = rt.block_on(agent_steps(log, sessions, 100));
         println!("| {sessions} | {rate:.0} |");
     }
     println!("\n## Daemon memory with idle sessions in the log (RSS once every session's status is known)\n");

@@ -1,12 +1,13 @@
-//! PostgreSQL next to sled: durable appends/s and resume latency by number
-//! of concurrent sessions, with a raw fdatasync baseline from the same run.
+//! PostgreSQL next to sled: durable appends/s, resume latency and agent
+//! steps/s by number of concurrent sessions, with raw baselines (fdatasync,
+//! a bare PostgreSQL INSERT) from the same run.
 //!
 //! Run: `scripts/with-postgres.sh cargo bench -p mneme-e2e --bench stores`,
 //! or name a server with `MNEME_BENCH_PG` (else `MNEME_TEST_PG`); every case
 //! gets a fresh schema in it. Without a server only sled is measured.
 
 use eventlog::{Durability, EventLog, NewEvent, SledLog};
-use mneme_e2e::bench::{bench_dir, bench_spec, new_event, to_new_event};
+use mneme_e2e::bench::{agent_steps, bench_dir, bench_spec, new_event, to_new_event};
 use pglog::PgLog;
 use replay::Event;
 use runtime::Session;
@@ -23,6 +24,8 @@ const CONCURRENCY: [usize; 3] = [1, 16, 64];
 const SESSIONS: usize = 64;
 /// Events per filled session.
 const EVENTS: usize = 1000;
+/// Agent steps per session in the steps section.
+const STEPS: usize = 50;
 /// Ops of the raw fdatasync baseline.
 const RAW_OPS: usize = 2000;
 
@@ -279,6 +282,29 @@ fn main() {
             })
             .collect();
         if let [sled, pg] = medians[..] {
+            row += &format!(" {:.2}x |", pg / sled);
+        }
+        println!("{row}");
+    }
+
+    println!("\n## Agent steps/s (model reply + one side-effecting HTTP call a step, two synced barriers; loopback model and sink; {STEPS} steps a session)\n");
+    let mut head = "| sessions |".to_string();
+    for (name, _) in &stores {
+        head += &format!(" {name} |");
+    }
+    println!("{head}{}", if both { " pg / sled |" } else { "" });
+    println!("|---:|{}", "---:|".repeat(stores.len() + both as usize));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    for c in CONCURRENCY {
+        let rates: Vec<f64> = stores
+            .iter()
+            .map(|(_, store)| rt.block_on(agent_steps(store.open(&format!("steps{c}")), c, STEPS)))
+            .collect();
+        let mut row = format!("| {c} |");
+        for rate in &rates {
+            row += &format!(" {rate:.0} |");
+        }
+        if let [sled, pg] = rates[..] {
             row += &format!(" {:.2}x |", pg / sled);
         }
         println!("{row}");

@@ -1,6 +1,12 @@
 //! Helpers shared by the benchmarks.
 
+use crate::{Fault, MockModel, MockReply, Sink};
+use eventlog::{Durability, EventLog};
+use runtime::{Runner, Session};
+use serde_json::json;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
 
 /// A fresh directory for one benchmark section under `MNEME_BENCH_DIR`
 /// (default `target/bench-data`), so every measure runs on the same disk.
@@ -77,4 +83,43 @@ pub fn event(i: usize) -> replay::Event {
 
 pub fn new_event(i: usize) -> eventlog::NewEvent {
     to_new_event(&event(i))
+}
+
+/// Agent steps/s on `log` with `sessions` sessions running at once, each
+/// `steps` steps (a model reply, then one side-effecting HTTP call; two
+/// synced barriers), against a loopback model and sink.
+pub async fn agent_steps(log: Arc<dyn EventLog>, sessions: usize, steps: usize) -> f64 {
+    let mut replies: Vec<MockReply> = (0..steps)
+        .map(|i| MockReply::calls(&[("charge", json!({"n": i}))]))
+        .collect();
+    replies.push(MockReply::answer("done"));
+    let model = MockModel::start(replies, Fault::None).await;
+    let sink = Sink::start().await.unwrap();
+    let runner = Runner::new(Durability::Synced);
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..sessions)
+        .map(|_| {
+            let (log, runner) = (log.clone(), runner.clone());
+            let spec = bench_spec(&model.base_url(), &sink.url("charge"));
+            tokio::spawn(async move {
+                let mut session = Session::create(log, spec).unwrap();
+                session
+                    .append(vec![replay::Event::UserMessage { text: "go".into() }], None)
+                    .unwrap();
+                runner.drive(&mut session).await.unwrap()
+            })
+        })
+        .collect();
+    for task in tasks {
+        assert_eq!(
+            task.await.unwrap(),
+            runtime::TurnEnd::Answered("done".into())
+        );
+    }
+    let rate = (sessions * steps) as f64 / started.elapsed().as_secs_f64();
+    assert_eq!(
+        sink.stats().path("charge").effects as usize,
+        sessions * steps
+    );
+    rate
 }
