@@ -88,6 +88,11 @@ impl Scenario {
         self.env_in(World::new()).await
     }
 
+    /// Starts fresh servers for one run on a fresh log in `store`.
+    pub async fn env_on(&self, store: Store) -> Env {
+        self.env_in(store.world()).await
+    }
+
     /// Starts fresh servers for one run in `world`.
     pub async fn env_in(&self, world: World) -> Env {
         let model = MockModel::start(self.replies.clone(), self.fault).await;
@@ -117,6 +122,25 @@ impl Scenario {
             sink,
             agent,
             effects,
+        }
+    }
+}
+
+/// Where a fault test keeps its logs.
+#[derive(Clone, Copy, Debug)]
+pub enum Store {
+    /// A sled data directory per run.
+    Sled,
+    /// A fresh schema on the test PostgreSQL server per run.
+    Postgres,
+}
+
+impl Store {
+    /// A new world on this kind of store.
+    pub fn world(self) -> World {
+        match self {
+            Store::Sled => World::new(),
+            Store::Postgres => World::on_postgres(),
         }
     }
 }

@@ -5,8 +5,7 @@
 //! CI runs the nested crash at the same point as the first; set
 //! `MNEME_CRASH_FULL=1` to try every point for the nested crash too.
 
-use mneme_e2e::scenario::{self, Faults};
-use mneme_e2e::World;
+use mneme_e2e::scenario::{self, Faults, Store};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_crash_point_of_every_scenario_resumes_to_the_uncrashed_result() {
@@ -21,12 +20,6 @@ async fn every_crash_point_of_every_scenario_resumes_to_the_uncrashed_result() {
 async fn every_agent_crash_point_resumes_to_the_uncrashed_result_on_postgres() {
     let tally = matrix(runtime::crash::POINTS, Store::Postgres).await;
     tally.check("crash matrix on PostgreSQL");
-}
-
-#[derive(Clone, Copy)]
-enum Store {
-    Sled,
-    Postgres,
 }
 
 #[derive(Default)]
@@ -79,11 +72,7 @@ async fn matrix(points: &[&str], store: Store) -> Tally {
                 };
                 let mut reached = false;
                 for nested in nested {
-                    let world = match store {
-                        Store::Sled => World::new(),
-                        Store::Postgres => World::on_postgres(),
-                    };
-                    let env = sc.env_in(world).await;
+                    let env = sc.env_on(store).await;
                     let faults = Faults {
                         crash_at: Some(format!("{point}:{n}")),
                         nested: Some(nested.clone()),

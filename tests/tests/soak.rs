@@ -5,7 +5,7 @@
 //! `MNEME_SOAK_RUNS` (default 24) sets the number of runs and
 //! `MNEME_SOAK_SEED` the seed; a failure prints the seed that reproduces it.
 
-use mneme_e2e::scenario::{self, Faults};
+use mneme_e2e::scenario::{self, Faults, Store};
 use std::time::Instant;
 
 /// xorshift64*: small, fast, and reproducible from its seed.
@@ -30,6 +30,21 @@ fn env_number(name: &str) -> Option<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_sigkills_never_lose_or_repeat_anything() {
     let runs = env_number("MNEME_SOAK_RUNS").unwrap_or(24);
+    soak("soak", Store::Sled, runs).await;
+}
+
+/// The same on PostgreSQL, where a kill can land inside a transaction: the
+/// server then commits or aborts it whole, and the resume must agree with
+/// whichever it did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_sigkills_on_postgres_never_lose_or_repeat_anything() {
+    let runs = env_number("MNEME_SOAK_RUNS").map_or(12, |n| n / 2);
+    soak("soak on PostgreSQL", Store::Postgres, runs).await;
+}
+
+/// `runs` runs of random scenarios on `store`, each `mneme` process killed
+/// at a random instant, checked against uncrashed runs.
+async fn soak(name: &str, store: Store, runs: u64) {
     let seed = env_number("MNEME_SOAK_SEED").unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -37,14 +52,19 @@ async fn random_sigkills_never_lose_or_repeat_anything() {
             .as_nanos() as u64
             | 1
     });
-    println!("soak seed {seed} (MNEME_SOAK_SEED={seed} reproduces this run)");
+    println!("{name} seed {seed} (MNEME_SOAK_SEED={seed} reproduces this run)");
     let mut rng = Rng(seed);
     let scenarios = scenario::all();
     let mut references = Vec::new();
     for sc in &scenarios {
-        let started = Instant::now();
         let reference = Box::pin(scenario::reference(sc)).await;
-        // Kill anywhere from the start to a little past the uncrashed run's end.
+        // Kill anywhere from the start to a little past an uncrashed run's
+        // end on this store.
+        let started = Instant::now();
+        let env = sc.env_on(store).await;
+        Box::pin(scenario::run(sc, &env, &Faults::default()))
+            .await
+            .unwrap();
         let window_ms =
             (started.elapsed().as_millis() as u64 / sc.turns.len() as u64).max(20) * 6 / 5;
         references.push((reference, window_ms));
@@ -54,7 +74,7 @@ async fn random_sigkills_never_lose_or_repeat_anything() {
         let pick = (rng.next() % scenarios.len() as u64) as usize;
         let (sc, (reference, window_ms)) = (&scenarios[pick], &references[pick]);
         let kill_after_ms = rng.next() % window_ms;
-        let env = sc.env().await;
+        let env = sc.env_on(store).await;
         let faults = Faults {
             kill_after_ms: Some(kill_after_ms),
             ..Faults::default()
@@ -77,7 +97,7 @@ async fn random_sigkills_never_lose_or_repeat_anything() {
         );
     }
     scenario::report(&format!(
-        "soak: seed {seed}, runs {runs}, processes killed {crashes}, violations 0"
+        "{name}: seed {seed}, runs {runs}, processes killed {crashes}, violations 0"
     ));
     assert!(crashes > 0, "no run was killed: the window is too wide");
 }
