@@ -190,6 +190,8 @@ pub fn listing_names_every_session_in_id_order<B: Backend>(b: &B) {
     let metas = log.sessions().unwrap();
     let listed: Vec<Uuid> = metas.iter().map(|m| m.session).collect();
     assert_eq!(listed, ids);
+    assert_eq!(log.meta(ids[2]).unwrap().as_ref(), Some(&metas[2]));
+    assert_eq!(log.meta(Uuid::now_v7()).unwrap(), None);
     for (i, meta) in metas.iter().enumerate() {
         assert_eq!(meta.events, i as u64 + 1);
         assert_eq!(meta.last_kind, format!("K{}", i + 1));
@@ -315,7 +317,9 @@ pub fn leases_exclude_other_owners_until_released_or_expired<B: Backend>(b: &B) 
     let log = b.open(&store).unwrap();
     let s = Uuid::now_v7();
     let long = Duration::from_secs(60);
+    assert_eq!(log.lease(s).unwrap(), None);
     let a = log.acquire_lease(s, "a", long).unwrap();
+    assert_eq!(log.lease(s).unwrap().map(|l| l.owner), Some("a".into()));
     match log.acquire_lease(s, "b", long).unwrap_err() {
         LogError::LeaseHeld { owner, .. } => assert_eq!(owner, "a"),
         other => panic!("{other}"),
@@ -334,6 +338,7 @@ pub fn leases_exclude_other_owners_until_released_or_expired<B: Backend>(b: &B) 
     assert!(b1.token > a.token);
     assert!(log.expired_leases().unwrap().is_empty());
     std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(log.lease(s).unwrap(), None, "a lapsed lease is not live");
     let expired = log.expired_leases().unwrap();
     assert_eq!(expired.len(), 1);
     assert_eq!(

@@ -94,6 +94,15 @@ impl LocalLeases {
         }
     }
 
+    /// The live lease of `session`, if any.
+    pub fn live(&self, session: Uuid) -> Option<Lease> {
+        let leases = self.leases.lock().expect("lease lock poisoned");
+        leases
+            .get(&session)
+            .filter(|e| !e.released && e.expires_ms > now_ms())
+            .map(|e| lease_of(session, e))
+    }
+
     /// Leases that lapsed without being released.
     pub fn expired(&self) -> Vec<Lease> {
         let now = now_ms();

@@ -260,6 +260,11 @@ pub trait EventLog: Send + Sync {
     /// Metadata of every session, ordered by session id (UUID v7: by creation).
     fn sessions(&self) -> Result<Vec<SessionMeta>, LogError>;
 
+    /// Metadata of `session`, if it has records.
+    fn meta(&self, session: Uuid) -> Result<Option<SessionMeta>, LogError> {
+        Ok(self.sessions()?.into_iter().find(|m| m.session == session))
+    }
+
     /// Stores data derived from `session`'s events (a snapshot, a summary)
     /// under `name`, replacing what was there. Derived data is not part of
     /// the chain and not covered by barriers: it may be lost or stale after a
@@ -295,6 +300,9 @@ pub trait EventLog: Send + Sync {
     /// Leases that lapsed without being released: sessions whose owner
     /// stopped, to be taken over.
     fn expired_leases(&self) -> Result<Vec<Lease>, LogError>;
+
+    /// The live lease of `session` (held, not lapsed), if any: who runs it.
+    fn lease(&self, session: Uuid) -> Result<Option<Lease>, LogError>;
 
     /// Asks to be told of appends made by other processes sharing this
     /// store. A store that one process owns has none to tell.

@@ -898,6 +898,10 @@ impl EventLog for SledLog {
         Ok(self.leases.expired())
     }
 
+    fn lease(&self, session: Uuid) -> Result<Option<Lease>, LogError> {
+        Ok(self.leases.live(session))
+    }
+
     fn read(&self, session: Uuid, from: u64, to: u64) -> Result<Vec<Record>, LogError> {
         let from = from.max(1);
         if from > to {

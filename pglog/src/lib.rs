@@ -436,6 +436,19 @@ impl Db {
     }
 }
 
+/// Columns that [`meta_of`] reads, in order.
+const SESSION_COLUMNS: &str = "session, head_seq, created_ms, updated_ms, last_kind";
+
+fn meta_of(row: &tokio_postgres::Row) -> SessionMeta {
+    SessionMeta {
+        session: row.get(0),
+        events: row.get::<_, i64>(1) as u64,
+        created_ms: row.get(2),
+        updated_ms: row.get(3),
+        last_kind: row.get(4),
+    }
+}
+
 /// Columns that [`lease_of`] reads, in order.
 const LEASE_COLUMNS: &str =
     "session, owner, token, (extract(epoch FROM expires_at) * 1000)::bigint";
@@ -536,21 +549,25 @@ impl EventLog for PgLog {
         let rows = self.block(async move {
             db.query(
                 "list sessions",
-                "SELECT session, head_seq, created_ms, updated_ms, last_kind FROM mneme_sessions ORDER BY session",
+                &format!("SELECT {SESSION_COLUMNS} FROM mneme_sessions ORDER BY session"),
                 &[],
             )
             .await
         })?;
-        Ok(rows
-            .iter()
-            .map(|row| SessionMeta {
-                session: row.get(0),
-                events: row.get::<_, i64>(1) as u64,
-                created_ms: row.get(2),
-                updated_ms: row.get(3),
-                last_kind: row.get(4),
-            })
-            .collect())
+        Ok(rows.iter().map(meta_of).collect())
+    }
+
+    fn meta(&self, session: Uuid) -> Result<Option<SessionMeta>, LogError> {
+        let db = self.db();
+        let rows = self.block(async move {
+            db.query(
+                "read session",
+                &format!("SELECT {SESSION_COLUMNS} FROM mneme_sessions WHERE session = $1"),
+                &[&session],
+            )
+            .await
+        })?;
+        Ok(rows.first().map(meta_of))
     }
 
     fn put_derived(&self, session: Uuid, name: &str, bytes: &[u8]) -> Result<(), LogError> {
@@ -704,6 +721,22 @@ impl EventLog for PgLog {
             .await
         })?;
         Ok(rows.iter().map(lease_of).collect())
+    }
+
+    fn lease(&self, session: Uuid) -> Result<Option<Lease>, LogError> {
+        let db = self.db();
+        let rows = self.block(async move {
+            db.query(
+                "read live lease",
+                &format!(
+                    "SELECT {LEASE_COLUMNS} FROM mneme_leases \
+                     WHERE session = $1 AND NOT released AND expires_at > clock_timestamp()"
+                ),
+                &[&session],
+            )
+            .await
+        })?;
+        Ok(rows.first().map(lease_of))
     }
 
     fn follow(&self, listener: AppendListener) {

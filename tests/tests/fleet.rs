@@ -128,6 +128,13 @@ async fn a_daemon_frozen_past_its_leases_is_fenced_when_it_wakes() {
         )
         .await;
     assert_eq!(status, 409, "{refused}");
+    let (_, view) = survivor.get(&format!("/sessions/{}", ids[0])).await;
+    let owner = view["running_on"].as_str().unwrap_or_default().to_string();
+    assert!(owner.starts_with("daemon@"), "{view}");
+    assert!(
+        refused["error"].as_str().unwrap().contains(&owner),
+        "{refused} {view}"
+    );
     assert!(
         refused["error"]
             .as_str()
@@ -147,6 +154,12 @@ async fn a_daemon_frozen_past_its_leases_is_fenced_when_it_wakes() {
         survivor.metric("mneme_sessions_recovered_total").await,
         SESSIONS as u64,
         "every turn was under way when its daemon froze"
+    );
+    let (_, view) = survivor.get(&format!("/sessions/{}", ids[0])).await;
+    assert_eq!(
+        view["running_on"],
+        serde_json::Value::Null,
+        "at rest: {view}"
     );
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGCONT) };

@@ -219,15 +219,11 @@ async fn get_session(
     Path(id): Path<Uuid>,
 ) -> Result<Json<Value>, ApiError> {
     let session = daemon.service.load(id)?;
-    let meta = daemon
-        .service
-        .log()
-        .sessions()?
-        .into_iter()
-        .find(|m| m.session == id)
-        .ok_or(RuntimeError::NoSuchSession(id))?;
+    let log = daemon.service.log();
+    let meta = log.meta(id)?.ok_or(RuntimeError::NoSuchSession(id))?;
     let mut view = views::session_summary(&meta, &crate::snapshot::Summary::of(session.state()));
     view["answer"] = json!(session.state().answer());
+    view["running_on"] = json!(log.lease(id)?.map(|lease| lease.owner));
     view["in_doubt"] = json!(crate::runner::in_doubt(&session)
         .into_iter()
         .map(|(call_id, reason)| json!({"call_id": call_id, "reason": reason}))

@@ -37,7 +37,7 @@ pub(crate) fn document() -> Value {
                 "post": with_body(op("Create a session from {\"agent\": NAME} (a file in the agents directory) or {\"spec\": AgentSpec}; or send the agent file as TOML with Content-Type: application/toml", "201"),
                     json!({"type": "object", "properties": {"agent": {"type": "string"}, "spec": {"type": "object"}}})),
             },
-            "/sessions/{id}": {"get": op("A session's status, usage, answer and calls in doubt", "200")},
+            "/sessions/{id}": {"get": op("A session's status, usage, answer, calls in doubt, and running_on: the owner of its live lease (the daemon running a turn of it), or null", "200")},
             "/sessions/{id}/messages": {"post": with_body(op("Record a user message (durable before the reply: 202 with its seq) and run the turn; with wait, 200 with the turn's end. 409 while another daemon sharing the store runs the session (the error names it)", "202"),
                 json!({"type": "object", "required": ["text"], "properties": {"text": {"type": "string"}, "wait": wait["wait"]}}))},
             "/sessions/{id}/resume": {"post": op("Continue pending work (optional body {\"wait\": true})", "202")},
