@@ -65,6 +65,13 @@ impl Target {
         let mut config: tokio_postgres::Config = rest
             .parse()
             .map_err(|e: tokio_postgres::Error| invalid(e.to_string()))?;
+        if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+            return Err(invalid(
+                "sslmode=require: this mneme does not speak TLS to the server yet; \
+                 connect inside the server's private network or through a local TLS proxy"
+                    .into(),
+            ));
+        }
         // An acknowledged append must survive the server's crash, whatever
         // the server's default; a dead peer must not hang a call forever.
         let mut options = format!(
@@ -278,6 +285,20 @@ mod tests {
             .to_string();
         assert!(err.contains("invalid store address"), "{err}");
         assert!(!err.contains("pw"), "{err}");
+    }
+
+    #[test]
+    fn tls_is_refused_as_unsupported_not_misreported() {
+        let err = Target::parse("postgres://me@db/mneme?sslmode=require")
+            .err()
+            .unwrap();
+        let LogError::Backend { source, .. } = err else {
+            panic!("{err}")
+        };
+        assert!(
+            source.to_string().contains("does not speak TLS"),
+            "{source}"
+        );
     }
 
     #[test]
