@@ -4,9 +4,11 @@
 #   scripts/with-postgres.sh cargo test --workspace
 #
 # Installs PostgreSQL from Debian's packages if no server is found, starts a
-# cluster in a temporary directory on a free loopback port, exports its
-# address as MNEME_TEST_PG, runs the command, then stops the cluster and
-# removes the directory. The command's exit status is the script's.
+# cluster in a temporary directory on a free loopback port (TLS on, with a
+# throwaway self-signed certificate; plain connections allowed too), exports
+# its address as MNEME_TEST_PG and the certificate's path as
+# MNEME_TEST_PG_CA, runs the command, then stops the cluster and removes the
+# directory. The command's exit status is the script's.
 set -euo pipefail
 export PATH="$PATH:/usr/sbin:/sbin"
 
@@ -51,11 +53,25 @@ trap "exit 143" TERM
 
 "${as_pg[@]}" "$bin/initdb" -D "$dir/data" -U mneme -A trust --no-sync -E UTF8 >"$dir/initdb.log" 2>&1 \
     || { cat "$dir/initdb.log" >&2; exit 1; }
+command -v openssl >/dev/null || { echo "with-postgres: openssl is needed for the test certificate" >&2; exit 1; }
+# A throwaway CA, and the server's certificate signed by it.
+printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n' >"$dir/server.ext"
+{ openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=mneme test CA" \
+      -keyout "$dir/ca.key" -out "$dir/ca.crt" \
+  && openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" \
+      -keyout "$dir/server.key" -out "$dir/server.csr" \
+  && openssl x509 -req -in "$dir/server.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" \
+      -CAcreateserial -days 2 -extfile "$dir/server.ext" -out "$dir/server.crt"; } >/dev/null 2>&1 \
+    || { echo "with-postgres: openssl could not make the test certificates" >&2; exit 1; }
+chmod 600 "$dir/server.key"
+chmod 644 "$dir/server.crt" "$dir/ca.crt"
+[ ${#as_pg[@]} -eq 0 ] || chown postgres "$dir/server.key" "$dir/server.crt"
 "${as_pg[@]}" "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
-    -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=300" start >/dev/null \
+    -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=300 -c ssl=on -c ssl_cert_file=$dir/server.crt -c ssl_key_file=$dir/server.key" start >/dev/null \
     || { cat "$dir/server.log" >&2; exit 1; }
 
 export MNEME_TEST_PG="postgres://mneme@127.0.0.1:$port/postgres"
+export MNEME_TEST_PG_CA="$dir/ca.crt"
 echo "with-postgres: PostgreSQL $("$bin/postgres" --version | awk '{print $3}') at $MNEME_TEST_PG" >&2
 set +e
 "$@"

@@ -52,6 +52,7 @@ pub struct PgLog {
     /// Where the store is, without credentials: named in every error.
     store: String,
     config: tokio_postgres::Config,
+    tls: schema::Tls,
     pool: Pool,
     runtime: Option<tokio::runtime::Runtime>,
     /// Fencing tokens of the leases this handle holds, by session.
@@ -80,13 +81,15 @@ impl PgLog {
                 path: "tokio runtime".into(),
                 source,
             })?;
-        let manager = Manager::from_config(
-            target.config.clone(),
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let pooling = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = match &target.tls {
+            schema::Tls::Off => Manager::from_config(target.config.clone(), NoTls, pooling),
+            schema::Tls::On(tls) => {
+                Manager::from_config(target.config.clone(), tls.clone(), pooling)
+            }
+        };
         let pool = Pool::builder(manager)
             .max_size(POOL_SIZE)
             .runtime(deadpool_postgres::Runtime::Tokio1)
@@ -106,6 +109,7 @@ impl PgLog {
             appended,
             store: target.display.clone(),
             config: target.config.clone(),
+            tls: target.tls.clone(),
             pool,
             runtime: Some(runtime),
             held: Mutex::default(),
@@ -323,7 +327,7 @@ impl PgLog {
         self.runtime
             .as_ref()
             .expect("runtime lives as long as the log")
-            .spawn(schema::listen(config, store, listeners));
+            .spawn(schema::listen(config, self.tls.clone(), store, listeners));
     }
 }
 
@@ -751,6 +755,7 @@ impl EventLog for PgLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use eventlog::conformance::Backend;
     use std::sync::atomic::{AtomicU64, Ordering};
 
     /// The server the tests use: `MNEME_TEST_PG`, which
@@ -804,9 +809,71 @@ mod tests {
 
     eventlog::conformance_tests!(Postgres);
 
+    /// The same suite over TLS: `sslmode=require`, the server's certificate
+    /// checked against the throwaway CA (`MNEME_TEST_PG_CA`).
+    mod over_tls {
+        use super::*;
+
+        pub(super) fn tls_url(url: String) -> String {
+            let ca = std::env::var("MNEME_TEST_PG_CA").expect(
+                "MNEME_TEST_PG_CA is not set: run the tests as `scripts/with-postgres.sh cargo test --workspace`",
+            );
+            format!("{url}&sslmode=require&sslrootcert={ca}")
+        }
+
+        struct PostgresTls;
+
+        impl eventlog::conformance::Backend for PostgresTls {
+            type Store = String;
+
+            fn create(&self) -> String {
+                tls_url(Postgres.create())
+            }
+
+            fn open(&self, url: &String) -> Result<Arc<dyn EventLog>, LogError> {
+                Postgres.open(url)
+            }
+
+            fn tamper(&self, url: &String, session: Uuid, seq: u64) {
+                Postgres.tamper(url, session, seq)
+            }
+
+            fn shared(&self) -> bool {
+                true
+            }
+        }
+
+        eventlog::conformance_tests!(PostgresTls);
+    }
+
+    #[test]
+    fn connections_with_sslmode_require_are_encrypted_and_checked() {
+        let url = over_tls::tls_url(eventlog::conformance::Backend::create(&Postgres));
+        let log = PgLog::connect(&url).unwrap();
+        let db = log.db();
+        let rows = log
+            .block(async move {
+                db.query(
+                    "read ssl",
+                    "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                    &[],
+                )
+                .await
+            })
+            .unwrap();
+        assert!(rows[0].get::<_, bool>(0), "the connection is encrypted");
+        // Without the throwaway CA, the self-signed certificate is refused.
+        let untrusted = url.split("&sslrootcert=").next().unwrap();
+        let err = PgLog::connect(untrusted).err().unwrap();
+        assert!(
+            format!("{err:?}").to_lowercase().contains("certificate"),
+            "{err:?}"
+        );
+    }
+
     #[test]
     fn migrations_run_once_and_a_newer_schema_is_refused() {
-        let url = eventlog::conformance::Backend::create(&Postgres);
+        let url = Postgres.create();
         let log = PgLog::connect(&url).unwrap();
         drop(PgLog::connect(&url).unwrap());
         let db = log.db();
@@ -836,7 +903,7 @@ mod tests {
 
     #[test]
     fn connections_commit_synchronously_whatever_the_server_default() {
-        let url = eventlog::conformance::Backend::create(&Postgres);
+        let url = Postgres.create();
         let log = PgLog::connect(&url).unwrap();
         let db = log.db();
         let settings = log

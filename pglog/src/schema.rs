@@ -27,10 +27,57 @@ pub(crate) struct Target {
     pub(crate) display: String,
     /// The schema mneme's tables live in, if not the default.
     schema: Option<String>,
+    /// How connections are secured.
+    pub(crate) tls: Tls,
+}
+
+/// TLS to the server: on with `sslmode=require` (server certificates checked
+/// against the web's root authorities and `sslrootcert=FILE`, if given), off
+/// otherwise.
+#[derive(Clone)]
+pub(crate) enum Tls {
+    Off,
+    On(tokio_postgres_rustls::MakeRustlsConnect),
+}
+
+impl Tls {
+    fn for_mode(
+        mode: tokio_postgres::config::SslMode,
+        root_cert: Option<&str>,
+    ) -> Result<Tls, String> {
+        use rustls::pki_types::{pem::PemObject, CertificateDer};
+        if mode != tokio_postgres::config::SslMode::Require {
+            return match root_cert {
+                Some(_) => Err("sslrootcert is given but sslmode is not require".into()),
+                None => Ok(Tls::Off),
+            };
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        if let Some(path) = root_cert {
+            let certs = CertificateDer::pem_file_iter(path)
+                .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| format!("sslrootcert {path}: {e}"))?;
+            for cert in certs {
+                roots
+                    .add(cert)
+                    .map_err(|e| format!("sslrootcert {path}: {e}"))?;
+            }
+        }
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Ok(Tls::On(tokio_postgres_rustls::MakeRustlsConnect::new(
+            config,
+        )))
+    }
 }
 
 impl Target {
-    /// Parses `postgres://…[?…&schema=NAME]`.
+    /// Parses `postgres://…[?…&schema=NAME][&sslmode=require[&sslrootcert=FILE]]`.
     pub(crate) fn parse(url: &str) -> Result<Target, LogError> {
         let invalid = |reason: String| LogError::Backend {
             store: redact(url),
@@ -38,12 +85,15 @@ impl Target {
             source: reason.into(),
         };
         let (base, query) = url.split_once('?').unwrap_or((url, ""));
-        let mut schema = None;
+        let (mut schema, mut root_cert) = (None, None);
         let mut kept = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
-            match pair.strip_prefix("schema=") {
-                Some(name) => schema = Some(name.to_string()),
-                None => kept.push(pair),
+            if let Some(name) = pair.strip_prefix("schema=") {
+                schema = Some(name.to_string());
+            } else if let Some(path) = pair.strip_prefix("sslrootcert=") {
+                root_cert = Some(path.to_string());
+            } else {
+                kept.push(pair);
             }
         }
         if let Some(name) = &schema {
@@ -65,13 +115,7 @@ impl Target {
         let mut config: tokio_postgres::Config = rest
             .parse()
             .map_err(|e: tokio_postgres::Error| invalid(e.to_string()))?;
-        if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
-            return Err(invalid(
-                "sslmode=require: this mneme does not speak TLS to the server yet; \
-                 connect inside the server's private network or through a local TLS proxy"
-                    .into(),
-            ));
-        }
+        let tls = Tls::for_mode(config.get_ssl_mode(), root_cert.as_deref()).map_err(invalid)?;
         // An acknowledged append must survive the server's crash, whatever
         // the server's default; a dead peer must not hang a call forever.
         let mut options = format!(
@@ -92,6 +136,7 @@ impl Target {
             config,
             display: redact(url),
             schema,
+            tls,
         })
     }
 }
@@ -210,22 +255,32 @@ pub(crate) async fn announce(
 /// followers read the log from where they are.
 pub(crate) async fn listen(
     config: tokio_postgres::Config,
+    tls: Tls,
     store: String,
     listeners: Arc<Mutex<Vec<AppendListener>>>,
 ) {
     loop {
-        if let Err(e) = listen_once(&config, &listeners).await {
+        let listened = match &tls {
+            Tls::Off => listen_once(&config, NoTls, &listeners).await,
+            Tls::On(tls) => listen_once(&config, tls.clone(), &listeners).await,
+        };
+        if let Err(e) = listened {
             eprintln!("mneme: listening to {store} for appends: {e}; retrying");
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
-async fn listen_once(
+async fn listen_once<T>(
     config: &tokio_postgres::Config,
+    tls: T,
     listeners: &Mutex<Vec<AppendListener>>,
-) -> Result<(), tokio_postgres::Error> {
-    let (client, mut connection) = config.connect(NoTls).await?;
+) -> Result<(), tokio_postgres::Error>
+where
+    T: tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>,
+    T::Stream: Send + 'static,
+{
+    let (client, mut connection) = config.connect(tls).await?;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
         let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
@@ -288,17 +343,19 @@ mod tests {
     }
 
     #[test]
-    fn tls_is_refused_as_unsupported_not_misreported() {
-        let err = Target::parse("postgres://me@db/mneme?sslmode=require")
-            .err()
-            .unwrap();
+    fn tls_is_on_only_with_sslmode_require_and_a_bad_root_is_named() {
+        let plain = Target::parse("postgres://me@db/mneme").unwrap();
+        assert!(matches!(plain.tls, Tls::Off));
+        let tls = Target::parse("postgres://me@db/mneme?sslmode=require").unwrap();
+        assert!(matches!(tls.tls, Tls::On(_)));
+        let err =
+            Target::parse("postgres://me@db/mneme?sslmode=require&sslrootcert=/nonexistent.pem")
+                .err()
+                .unwrap();
         let LogError::Backend { source, .. } = err else {
             panic!("{err}")
         };
-        assert!(
-            source.to_string().contains("does not speak TLS"),
-            "{source}"
-        );
+        assert!(source.to_string().contains("/nonexistent.pem"), "{source}");
     }
 
     #[test]

@@ -22,8 +22,9 @@ struct Cli {
     #[arg(long, env = "MNEME_DATA_DIR", global = true)]
     data_dir: Option<PathBuf>,
     /// Keep the event log in PostgreSQL instead of the data directory:
-    /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?schema=NAME]`. Several
-    /// daemons may share one store.
+    /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?schema=NAME]`, with
+    /// `&sslmode=require[&sslrootcert=FILE]` for TLS. Several daemons may
+    /// share one store.
     #[arg(long, env = "MNEME_STORE", global = true)]
     store: Option<String>,
     /// Milliseconds a session's lease lasts unless renewed: how soon another
