@@ -20,15 +20,20 @@ find_bin() {
     ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1
 }
 
+apt_install() {
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >&2
+}
+
 bin=$(find_bin)
 if [ -z "$bin" ] || [ ! -x "$bin/postgres" ]; then
     echo "with-postgres: no PostgreSQL server found; installing Debian's package" >&2
-    sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    $sudo apt-get update -qq >&2
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq postgresql >&2
+    apt_install postgresql
     bin=$(find_bin)
 fi
+command -v openssl >/dev/null || apt_install openssl
 [ -x "$bin/postgres" ] || { echo "with-postgres: no postgres binary after install" >&2; exit 1; }
 
 # The server refuses to run as root: run it as the package's user.
@@ -53,7 +58,6 @@ trap "exit 143" TERM
 
 "${as_pg[@]}" "$bin/initdb" -D "$dir/data" -U mneme -A trust --no-sync -E UTF8 >"$dir/initdb.log" 2>&1 \
     || { cat "$dir/initdb.log" >&2; exit 1; }
-command -v openssl >/dev/null || { echo "with-postgres: openssl is needed for the test certificate" >&2; exit 1; }
 # A throwaway CA, and the server's certificate signed by it.
 printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n' >"$dir/server.ext"
 { openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=mneme test CA" \
