@@ -56,6 +56,11 @@ impl HeldLease {
         })
     }
 
+    /// The lease's fencing token.
+    pub fn token(&self) -> u64 {
+        self.current().token
+    }
+
     /// Gives the lease up: the session is at rest, nobody needs to take it
     /// over.
     pub fn release(mut self) {

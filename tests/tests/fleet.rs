@@ -239,3 +239,59 @@ async fn a_daemon_shut_down_mid_turn_hands_its_sessions_over_at_once() {
         .await;
     assert!(staying.terminate().await.success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_asked_of_one_daemon_stops_the_turn_running_on_another() {
+    let world = World::new();
+    let store = pg_store();
+    let model = MockModel::start(billing_replies(), Fault::None).await;
+    let sink = Sink::start().await.unwrap();
+    let agent = slow_billing_agent(&model, &sink);
+    let runner = daemon_on(&world, "a", &store).await;
+    let other = daemon_on(&world, "b", &store).await;
+    let id = runner.create(&agent).await;
+    let (status, body) = runner
+        .post(&format!("/sessions/{id}/messages"), &json!({"text": "go"}))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let (status, asked) = other
+        .post(&format!("/sessions/{id}/pause"), &json!({}))
+        .await;
+    assert_eq!(status, 200, "{asked}");
+    assert!(
+        asked["running_on"].as_str().unwrap().starts_with("daemon@"),
+        "{asked}"
+    );
+    let started = Instant::now();
+    loop {
+        let (_, view) = other.get(&format!("/sessions/{id}")).await;
+        if view["status"] == "paused" {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "never paused: {view}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (_, paused) = other
+        .get(&format!("/sessions/{id}/events?kind=SessionPaused"))
+        .await;
+    assert_eq!(
+        paused[0]["event"]["SessionPaused"]["reason"], "paused on request",
+        "{paused}"
+    );
+    assert_eq!(
+        sink.stats().path("email").effects,
+        0,
+        "paused before the email"
+    );
+    // Either daemon continues it; nothing runs twice.
+    let (status, end) = other
+        .post(&format!("/sessions/{id}/resume"), &json!({"wait": true}))
+        .await;
+    assert_eq!(status, 200, "{end}");
+    assert_billed_once(&sink, 1);
+    assert!(runner.terminate().await.success());
+    assert!(other.terminate().await.success());
+}

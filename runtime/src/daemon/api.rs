@@ -321,13 +321,22 @@ async fn pause(
     Path(id): Path<Uuid>,
 ) -> Result<Json<Value>, ApiError> {
     daemon.service.load(id)?;
-    if !daemon.request_pause(id) {
+    if daemon.request_pause(id) {
+        return Ok(Json(json!({"session": id, "pause_requested": true})));
+    }
+    // Running on another daemon sharing the store: leave the request there,
+    // addressed to that turn's lease; the turn looks for it every second.
+    let log = daemon.service.log();
+    let Some(lease) = log.lease(id)? else {
         return Err(ApiError(
             StatusCode::CONFLICT,
             format!("session {id} has no turn running to pause"),
         ));
-    }
-    Ok(Json(json!({"session": id, "pause_requested": true})))
+    };
+    log.put_derived(id, super::PAUSE_REQUEST, lease.token.to_string().as_bytes())?;
+    Ok(Json(
+        json!({"session": id, "pause_requested": true, "running_on": lease.owner}),
+    ))
 }
 
 #[derive(Deserialize)]

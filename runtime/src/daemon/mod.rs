@@ -84,6 +84,9 @@ pub(crate) struct Daemon {
     pause_requests: Arc<Mutex<HashSet<Uuid>>>,
     /// Sessions with a turn under way.
     active: Mutex<HashSet<Uuid>>,
+    /// The leases of the turns under way, for pause requests made through
+    /// other daemons.
+    turn_leases: Arc<Mutex<HashMap<Uuid, TurnLease>>>,
     shutting_down: Arc<AtomicBool>,
     running: AtomicUsize,
     idle: Notify,
@@ -153,13 +156,17 @@ impl Daemon {
     ) -> Daemon {
         let shutting_down = Arc::new(AtomicBool::new(false));
         let pause_requests: Arc<Mutex<HashSet<Uuid>>> = Arc::default();
+        let turn_leases: Arc<Mutex<HashMap<Uuid, TurnLease>>> = Arc::default();
         let stop = {
             let shutting_down = shutting_down.clone();
             let pause_requests = pause_requests.clone();
+            let turn_leases = turn_leases.clone();
+            let log = service.log().clone();
             Arc::new(move |id: Uuid| {
                 // A person's pause wins: recovery must not resume it.
-                if pause_requests.lock().expect("pause lock").remove(&id) {
-                    return Some("paused on request".to_string());
+                let asked_here = pause_requests.lock().expect("pause lock").remove(&id);
+                if asked_here || asked_elsewhere(log.as_ref(), &turn_leases, id) {
+                    return Some(PAUSED_ON_REQUEST.to_string());
                 }
                 shutting_down
                     .load(Ordering::SeqCst)
@@ -175,6 +182,7 @@ impl Daemon {
             statuses: Mutex::default(),
             pause_requests,
             active: Mutex::default(),
+            turn_leases,
             shutting_down,
             running: AtomicUsize::new(0),
             idle: Notify::new(),
@@ -252,7 +260,15 @@ impl Daemon {
             Err(e) => return Err(refuse_start(id, start, e)),
         };
         self.active.lock().expect("active").insert(id);
+        self.turn_leases.lock().expect("turn leases").insert(
+            id,
+            TurnLease {
+                token: lease.token(),
+                looked: std::time::Instant::now(),
+            },
+        );
         let result = self.clone().turn_locked(id, start).await;
+        self.turn_leases.lock().expect("turn leases").remove(&id);
         self.active.lock().expect("active").remove(&id);
         // A pause asked for during the turn's last step has nothing to pause.
         self.withdraw_pause(id);
@@ -415,6 +431,54 @@ impl Daemon {
             );
         }
     }
+}
+
+/// Why a turn paused at a person's request.
+pub const PAUSED_ON_REQUEST: &str = "paused on request";
+
+/// Name of the derived data that carries a pause request made through a
+/// daemon that does not run the turn: the fencing token of the turn's lease.
+pub(crate) const PAUSE_REQUEST: &str = "pause-request";
+
+/// How often a turn looks in the store for a pause request made elsewhere.
+const LOOK_FOR_PAUSE_REQUESTS: Duration = Duration::from_secs(1);
+
+/// A turn's lease, as the stop check sees it.
+struct TurnLease {
+    token: u64,
+    /// When the store was last asked for a pause request.
+    looked: std::time::Instant,
+}
+
+/// Whether a pause was requested through another daemon for the turn of
+/// `id` under way here (at most one look in the store a second). A request
+/// names the lease's token, so one left over from an earlier turn never
+/// pauses a later one; it is cleared once honoured.
+fn asked_elsewhere(
+    log: &dyn EventLog,
+    turn_leases: &Mutex<HashMap<Uuid, TurnLease>>,
+    id: Uuid,
+) -> bool {
+    let token = {
+        let mut leases = turn_leases.lock().expect("turn leases");
+        let Some(lease) = leases.get_mut(&id) else {
+            return false;
+        };
+        if lease.looked.elapsed() < LOOK_FOR_PAUSE_REQUESTS {
+            return false;
+        }
+        lease.looked = std::time::Instant::now();
+        lease.token
+    };
+    let asked = log
+        .get_derived(id, PAUSE_REQUEST)
+        .ok()
+        .flatten()
+        .is_some_and(|bytes| bytes == token.to_string().as_bytes());
+    if asked {
+        let _ = log.put_derived(id, PAUSE_REQUEST, b"");
+    }
+    asked
 }
 
 /// Whether a session stopped mid-turn without a person's say: its process
