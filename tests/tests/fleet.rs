@@ -295,3 +295,35 @@ async fn a_pause_asked_of_one_daemon_stops_the_turn_running_on_another() {
     assert!(runner.terminate().await.success());
     assert!(other.terminate().await.success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_asked_of_one_daemon_stops_the_turn_on_another_then_records_it() {
+    let world = World::new();
+    let store = pg_store();
+    let model = MockModel::start(billing_replies(), Fault::None).await;
+    let sink = Sink::start().await.unwrap();
+    let agent = slow_billing_agent(&model, &sink);
+    let runner = daemon_on(&world, "a", &store).await;
+    let other = daemon_on(&world, "b", &store).await;
+    let id = runner.create(&agent).await;
+    let (status, body) = runner
+        .post(&format!("/sessions/{id}/messages"), &json!({"text": "go"}))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let (status, cancelled) = other
+        .post(&format!("/sessions/{id}/cancel"), &json!({"by": "ops"}))
+        .await;
+    assert_eq!(status, 200, "{cancelled}");
+    let (_, view) = runner.get(&format!("/sessions/{id}")).await;
+    assert_eq!(view["status"], "cancelled", "{view}");
+    assert_eq!(view["running_on"], serde_json::Value::Null, "{view}");
+    let (_, verified) = runner.get(&format!("/sessions/{id}/verify")).await;
+    assert_eq!(verified["ok"], true, "{verified}");
+    assert_eq!(
+        sink.stats().path("email").effects,
+        0,
+        "stopped before the email"
+    );
+    assert!(runner.terminate().await.success());
+    assert!(other.terminate().await.success());
+}

@@ -324,18 +324,14 @@ async fn pause(
     if daemon.request_pause(id) {
         return Ok(Json(json!({"session": id, "pause_requested": true})));
     }
-    // Running on another daemon sharing the store: leave the request there,
-    // addressed to that turn's lease; the turn looks for it every second.
-    let log = daemon.service.log();
-    let Some(lease) = log.lease(id)? else {
+    let Some(owner) = daemon.ask_pause_elsewhere(id)? else {
         return Err(ApiError(
             StatusCode::CONFLICT,
             format!("session {id} has no turn running to pause"),
         ));
     };
-    log.put_derived(id, super::PAUSE_REQUEST, lease.token.to_string().as_bytes())?;
     Ok(Json(
-        json!({"session": id, "pause_requested": true, "running_on": lease.owner}),
+        json!({"session": id, "pause_requested": true, "running_on": owner}),
     ))
 }
 
@@ -352,12 +348,16 @@ async fn cancel(
     Json(body): Json<ByBody>,
 ) -> Result<Json<Value>, ApiError> {
     daemon.service.load(id)?;
-    daemon.request_pause(id);
+    if !daemon.request_pause(id) {
+        daemon.wait_for_turn_elsewhere(id).await?;
+    }
     let lock = daemon.lock_for(id);
     let _turn = lock.lock().await;
     daemon.withdraw_pause(id);
+    let lease = daemon.hold(id)?;
     let mut session = daemon.service.load(id)?;
     daemon.service.cancel(&mut session, &body.by)?;
+    lease.release();
     daemon.set_status(id, session.state().status());
     Ok(Json(json!({"session": id, "status": "cancelled"})))
 }

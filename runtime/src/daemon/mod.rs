@@ -235,6 +235,49 @@ impl Daemon {
         self.active.lock().expect("active").contains(&id)
     }
 
+    /// Asks the turn of `id` that another daemon sharing the store runs to
+    /// pause: the request is left in the store, addressed to that turn's
+    /// lease, and the turn looks for it every second. Returns the owner, or
+    /// None if no turn runs anywhere.
+    pub(crate) fn ask_pause_elsewhere(&self, id: Uuid) -> Result<Option<String>, RuntimeError> {
+        let log = self.service.log();
+        let Some(lease) = log.lease(id)? else {
+            return Ok(None);
+        };
+        log.put_derived(id, PAUSE_REQUEST, lease.token.to_string().as_bytes())?;
+        Ok(Some(lease.owner))
+    }
+
+    /// Pauses the turn of `id` another daemon runs, if any, and waits until
+    /// it stopped (its lease released or lapsed), up to half a minute.
+    pub(crate) async fn wait_for_turn_elsewhere(&self, id: Uuid) -> Result<(), RuntimeError> {
+        let Some(owner) = self.ask_pause_elsewhere(id)? else {
+            return Ok(());
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while self.service.log().lease(id)?.is_some() {
+            if std::time::Instant::now() > deadline {
+                return Err(RuntimeError::InvalidRequest {
+                    session: id,
+                    reason: format!("its turn on {owner} did not stop within 30 s"),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+
+    /// Takes `id`'s lease for an operation outside a turn (a cancel).
+    pub(crate) fn hold(&self, id: Uuid) -> Result<HeldLease, RuntimeError> {
+        let log = self.service.log().clone();
+        Ok(HeldLease::acquire(
+            log,
+            id,
+            &self.config.owner,
+            self.config.lease_ttl,
+        )?)
+    }
+
     /// Withdraws a pause request no turn consumed.
     pub(crate) fn withdraw_pause(&self, id: Uuid) {
         self.pause_requests.lock().expect("pause lock").remove(&id);
