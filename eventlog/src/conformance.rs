@@ -257,6 +257,10 @@ pub fn derived_data_is_kept_per_session_and_name<B: Backend>(b: &B) {
         Some(&b"two"[..])
     );
     assert_eq!(log.get_derived(t, "snapshot").unwrap(), None);
+    assert_eq!(
+        log.get_derived_many("snapshot", &[t, s, t]).unwrap(),
+        vec![None, Some(b"three".to_vec()), None]
+    );
 }
 
 /// Records imported from another store read back identical (same hashes,

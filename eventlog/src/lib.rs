@@ -274,6 +274,18 @@ pub trait EventLog: Send + Sync {
     /// What [`EventLog::put_derived`] stored under `name`, if anything.
     fn get_derived(&self, session: Uuid, name: &str) -> Result<Option<Vec<u8>>, LogError>;
 
+    /// [`EventLog::get_derived`] of `name` for each of `sessions`, in order.
+    fn get_derived_many(
+        &self,
+        name: &str,
+        sessions: &[Uuid],
+    ) -> Result<Vec<Option<Vec<u8>>>, LogError> {
+        sessions
+            .iter()
+            .map(|s| self.get_derived(*s, name))
+            .collect()
+    }
+
     /// Returns once everything appended before the call is at least as
     /// durable as `durability` says.
     fn barrier(&self, durability: Durability) -> Result<(), LogError>;

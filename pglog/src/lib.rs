@@ -603,6 +603,27 @@ impl EventLog for PgLog {
         Ok(rows.first().map(|row| row.get(0)))
     }
 
+    /// One query for all of `sessions`.
+    fn get_derived_many(
+        &self,
+        name: &str,
+        sessions: &[Uuid],
+    ) -> Result<Vec<Option<Vec<u8>>>, LogError> {
+        let db = self.db();
+        let (name, wanted) = (name.to_string(), sessions.to_vec());
+        let rows = self.block(async move {
+            db.query(
+                "read derived data",
+                "SELECT session, bytes FROM mneme_derived WHERE name = $1 AND session = ANY($2)",
+                &[&name, &wanted],
+            )
+            .await
+        })?;
+        let mut found: HashMap<Uuid, Vec<u8>> =
+            rows.iter().map(|row| (row.get(0), row.get(1))).collect();
+        Ok(sessions.iter().map(|s| found.remove(s)).collect())
+    }
+
     /// Every append is durable once its transaction committed, before
     /// `append` returned: there is nothing to wait for.
     fn barrier(&self, _durability: Durability) -> Result<(), LogError> {

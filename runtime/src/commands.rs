@@ -308,8 +308,8 @@ impl Ctx {
 
     fn sessions(&self, json: JsonFlag) -> Result<ExitCode> {
         let mut rows = Vec::new();
-        for meta in self.log().sessions()? {
-            rows.push(views::session_row(&meta, self.service.summary(&meta)));
+        for (meta, summary) in self.service.listing()? {
+            rows.push(views::session_row(&meta, summary));
         }
         crate::render::sessions(&rows, json.json);
         Ok(ExitCode::SUCCESS)

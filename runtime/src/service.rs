@@ -271,11 +271,29 @@ impl Service {
         Ok(Summary::of(session.state()))
     }
 
+    /// Every session's metadata and summary, in id order; stored summaries
+    /// are read together (a few queries on a shared store, not one per
+    /// session), stale ones rebuilt from the log.
+    pub fn listing(&self) -> Result<Vec<Listed>, RuntimeError> {
+        const CHUNK: usize = 1000;
+        let metas = self.log.sessions()?;
+        let mut out = Vec::with_capacity(metas.len());
+        for chunk in metas.chunks(CHUNK) {
+            let heads: Vec<(Uuid, u64)> = chunk.iter().map(|m| (m.session, m.events)).collect();
+            let stored = snapshot::fresh_summaries(self.log.as_ref(), &heads);
+            for (meta, summary) in chunk.iter().zip(stored) {
+                let summary = summary.map_or_else(|| self.summary(meta), Ok);
+                out.push((meta.clone(), summary));
+            }
+        }
+        Ok(out)
+    }
+
     /// Sessions with pending work that no person has to decide on.
     pub fn resumable(&self) -> Result<Vec<Uuid>, RuntimeError> {
         let mut out = Vec::new();
-        for meta in self.log.sessions()? {
-            let summary = self.summary(&meta)?;
+        for (meta, summary) in self.listing()? {
+            let summary = summary?;
             let pending = matches!(summary.status.as_str(), "running" | "failed")
                 || (summary.status == "paused" && !summary.waits_for_a_person);
             if pending {
@@ -285,6 +303,10 @@ impl Service {
         Ok(out)
     }
 }
+
+/// A session in a listing: its metadata and its summary (or why it could
+/// not be read).
+pub type Listed = (SessionMeta, Result<Summary, RuntimeError>);
 
 /// Parses a resolution as the CLI and the API take it: exactly one of
 /// retry, skip with a JSON result, or fail with a message.

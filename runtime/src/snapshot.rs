@@ -189,7 +189,25 @@ pub fn store_summary(
 /// The stored summary of `session`, if it describes seq `head`.
 pub fn fresh_summary(log: &dyn EventLog, session: Uuid, head: u64) -> Option<Summary> {
     let bytes = log.get_derived(session, SUMMARY).ok()??;
-    let summary: Summary = rmp_serde::from_slice(&bytes).ok()?;
+    summary_at(&bytes, head)
+}
+
+/// The stored summaries of `sessions` (id, head), each if it describes that
+/// head, read together.
+pub fn fresh_summaries(log: &dyn EventLog, sessions: &[(Uuid, u64)]) -> Vec<Option<Summary>> {
+    let ids: Vec<Uuid> = sessions.iter().map(|(id, _)| *id).collect();
+    let Ok(stored) = log.get_derived_many(SUMMARY, &ids) else {
+        return vec![None; sessions.len()];
+    };
+    stored
+        .iter()
+        .zip(sessions)
+        .map(|(bytes, (_, head))| summary_at(bytes.as_deref()?, *head))
+        .collect()
+}
+
+fn summary_at(bytes: &[u8], head: u64) -> Option<Summary> {
+    let summary: Summary = rmp_serde::from_slice(bytes).ok()?;
     (summary.seq == head).then_some(summary)
 }
 

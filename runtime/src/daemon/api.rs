@@ -146,8 +146,8 @@ async fn list_sessions(
     Query(q): Query<ListQuery>,
 ) -> Result<Json<Vec<Value>>, ApiError> {
     let mut rows = Vec::new();
-    for meta in daemon.service.log().sessions()? {
-        let row = views::session_row(&meta, daemon.service.summary(&meta));
+    for (meta, summary) in daemon.service.listing()? {
+        let row = views::session_row(&meta, summary);
         let keep = q.status.as_deref().is_none_or(|s| row["status"] == s)
             && q.agent.as_deref().is_none_or(|a| row["agent"] == a);
         if keep {

@@ -391,13 +391,13 @@ impl Daemon {
     /// Folds every session once to learn its status, and resumes those that
     /// were running when the last process died (or paused by a shutdown).
     async fn recover(self: Arc<Self>) {
-        let metas = match self.service.log().sessions() {
-            Ok(metas) => metas,
+        let listing = match self.service.listing() {
+            Ok(listing) => listing,
             Err(e) => return eprintln!("mneme serve: recovery could not list sessions: {e}"),
         };
         let mut recovered = 0;
-        for meta in metas {
-            let summary = match self.service.summary(&meta) {
+        for (meta, summary) in listing {
+            let summary = match summary {
                 Ok(summary) => summary,
                 Err(e) => {
                     eprintln!("mneme serve: session {} not recovered: {e}", meta.session);
