@@ -363,6 +363,19 @@ pub fn billing_tools(sink: &Sink) -> [String; 3] {
     ]
 }
 
+/// What the model says to the billing agent: charge and look up, then
+/// email, then "Charged and emailed.".
+pub fn billing_replies() -> Vec<MockReply> {
+    vec![
+        MockReply::calls(&[
+            ("charge", serde_json::json!({"n": 1})),
+            ("lookup", serde_json::json!({"n": 2})),
+        ]),
+        MockReply::calls(&[("email", serde_json::json!({"n": 3}))]),
+        MockReply::answer("Charged and emailed."),
+    ]
+}
+
 /// A TOML tool table for an HTTP tool.
 pub fn http_tool(name: &str, url: &str, effect: &str) -> String {
     format!("name = \"{name}\"\ndescription = \"{name}\"\nkind = \"http\"\nurl = \"{url}\"\neffect = \"{effect}\"\nparameters = {{ type = \"object\", properties = {{ n = {{ type = \"integer\" }} }} }}\n")

@@ -10,14 +10,6 @@ fn billing_agent(model: &MockModel, sink: &Sink) -> String {
     agent_toml(&model.base_url(), &billing_tools(sink))
 }
 
-fn billing_replies() -> Vec<MockReply> {
-    vec![
-        MockReply::calls(&[("charge", json!({"n": 1})), ("lookup", json!({"n": 2}))]),
-        MockReply::calls(&[("email", json!({"n": 3}))]),
-        MockReply::answer("Charged and emailed."),
-    ]
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_runs_a_turn_and_shows_its_log() {
     let world = World::new();

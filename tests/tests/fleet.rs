@@ -37,14 +37,6 @@ fn slow_billing_agent(model: &MockModel, sink: &Sink) -> String {
     agent_toml(&model.base_url(), &[charge, slow_lookup, email])
 }
 
-fn billing_replies() -> Vec<MockReply> {
-    vec![
-        MockReply::calls(&[("charge", json!({"n": 1})), ("lookup", json!({"n": 2}))]),
-        MockReply::calls(&[("email", json!({"n": 3}))]),
-        MockReply::answer("Charged and emailed."),
-    ]
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_one_of_two_daemons_mid_load_and_the_other_finishes_every_session_once() {
     const SESSIONS: usize = 50;
@@ -240,20 +232,52 @@ async fn a_daemon_shut_down_mid_turn_hands_its_sessions_over_at_once() {
     assert!(staying.terminate().await.success());
 }
 
+/// Two daemons on one store; `runner` is in the slow lookup of a turn of
+/// session `id`, `other` runs nothing.
+struct Fleet {
+    _world: World,
+    _model: MockModel,
+    sink: Sink,
+    runner: DaemonProcess,
+    other: DaemonProcess,
+    id: String,
+}
+
+impl Fleet {
+    async fn with_a_turn_running() -> Fleet {
+        let world = World::new();
+        let store = pg_store();
+        let model = MockModel::start(billing_replies(), Fault::None).await;
+        let sink = Sink::start().await.unwrap();
+        let agent = slow_billing_agent(&model, &sink);
+        let runner = daemon_on(&world, "a", &store).await;
+        let other = daemon_on(&world, "b", &store).await;
+        let id = runner.create(&agent).await;
+        let (status, body) = runner
+            .post(&format!("/sessions/{id}/messages"), &json!({"text": "go"}))
+            .await;
+        assert_eq!(status, 202, "{body}");
+        Fleet {
+            _world: world,
+            _model: model,
+            sink,
+            runner,
+            other,
+            id,
+        }
+    }
+
+    /// SIGTERM both daemons; each exits 0.
+    async fn stop(self) {
+        assert!(self.runner.terminate().await.success());
+        assert!(self.other.terminate().await.success());
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_asked_of_one_daemon_stops_the_turn_running_on_another() {
-    let world = World::new();
-    let store = pg_store();
-    let model = MockModel::start(billing_replies(), Fault::None).await;
-    let sink = Sink::start().await.unwrap();
-    let agent = slow_billing_agent(&model, &sink);
-    let runner = daemon_on(&world, "a", &store).await;
-    let other = daemon_on(&world, "b", &store).await;
-    let id = runner.create(&agent).await;
-    let (status, body) = runner
-        .post(&format!("/sessions/{id}/messages"), &json!({"text": "go"}))
-        .await;
-    assert_eq!(status, 202, "{body}");
+    let fleet = Fleet::with_a_turn_running().await;
+    let (other, sink, id) = (&fleet.other, &fleet.sink, &fleet.id);
     let (status, asked) = other
         .post(&format!("/sessions/{id}/pause"), &json!({}))
         .await;
@@ -291,25 +315,14 @@ async fn a_pause_asked_of_one_daemon_stops_the_turn_running_on_another() {
         .post(&format!("/sessions/{id}/resume"), &json!({"wait": true}))
         .await;
     assert_eq!(status, 200, "{end}");
-    assert_billed_once(&sink, 1);
-    assert!(runner.terminate().await.success());
-    assert!(other.terminate().await.success());
+    assert_billed_once(sink, 1);
+    fleet.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_asked_of_one_daemon_stops_the_turn_on_another_then_records_it() {
-    let world = World::new();
-    let store = pg_store();
-    let model = MockModel::start(billing_replies(), Fault::None).await;
-    let sink = Sink::start().await.unwrap();
-    let agent = slow_billing_agent(&model, &sink);
-    let runner = daemon_on(&world, "a", &store).await;
-    let other = daemon_on(&world, "b", &store).await;
-    let id = runner.create(&agent).await;
-    let (status, body) = runner
-        .post(&format!("/sessions/{id}/messages"), &json!({"text": "go"}))
-        .await;
-    assert_eq!(status, 202, "{body}");
+    let fleet = Fleet::with_a_turn_running().await;
+    let (runner, other, sink, id) = (&fleet.runner, &fleet.other, &fleet.sink, &fleet.id);
     let (status, cancelled) = other
         .post(&format!("/sessions/{id}/cancel"), &json!({"by": "ops"}))
         .await;
@@ -324,6 +337,5 @@ async fn a_cancel_asked_of_one_daemon_stops_the_turn_on_another_then_records_it(
         0,
         "stopped before the email"
     );
-    assert!(runner.terminate().await.success());
-    assert!(other.terminate().await.success());
+    fleet.stop().await;
 }
