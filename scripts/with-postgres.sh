@@ -77,8 +77,14 @@ chmod 644 "$dir/server.crt" "$dir/ca.crt"
 export MNEME_TEST_PG="postgres://mneme@127.0.0.1:$port/postgres"
 export MNEME_TEST_PG_CA="$dir/ca.crt"
 echo "with-postgres: PostgreSQL $("$bin/postgres" --version | awk '{print $3}') at $MNEME_TEST_PG" >&2
+# The command runs in the background so that a signal to this script stops
+# the cluster at once (bash runs traps only between foreground commands).
 set +e
-"$@"
+"$@" &
+child=$!
+trap 'kill -TERM "$child" 2>/dev/null; exit 130' INT
+trap 'kill -TERM "$child" 2>/dev/null; exit 143' TERM
+wait "$child"
 status=$?
 set -e
 exit $status
