@@ -319,6 +319,28 @@ impl World {
             .unwrap()
     }
 
+    /// Starts `mneme ARGS` (output piped) and waits, up to 30 s, until the
+    /// sink applied the effect of the call it holds (`applied`, from
+    /// `Sink::hold`): the process is then inside that call.
+    pub async fn spawn_until_applied(
+        &self,
+        args: &[&str],
+        applied: oneshot::Receiver<()>,
+    ) -> tokio::process::Child {
+        let child = self
+            .mneme()
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(30), applied)
+            .await
+            .expect("the held call was never applied")
+            .unwrap();
+        child
+    }
+
     /// Runs `mneme ARGS` and returns its output.
     pub async fn run(&self, args: &[&str]) -> Output {
         self.mneme().args(args).output().await.unwrap()

@@ -3,7 +3,6 @@
 
 use mneme_e2e::*;
 use serde_json::json;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -157,17 +156,12 @@ async fn a_second_process_is_told_who_holds_the_data_directory() {
             &[http_tool("hold", &sink.url("hold"), "idempotent")],
         ),
     );
-    let mut first = world
-        .mneme()
-        .args(["run", "--agent", agent.to_str().unwrap(), "go"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    tokio::time::timeout(Duration::from_secs(30), hold.applied)
-        .await
-        .unwrap()
-        .unwrap();
+    let first = world
+        .spawn_until_applied(
+            &["run", "--agent", agent.to_str().unwrap(), "go"],
+            hold.applied,
+        )
+        .await;
     let out = world.run(&["sessions"]).await;
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
@@ -177,7 +171,7 @@ async fn a_second_process_is_told_who_holds_the_data_directory() {
         "{err}"
     );
     hold.release.send(()).unwrap();
-    assert!(first.wait().await.unwrap().success());
+    assert!(first.wait_with_output().await.unwrap().status.success());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

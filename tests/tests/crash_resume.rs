@@ -4,8 +4,6 @@
 use mneme_e2e::*;
 use serde_json::json;
 use std::path::PathBuf;
-use std::process::Stdio;
-use std::time::Duration;
 
 const MESSAGE: &str = "Charge customer 1, look them up, then email them.";
 
@@ -35,6 +33,32 @@ async fn setup() -> Setup {
         model,
         sink,
         agent,
+    }
+}
+
+impl Setup {
+    /// `mneme run` of the billing agent with crash point `point` armed;
+    /// the process must die there. Returns the session it named.
+    async fn run_crashing_at(&self, point: &str) -> String {
+        let out = self
+            .world
+            .run_crashing(
+                &["run", "--agent", self.agent.to_str().unwrap(), MESSAGE],
+                point,
+            )
+            .await;
+        assert!(
+            !out.status.success(),
+            "the crash point {point} must kill the run"
+        );
+        session_id(&out)
+    }
+
+    /// `mneme resume SESSION`, which must succeed.
+    async fn resume_ok(&self, session: &str) -> std::process::Output {
+        let out = self.world.run(&["resume", session]).await;
+        assert!(out.status.success(), "resume failed: {}", stderr(&out));
+        out
     }
 }
 
@@ -138,16 +162,11 @@ async fn sigkill_while_side_effect_is_in_flight_then_resume() {
     let hold = s.sink.hold("email");
     let mut child = s
         .world
-        .mneme()
-        .args(["run", "--agent", s.agent.to_str().unwrap(), MESSAGE])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    tokio::time::timeout(Duration::from_secs(30), hold.applied)
-        .await
-        .unwrap()
-        .unwrap();
+        .spawn_until_applied(
+            &["run", "--agent", s.agent.to_str().unwrap(), MESSAGE],
+            hold.applied,
+        )
+        .await;
     child.start_kill().unwrap(); // SIGKILL
     let killed = child.wait_with_output().await.unwrap();
     assert!(!killed.status.success());
@@ -155,8 +174,7 @@ async fn sigkill_while_side_effect_is_in_flight_then_resume() {
     let session = session_id(&killed);
     assert_eq!(s.sink.stats().path("email").hits, 1);
 
-    let out = s.world.run(&["resume", &session]).await;
-    assert!(out.status.success(), "resume failed: {}", stderr(&out));
+    let out = s.resume_ok(&session).await;
     assert_eq!(
         s.sink.stats().path("email").hits,
         2,
@@ -182,15 +200,7 @@ async fn sigkill_after_tool_returned_before_tool_finished_then_resume() {
     let reference = reference().await;
     let s = setup().await;
     // The third tool return is the email (charge and lookup run first).
-    let out = s
-        .world
-        .run_crashing(
-            &["run", "--agent", s.agent.to_str().unwrap(), MESSAGE],
-            "tool_returned:3",
-        )
-        .await;
-    assert!(!out.status.success(), "the crash point must kill the run");
-    let session = session_id(&out);
+    let session = s.run_crashing_at("tool_returned:3").await;
     let kinds = event_kinds(&s.world, &session).await;
     assert_eq!(
         kinds.last().map(String::as_str),
@@ -199,8 +209,7 @@ async fn sigkill_after_tool_returned_before_tool_finished_then_resume() {
     );
     assert_eq!(s.sink.stats().path("email").effects, 1);
 
-    let out = s.world.run(&["resume", &session]).await;
-    assert!(out.status.success(), "resume failed: {}", stderr(&out));
+    let out = s.resume_ok(&session).await;
     assert_finished_like_reference(&s, &session, &stdout(&out), &reference).await;
 }
 
@@ -208,17 +217,8 @@ async fn sigkill_after_tool_returned_before_tool_finished_then_resume() {
 async fn crash_before_model_reply_is_appended_asks_the_model_again() {
     let reference = reference().await;
     let s = setup().await;
-    let out = s
-        .world
-        .run_crashing(
-            &["run", "--agent", s.agent.to_str().unwrap(), MESSAGE],
-            "model_replied_before_append:2",
-        )
-        .await;
-    assert!(!out.status.success());
-    let session = session_id(&out);
-    let out = s.world.run(&["resume", &session]).await;
-    assert!(out.status.success(), "resume failed: {}", stderr(&out));
+    let session = s.run_crashing_at("model_replied_before_append:2").await;
+    let out = s.resume_ok(&session).await;
     assert_eq!(
         s.model.bodies().len(),
         4,
@@ -324,27 +324,12 @@ async fn command_tool_without_key_support_ends_in_doubt_and_resolve_continues() 
 async fn two_resumers_at_once_one_wins_and_nothing_runs_twice() {
     let s = setup().await;
     // A session that crashed with the charge started but not finished.
-    let out = s
-        .world
-        .run_crashing(
-            &["run", "--agent", s.agent.to_str().unwrap(), MESSAGE],
-            "tool_started_durable",
-        )
-        .await;
-    let session = session_id(&out);
+    let session = s.run_crashing_at("tool_started_durable").await;
     let hold = s.sink.hold("charge");
     let first = s
         .world
-        .mneme()
-        .args(["resume", &session])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    tokio::time::timeout(Duration::from_secs(30), hold.applied)
-        .await
-        .unwrap()
-        .unwrap();
+        .spawn_until_applied(&["resume", &session], hold.applied)
+        .await;
     let second = s.world.run(&["resume", &session]).await;
     assert_eq!(second.status.code(), Some(1));
     assert!(
