@@ -85,7 +85,9 @@ impl Client {
         Ok(self.call(request).await?.json().await?)
     }
 
-    async fn session_ids(&self) -> Result<Vec<(Uuid, String)>> {
+    /// Ids of the sessions whose status (with `paused-unattended` for a pause
+    /// no person has to end) `keep` accepts.
+    async fn session_ids(&self, keep: impl Fn(&str) -> bool) -> Result<Vec<Uuid>> {
         let rows = self.get("/sessions").await?;
         Ok(rows
             .as_array()
@@ -97,9 +99,21 @@ impl Client {
                     ("paused", Some(false)) => "paused-unattended",
                     (status, _) => status,
                 };
-                Some((r["session"].as_str()?.parse().ok()?, status.to_string()))
+                keep(status).then(|| r["session"].as_str()?.parse().ok())?
             })
             .collect())
+    }
+
+    /// `one` if given, else every session whose status `keep` accepts.
+    async fn this_or_every(
+        &self,
+        one: Option<Uuid>,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<Vec<Uuid>> {
+        match one {
+            Some(id) => Ok(vec![id]),
+            None => self.session_ids(keep).await,
+        }
     }
 
     /// Posts a person's decision on a call; reports how the session went on.
@@ -144,18 +158,9 @@ impl Client {
                 report(id, end.with_context(|| format!("session {id}"))?, a.json)
             }
             Command::Resume(a) => {
-                let ids = match a.session {
-                    Some(id) => vec![id],
-                    None => self
-                        .session_ids()
-                        .await?
-                        .into_iter()
-                        .filter(|(_, status)| {
-                            matches!(status.as_str(), "running" | "failed" | "paused-unattended")
-                        })
-                        .map(|(id, _)| id)
-                        .collect(),
-                };
+                let pending =
+                    |status: &str| matches!(status, "running" | "failed" | "paused-unattended");
+                let ids = self.this_or_every(a.session, pending).await?;
                 let mut worst = ExitCode::SUCCESS;
                 for id in ids {
                     eprintln!("session {id}");
@@ -179,15 +184,7 @@ impl Client {
                 crate::timeline::print(rows.as_array().map_or(&[][..], Vec::as_slice), &a)
             }
             Command::Verify(a) => {
-                let ids = match a.session {
-                    Some(id) => vec![id],
-                    None => self
-                        .session_ids()
-                        .await?
-                        .into_iter()
-                        .map(|(id, _)| id)
-                        .collect(),
-                };
+                let ids = self.this_or_every(a.session, |_| true).await?;
                 let mut results = Vec::new();
                 for id in ids {
                     results.push(self.get(&format!("/sessions/{id}/verify")).await?);
@@ -209,7 +206,7 @@ impl Client {
                 Ok(ExitCode::SUCCESS)
             }
             Command::Resolve(a) => {
-                let mut body = json!({"by": a.by, "wait": !a.no_resume, "continue": !a.no_resume});
+                let mut body = decision_body(&a.decision);
                 match (a.retry, a.result, a.fail) {
                     (true, _, _) => body["retry"] = json!(true),
                     (_, Some(result), None) => {
@@ -220,17 +217,19 @@ impl Client {
                     _ => bail!("give one of --retry, --skip --result JSON, --fail MSG"),
                 }
                 let call = (a.session, a.call_id.as_str());
-                self.decide(call, "resolve", body, "resolved", a.json).await
+                self.decide(call, "resolve", body, "resolved", a.decision.json)
+                    .await
             }
             Command::Approve(a) => {
-                let body = json!({"approved": !a.deny, "by": a.by, "wait": !a.no_resume, "continue": !a.no_resume});
+                let mut body = decision_body(&a.decision);
+                body["approved"] = json!(!a.deny);
                 let verb = if a.deny { "denied" } else { "approved" };
                 self.decide(
                     (a.session, a.call_id.as_str()),
                     "approve",
                     body,
                     verb,
-                    a.json,
+                    a.decision.json,
                 )
                 .await
             }
@@ -241,6 +240,12 @@ impl Client {
             Command::Serve(_) | Command::Demo(_) => unreachable!("never sent to a daemon"),
         }
     }
+}
+
+/// The fields of a decision's request body that every decision has.
+fn decision_body(decision: &crate::Decision) -> Value {
+    let go_on = !decision.no_resume;
+    json!({"by": decision.by, "wait": go_on, "continue": go_on})
 }
 
 fn report(id: Uuid, end: Value, json: JsonFlag) -> Result<ExitCode> {

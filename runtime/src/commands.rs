@@ -344,11 +344,11 @@ impl Ctx {
         let mut session = self.service.load(a.session)?;
         let can_continue =
             self.service
-                .decide_approval(&mut session, &a.call_id, !a.deny, &a.by)?;
+                .decide_approval(&mut session, &a.call_id, !a.deny, &a.decision.by)?;
         let verb = if a.deny { "denied" } else { "approved" };
         eprintln!("session {}: call {} {verb}", a.session, a.call_id);
-        let go_on = can_continue && !a.no_resume;
-        self.drive_then_release(lease, &mut session, a.json.json, go_on)
+        let go_on = can_continue && !a.decision.no_resume;
+        self.drive_then_release(lease, &mut session, a.decision.json.json, go_on)
             .await
     }
 
@@ -357,12 +357,12 @@ impl Ctx {
         let mut session = self.service.load(a.session)?;
         let resolution = service::resolution(a.retry, a.result.as_deref(), a.fail.as_deref())
             .map_err(|e| anyhow::anyhow!(e))?;
-        let can_continue = self
-            .service
-            .resolve(&mut session, &a.call_id, resolution, &a.by)?;
+        let can_continue =
+            self.service
+                .resolve(&mut session, &a.call_id, resolution, &a.decision.by)?;
         eprintln!("session {}: call {} resolved", a.session, a.call_id);
-        let go_on = can_continue && !a.no_resume;
-        self.drive_then_release(lease, &mut session, a.json.json, go_on)
+        let go_on = can_continue && !a.decision.no_resume;
+        self.drive_then_release(lease, &mut session, a.decision.json.json, go_on)
             .await
     }
 

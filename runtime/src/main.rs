@@ -177,6 +177,19 @@ struct ReplayArgs {
     json: JsonFlag,
 }
 
+/// What every decision on a call takes besides the decision itself.
+#[derive(Args)]
+struct Decision {
+    /// Who decides (recorded in the log).
+    #[arg(long, env = "USER", default_value = "unknown")]
+    by: String,
+    /// Record the decision but do not continue the session.
+    #[arg(long)]
+    no_resume: bool,
+    #[command(flatten)]
+    json: JsonFlag,
+}
+
 #[derive(Args)]
 #[command(group(clap::ArgGroup::new("decision").required(true).args(["retry", "skip", "fail"])))]
 struct ResolveArgs {
@@ -196,14 +209,8 @@ struct ResolveArgs {
     /// Do not run it; tell the model it failed with this message.
     #[arg(long, value_name = "MSG")]
     fail: Option<String>,
-    /// Who decides (recorded in the log).
-    #[arg(long, env = "USER", default_value = "unknown")]
-    by: String,
-    /// Record the decision but do not continue the session.
-    #[arg(long)]
-    no_resume: bool,
     #[command(flatten)]
-    json: JsonFlag,
+    decision: Decision,
 }
 
 #[derive(Args)]
@@ -215,14 +222,8 @@ struct ApproveArgs {
     /// Deny it: the tool never runs and the model is told.
     #[arg(long)]
     deny: bool,
-    /// Who decides (recorded in the log).
-    #[arg(long, env = "USER", default_value = "unknown")]
-    by: String,
-    /// Record the decision but do not continue the session.
-    #[arg(long)]
-    no_resume: bool,
     #[command(flatten)]
-    json: JsonFlag,
+    decision: Decision,
 }
 
 #[derive(Args)]
