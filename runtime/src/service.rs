@@ -262,9 +262,14 @@ impl Service {
     }
 
     fn summary_at(&self, id: Uuid, head: u64) -> Result<Summary, RuntimeError> {
-        if let Some(summary) = snapshot::fresh_summary(self.log.as_ref(), id, head) {
-            return Ok(summary);
+        match snapshot::fresh_summary(self.log.as_ref(), id, head) {
+            Some(summary) => Ok(summary),
+            None => self.rebuilt_summary(id),
         }
+    }
+
+    /// The summary of session `id` folded from its log, and stored.
+    fn rebuilt_summary(&self, id: Uuid) -> Result<Summary, RuntimeError> {
         let session = self.load(id)?;
         // Derived data: a failure only costs speed next time.
         let _ = snapshot::store_summary(self.log.as_ref(), id, session.state());
@@ -282,7 +287,7 @@ impl Service {
             let heads: Vec<(Uuid, u64)> = chunk.iter().map(|m| (m.session, m.events)).collect();
             let stored = snapshot::fresh_summaries(self.log.as_ref(), &heads);
             for (meta, summary) in chunk.iter().zip(stored) {
-                let summary = summary.map_or_else(|| self.summary(meta), Ok);
+                let summary = summary.map_or_else(|| self.rebuilt_summary(meta.session), Ok);
                 out.push((meta.clone(), summary));
             }
         }

@@ -267,15 +267,11 @@ impl Daemon {
         Ok(())
     }
 
-    /// Takes `id`'s lease for an operation outside a turn (a cancel).
-    pub(crate) fn hold(&self, id: Uuid) -> Result<HeldLease, RuntimeError> {
+    /// Takes `id`'s lease for this daemon (for a turn, a cancel, clearing
+    /// a lapsed lease).
+    pub(crate) fn hold(&self, id: Uuid) -> Result<HeldLease, eventlog::LogError> {
         let log = self.service.log().clone();
-        Ok(HeldLease::acquire(
-            log,
-            id,
-            &self.config.owner,
-            self.config.lease_ttl,
-        )?)
+        HeldLease::acquire(log, id, &self.config.owner, self.config.lease_ttl)
     }
 
     /// Withdraws a pause request no turn consumed.
@@ -293,12 +289,7 @@ impl Daemon {
         let _turn = lock.lock().await;
         self.running.fetch_add(1, Ordering::SeqCst);
         let _running = RunningGuard(&self);
-        let lease = match HeldLease::acquire(
-            self.service.log().clone(),
-            id,
-            &self.config.owner,
-            self.config.lease_ttl,
-        ) {
+        let lease = match self.hold(id) {
             Ok(lease) => lease,
             Err(e) => return Err(refuse_start(id, start, e)),
         };
@@ -442,8 +433,7 @@ impl Daemon {
                     Ok(_) => {
                         let lock = self.lock_for(id);
                         let Ok(_turn) = lock.try_lock() else { continue };
-                        let log = self.service.log().clone();
-                        if let Ok(lease) = HeldLease::acquire(log, id, &self.config.owner, every) {
+                        if let Ok(lease) = self.hold(id) {
                             lease.release();
                         }
                     }
