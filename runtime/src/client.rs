@@ -128,7 +128,7 @@ impl Client {
         let answer = self
             .post(&format!("/sessions/{session}/calls/{call}/{action}"), body)
             .await?;
-        eprintln!("session {session}: call {call} {verb}");
+        say!("session {session}: call {call} {verb}");
         if answer["status"].is_null() {
             return Ok(ExitCode::SUCCESS); // recorded; not continued
         }
@@ -148,7 +148,7 @@ impl Client {
                     }
                     (None, None) => bail!("mneme run needs --agent FILE to start a session, or --session ID to continue one"),
                 };
-                eprintln!("session {id}");
+                say!("session {id}");
                 let end = self
                     .post(
                         &format!("/sessions/{id}/messages"),
@@ -163,7 +163,7 @@ impl Client {
                 let ids = self.this_or_every(a.session, pending).await?;
                 let mut worst = ExitCode::SUCCESS;
                 for id in ids {
-                    eprintln!("session {id}");
+                    say!("session {id}");
                     let end = self
                         .post(&format!("/sessions/{id}/resume"), json!({"wait": true}))
                         .await?;

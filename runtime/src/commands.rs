@@ -90,7 +90,7 @@ fn open_log(store: &Option<String>, data_dir: &Path, command: &Command) -> Resul
         Err(e) => return Err(e.into()),
     };
     if let Some(torn) = log.torn_tail() {
-        eprintln!(
+        say!(
             "mneme: warning: the write-ahead file ended in a partial write ({} bytes, never acknowledged); moved to {}",
             torn.bytes,
             torn.saved_to.display()
@@ -160,7 +160,7 @@ fn token(data_dir: &std::path::Path, file: Option<PathBuf>) -> Result<(String, O
         .mode(0o600)
         .open(&path)?;
     file.write_all(token.as_bytes())?;
-    eprintln!(
+    say!(
         "mneme serve: generated a token in {} (readable by this user only)",
         path.display()
     );
@@ -215,7 +215,7 @@ impl Ctx {
             None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
         };
         let written = mneme_runtime::transfer::export(self.log(), &ids, &mut out)?;
-        eprintln!("exported {written} records of {} sessions", ids.len());
+        say!("exported {written} records of {} sessions", ids.len());
         Ok(ExitCode::SUCCESS)
     }
 
@@ -236,7 +236,7 @@ impl Ctx {
         for id in &done.sessions {
             self.log().verify(*id)?;
         }
-        eprintln!(
+        say!(
             "imported {} records into {} sessions ({} already held); every chain verifies",
             done.records,
             done.sessions.len(),
@@ -268,7 +268,7 @@ impl Ctx {
                 "mneme run needs --agent FILE to start a session, or --session ID to continue one"
             ),
         };
-        eprintln!("session {}", session.id());
+        say!("session {}", session.id());
         let lease = self.hold(session.id())?;
         self.service.post_message(&mut session, message)?;
         self.drive_then_release(lease, &mut session, json.json, true)
@@ -295,7 +295,7 @@ impl Ctx {
             let lease = self.hold(id)?;
             let mut session = self.service.load(id)?;
             self.service.reopen(&mut session, "mneme resume")?;
-            eprintln!("session {id}");
+            say!("session {id}");
             let code = self
                 .drive_then_release(lease, &mut session, json.json, true)
                 .await?;
@@ -346,7 +346,7 @@ impl Ctx {
             self.service
                 .decide_approval(&mut session, &a.call_id, !a.deny, &a.decision.by)?;
         let verb = if a.deny { "denied" } else { "approved" };
-        eprintln!("session {}: call {} {verb}", a.session, a.call_id);
+        say!("session {}: call {} {verb}", a.session, a.call_id);
         let go_on = can_continue && !a.decision.no_resume;
         self.drive_then_release(lease, &mut session, a.decision.json.json, go_on)
             .await
@@ -360,7 +360,7 @@ impl Ctx {
         let can_continue =
             self.service
                 .resolve(&mut session, &a.call_id, resolution, &a.decision.by)?;
-        eprintln!("session {}: call {} resolved", a.session, a.call_id);
+        say!("session {}: call {} resolved", a.session, a.call_id);
         let go_on = can_continue && !a.decision.no_resume;
         self.drive_then_release(lease, &mut session, a.decision.json.json, go_on)
             .await
@@ -404,20 +404,18 @@ pub fn report_end(id: Uuid, end: &TurnEnd, json: bool) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         TurnEnd::NeedsDecision(calls) => {
-            eprintln!("mneme: session {id} paused: tool calls in doubt need a decision");
+            say!("mneme: session {id} paused: tool calls in doubt need a decision");
             for (call, reason) in calls {
-                eprintln!("  {call}: {reason}");
-                eprintln!(
-                    "    mneme resolve {id} {call} --retry | --skip --result JSON | --fail MSG"
-                );
+                say!("  {call}: {reason}");
+                say!("    mneme resolve {id} {call} --retry | --skip --result JSON | --fail MSG");
             }
             Ok(ExitCode::from(EXIT_NEEDS_DECISION))
         }
         TurnEnd::NeedsApproval(calls) => {
-            eprintln!("mneme: session {id} paused: tool calls wait for approval");
+            say!("mneme: session {id} paused: tool calls wait for approval");
             for (call, tool) in calls {
-                eprintln!("  {call}: {tool} requires approval");
-                eprintln!("    mneme approve {id} {call} [--deny]");
+                say!("  {call}: {tool} requires approval");
+                say!("    mneme approve {id} {call} [--deny]");
             }
             Ok(ExitCode::from(EXIT_NEEDS_DECISION))
         }

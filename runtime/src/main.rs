@@ -1,5 +1,16 @@
 //! `mneme`: the command-line face of the runtime.
 
+/// Prints one line to stderr in a single write. Scripts (and the crash
+/// tests) read lines such as `session ID`; `eprintln!` writes a line in
+/// pieces, so a process killed mid-line could leave `session ` alone.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let line = format!("{}\n", format_args!($($arg)*));
+        let _ = std::io::stderr().write_all(line.as_bytes());
+    }};
+}
+
 mod client;
 mod commands;
 mod demo;
@@ -257,7 +268,7 @@ fn main() -> ExitCode {
     match runtime.block_on(commands::dispatch(cli)) {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("mneme: error: {error:#}");
+            say!("mneme: error: {error:#}");
             ExitCode::FAILURE
         }
     }

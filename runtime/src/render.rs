@@ -50,7 +50,7 @@ pub fn verify(results: &[Value], json: bool) -> ExitCode {
         }
     }
     if broken > 0 {
-        eprintln!(
+        say!(
             "mneme: verify: {broken} of {} sessions failed",
             results.len()
         );

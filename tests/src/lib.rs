@@ -409,15 +409,17 @@ pub fn command_tool(name: &str, command: &[&str], effect: &str, timeout_secs: u6
     format!("name = \"{name}\"\ndescription = \"{name}\"\nkind = \"command\"\ncommand = [{}]\neffect = \"{effect}\"\ntimeout_secs = {timeout_secs}\n", words.join(", "))
 }
 
-/// The session id `mneme run` printed on stderr.
-pub fn session_id(output: &Output) -> String {
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    stderr
+/// The session id `mneme run` printed on stderr, if it got that far.
+pub fn named_session(output: &Output) -> Option<String> {
+    String::from_utf8_lossy(&output.stderr)
         .lines()
         .find_map(|l| l.strip_prefix("session "))
-        .unwrap_or_else(|| panic!("no session id in stderr: {stderr}"))
-        .trim()
-        .to_string()
+        .map(|id| id.trim().to_string())
+}
+
+/// The session id `mneme run` printed on stderr; panics without one.
+pub fn session_id(output: &Output) -> String {
+    named_session(output).unwrap_or_else(|| panic!("no session id in stderr: {}", stderr(output)))
 }
 
 /// Text of stdout.

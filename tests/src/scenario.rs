@@ -2,8 +2,8 @@
 //! it again with crashes, and check the contract's invariants between the two.
 
 use crate::{
-    agent_toml, command_tool, http_tool, lookup_tool, rebuilt_request, stderr, stdout, Fault,
-    MockModel, MockReply, Sink, SinkStats, World,
+    agent_toml, command_tool, http_tool, lookup_tool, named_session, rebuilt_request, stderr,
+    stdout, Fault, MockModel, MockReply, Sink, SinkStats, World,
 };
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -211,11 +211,7 @@ pub async fn run(scenario: &Scenario, env: &Env, faults: &Faults) -> Result<Outc
         let id = match &session {
             Some(id) => id.clone(),
             None => {
-                let Some(id) = stderr(&out)
-                    .lines()
-                    .find_map(|l| l.strip_prefix("session "))
-                    .map(String::from)
-                else {
+                let Some(id) = named_session(&out) else {
                     // Killed before it named the session: start over, undisturbed,
                     // as a user would.
                     crashes += 1;
@@ -226,8 +222,8 @@ pub async fn run(scenario: &Scenario, env: &Env, faults: &Faults) -> Result<Outc
                             ..o
                         });
                 };
-                session = Some(id.trim().to_string());
-                id.trim().to_string()
+                session = Some(id.clone());
+                id
             }
         };
         let mut answer = match out.status.code() {

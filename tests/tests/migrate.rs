@@ -43,12 +43,7 @@ async fn a_sled_log_exported_and_imported_into_postgres_verifies_and_runs_on() {
         &["run", "--agent", agent.to_str().unwrap(), "charge"],
     )
     .await;
-    let id = stderr(&out)
-        .lines()
-        .find_map(|l| l.strip_prefix("session "))
-        .unwrap()
-        .trim()
-        .to_string();
+    let id = session_id(&out);
     let dump = world.dir.path().join("dump.jsonl");
     run_ok(&world, &["export", "-o", dump.to_str().unwrap()]).await;
     let sled_export = std::fs::read_to_string(&dump).unwrap();
