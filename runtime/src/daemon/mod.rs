@@ -614,14 +614,21 @@ fn follow_other_daemons(daemon: &Arc<Daemon>) {
     }));
 }
 
-/// Tells CLI processes where the daemon is and where its token lives.
+/// Tells CLI processes where the daemon is and where its token lives. The
+/// file appears whole (written aside, then renamed), so a CLI never reads
+/// half of it.
 fn write_daemon_file(config: &DaemonConfig, addr: SocketAddr) {
     let note = serde_json::json!({
         "addr": addr.to_string(),
         "pid": std::process::id(),
         "token_file": config.token_file,
     });
-    let _ = std::fs::write(config.data_dir.join(DAEMON_FILE), note.to_string());
+    let aside = config
+        .data_dir
+        .join(format!("{DAEMON_FILE}.{}", std::process::id()));
+    if std::fs::write(&aside, note.to_string()).is_ok() {
+        let _ = std::fs::rename(&aside, config.data_dir.join(DAEMON_FILE));
+    }
 }
 
 async fn shutdown_signal() {
