@@ -409,8 +409,8 @@ pub fn open_sealed(session: Uuid, head: Head, sealed: &[Vec<u8>]) -> Result<Vec<
     Ok(records)
 }
 
-/// Milliseconds since the Unix epoch, now.
-pub(crate) fn now_ms() -> i64 {
+/// Milliseconds since the Unix epoch, now: the unit of lease expiries.
+pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)

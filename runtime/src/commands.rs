@@ -191,14 +191,11 @@ impl Ctx {
     }
 
     /// Takes session `id`'s lease for as long as the value lives: a daemon
-    /// or another CLI running it gets a clear refusal instead.
-    fn hold(&self, id: Uuid) -> Result<HeldLease> {
-        Ok(HeldLease::acquire(
-            self.service.log().clone(),
-            id,
-            &self.owner,
-            self.lease_ttl,
-        )?)
+    /// or another CLI running it gets a clear refusal instead. A lease left
+    /// by a killed `mneme` of this host is waited out.
+    async fn hold(&self, id: Uuid) -> Result<HeldLease> {
+        let log = self.service.log().clone();
+        Ok(HeldLease::acquire_after_exited(log, id, &self.owner, self.lease_ttl).await?)
     }
 
     fn export(&self, a: crate::ExportArgs) -> Result<ExitCode> {
@@ -269,7 +266,7 @@ impl Ctx {
             ),
         };
         say!("session {}", session.id());
-        let lease = self.hold(session.id())?;
+        let lease = self.hold(session.id()).await?;
         self.service.post_message(&mut session, message)?;
         self.drive_then_release(lease, &mut session, json.json, true)
             .await
@@ -292,7 +289,7 @@ impl Ctx {
         };
         let mut worst = ExitCode::SUCCESS;
         for id in ids {
-            let lease = self.hold(id)?;
+            let lease = self.hold(id).await?;
             let mut session = self.service.load(id)?;
             self.service.reopen(&mut session, "mneme resume")?;
             say!("session {id}");
@@ -340,7 +337,7 @@ impl Ctx {
     }
 
     async fn approve(&self, a: crate::ApproveArgs) -> Result<ExitCode> {
-        let lease = self.hold(a.session)?;
+        let lease = self.hold(a.session).await?;
         let mut session = self.service.load(a.session)?;
         let can_continue =
             self.service
@@ -353,7 +350,7 @@ impl Ctx {
     }
 
     async fn resolve(&self, a: crate::ResolveArgs) -> Result<ExitCode> {
-        let lease = self.hold(a.session)?;
+        let lease = self.hold(a.session).await?;
         let mut session = self.service.load(a.session)?;
         let resolution = service::resolution(a.retry, a.result.as_deref(), a.fail.as_deref())
             .map_err(|e| anyhow::anyhow!(e))?;

@@ -9,20 +9,49 @@
 
 use eventlog::{EventLog, Lease, LogError};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 /// How long a lease lasts unless renewed, by default.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(15);
 
+/// How long past its expiry a lapsing lease is still waited for: the
+/// store's clock may run behind this host's.
+const LAPSE_MARGIN: Duration = Duration::from_secs(2);
+
 /// This process's name as a lease owner: host, pid and a random part, so a
 /// restarted process with the same pid is another owner.
 pub fn owner_name(role: &str) -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "localhost".into());
     let nonce = Uuid::now_v7().simple().to_string();
-    format!("{role}@{host}:{}:{}", std::process::id(), &nonce[24..])
+    format!(
+        "{role}@{}:{}:{}",
+        host_name(),
+        std::process::id(),
+        &nonce[24..]
+    )
+}
+
+/// True only when `owner` (an [`owner_name`]) names a process on this host
+/// that is no longer running: its lease can only lapse, never be renewed.
+/// False whenever that cannot be told (another host, a foreign name).
+pub fn owner_has_exited(owner: &str) -> bool {
+    let mut parts = owner.split_once('@').map_or("", |(_, at)| at).split(':');
+    let (Some(host), Some(pid), Some(_nonce), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return false;
+    };
+    let proc = std::path::Path::new("/proc");
+    host == host_name()
+        && pid.parse::<u32>().is_ok_and(|pid| pid > 0)
+        && proc.join("self").exists()
+        && !proc.join(pid).exists()
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
 }
 
 /// A lease held for as long as this value lives, renewed every third of its
@@ -54,6 +83,40 @@ impl HeldLease {
             renewer,
             released: false,
         })
+    }
+
+    /// Like [`HeldLease::acquire`], except that a lease held by a process of
+    /// this host that has exited (see [`owner_has_exited`]) is waited out: it
+    /// can only lapse. Gives up with [`LogError::LeaseHeld`] if it has not
+    /// lapsed shortly after its expiry.
+    pub async fn acquire_after_exited(
+        log: Arc<dyn EventLog>,
+        session: Uuid,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<HeldLease, LogError> {
+        let mut waiting_until = None;
+        loop {
+            let (holder, expires_ms) = match HeldLease::acquire(log.clone(), session, owner, ttl) {
+                Err(LogError::LeaseHeld {
+                    owner, expires_ms, ..
+                }) if owner_has_exited(&owner) => (owner, expires_ms),
+                acquired => return acquired,
+            };
+            let left = Duration::from_millis((expires_ms - eventlog::now_ms()).max(0) as u64);
+            let until = *waiting_until.get_or_insert_with(|| {
+                eprintln!("mneme: session {session} is leased to {holder}, which has exited; waiting {left:.1?} for the lease to lapse");
+                Instant::now() + left + LAPSE_MARGIN
+            });
+            if Instant::now() > until {
+                return Err(LogError::LeaseHeld {
+                    session,
+                    owner: holder,
+                    expires_ms,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// The lease's fencing token.
@@ -110,6 +173,42 @@ impl Drop for HeldLease {
         match self.log.renew_lease(&lease, Duration::ZERO) {
             Ok(_) | Err(LogError::Fenced { .. }) => {}
             Err(e) => eprintln!("mneme: handing over the lease of {}: {e}", lease.session),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_running_process_has_not_exited() {
+        assert!(!owner_has_exited(&owner_name("cli")));
+    }
+
+    #[test]
+    fn a_reaped_process_on_this_host_has_exited() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        assert!(owner_has_exited(&format!(
+            "cli@{}:{pid}:0a1b2c3d",
+            host_name()
+        )));
+    }
+
+    #[test]
+    fn owners_elsewhere_or_unknown_are_never_called_exited() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        for owner in [
+            format!("cli@another-host-{}:{pid}:0a1b2c3d", host_name()),
+            format!("cli@{}:{pid}", host_name()),
+            format!("cli@{}:x{pid}:0a1b2c3d", host_name()),
+            "someone else".to_string(),
+        ] {
+            assert!(!owner_has_exited(&owner), "{owner}");
         }
     }
 }

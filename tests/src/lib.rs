@@ -254,6 +254,8 @@ pub struct World {
     pub dir: tempfile::TempDir,
     /// The PostgreSQL store its commands use, if not the data directory.
     pub store: Option<String>,
+    /// Lease time to live of its commands on PostgreSQL.
+    pub lease_ttl_ms: u64,
 }
 
 /// Lease time to live of commands on PostgreSQL in tests: a SIGKILLed
@@ -266,6 +268,7 @@ impl World {
         World {
             dir: tempfile::tempdir().unwrap(),
             store: None,
+            lease_ttl_ms: TEST_LEASE_TTL_MS,
         }
     }
 
@@ -304,7 +307,7 @@ impl World {
             command
                 .arg("--store")
                 .arg(store)
-                .env("MNEME_LEASE_TTL_MS", TEST_LEASE_TTL_MS.to_string());
+                .env("MNEME_LEASE_TTL_MS", self.lease_ttl_ms.to_string());
         }
         command
     }

@@ -23,7 +23,10 @@ struct Setup {
 }
 
 async fn setup() -> Setup {
-    let world = World::new();
+    setup_in(World::new()).await
+}
+
+async fn setup_in(world: World) -> Setup {
     let model = MockModel::start(replies(), Fault::None).await;
     let sink = Sink::start().await.unwrap();
     let tools = billing_tools(&sink);
@@ -318,6 +321,43 @@ async fn command_tool_without_key_support_ends_in_doubt_and_resolve_continues() 
             .await,
     );
     assert!(log.contains("skip") && log.contains("by ops"), "{log}");
+}
+
+/// On PostgreSQL a killed `mneme run` leaves its lease behind, live until
+/// it lapses. The next `mneme resume` on this host sees that its holder has
+/// exited and waits the lease out instead of refusing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_right_after_a_sigkill_on_postgres_waits_out_the_dead_lease() {
+    let s = setup_in(World {
+        lease_ttl_ms: 5_000,
+        ..World::on_postgres()
+    })
+    .await;
+    let hold = s.sink.hold("email");
+    let mut child = s
+        .world
+        .spawn_until_applied(
+            &["run", "--agent", s.agent.to_str().unwrap(), MESSAGE],
+            hold.applied,
+        )
+        .await;
+    child.start_kill().unwrap(); // SIGKILL
+    let killed = child.wait_with_output().await.unwrap();
+    drop(hold.release);
+    let session = session_id(&killed);
+
+    let out = s.resume_ok(&session).await;
+    assert!(
+        stderr(&out).contains("which has exited; waiting"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(stdout(&out).trim(), "Charged, looked up and emailed.");
+    let stats = s.sink.stats();
+    assert_eq!(stats.path("charge").effects, 1, "{stats:?}");
+    assert_eq!(stats.path("email").effects, 1, "{stats:?}");
+    let verify = s.world.run(&["verify", &session]).await;
+    assert!(verify.status.success(), "verify: {}", stdout(&verify));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
