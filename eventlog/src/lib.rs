@@ -185,7 +185,7 @@ pub enum LogError {
         source: std::io::Error,
     },
     /// Another owner holds a live lease on the session: it runs there.
-    #[error("session {session} is leased to {owner} until {expires_ms} (ms since the epoch); it runs there")]
+    #[error("session {session} is leased to {owner} for another {:.1?} unless renewed; it runs there", time_left(*expires_ms))]
     LeaseHeld {
         /// The session.
         session: Uuid,
@@ -409,8 +409,14 @@ pub fn open_sealed(session: Uuid, head: Head, sealed: &[Vec<u8>]) -> Result<Vec<
     Ok(records)
 }
 
-/// Milliseconds since the Unix epoch, now: the unit of lease expiries.
-pub fn now_ms() -> i64 {
+/// How long until a lease expiring at `expires_ms` lapses, by this host's
+/// clock (zero once past).
+pub fn time_left(expires_ms: i64) -> std::time::Duration {
+    std::time::Duration::from_millis((expires_ms - now_ms()).max(0) as u64)
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)

@@ -103,7 +103,7 @@ impl HeldLease {
                 }) if owner_has_exited(&owner) => (owner, expires_ms),
                 acquired => return acquired,
             };
-            let left = Duration::from_millis((expires_ms - eventlog::now_ms()).max(0) as u64);
+            let left = eventlog::time_left(expires_ms);
             let until = *waiting_until.get_or_insert_with(|| {
                 eprintln!("mneme: session {session} is leased to {holder}, which has exited; waiting {left:.1?} for the lease to lapse");
                 Instant::now() + left + LAPSE_MARGIN
