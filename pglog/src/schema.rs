@@ -118,8 +118,11 @@ impl Target {
         let tls = Tls::for_mode(config.get_ssl_mode(), root_cert.as_deref()).map_err(invalid)?;
         // An acknowledged append must survive the server's crash, whatever
         // the server's default; a dead peer must not hang a call forever.
+        // The append's checks are written for READ COMMITTED: under a
+        // stricter default a lost race would surface as a serialization
+        // failure instead of a conflict.
         let mut options = format!(
-            "{} -c synchronous_commit=on -c statement_timeout={}",
+            "{} -c synchronous_commit=on -c default_transaction_isolation=read\\ committed -c statement_timeout={}",
             config.get_options().unwrap_or(""),
             STATEMENT_TIMEOUT.as_millis()
         );
