@@ -328,13 +328,18 @@ pub fn leases_exclude_other_owners_until_released_or_expired<B: Backend>(b: &B) 
         LogError::LeaseHeld { owner, .. } => assert_eq!(owner, "a"),
         other => panic!("{other}"),
     }
-    let again = log.acquire_lease(s, "a", long).unwrap();
-    assert_eq!(
-        again.token, a.token,
-        "re-acquiring one's own lease keeps it"
-    );
     let renewed = log.renew_lease(&a, long).unwrap();
     assert!(renewed.expires_ms >= a.expires_ms);
+    let again = log.acquire_lease(s, "a", long).unwrap();
+    assert!(
+        again.token > a.token,
+        "every acquisition is a new holding, even by the same owner"
+    );
+    assert!(matches!(
+        log.renew_lease(&a, long),
+        Err(LogError::Fenced { .. })
+    ));
+    let a = again;
     log.release_lease(&a).unwrap();
     let b1 = log
         .acquire_lease(s, "b", Duration::from_millis(300))

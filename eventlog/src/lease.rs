@@ -41,7 +41,8 @@ struct LocalLease {
 }
 
 impl LocalLeases {
-    /// Grants `owner` the lease of `session` if nobody else holds a live one.
+    /// Grants `owner` the lease of `session`, with a new token, if nobody
+    /// else holds a live one.
     pub fn acquire(&self, session: Uuid, owner: &str, ttl: Duration) -> Result<Lease, LogError> {
         let now = now_ms();
         let mut leases = self.leases.lock().expect("lease lock poisoned");
@@ -59,9 +60,7 @@ impl LocalLeases {
                 expires_ms: entry.expires_ms,
             });
         }
-        if !live || entry.owner != owner {
-            entry.token += 1;
-        }
+        entry.token += 1;
         entry.owner = owner.to_string();
         entry.expires_ms = now + ttl.as_millis() as i64;
         entry.released = false;

@@ -297,9 +297,11 @@ pub trait EventLog: Send + Sync {
     fn import(&self, session: Uuid, sealed: Vec<Vec<u8>>) -> Result<Head, LogError>;
 
     /// Grants `owner` the lease of `session` for `ttl`, unless another owner
-    /// holds a live one ([`LogError::LeaseHeld`]). From then on, until the
-    /// lease is released or taken over, this log's appends to `session` are
-    /// fenced by the lease's token.
+    /// holds a live one ([`LogError::LeaseHeld`]). Every grant, even of an
+    /// owner's own live lease, has a new token greater than all before it,
+    /// so an earlier holding is fenced. From then on, until the lease is
+    /// released or taken over, this log's appends to `session` are fenced by
+    /// the lease's token.
     fn acquire_lease(&self, session: Uuid, owner: &str, ttl: Duration) -> Result<Lease, LogError>;
 
     /// Extends `lease` by `ttl` from now; [`LogError::Fenced`] if it was

@@ -660,9 +660,7 @@ impl EventLog for PgLog {
                     "INSERT INTO mneme_leases AS l (session, owner, token, expires_at, released) \
                      VALUES ($1, $2, 1, clock_timestamp() + $3 * interval '1 millisecond', false) \
                      ON CONFLICT (session) DO UPDATE SET \
-                       token = CASE WHEN l.owner = EXCLUDED.owner AND NOT l.released \
-                                     AND l.expires_at > clock_timestamp() \
-                                    THEN l.token ELSE l.token + 1 END, \
+                       token = l.token + 1, \
                        owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at, released = false \
                      WHERE l.released OR l.expires_at <= clock_timestamp() OR l.owner = EXCLUDED.owner \
                      RETURNING {LEASE_COLUMNS}"
