@@ -3,8 +3,8 @@
 use super::{Daemon, TurnStart};
 use crate::error::RuntimeError;
 use crate::runner::TurnEnd;
-use crate::service;
-use crate::session::read_events;
+use crate::service::{self, Service};
+use crate::session::{read_events, Session};
 use crate::views;
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -351,14 +351,11 @@ async fn cancel(
     if !daemon.request_pause(id) {
         daemon.wait_for_turn_elsewhere(id).await?;
     }
-    let lock = daemon.lock_for(id);
-    let _turn = lock.lock().await;
-    daemon.withdraw_pause(id);
-    let lease = daemon.hold(id)?;
-    let mut session = daemon.service.load(id)?;
-    daemon.service.cancel(&mut session, &body.by)?;
-    lease.release();
-    daemon.set_status(id, session.state().status());
+    under_lease(&daemon, id, |service, session| {
+        daemon.withdraw_pause(id);
+        service.cancel(session, &body.by)
+    })
+    .await?;
     Ok(Json(json!({"session": id, "status": "cancelled"})))
 }
 
@@ -412,16 +409,10 @@ async fn resolve(
     let skip = body.skip.as_ref().map(Value::to_string);
     let resolution = service::resolution(body.retry, skip.as_deref(), body.fail.as_deref())
         .map_err(bad_request)?;
-    let can_continue = {
-        let lock = daemon.lock_for(id);
-        let _turn = lock.lock().await;
-        let mut session = daemon.service.load(id)?;
-        let can_continue = daemon
-            .service
-            .resolve(&mut session, &call, resolution, &body.by)?;
-        daemon.set_status(id, session.state().status());
-        can_continue
-    };
+    let can_continue = under_lease(&daemon, id, |service, session| {
+        service.resolve(session, &call, resolution, &body.by)
+    })
+    .await?;
     continue_after_decision(&daemon, id, &call, can_continue && body.proceed, body.wait).await
 }
 
@@ -443,18 +434,29 @@ async fn approve(
     Json(body): Json<ApproveBody>,
 ) -> Result<Response, ApiError> {
     refuse_when_stopping(&daemon)?;
-    let can_continue = {
-        let lock = daemon.lock_for(id);
-        let _turn = lock.lock().await;
-        let mut session = daemon.service.load(id)?;
-        let can_continue =
-            daemon
-                .service
-                .decide_approval(&mut session, &call, body.approved, &body.by)?;
-        daemon.set_status(id, session.state().status());
-        can_continue
-    };
+    let can_continue = under_lease(&daemon, id, |service, session| {
+        service.decide_approval(session, &call, body.approved, &body.by)
+    })
+    .await?;
     continue_after_decision(&daemon, id, &call, can_continue && body.proceed, body.wait).await
+}
+
+/// Records a person's say on session `id` (`record`) while no turn runs it
+/// here and under its lease, so the append carries this daemon's current
+/// fencing token; a turn running elsewhere gets a 409 naming its daemon.
+async fn under_lease<T>(
+    daemon: &Shared,
+    id: Uuid,
+    record: impl FnOnce(&Service, &mut Session) -> Result<T, RuntimeError>,
+) -> Result<T, ApiError> {
+    let lock = daemon.lock_for(id);
+    let _turn = lock.lock().await;
+    let lease = daemon.hold(id)?;
+    let mut session = daemon.service.load(id)?;
+    let recorded = record(&daemon.service, &mut session)?;
+    lease.release();
+    daemon.set_status(id, session.state().status());
+    Ok(recorded)
 }
 
 /// After a person's decision: continue the session if nothing else waits.

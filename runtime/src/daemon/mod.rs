@@ -429,11 +429,16 @@ impl Daemon {
                         self.spawn_turn(id, TurnStart::Recover("lease takeover"));
                     }
                     // At rest: clear the lapsed lease, unless a turn of this
-                    // daemon is starting (it holds the session's lock).
+                    // daemon is starting (it holds the session's lock). Look
+                    // again under the lease: a turn elsewhere may have been
+                    // interrupted meanwhile, and then the lease must lapse
+                    // (the next look resumes the session), not be released.
                     Ok(_) => {
                         let lock = self.lock_for(id);
                         let Ok(_turn) = lock.try_lock() else { continue };
-                        if let Ok(lease) = self.hold(id) {
+                        let Ok(lease) = self.hold(id) else { continue };
+                        if matches!(self.service.current_summary(id), Ok(s) if !was_interrupted(&s))
+                        {
                             lease.release();
                         }
                     }
