@@ -5,6 +5,7 @@ use crate::{Cli, Command, JsonFlag, EXIT_NEEDS_DECISION};
 use anyhow::{bail, Context, Result};
 use eventlog::{EventLog, SledLog};
 use mneme_runtime::agent::load_agent_file;
+use mneme_runtime::error::RuntimeError;
 use mneme_runtime::lease::HeldLease;
 use mneme_runtime::service::{self, Service};
 use mneme_runtime::{views, Session, TurnEnd};
@@ -192,9 +193,13 @@ impl Ctx {
 
     /// Takes session `id`'s lease for as long as the value lives: a daemon
     /// or another CLI running it gets a clear refusal instead. A lease left
-    /// by a killed `mneme` of this host is waited out.
+    /// by a killed `mneme` of this host is waited out. No lease is taken
+    /// for a session that does not exist.
     async fn hold(&self, id: Uuid) -> Result<HeldLease> {
         let log = self.service.log().clone();
+        if log.head(id)?.seq == 0 {
+            return Err(RuntimeError::NoSuchSession(id).into());
+        }
         Ok(HeldLease::acquire_after_exited(log, id, &self.owner, self.lease_ttl).await?)
     }
 
@@ -258,15 +263,16 @@ impl Ctx {
         message: String,
         json: JsonFlag,
     ) -> Result<ExitCode> {
-        let mut session = match (id, agent) {
-            (Some(id), _) => self.service.load(id)?,
-            (None, Some(path)) => self.service.create(load_agent_file(&path)?)?,
+        let id = match (id, agent) {
+            (Some(id), _) => id,
+            (None, Some(path)) => self.service.create(load_agent_file(&path)?)?.id(),
             (None, None) => bail!(
                 "mneme run needs --agent FILE to start a session, or --session ID to continue one"
             ),
         };
-        say!("session {}", session.id());
-        let lease = self.hold(session.id()).await?;
+        say!("session {id}");
+        let lease = self.hold(id).await?;
+        let mut session = self.service.load(id)?;
         self.service.post_message(&mut session, message)?;
         self.drive_then_release(lease, &mut session, json.json, true)
             .await

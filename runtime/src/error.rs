@@ -21,7 +21,7 @@ pub enum RuntimeError {
         source: replay::DecodeError,
     },
     /// No such session in the log.
-    #[error("no session {0} in this data directory")]
+    #[error("no session {0} in this store")]
     NoSuchSession(Uuid),
     /// The agent file or spec is unusable.
     #[error("agent spec {origin}: {reason}")]

@@ -88,7 +88,8 @@ impl HeldLease {
     /// Like [`HeldLease::acquire`], except that a lease held by a process of
     /// this host that has exited (see [`owner_has_exited`]) is waited out: it
     /// can only lapse. Gives up with [`LogError::LeaseHeld`] if it has not
-    /// lapsed shortly after its expiry.
+    /// lapsed by its expiry (or one `ttl`, whichever is later: the store's
+    /// clock may be behind this host's) and a little more.
     pub async fn acquire_after_exited(
         log: Arc<dyn EventLog>,
         session: Uuid,
@@ -106,7 +107,7 @@ impl HeldLease {
             let left = eventlog::time_left(expires_ms);
             let until = *waiting_until.get_or_insert_with(|| {
                 eprintln!("mneme: session {session} is leased to {holder}, which has exited; waiting {left:.1?} for the lease to lapse");
-                Instant::now() + left + LAPSE_MARGIN
+                Instant::now() + left.max(ttl) + LAPSE_MARGIN
             });
             if Instant::now() > until {
                 return Err(LogError::LeaseHeld {
