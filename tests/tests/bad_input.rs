@@ -201,3 +201,34 @@ async fn bad_resolve_arguments_change_nothing() {
     assert!(stderr(&out).contains("not in doubt"), "{}", stderr(&out));
     assert_eq!(event_kinds(&world, &session).await, before);
 }
+
+/// Commands naming a session the store does not hold are refused by name,
+/// and leave no lease behind (a lapsed one would be listed, and looked at
+/// by every daemon, forever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_session_on_postgres_is_named_and_leaves_no_lease() {
+    let world = World::on_postgres();
+    let unknown = uuid::Uuid::now_v7().to_string();
+    for args in [
+        vec!["resume", &unknown],
+        vec!["run", "--session", &unknown, "hi"],
+        vec!["approve", &unknown, "call_0_0"],
+        vec!["resolve", &unknown, "call_0_0", "--retry"],
+    ] {
+        let out = world.run(&args).await;
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains(&format!("no session {unknown} in this store")),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+    let store = world.store.clone().unwrap();
+    let leftover = tokio::task::spawn_blocking(move || {
+        let log = pglog::PgLog::connect(&store).unwrap();
+        eventlog::EventLog::expired_leases(&log).unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(leftover.is_empty(), "{leftover:?}");
+}

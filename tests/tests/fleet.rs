@@ -172,6 +172,90 @@ async fn a_daemon_frozen_past_its_leases_is_fenced_when_it_wakes() {
     assert!(survivor.terminate().await.success());
 }
 
+/// A daemon fenced out of a session (frozen past its lease while running
+/// it, then woken) can still record a person's decision on it later: the
+/// decision is taken under a fresh lease, not with the fenced turn's token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_fenced_out_of_a_session_still_records_a_decision_on_it() {
+    let world = World::new();
+    let store = pg_store();
+    let sink = Sink::start().await.unwrap();
+    let model = MockModel::start(
+        vec![
+            MockReply::calls(&[("lookup", json!({"n": 1}))]),
+            MockReply::calls(&[("refund", json!({"n": 2}))]),
+            MockReply::answer("refunded"),
+        ],
+        Fault::None,
+    )
+    .await;
+    let slow_lookup = command_tool(
+        "lookup",
+        &["sh", "-c", "cat >/dev/null; sleep 2; echo '{}'"],
+        "read_only",
+        10,
+    );
+    let refund = format!(
+        "{}requires_approval = true\n",
+        http_tool("refund", &sink.url("refund"), "side_effect")
+    );
+    let agent = agent_toml(&model.base_url(), &[slow_lookup, refund]);
+    let fenced = daemon_on(&world, "a", &store).await;
+    let survivor = daemon_on(&world, "b", &store).await;
+    let id = fenced.create(&agent).await;
+    let (status, body) = fenced
+        .post(
+            &format!("/sessions/{id}/messages"),
+            &json!({"text": "refund"}),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let pid = fenced.child.id().unwrap() as i32;
+    // SAFETY: kill(2) has no memory-safety preconditions; the pid is our child's.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let call = awaiting_approval(&survivor, &id).await;
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    // The woken turn's next append is refused as fenced; the turn ends.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let (status, end) = fenced
+        .post(
+            &format!("/sessions/{id}/calls/{call}/approve"),
+            &json!({"approved": true, "by": "ops", "wait": true}),
+        )
+        .await;
+    assert_eq!(
+        (status, end["answer"].as_str()),
+        (200, Some("refunded")),
+        "{end}"
+    );
+    assert_eq!(sink.stats().path("refund").effects, 1);
+    fenced.assert_verified_with_answer(&[id], "refunded").await;
+    assert!(fenced.terminate().await.success());
+    assert!(survivor.terminate().await.success());
+}
+
+/// Waits (up to a minute) until `daemon` shows session `id` waiting for an
+/// approval; returns that call's id.
+async fn awaiting_approval(daemon: &DaemonProcess, id: &str) -> String {
+    let started = Instant::now();
+    loop {
+        let (_, plan) = daemon.get(&format!("/sessions/{id}/replay")).await;
+        let waiting = plan["calls"].as_array().and_then(|calls| {
+            calls
+                .iter()
+                .find(|c| c["decision"] == "awaiting_approval")
+                .and_then(|c| c["call_id"].as_str())
+        });
+        if let Some(call) = waiting {
+            return call.to_string();
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "{plan}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_runs_on_one_daemon_and_the_other_streams_it_live() {
     let world = World::new();
