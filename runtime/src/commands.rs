@@ -7,6 +7,8 @@ use eventlog::{EventLog, SledLog};
 use mneme_runtime::agent::load_agent_file;
 use mneme_runtime::error::RuntimeError;
 use mneme_runtime::lease::HeldLease;
+use mneme_runtime::pause;
+use mneme_runtime::runner::StopCheck;
 use mneme_runtime::service::{self, Service};
 use mneme_runtime::{views, Session, TurnEnd};
 use pglog::PgLog;
@@ -278,10 +280,27 @@ impl Ctx {
             .await
     }
 
-    async fn drive(&self, session: &mut Session, json: bool) -> Result<ExitCode> {
+    /// Drives the session to the end of its turn. A pause asked for through
+    /// a daemon sharing the store (addressed to `lease`) stops it between
+    /// steps, as it would a daemon's turn.
+    async fn drive(
+        &self,
+        session: &mut Session,
+        lease: &HeldLease,
+        json: bool,
+    ) -> Result<ExitCode> {
+        let listening = Arc::new(pause::Listening::default());
+        listening.start(session.id(), lease.token());
+        let log = self.service.log().clone();
+        let stop: StopCheck = Arc::new(move |id| {
+            listening
+                .asked(log.as_ref(), id)
+                .then(|| pause::PAUSED_ON_REQUEST.to_string())
+        });
         let end = self
             .service
             .runner()
+            .with_stop(stop)
             .drive(session)
             .await
             .with_context(|| format!("session {}", session.id()))?;
@@ -380,7 +399,7 @@ impl Ctx {
         go_on: bool,
     ) -> Result<ExitCode> {
         let code = if go_on {
-            self.drive(session, json).await?
+            self.drive(session, &lease, json).await?
         } else {
             ExitCode::SUCCESS
         };

@@ -7,6 +7,7 @@ pub mod daemon;
 pub mod error;
 pub mod lease;
 pub mod model;
+pub mod pause;
 pub mod runner;
 pub mod service;
 pub mod session;

@@ -403,6 +403,65 @@ async fn a_pause_asked_of_one_daemon_stops_the_turn_running_on_another() {
     fleet.stop().await;
 }
 
+/// A turn that `mneme run` runs on the shared store hears a pause asked of
+/// a daemon, as a daemon's turn would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_asked_of_a_daemon_stops_a_turn_the_cli_runs() {
+    let world = World::on_postgres();
+    let store = world.store.clone().unwrap();
+    let model = MockModel::start(billing_replies(), Fault::None).await;
+    let sink = Sink::start().await.unwrap();
+    let daemon = daemon_on(&world, "a", &store).await;
+    let id = daemon.create(&slow_billing_agent(&model, &sink)).await;
+    let cli = world
+        .mneme()
+        .args(["run", "--session", &id, "go"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let asked = loop {
+        let (_, asked) = daemon
+            .post(&format!("/sessions/{id}/pause"), &json!({}))
+            .await;
+        if asked["running_on"]
+            .as_str()
+            .is_some_and(|o| o.starts_with("cli@"))
+        {
+            break asked;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "{asked}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(asked["pause_requested"], true, "{asked}");
+    let out = tokio::time::timeout(Duration::from_secs(30), cli.wait_with_output())
+        .await
+        .expect("the CLI's turn stops")
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("is paused (paused on request)"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        sink.stats().path("email").effects,
+        0,
+        "paused before the email"
+    );
+    let (status, end) = daemon
+        .post(&format!("/sessions/{id}/resume"), &json!({"wait": true}))
+        .await;
+    assert_eq!(
+        (status, end["answer"].as_str()),
+        (200, Some("Charged and emailed.")),
+        "{end}"
+    );
+    assert_billed_once(&sink, 1);
+    assert!(daemon.terminate().await.success());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_asked_of_one_daemon_stops_the_turn_on_another_then_records_it() {
     let fleet = Fleet::with_a_turn_running().await;

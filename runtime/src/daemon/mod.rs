@@ -19,6 +19,7 @@ pub use metrics::Metrics;
 
 use crate::error::RuntimeError;
 use crate::lease::HeldLease;
+use crate::pause::{self, PAUSED_ON_REQUEST};
 use crate::runner::{Runner, TurnEnd};
 use crate::service::Service;
 use crate::snapshot::Summary;
@@ -84,9 +85,8 @@ pub(crate) struct Daemon {
     pause_requests: Arc<Mutex<HashSet<Uuid>>>,
     /// Sessions with a turn under way.
     active: Mutex<HashSet<Uuid>>,
-    /// The leases of the turns under way, for pause requests made through
-    /// other daemons.
-    turn_leases: Arc<Mutex<HashMap<Uuid, TurnLease>>>,
+    /// The turns under way, for pause requests made through other daemons.
+    listening: Arc<pause::Listening>,
     shutting_down: Arc<AtomicBool>,
     running: AtomicUsize,
     idle: Notify,
@@ -156,16 +156,16 @@ impl Daemon {
     ) -> Daemon {
         let shutting_down = Arc::new(AtomicBool::new(false));
         let pause_requests: Arc<Mutex<HashSet<Uuid>>> = Arc::default();
-        let turn_leases: Arc<Mutex<HashMap<Uuid, TurnLease>>> = Arc::default();
+        let listening: Arc<pause::Listening> = Arc::default();
         let stop = {
             let shutting_down = shutting_down.clone();
             let pause_requests = pause_requests.clone();
-            let turn_leases = turn_leases.clone();
+            let listening = listening.clone();
             let log = service.log().clone();
             Arc::new(move |id: Uuid| {
                 // A person's pause wins: recovery must not resume it.
                 let asked_here = pause_requests.lock().expect("pause lock").remove(&id);
-                if asked_here || asked_elsewhere(log.as_ref(), &turn_leases, id) {
+                if asked_here || listening.asked(log.as_ref(), id) {
                     return Some(PAUSED_ON_REQUEST.to_string());
                 }
                 shutting_down
@@ -182,7 +182,7 @@ impl Daemon {
             statuses: Mutex::default(),
             pause_requests,
             active: Mutex::default(),
-            turn_leases,
+            listening,
             shutting_down,
             running: AtomicUsize::new(0),
             idle: Notify::new(),
@@ -235,17 +235,11 @@ impl Daemon {
         self.active.lock().expect("active").contains(&id)
     }
 
-    /// Asks the turn of `id` that another daemon sharing the store runs to
-    /// pause: the request is left in the store, addressed to that turn's
-    /// lease, and the turn looks for it every second. Returns the owner, or
-    /// None if no turn runs anywhere.
+    /// Asks the turn of `id` that another process sharing the store runs
+    /// (a daemon or the CLI) to pause; see [`pause::ask`]. Returns the
+    /// owner, or None if no turn runs anywhere.
     pub(crate) fn ask_pause_elsewhere(&self, id: Uuid) -> Result<Option<String>, RuntimeError> {
-        let log = self.service.log();
-        let Some(lease) = log.lease(id)? else {
-            return Ok(None);
-        };
-        log.put_derived(id, PAUSE_REQUEST, lease.token.to_string().as_bytes())?;
-        Ok(Some(lease.owner))
+        Ok(pause::ask(self.service.log().as_ref(), id)?)
     }
 
     /// Pauses the turn of `id` another daemon runs, if any, and waits until
@@ -294,15 +288,9 @@ impl Daemon {
             Err(e) => return Err(refuse_start(id, start, e)),
         };
         self.active.lock().expect("active").insert(id);
-        self.turn_leases.lock().expect("turn leases").insert(
-            id,
-            TurnLease {
-                token: lease.token(),
-                looked: std::time::Instant::now(),
-            },
-        );
+        self.listening.start(id, lease.token());
         let result = self.clone().turn_locked(id, start).await;
-        self.turn_leases.lock().expect("turn leases").remove(&id);
+        self.listening.stop(id);
         self.active.lock().expect("active").remove(&id);
         // A pause asked for during the turn's last step has nothing to pause.
         self.withdraw_pause(id);
@@ -469,54 +457,6 @@ impl Daemon {
             );
         }
     }
-}
-
-/// Why a turn paused at a person's request.
-pub const PAUSED_ON_REQUEST: &str = "paused on request";
-
-/// Name of the derived data that carries a pause request made through a
-/// daemon that does not run the turn: the fencing token of the turn's lease.
-pub(crate) const PAUSE_REQUEST: &str = "pause-request";
-
-/// How often a turn looks in the store for a pause request made elsewhere.
-const LOOK_FOR_PAUSE_REQUESTS: Duration = Duration::from_secs(1);
-
-/// A turn's lease, as the stop check sees it.
-struct TurnLease {
-    token: u64,
-    /// When the store was last asked for a pause request.
-    looked: std::time::Instant,
-}
-
-/// Whether a pause was requested through another daemon for the turn of
-/// `id` under way here (at most one look in the store a second). A request
-/// names the lease's token, so one left over from an earlier turn never
-/// pauses a later one; it is cleared once honoured.
-fn asked_elsewhere(
-    log: &dyn EventLog,
-    turn_leases: &Mutex<HashMap<Uuid, TurnLease>>,
-    id: Uuid,
-) -> bool {
-    let token = {
-        let mut leases = turn_leases.lock().expect("turn leases");
-        let Some(lease) = leases.get_mut(&id) else {
-            return false;
-        };
-        if lease.looked.elapsed() < LOOK_FOR_PAUSE_REQUESTS {
-            return false;
-        }
-        lease.looked = std::time::Instant::now();
-        lease.token
-    };
-    let asked = log
-        .get_derived(id, PAUSE_REQUEST)
-        .ok()
-        .flatten()
-        .is_some_and(|bytes| bytes == token.to_string().as_bytes());
-    if asked {
-        let _ = log.put_derived(id, PAUSE_REQUEST, b"");
-    }
-    asked
 }
 
 /// Whether a session stopped mid-turn without a person's say: its process

@@ -1,0 +1,83 @@
+//! Pauses asked for across processes that share a store. A request is left
+//! in the store, next to the session, naming the fencing token of the lease
+//! its turn runs under; the process running that turn (a daemon or the
+//! CLI) looks for it between steps, at most once a second. A request names
+//! one holding of the lease, so one left over never pauses a later turn.
+
+use eventlog::{EventLog, LogError};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+/// Why a turn paused at a person's request.
+pub const PAUSED_ON_REQUEST: &str = "paused on request";
+
+/// Name of the derived data that carries a pause request.
+const PAUSE_REQUEST: &str = "pause-request";
+
+/// How often a turn looks in the store for a pause request.
+const LOOK_EVERY: Duration = Duration::from_secs(1);
+
+/// Asks the turn running session `id` under a live lease, wherever it runs,
+/// to pause. Returns that lease's owner, or `None` if no turn runs.
+pub fn ask(log: &dyn EventLog, id: Uuid) -> Result<Option<String>, LogError> {
+    let Some(lease) = log.lease(id)? else {
+        return Ok(None);
+    };
+    log.put_derived(id, PAUSE_REQUEST, lease.token.to_string().as_bytes())?;
+    Ok(Some(lease.owner))
+}
+
+/// The turns of this process that listen for pause requests, each by the
+/// token of the lease it runs under.
+#[derive(Default)]
+pub struct Listening {
+    turns: Mutex<HashMap<Uuid, Turn>>,
+}
+
+struct Turn {
+    token: u64,
+    looked: Instant,
+}
+
+impl Listening {
+    /// From now on, the turn of `id` under the lease `token` hears requests.
+    pub fn start(&self, id: Uuid, token: u64) {
+        let turn = Turn {
+            token,
+            looked: Instant::now(),
+        };
+        self.turns.lock().expect("pause lock").insert(id, turn);
+    }
+
+    /// The turn of `id` has ended.
+    pub fn stop(&self, id: Uuid) {
+        self.turns.lock().expect("pause lock").remove(&id);
+    }
+
+    /// Whether a pause was asked for the listening turn of `id`; looks in
+    /// `log` at most once a second. A request heard is cleared.
+    pub fn asked(&self, log: &dyn EventLog, id: Uuid) -> bool {
+        let token = {
+            let mut turns = self.turns.lock().expect("pause lock");
+            let Some(turn) = turns.get_mut(&id) else {
+                return false;
+            };
+            if turn.looked.elapsed() < LOOK_EVERY {
+                return false;
+            }
+            turn.looked = Instant::now();
+            turn.token
+        };
+        let asked = log
+            .get_derived(id, PAUSE_REQUEST)
+            .ok()
+            .flatten()
+            .is_some_and(|bytes| bytes == token.to_string().as_bytes());
+        if asked {
+            let _ = log.put_derived(id, PAUSE_REQUEST, b"");
+        }
+        asked
+    }
+}
