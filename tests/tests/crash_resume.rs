@@ -57,6 +57,24 @@ impl Setup {
         session_id(&out)
     }
 
+    /// `mneme run` of the billing agent, SIGKILLed while the sink holds its
+    /// email (applied, not yet answered). Returns the session it named.
+    async fn killed_while_emailing(&self) -> String {
+        let hold = self.sink.hold("email");
+        let mut child = self
+            .world
+            .spawn_until_applied(
+                &["run", "--agent", self.agent.to_str().unwrap(), MESSAGE],
+                hold.applied,
+            )
+            .await;
+        child.start_kill().unwrap(); // SIGKILL
+        let killed = child.wait_with_output().await.unwrap();
+        assert!(!killed.status.success());
+        drop(hold.release);
+        session_id(&killed)
+    }
+
     /// `mneme resume SESSION`, which must succeed.
     async fn resume_ok(&self, session: &str) -> std::process::Output {
         let out = self.world.run(&["resume", session]).await;
@@ -162,19 +180,7 @@ async fn assert_finished_like_reference(
 async fn sigkill_while_side_effect_is_in_flight_then_resume() {
     let reference = reference().await;
     let s = setup().await;
-    let hold = s.sink.hold("email");
-    let mut child = s
-        .world
-        .spawn_until_applied(
-            &["run", "--agent", s.agent.to_str().unwrap(), MESSAGE],
-            hold.applied,
-        )
-        .await;
-    child.start_kill().unwrap(); // SIGKILL
-    let killed = child.wait_with_output().await.unwrap();
-    assert!(!killed.status.success());
-    drop(hold.release);
-    let session = session_id(&killed);
+    let session = s.killed_while_emailing().await;
     assert_eq!(s.sink.stats().path("email").hits, 1);
 
     let out = s.resume_ok(&session).await;
@@ -333,18 +339,7 @@ async fn resume_right_after_a_sigkill_on_postgres_waits_out_the_dead_lease() {
         ..World::on_postgres()
     })
     .await;
-    let hold = s.sink.hold("email");
-    let mut child = s
-        .world
-        .spawn_until_applied(
-            &["run", "--agent", s.agent.to_str().unwrap(), MESSAGE],
-            hold.applied,
-        )
-        .await;
-    child.start_kill().unwrap(); // SIGKILL
-    let killed = child.wait_with_output().await.unwrap();
-    drop(hold.release);
-    let session = session_id(&killed);
+    let session = s.killed_while_emailing().await;
 
     let out = s.resume_ok(&session).await;
     assert!(
