@@ -41,11 +41,22 @@ pub fn owner_has_exited(owner: &str) -> bool {
     else {
         return false;
     };
-    let proc = std::path::Path::new("/proc");
     host == host_name()
         && pid.parse::<u32>().is_ok_and(|pid| pid > 0)
-        && proc.join("self").exists()
-        && !proc.join(pid).exists()
+        && std::path::Path::new("/proc/self").exists()
+        && process_has_exited(pid)
+}
+
+/// Whether process `pid` is gone, or dead and waiting to be reaped.
+fn process_has_exited(pid: &str) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    // `PID (NAME) STATE …`; NAME may hold spaces and parentheses.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next());
+    matches!(state, Some('Z' | 'X'))
 }
 
 fn host_name() -> String {
@@ -196,6 +207,24 @@ mod tests {
             "cli@{}:{pid}:0a1b2c3d",
             host_name()
         )));
+    }
+
+    #[test]
+    fn a_dead_process_not_yet_reaped_has_exited() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let owner = format!("cli@{}:{}:0a1b2c3d", host_name(), child.id());
+        let started = std::time::Instant::now();
+        while !owner_has_exited(&owner) {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "never seen dead"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            child.try_wait().unwrap().is_some(),
+            "it was a zombie until now"
+        );
     }
 
     #[test]
