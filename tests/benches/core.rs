@@ -5,11 +5,11 @@
 //! measure another disk; default `target/bench-data`).
 
 use eventlog::{Durability, EventLog, NewEvent, SledLog};
-use mneme_e2e::bench::{bench_dir, bench_spec, event, new_event, to_new_event};
-use mneme_e2e::{Fault, MockModel, MockReply, Sink};
+use mneme_e2e::bench::{
+    bench_dir, bench_spec, charging_model, event, new_event, run_to_done, to_new_event,
+};
 use replay::{Event, ModelReply, SessionState, ToolCall, ToolOutcome};
 use runtime::{Runner, Session};
-use serde_json::json;
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::Path;
@@ -325,28 +325,15 @@ fn agent_steps(rt: &tokio::runtime::Runtime) {
     const STEPS: usize = 100;
     println!("\n## Agent steps (one session at a time; a step = model reply + one side_effect HTTP call, both on loopback, durability synced)\n");
     let (steps_per_sec, p50) = rt.block_on(async {
-        let mut replies: Vec<MockReply> = (0..STEPS)
-            .map(|i| MockReply::calls(&[("charge", json!({"n": i}))]))
-            .collect();
-        replies.push(MockReply::answer("done"));
-        let model = MockModel::start(replies, Fault::None).await;
-        let sink = Sink::start().await.unwrap();
+        let (model, sink) = charging_model(STEPS).await;
         let log: Arc<dyn EventLog> = Arc::new(SledLog::open(bench_dir("steps")).unwrap());
         let runner = Runner::new(Durability::Synced);
         let mut per_session = Vec::new();
         let start = Instant::now();
         for _ in 0..SESSIONS {
             let t = Instant::now();
-            let mut session = Session::create(
-                log.clone(),
-                bench_spec(&model.base_url(), &sink.url("charge")),
-            )
-            .unwrap();
-            session
-                .append(vec![Event::UserMessage { text: "go".into() }], None)
-                .unwrap();
-            let end = runner.drive(&mut session).await.unwrap();
-            assert_eq!(end, runtime::TurnEnd::Answered("done".into()));
+            let spec = bench_spec(&model.base_url(), &sink.url("charge"));
+            run_to_done(log.clone(), runner.clone(), spec).await;
             per_session.push(t.elapsed() / STEPS as u32);
         }
         let total = start.elapsed();

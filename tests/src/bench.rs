@@ -85,36 +85,43 @@ pub fn new_event(i: usize) -> eventlog::NewEvent {
     to_new_event(&event(i))
 }
 
-/// Agent steps/s on `log` with `sessions` sessions running at once, each
-/// `steps` steps (a model reply, then one side-effecting HTTP call; two
-/// synced barriers), against a loopback model and sink.
-pub async fn agent_steps(log: Arc<dyn EventLog>, sessions: usize, steps: usize) -> f64 {
+/// A model scripted to ask for `steps` charges, one per reply, then answer
+/// "done"; and the sink the charges go to.
+pub async fn charging_model(steps: usize) -> (MockModel, Sink) {
     let mut replies: Vec<MockReply> = (0..steps)
         .map(|i| MockReply::calls(&[("charge", json!({"n": i}))]))
         .collect();
     replies.push(MockReply::answer("done"));
     let model = MockModel::start(replies, Fault::None).await;
-    let sink = Sink::start().await.unwrap();
+    (model, Sink::start().await.unwrap())
+}
+
+/// Starts a session of `spec` on `log`, says "go", and drives it with
+/// `runner` until it answers, which must be "done".
+pub async fn run_to_done(log: Arc<dyn EventLog>, runner: Runner, spec: replay::AgentSpec) {
+    let mut session = Session::create(log, spec).unwrap();
+    session
+        .append(vec![replay::Event::UserMessage { text: "go".into() }], None)
+        .unwrap();
+    let end = runner.drive(&mut session).await.unwrap();
+    assert_eq!(end, runtime::TurnEnd::Answered("done".into()));
+}
+
+/// Agent steps/s on `log` with `sessions` sessions running at once, each
+/// `steps` steps (a model reply, then one side-effecting HTTP call; two
+/// synced barriers), against a loopback model and sink.
+pub async fn agent_steps(log: Arc<dyn EventLog>, sessions: usize, steps: usize) -> f64 {
+    let (model, sink) = charging_model(steps).await;
     let runner = Runner::new(Durability::Synced);
     let started = Instant::now();
     let tasks: Vec<_> = (0..sessions)
         .map(|_| {
-            let (log, runner) = (log.clone(), runner.clone());
             let spec = bench_spec(&model.base_url(), &sink.url("charge"));
-            tokio::spawn(async move {
-                let mut session = Session::create(log, spec).unwrap();
-                session
-                    .append(vec![replay::Event::UserMessage { text: "go".into() }], None)
-                    .unwrap();
-                runner.drive(&mut session).await.unwrap()
-            })
+            tokio::spawn(run_to_done(log.clone(), runner.clone(), spec))
         })
         .collect();
     for task in tasks {
-        assert_eq!(
-            task.await.unwrap(),
-            runtime::TurnEnd::Answered("done".into())
-        );
+        task.await.unwrap();
     }
     let rate = (sessions * steps) as f64 / started.elapsed().as_secs_f64();
     assert_eq!(
