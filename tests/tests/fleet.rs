@@ -389,17 +389,8 @@ async fn a_pause_asked_of_one_daemon_stops_the_turn_running_on_another() {
         paused[0]["event"]["SessionPaused"]["reason"], "paused on request",
         "{paused}"
     );
-    assert_eq!(
-        sink.stats().path("email").effects,
-        0,
-        "paused before the email"
-    );
-    // Either daemon continues it; nothing runs twice.
-    let (status, end) = other
-        .post(&format!("/sessions/{id}/resume"), &json!({"wait": true}))
-        .await;
-    assert_eq!(status, 200, "{end}");
-    assert_billed_once(sink, 1);
+    // Either daemon continues it.
+    resumes_after_a_pause_before_the_email(other, sink, id).await;
     fleet.stop().await;
 }
 
@@ -445,6 +436,13 @@ async fn a_pause_asked_of_a_daemon_stops_a_turn_the_cli_runs() {
         "{}",
         stderr(&out)
     );
+    resumes_after_a_pause_before_the_email(&daemon, &sink, &id).await;
+    assert!(daemon.terminate().await.success());
+}
+
+/// Session `id` of the slow billing agent, paused before its email, is
+/// resumed by `daemon` to its answer; nothing runs twice.
+async fn resumes_after_a_pause_before_the_email(daemon: &DaemonProcess, sink: &Sink, id: &str) {
     assert_eq!(
         sink.stats().path("email").effects,
         0,
@@ -458,8 +456,7 @@ async fn a_pause_asked_of_a_daemon_stops_a_turn_the_cli_runs() {
         (200, Some("Charged and emailed.")),
         "{end}"
     );
-    assert_billed_once(&sink, 1);
-    assert!(daemon.terminate().await.success());
+    assert_billed_once(sink, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
