@@ -56,6 +56,11 @@ impl Listening {
         self.turns.lock().expect("pause lock").remove(&id);
     }
 
+    /// Whether a turn of `id` listens here now.
+    pub fn has(&self, id: Uuid) -> bool {
+        self.turns.lock().expect("pause lock").contains_key(&id)
+    }
+
     /// Whether a pause was asked for the listening turn of `id`; looks in
     /// `log` at most once a second. A request heard is cleared.
     pub fn asked(&self, log: &dyn EventLog, id: Uuid) -> bool {

@@ -83,9 +83,8 @@ pub(crate) struct Daemon {
     locks: Mutex<HashMap<Uuid, Arc<tokio::sync::Mutex<()>>>>,
     statuses: Mutex<HashMap<Uuid, String>>,
     pause_requests: Arc<Mutex<HashSet<Uuid>>>,
-    /// Sessions with a turn under way.
-    active: Mutex<HashSet<Uuid>>,
-    /// The turns under way, for pause requests made through other daemons.
+    /// The turns under way (each listens for pause requests made through
+    /// other processes).
     listening: Arc<pause::Listening>,
     shutting_down: Arc<AtomicBool>,
     running: AtomicUsize,
@@ -181,7 +180,6 @@ impl Daemon {
             locks: Mutex::default(),
             statuses: Mutex::default(),
             pause_requests,
-            active: Mutex::default(),
             listening,
             shutting_down,
             running: AtomicUsize::new(0),
@@ -223,7 +221,7 @@ impl Daemon {
     /// Asks the running turn of `id` to pause at its next step boundary;
     /// false if no turn is running.
     pub(crate) fn request_pause(&self, id: Uuid) -> bool {
-        let active = self.active.lock().expect("active").contains(&id);
+        let active = self.is_running(id);
         if active {
             self.pause_requests.lock().expect("pause lock").insert(id);
         }
@@ -232,7 +230,7 @@ impl Daemon {
 
     /// Whether a turn of `id` runs in this daemon now.
     pub(crate) fn is_running(&self, id: Uuid) -> bool {
-        self.active.lock().expect("active").contains(&id)
+        self.listening.has(id)
     }
 
     /// Asks the turn of `id` that another process sharing the store runs
@@ -287,11 +285,9 @@ impl Daemon {
             Ok(lease) => lease,
             Err(e) => return Err(refuse_start(id, start, e)),
         };
-        self.active.lock().expect("active").insert(id);
         self.listening.start(id, lease.token());
         let result = self.clone().turn_locked(id, start).await;
         self.listening.stop(id);
-        self.active.lock().expect("active").remove(&id);
         // A pause asked for during the turn's last step has nothing to pause.
         self.withdraw_pause(id);
         match &result {
@@ -408,7 +404,7 @@ impl Daemon {
             };
             for lease in lapsed {
                 let id = lease.session;
-                if self.is_shutting_down() || self.active.lock().expect("active").contains(&id) {
+                if self.is_shutting_down() || self.is_running(id) {
                     continue;
                 }
                 match self.service.current_summary(id) {
