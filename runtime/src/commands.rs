@@ -198,17 +198,25 @@ impl Ctx {
     /// by a killed `mneme` of this host is waited out. No lease is taken
     /// for a session that does not exist.
     async fn hold(&self, id: Uuid) -> Result<HeldLease> {
+        self.ensure_exists(id)?;
         let log = self.service.log().clone();
-        if log.head(id)?.seq == 0 {
+        Ok(HeldLease::acquire_after_exited(log, id, &self.owner, self.lease_ttl).await?)
+    }
+
+    /// Refuses, by name, a session the store does not hold.
+    fn ensure_exists(&self, id: Uuid) -> Result<()> {
+        if self.log().head(id)?.seq == 0 {
             return Err(RuntimeError::NoSuchSession(id).into());
         }
-        Ok(HeldLease::acquire_after_exited(log, id, &self.owner, self.lease_ttl).await?)
+        Ok(())
     }
 
     fn export(&self, a: crate::ExportArgs) -> Result<ExitCode> {
         let ids = match a.session {
-            Some(id) if self.log().head(id)?.seq == 0 => bail!("no session {id} in this store"),
-            Some(id) => vec![id],
+            Some(id) => {
+                self.ensure_exists(id)?;
+                vec![id]
+            }
             None => self.session_ids()?,
         };
         let mut out: Box<dyn std::io::Write> = match &a.output {

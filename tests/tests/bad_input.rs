@@ -214,6 +214,7 @@ async fn an_unknown_session_on_postgres_is_named_and_leaves_no_lease() {
         vec!["run", "--session", &unknown, "hi"],
         vec!["approve", &unknown, "call_0_0"],
         vec!["resolve", &unknown, "call_0_0", "--retry"],
+        vec!["export", &unknown],
     ] {
         let out = world.run(&args).await;
         assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
