@@ -99,11 +99,18 @@ pub enum Event {
     SessionPaused {
         /// Why.
         reason: String,
+        /// The turn ran out of one of its budgets (`[limits]`): only a
+        /// resume that extends the budget continues it.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        budget: bool,
     },
     /// Someone resumed a paused or failed session.
     SessionResumed {
         /// Who or what resumed it.
         by: String,
+        /// The turn's budgets start again from here (`resume --extend`).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        extend_budget: bool,
     },
     /// The session ended.
     SessionFinished {
@@ -134,6 +141,11 @@ pub struct ModelReply {
     /// compaction), and a server's prefix cache misses from there.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub prefix_digest: String,
+    /// Why mneme did not act on this reply (it made more tool calls than
+    /// allowed, say): none of its calls run, and the next request tells the
+    /// model why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 /// One tool call in a model reply.
@@ -257,18 +269,29 @@ impl Event {
     }
 }
 
-/// Gives every call of a reply a distinct, non-empty id, deterministically:
-/// an empty id becomes `call_<index>`, a repeated one `<id>_<index>`. Some
-/// servers send empty or repeated ids; results are matched to calls by id.
-pub fn make_call_ids_unique(calls: &mut [ToolCall]) {
+/// Gives every call of a reply a safe, distinct id, deterministically. Ids
+/// come from the model server: one that is not 1 to 64 ASCII letters,
+/// digits, `_` or `-` (empty, a path, a flag, a terminal sequence) becomes
+/// `call_<index>`; a repeated one gets `_<index>` appended. Results are
+/// matched to calls by id, and ids appear in URLs, commands and terminals.
+pub fn normalize_call_ids(calls: &mut [ToolCall]) {
     let mut seen = std::collections::HashSet::new();
     for (index, call) in calls.iter_mut().enumerate() {
-        if call.id.is_empty() {
+        if !crate::spec::is_safe_name(&call.id) {
             call.id = format!("call_{index}");
         }
-        while !seen.insert(call.id.clone()) {
-            call.id = format!("{}_{index}", call.id);
+        if seen.contains(&call.id) {
+            let suffixed = format!("{}_{index}", call.id);
+            let fallbacks = (0..).map(|k| match k {
+                0 => format!("call_{index}"),
+                k => format!("call_{index}_{k}"),
+            });
+            call.id = std::iter::once(suffixed)
+                .chain(fallbacks)
+                .find(|id| crate::spec::is_safe_name(id) && !seen.contains(id))
+                .expect("an unused id exists");
         }
+        seen.insert(call.id.clone());
     }
 }
 

@@ -18,8 +18,10 @@ pub use prompt::{
     compaction_request, messages, next_request, next_request_incremental, request_body, Message,
     RenderedPrefix,
 };
-pub use spec::{AgentSpec, Effect, KvShape, ModelSpec, ToolKind, ToolSpec};
-pub use state::{CallPhase, CallState, Entry, SessionState, Status, Totals, STATE_FORMAT};
+pub use spec::{AgentSpec, Effect, KvShape, Limits, ModelSpec, ToolKind, ToolSpec};
+pub use state::{
+    CallPhase, CallState, Entry, SessionState, Status, Totals, TurnSpend, STATE_FORMAT,
+};
 
 #[cfg(test)]
 mod tests;

@@ -51,6 +51,9 @@ pub enum NextStep {
     Failed(String),
     /// Cancelled (by whom): nothing runs until a new user message.
     Cancelled(String),
+    /// The next step would exceed a budget of the turn (`[limits]`): record
+    /// a budget pause; only a resume that extends the budget continues.
+    OverBudget(String),
 }
 
 /// The resume plan of a session.
@@ -82,7 +85,18 @@ pub fn plan(state: &SessionState) -> ResumePlan {
     } else if state.entries.is_empty() || state.answer().is_some() {
         NextStep::Nothing
     } else if calls.iter().all(|c| c.decision == CallDecision::Reuse) {
-        NextStep::CallModel
+        match over_budget(state, BudgetCheck::ModelRequest) {
+            Some(reason) => NextStep::OverBudget(reason),
+            None => NextStep::CallModel,
+        }
+    } else if calls
+        .iter()
+        .any(|c| matches!(c.decision, CallDecision::Run | CallDecision::Rerun))
+    {
+        match over_budget(state, BudgetCheck::ToolCalls) {
+            Some(reason) => NextStep::OverBudget(reason),
+            None => NextStep::RunTools,
+        }
     } else if calls.iter().any(|c| {
         matches!(
             c.decision,
@@ -97,6 +111,44 @@ pub fn plan(state: &SessionState) -> ResumePlan {
         NextStep::AwaitDecision
     };
     ResumePlan { next, calls }
+}
+
+/// What is about to happen, for the budget check.
+enum BudgetCheck {
+    ModelRequest,
+    ToolCalls,
+}
+
+/// Why the turn may not take its next step, if a budget of the spec's
+/// `[limits]` is spent.
+fn over_budget(state: &SessionState, next: BudgetCheck) -> Option<String> {
+    let limits = state.spec.as_ref()?.limits;
+    let spent = &state.turn;
+    match next {
+        BudgetCheck::ModelRequest if spent.steps >= limits.steps_per_turn() => Some(format!(
+            "budget: {} model requests this turn reached max_steps_per_turn = {}",
+            spent.steps,
+            limits.steps_per_turn()
+        )),
+        BudgetCheck::ModelRequest => limits
+            .max_cost_per_turn
+            .filter(|&max| spent.cost >= max)
+            .map(|max| {
+                format!(
+                    "budget: this turn's model requests cost {:.4}, reaching max_cost_per_turn = {max}",
+                    spent.cost
+                )
+            }),
+        BudgetCheck::ToolCalls => limits
+            .max_tool_calls_per_turn
+            .filter(|&max| spent.tool_calls > max)
+            .map(|max| {
+                format!(
+                    "budget: the model made {} tool calls this turn, more than max_tool_calls_per_turn = {max}",
+                    spent.tool_calls
+                )
+            }),
+    }
 }
 
 fn decide(state: &SessionState, call: &CallState) -> CallDecision {

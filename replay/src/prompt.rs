@@ -20,6 +20,9 @@ pub const IN_DOUBT_RESULT: &str =
 pub const AWAITING_APPROVAL_RESULT: &str =
     "[mneme] this tool call is waiting for a person's approval and has not run";
 
+/// What the message that tells the model its reply was refused starts with.
+pub const REFUSED_PREFIX: &str = "[mneme] Your last reply was not acted on: ";
+
 /// One chat message, as the OpenAI chat-completions API takes it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Message {
@@ -135,6 +138,9 @@ fn entry_messages(entry: &Entry, out: &mut Vec<Message>) {
                 tool_calls: None,
                 tool_call_id: Some(c.call.id.clone()),
             }));
+            if let Some(reason) = &reply.refused {
+                out.push(text_message("user", &format!("{REFUSED_PREFIX}{reason}")));
+            }
         }
     }
 }

@@ -75,6 +75,15 @@ pub struct ToolSpec {
     /// Program and arguments (command tools).
     #[serde(default)]
     pub command: Option<Vec<String>>,
+    /// Environment variables a command tool gets from mneme's environment,
+    /// besides PATH, HOME, LANG and its `MNEME_*` call variables; every other
+    /// variable (API keys, the daemon's token) is withheld.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    /// Bytes of a call's output kept (default [`DEFAULT_MAX_OUTPUT_BYTES`]);
+    /// the rest is dropped, and the model is told how much.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_bytes: Option<u64>,
 }
 
 fn empty_object_schema() -> serde_json::Value {
@@ -83,6 +92,14 @@ fn empty_object_schema() -> serde_json::Value {
 
 /// Default per-call timeout of a tool.
 pub const DEFAULT_TOOL_TIMEOUT_SECS: u64 = 30;
+/// Default bytes of a tool call's output kept.
+pub const DEFAULT_MAX_OUTPUT_BYTES: u64 = 1 << 20;
+/// Default bytes of a model server's response read before it is refused.
+pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 8 << 20;
+/// Default model request timeout.
+pub const DEFAULT_MODEL_TIMEOUT_SECS: u64 = 120;
+/// HTTP methods an HTTP tool may use.
+pub const HTTP_METHODS: &[&str] = &["GET", "POST", "PUT", "PATCH", "DELETE"];
 
 impl ToolSpec {
     /// Whether a started-but-unfinished call may be run again with its key.
@@ -101,27 +118,115 @@ impl ToolSpec {
         std::time::Duration::from_secs(self.timeout_secs.unwrap_or(DEFAULT_TOOL_TIMEOUT_SECS))
     }
 
+    /// Bytes of a call's output kept.
+    pub fn max_output_bytes(&self) -> u64 {
+        self.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT_BYTES)
+    }
+
+    /// The HTTP method (HTTP tools), upper case; POST when not given.
+    pub fn http_method(&self) -> String {
+        self.method.as_deref().unwrap_or("POST").to_ascii_uppercase()
+    }
+
     fn validate(&self) -> Result<(), String> {
-        if self.name.is_empty()
-            || !self
-                .name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-        {
+        if !is_safe_name(&self.name) {
             return Err(format!(
-                "tool name {:?} must be non-empty ASCII letters, digits, '_' or '-'",
+                "tool name {:?} must be 1 to 64 ASCII letters, digits, '_' or '-', not starting with '-'",
                 self.name
             ));
         }
-        match self.kind {
-            ToolKind::Http if self.url.as_deref().unwrap_or("").is_empty() => {
-                Err(format!("tool {:?}: kind = \"http\" needs a url", self.name))
-            }
-            ToolKind::Command if self.command.as_ref().is_none_or(|c| c.is_empty()) => Err(
-                format!("tool {:?}: kind = \"command\" needs a command", self.name),
-            ),
-            _ => Ok(()),
+        let tool = |reason: String| format!("tool {:?}: {reason}", self.name);
+        positive("timeout_secs", self.timeout_secs).map_err(tool)?;
+        positive("max_output_bytes", self.max_output_bytes).map_err(tool)?;
+        if let Some(bad) = self.env.iter().find(|v| !is_env_name(v)) {
+            return Err(tool(format!("env names {bad:?}, which is not a variable name")));
         }
+        match self.kind {
+            ToolKind::Http => {
+                let url = self.url.as_deref().unwrap_or("");
+                if url.is_empty() {
+                    return Err(tool("kind = \"http\" needs a url".into()));
+                }
+                check_http_url("url", url).map_err(tool)?;
+                let method = self.http_method();
+                if !HTTP_METHODS.contains(&method.as_str()) {
+                    return Err(tool(format!(
+                        "method {method:?} is not one of {}",
+                        HTTP_METHODS.join(", ")
+                    )));
+                }
+                Ok(())
+            }
+            ToolKind::Command if self.command.as_ref().is_none_or(|c| c.is_empty()) => {
+                Err(tool("kind = \"command\" needs a command".into()))
+            }
+            ToolKind::Command => Ok(()),
+        }
+    }
+}
+
+/// Whether `name` is 1 to 64 ASCII letters, digits, `_` or `-`, not
+/// starting with `-`: safe in a URL path, a file name, a command line (never
+/// a flag) and a terminal.
+pub fn is_safe_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && !name.starts_with('-')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+fn is_env_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// Refuses a setting given as zero.
+fn positive<T: PartialEq + Default>(name: &str, value: Option<T>) -> Result<(), String> {
+    match value {
+        Some(v) if v == T::default() => Err(format!("{name} must be greater than 0")),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses a URL that is not `http://` or `https://` with a host, or that
+/// carries user information: specs are recorded in the log, and credentials
+/// must stay out of it.
+fn check_http_url(field: &str, text: &str) -> Result<(), String> {
+    let refuse = |why: String| Err(format!("{field} {:?}: {why}", redact_url(text)));
+    let url = match url::Url::parse(text) {
+        Ok(url) => url,
+        Err(e) => return refuse(format!("not a URL ({e})")),
+    };
+    if !matches!(url.scheme(), "http" | "https") {
+        return refuse(format!(
+            "scheme {:?}: only http and https are allowed",
+            url.scheme()
+        ));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return refuse("has no host".into());
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return refuse(
+            "carries user information: the spec is recorded in the log, so credentials \
+             must not be in it (give a model's key with api_key_env)"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// `url` with any user information replaced by `***`, fit to print.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..end].rfind('@') {
+        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
+        None => url.to_string(),
     }
 }
 
@@ -166,6 +271,120 @@ pub struct ModelSpec {
     /// Price of a million completion tokens, for cost totals.
     #[serde(default)]
     pub output_cost_per_mtok: Option<f64>,
+    /// Bytes of a response read before the server is cut off and the reply
+    /// refused (default [`DEFAULT_MAX_RESPONSE_BYTES`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_response_bytes: Option<u64>,
+}
+
+impl ModelSpec {
+    /// Request timeout.
+    pub fn timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.timeout_secs.unwrap_or(DEFAULT_MODEL_TIMEOUT_SECS))
+    }
+
+    /// Bytes of a response read at most.
+    pub fn max_response_bytes(&self) -> u64 {
+        self.max_response_bytes
+            .unwrap_or(DEFAULT_MAX_RESPONSE_BYTES)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let model = |reason: String| format!("[model] {reason}");
+        match self.provider.as_str() {
+            "openai" => match &self.base_url {
+                None => Err("provider = \"openai\" needs base_url".to_string()),
+                Some(url) => check_http_url("base_url", url),
+            },
+            "scripted" if self.script.is_none() => {
+                Err("provider = \"scripted\" needs script (a file of replies)".to_string())
+            }
+            "scripted" => Ok(()),
+            other => Err(format!(
+                "provider {other:?} is unknown: expected \"openai\" or \"scripted\""
+            )),
+        }
+        .map_err(model)?;
+        positive("timeout_secs", self.timeout_secs).map_err(model)?;
+        positive("max_response_bytes", self.max_response_bytes).map_err(model)?;
+        if let Some(kv) = &self.kv {
+            if kv.checked_bytes_per_token().is_none_or(|b| b == 0) {
+                return Err(model(format!(
+                    "kv {kv:?}: every dimension must be greater than 0 and their product fit in 64 bits"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Budgets of one turn and bounds on what one reply may ask for. A turn is
+/// what follows a user message (or a resume that extends the budget).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Model requests in one turn (default [`DEFAULT_MAX_STEPS_PER_TURN`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_steps_per_turn: Option<u64>,
+    /// Tool calls the model may make in one turn (default: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tool_calls_per_turn: Option<u64>,
+    /// Cost of the model requests of one turn, in the spec's prices
+    /// (default: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost_per_turn: Option<f64>,
+    /// Tool calls one reply may make (default [`DEFAULT_MAX_CALLS_PER_REPLY`]);
+    /// a reply with more is refused and the model told.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_calls_per_reply: Option<u64>,
+    /// Calls of one reply that run at once (default [`DEFAULT_MAX_PARALLEL_CALLS`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_parallel_calls: Option<u64>,
+}
+
+/// Default model requests in one turn.
+pub const DEFAULT_MAX_STEPS_PER_TURN: u64 = 50;
+/// Default tool calls one reply may make.
+pub const DEFAULT_MAX_CALLS_PER_REPLY: u64 = 64;
+/// Default calls of one reply that run at once.
+pub const DEFAULT_MAX_PARALLEL_CALLS: u64 = 8;
+
+impl Limits {
+    fn is_default(&self) -> bool {
+        *self == Limits::default()
+    }
+
+    /// Model requests allowed in one turn.
+    pub fn steps_per_turn(&self) -> u64 {
+        self.max_steps_per_turn
+            .unwrap_or(DEFAULT_MAX_STEPS_PER_TURN)
+    }
+
+    /// Tool calls one reply may make.
+    pub fn calls_per_reply(&self) -> u64 {
+        self.max_calls_per_reply
+            .unwrap_or(DEFAULT_MAX_CALLS_PER_REPLY)
+    }
+
+    /// Calls of one reply that run at once.
+    pub fn parallel_calls(&self) -> u64 {
+        self.max_parallel_calls
+            .unwrap_or(DEFAULT_MAX_PARALLEL_CALLS)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let limits = |reason: String| format!("[limits] {reason}");
+        positive("max_steps_per_turn", self.max_steps_per_turn).map_err(limits)?;
+        positive("max_tool_calls_per_turn", self.max_tool_calls_per_turn).map_err(limits)?;
+        positive("max_calls_per_reply", self.max_calls_per_reply).map_err(limits)?;
+        positive("max_parallel_calls", self.max_parallel_calls).map_err(limits)?;
+        match self.max_cost_per_turn {
+            Some(cost) if !(cost > 0.0 && cost.is_finite()) => Err(limits(format!(
+                "max_cost_per_turn = {cost} must be a positive number"
+            ))),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// What a model's KV cache holds per token: 2 (K and V) × layers × KV heads
@@ -185,9 +404,17 @@ pub struct KvShape {
 }
 
 impl KvShape {
-    /// KV-cache bytes per token.
+    /// KV-cache bytes per token (saturating; specs with a shape whose
+    /// product overflows are refused).
     pub fn bytes_per_token(&self) -> u64 {
-        2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+        self.checked_bytes_per_token().unwrap_or(u64::MAX)
+    }
+
+    /// KV-cache bytes per token, or `None` if the product overflows.
+    pub fn checked_bytes_per_token(&self) -> Option<u64> {
+        [self.layers, self.kv_heads, self.head_dim, self.dtype_bytes]
+            .into_iter()
+            .try_fold(2u64, u64::checked_mul)
     }
 }
 
@@ -205,23 +432,22 @@ pub struct AgentSpec {
     /// The tools, in the order they are offered to the model.
     #[serde(default)]
     pub tools: Vec<ToolSpec>,
+    /// Budgets of a turn and bounds on a reply.
+    #[serde(default, skip_serializing_if = "Limits::is_default")]
+    pub limits: Limits,
 }
 
 impl AgentSpec {
     /// Checks what serde cannot: providers, tool names, per-kind settings.
     pub fn validate(&self) -> Result<(), String> {
-        match self.model.provider.as_str() {
-            "openai" if self.model.base_url.is_none() => {
-                Err("[model] provider = \"openai\" needs base_url".to_string())
-            }
-            "scripted" if self.model.script.is_none() => {
-                Err("[model] provider = \"scripted\" needs script (a file of replies)".to_string())
-            }
-            "openai" | "scripted" => Ok(()),
-            other => Err(format!(
-                "[model] provider {other:?} is unknown: expected \"openai\" or \"scripted\""
-            )),
-        }?;
+        if self.name.trim().is_empty() || self.name.len() > 128 || self.name.contains(char::is_control) {
+            return Err(format!(
+                "name {:?} must be 1 to 128 characters, none of them control characters",
+                self.name
+            ));
+        }
+        self.model.validate()?;
+        self.limits.validate()?;
         let mut seen = std::collections::HashSet::new();
         for tool in &self.tools {
             tool.validate()?;

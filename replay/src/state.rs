@@ -97,17 +97,35 @@ pub struct Totals {
     pub cost: f64,
 }
 
+/// Cost of one request's `usage` at the spec's prices (0 without prices).
+fn cost(usage: &Usage, spec: Option<&AgentSpec>) -> f64 {
+    let Some(model) = spec.map(|s| &s.model) else {
+        return 0.0;
+    };
+    let per = |price: Option<f64>, tokens: u64| price.unwrap_or(0.0) * tokens as f64 / 1e6;
+    per(model.input_cost_per_mtok, usage.prompt_tokens)
+        + per(model.output_cost_per_mtok, usage.completion_tokens)
+}
+
+/// What the current turn has spent, against the spec's `[limits]`: since
+/// the last user message, or the last resume that extended the budget.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct TurnSpend {
+    /// Model replies.
+    pub steps: u64,
+    /// Tool calls the model made (in replies acted on).
+    pub tool_calls: u64,
+    /// Cost of the replies.
+    pub cost: f64,
+}
+
 impl Totals {
     fn add(&mut self, usage: &Usage, spec: Option<&AgentSpec>) {
         self.model_calls += 1;
         self.prompt_tokens += usage.prompt_tokens;
         self.completion_tokens += usage.completion_tokens;
         self.cached_tokens += usage.cached_tokens;
-        if let Some(model) = spec.map(|s| &s.model) {
-            let per = |price: Option<f64>, tokens: u64| price.unwrap_or(0.0) * tokens as f64 / 1e6;
-            self.cost += per(model.input_cost_per_mtok, usage.prompt_tokens)
-                + per(model.output_cost_per_mtok, usage.completion_tokens);
-        }
+        self.cost += cost(usage, spec);
     }
 
     /// Share of prompt tokens served from the prefix cache (0 when none).
@@ -122,7 +140,7 @@ impl Totals {
 
 /// Version of the encoded state in snapshots; a snapshot of another version
 /// is ignored (the log is folded instead).
-pub const STATE_FORMAT: u16 = 3;
+pub const STATE_FORMAT: u16 = 4;
 
 /// The folded state of a session.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -138,6 +156,12 @@ pub struct SessionState {
     pub entry_seqs: Vec<u64>,
     /// Set by SessionPaused, cleared by SessionResumed or a new user message.
     pub paused: Option<String>,
+    /// Whether the pause is a spent budget (only an extending resume ends it).
+    #[serde(default)]
+    pub budget_paused: bool,
+    /// What the current turn has spent.
+    #[serde(default)]
+    pub turn: TurnSpend,
     /// Set by a failed SessionFinished, cleared by SessionResumed or a new user message.
     pub failed: Option<String>,
     /// Who cancelled the session; cleared by a new user message.
@@ -186,15 +210,24 @@ impl SessionState {
             Event::SessionStarted { spec } => self.spec = Some(spec),
             Event::UserMessage { text } => {
                 self.paused = None;
+                self.budget_paused = false;
                 self.failed = None;
                 self.cancelled = None;
+                self.turn = TurnSpend::default();
                 self.entries.push(Entry::User(text));
                 self.entry_seqs.push(seq);
             }
             Event::ModelReplied(reply) => {
                 self.totals.add(&reply.usage, self.spec.as_ref());
-                let calls = reply
-                    .tool_calls
+                self.turn.steps += 1;
+                self.turn.cost += cost(&reply.usage, self.spec.as_ref());
+                // A refused reply's calls never run.
+                let acted_on = match reply.refused {
+                    None => reply.tool_calls.as_slice(),
+                    Some(_) => &[],
+                };
+                self.turn.tool_calls += acted_on.len() as u64;
+                let calls = acted_on
                     .iter()
                     .map(|call| CallState {
                         call: call.clone(),
@@ -260,10 +293,17 @@ impl SessionState {
                 self.dropped = upto;
                 self.compacted = Some((upto, summary));
             }
-            Event::SessionPaused { reason } => self.paused = Some(reason),
-            Event::SessionResumed { .. } => {
+            Event::SessionPaused { reason, budget } => {
+                self.paused = Some(reason);
+                self.budget_paused = budget;
+            }
+            Event::SessionResumed { extend_budget, .. } => {
                 self.paused = None;
+                self.budget_paused = false;
                 self.failed = None;
+                if extend_budget {
+                    self.turn = TurnSpend::default();
+                }
             }
             Event::SessionFinished {
                 outcome: SessionOutcome::Failed(error),
@@ -319,10 +359,13 @@ impl SessionState {
         Some((self.dropped + kept, (first, last)))
     }
 
-    /// The answer of the last turn, if the last entry is a reply without calls.
+    /// The answer of the last turn, if the last entry is a reply without
+    /// calls that mneme did not refuse.
     pub fn answer(&self) -> Option<&str> {
         match self.entries.last() {
-            Some(Entry::Reply { reply, calls, .. }) if calls.is_empty() => {
+            Some(Entry::Reply { reply, calls, .. })
+                if calls.is_empty() && reply.refused.is_none() =>
+            {
                 Some(reply.content.as_deref().unwrap_or(""))
             }
             _ => None,

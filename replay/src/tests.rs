@@ -16,6 +16,8 @@ fn tool(name: &str, kind: ToolKind, effect: Effect, honours: Option<bool>) -> To
         method: None,
         url: Some("http://127.0.0.1:9/x".into()),
         command: Some(vec!["true".into()]),
+        env: Vec::new(),
+        max_output_bytes: None,
     }
 }
 
@@ -36,12 +38,14 @@ fn spec() -> AgentSpec {
             kv: None,
             input_cost_per_mtok: Some(1.0),
             output_cost_per_mtok: Some(2.0),
+            max_response_bytes: None,
         },
         tools: vec![
             tool("charge", ToolKind::Http, Effect::SideEffect, None),
             tool("email", ToolKind::Command, Effect::SideEffect, None),
             tool("lookup", ToolKind::Command, Effect::ReadOnly, None),
         ],
+        limits: Limits::default(),
     }
 }
 
@@ -64,8 +68,7 @@ fn reply(content: Option<&str>, calls: Vec<ToolCall>) -> Event {
         },
         finish_reason: "tool_calls".into(),
         latency_ms: 3,
-        request_digest: String::new(),
-        prefix_digest: String::new(),
+        ..ModelReply::default()
     })
 }
 
@@ -217,9 +220,151 @@ fn call_ids_are_made_unique_and_non_empty() {
         call("", "x"),
         call("a_1", "x"),
     ];
-    event::make_call_ids_unique(&mut calls);
+    event::normalize_call_ids(&mut calls);
     let ids: Vec<&str> = calls.iter().map(|c| c.id.as_str()).collect();
     assert_eq!(ids, ["a", "a_1", "call_2", "a_1_3"]);
+}
+
+#[test]
+fn call_ids_from_the_model_are_normalised_to_a_safe_charset() {
+    let hostile = [
+        "../../../sessions/0192/calls/call_0/approve?",
+        "--deny",
+        "\u{1b}]52;c;aGk=\u{7}",
+        "ok-id_1",
+        &"x".repeat(65),
+        "a b",
+    ];
+    let mut calls: Vec<ToolCall> = hostile.iter().map(|id| call(id, "x")).collect();
+    event::normalize_call_ids(&mut calls);
+    let ids: Vec<&str> = calls.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        ["call_0", "call_1", "call_2", "ok-id_1", "call_4", "call_5"]
+    );
+    assert!(ids.iter().all(|id| spec::is_safe_name(id)));
+    // Clashes with the fallback names still end distinct and safe.
+    let mut calls = vec![call("call_1", "x"), call("", "x"), call("call_1", "x")];
+    event::normalize_call_ids(&mut calls);
+    let ids: Vec<&str> = calls.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(ids, ["call_1", "call_1_1", "call_1_2"]);
+}
+
+#[test]
+fn a_refused_reply_runs_none_of_its_calls_and_the_model_is_told() {
+    let mut events = vec![
+        Event::SessionStarted { spec: spec() },
+        Event::UserMessage { text: "hi".into() },
+    ];
+    let mut refused = reply(None, vec![call("c1", "charge"), call("c2", "charge")]);
+    if let Event::ModelReplied(r) = &mut refused {
+        r.refused = Some("it made 2 tool calls; at most 1 are allowed".into());
+    }
+    events.push(refused);
+    let state = fold(&events);
+    assert_eq!(state.answer(), None, "a refused reply is not an answer");
+    assert_eq!(plan(&state).next, NextStep::CallModel);
+    assert!(plan(&state).calls.is_empty(), "none of its calls run");
+    let body = String::from_utf8(next_request("s", &state).unwrap()).unwrap();
+    assert!(!body.contains("tool_calls"), "{body}");
+    assert!(
+        body.contains("[mneme] Your last reply was not acted on: it made 2 tool calls"),
+        "{body}"
+    );
+    assert_eq!(state.turn.tool_calls, 0);
+}
+
+#[test]
+fn a_turn_stops_at_its_budget_and_an_extending_resume_starts_it_again() {
+    let mut spec = spec();
+    spec.limits.max_steps_per_turn = Some(2);
+    spec.limits.max_tool_calls_per_turn = Some(3);
+    let mut events = vec![
+        Event::SessionStarted { spec },
+        Event::UserMessage { text: "go".into() },
+        reply(None, vec![call("a", "lookup")]),
+        started("a", "lookup", Effect::ReadOnly),
+        finished("a", "1"),
+        reply(None, vec![call("b", "lookup")]),
+        started("b", "lookup", Effect::ReadOnly),
+        finished("b", "1"),
+    ];
+    let next = plan(&fold(&events)).next;
+    let NextStep::OverBudget(reason) = next else {
+        panic!("expected the step budget to stop the turn, got {next:?}");
+    };
+    assert!(reason.contains("max_steps_per_turn = 2"), "{reason}");
+    events.push(Event::SessionPaused {
+        reason,
+        budget: true,
+    });
+    let state = fold(&events);
+    assert!(state.budget_paused);
+    assert!(matches!(plan(&state).next, NextStep::Paused(_)));
+    // A plain resume clears the pause, but the budget is still spent.
+    let mut plain = events.clone();
+    plain.push(Event::SessionResumed {
+        by: "p".into(),
+        extend_budget: false,
+    });
+    assert!(matches!(plan(&fold(&plain)).next, NextStep::OverBudget(_)));
+    events.push(Event::SessionResumed {
+        by: "p".into(),
+        extend_budget: true,
+    });
+    assert_eq!(plan(&fold(&events)).next, NextStep::CallModel);
+    // Tool calls: a reply that takes the turn past its limit runs nothing.
+    events.push(reply(
+        None,
+        vec![call("c", "lookup"), call("d", "lookup"), call("e", "lookup"), call("f", "lookup")],
+    ));
+    let next = plan(&fold(&events)).next;
+    assert!(
+        matches!(&next, NextStep::OverBudget(r) if r.contains("max_tool_calls_per_turn = 3")),
+        "{next:?}"
+    );
+    // A new message is a new turn.
+    events.push(Event::UserMessage { text: "again".into() });
+    assert_eq!(fold(&events).turn, TurnSpend::default());
+}
+
+#[test]
+fn specs_refuse_what_would_break_a_session_or_leak_a_secret() {
+    let refused = |change: &dyn Fn(&mut AgentSpec), expect: &str| {
+        let mut s = spec();
+        change(&mut s);
+        let err = s.validate().expect_err(expect);
+        assert!(err.contains(expect), "{err}");
+    };
+    refused(&|s| s.name = String::new(), "name \"\"");
+    refused(&|s| s.model.timeout_secs = Some(0), "timeout_secs must be greater than 0");
+    refused(&|s| s.tools[0].timeout_secs = Some(0), "timeout_secs must be greater than 0");
+    refused(&|s| s.tools[0].url = Some("file:///etc/passwd".into()), "only http and https");
+    refused(&|s| s.tools[0].url = Some("ftp://x/y".into()), "only http and https");
+    refused(&|s| s.tools[0].url = Some("http//nope".into()), "not a URL");
+    refused(&|s| s.tools[0].method = Some("GE T".into()), "is not one of");
+    refused(
+        &|s| s.model.base_url = Some("http://user:hunter2@127.0.0.1:9/v1".into()),
+        "carries user information",
+    );
+    refused(
+        &|s| {
+            s.model.kv = Some(KvShape {
+                layers: 1 << 62,
+                kv_heads: 2,
+                head_dim: 1,
+                dtype_bytes: 1,
+            })
+        },
+        "fit in 64 bits",
+    );
+    refused(&|s| s.tools[1].env = vec!["A=B".into()], "not a variable name");
+    refused(&|s| s.limits.max_calls_per_reply = Some(0), "max_calls_per_reply must be");
+    let mut s = spec();
+    s.model.base_url = Some("http://user:hunter2@127.0.0.1:9/v1".into());
+    let err = s.validate().unwrap_err();
+    assert!(!err.contains("hunter2"), "the password is not printed: {err}");
+    assert!(spec().validate().is_ok());
 }
 
 #[test]
@@ -385,8 +530,14 @@ fn golden_bytes_of_every_event_kind() {
         approved: false,
         by: "ops".into(),
     });
-    all.push(Event::SessionPaused { reason: "r".into() });
-    all.push(Event::SessionResumed { by: "me".into() });
+    all.push(Event::SessionPaused {
+        reason: "r".into(),
+        budget: false,
+    });
+    all.push(Event::SessionResumed {
+        by: "me".into(),
+        extend_budget: false,
+    });
     all.push(Event::SessionFinished {
         outcome: SessionOutcome::Failed("f".into()),
     });
@@ -441,8 +592,14 @@ fn arbitrary_log() -> impl Strategy<Value = Vec<Event>> {
                     last_calls = (0..pick)
                         .map(|k| call(&format!("r{i}c{}", if flag { k } else { k / 2 }), names[k]))
                         .collect();
-                    event::make_call_ids_unique(&mut last_calls);
-                    reply(flag.then_some("text"), last_calls.clone())
+                    event::normalize_call_ids(&mut last_calls);
+                    let mut made = reply(flag.then_some("text"), last_calls.clone());
+                    if let (Event::ModelReplied(r), 3) = (&mut made, pick) {
+                        // Refused: none of its calls run.
+                        r.refused = Some(format!("refused {i}"));
+                        last_calls.clear();
+                    }
+                    made
                 }
                 2 | 3 => started(&id, "charge", Effect::SideEffect),
                 4 | 5 => Event::ToolFinished {
@@ -474,9 +631,15 @@ fn arbitrary_log() -> impl Strategy<Value = Vec<Event>> {
                 },
                 _ => {
                     if flag {
-                        Event::SessionPaused { reason: "p".into() }
+                        Event::SessionPaused {
+                            reason: "p".into(),
+                            budget: pick == 0,
+                        }
                     } else {
-                        Event::SessionResumed { by: "p".into() }
+                        Event::SessionResumed {
+                            by: "p".into(),
+                            extend_budget: pick == 0,
+                        }
                     }
                 }
             };
