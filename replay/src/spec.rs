@@ -125,7 +125,10 @@ impl ToolSpec {
 
     /// The HTTP method (HTTP tools), upper case; POST when not given.
     pub fn http_method(&self) -> String {
-        self.method.as_deref().unwrap_or("POST").to_ascii_uppercase()
+        self.method
+            .as_deref()
+            .unwrap_or("POST")
+            .to_ascii_uppercase()
     }
 
     fn validate(&self) -> Result<(), String> {
@@ -139,7 +142,9 @@ impl ToolSpec {
         positive("timeout_secs", self.timeout_secs).map_err(tool)?;
         positive("max_output_bytes", self.max_output_bytes).map_err(tool)?;
         if let Some(bad) = self.env.iter().find(|v| !is_env_name(v)) {
-            return Err(tool(format!("env names {bad:?}, which is not a variable name")));
+            return Err(tool(format!(
+                "env names {bad:?}, which is not a variable name"
+            )));
         }
         match self.kind {
             ToolKind::Http => {
@@ -440,7 +445,10 @@ pub struct AgentSpec {
 impl AgentSpec {
     /// Checks what serde cannot: providers, tool names, per-kind settings.
     pub fn validate(&self) -> Result<(), String> {
-        if self.name.trim().is_empty() || self.name.len() > 128 || self.name.contains(char::is_control) {
+        if self.name.trim().is_empty()
+            || self.name.len() > 128
+            || self.name.contains(char::is_control)
+        {
             return Err(format!(
                 "name {:?} must be 1 to 128 characters, none of them control characters",
                 self.name

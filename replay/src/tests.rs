@@ -316,7 +316,12 @@ fn a_turn_stops_at_its_budget_and_an_extending_resume_starts_it_again() {
     // Tool calls: a reply that takes the turn past its limit runs nothing.
     events.push(reply(
         None,
-        vec![call("c", "lookup"), call("d", "lookup"), call("e", "lookup"), call("f", "lookup")],
+        vec![
+            call("c", "lookup"),
+            call("d", "lookup"),
+            call("e", "lookup"),
+            call("f", "lookup"),
+        ],
     ));
     let next = plan(&fold(&events)).next;
     assert!(
@@ -324,7 +329,9 @@ fn a_turn_stops_at_its_budget_and_an_extending_resume_starts_it_again() {
         "{next:?}"
     );
     // A new message is a new turn.
-    events.push(Event::UserMessage { text: "again".into() });
+    events.push(Event::UserMessage {
+        text: "again".into(),
+    });
     assert_eq!(fold(&events).turn, TurnSpend::default());
 }
 
@@ -337,12 +344,27 @@ fn specs_refuse_what_would_break_a_session_or_leak_a_secret() {
         assert!(err.contains(expect), "{err}");
     };
     refused(&|s| s.name = String::new(), "name \"\"");
-    refused(&|s| s.model.timeout_secs = Some(0), "timeout_secs must be greater than 0");
-    refused(&|s| s.tools[0].timeout_secs = Some(0), "timeout_secs must be greater than 0");
-    refused(&|s| s.tools[0].url = Some("file:///etc/passwd".into()), "only http and https");
-    refused(&|s| s.tools[0].url = Some("ftp://x/y".into()), "only http and https");
+    refused(
+        &|s| s.model.timeout_secs = Some(0),
+        "timeout_secs must be greater than 0",
+    );
+    refused(
+        &|s| s.tools[0].timeout_secs = Some(0),
+        "timeout_secs must be greater than 0",
+    );
+    refused(
+        &|s| s.tools[0].url = Some("file:///etc/passwd".into()),
+        "only http and https",
+    );
+    refused(
+        &|s| s.tools[0].url = Some("ftp://x/y".into()),
+        "only http and https",
+    );
     refused(&|s| s.tools[0].url = Some("http//nope".into()), "not a URL");
-    refused(&|s| s.tools[0].method = Some("GE T".into()), "is not one of");
+    refused(
+        &|s| s.tools[0].method = Some("GE T".into()),
+        "is not one of",
+    );
     refused(
         &|s| s.model.base_url = Some("http://user:hunter2@127.0.0.1:9/v1".into()),
         "carries user information",
@@ -358,12 +380,21 @@ fn specs_refuse_what_would_break_a_session_or_leak_a_secret() {
         },
         "fit in 64 bits",
     );
-    refused(&|s| s.tools[1].env = vec!["A=B".into()], "not a variable name");
-    refused(&|s| s.limits.max_calls_per_reply = Some(0), "max_calls_per_reply must be");
+    refused(
+        &|s| s.tools[1].env = vec!["A=B".into()],
+        "not a variable name",
+    );
+    refused(
+        &|s| s.limits.max_calls_per_reply = Some(0),
+        "max_calls_per_reply must be",
+    );
     let mut s = spec();
     s.model.base_url = Some("http://user:hunter2@127.0.0.1:9/v1".into());
     let err = s.validate().unwrap_err();
-    assert!(!err.contains("hunter2"), "the password is not printed: {err}");
+    assert!(
+        !err.contains("hunter2"),
+        "the password is not printed: {err}"
+    );
     assert!(spec().validate().is_ok());
 }
 

@@ -40,6 +40,7 @@ impl Client {
             None => std::env::var("MNEME_TOKEN")
                 .context("the daemon's token is not in a file: set MNEME_TOKEN to it")?,
         };
+        mneme_runtime::text::register_secret(&token);
         let mut headers = reqwest::header::HeaderMap::new();
         headers.insert(
             reqwest::header::AUTHORIZATION,
@@ -125,9 +126,12 @@ impl Client {
         verb: &str,
         json: JsonFlag,
     ) -> Result<ExitCode> {
-        let answer = self
-            .post(&format!("/sessions/{session}/calls/{call}/{action}"), body)
-            .await?;
+        if matches!(call, "." | "..") {
+            // URL parsers treat these segments as directions, encoded or not.
+            bail!("session {session}: no call can be named {call:?}");
+        }
+        let path = format!("/sessions/{session}/calls/{}/{action}", path_segment(call));
+        let answer = self.post(&path, body).await?;
         say!("session {session}: call {call} {verb}");
         if answer["status"].is_null() {
             return Ok(ExitCode::SUCCESS); // recorded; not continued
@@ -165,7 +169,10 @@ impl Client {
                 for id in ids {
                     say!("session {id}");
                     let end = self
-                        .post(&format!("/sessions/{id}/resume"), json!({"wait": true}))
+                        .post(
+                            &format!("/sessions/{id}/resume"),
+                            json!({"wait": true, "extend": a.extend}),
+                        )
                         .await?;
                     let code = report(id, end, JsonFlag { json: a.json.json })?;
                     if code != ExitCode::SUCCESS {
@@ -242,6 +249,19 @@ impl Client {
     }
 }
 
+/// `text` as one path segment: every byte but letters, digits and `-._~`
+/// percent-encoded, so a call id (typed by a person, or printed from a
+/// model's choice) can never be a path of its own (`../`), a query or a
+/// fragment.
+fn path_segment(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'~' => (b as char).to_string(),
+            b => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 /// The fields of a decision's request body that every decision has.
 fn decision_body(decision: &crate::Decision) -> Value {
     let go_on = !decision.no_resume;
@@ -252,4 +272,26 @@ fn report(id: Uuid, end: Value, json: JsonFlag) -> Result<ExitCode> {
     let end = views::turn_end_from(&end)
         .with_context(|| format!("the daemon answered an unknown turn end: {end}"))?;
     crate::commands::report_end(id, &end, json.json)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_path_segment_cannot_climb_or_end_the_path() {
+        let hostile = "../../../sessions/0192/calls/call_0/approve?x#y";
+        let encoded = super::path_segment(hostile);
+        assert!(!encoded.contains(['/', '?', '#', '.']), "{encoded}");
+        assert_eq!(super::path_segment("call_1-a"), "call_1-a");
+        // As the client sends it: one segment, whatever the id.
+        for id in [hostile, "%2e%2e", "a/b", "...", "%2e"] {
+            let url = format!(
+                "http://h/sessions/s/calls/{}/approve",
+                super::path_segment(id)
+            );
+            let parsed = reqwest::Url::parse(&url).unwrap();
+            let segments: Vec<&str> = parsed.path_segments().unwrap().collect();
+            assert_eq!(segments.len(), 5, "{id:?} -> {parsed}");
+            assert_eq!(segments[4], "approve", "{id:?} -> {parsed}");
+        }
+    }
 }

@@ -20,6 +20,7 @@ use uuid::Uuid;
 
 /// Runs the command `cli` names.
 pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
+    register_secrets(&cli);
     let data_dir = cli.data_dir.clone().unwrap_or_else(default_data_dir);
     let durability = cli.durability;
     let lease_ttl = Duration::from_millis(cli.lease_ttl_ms.max(100));
@@ -40,7 +41,7 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
             };
             match command {
                 Command::Run(a) => ctx.run(a.agent, a.session, a.message, a.json).await,
-                Command::Resume(a) => ctx.resume(a.session, a.json).await,
+                Command::Resume(a) => ctx.resume(a.session, a.extend, a.json).await,
                 Command::Sessions(a) => ctx.sessions(a),
                 Command::Log(a) => {
                     crate::timeline::print(&crate::timeline::rows(ctx.log(), a.session)?, &a)
@@ -64,6 +65,23 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 Command::Demo(_) => unreachable!("handled above"),
             }
         }
+    }
+}
+
+/// Makes what this process knows to be secret (the daemon token in the
+/// environment, the store's password) redacted from everything it records
+/// and prints.
+fn register_secrets(cli: &Cli) {
+    if let Ok(token) = std::env::var("MNEME_TOKEN") {
+        mneme_runtime::text::register_secret(&token);
+    }
+    let password = cli
+        .store
+        .as_deref()
+        .and_then(|store| reqwest::Url::parse(store).ok())
+        .and_then(|url| url.password().map(String::from));
+    if let Some(password) = password {
+        mneme_runtime::text::register_secret(&password);
     }
 }
 
@@ -118,6 +136,7 @@ async fn serve(
     std::fs::create_dir_all(settings.data_dir)
         .with_context(|| format!("creating {}", settings.data_dir.display()))?;
     let (token, token_file) = token(settings.data_dir, a.token_file)?;
+    mneme_runtime::text::register_secret(&token);
     let config = mneme_runtime::daemon::DaemonConfig {
         listen: a.listen,
         data_dir: settings.data_dir.to_path_buf(),
@@ -128,6 +147,7 @@ async fn serve(
         snapshot_every: settings.snapshot_every,
         shutdown_grace: Duration::from_secs(a.shutdown_grace),
         max_body_bytes: a.max_body_bytes,
+        max_parallel_calls: a.max_parallel_calls,
         owner: mneme_runtime::lease::owner_name("daemon"),
         lease_ttl: settings.lease_ttl,
     };
@@ -315,7 +335,7 @@ impl Ctx {
         report_end(session.id(), &end, json)
     }
 
-    async fn resume(&self, id: Option<Uuid>, json: JsonFlag) -> Result<ExitCode> {
+    async fn resume(&self, id: Option<Uuid>, extend: bool, json: JsonFlag) -> Result<ExitCode> {
         let ids = match id {
             Some(id) => vec![id],
             None => self.service.resumable()?,
@@ -324,7 +344,7 @@ impl Ctx {
         for id in ids {
             let lease = self.hold(id).await?;
             let mut session = self.service.load(id)?;
-            self.service.reopen(&mut session, "mneme resume")?;
+            self.service.reopen(&mut session, "mneme resume", extend)?;
             say!("session {id}");
             let code = self
                 .drive_then_release(lease, &mut session, json.json, true)
@@ -429,7 +449,7 @@ pub fn report_end(id: Uuid, end: &TurnEnd, json: bool) -> Result<ExitCode> {
     match end {
         TurnEnd::Answered(answer) => {
             if !json {
-                println!("{answer}");
+                println!("{}", mneme_runtime::text::for_terminal_multiline(answer));
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -451,6 +471,11 @@ pub fn report_end(id: Uuid, end: &TurnEnd, json: bool) -> Result<ExitCode> {
         }
         TurnEnd::Paused(reason) => {
             bail!("session {id} is paused ({reason}): `mneme resume {id}` continues it")
+        }
+        TurnEnd::BudgetSpent(reason) => {
+            say!("mneme: session {id} paused: {reason}");
+            say!("    mneme resume {id} --extend");
+            Ok(ExitCode::from(EXIT_NEEDS_DECISION))
         }
         TurnEnd::Failed(error) => {
             bail!("session {id} failed earlier ({error}): `mneme resume {id}` tries again")

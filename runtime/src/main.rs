@@ -2,11 +2,14 @@
 
 /// Prints one line to stderr in a single write. Scripts (and the crash
 /// tests) read lines such as `session ID`; `eprintln!` writes a line in
-/// pieces, so a process killed mid-line could leave `session ` alone.
+/// pieces, so a process killed mid-line could leave `session ` alone. Text
+/// from outside in it (server errors, call ids) can neither forge lines nor
+/// drive the terminal, and known secrets are redacted.
 macro_rules! say {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        let line = format!("{}\n", format_args!($($arg)*));
+        let text = format!($($arg)*);
+        let line = format!("{}\n", mneme_runtime::text::for_terminal(&text));
         let _ = std::io::stderr().write_all(line.as_bytes());
     }};
 }
@@ -116,6 +119,10 @@ struct ServeArgs {
     /// Largest request body accepted, in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     max_body_bytes: usize,
+    /// Tool calls running at once across every session of the daemon
+    /// (each agent also has its own `max_parallel_calls`, default 8).
+    #[arg(long, default_value_t = 64)]
+    max_parallel_calls: usize,
 }
 
 #[derive(Args)]
@@ -145,9 +152,14 @@ struct ResumeArgs {
     /// The session to continue.
     #[arg(required_unless_present = "all", conflicts_with = "all")]
     session: Option<Uuid>,
-    /// Continue every session that has pending work.
+    /// Continue every session that has pending work (not those that
+    /// spent a budget: they need --extend, one by one).
     #[arg(long)]
     all: bool,
+    /// Start the turn's budgets (`[limits]` in the agent file) again: a
+    /// session paused on a spent budget continues only with this.
+    #[arg(long, requires = "session")]
+    extend: bool,
     #[command(flatten)]
     json: JsonFlag,
 }

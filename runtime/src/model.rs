@@ -38,6 +38,14 @@ pub enum ModelError {
         /// The start of the body.
         body: String,
     },
+    /// The server sent more than the spec's `max_response_bytes`.
+    #[error("model server {url} sent more than {limit} bytes (max_response_bytes); the reply was cut off and refused")]
+    TooLarge {
+        /// The endpoint.
+        url: String,
+        /// The limit.
+        limit: u64,
+    },
     /// The client is misconfigured.
     #[error("model client: {0}")]
     Config(String),
@@ -72,11 +80,25 @@ pub fn client_for(spec: &AgentSpec) -> Result<Box<dyn ModelClient>, ModelError> 
 const MAX_ATTEMPTS: u32 = 4;
 const SNIPPET_CHARS: usize = 200;
 
+/// Bytes of an error response (4xx, 5xx) read: enough to quote it.
+const ERROR_BODY_BYTES: u64 = 64 << 10;
+
 /// A client of any OpenAI-compatible `/chat/completions` endpoint.
 pub struct OpenAiClient {
     http: reqwest::Client,
     url: String,
     api_key: Option<String>,
+    timeout: Duration,
+    max_response_bytes: u64,
+}
+
+/// Why one attempt got no usable body.
+enum Attempt {
+    /// Worth another try (connection error, 429, 5xx), with the server's
+    /// Retry-After.
+    Retry(String, Option<Duration>),
+    /// Final.
+    Fail(ModelError),
 }
 
 impl OpenAiClient {
@@ -91,22 +113,54 @@ impl OpenAiClient {
             })?),
             None => None,
         };
-        let timeout = Duration::from_secs(spec.model.timeout_secs.unwrap_or(120));
+        if let Some(key) = &api_key {
+            crate::text::register_secret(key);
+        }
+        let timeout = spec.model.timeout();
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .build()
             .map_err(|e| ModelError::Config(e.to_string()))?;
+        let base = replay::spec::redact_url(base.trim_end_matches('/'));
         Ok(OpenAiClient {
             http,
-            url: format!("{}/chat/completions", base.trim_end_matches('/')),
+            url: format!("{base}/chat/completions"),
             api_key,
+            timeout,
+            max_response_bytes: spec.model.max_response_bytes(),
         })
     }
 
-    async fn attempt(
+    /// What a failed read or send says: a timeout by name, not reqwest's
+    /// "error decoding response body".
+    fn describe(&self, e: &reqwest::Error) -> String {
+        if e.is_timeout() {
+            format!(
+                "no complete answer within {} s (timeout_secs)",
+                self.timeout.as_secs()
+            )
+        } else {
+            crate::text::redact(&e.to_string()).into_owned()
+        }
+    }
+
+    /// Reads `response`'s body, at most `limit` bytes: `None` past that.
+    async fn read_capped(
         &self,
-        body: &[u8],
-    ) -> Result<Result<String, ModelError>, (String, Option<Duration>)> {
+        mut response: reqwest::Response,
+        limit: u64,
+    ) -> Result<Option<Vec<u8>>, reqwest::Error> {
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await? {
+            if (body.len() + chunk.len()) as u64 > limit {
+                return Ok(None);
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(Some(body))
+    }
+
+    async fn attempt(&self, body: &[u8]) -> Result<String, Attempt> {
         let mut request = self
             .http
             .post(&self.url)
@@ -115,7 +169,8 @@ impl OpenAiClient {
         if let Some(key) = &self.api_key {
             request = request.bearer_auth(key);
         }
-        let response = request.send().await.map_err(|e| (e.to_string(), None))?;
+        let retry = |e: reqwest::Error| Attempt::Retry(self.describe(&e), None);
+        let response = request.send().await.map_err(retry)?;
         let status = response.status();
         let retry_after = response
             .headers()
@@ -123,23 +178,47 @@ impl OpenAiClient {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok())
             .map(Duration::from_secs);
-        let text = response.text().await.map_err(|e| (e.to_string(), None))?;
+        let limit = if status.is_success() {
+            self.max_response_bytes
+        } else {
+            ERROR_BODY_BYTES
+        };
+        let bytes = self.read_capped(response, limit).await.map_err(retry)?;
+        let Some(bytes) = bytes else {
+            if status.is_success() {
+                return Err(Attempt::Fail(ModelError::TooLarge {
+                    url: self.url.clone(),
+                    limit,
+                }));
+            }
+            return Err(Attempt::Retry(
+                format!("HTTP {status}: (a body over {limit} bytes)"),
+                retry_after,
+            ));
+        };
+        let text = String::from_utf8_lossy(&bytes);
         if status.as_u16() == 429 || status.is_server_error() {
-            return Err((format!("HTTP {status}: {}", snippet(&text)), retry_after));
+            return Err(Attempt::Retry(
+                format!("HTTP {status}: {}", snippet(&text)),
+                retry_after,
+            ));
         }
         if !status.is_success() {
-            return Ok(Err(ModelError::Refused {
+            return Err(Attempt::Fail(ModelError::Refused {
                 url: self.url.clone(),
                 status: status.as_u16(),
                 body: snippet(&text),
             }));
         }
-        Ok(Ok(text))
+        Ok(text.into_owned())
     }
 }
 
+/// The start of a server's text, fit to record: secrets mneme knows are
+/// redacted (a server may echo the request's Authorization header).
 fn snippet(text: &str) -> String {
-    text.chars().take(SNIPPET_CHARS).collect()
+    let start: String = text.chars().take(SNIPPET_CHARS).collect();
+    crate::text::redact(&start).into_owned()
 }
 
 #[async_trait]
@@ -149,13 +228,13 @@ impl ModelClient for OpenAiClient {
         let mut last_failure = String::new();
         for attempt in 1..=MAX_ATTEMPTS {
             match self.attempt(body).await {
-                Ok(Ok(text)) => {
+                Ok(text) => {
                     let mut reply = parse_reply(&self.url, &text)?;
                     reply.latency_ms = started.elapsed().as_millis() as u64;
                     return Ok(reply);
                 }
-                Ok(Err(refused)) => return Err(refused),
-                Err((reason, retry_after)) => {
+                Err(Attempt::Fail(error)) => return Err(error),
+                Err(Attempt::Retry(reason, retry_after)) => {
                     last_failure = reason;
                     if attempt < MAX_ATTEMPTS {
                         let backoff = Duration::from_millis(100 << attempt);
@@ -270,10 +349,29 @@ fn parse_reply(url: &str, text: &str) -> Result<ModelReply, ModelError> {
                 .cached_tokens,
         },
         finish_reason: choice.finish_reason.unwrap_or_default(),
-        latency_ms: 0,
-        request_digest: String::new(),
-        prefix_digest: String::new(),
+        ..ModelReply::default()
     })
+}
+
+/// Largest script a scripted model reads.
+pub const MAX_SCRIPT_BYTES: u64 = 16 << 20;
+
+/// Reads a regular file of at most `limit` bytes as text.
+fn read_small_file(path: &str, limit: u64) -> Result<String, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let meta = file.metadata().map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    let mut text = String::new();
+    file.take(limit + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| e.to_string())?;
+    if text.len() as u64 > limit {
+        return Err(format!("larger than {limit} bytes"));
+    }
+    Ok(text)
 }
 
 /// Replies read from a JSON file: `{"replies": [{"content": "...",
@@ -315,7 +413,7 @@ impl ScriptedClient {
             path: path.to_string(),
             reason,
         };
-        let text = std::fs::read_to_string(path).map_err(|e| error(e.to_string()))?;
+        let text = read_small_file(path, MAX_SCRIPT_BYTES).map_err(error)?;
         let script: Script = serde_json::from_str(&text).map_err(|e| error(e.to_string()))?;
         Ok(ScriptedClient {
             path: path.to_string(),
@@ -360,9 +458,7 @@ impl ModelClient for ScriptedClient {
                 completion_tokens: 0,
                 cached_tokens: 0,
             },
-            latency_ms: 0,
-            request_digest: String::new(),
-            prefix_digest: String::new(),
+            ..ModelReply::default()
         })
     }
 }

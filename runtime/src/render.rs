@@ -2,8 +2,17 @@
 //! daemon returns.
 
 use anyhow::Result;
+use mneme_runtime::text::for_terminal;
 use serde_json::Value;
 use std::process::ExitCode;
+
+/// Prints one line of text for people: text from outside (agent names,
+/// errors, prompts) can neither forge lines nor drive the terminal.
+macro_rules! line {
+    ($($arg:tt)*) => {
+        println!("{}", for_terminal(&format!($($arg)*)))
+    };
+}
 
 fn text<'a>(v: &'a Value, key: &str) -> &'a str {
     v[key].as_str().unwrap_or("")
@@ -15,12 +24,17 @@ pub fn sessions(rows: &[Value], json: bool) {
         rows.iter().for_each(|r| println!("{r}"));
         return;
     }
-    println!(
+    line!(
         "{:<36}  {:<16}  {:<7}  {:>7}  {:<24}  {:>6}",
-        "SESSION", "AGENT", "STATUS", "EVENTS", "LAST ACTIVITY", "CACHE"
+        "SESSION",
+        "AGENT",
+        "STATUS",
+        "EVENTS",
+        "LAST ACTIVITY",
+        "CACHE"
     );
     for r in rows {
-        println!(
+        line!(
             "{:<36}  {:<16}  {:<7}  {:>7}  {:<24}  {:>5.1}%",
             text(r, "session"),
             text(r, "agent"),
@@ -40,13 +54,13 @@ pub fn verify(results: &[Value], json: bool) -> ExitCode {
         broken += usize::from(!ok);
         match (json, ok) {
             (true, _) => println!("{r}"),
-            (false, true) => println!(
+            (false, true) => line!(
                 "ok    {}  {} events, head {}",
                 text(r, "session"),
                 r["events"].as_u64().unwrap_or(0),
                 text(r, "head").get(..16).unwrap_or("")
             ),
-            (false, false) => println!("FAIL  {}  {}", text(r, "session"), text(r, "error")),
+            (false, false) => line!("FAIL  {}  {}", text(r, "session"), text(r, "error")),
         }
     }
     if broken > 0 {
@@ -67,25 +81,27 @@ pub fn replay(view: &Value, json: bool) -> Result<()> {
     }
     let empty = Vec::new();
     let messages = view["request"]["messages"].as_array().unwrap_or(&empty);
-    println!(
+    line!(
         "Session {} ({}), {} events, status {}",
         text(view, "session"),
         text(view, "agent"),
         view["events"].as_u64().unwrap_or(0),
         text(view, "status")
     );
-    println!(
-        "\nRebuilt prompt: {} messages, request body {} bytes, SHA-256 {}",
+    println!();
+    line!(
+        "Rebuilt prompt: {} messages, request body {} bytes, SHA-256 {}",
         messages.len(),
         view["request_bytes"].as_u64().unwrap_or(0),
         text(view, "request_digest").get(..16).unwrap_or("")
     );
     for m in messages {
-        println!("{}", serde_json::to_string(m)?);
+        line!("{}", serde_json::to_string(m)?);
     }
-    println!("\nResume plan: {}", text(view, "next"));
+    println!();
+    line!("Resume plan: {}", text(view, "next"));
     for c in view["calls"].as_array().unwrap_or(&empty) {
-        println!(
+        line!(
             "  {} {}: {} {}",
             text(c, "call_id"),
             text(c, "tool"),

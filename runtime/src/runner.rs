@@ -32,6 +32,9 @@ pub enum TurnEnd {
     NeedsApproval(Vec<(String, String)>),
     /// Paused for another reason.
     Paused(String),
+    /// The turn spent a budget of the agent's `[limits]`: paused until a
+    /// resume extends the budget (`mneme resume ID --extend`).
+    BudgetSpent(String),
     /// The last turn failed earlier; resume it explicitly.
     Failed(String),
     /// Cancelled (by whom); a new message reopens it.
@@ -43,6 +46,9 @@ pub enum TurnEnd {
 pub struct Runner {
     durability: Durability,
     stop: Option<StopCheck>,
+    /// Tool calls running at once across every session this runner drives,
+    /// and how many that is.
+    calls: Option<(Arc<tokio::sync::Semaphore>, u32)>,
 }
 
 /// Asked before every step of a session: a reason to pause it there (a
@@ -55,7 +61,16 @@ impl Runner {
         Runner {
             durability,
             stop: None,
+            calls: None,
         }
+    }
+
+    /// Lets at most `max` tool calls run at once across every session
+    /// driven by this runner (and its clones): a daemon's cap.
+    pub fn with_call_cap(mut self, max: usize) -> Runner {
+        let max = max.clamp(1, tokio::sync::Semaphore::MAX_PERMITS) as u32;
+        self.calls = Some((Arc::new(tokio::sync::Semaphore::new(max as usize)), max));
+        self
     }
 
     /// Pauses a session between steps when `stop` gives a reason; a step
@@ -72,6 +87,7 @@ impl Runner {
         let reason = reason.to_string();
         let event = Event::SessionPaused {
             reason: reason.clone(),
+            budget: false,
         };
         session.append(vec![event], None)?;
         session.barrier(self.durability)?;
@@ -121,7 +137,19 @@ impl Runner {
                     return Ok(TurnEnd::NeedsApproval(awaiting_approval(session)))
                 }
                 NextStep::AwaitDecision => return Ok(TurnEnd::NeedsDecision(Vec::new())),
+                NextStep::Paused(reason) if session.state().budget_paused => {
+                    return Ok(TurnEnd::BudgetSpent(reason))
+                }
                 NextStep::Paused(reason) => return Ok(TurnEnd::Paused(reason)),
+                NextStep::OverBudget(reason) => {
+                    let event = Event::SessionPaused {
+                        reason: reason.clone(),
+                        budget: true,
+                    };
+                    session.append(vec![event], None)?;
+                    session.barrier(self.durability)?;
+                    return Ok(TurnEnd::BudgetSpent(reason));
+                }
                 NextStep::Failed(error) => return Ok(TurnEnd::Failed(error)),
                 NextStep::Cancelled(by) => return Ok(TurnEnd::Cancelled(by)),
             }
@@ -150,7 +178,15 @@ impl Runner {
         crash::point("model_replied_before_append");
         reply.request_digest = replay::digest_hex(&body);
         reply.prefix_digest = session.prefix_digest();
-        replay::event::make_call_ids_unique(&mut reply.tool_calls);
+        replay::event::normalize_call_ids(&mut reply.tool_calls);
+        let max_calls = session.spec()?.limits.calls_per_reply();
+        if reply.tool_calls.len() as u64 > max_calls {
+            reply.refused = Some(format!(
+                "it made {} tool calls, and at most {max_calls} are allowed in one reply \
+                 (max_calls_per_reply); none of them ran. Make at most {max_calls} calls at a time.",
+                reply.tool_calls.len()
+            ));
+        }
         session.append(vec![Event::ModelReplied(reply)], Some(cause))?;
         crash::point("model_reply_appended");
         Ok(())
@@ -248,8 +284,27 @@ impl Runner {
         if !settled.is_empty() {
             session.append(settled, Some(reply_seq))?;
         }
-        if !starts.is_empty() {
-            self.start_and_run(session, starts, reply_seq).await?;
+        // At most max_parallel_calls run at once: each wave is started
+        // (durably) only when it can run, so a crash never leaves a call
+        // recorded as started that was only queued.
+        let wave = session.spec()?.limits.parallel_calls().max(1) as usize;
+        let mut starts = starts.into_iter().peekable();
+        while starts.peek().is_some() {
+            let batch: Vec<_> = starts.by_ref().take(wave).collect();
+            let _permits = match &self.calls {
+                // A wave never asks for more than the whole cap.
+                Some((cap, size)) => {
+                    let n = (batch.len() as u32).min(*size);
+                    Some(
+                        cap.clone()
+                            .acquire_many_owned(n)
+                            .await
+                            .expect("never closed"),
+                    )
+                }
+                None => None,
+            };
+            self.start_and_run(session, batch, reply_seq).await?;
         }
         // Pause for the calls that wait for a person once nothing else is
         // left to run.
@@ -262,7 +317,11 @@ impl Runner {
         if !doubtful.is_empty() && !runnable {
             let ids: Vec<&str> = doubtful.iter().map(|(id, _)| id.as_str()).collect();
             let reason = format!("tool calls wait for a person: {}", ids.join(", "));
-            session.append(vec![Event::SessionPaused { reason }], Some(reply_seq))?;
+            let event = Event::SessionPaused {
+                reason,
+                budget: false,
+            };
+            session.append(vec![event], Some(reply_seq))?;
             session.barrier(self.durability)?;
             crash::point("in_doubt_appended");
         }

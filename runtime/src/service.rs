@@ -96,14 +96,26 @@ impl Service {
     }
 
     /// Makes a paused or failed session runnable again, unless a person
-    /// must first decide on calls in doubt. Returns whether it appended.
-    pub fn reopen(&self, session: &mut Session, by: &str) -> Result<bool, RuntimeError> {
+    /// must first decide on calls in doubt, or it spent a budget of its turn
+    /// and `extend_budget` is not given (which starts the budget again).
+    /// Returns whether it appended.
+    pub fn reopen(
+        &self,
+        session: &mut Session,
+        by: &str,
+        extend_budget: bool,
+    ) -> Result<bool, RuntimeError> {
         let state = session.state();
         let stopped = state.paused.is_some() || state.failed.is_some();
-        if !stopped || waits_for_a_person(session) {
+        let budget_holds = state.budget_paused && !extend_budget;
+        if !stopped || budget_holds || waits_for_a_person(session) {
             return Ok(false);
         }
-        session.append(vec![Event::SessionResumed { by: by.into() }], None)?;
+        let event = Event::SessionResumed {
+            by: by.into(),
+            extend_budget,
+        };
+        session.append(vec![event], None)?;
         session.barrier(self.durability)?;
         Ok(true)
     }
@@ -189,7 +201,10 @@ impl Service {
         let last = all_waiting == 1;
         let mut events = vec![decision];
         if last {
-            events.push(Event::SessionResumed { by: by.into() });
+            events.push(Event::SessionResumed {
+                by: by.into(),
+                extend_budget: false,
+            });
         }
         session.append(events, None)?;
         session.barrier(self.durability)?;

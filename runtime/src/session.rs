@@ -256,7 +256,8 @@ impl Session {
             })
     }
 
-    /// Appends `events` atomically after the last known seq and folds them.
+    /// Appends `events` atomically after the last known seq and folds them,
+    /// with every secret this process knows redacted from them first.
     /// Returns the seq of the first. Not durable until [`Session::barrier`].
     pub fn append(
         &mut self,
@@ -264,15 +265,19 @@ impl Session {
         caused_by: Option<u64>,
     ) -> Result<u64, RuntimeError> {
         let first = self.state.last_seq + 1;
-        let new = events
-            .iter()
-            .map(|e| NewEvent {
-                kind: e.kind().to_string(),
-                schema: EVENT_SCHEMA,
-                caused_by,
-                payload: e.encode(),
+        let (events, new): (Vec<Event>, Vec<NewEvent>) = events
+            .into_iter()
+            .map(|e| {
+                let (event, payload) = crate::text::redact_event(e);
+                let new = NewEvent {
+                    kind: event.kind().to_string(),
+                    schema: EVENT_SCHEMA,
+                    caused_by,
+                    payload,
+                };
+                (event, new)
             })
-            .collect();
+            .unzip();
         let records = self.log.append(self.id, first, new)?;
         if let Some(observer) = &self.observer {
             observer.appended(&records, &events);

@@ -140,13 +140,16 @@ pub struct Summary {
 impl Summary {
     /// The summary of `state`.
     pub fn of(state: &SessionState) -> Summary {
+        // A spent budget waits for a person too: only `resume --extend`
+        // continues it, never recovery or `resume --all`.
         let waits = state.status() == Status::Paused
-            && state.open_calls().iter().any(|c| {
-                matches!(
-                    c.phase,
-                    replay::CallPhase::InDoubt(_) | replay::CallPhase::AwaitingApproval
-                )
-            });
+            && (state.budget_paused
+                || state.open_calls().iter().any(|c| {
+                    matches!(
+                        c.phase,
+                        replay::CallPhase::InDoubt(_) | replay::CallPhase::AwaitingApproval
+                    )
+                }));
         let prompt_tokens_last = state
             .entries
             .iter()
@@ -161,7 +164,7 @@ impl Summary {
             prompt_tokens_last,
             kv_bytes_last: model
                 .and_then(|m| m.kv)
-                .map(|kv| kv.bytes_per_token() * prompt_tokens_last),
+                .map(|kv| kv.bytes_per_token().saturating_mul(prompt_tokens_last)),
             context_window: model.and_then(|m| m.context_window),
             seq: state.last_seq,
             agent: state
@@ -299,8 +302,14 @@ mod tests {
             "not written mid-turn"
         );
         let reason = "a person".to_string();
-        s.append(vec![Event::SessionPaused { reason }], None)
-            .unwrap();
+        s.append(
+            vec![Event::SessionPaused {
+                reason,
+                budget: false,
+            }],
+            None,
+        )
+        .unwrap();
         s.barrier(eventlog::Durability::Flushed).unwrap();
         let summary = fresh_summary(log.as_ref(), id, 4).expect("written at rest");
         assert_eq!(

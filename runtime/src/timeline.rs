@@ -4,6 +4,7 @@ use crate::LogArgs;
 use anyhow::{bail, Result};
 use eventlog::EventLog;
 use mneme_runtime::session::read_events;
+use mneme_runtime::text::for_terminal;
 use mneme_runtime::views;
 use replay::{Event, Resolution, SessionOutcome, ToolOutcome};
 use serde_json::Value;
@@ -81,12 +82,13 @@ pub fn print(rows: &[Value], args: &LogArgs) -> Result<ExitCode> {
                 .as_u64()
                 .map(|c| format!(" <-#{c}"))
                 .unwrap_or_default();
-            println!(
+            let line = format!(
                 "#{:<5} {ts} {:<16} {}{caused}",
                 row["seq"].as_u64().unwrap_or(0),
                 event.kind(),
                 summary(&event)
             );
+            println!("{}", for_terminal(&line));
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -139,6 +141,10 @@ fn summary(event: &Event) -> String {
                 (Some(text), true) => format!("answer {:?}", clip(text, 80)),
                 (_, false) => format!("calls {}", calls.join(", ")),
                 (None, true) => "empty reply".into(),
+            };
+            let what = match &r.refused {
+                Some(why) => format!("{what}; REFUSED: {}", clip(why, 80)),
+                None => what,
             };
             let prefix = r
                 .prefix_digest
@@ -209,8 +215,11 @@ fn summary(event: &Event) -> String {
             };
             format!("{call_id}: {what} (by {by})")
         }
-        Event::SessionPaused { reason } => reason.clone(),
-        Event::SessionResumed { by } => format!("by {by}"),
+        Event::SessionPaused { reason, .. } => reason.clone(),
+        Event::SessionResumed { by, extend_budget } => match extend_budget {
+            true => format!("by {by}, with the turn's budget started again"),
+            false => format!("by {by}"),
+        },
         Event::SessionFinished {
             outcome: SessionOutcome::Failed(error),
         } => format!("failed: {error}"),

@@ -142,6 +142,9 @@ pub fn turn_end(session: Uuid, end: &TurnEnd) -> Value {
         TurnEnd::Paused(reason) => {
             json!({"session": session, "status": "paused", "reason": reason})
         }
+        TurnEnd::BudgetSpent(reason) => {
+            json!({"session": session, "status": "paused", "reason": reason, "budget": true})
+        }
         TurnEnd::Failed(error) => json!({"session": session, "status": "failed", "error": error}),
         TurnEnd::Cancelled(by) => json!({"session": session, "status": "cancelled", "by": by}),
     }
@@ -171,6 +174,8 @@ pub fn turn_end_from(value: &Value) -> Option<TurnEnd> {
                 Some(TurnEnd::NeedsDecision(calls))
             } else if let Some(calls) = pairs("awaiting_approval", "tool") {
                 Some(TurnEnd::NeedsApproval(calls))
+            } else if value["budget"] == true {
+                Some(TurnEnd::BudgetSpent(text("reason")?))
             } else {
                 Some(TurnEnd::Paused(text("reason")?))
             }
@@ -209,6 +214,9 @@ fn describe_next(next: &NextStep) -> String {
             "wait for a person's decision (mneme resolve or mneme approve)".into()
         }
         NextStep::Paused(reason) => format!("paused: {reason}"),
+        NextStep::OverBudget(reason) => {
+            format!("stop: {reason} (mneme resume --extend continues)")
+        }
         NextStep::Failed(error) => format!("failed: {error} (mneme resume tries again)"),
         NextStep::Cancelled(by) => format!("cancelled by {by}: nothing runs until a new message"),
     }

@@ -115,6 +115,7 @@ fn run_child(dir: &str) {
             snapshot_every: runtime::snapshot::DEFAULT_EVERY,
             shutdown_grace: Duration::from_secs(1),
             max_body_bytes: 1 << 20,
+            max_parallel_calls: 64,
             owner: runtime::lease::owner_name("bench"),
             lease_ttl: runtime::lease::DEFAULT_TTL,
         };

@@ -63,7 +63,7 @@ pub fn event(i: usize) -> replay::Event {
             finish_reason: "tool_calls".into(),
             latency_ms: 12,
             request_digest: "d".repeat(64),
-            prefix_digest: String::new(),
+            ..Default::default()
         }),
         2 => replay::Event::ToolStarted {
             call_id: format!("call_{}", i - 1),

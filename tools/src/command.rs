@@ -1,11 +1,24 @@
 //! The command tool: a local program, arguments as JSON on stdin, the
 //! idempotency key in `MNEME_IDEMPOTENCY_KEY`, stdout as the result.
+//!
+//! The program is untrusted: it gets a minimal environment (no API keys, no
+//! daemon token), its stdout is kept up to the tool's `max_output_bytes` and
+//! its stderr's end only, and it runs in its own process group, which is
+//! killed when the call ends, so nothing it started keeps running.
 
+use crate::capture::{capture, truncation_note, Keep};
 use crate::{json_or_text, with_timeout, CallContext, Tool, ToolError};
 use async_trait::async_trait;
 use replay::spec::ToolSpec;
 use std::process::Stdio;
 use tokio::io::AsyncWriteExt;
+
+/// Variables of mneme's environment every command tool gets.
+pub const BASE_ENV: &[&str] = &["PATH", "HOME", "LANG"];
+/// Characters of stderr's end quoted in an error.
+const STDERR_TAIL_CHARS: usize = 500;
+/// Bytes of stderr's end kept (enough for [`STDERR_TAIL_CHARS`] characters).
+const STDERR_TAIL_BYTES: usize = 4 * STDERR_TAIL_CHARS;
 
 /// A tool that runs a program.
 pub struct CommandTool {
@@ -29,59 +42,89 @@ impl CommandTool {
         })
     }
 
+    /// The command, with the environment the call may see and nothing else.
+    fn command(&self, ctx: &CallContext) -> tokio::process::Command {
+        let mut command = tokio::process::Command::new(&self.program);
+        command.args(&self.args).env_clear();
+        let passed = BASE_ENV
+            .iter()
+            .copied()
+            .chain(self.spec.env.iter().map(String::as_str));
+        for name in passed {
+            if let Some(value) = std::env::var_os(name) {
+                command.env(name, value);
+            }
+        }
+        command
+            .env("MNEME_IDEMPOTENCY_KEY", &ctx.idempotency_key)
+            .env("MNEME_SESSION_ID", ctx.session.to_string())
+            .env("MNEME_CALL_ID", &ctx.call_id)
+            .env("MNEME_ATTEMPT", ctx.attempt.to_string())
+            // Its own process group, so the end of the call stops everything
+            // it started.
+            .process_group(0)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        command
+    }
+
     async fn run(&self, ctx: &CallContext, input: &str) -> Result<String, ToolError> {
         let failed = |reason: String| ToolError::Failed {
             tool: self.spec.name.clone(),
             reason,
         };
-        let mut command = tokio::process::Command::new(&self.program);
-        // Its own process group, so a timeout stops everything it started.
-        // (Not PR_SET_PDEATHSIG: it fires when the spawning *thread* exits,
-        // and the async runtime retires threads.)
-        command.process_group(0);
-        let mut child = command
-            .args(&self.args)
-            .env("MNEME_IDEMPOTENCY_KEY", &ctx.idempotency_key)
-            .env("MNEME_SESSION_ID", ctx.session.to_string())
-            .env("MNEME_CALL_ID", &ctx.call_id)
-            .env("MNEME_ATTEMPT", ctx.attempt.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
+        let mut child = crate::spawn::spawn(self.command(ctx))
             .map_err(|e| failed(format!("cannot start {:?}: {e}", self.program)))?;
         let _group = child.id().map(GroupKiller);
-        if let Some(mut stdin) = child.stdin.take() {
-            // A program that ignores its input may close stdin early: not an error.
-            let _ = stdin.write_all(input.as_bytes()).await;
-        }
-        let output = child
-            .wait_with_output()
-            .await
-            .map_err(|e| failed(format!("waiting for {:?}: {e}", self.program)))?;
-        if let Some(signal) = std::os::unix::process::ExitStatusExt::signal(&output.status) {
+        let (exited, exit_seen) = tokio::sync::watch::channel(false);
+        let limit = usize::try_from(self.spec.max_output_bytes()).unwrap_or(usize::MAX);
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let stdin = child.stdin.take();
+        let feed = async move {
+            if let Some(mut stdin) = stdin {
+                // A program that ignores its input may close stdin early: not an error.
+                let _ = stdin.write_all(input.as_bytes()).await;
+            }
+        };
+        let wait = async {
+            let status = child.wait().await;
+            let _ = exited.send(true);
+            status
+        };
+        let (_, status, out, err) = tokio::join!(
+            feed,
+            wait,
+            capture(stdout, Keep::Head(limit), exit_seen.clone()),
+            capture(stderr, Keep::Tail(STDERR_TAIL_BYTES), exit_seen),
+        );
+        let status = status.map_err(|e| failed(format!("waiting for {:?}: {e}", self.program)))?;
+        if let Some(signal) = std::os::unix::process::ExitStatusExt::signal(&status) {
             // Killed by someone else: it may have acted before it died.
             return Err(ToolError::Interrupted {
                 tool: self.spec.name.clone(),
                 reason: format!("killed by signal {signal}"),
             });
         }
-        if !output.status.success() {
-            let stderr = String::from_utf8_lossy(&output.stderr);
+        if !status.success() {
+            let stderr = err.text(Keep::Tail(STDERR_TAIL_BYTES));
             let tail: String = stderr
                 .trim()
                 .chars()
                 .rev()
-                .take(500)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
+                .take(STDERR_TAIL_CHARS)
                 .collect();
-            return Err(failed(format!("{} ({tail})", output.status)));
+            let tail: String = tail.chars().rev().collect();
+            return Err(failed(format!("{status} ({tail})")));
         }
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        Ok(json_or_text(stdout.trim_end()).to_string())
+        let text = out.text(Keep::Head(limit));
+        if out.truncated() {
+            let note = truncation_note(text.len(), out.total, true);
+            return Ok(serde_json::Value::String(text + &note).to_string());
+        }
+        Ok(json_or_text(text.trim_end()).to_string())
     }
 }
 
@@ -128,6 +171,8 @@ mod tests {
             method: None,
             url: None,
             command: Some(command.iter().map(|s| s.to_string()).collect()),
+            env: Vec::new(),
+            max_output_bytes: None,
         }
     }
 
@@ -153,6 +198,60 @@ mod tests {
         .unwrap();
         let out = tool.call(&ctx(), "{\"x\":1}\n").await.unwrap();
         assert_eq!(out, r#"{"in":{"x":1},"key":"mneme-k1"}"#);
+    }
+
+    #[tokio::test]
+    async fn gets_a_minimal_environment_plus_what_the_spec_allows() {
+        std::env::set_var("MNEME_TEST_SECRET_KEY", "sk-very-secret");
+        std::env::set_var("MNEME_TEST_ALLOWED", "visible");
+        let mut spec = spec(&["sh", "-c", "env"], 5);
+        spec.env = vec!["MNEME_TEST_ALLOWED".into()];
+        let out = CommandTool::new(spec)
+            .unwrap()
+            .call(&ctx(), "{}")
+            .await
+            .unwrap();
+        assert!(!out.contains("sk-very-secret"), "{out}");
+        assert!(out.contains("MNEME_TEST_ALLOWED=visible"), "{out}");
+        assert!(out.contains("MNEME_IDEMPOTENCY_KEY=mneme-k1"), "{out}");
+        assert!(out.contains("PATH="), "{out}");
+    }
+
+    #[tokio::test]
+    async fn output_past_the_limit_is_dropped_and_counted() {
+        let mut spec = spec(&["sh", "-c", "head -c 3000000 /dev/zero | tr '\\0' a"], 10);
+        spec.max_output_bytes = Some(1000);
+        let out = CommandTool::new(spec)
+            .unwrap()
+            .call(&ctx(), "{}")
+            .await
+            .unwrap();
+        let text: String = serde_json::from_str(&out).unwrap();
+        assert!(text.starts_with(&"a".repeat(1000)), "{}", &text[..50]);
+        assert!(
+            text.ends_with(
+                "[mneme] output truncated: kept the first 1000 of 3000000 bytes (max_output_bytes)"
+            ),
+            "{}",
+            &text[1000..]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_descendant_holding_stdout_does_not_hold_the_call() {
+        let started = std::time::Instant::now();
+        let tool = CommandTool::new(spec(
+            &["sh", "-c", "setsid sleep 30 & echo '{\"done\":true}'"],
+            10,
+        ))
+        .unwrap();
+        let out = tool.call(&ctx(), "{}").await.unwrap();
+        assert_eq!(out, r#"{"done":true}"#);
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "the call waited for the escaped sleep: {:?}",
+            started.elapsed()
+        );
     }
 
     #[tokio::test]

@@ -1,6 +1,7 @@
 //! The HTTP tool: arguments as the JSON body (query string for GET), the
 //! idempotency key as the `Idempotency-Key` header.
 
+use crate::capture::{truncation_note, Captured, Keep};
 use crate::{json_or_text, with_timeout, CallContext, Tool, ToolError};
 use async_trait::async_trait;
 use replay::spec::ToolSpec;
@@ -20,11 +21,7 @@ impl HttpTool {
             tool: spec.name.clone(),
             reason,
         };
-        let method_name = spec
-            .method
-            .as_deref()
-            .unwrap_or("POST")
-            .to_ascii_uppercase();
+        let method_name = spec.http_method();
         let method = reqwest::Method::from_bytes(method_name.as_bytes())
             .map_err(|_| config(format!("bad HTTP method {method_name:?}")))?;
         let url_text = spec.url.clone().unwrap_or_default();
@@ -72,22 +69,39 @@ impl Tool for HttpTool {
         let request = self
             .request(&args)?
             .header("Idempotency-Key", &ctx.idempotency_key);
-        // Only a failed connection proves the request never left.
+        // Only a request that was never sent (it could not be built, or no
+        // connection was made) is known to have had no effect.
         let failed = |e: reqwest::Error| {
             let tool = self.spec.name.clone();
             let reason = format!("{} {}: {e}", self.method, self.url);
-            if e.is_connect() {
+            if e.is_connect() || e.is_builder() {
                 ToolError::Failed { tool, reason }
             } else {
                 ToolError::Interrupted { tool, reason }
             }
         };
+        let limit = usize::try_from(self.spec.max_output_bytes()).unwrap_or(usize::MAX);
         with_timeout(&self.spec, async {
-            let response = request.send().await.map_err(failed)?;
+            let mut response = request.send().await.map_err(failed)?;
             let status = response.status().as_u16();
-            let body = response.text().await.map_err(failed)?;
-            let output = serde_json::json!({"status": status, "body": json_or_text(&body)});
-            Ok(output.to_string())
+            let length = response.content_length();
+            let mut body = Captured::default();
+            // Read up to the limit and stop: an endless body is not drained.
+            while !body.truncated() {
+                match response.chunk().await.map_err(failed)? {
+                    Some(chunk) => body.take(&chunk, Keep::Head(limit)),
+                    None => break,
+                }
+            }
+            let text = body.text(Keep::Head(limit));
+            let body = if body.truncated() {
+                let (total, complete) = length.map_or((body.total, false), |l| (l, true));
+                let note = truncation_note(text.len(), total, complete);
+                serde_json::Value::String(text + &note)
+            } else {
+                json_or_text(&text)
+            };
+            Ok(serde_json::json!({"status": status, "body": body}).to_string())
         })
         .await
     }

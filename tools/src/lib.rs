@@ -4,11 +4,14 @@
 //! is given (session, call id, idempotency key) and returns the outcome. The
 //! write-ahead rules around a call are the runtime's business.
 
+mod capture;
 mod command;
 mod http;
+mod spawn;
 
-pub use command::CommandTool;
+pub use command::{CommandTool, BASE_ENV};
 pub use http::HttpTool;
+pub use spawn::set_tool_umask;
 
 use async_trait::async_trait;
 use replay::spec::{ToolKind, ToolSpec};

@@ -4,7 +4,7 @@ use super::{Daemon, TurnStart};
 use crate::error::RuntimeError;
 use crate::runner::TurnEnd;
 use crate::service::{self, Service};
-use crate::session::{read_events, Session};
+use crate::session::Session;
 use crate::views;
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -292,20 +292,24 @@ async fn finished(
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-struct WaitBody {
+struct ResumeBody {
     #[serde(default)]
     wait: bool,
+    /// Start the turn's spent budget again.
+    #[serde(default)]
+    extend: bool,
 }
 
 async fn resume(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
-    body: Option<Json<WaitBody>>,
+    body: Option<Json<ResumeBody>>,
 ) -> Result<Response, ApiError> {
     refuse_when_stopping(&daemon)?;
     daemon.service.load(id)?; // 404 before spawning
-    let turn = daemon.spawn_turn(id, TurnStart::Resume("api"));
-    if !body.unwrap_or_default().wait {
+    let body = body.map(|Json(b)| b).unwrap_or_default();
+    let turn = daemon.spawn_turn(id, TurnStart::Resume("api", body.extend));
+    if !body.wait {
         return Ok((
             StatusCode::ACCEPTED,
             Json(json!({"session": id, "resuming": true})),
@@ -472,7 +476,7 @@ async fn continue_after_decision(
             Json(json!({"session": id, "decided": call, "continuing": false})).into_response(),
         );
     }
-    let turn = daemon.spawn_turn(id, TurnStart::Resume("api"));
+    let turn = daemon.spawn_turn(id, TurnStart::Resume("api", false));
     if !wait {
         return Ok((
             StatusCode::ACCEPTED,
@@ -496,7 +500,9 @@ struct EventsQuery {
 }
 
 /// The log as JSON (an array), or with `follow=true` as Server-Sent
-/// Events: history first, then each new event once it is durable.
+/// Events: history first, then each new event once it is durable. Either
+/// way the log is read a page of [`PAGE`] records at a time, so a client
+/// costs one page of memory however long the session is.
 async fn events(
     State(state): State<AppState>,
     Path(id): Path<Uuid>,
@@ -504,58 +510,59 @@ async fn events(
 ) -> Result<Response, ApiError> {
     let daemon = state.daemon.clone();
     let kinds: Option<Vec<String>> = q.kind.map(|k| k.split(',').map(String::from).collect());
-    let after = q.after.unwrap_or(0);
-    // Subscribe before reading history, so nothing falls in between.
+    // Subscribe before reading the head, so nothing falls in between.
     let heads = daemon.heads.subscribe();
-    // Only durable events: a turn's latest appends wait for their barrier.
-    let durable = daemon.metrics.durable_head(id).unwrap_or(u64::MAX);
-    let mut history = read_events(daemon.service.log().as_ref(), id)?;
-    history.retain(|(r, _)| r.envelope.seq <= durable);
-    let keep = move |v: &Value| {
-        kinds
-            .as_ref()
-            .is_none_or(|k| k.iter().any(|k| v["kind"] == k.as_str()))
-    };
-    let rows: Vec<Value> = history
-        .iter()
-        .filter(|(r, _)| r.envelope.seq > after)
-        .map(|(r, e)| views::record(r, e))
-        .filter(&keep)
-        .collect();
-    if !q.follow {
-        return Ok(Json(rows).into_response());
+    let head = daemon.service.log().head(id)?.seq;
+    if head == 0 {
+        return Err(RuntimeError::NoSuchSession(id).into());
     }
-    let next = history
-        .last()
-        .map_or(1, |(r, _)| r.envelope.seq + 1)
-        .max(after + 1);
-    let stream = Follow {
+    let mut stream = Follow {
         daemon,
         id,
-        next,
+        next: q.after.unwrap_or(0) + 1,
+        // Only durable events: a turn's latest appends wait for their barrier.
+        target: 0,
         heads,
         stopped: state.stopped.clone(),
-        buffer: rows.into(),
-        keep: Box::new(keep),
+        buffer: VecDeque::new(),
+        keep: Box::new(move |v: &Value| {
+            kinds
+                .as_ref()
+                .is_none_or(|k| k.iter().any(|k| v["kind"] == k.as_str()))
+        }),
         next_look: tokio::time::Instant::now() + LOOK_AT_HEAD_EVERY,
+    };
+    stream.target = stream.durable_head().unwrap_or(head);
+    if !q.follow {
+        return Ok((
+            [(header::CONTENT_TYPE, "application/json")],
+            axum::body::Body::from_stream(stream.into_json_array()),
+        )
+            .into_response());
     }
-    .into_stream();
-    Ok(Sse::new(stream)
+    Ok(Sse::new(stream.into_sse())
         .keep_alive(KeepAlive::default())
         .into_response())
 }
+
+/// Records read from the log at a time by a stream of events.
+const PAGE: u64 = 64;
 
 /// How long a quiet live stream waits before it reads the session's head
 /// itself, in case an announcement from another daemon was lost.
 const LOOK_AT_HEAD_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// A live event stream of one session.
+/// A stream of one session's events, read a page at a time.
 struct Follow {
     daemon: Shared,
     id: Uuid,
+    /// The next seq to read.
     next: u64,
+    /// The durable head known: events up to it are read.
+    target: u64,
     heads: tokio::sync::broadcast::Receiver<(Uuid, u64)>,
     stopped: watch::Receiver<bool>,
+    /// Rows of the page read last that pass the filter.
     buffer: VecDeque<Value>,
     keep: Box<dyn Fn(&Value) -> bool + Send>,
     /// When to read the head if no announcement came.
@@ -579,7 +586,60 @@ impl Follow {
         )
     }
 
-    fn into_stream(
+    /// Reads the next page up to the target into the buffer; false when
+    /// the target is reached.
+    fn read_page(&mut self) -> Result<bool, RuntimeError> {
+        if self.next > self.target {
+            return Ok(false);
+        }
+        let to = self.target.min(self.next + PAGE - 1);
+        for record in self.daemon.service.log().read(self.id, self.next, to)? {
+            let event = crate::session::decode(&record)?;
+            self.next = record.envelope.seq + 1;
+            let row = views::record(&record, &event);
+            if (self.keep)(&row) {
+                self.buffer.push_back(row);
+            }
+        }
+        Ok(true)
+    }
+
+    /// The events up to the target as one JSON array, written a page at a
+    /// time. A record that cannot be read breaks the response off (the
+    /// client sees an incomplete array, never a short one that parses).
+    fn into_json_array(
+        self,
+    ) -> impl futures_util::Stream<Item = Result<axum::body::Bytes, RuntimeError>> {
+        let opening =
+            futures_util::stream::once(async { Ok(axum::body::Bytes::from_static(b"[")) });
+        let pages = futures_util::stream::unfold((self, true), |(mut f, first)| async move {
+            match f.read_page() {
+                Err(e) => {
+                    f.target = 0; // the stream ends after the error
+                    f.buffer.clear();
+                    return Some((Err(e), (f, first)));
+                }
+                Ok(false) if f.buffer.is_empty() => return None,
+                Ok(_) => {}
+            }
+            let mut out = Vec::new();
+            let mut first = first;
+            for row in f.buffer.drain(..) {
+                if !first {
+                    out.push(b',');
+                }
+                first = false;
+                serde_json::to_writer(&mut out, &row).expect("rows serialize");
+            }
+            Some((Ok(axum::body::Bytes::from(out)), (f, first)))
+        });
+        let closing =
+            futures_util::stream::once(async { Ok(axum::body::Bytes::from_static(b"]")) });
+        futures_util::StreamExt::chain(futures_util::StreamExt::chain(opening, pages), closing)
+    }
+
+    /// History, then each new event once durable, as Server-Sent Events.
+    fn into_sse(
         self,
     ) -> impl futures_util::Stream<Item = Result<SseEvent, std::convert::Infallible>> {
         futures_util::stream::unfold(self, |mut f| async move {
@@ -590,6 +650,9 @@ impl Follow {
                         .data(row.to_string());
                     return Some((Ok(event), f));
                 }
+                if f.read_page().ok()? {
+                    continue;
+                }
                 let head = tokio::select! {
                     head = f.heads.recv() => head,
                     _ = f.stopped.wait_for(|stopped| *stopped) => return None,
@@ -599,25 +662,13 @@ impl Follow {
                         Err(tokio::sync::broadcast::error::RecvError::Lagged(0))
                     }
                 };
-                let upto = match head {
-                    Ok((session, seq)) if session == f.id => seq,
+                f.target = match head {
+                    Ok((session, seq)) if session == f.id => seq.max(f.target),
                     Ok(_) => continue,
                     // Fell behind, or looking anyway: catch up to what is durable.
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => f.durable_head()?,
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
                 };
-                if upto < f.next {
-                    continue;
-                }
-                let records = f.daemon.service.log().read(f.id, f.next, upto).ok()?;
-                for record in records {
-                    let event = crate::session::decode(&record).ok()?;
-                    f.next = record.envelope.seq + 1;
-                    let row = views::record(&record, &event);
-                    if (f.keep)(&row) {
-                        f.buffer.push_back(row);
-                    }
-                }
             }
         })
     }

@@ -67,6 +67,8 @@ pub struct DaemonConfig {
     pub shutdown_grace: Duration,
     /// Largest request body accepted.
     pub max_body_bytes: usize,
+    /// Tool calls running at once across every session.
+    pub max_parallel_calls: usize,
     /// This daemon's name as the owner of session leases.
     pub owner: String,
     /// How long a session's lease lasts unless renewed: how soon another
@@ -139,8 +141,9 @@ pub(crate) enum TurnStart {
         String,
         tokio::sync::oneshot::Sender<Result<u64, RuntimeError>>,
     ),
-    /// Continue pending work (after a crash or a pause), as asked.
-    Resume(&'static str),
+    /// Continue pending work (after a crash or a pause), as asked; with
+    /// true, a spent budget of the turn starts again.
+    Resume(&'static str, bool),
     /// Continue a session that stopped mid-turn when its daemon died;
     /// counted as recovered once this daemon holds its lease.
     Recover(&'static str),
@@ -173,7 +176,10 @@ impl Daemon {
             })
         };
         Daemon {
-            runner: service.runner().with_stop(stop),
+            runner: service
+                .runner()
+                .with_stop(stop)
+                .with_call_cap(config.max_parallel_calls),
             service,
             config,
             metrics,
@@ -324,11 +330,11 @@ impl Daemon {
             TurnStart::Recover(by) => {
                 if was_interrupted(&Summary::of(session.state())) {
                     self.metrics.recovered();
-                    self.service.reopen(&mut session, by)?;
+                    self.service.reopen(&mut session, by, false)?;
                 }
             }
-            TurnStart::Resume(by) => {
-                self.service.reopen(&mut session, by)?;
+            TurnStart::Resume(by, extend_budget) => {
+                self.service.reopen(&mut session, by, extend_budget)?;
             }
         }
         self.set_status(id, session.state().status());

@@ -1,0 +1,150 @@
+//! Text from outside (model servers, tools) on its way to a terminal, a log
+//! line or the log: control characters escaped, secrets redacted.
+//!
+//! Secrets are what this process knows to be secret (API key values, the
+//! daemon's token, a store's password): registered once, redacted from
+//! every event before it is recorded ([`redact_event`]) and from every line
+//! printed ([`for_terminal`]). JSON output is exact: it is escaped by JSON.
+
+use replay::Event;
+use std::borrow::Cow;
+use std::sync::RwLock;
+
+/// What a redacted secret is replaced with.
+pub const REDACTED: &str = "[redacted]";
+/// Secrets shorter than this are not registered: they would match too much
+/// ordinary text (tokens under 16 bytes are refused anyway).
+pub const MIN_SECRET_LEN: usize = 8;
+
+static SECRETS: RwLock<Vec<String>> = RwLock::new(Vec::new());
+
+/// Registers `secret` (and its trimmed form) to be redacted from what this
+/// process records and prints from now on.
+pub fn register_secret(secret: &str) {
+    let mut secrets = SECRETS.write().expect("secrets lock");
+    for form in [secret, secret.trim()] {
+        if form.len() >= MIN_SECRET_LEN && !secrets.iter().any(|s| s == form) {
+            secrets.push(form.to_string());
+        }
+    }
+    // Longest first, so a secret that contains another is replaced whole.
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+}
+
+/// `text` with every registered secret replaced by [`REDACTED`].
+pub fn redact(text: &str) -> Cow<'_, str> {
+    let secrets = SECRETS.read().expect("secrets lock");
+    let mut out = Cow::Borrowed(text);
+    for secret in secrets.iter() {
+        if out.contains(secret.as_str()) {
+            out = Cow::Owned(out.replace(secret.as_str(), REDACTED));
+        }
+    }
+    out
+}
+
+/// Whether `bytes` hold a registered secret.
+fn holds_secret(bytes: &[u8]) -> bool {
+    let secrets = SECRETS.read().expect("secrets lock");
+    secrets
+        .iter()
+        .any(|s| bytes.windows(s.len()).any(|window| window == s.as_bytes()))
+}
+
+/// `event` with every registered secret redacted from its strings, and its
+/// encoding; the event is unchanged (and not re-encoded) when it holds none.
+pub fn redact_event(event: Event) -> (Event, Vec<u8>) {
+    let encoded = event.encode();
+    if !holds_secret(&encoded) {
+        return (event, encoded);
+    }
+    let mut value = serde_json::to_value(&event).expect("events convert to JSON");
+    redact_value(&mut value);
+    let event: Event = serde_json::from_value(value).expect("redacting keeps the shape");
+    let encoded = event.encode();
+    (event, encoded)
+}
+
+fn redact_value(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::String(s) => {
+            if let Cow::Owned(clean) = redact(s) {
+                *s = clean;
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(redact_value),
+        serde_json::Value::Object(map) => map.values_mut().for_each(redact_value),
+        _ => {}
+    }
+}
+
+/// One line for a terminal or a log: secrets redacted, and every control
+/// character (newlines, escape sequences, C1 controls, bidi overrides)
+/// escaped, so text from outside can neither forge lines nor drive the
+/// terminal.
+pub fn for_terminal(text: &str) -> String {
+    escape(&redact(text), false)
+}
+
+/// Several lines for a terminal (an answer): as [`for_terminal`], but
+/// newlines and tabs are kept.
+pub fn for_terminal_multiline(text: &str) -> String {
+    escape(&redact(text), true)
+}
+
+fn escape(text: &str, keep_lines: bool) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\n' | '\t' if keep_lines => out.push(c),
+            c if is_dangerous(c) => out.extend(c.escape_default()),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Characters a terminal acts on instead of showing.
+fn is_dangerous(c: char) -> bool {
+    c.is_control() // C0, DEL and C1 (U+0080 to U+009F, CSI among them)
+        || matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200E}' | '\u{200F}')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_what_a_terminal_would_obey() {
+        let hostile = "ok\u{1b}]52;c;aGk=\u{7}\u{1b}[2J\u{9b}31m\r\nforged\u{202e}";
+        let line = for_terminal(hostile);
+        assert!(!line.chars().any(is_dangerous), "{line:?}");
+        assert_eq!(
+            line,
+            "ok\\u{1b}]52;c;aGk=\\u{7}\\u{1b}[2J\\u{9b}31m\\r\\nforged\\u{202e}"
+        );
+        assert_eq!(for_terminal_multiline("a\nb\u{1b}c"), "a\nb\\u{1b}c");
+    }
+
+    #[test]
+    fn registered_secrets_are_redacted_from_text_and_events() {
+        register_secret("sk-test-0123456789abcdef");
+        register_secret("short");
+        assert_eq!(
+            redact("key sk-test-0123456789abcdef, short"),
+            "key [redacted], short"
+        );
+        let (event, bytes) = redact_event(Event::UserMessage {
+            text: "echo: Authorization: Bearer sk-test-0123456789abcdef".into(),
+        });
+        assert_eq!(
+            event,
+            Event::UserMessage {
+                text: "echo: Authorization: Bearer [redacted]".into()
+            }
+        );
+        assert_eq!(bytes, event.encode());
+        let clean = Event::UserMessage { text: "hi".into() };
+        assert_eq!(redact_event(clean.clone()).0, clean);
+    }
+}

@@ -1,0 +1,83 @@
+//! Starting tool processes so that they die with mneme.
+//!
+//! `PR_SET_PDEATHSIG` kills a child when the *thread* that forked it exits,
+//! and an async runtime retires its worker threads; so every tool process is
+//! forked by one thread that lives as long as the process. When mneme is
+//! killed (SIGKILL included), the kernel sends each direct child SIGKILL;
+//! the rest of a tool's process group is stopped by the call's own cleanup
+//! while mneme lives.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+
+type Request = (
+    tokio::process::Command,
+    tokio::runtime::Handle,
+    mpsc::SyncSender<std::io::Result<tokio::process::Child>>,
+);
+
+/// No umask was set for tools: they inherit mneme's.
+const INHERIT_UMASK: u32 = u32::MAX;
+static TOOL_UMASK: AtomicU32 = AtomicU32::new(INHERIT_UMASK);
+
+/// Tool processes start with this umask instead of mneme's own (mneme
+/// keeps its files private with a strict umask; a tool's files are the
+/// user's business).
+pub fn set_tool_umask(mask: u32) {
+    TOOL_UMASK.store(mask, Ordering::Relaxed);
+}
+
+fn spawner() -> &'static Mutex<mpsc::Sender<Request>> {
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<Request>>> = OnceLock::new();
+    SPAWNER.get_or_init(|| {
+        let (send, receive) = mpsc::channel::<Request>();
+        std::thread::Builder::new()
+            .name("mneme-tool-spawner".into())
+            .spawn(move || {
+                for (mut command, runtime, reply) in receive {
+                    let _entered = runtime.enter();
+                    let _ = reply.send(command.spawn());
+                }
+            })
+            .expect("the tool spawner thread starts");
+        Mutex::new(send)
+    })
+}
+
+/// Spawns `command` from the long-lived spawner thread, with SIGKILL as its
+/// parent-death signal and the tools' umask.
+pub(crate) fn spawn(
+    mut command: tokio::process::Command,
+) -> std::io::Result<tokio::process::Child> {
+    // SAFETY: getpid has no preconditions.
+    let parent = unsafe { libc::getpid() };
+    let umask = TOOL_UMASK.load(Ordering::Relaxed);
+    // SAFETY: the closure runs in the child between fork and exec and only
+    // calls async-signal-safe functions (prctl, getppid, umask, kill).
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // mneme died between fork and prctl: the signal was missed.
+            if libc::getppid() != parent {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+            if umask != INHERIT_UMASK {
+                libc::umask(umask as libc::mode_t);
+            }
+            Ok(())
+        });
+    }
+    let (reply, answer) = mpsc::sync_channel(1);
+    let request = (command, tokio::runtime::Handle::current(), reply);
+    spawner()
+        .lock()
+        .expect("spawner lock")
+        .send(request)
+        .map_err(|_| std::io::Error::other("the tool spawner thread is gone"))?;
+    answer
+        .recv()
+        .map_err(|_| std::io::Error::other("the tool spawner thread is gone"))?
+}
