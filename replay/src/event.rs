@@ -21,7 +21,7 @@ pub enum Event {
     /// The session began with this agent spec.
     SessionStarted {
         /// The spec as it was at the start.
-        spec: AgentSpec,
+        spec: Box<AgentSpec>,
     },
     /// A person said something.
     UserMessage {

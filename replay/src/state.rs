@@ -207,7 +207,7 @@ impl SessionState {
         self.last_seq = seq;
         match event {
             Event::SessionForked { parent, at_seq } => self.forked_from = Some((parent, at_seq)),
-            Event::SessionStarted { spec } => self.spec = Some(spec),
+            Event::SessionStarted { spec } => self.spec = Some(*spec),
             Event::UserMessage { text } => {
                 self.paused = None;
                 self.budget_paused = false;

@@ -104,7 +104,9 @@ fn fold(events: &[Event]) -> SessionState {
 /// A conversation whose two parallel calls finished in reverse order.
 fn story() -> Vec<Event> {
     vec![
-        Event::SessionStarted { spec: spec() },
+        Event::SessionStarted {
+            spec: Box::new(spec()),
+        },
         Event::UserMessage {
             text: "Charge ada 500 and email her.".into(),
         },
@@ -253,7 +255,9 @@ fn call_ids_from_the_model_are_normalised_to_a_safe_charset() {
 #[test]
 fn a_refused_reply_runs_none_of_its_calls_and_the_model_is_told() {
     let mut events = vec![
-        Event::SessionStarted { spec: spec() },
+        Event::SessionStarted {
+            spec: Box::new(spec()),
+        },
         Event::UserMessage { text: "hi".into() },
     ];
     let mut refused = reply(None, vec![call("c1", "charge"), call("c2", "charge")]);
@@ -280,7 +284,9 @@ fn a_turn_stops_at_its_budget_and_an_extending_resume_starts_it_again() {
     spec.limits.max_steps_per_turn = Some(2);
     spec.limits.max_tool_calls_per_turn = Some(3);
     let mut events = vec![
-        Event::SessionStarted { spec },
+        Event::SessionStarted {
+            spec: Box::new(spec),
+        },
         Event::UserMessage { text: "go".into() },
         reply(None, vec![call("a", "lookup")]),
         started("a", "lookup", Effect::ReadOnly),
@@ -403,7 +409,9 @@ fn calls_needing_approval_wait_then_run_or_are_denied() {
     let mut spec = spec();
     spec.tools[0].requires_approval = true; // charge
     let mut events = vec![
-        Event::SessionStarted { spec },
+        Event::SessionStarted {
+            spec: Box::new(spec),
+        },
         Event::UserMessage {
             text: "refund".into(),
         },
@@ -607,7 +615,9 @@ fn golden_bytes_of_every_event_kind() {
 fn arbitrary_log() -> impl Strategy<Value = Vec<Event>> {
     proptest::collection::vec((0u8..10, 0usize..4, any::<bool>()), 0..60).prop_map(|ops| {
         let names = ["charge", "email", "lookup", "nope"];
-        let mut events = vec![Event::SessionStarted { spec: spec() }];
+        let mut events = vec![Event::SessionStarted {
+            spec: Box::new(spec()),
+        }];
         let mut last_calls: Vec<ToolCall> = Vec::new();
         for (i, (op, pick, flag)) in ops.into_iter().enumerate() {
             let id = last_calls

@@ -233,7 +233,12 @@ impl Service {
             session: parent,
             reason,
         };
-        if events.len() as u64 != at_seq || at_seq == 0 {
+        if at_seq == 0 {
+            return Err(refuse(
+                "cannot fork at seq 0: give the seq of an event (1 or more) to fork after".into(),
+            ));
+        }
+        if events.len() as u64 != at_seq {
             return Err(refuse(format!(
                 "cannot fork at seq {at_seq}: the session has {} events",
                 events.len()

@@ -124,7 +124,13 @@ impl Session {
         spec: AgentSpec,
         observer: Option<Arc<dyn SessionObserver>>,
     ) -> Result<Session, RuntimeError> {
-        Session::create_observed_with(log, vec![Event::SessionStarted { spec }], observer)
+        Session::create_observed_with(
+            log,
+            vec![Event::SessionStarted {
+                spec: Box::new(spec),
+            }],
+            observer,
+        )
     }
 
     /// Starts a new session whose first events are `first`.

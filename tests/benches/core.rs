@@ -250,7 +250,7 @@ fn fill(dir: &Path, n: usize) -> Uuid {
     let log = SledLog::open(dir).unwrap();
     let session = Uuid::now_v7();
     let spec_event = Event::SessionStarted {
-        spec: bench_spec("http://127.0.0.1:9/v1", "http://127.0.0.1:9/x"),
+        spec: Box::new(bench_spec("http://127.0.0.1:9/v1", "http://127.0.0.1:9/x")),
     };
     let first = to_new_event(&spec_event);
     log.append(session, 1, vec![first]).unwrap();
@@ -406,7 +406,12 @@ fn prompt_rebuild() {
     println!("| turns | full render | incremental | bytes built |\n|---:|---:|---:|---:|");
     let spec = bench_spec("http://127.0.0.1:9/v1", "http://127.0.0.1:9/x");
     let mut state = SessionState::default();
-    state.apply(1, Event::SessionStarted { spec });
+    state.apply(
+        1,
+        Event::SessionStarted {
+            spec: Box::new(spec),
+        },
+    );
     let mut prefix = RenderedPrefix::default();
     let mut seq = 1;
     for turn in 1..=1000usize {
@@ -473,7 +478,13 @@ fn fill_compacted(dir: &Path, n: usize) -> Uuid {
         pending.push(event);
     };
     let spec = bench_spec("http://127.0.0.1:9/v1", "http://127.0.0.1:9/x");
-    push(Event::SessionStarted { spec }, &mut state, &mut pending);
+    push(
+        Event::SessionStarted {
+            spec: Box::new(spec),
+        },
+        &mut state,
+        &mut pending,
+    );
     let mut snapshot = None;
     let mut written = 0u64;
     while (state.last_seq as usize) < n {

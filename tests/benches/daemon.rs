@@ -17,7 +17,7 @@ const CHILD_ENV: &str = "MNEME_BENCH_DAEMON_CHILD";
 fn fill_idle(dir: &Path, n: usize) {
     let log = SledLog::open(dir).unwrap();
     let spec = Event::SessionStarted {
-        spec: bench_spec("http://127.0.0.1:9/v1", "http://127.0.0.1:9/x"),
+        spec: Box::new(bench_spec("http://127.0.0.1:9/v1", "http://127.0.0.1:9/x")),
     };
     let events = [
         spec,

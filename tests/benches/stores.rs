@@ -145,7 +145,9 @@ fn durable_appends(log: &dyn EventLog, c: usize, n: usize) -> f64 {
 /// log (so without snapshots), synced.
 fn fill(log: &dyn EventLog) -> Vec<Uuid> {
     let spec = bench_spec("http://127.0.0.1:9/v1", "http://127.0.0.1:9/x");
-    let first = to_new_event(&Event::SessionStarted { spec });
+    let first = to_new_event(&Event::SessionStarted {
+        spec: Box::new(spec),
+    });
     let rest: Vec<NewEvent> = (0..EVENTS - 1).map(new_event).collect();
     let sessions: Vec<Uuid> = (0..SESSIONS).map(|_| Uuid::now_v7()).collect();
     for &session in &sessions {

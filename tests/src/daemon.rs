@@ -17,21 +17,49 @@ pub struct DaemonProcess {
     pub base: String,
     /// HTTP client with the token set.
     pub http: reqwest::Client,
+    /// Where its stderr goes, if not to the test's.
+    pub log: Option<std::path::PathBuf>,
 }
 
 impl DaemonProcess {
     /// Starts `mneme serve` on `data` and waits until it answers.
     pub async fn start(data: &Path, extra: &[&str]) -> DaemonProcess {
+        let mut command = Command::new(mneme_bin());
+        command.kill_on_drop(true);
+        DaemonProcess::start_command(command, data, extra, None).await
+    }
+
+    /// [`DaemonProcess::start`] with `env` set, and its stderr written to
+    /// `log` (read it with [`DaemonProcess::terminate_with_output`]).
+    pub async fn start_logged(
+        data: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        log: &Path,
+    ) -> DaemonProcess {
+        let mut command = Command::new(mneme_bin());
+        command
+            .kill_on_drop(true)
+            .envs(env.iter().copied())
+            .stderr(std::fs::File::create(log).unwrap());
+        DaemonProcess::start_command(command, data, extra, Some(log.to_path_buf())).await
+    }
+
+    async fn start_command(
+        mut command: Command,
+        data: &Path,
+        extra: &[&str],
+        log: Option<std::path::PathBuf>,
+    ) -> DaemonProcess {
         let note = data.join("mneme.daemon");
         let _ = std::fs::remove_file(&note);
-        let child = Command::new(mneme_bin())
+        let child = command
             .arg("--data-dir")
             .arg(data)
             .args(["serve", "--listen", "127.0.0.1:0"])
             .args(extra)
             .env("MNEME_TOKEN", TOKEN)
             .env_remove("MNEME_CRASH_AT")
-            .kill_on_drop(true)
             .spawn()
             .unwrap();
         let started = Instant::now();
@@ -63,7 +91,16 @@ impl DaemonProcess {
             child,
             base: format!("http://{addr}"),
             http,
+            log,
         }
+    }
+
+    /// SIGTERM, then everything it wrote to stderr (see
+    /// [`DaemonProcess::start_logged`]).
+    pub async fn terminate_with_output(self) -> String {
+        let log = self.log.clone().expect("started with start_logged");
+        self.terminate().await;
+        std::fs::read_to_string(log).unwrap()
     }
 
     /// `base` + `path`.

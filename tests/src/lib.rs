@@ -15,6 +15,7 @@ use tokio::sync::oneshot;
 
 pub mod bench;
 pub mod daemon;
+pub mod hostile;
 pub mod scenario;
 
 pub use runtime::sink::{Sink, SinkStats};
@@ -296,7 +297,12 @@ impl World {
     /// snapshots every 3 events, so every test also resumes from snapshots
     /// and their tails.
     pub fn mneme(&self) -> Command {
-        let mut command = Command::new(mneme_bin());
+        Command::from(self.mneme_std())
+    }
+
+    /// [`World::mneme`], as a std command (to run it measured, say).
+    pub fn mneme_std(&self) -> std::process::Command {
+        let mut command = std::process::Command::new(mneme_bin());
         command
             .env("MNEME_SNAPSHOT_EVERY", "3")
             .arg("--data-dir")

@@ -520,6 +520,7 @@ async fn events(
         daemon,
         id,
         next: q.after.unwrap_or(0) + 1,
+        page: 1,
         // Only durable events: a turn's latest appends wait for their barrier.
         target: 0,
         heads,
@@ -545,8 +546,11 @@ async fn events(
         .into_response())
 }
 
-/// Records read from the log at a time by a stream of events.
+/// Records read from the log at a time by a stream of events, at most.
 const PAGE: u64 = 64;
+/// Bytes of records a stream of events aims to hold at a time: pages of
+/// big records are smaller.
+const PAGE_BYTES: u64 = 1 << 20;
 
 /// How long a quiet live stream waits before it reads the session's head
 /// itself, in case an announcement from another daemon was lost.
@@ -558,6 +562,9 @@ struct Follow {
     id: Uuid,
     /// The next seq to read.
     next: u64,
+    /// Records to read next time: doubling from 1 while they are small,
+    /// fewer when they are big.
+    page: u64,
     /// The durable head known: events up to it are read.
     target: u64,
     heads: tokio::sync::broadcast::Receiver<(Uuid, u64)>,
@@ -592,8 +599,19 @@ impl Follow {
         if self.next > self.target {
             return Ok(false);
         }
-        let to = self.target.min(self.next + PAGE - 1);
-        for record in self.daemon.service.log().read(self.id, self.next, to)? {
+        let to = self.target.min(self.next + self.page - 1);
+        let records = self.daemon.service.log().read(self.id, self.next, to)?;
+        let bytes: u64 = records
+            .iter()
+            .map(|r| r.envelope.payload.len() as u64)
+            .sum();
+        // Grow slowly while records are small, shrink at once for big ones.
+        self.page = if bytes > PAGE_BYTES {
+            (self.page * PAGE_BYTES / bytes).max(1)
+        } else {
+            (self.page * 2).min(PAGE)
+        };
+        for record in records {
             let event = crate::session::decode(&record)?;
             self.next = record.envelope.seq + 1;
             let row = views::record(&record, &event);

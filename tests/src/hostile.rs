@@ -1,0 +1,186 @@
+//! A misbehaving OpenAI-compatible model server on loopback, and ways to
+//! measure what `mneme` costs while it faces one: the model side is
+//! untrusted input, and these tests feed it the bad thing.
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use serde_json::{json, Value};
+use std::io::Read;
+use std::process::Output;
+use std::sync::{Arc, Mutex};
+use tokio::sync::oneshot;
+
+/// What the server answers one request with.
+pub enum Answer {
+    /// 200 with this chat completion.
+    Json(Value),
+    /// This status and text body.
+    Status(u16, String),
+    /// 200 with this many bytes of body, streamed (not JSON).
+    Bytes(u64),
+    /// 200 with a body that never ends.
+    Endless,
+    /// 200, then a body that never comes.
+    Stall,
+}
+
+type Handler = dyn Fn(usize, &Value, &HeaderMap) -> Answer + Send + Sync;
+
+struct Inner {
+    handler: Box<Handler>,
+    requests: Mutex<Vec<Value>>,
+}
+
+/// The server: each request gets what the handler answers for (request
+/// number from 0, the request body as JSON, its headers).
+pub struct HostileModel {
+    addr: std::net::SocketAddr,
+    inner: Arc<Inner>,
+    _stop: oneshot::Sender<()>,
+}
+
+impl HostileModel {
+    /// Starts the server.
+    pub async fn start(
+        handler: impl Fn(usize, &Value, &HeaderMap) -> Answer + Send + Sync + 'static,
+    ) -> HostileModel {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let inner = Arc::new(Inner {
+            handler: Box::new(handler),
+            requests: Mutex::default(),
+        });
+        let app = Router::new()
+            .route("/v1/chat/completions", post(complete))
+            .layer(axum::extract::DefaultBodyLimit::disable())
+            .with_state(inner.clone());
+        let (stop, stopped) = oneshot::channel::<()>();
+        tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async {
+                    let _ = stopped.await;
+                })
+                .await
+                .unwrap();
+        });
+        HostileModel {
+            addr,
+            inner,
+            _stop: stop,
+        }
+    }
+
+    /// Base URL for an agent file.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// Every request body received, as JSON, in order.
+    pub fn requests(&self) -> Vec<Value> {
+        self.inner.requests.lock().unwrap().clone()
+    }
+}
+
+async fn complete(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: String) -> Response {
+    let request: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    let n = {
+        let mut requests = inner.requests.lock().unwrap();
+        requests.push(request.clone());
+        requests.len() - 1
+    };
+    match (inner.handler)(n, &request, &headers) {
+        Answer::Json(value) => axum::Json(value).into_response(),
+        Answer::Status(status, text) => {
+            (StatusCode::from_u16(status).unwrap(), text).into_response()
+        }
+        Answer::Bytes(total) => {
+            let chunk = bytes::Bytes::from(vec![b'a'; 1 << 16]);
+            let chunks = total.div_ceil(1 << 16);
+            let stream = futures_util::stream::iter(
+                (0..chunks).map(move |_| Ok::<_, std::io::Error>(chunk.clone())),
+            );
+            Body::from_stream(stream).into_response()
+        }
+        Answer::Endless => {
+            let chunk = bytes::Bytes::from(vec![b'a'; 1 << 16]);
+            let stream =
+                futures_util::stream::repeat_with(move || Ok::<_, std::io::Error>(chunk.clone()));
+            Body::from_stream(stream).into_response()
+        }
+        Answer::Stall => {
+            let stream = futures_util::stream::pending::<Result<bytes::Bytes, std::io::Error>>();
+            Body::from_stream(stream).into_response()
+        }
+    }
+}
+
+/// A chat completion with `content` and `calls` (id, tool name, arguments).
+pub fn completion(content: Option<&str>, calls: &[(&str, &str, Value)]) -> Value {
+    let tool_calls: Vec<Value> = calls
+        .iter()
+        .map(|(id, name, args)| {
+            json!({"id": id, "type": "function",
+                   "function": {"name": name, "arguments": args.to_string()}})
+        })
+        .collect();
+    let mut message = json!({"role": "assistant", "content": content});
+    if !tool_calls.is_empty() {
+        message["tool_calls"] = Value::Array(tool_calls);
+    }
+    json!({"choices": [{"index": 0, "message": message,
+            "finish_reason": if calls.is_empty() { "stop" } else { "tool_calls" }}],
+           "usage": {"prompt_tokens": 10, "completion_tokens": 5}})
+}
+
+/// Runs `command` to its end and returns its output and its peak resident
+/// memory in bytes (the kernel's count for that one process, `wait4`).
+// The child is reaped by wait4, which std's Child does not know of.
+#[allow(clippy::zombie_processes)]
+pub fn run_measured(mut command: std::process::Command) -> (Output, u64) {
+    use std::process::Stdio;
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = command.spawn().unwrap();
+    let pid = child.id() as i32;
+    let drain = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            pipe.read_to_end(&mut bytes).unwrap();
+            bytes
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().unwrap()));
+    let stderr = drain(Box::new(child.stderr.take().unwrap()));
+    let mut status = 0;
+    // SAFETY: rusage is plain data; wait4 fills it for our own child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for our own child, with valid pointers.
+    let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(waited, pid, "wait4 failed");
+    let output = Output {
+        status: std::os::unix::process::ExitStatusExt::from_raw(status),
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    };
+    (output, usage.ru_maxrss as u64 * 1024)
+}
+
+/// Peak resident memory of a running process, in bytes (`VmHWM`).
+pub fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmHWM in /proc/PID/status")
+        * 1024
+}
+
+/// The memory bound the issue sets for every probe.
+pub const RSS_BOUND: u64 = 256 << 20;
