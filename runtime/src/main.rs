@@ -6,12 +6,9 @@
 /// from outside in it (server errors, call ids) can neither forge lines nor
 /// drive the terminal, and known secrets are redacted.
 macro_rules! say {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let text = format!($($arg)*);
-        let line = format!("{}\n", mneme_runtime::text::for_terminal(&text));
-        let _ = std::io::stderr().write_all(line.as_bytes());
-    }};
+    ($($arg:tt)*) => {
+        mneme_runtime::log_line!($($arg)*)
+    };
 }
 
 mod client;

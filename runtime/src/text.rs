@@ -78,6 +78,23 @@ fn redact_value(value: &mut serde_json::Value) {
     }
 }
 
+/// Writes `line` to stderr as one line, in one write (a process killed
+/// mid-line never leaves half of it, and lines of concurrent tasks never
+/// interleave), made safe by [`for_terminal`].
+pub fn log(line: &str) {
+    use std::io::Write as _;
+    let line = for_terminal(line) + "\n";
+    let _ = std::io::stderr().write_all(line.as_bytes());
+}
+
+/// [`log`] with `format!` arguments.
+#[macro_export]
+macro_rules! log_line {
+    ($($arg:tt)*) => {
+        $crate::text::log(&format!($($arg)*))
+    };
+}
+
 /// One line for a terminal or a log: secrets redacted, and every control
 /// character (newlines, escape sequences, C1 controls, bidi overrides)
 /// escaped, so text from outside can neither forge lines nor drive the

@@ -448,6 +448,17 @@ async fn secrets_stay_out_of_the_log_the_export_the_api_and_the_output() {
             "{where_} holds the daemon token"
         );
     }
+    // The server's newline forged no line of the daemon's log.
+    assert!(
+        daemon_output
+            .lines()
+            .all(|l| !l.starts_with("mneme serve: forged line")),
+        "{daemon_output}"
+    );
+    assert!(
+        daemon_output.contains("\\nmneme serve: forged line"),
+        "{daemon_output}"
+    );
     // The tool saw neither, and the data directory's files hold neither.
     assert!(
         api.contains("PATH="),

@@ -360,9 +360,9 @@ impl Daemon {
                 // Another daemon runs it: nothing went wrong here.
                 Err(RuntimeError::Log(eventlog::LogError::LeaseHeld { .. })) => {}
                 Err(e) if e.to_string().contains(&id.to_string()) => {
-                    eprintln!("mneme serve: {e}")
+                    crate::log_line!("mneme serve: {e}")
                 }
-                Err(e) => eprintln!("mneme serve: session {id}: {e}"),
+                Err(e) => crate::log_line!("mneme serve: session {id}: {e}"),
                 Ok(_) => {}
             }
             result
@@ -374,14 +374,16 @@ impl Daemon {
     async fn recover(self: Arc<Self>) {
         let listing = match self.service.listing() {
             Ok(listing) => listing,
-            Err(e) => return eprintln!("mneme serve: recovery could not list sessions: {e}"),
+            Err(e) => {
+                return crate::log_line!("mneme serve: recovery could not list sessions: {e}")
+            }
         };
         let mut recovered = 0;
         for (meta, summary) in listing {
             let summary = match summary {
                 Ok(summary) => summary,
                 Err(e) => {
-                    eprintln!("mneme serve: session {} not recovered: {e}", meta.session);
+                    crate::log_line!("mneme serve: session {} not recovered: {e}", meta.session);
                     continue;
                 }
             };
@@ -391,7 +393,7 @@ impl Daemon {
                 self.spawn_turn(meta.session, TurnStart::Recover("daemon recovery"));
             }
         }
-        eprintln!("mneme serve: recovery found {recovered} interrupted sessions");
+        crate::log_line!("mneme serve: recovery found {recovered} interrupted sessions");
     }
 
     /// Every half lease (at most a second): resumes the sessions whose leases lapsed (their
@@ -404,7 +406,7 @@ impl Daemon {
             let lapsed = match self.service.log().expired_leases() {
                 Ok(lapsed) => lapsed,
                 Err(e) => {
-                    eprintln!("mneme serve: cannot list lapsed leases: {e}");
+                    crate::log_line!("mneme serve: cannot list lapsed leases: {e}");
                     continue;
                 }
             };
@@ -415,7 +417,10 @@ impl Daemon {
                 }
                 match self.service.current_summary(id) {
                     Ok(summary) if was_interrupted(&summary) => {
-                        eprintln!("mneme serve: taking over session {id} from {}", lease.owner);
+                        crate::log_line!(
+                            "mneme serve: taking over session {id} from {}",
+                            lease.owner
+                        );
                         self.spawn_turn(id, TurnStart::Recover("lease takeover"));
                     }
                     // At rest: clear the lapsed lease, unless a turn of this
@@ -432,7 +437,7 @@ impl Daemon {
                             lease.release();
                         }
                     }
-                    Err(e) => eprintln!("mneme serve: session {id} not taken over: {e}"),
+                    Err(e) => crate::log_line!("mneme serve: session {id} not taken over: {e}"),
                 }
             }
         }
@@ -452,7 +457,7 @@ impl Daemon {
             }
         };
         if tokio::time::timeout(left, waiting).await.is_err() {
-            eprintln!(
+            crate::log_line!(
                 "mneme serve: {} turns still running after {:?}; their calls resume on the next start",
                 self.running.load(Ordering::SeqCst),
                 self.config.shutdown_grace
@@ -513,7 +518,7 @@ pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), R
             reason: format!("listener address: {e}"),
         })?;
     write_daemon_file(&config, addr);
-    eprintln!("mneme serve: listening on http://{addr}");
+    crate::log_line!("mneme serve: listening on http://{addr}");
     tokio::spawn(daemon.clone().recover());
     tokio::spawn(daemon.clone().take_over_lapsed());
     follow_other_daemons(&daemon);
@@ -522,7 +527,7 @@ pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), R
     let stopping = daemon.clone();
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
         shutdown_signal().await;
-        eprintln!("mneme serve: shutting down");
+        crate::log_line!("mneme serve: shutting down");
         // Turns pause at their next step; live streams end; no new turns.
         stopping.shutting_down.store(true, Ordering::SeqCst);
         let _ = stop_http.send(true);
