@@ -284,26 +284,14 @@ impl Runner {
         if !settled.is_empty() {
             session.append(settled, Some(reply_seq))?;
         }
-        // At most max_parallel_calls run at once: each wave is started
-        // (durably) only when it can run, so a crash never leaves a call
-        // recorded as started that was only queued.
-        let wave = session.spec()?.limits.parallel_calls().max(1) as usize;
+        // At most max_parallel_calls (and the daemon's cap) run at once:
+        // each wave is started (durably) only when it can run, so a crash
+        // never leaves a call recorded as started that was only queued.
+        let wave = self.wave_size(session.spec()?.limits.parallel_calls());
         let mut starts = starts.into_iter().peekable();
         while starts.peek().is_some() {
             let batch: Vec<_> = starts.by_ref().take(wave).collect();
-            let _permits = match &self.calls {
-                // A wave never asks for more than the whole cap.
-                Some((cap, size)) => {
-                    let n = (batch.len() as u32).min(*size);
-                    Some(
-                        cap.clone()
-                            .acquire_many_owned(n)
-                            .await
-                            .expect("never closed"),
-                    )
-                }
-                None => None,
-            };
+            let _permits = self.permits(batch.len()).await;
             self.start_and_run(session, batch, reply_seq).await?;
         }
         // Pause for the calls that wait for a person once nothing else is
@@ -326,6 +314,20 @@ impl Runner {
             crash::point("in_doubt_appended");
         }
         Ok(())
+    }
+
+    /// Calls run at once: the session's limit, within the runner's cap.
+    fn wave_size(&self, per_session: u64) -> usize {
+        let cap = self.calls.as_ref().map_or(u32::MAX, |(_, size)| *size);
+        per_session.clamp(1, u64::from(cap)) as usize
+    }
+
+    /// Waits for `n` calls' room under the runner's cap (never more than
+    /// the cap: see [`Runner::wave_size`]).
+    async fn permits(&self, n: usize) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let (cap, _) = self.calls.as_ref()?;
+        let permits = cap.clone().acquire_many_owned(n as u32).await;
+        Some(permits.expect("the cap is never closed"))
     }
 
     async fn start_and_run(

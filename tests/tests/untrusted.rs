@@ -114,6 +114,32 @@ async fn a_model_chosen_call_id_cannot_decide_another_sessions_call() {
     daemon.kill().await;
 }
 
+/// How many calls a trace of `start`/`end` lines saw, and the most that
+/// ran at once.
+fn concurrency(trace: &std::path::Path) -> (usize, i32) {
+    let lines = std::fs::read_to_string(trace).unwrap();
+    let (mut running, mut most, mut started) = (0i32, 0, 0);
+    for line in lines.lines() {
+        if line == "start" {
+            running += 1;
+            started += 1;
+        } else {
+            running -= 1;
+        }
+        most = most.max(running);
+    }
+    (started, most)
+}
+
+/// A command that records in `trace` when it starts and ends, 0.3 s apart.
+fn nap_tool(trace: &std::path::Path) -> String {
+    let nap = format!(
+        "echo start >> {0}; sleep 0.3; echo end >> {0}",
+        trace.display()
+    );
+    command_tool("nap", &["sh", "-c", &nap], "read_only", 10)
+}
+
 /// An agent on `model` with `tools`, and this text appended (tables such
 /// as `[limits]` go last).
 fn agent_with(model: &HostileModel, tools: &[String], extra: &str) -> String {
@@ -262,28 +288,13 @@ async fn too_many_calls_in_a_reply_are_refused_and_parallel_calls_are_capped() {
         _ => Answer::Json(completion(Some("rested"), &[])),
     })
     .await;
-    let nap = format!(
-        "echo start >> {0}; sleep 0.3; echo end >> {0}",
-        trace.display()
-    );
-    let tools = [command_tool("nap", &["sh", "-c", &nap], "read_only", 10)];
-    let agent = world.write("agent.toml", &agent_with(&model, &tools, ""));
+    let agent = world.write("agent.toml", &agent_with(&model, &[nap_tool(&trace)], ""));
     let out = world
         .run(&["run", "--agent", agent.to_str().unwrap(), "nap"])
         .await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out).trim(), "rested");
-    let lines = std::fs::read_to_string(&trace).unwrap();
-    let (mut running, mut most, mut started) = (0i32, 0, 0);
-    for line in lines.lines() {
-        if line == "start" {
-            running += 1;
-            started += 1;
-        } else {
-            running -= 1;
-        }
-        most = most.max(running);
-    }
+    let (started, most) = concurrency(&trace);
     assert_eq!(started, 20, "only the second reply's calls ran");
     assert!(
         most <= 8,
@@ -736,6 +747,46 @@ async fn concurrent_event_listings_do_not_hold_whole_sessions() {
         peak - before < 32 << 20,
         "five listings of a 24 MiB session cost {} MiB",
         (peak - before) >> 20
+    );
+    daemon.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_caps_the_calls_running_across_its_sessions() {
+    let world = World::new();
+    let trace = world.dir.path().join("trace");
+    let model = HostileModel::start(|_, request, _| {
+        if has_tool_result(request) {
+            return Answer::Json(completion(Some("rested"), &[]));
+        }
+        let ids: Vec<String> = (0..6).map(|i| format!("c{i}")).collect();
+        let calls: Vec<(&str, &str, Value)> = ids
+            .iter()
+            .map(|id| (id.as_str(), "nap", json!({})))
+            .collect();
+        Answer::Json(completion(None, &calls))
+    })
+    .await;
+    let daemon = DaemonProcess::start(&world.data(), &["--max-parallel-calls", "3"]).await;
+    let agent = agent_with(&model, &[nap_tool(&trace)], "");
+    let mut turns = Vec::new();
+    for _ in 0..3 {
+        let id = daemon.create(&agent).await;
+        let path = format!("/sessions/{id}/messages");
+        turns.push(daemon.post_owned(path, json!({"text": "nap", "wait": true})));
+    }
+    for (status, end) in futures_util::future::join_all(turns).await {
+        assert_eq!(
+            (status, end["answer"].as_str()),
+            (200, Some("rested")),
+            "{end}"
+        );
+    }
+    let (started, most) = concurrency(&trace);
+    assert_eq!(started, 18);
+    assert!(
+        most <= 3,
+        "{most} calls ran at once in a daemon capped at 3"
     );
     daemon.kill().await;
 }
