@@ -404,7 +404,7 @@ impl SledLog {
     }
 
     fn checkpoint_files(&self, inner: &mut Inner) -> Result<(), LogError> {
-        if inner.wal.len() == 0 {
+        if inner.wal.is_empty() {
             return Ok(());
         }
         self.db.flush().map_err(|e| self.storage(e))?;
@@ -746,8 +746,8 @@ impl SledLog {
             .zip(sealed)
             .map(|(r, bytes)| (event_key(session, r.envelope.seq).to_vec(), bytes))
             .collect();
-        let wal_len = inner.wal.len();
-        inner.wal.append(&frames).map_err(|source| LogError::Io {
+        let mark = inner.wal.mark();
+        let written = inner.wal.append(&frames).map_err(|source| LogError::Io {
             path: inner.wal.path().display().to_string(),
             source,
         })?;
@@ -756,10 +756,10 @@ impl SledLog {
         // sync its buffer on every append. Atomicity comes from the
         // write-ahead file; recovery repairs a meta that lags its records.
         if let Err(e) = self.insert_all(frames, &meta_key(session), encode_meta(&meta)) {
-            inner.wal.cut_back_to(wal_len);
+            inner.wal.cut_back_to(mark);
             return Err(e);
         }
-        inner.appended += inner.wal.len() - wal_len;
+        inner.appended += written;
         inner.totals.records += records.len() as u64;
         inner.totals.sessions += u64::from(new_session);
         inner.metas.insert(session, meta);
@@ -1099,13 +1099,47 @@ mod tests {
             std::fs::metadata(target.path().join(WAL_FILE))
                 .unwrap()
                 .len(),
-            0,
-            "checkpointed"
+            crate::wal::FILE_HEADER as u64,
+            "checkpointed: the header alone"
         );
         drop(log);
         let log = SledLog::open(target.path()).unwrap();
         assert_eq!(log.recovered(), 0, "nothing left to replay");
         assert_eq!(log.read(s, 3, 3).unwrap()[0].envelope.kind, "K3");
+    }
+
+    #[test]
+    fn a_data_directory_with_a_version_1_write_ahead_file_opens_and_moves_to_version_2() {
+        let s = Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0001);
+        let dir = tempfile::tempdir().unwrap();
+        drop(SledLog::open(dir.path()).unwrap());
+        let path = dir.path().join(WAL_FILE);
+        std::fs::write(&path, crate::wal::v1_file()).unwrap();
+        let log = SledLog::open(dir.path()).unwrap();
+        assert_eq!(log.recovered(), 3);
+        assert_eq!(log.verify(s).unwrap(), 3);
+        let emptied = std::fs::read(&path).unwrap();
+        assert_eq!(
+            emptied.len(),
+            crate::wal::FILE_HEADER,
+            "checkpointed: a version 2 header alone"
+        );
+        assert_eq!(emptied[..8], *b"MWAL\x02\0\0\0");
+        log.append(s, 4, vec![event(4)]).unwrap();
+        log.barrier(Durability::Synced).unwrap();
+        let wal = std::fs::read(&path).unwrap();
+        drop(log);
+        // The new record replays from the version 2 file into a sled that
+        // lost it.
+        let target = tempfile::tempdir().unwrap();
+        drop(SledLog::open(target.path()).unwrap());
+        std::fs::write(target.path().join(WAL_FILE), crate::wal::v1_file()).unwrap();
+        drop(SledLog::open(target.path()).unwrap());
+        std::fs::write(target.path().join(WAL_FILE), wal).unwrap();
+        let log = SledLog::open(target.path()).unwrap();
+        assert_eq!(log.recovered(), 1);
+        assert_eq!(log.read(s, 4, 4).unwrap()[0].envelope.kind, "K4");
+        assert_eq!(log.verify(s).unwrap(), 4);
     }
 
     #[test]
