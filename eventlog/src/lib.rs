@@ -23,7 +23,7 @@ mod lease;
 mod sled_log;
 mod wal;
 
-pub use envelope::{Envelope, Hash, NewEvent, Record, RECORD_FORMAT};
+pub use envelope::{Envelope, Hash, NewEvent, Record, MAX_RECORD_BYTES, RECORD_FORMAT};
 pub use lease::{Lease, LocalLeases};
 pub use sled_log::{SledLog, Totals};
 pub use wal::TornTail;
@@ -225,6 +225,19 @@ pub enum LogError {
         /// The newest this build knows.
         known: i32,
     },
+    /// A record is bigger than [`MAX_RECORD_BYTES`]; the append or import
+    /// that carried it stored nothing.
+    #[error("session {session} seq {seq}: the record is {size} bytes, over the limit of {limit} bytes for one record; nothing was stored")]
+    RecordTooLarge {
+        /// The session.
+        session: Uuid,
+        /// The seq the record would have had.
+        seq: u64,
+        /// Its size in stored bytes.
+        size: u64,
+        /// [`MAX_RECORD_BYTES`].
+        limit: u64,
+    },
     /// An event could not be encoded.
     #[error("cannot encode event of kind {kind}: {reason}")]
     Encode {
@@ -395,11 +408,12 @@ pub fn check_run(session: Uuid, from: u64, records: &[Record]) -> Result<(), Log
 }
 
 /// Opens `sealed` as the records that follow `head` in `session`, checking
-/// each one's bytes and its link to the one before.
+/// each one's size ([`MAX_RECORD_BYTES`]), bytes and link to the one before.
 pub fn open_sealed(session: Uuid, head: Head, sealed: &[Vec<u8>]) -> Result<Vec<Record>, LogError> {
     let mut prev = head;
     let mut records = Vec::with_capacity(sealed.len());
     for bytes in sealed {
+        envelope::check_size(session, prev.seq + 1, bytes.len())?;
         let record = Record::open(session, prev.seq + 1, bytes)?;
         check_link(session, &prev, &record)?;
         prev = Head {
