@@ -431,6 +431,19 @@ pub fn time_left(expires_ms: i64) -> std::time::Duration {
     std::time::Duration::from_millis((expires_ms - now_ms()).max(0) as u64)
 }
 
+/// Creates (or empties) the file at `path`; a file it creates is readable
+/// and writable by its owner only (0600): the log holds whatever the model
+/// and the tools said.
+pub(crate) fn create_private(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+}
+
 /// Milliseconds since the Unix epoch, now.
 pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()

@@ -244,13 +244,27 @@ struct StoredMeta {
 }
 
 impl SledLog {
-    /// Opens (creating if needed) the log in `dir`.
+    /// [`SledLog::open_as`], the holder note naming this process by its
+    /// program's file name.
     pub fn open(dir: impl AsRef<Path>) -> Result<SledLog, LogError> {
+        let program = std::env::args_os()
+            .next()
+            .map(PathBuf::from)
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "unknown program".into());
+        SledLog::open_as(dir, &program)
+    }
+
+    /// Opens the log in `dir`, creating the directory readable by its owner
+    /// only (0700) if needed, and tightening an existing one that others
+    /// can enter to 0700: the log holds whatever the model and the tools
+    /// said. The files the log itself creates are 0600 (sled's own follow
+    /// the process's umask).
+    /// `holder` is how the note left for a second opener names this process
+    /// beside its pid (such as `mneme run`); keep what a user typed out of it.
+    pub fn open_as(dir: impl AsRef<Path>, holder: &str) -> Result<SledLog, LogError> {
         let dir = dir.as_ref().to_path_buf();
-        std::fs::create_dir_all(&dir).map_err(|source| LogError::Io {
-            path: dir.display().to_string(),
-            source,
-        })?;
+        private_dir(&dir)?;
         let db = open_sled(&dir)?;
         let data_path = dir.join("db");
         let io = |path: &Path| {
@@ -261,7 +275,7 @@ impl SledLog {
         let wal_path = dir.join(WAL_FILE);
         let (wal, frames) = Wal::open(&wal_path).map_err(io(&wal_path))?;
         let wal_sync = File::open(&wal_path).map_err(io(&wal_path))?;
-        write_holder(&dir);
+        write_holder(&dir, holder);
         let mut log = SledLog {
             dir,
             db,
@@ -511,7 +525,7 @@ impl Totals {
     /// Writes the file atomically and durably (temporary file, fsync, rename).
     fn store(&self, path: &Path) -> std::io::Result<()> {
         let temp = path.with_extension("tmp");
-        let mut file = File::create(&temp)?;
+        let mut file = crate::create_private(&temp)?;
         std::io::Write::write_all(
             &mut file,
             format!("sessions {} records {}\n", self.sessions, self.records).as_bytes(),
@@ -695,12 +709,33 @@ fn open_error(dir: &Path, source: sled::Error) -> LogError {
     }
 }
 
-/// Leaves a note naming this process, for the error a second opener gets.
-/// Best effort: the note is advice, the lock is sled's.
-fn write_holder(dir: &Path) {
-    let command: Vec<String> = std::env::args().collect();
-    let note = format!("pid {}: {}", std::process::id(), command.join(" "));
-    let _ = std::fs::write(dir.join(HOLDER_FILE), note);
+/// Leaves a note naming this process (`pid N: holder`), for the error a
+/// second opener gets. Best effort: the note is advice, the lock is sled's.
+fn write_holder(dir: &Path, holder: &str) {
+    let note = format!("pid {}: {holder}", std::process::id());
+    let _ = crate::create_private(&dir.join(HOLDER_FILE))
+        .and_then(|mut file| std::io::Write::write_all(&mut file, note.as_bytes()));
+}
+
+/// Creates `dir` (mode 0700) if needed; tightens it to 0700 if others can
+/// enter it.
+fn private_dir(dir: &Path) -> Result<(), LogError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let io = |source| LogError::Io {
+        path: dir.display().to_string(),
+        source,
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(io)?;
+    let mode = std::fs::metadata(dir).map_err(io)?.permissions().mode();
+    if mode & 0o077 != 0 {
+        let tight = std::fs::Permissions::from_mode(mode & 0o7700);
+        std::fs::set_permissions(dir, tight).map_err(io)?;
+    }
+    Ok(())
 }
 
 fn event_key(session: Uuid, seq: u64) -> [u8; 25] {
@@ -1062,7 +1097,13 @@ mod tests {
     #[test]
     fn second_opener_is_told_who_holds_the_directory() {
         let dir = tempfile::tempdir().unwrap();
-        let _log = SledLog::open(dir.path()).unwrap();
+        let _log = SledLog::open_as(dir.path(), "mneme run").unwrap();
+        let note = format!("pid {}: mneme run", std::process::id());
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join(HOLDER_FILE)).unwrap(),
+            note,
+            "the pid and what the holder is, nothing else"
+        );
         // sled's lock is per process (flock on a separate open file description);
         // within one process the second open must also fail, naming the holder.
         let err = SledLog::open(dir.path())
@@ -1070,10 +1111,28 @@ mod tests {
             .expect("second open must fail");
         let text = err.to_string();
         assert!(matches!(err, LogError::Locked { .. }), "{text}");
-        assert!(
-            text.contains(&format!("pid {}", std::process::id())),
-            "{text}"
-        );
+        assert!(text.contains(&note), "{text}");
+    }
+
+    #[test]
+    fn the_directory_and_the_files_of_the_log_are_its_owners_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o7777;
+        let parent = tempfile::tempdir().unwrap();
+        let dir = parent.path().join("data");
+        let s = Uuid::now_v7();
+        {
+            let log = SledLog::open(&dir).unwrap();
+            log.append(s, 1, vec![event(1)]).unwrap();
+        } // checkpointed: the anchor is written
+        assert_eq!(mode(&dir), 0o700);
+        for file in [WAL_FILE, HOLDER_FILE, ANCHOR_FILE] {
+            assert_eq!(mode(&dir.join(file)), 0o600, "{file}");
+        }
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let log = SledLog::open(&dir).unwrap();
+        assert_eq!(mode(&dir), 0o700, "a loose directory is tightened");
+        assert_eq!(log.verify(s).unwrap(), 1);
     }
 
     #[test]

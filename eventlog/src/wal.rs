@@ -265,16 +265,10 @@ fn sync_parent(path: &Path) -> std::io::Result<()> {
     File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()
 }
 
-/// Moves `bytes[valid..]` to a side file (mode 0600) and cuts the file there.
+/// Moves `bytes[valid..]` to a side file and cuts the file there.
 fn set_aside(file: &File, path: &Path, bytes: &[u8], valid: usize) -> std::io::Result<TornTail> {
     let aside = path.with_extension(format!("wal.torn-{valid}"));
-    OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&aside)?
-        .write_all(&bytes[valid..])?;
+    crate::create_private(&aside)?.write_all(&bytes[valid..])?;
     file.set_len(valid as u64)?;
     file.sync_all()?;
     sync_parent(path)?;
