@@ -166,6 +166,17 @@ pub enum LogError {
         /// What is there now.
         found: Totals,
     },
+    /// This process cannot write the data directory (its permissions, a
+    /// read-only mount). Opening writes even to read: it replays the
+    /// write-ahead file into the storage engine and checkpoints.
+    #[error("data directory {dir} is not writable: mneme opens a data directory read-write even to read it (opening replays its write-ahead file into the storage engine and checkpoints it); copy it somewhere writable (e.g. `cp -a {dir} /tmp/mneme-copy`) and open the copy")]
+    NotWritable {
+        /// The data directory.
+        dir: String,
+        /// Why it cannot be written.
+        #[source]
+        source: std::io::Error,
+    },
     /// The storage engine failed.
     #[error("storage engine failed in {dir}")]
     Storage {

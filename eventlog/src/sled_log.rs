@@ -259,7 +259,8 @@ impl SledLog {
     /// only (0700) if needed, and tightening an existing one that others
     /// can enter to 0700: the log holds whatever the model and the tools
     /// said. The files the log itself creates are 0600 (sled's own follow
-    /// the process's umask).
+    /// the process's umask). A directory this process cannot write is
+    /// refused with [`LogError::NotWritable`] before anything is touched.
     /// `holder` is how the note left for a second opener names this process
     /// beside its pid (such as `mneme run`); keep what a user typed out of it.
     pub fn open_as(dir: impl AsRef<Path>, holder: &str) -> Result<SledLog, LogError> {
@@ -717,8 +718,8 @@ fn write_holder(dir: &Path, holder: &str) {
         .and_then(|mut file| std::io::Write::write_all(&mut file, note.as_bytes()));
 }
 
-/// Creates `dir` (mode 0700) if needed; tightens it to 0700 if others can
-/// enter it.
+/// Creates `dir` (mode 0700) if needed; refuses it if this process cannot
+/// write it; tightens it to 0700 if others can enter it.
 fn private_dir(dir: &Path) -> Result<(), LogError> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let io = |source| LogError::Io {
@@ -730,12 +731,34 @@ fn private_dir(dir: &Path) -> Result<(), LogError> {
         .mode(0o700)
         .create(dir)
         .map_err(io)?;
+    writable(dir).map_err(|source| match source.raw_os_error() {
+        Some(libc::EACCES | libc::EROFS | libc::EPERM) => LogError::NotWritable {
+            dir: dir.display().to_string(),
+            source,
+        },
+        _ => io(source),
+    })?;
     let mode = std::fs::metadata(dir).map_err(io)?.permissions().mode();
     if mode & 0o077 != 0 {
         let tight = std::fs::Permissions::from_mode(mode & 0o7700);
         std::fs::set_permissions(dir, tight).map_err(io)?;
     }
     Ok(())
+}
+
+/// Whether this process (by its effective ids) may create files in `dir`.
+fn writable(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: faccessat(2) only reads the NUL-terminated path, which lives
+    // until it returns.
+    let status =
+        unsafe { libc::faccessat(libc::AT_FDCWD, path.as_ptr(), libc::W_OK, libc::AT_EACCESS) };
+    match status {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
 }
 
 fn event_key(session: Uuid, seq: u64) -> [u8; 25] {

@@ -1,6 +1,7 @@
 //! What other local users can see: nothing. The data directory is its
 //! owner's alone (0700, every file in it 0600), so is an export, and the
-//! holder note names the command, never its arguments.
+//! holder note names the command, never its arguments. A data directory
+//! mneme cannot write is refused with what to do about it.
 
 use mneme_e2e::*;
 use std::os::unix::fs::PermissionsExt;
@@ -84,4 +85,82 @@ async fn the_data_directory_an_export_and_the_holder_note_keep_to_their_owner() 
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(mode(&data), 0o700);
     assert_eq!(loose(&data), vec![]);
+}
+
+/// The data directory made unwritable for mneme until dropped: mode 0500
+/// for a user; for root, whom permissions do not stop, a read-only bind
+/// mount of the directory onto itself.
+struct Unwritable {
+    dir: PathBuf,
+    mounted: bool,
+}
+
+impl Unwritable {
+    fn new(dir: &Path) -> Unwritable {
+        // SAFETY: geteuid(2) has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o500)).unwrap();
+            return Unwritable {
+                dir: dir.to_path_buf(),
+                mounted: false,
+            };
+        }
+        let mount = |args: &[&str]| {
+            let out = std::process::Command::new("mount")
+                .args(args)
+                .arg(dir)
+                .arg(dir)
+                .output()
+                .expect("the mount command");
+            assert!(
+                out.status.success(),
+                "as root this test makes the data directory read-only with a bind mount (mount {}): {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        mount(&["--bind"]);
+        let unwritable = Unwritable {
+            dir: dir.to_path_buf(),
+            mounted: true,
+        };
+        mount(&["-o", "remount,ro,bind"]);
+        unwritable
+    }
+}
+
+impl Drop for Unwritable {
+    fn drop(&mut self) {
+        if self.mounted {
+            let _ = std::process::Command::new("umount").arg(&self.dir).status();
+        } else {
+            let _ = std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_directory_mneme_cannot_write_is_refused_saying_why_and_what_to_do() {
+    let world = world_with_a_session().await;
+    let data = world.data();
+    let _unwritable = Unwritable::new(&data);
+    let probe = data.join("probe");
+    assert!(
+        std::fs::write(&probe, "x").is_err(),
+        "the data directory is unwritable for this test"
+    );
+    for command in [&["verify"][..], &["export"]] {
+        let out = world.run(command).await;
+        assert_eq!(out.status.code(), Some(1), "{command:?}");
+        let err = stderr(&out);
+        for expected in [
+            &format!("data directory {} is not writable", data.display())[..],
+            "opens a data directory read-write even to read it",
+            "write-ahead file",
+            "copy it somewhere writable",
+        ] {
+            assert!(err.contains(expected), "{command:?}: {expected:?} in {err}");
+        }
+        assert!(stdout(&out).is_empty(), "{command:?}: {}", stdout(&out));
+    }
 }
