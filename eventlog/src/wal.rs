@@ -69,7 +69,10 @@ pub(crate) struct Wal {
     file: File,
     path: PathBuf,
     len: u64,
-    format: Format,
+    /// `None` while the file has no header: a truncate failed part way
+    /// (after the checkpoint that made every frame durable elsewhere), and
+    /// the next append starts the file afresh first.
+    format: Option<Format>,
     /// The checksum the next frame chains from.
     chain: u32,
     torn_tail: Option<TornTail>,
@@ -158,21 +161,17 @@ impl Wal {
         if contents.valid < bytes.len() {
             torn_tail = Some(set_aside(&file, path, &bytes, contents.valid)?);
         }
-        let (format, chain, len) = match contents.format {
-            Some(format) => (format, contents.chain, contents.valid as u64),
-            None => {
-                let (format, chain) = start(&mut file)?;
-                (format, chain, FILE_HEADER as u64)
-            }
-        };
-        let wal = Wal {
+        let mut wal = Wal {
             file,
             path: path.to_path_buf(),
-            len,
-            format,
-            chain,
+            len: contents.valid as u64,
+            format: contents.format,
+            chain: contents.chain,
             torn_tail,
         };
+        if wal.format.is_none() {
+            wal.truncate()?;
+        }
         Ok((wal, contents.frames))
     }
 
@@ -180,7 +179,10 @@ impl Wal {
     /// bytes it wrote. On failure the file is cut back, so a failed append
     /// leaves no trace. A file still holding version 1 frames is refused.
     pub(crate) fn append(&mut self, records: &[Frame]) -> std::io::Result<u64> {
-        let Format::V2 { salt } = self.format else {
+        if self.format.is_none() {
+            self.truncate()?;
+        }
+        let Some(Format::V2 { salt }) = self.format else {
             return Err(std::io::Error::other(
                 "the write-ahead file still holds version 1 frames; a checkpoint must empty it \
                  before anything is appended, so the formats never mix",
@@ -234,16 +236,17 @@ impl Wal {
 
     /// Whether the file holds no frame (only a version 2 header).
     pub(crate) fn is_empty(&self) -> bool {
-        matches!(self.format, Format::V2 { .. }) && self.len == FILE_HEADER as u64
+        matches!(self.format, Some(Format::V2 { .. })) && self.len == FILE_HEADER as u64
     }
 
     /// Empties the file and starts it afresh in version 2, with a new salt;
     /// call only once its records are durable elsewhere.
     pub(crate) fn truncate(&mut self) -> std::io::Result<()> {
+        self.format = None;
         self.file.set_len(0)?;
         self.len = 0;
         let (format, chain) = start(&mut self.file)?;
-        self.format = format;
+        self.format = Some(format);
         self.chain = chain;
         self.len = FILE_HEADER as u64;
         Ok(())
@@ -554,7 +557,7 @@ mod tests {
         let path = dir.path().join("wal");
         let (mut wal, _) = Wal::open(&path).unwrap();
         wal.append(&[(key(1), b"aaaa".to_vec())]).unwrap();
-        let Format::V2 { salt } = wal.format else {
+        let Some(Format::V2 { salt }) = wal.format else {
             panic!("a version 2 file")
         };
         // Right salt, right offset, but chained from something else; then a
@@ -585,7 +588,7 @@ mod tests {
         let copy = first[FILE_HEADER..].to_vec();
         let mut forged = Vec::new();
         let lands_at = first.len() + FRAME_HEADER + KEY_LEN + copy.len();
-        let (Format::V2 { salt }, chain) = ({
+        let (Some(Format::V2 { salt }), chain) = ({
             let (wal, _) = Wal::open(&path).unwrap();
             (wal.format, wal.chain)
         }) else {
@@ -674,6 +677,24 @@ mod tests {
         assert!(frames.is_empty() && wal.is_empty());
         assert_eq!(wal.torn_tail().map(|t| t.bytes), Some(11));
         assert_eq!(std::fs::metadata(&path).unwrap().len(), FILE_HEADER as u64);
+    }
+
+    #[test]
+    fn after_a_failed_emptying_the_next_append_starts_the_file_afresh() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wal");
+        let (mut wal, _) = Wal::open(&path).unwrap();
+        wal.append(&[(key(1), b"checkpointed".to_vec())]).unwrap();
+        // Emptying fails (here: on a descriptor it cannot write).
+        let writable = std::mem::replace(&mut wal.file, File::open(&path).unwrap());
+        assert!(wal.truncate().is_err());
+        assert!(!wal.is_empty(), "a checkpoint will try again");
+        wal.file = writable;
+        wal.append(&[(key(1), b"next".to_vec())]).unwrap();
+        drop(wal);
+        let (wal, frames) = Wal::open(&path).unwrap();
+        assert_eq!(values(&frames), [b"next"]);
+        assert!(wal.torn_tail().is_none());
     }
 
     #[test]
