@@ -1,13 +1,14 @@
 //! The conformance suite every [`EventLog`] backend passes, so that no
 //! backend drifts from the contract: appends, conflicts, range reads,
 //! listing, durability across a reopen, corruption detection, chain
-//! verification, derived data, import, leases and fencing.
+//! verification, derived data, import, the record size limit, leases and
+//! fencing.
 //!
 //! A backend's tests implement [`Backend`] and call
 //! [`conformance_tests!`](crate::conformance_tests) once, which writes one
 //! `#[test]` per check.
 
-use crate::{Durability, EventLog, Head, LogError, NewEvent, Record};
+use crate::{Durability, EventLog, Head, LogError, NewEvent, Record, MAX_RECORD_BYTES};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use uuid::Uuid;
@@ -44,6 +45,7 @@ macro_rules! conformance_tests {
             derived_data_is_kept_per_session_and_name,
             import_copies_records_byte_for_byte,
             import_refuses_a_broken_chain_and_stores_nothing,
+            a_record_over_the_size_limit_is_refused_and_nothing_is_stored,
             leases_exclude_other_owners_until_released_or_expired,
             a_taken_over_owner_is_fenced,
             appends_are_followed_across_handles,
@@ -312,6 +314,62 @@ pub fn import_refuses_a_broken_chain_and_stores_nothing<B: Backend>(b: &B) {
     assert!(target.sessions().unwrap().is_empty());
     target.import(s, all).unwrap();
     assert_eq!(target.verify(s).unwrap(), 4);
+}
+
+/// A record over [`MAX_RECORD_BYTES`] is refused, by append (even after a
+/// small record of the same append) and by import, naming the session, the
+/// seq, the size and the limit; nothing of either is stored. A record just
+/// under the limit is stored and reads back.
+pub fn a_record_over_the_size_limit_is_refused_and_nothing_is_stored<B: Backend>(b: &B) {
+    let store = b.create();
+    let log = b.open(&store).unwrap();
+    let (s, t) = (Uuid::now_v7(), Uuid::now_v7());
+    let big = |payload: usize| NewEvent {
+        kind: "Big".into(),
+        schema: 1,
+        caused_by: None,
+        payload: vec![7; payload],
+    };
+    log.append(s, 1, vec![event(1)]).unwrap();
+    let err = log
+        .append(s, 2, vec![event(2), big(MAX_RECORD_BYTES)])
+        .unwrap_err();
+    let text = err.to_string();
+    match err {
+        LogError::RecordTooLarge {
+            session,
+            seq,
+            size,
+            limit,
+        } => {
+            assert_eq!((session, seq, limit), (s, 3, MAX_RECORD_BYTES as u64));
+            assert!(size > limit, "{text}");
+            assert!(
+                text.contains(&s.to_string())
+                    && text.contains("seq 3")
+                    && text.contains(&format!("{size} bytes"))
+                    && text.contains(&format!("limit of {limit} bytes")),
+                "{text}"
+            );
+        }
+        other => panic!("{other}"),
+    }
+    assert_eq!(kinds(log.as_ref(), s), vec!["K1"]);
+    let err = log
+        .import(t, vec![vec![1; MAX_RECORD_BYTES + 1]])
+        .unwrap_err();
+    assert!(
+        matches!(err, LogError::RecordTooLarge { session, seq: 1, size, .. }
+            if session == t && size == MAX_RECORD_BYTES as u64 + 1),
+        "{err}"
+    );
+    assert_eq!(log.head(t).unwrap(), Head::EMPTY);
+    let under = MAX_RECORD_BYTES - 1024;
+    log.append(s, 2, vec![big(under)]).unwrap();
+    log.barrier(Durability::Synced).unwrap();
+    assert_eq!(log.read(s, 2, 2).unwrap()[0].envelope.payload.len(), under);
+    assert_eq!(log.verify(s).unwrap(), 2);
+    assert_eq!(log.sessions().unwrap().len(), 1);
 }
 
 /// A live lease excludes other owners; release or expiry lets another take

@@ -16,6 +16,13 @@ use uuid::Uuid;
 /// Version of the stored record layout this build writes and reads.
 pub const RECORD_FORMAT: u8 = 1;
 
+/// The largest record, in stored bytes (format byte, envelope, hash), that
+/// the log accepts: 16 MiB. An append or import with a bigger record is
+/// refused whole with [`LogError::RecordTooLarge`] and stores nothing, so
+/// no event, whatever a model or a tool sent, makes a write-ahead frame
+/// anywhere near its 4 GiB bound.
+pub const MAX_RECORD_BYTES: usize = 16 << 20;
+
 const HASH_LEN: usize = 32;
 
 /// A SHA-256 hash in a session's chain.
@@ -103,13 +110,15 @@ pub struct Record {
 
 impl Record {
     /// Seals `envelope`: encodes it and computes its hash. Returns the record
-    /// and its exact stored bytes.
+    /// and its exact stored bytes, at most [`MAX_RECORD_BYTES`] of them
+    /// ([`LogError::RecordTooLarge`] otherwise).
     pub fn seal(envelope: Envelope) -> Result<(Record, Vec<u8>), LogError> {
         let mut bytes = vec![RECORD_FORMAT];
         rmp_serde::encode::write_named(&mut bytes, &envelope).map_err(|e| LogError::Encode {
             kind: envelope.kind.clone(),
             reason: e.to_string(),
         })?;
+        check_size(envelope.session, envelope.seq, bytes.len() + HASH_LEN)?;
         let hash = chain_hash(&envelope.prev_hash, &bytes[1..]);
         bytes.extend_from_slice(&hash.0);
         Ok((Record { envelope, hash }, bytes))
@@ -157,6 +166,19 @@ impl Record {
         }
         Ok(Record { envelope, hash })
     }
+}
+
+/// Refuses a record of `size` stored bytes over [`MAX_RECORD_BYTES`].
+pub(crate) fn check_size(session: Uuid, seq: u64, size: usize) -> Result<(), LogError> {
+    if size > MAX_RECORD_BYTES {
+        return Err(LogError::RecordTooLarge {
+            session,
+            seq,
+            size: size as u64,
+            limit: MAX_RECORD_BYTES as u64,
+        });
+    }
+    Ok(())
 }
 
 fn chain_hash(prev: &Hash, body: &[u8]) -> Hash {
@@ -216,6 +238,31 @@ mod tests {
         bytes[0] = 9;
         let err = Record::open(record.envelope.session, 1, &bytes).unwrap_err();
         assert!(matches!(err, LogError::UnknownVersion { version: 9, .. }));
+    }
+
+    #[test]
+    fn a_record_of_the_size_limit_seals_and_one_byte_more_is_refused() {
+        let sized = |payload: usize| Envelope {
+            payload: vec![0; payload],
+            ..envelope()
+        };
+        let probe = MAX_RECORD_BYTES - 1000;
+        let (_, bytes) = Record::seal(sized(probe)).unwrap();
+        let exact = probe + MAX_RECORD_BYTES - bytes.len();
+        let (_, bytes) = Record::seal(sized(exact)).unwrap();
+        assert_eq!(bytes.len(), MAX_RECORD_BYTES);
+        match Record::seal(sized(exact + 1)).unwrap_err() {
+            LogError::RecordTooLarge {
+                session,
+                seq: 1,
+                size,
+                limit,
+            } => {
+                assert_eq!(session, envelope().session);
+                assert_eq!((size, limit), (limit + 1, MAX_RECORD_BYTES as u64));
+            }
+            other => panic!("{other}"),
+        }
     }
 
     /// The stored bytes of a record are part of the on-disk format: a change

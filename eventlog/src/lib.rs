@@ -23,7 +23,7 @@ mod lease;
 mod sled_log;
 mod wal;
 
-pub use envelope::{Envelope, Hash, NewEvent, Record, RECORD_FORMAT};
+pub use envelope::{Envelope, Hash, NewEvent, Record, MAX_RECORD_BYTES, RECORD_FORMAT};
 pub use lease::{Lease, LocalLeases};
 pub use sled_log::{SledLog, Totals};
 pub use wal::TornTail;
@@ -166,6 +166,17 @@ pub enum LogError {
         /// What is there now.
         found: Totals,
     },
+    /// This process cannot write the data directory (its permissions, a
+    /// read-only mount). Opening writes even to read: it replays the
+    /// write-ahead file into the storage engine and checkpoints.
+    #[error("data directory {dir} is not writable: mneme opens a data directory read-write even to read it (opening replays its write-ahead file into the storage engine and checkpoints it); copy it somewhere writable (e.g. `cp -a {dir} /tmp/mneme-copy`) and open the copy")]
+    NotWritable {
+        /// The data directory.
+        dir: String,
+        /// Why it cannot be written.
+        #[source]
+        source: std::io::Error,
+    },
     /// The storage engine failed.
     #[error("storage engine failed in {dir}")]
     Storage {
@@ -224,6 +235,19 @@ pub enum LogError {
         found: i32,
         /// The newest this build knows.
         known: i32,
+    },
+    /// A record is bigger than [`MAX_RECORD_BYTES`]; the append or import
+    /// that carried it stored nothing.
+    #[error("session {session} seq {seq}: the record is {size} bytes, over the limit of {limit} bytes for one record; nothing was stored")]
+    RecordTooLarge {
+        /// The session.
+        session: Uuid,
+        /// The seq the record would have had.
+        seq: u64,
+        /// Its size in stored bytes.
+        size: u64,
+        /// [`MAX_RECORD_BYTES`].
+        limit: u64,
     },
     /// An event could not be encoded.
     #[error("cannot encode event of kind {kind}: {reason}")]
@@ -395,11 +419,12 @@ pub fn check_run(session: Uuid, from: u64, records: &[Record]) -> Result<(), Log
 }
 
 /// Opens `sealed` as the records that follow `head` in `session`, checking
-/// each one's bytes and its link to the one before.
+/// each one's size ([`MAX_RECORD_BYTES`]), bytes and link to the one before.
 pub fn open_sealed(session: Uuid, head: Head, sealed: &[Vec<u8>]) -> Result<Vec<Record>, LogError> {
     let mut prev = head;
     let mut records = Vec::with_capacity(sealed.len());
     for bytes in sealed {
+        envelope::check_size(session, prev.seq + 1, bytes.len())?;
         let record = Record::open(session, prev.seq + 1, bytes)?;
         check_link(session, &prev, &record)?;
         prev = Head {
@@ -415,6 +440,19 @@ pub fn open_sealed(session: Uuid, head: Head, sealed: &[Vec<u8>]) -> Result<Vec<
 /// clock (zero once past).
 pub fn time_left(expires_ms: i64) -> std::time::Duration {
     std::time::Duration::from_millis((expires_ms - now_ms()).max(0) as u64)
+}
+
+/// Creates (or empties) the file at `path`; a file it creates is readable
+/// and writable by its owner only (0600): the log holds whatever the model
+/// and the tools said.
+pub(crate) fn create_private(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
 }
 
 /// Milliseconds since the Unix epoch, now.

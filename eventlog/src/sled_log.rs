@@ -244,13 +244,28 @@ struct StoredMeta {
 }
 
 impl SledLog {
-    /// Opens (creating if needed) the log in `dir`.
+    /// [`SledLog::open_as`], the holder note naming this process by its
+    /// program's file name.
     pub fn open(dir: impl AsRef<Path>) -> Result<SledLog, LogError> {
+        let program = std::env::args_os()
+            .next()
+            .map(PathBuf::from)
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "unknown program".into());
+        SledLog::open_as(dir, &program)
+    }
+
+    /// Opens the log in `dir`, creating the directory readable by its owner
+    /// only (0700) if needed, and tightening an existing one that others
+    /// can enter to 0700: the log holds whatever the model and the tools
+    /// said. The files the log itself creates are 0600 (sled's own follow
+    /// the process's umask). A directory this process cannot write is
+    /// refused with [`LogError::NotWritable`] before anything is touched.
+    /// `holder` is how the note left for a second opener names this process
+    /// beside its pid (such as `mneme run`); keep what a user typed out of it.
+    pub fn open_as(dir: impl AsRef<Path>, holder: &str) -> Result<SledLog, LogError> {
         let dir = dir.as_ref().to_path_buf();
-        std::fs::create_dir_all(&dir).map_err(|source| LogError::Io {
-            path: dir.display().to_string(),
-            source,
-        })?;
+        private_dir(&dir)?;
         let db = open_sled(&dir)?;
         let data_path = dir.join("db");
         let io = |path: &Path| {
@@ -261,7 +276,7 @@ impl SledLog {
         let wal_path = dir.join(WAL_FILE);
         let (wal, frames) = Wal::open(&wal_path).map_err(io(&wal_path))?;
         let wal_sync = File::open(&wal_path).map_err(io(&wal_path))?;
-        write_holder(&dir);
+        write_holder(&dir, holder);
         let mut log = SledLog {
             dir,
             db,
@@ -404,7 +419,7 @@ impl SledLog {
     }
 
     fn checkpoint_files(&self, inner: &mut Inner) -> Result<(), LogError> {
-        if inner.wal.len() == 0 {
+        if inner.wal.is_empty() {
             return Ok(());
         }
         self.db.flush().map_err(|e| self.storage(e))?;
@@ -511,7 +526,7 @@ impl Totals {
     /// Writes the file atomically and durably (temporary file, fsync, rename).
     fn store(&self, path: &Path) -> std::io::Result<()> {
         let temp = path.with_extension("tmp");
-        let mut file = File::create(&temp)?;
+        let mut file = crate::create_private(&temp)?;
         std::io::Write::write_all(
             &mut file,
             format!("sessions {} records {}\n", self.sessions, self.records).as_bytes(),
@@ -695,12 +710,55 @@ fn open_error(dir: &Path, source: sled::Error) -> LogError {
     }
 }
 
-/// Leaves a note naming this process, for the error a second opener gets.
-/// Best effort: the note is advice, the lock is sled's.
-fn write_holder(dir: &Path) {
-    let command: Vec<String> = std::env::args().collect();
-    let note = format!("pid {}: {}", std::process::id(), command.join(" "));
-    let _ = std::fs::write(dir.join(HOLDER_FILE), note);
+/// Leaves a note naming this process (`pid N: holder`), for the error a
+/// second opener gets. Best effort: the note is advice, the lock is sled's.
+fn write_holder(dir: &Path, holder: &str) {
+    let note = format!("pid {}: {holder}", std::process::id());
+    let _ = crate::create_private(&dir.join(HOLDER_FILE))
+        .and_then(|mut file| std::io::Write::write_all(&mut file, note.as_bytes()));
+}
+
+/// Creates `dir` (mode 0700) if needed; refuses it if this process cannot
+/// write it; tightens it to 0700 if others can enter it.
+fn private_dir(dir: &Path) -> Result<(), LogError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let io = |source| LogError::Io {
+        path: dir.display().to_string(),
+        source,
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(io)?;
+    writable(dir).map_err(|source| match source.raw_os_error() {
+        Some(libc::EACCES | libc::EROFS | libc::EPERM) => LogError::NotWritable {
+            dir: dir.display().to_string(),
+            source,
+        },
+        _ => io(source),
+    })?;
+    let mode = std::fs::metadata(dir).map_err(io)?.permissions().mode();
+    if mode & 0o077 != 0 {
+        let tight = std::fs::Permissions::from_mode(mode & 0o7700);
+        std::fs::set_permissions(dir, tight).map_err(io)?;
+    }
+    Ok(())
+}
+
+/// Whether this process (by its effective ids) may create files in `dir`.
+fn writable(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: faccessat(2) only reads the NUL-terminated path, which lives
+    // until it returns.
+    let status =
+        unsafe { libc::faccessat(libc::AT_FDCWD, path.as_ptr(), libc::W_OK, libc::AT_EACCESS) };
+    match status {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
 }
 
 fn event_key(session: Uuid, seq: u64) -> [u8; 25] {
@@ -746,8 +804,8 @@ impl SledLog {
             .zip(sealed)
             .map(|(r, bytes)| (event_key(session, r.envelope.seq).to_vec(), bytes))
             .collect();
-        let wal_len = inner.wal.len();
-        inner.wal.append(&frames).map_err(|source| LogError::Io {
+        let mark = inner.wal.mark();
+        let written = inner.wal.append(&frames).map_err(|source| LogError::Io {
             path: inner.wal.path().display().to_string(),
             source,
         })?;
@@ -756,10 +814,10 @@ impl SledLog {
         // sync its buffer on every append. Atomicity comes from the
         // write-ahead file; recovery repairs a meta that lags its records.
         if let Err(e) = self.insert_all(frames, &meta_key(session), encode_meta(&meta)) {
-            inner.wal.cut_back_to(wal_len);
+            inner.wal.cut_back_to(mark);
             return Err(e);
         }
-        inner.appended += inner.wal.len() - wal_len;
+        inner.appended += written;
         inner.totals.records += records.len() as u64;
         inner.totals.sessions += u64::from(new_session);
         inner.metas.insert(session, meta);
@@ -1062,7 +1120,13 @@ mod tests {
     #[test]
     fn second_opener_is_told_who_holds_the_directory() {
         let dir = tempfile::tempdir().unwrap();
-        let _log = SledLog::open(dir.path()).unwrap();
+        let _log = SledLog::open_as(dir.path(), "mneme run").unwrap();
+        let note = format!("pid {}: mneme run", std::process::id());
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join(HOLDER_FILE)).unwrap(),
+            note,
+            "the pid and what the holder is, nothing else"
+        );
         // sled's lock is per process (flock on a separate open file description);
         // within one process the second open must also fail, naming the holder.
         let err = SledLog::open(dir.path())
@@ -1070,10 +1134,28 @@ mod tests {
             .expect("second open must fail");
         let text = err.to_string();
         assert!(matches!(err, LogError::Locked { .. }), "{text}");
-        assert!(
-            text.contains(&format!("pid {}", std::process::id())),
-            "{text}"
-        );
+        assert!(text.contains(&note), "{text}");
+    }
+
+    #[test]
+    fn the_directory_and_the_files_of_the_log_are_its_owners_alone() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o7777;
+        let parent = tempfile::tempdir().unwrap();
+        let dir = parent.path().join("data");
+        let s = Uuid::now_v7();
+        {
+            let log = SledLog::open(&dir).unwrap();
+            log.append(s, 1, vec![event(1)]).unwrap();
+        } // checkpointed: the anchor is written
+        assert_eq!(mode(&dir), 0o700);
+        for file in [WAL_FILE, HOLDER_FILE, ANCHOR_FILE] {
+            assert_eq!(mode(&dir.join(file)), 0o600, "{file}");
+        }
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let log = SledLog::open(&dir).unwrap();
+        assert_eq!(mode(&dir), 0o700, "a loose directory is tightened");
+        assert_eq!(log.verify(s).unwrap(), 1);
     }
 
     #[test]
@@ -1099,13 +1181,47 @@ mod tests {
             std::fs::metadata(target.path().join(WAL_FILE))
                 .unwrap()
                 .len(),
-            0,
-            "checkpointed"
+            crate::wal::FILE_HEADER as u64,
+            "checkpointed: the header alone"
         );
         drop(log);
         let log = SledLog::open(target.path()).unwrap();
         assert_eq!(log.recovered(), 0, "nothing left to replay");
         assert_eq!(log.read(s, 3, 3).unwrap()[0].envelope.kind, "K3");
+    }
+
+    #[test]
+    fn a_data_directory_with_a_version_1_write_ahead_file_opens_and_moves_to_version_2() {
+        let s = Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0001);
+        let dir = tempfile::tempdir().unwrap();
+        drop(SledLog::open(dir.path()).unwrap());
+        let path = dir.path().join(WAL_FILE);
+        std::fs::write(&path, crate::wal::v1_file()).unwrap();
+        let log = SledLog::open(dir.path()).unwrap();
+        assert_eq!(log.recovered(), 3);
+        assert_eq!(log.verify(s).unwrap(), 3);
+        let emptied = std::fs::read(&path).unwrap();
+        assert_eq!(
+            emptied.len(),
+            crate::wal::FILE_HEADER,
+            "checkpointed: a version 2 header alone"
+        );
+        assert_eq!(emptied[..8], *b"MWAL\x02\0\0\0");
+        log.append(s, 4, vec![event(4)]).unwrap();
+        log.barrier(Durability::Synced).unwrap();
+        let wal = std::fs::read(&path).unwrap();
+        drop(log);
+        // The new record replays from the version 2 file into a sled that
+        // lost it.
+        let target = tempfile::tempdir().unwrap();
+        drop(SledLog::open(target.path()).unwrap());
+        std::fs::write(target.path().join(WAL_FILE), crate::wal::v1_file()).unwrap();
+        drop(SledLog::open(target.path()).unwrap());
+        std::fs::write(target.path().join(WAL_FILE), wal).unwrap();
+        let log = SledLog::open(target.path()).unwrap();
+        assert_eq!(log.recovered(), 1);
+        assert_eq!(log.read(s, 4, 4).unwrap()[0].envelope.kind, "K4");
+        assert_eq!(log.verify(s).unwrap(), 4);
     }
 
     #[test]

@@ -7,33 +7,82 @@
 //! same records in memory and persists them at its own pace; a checkpoint
 //! (sled flush + `fdatasync` of sled's files) empties this file.
 //!
-//! Frame: `magic: u32 LE`, `len: u32 LE` (of key + value), `crc32: u32 LE`
-//! (of key + value), the 25-byte event key, the stored record.
+//! Format (version 2, after SQLite's WAL): a 20-byte file header, `"MWAL"`,
+//! `version: u32 LE` (2), an 8-byte `salt` drawn from `/dev/urandom` each
+//! time the file is emptied, `crc32` of those 16 bytes; then frames, each
+//! `salt` (a copy), `len: u32 LE` (of key + value), `prev: u32 LE` (the
+//! previous frame's checksum, the header's for the first frame), `sum: u32
+//! LE` = CRC-32 of `salt ‖ offset: u64 LE ‖ prev ‖ len ‖ key ‖ value`, where
+//! `offset` is the frame's own byte offset in the file; then the 25-byte event
+//! key and the stored record. A frame is whole only if it checks out with
+//! this file's salt at the offset it is at, so the bytes of a record (a model
+//! reply can carry anything) can never pass for a frame: whoever wrote them
+//! did not know the salt. Read in order, each frame must also chain from the
+//! one before it.
 //!
 //! Opening tells a torn tail from damage: a frame that does not check out is
 //! a torn tail only if no whole frame follows it anywhere in the file (the
 //! last `write(2)` before a crash, never acknowledged as synced); the tail is
 //! then moved to a side file, not thrown away. Anything else is damage, and
 //! the file is refused, so no acknowledged record is ever silently dropped.
+//!
+//! Version 1 files (frames of `magic`, `len`, CRC-32 of key and value, with
+//! no file header: what mneme wrote before) are still read, so an existing
+//! data directory opens; their frames are replayed, and appends are refused
+//! until a checkpoint has emptied the file, which then starts in version 2.
+//! The two formats never mix in one file. In a version 1 file a torn last
+//! frame whose payload holds a whole frame still reads as damage: only the
+//! salt tells them apart.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-const MAGIC: u32 = 0x4d57_4c31; // "1LWM" little-endian: mneme WAL v1
-const HEADER: usize = 12;
+/// The first bytes of a version 1 frame ("1LWM" little-endian).
+const V1_MAGIC: u32 = 0x4d57_4c31;
+const V1_FRAME_HEADER: usize = 12;
+/// The first bytes of a file of version 2 or later.
+const FILE_MAGIC: [u8; 4] = *b"MWAL";
+/// The format this build writes.
+const VERSION: u32 = 2;
+/// Bytes of the file header: what an emptied file holds.
+pub(crate) const FILE_HEADER: usize = 20;
+const FRAME_HEADER: usize = 20;
 /// Size of an event key in the log.
 pub(crate) const KEY_LEN: usize = 25;
 
 /// A stored record and its key, as one frame holds them.
 pub(crate) type Frame = (Vec<u8>, Vec<u8>);
 
+/// How the frames of an open file are laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    /// Written before the file header existed: read, never appended to.
+    V1,
+    /// This build's: frames keyed by the file's salt.
+    V2 { salt: [u8; 8] },
+}
+
 /// The write-ahead file.
 pub(crate) struct Wal {
     file: File,
     path: PathBuf,
     len: u64,
+    /// `None` while the file has no header: a truncate failed part way
+    /// (after the checkpoint that made every frame durable elsewhere), and
+    /// the next append starts the file afresh first.
+    format: Option<Format>,
+    /// The checksum the next frame chains from.
+    chain: u32,
     torn_tail: Option<TornTail>,
+}
+
+/// A place in the file to cut back to ([`Wal::mark`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Mark {
+    len: u64,
+    chain: u32,
 }
 
 /// A partial frame found at the end of the write-ahead file on open: the
@@ -46,82 +95,131 @@ pub struct TornTail {
     pub bytes: usize,
 }
 
+/// Why a write-ahead file is refused on open.
+#[derive(Debug, thiserror::Error)]
+enum Refusal {
+    #[error(
+        "write-ahead file damaged at byte {0}: a frame there fails its checks but whole \
+         frames follow it; refusing to drop acknowledged records"
+    )]
+    Damaged(usize),
+    #[error(
+        "write-ahead file damaged at byte 0: its header fails its checksum; refusing to \
+         guess which of its frames are whole"
+    )]
+    Header,
+    #[error(
+        "write-ahead file has format version {0}, this build reads versions 1 and {VERSION}; \
+         a newer mneme wrote it"
+    )]
+    UnknownVersion(u32),
+    #[error("not a mneme write-ahead file: it starts with neither a header nor a version 1 frame")]
+    Foreign,
+}
+
+/// What opening found in the file.
+struct Contents {
+    /// `None` if the file holds no header and no frame.
+    format: Option<Format>,
+    frames: Vec<Frame>,
+    /// Bytes up to the end of the last whole frame.
+    valid: usize,
+    /// The checksum the next frame chains from.
+    chain: u32,
+}
+
+/// A frame that checks out at some byte of a file.
+struct Whole {
+    frame: Frame,
+    end: usize,
+    /// The checksum it chains from.
+    prev: u32,
+    /// Its own checksum.
+    sum: u32,
+}
+
 impl Wal {
-    /// Opens (creating) the file and returns it with every whole frame in it,
-    /// as (key, value). A torn tail is moved to `<file>.torn-<bytes>`.
+    /// Opens (creating, mode 0600) the file and returns it with every whole
+    /// frame in it, as (key, value). A torn tail is moved to
+    /// `<file>.torn-<bytes>`. A file without a header gets one.
     pub(crate) fn open(path: &Path) -> std::io::Result<(Wal, Vec<Frame>)> {
         let created = !path.exists();
         let mut file = OpenOptions::new()
             .read(true)
             .append(true)
             .create(true)
+            .mode(0o600)
             .open(path)?;
         if created {
             sync_parent(path)?;
         }
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes)?;
-        let (frames, valid) = parse(&bytes).map_err(|at| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!(
-                    "write-ahead file damaged at byte {at}: a frame there fails its checks but whole \
-                     frames follow it; refusing to drop acknowledged records"
-                ),
-            )
-        })?;
+        let contents = read(&bytes)
+            .map_err(|refusal| std::io::Error::new(std::io::ErrorKind::InvalidData, refusal))?;
         let mut torn_tail = None;
-        if valid < bytes.len() {
-            let aside = path.with_extension(format!("wal.torn-{valid}"));
-            std::fs::write(&aside, &bytes[valid..])?;
-            file.set_len(valid as u64)?;
-            file.sync_all()?;
-            sync_parent(path)?;
-            torn_tail = Some(TornTail {
-                saved_to: aside,
-                bytes: bytes.len() - valid,
-            });
+        if contents.valid < bytes.len() {
+            torn_tail = Some(set_aside(&file, path, &bytes, contents.valid)?);
         }
-        let wal = Wal {
+        let mut wal = Wal {
             file,
             path: path.to_path_buf(),
-            len: valid as u64,
+            len: contents.valid as u64,
+            format: contents.format,
+            chain: contents.chain,
             torn_tail,
         };
-        Ok((wal, frames))
+        if wal.format.is_none() {
+            wal.truncate()?;
+        }
+        Ok((wal, contents.frames))
     }
 
-    /// Appends frames for `records` with one `write(2)`. On failure the file
-    /// is cut back, so a failed append leaves no trace.
-    pub(crate) fn append(&mut self, records: &[Frame]) -> std::io::Result<()> {
+    /// Appends frames for `records` with one `write(2)` and returns how many
+    /// bytes it wrote. On failure the file is cut back, so a failed append
+    /// leaves no trace. A file still holding version 1 frames is refused.
+    pub(crate) fn append(&mut self, records: &[Frame]) -> std::io::Result<u64> {
+        if self.format.is_none() {
+            self.truncate()?;
+        }
+        let Some(Format::V2 { salt }) = self.format else {
+            return Err(std::io::Error::other(
+                "the write-ahead file still holds version 1 frames; a checkpoint must empty it \
+                 before anything is appended, so the formats never mix",
+            ));
+        };
         let mut buf = Vec::with_capacity(
             records
                 .iter()
-                .map(|(k, v)| HEADER + k.len() + v.len())
+                .map(|(k, v)| FRAME_HEADER + k.len() + v.len())
                 .sum(),
         );
+        let mut chain = self.chain;
         for (key, value) in records {
-            let len = (key.len() + value.len()) as u32;
-            let mut crc = crc32fast::Hasher::new();
-            crc.update(key);
-            crc.update(value);
-            buf.extend_from_slice(&MAGIC.to_le_bytes());
-            buf.extend_from_slice(&len.to_le_bytes());
-            buf.extend_from_slice(&crc.finalize().to_le_bytes());
-            buf.extend_from_slice(key);
-            buf.extend_from_slice(value);
+            let offset = self.len + buf.len() as u64;
+            chain = encode_frame(&mut buf, salt, offset, chain, key, value)?;
         }
         if let Err(e) = self.file.write_all(&buf) {
             self.cut_back();
             return Err(e);
         }
         self.len += buf.len() as u64;
-        Ok(())
+        self.chain = chain;
+        Ok(buf.len() as u64)
     }
 
-    /// Undoes an append that sled then refused.
-    pub(crate) fn cut_back_to(&mut self, len: u64) {
-        self.len = len;
+    /// Where the file ends now, for [`Wal::cut_back_to`].
+    pub(crate) fn mark(&self) -> Mark {
+        Mark {
+            len: self.len,
+            chain: self.chain,
+        }
+    }
+
+    /// Undoes the appends made since `mark` (which sled then refused).
+    pub(crate) fn cut_back_to(&mut self, mark: Mark) {
+        self.len = mark.len;
+        self.chain = mark.chain;
         self.cut_back();
     }
 
@@ -136,11 +234,21 @@ impl Wal {
         self.len
     }
 
-    /// Empties the file; call only once its records are durable elsewhere.
+    /// Whether the file holds no frame (only a version 2 header).
+    pub(crate) fn is_empty(&self) -> bool {
+        matches!(self.format, Some(Format::V2 { .. })) && self.len == FILE_HEADER as u64
+    }
+
+    /// Empties the file and starts it afresh in version 2, with a new salt;
+    /// call only once its records are durable elsewhere.
     pub(crate) fn truncate(&mut self) -> std::io::Result<()> {
+        self.format = None;
         self.file.set_len(0)?;
-        self.file.sync_all()?;
         self.len = 0;
+        let (format, chain) = start(&mut self.file)?;
+        self.format = Some(format);
+        self.chain = chain;
+        self.len = FILE_HEADER as u64;
         Ok(())
     }
 
@@ -160,101 +268,452 @@ fn sync_parent(path: &Path) -> std::io::Result<()> {
     File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()
 }
 
-/// The whole frame at `at`, if one checks out there: (frame, its end).
-fn frame_at(bytes: &[u8], at: usize) -> Option<(Frame, usize)> {
-    let header = bytes.get(at..at + HEADER)?;
-    let word = |i: usize| u32::from_le_bytes(header[i..i + 4].try_into().expect("4 bytes"));
-    let (magic, len, crc) = (word(0), word(4) as usize, word(8));
-    let body = bytes.get(at + HEADER..(at + HEADER).checked_add(len)?)?;
-    if magic != MAGIC || len < KEY_LEN || crc32fast::hash(body) != crc {
-        return None;
-    }
-    let frame = (body[..KEY_LEN].to_vec(), body[KEY_LEN..].to_vec());
-    Some((frame, at + HEADER + len))
+/// Moves `bytes[valid..]` to a side file and cuts the file there.
+fn set_aside(file: &File, path: &Path, bytes: &[u8], valid: usize) -> std::io::Result<TornTail> {
+    let aside = path.with_extension(format!("wal.torn-{valid}"));
+    crate::create_private(&aside)?.write_all(&bytes[valid..])?;
+    file.set_len(valid as u64)?;
+    file.sync_all()?;
+    sync_parent(path)?;
+    Ok(TornTail {
+        saved_to: aside,
+        bytes: bytes.len() - valid,
+    })
 }
 
-/// Whole frames of `bytes` and how many bytes they span; or the offset of
-/// a bad frame that has a whole frame somewhere after it (damage).
-fn parse(bytes: &[u8]) -> Result<(Vec<Frame>, usize), usize> {
+/// Writes a version 2 header with a fresh salt to the empty `file` and
+/// syncs it; returns the format and the checksum the first frame chains from.
+fn start(file: &mut File) -> std::io::Result<(Format, u32)> {
+    let mut salt = [0u8; 8];
+    File::open("/dev/urandom")?.read_exact(&mut salt)?;
+    let mut header = Vec::with_capacity(FILE_HEADER);
+    header.extend_from_slice(&FILE_MAGIC);
+    header.extend_from_slice(&VERSION.to_le_bytes());
+    header.extend_from_slice(&salt);
+    let check = crc32fast::hash(&header);
+    header.extend_from_slice(&check.to_le_bytes());
+    file.write_all(&header)?;
+    file.sync_all()?;
+    Ok((Format::V2 { salt }, check))
+}
+
+/// Appends the version 2 frame of (`key`, `value`) at byte `offset` of a
+/// file with `salt`, chained from `prev`, to `buf`; returns its checksum.
+fn encode_frame(
+    buf: &mut Vec<u8>,
+    salt: [u8; 8],
+    offset: u64,
+    prev: u32,
+    key: &[u8],
+    value: &[u8],
+) -> std::io::Result<u32> {
+    let len = u32::try_from(key.len() + value.len()).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "a record of {} bytes does not fit a write-ahead frame (at most {} bytes)",
+                value.len(),
+                u32::MAX as usize - key.len()
+            ),
+        )
+    })?;
+    let sum = checksum(salt, offset, prev, len, key, value);
+    buf.extend_from_slice(&salt);
+    buf.extend_from_slice(&len.to_le_bytes());
+    buf.extend_from_slice(&prev.to_le_bytes());
+    buf.extend_from_slice(&sum.to_le_bytes());
+    buf.extend_from_slice(key);
+    buf.extend_from_slice(value);
+    Ok(sum)
+}
+
+/// A version 2 frame's checksum.
+fn checksum(salt: [u8; 8], offset: u64, prev: u32, len: u32, key: &[u8], value: &[u8]) -> u32 {
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&salt);
+    crc.update(&offset.to_le_bytes());
+    crc.update(&prev.to_le_bytes());
+    crc.update(&len.to_le_bytes());
+    crc.update(key);
+    crc.update(value);
+    crc.finalize()
+}
+
+/// The little-endian `u32` at `bytes[at..at + 4]`.
+fn word(bytes: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"))
+}
+
+/// The whole frame of a file of format `format` at `at`, if one checks out
+/// there (regardless of what it chains from).
+fn whole_at(format: Format, bytes: &[u8], at: usize) -> Option<Whole> {
+    let (header_len, prev, sum, len) = match format {
+        Format::V1 => {
+            let header = bytes.get(at..at + V1_FRAME_HEADER)?;
+            if word(header, 0) != V1_MAGIC {
+                return None;
+            }
+            (V1_FRAME_HEADER, 0, 0, word(header, 4))
+        }
+        Format::V2 { salt } => {
+            let header = bytes.get(at..at + FRAME_HEADER)?;
+            if header[..8] != salt {
+                return None;
+            }
+            (
+                FRAME_HEADER,
+                word(header, 12),
+                word(header, 16),
+                word(header, 8),
+            )
+        }
+    };
+    let start = at + header_len;
+    let body = bytes.get(start..start.checked_add(len as usize)?)?;
+    if body.len() < KEY_LEN {
+        return None;
+    }
+    let (key, value) = body.split_at(KEY_LEN);
+    let checks = match format {
+        Format::V1 => crc32fast::hash(body) == word(bytes, at + 8),
+        Format::V2 { salt } => checksum(salt, at as u64, prev, len, key, value) == sum,
+    };
+    checks.then(|| Whole {
+        frame: (key.to_vec(), value.to_vec()),
+        end: start + body.len(),
+        prev,
+        sum,
+    })
+}
+
+/// The frames of `bytes` in `format`, read in order from `at` and chained
+/// from `chain`, and where the last whole one ends; or the offset of a bad
+/// frame that has a whole frame somewhere after it (damage).
+fn parse(format: Format, bytes: &[u8], mut at: usize, mut chain: u32) -> Result<Contents, Refusal> {
     let mut frames = Vec::new();
-    let mut at = 0;
     while at < bytes.len() {
-        match frame_at(bytes, at) {
-            Some((frame, end)) => {
-                frames.push(frame);
-                at = end;
+        match whole_at(format, bytes, at).filter(|w| w.prev == chain) {
+            Some(whole) => {
+                frames.push(whole.frame);
+                at = whole.end;
+                chain = whole.sum;
             }
             None => {
-                let magic = MAGIC.to_le_bytes();
-                let later = (at + 1..bytes.len().saturating_sub(HEADER))
-                    .filter(|&p| bytes[p..p + 4] == magic)
-                    .any(|p| frame_at(bytes, p).is_some());
-                return if later { Err(at) } else { Ok((frames, at)) };
+                if (at + 1..bytes.len()).any(|p| whole_at(format, bytes, p).is_some()) {
+                    return Err(Refusal::Damaged(at));
+                }
+                break;
             }
         }
     }
-    Ok((frames, at))
+    Ok(Contents {
+        format: Some(format),
+        frames,
+        valid: at,
+        chain,
+    })
+}
+
+/// What the file holds: its format, its whole frames and where they end.
+fn read(bytes: &[u8]) -> Result<Contents, Refusal> {
+    let v1_magic = V1_MAGIC.to_le_bytes();
+    if bytes.starts_with(&v1_magic) {
+        let mut contents = parse(Format::V1, bytes, 0, 0)?;
+        if contents.valid == 0 {
+            contents.format = None;
+        }
+        return Ok(contents);
+    }
+    if bytes.len() < FILE_HEADER {
+        // Empty, or a header (or a first version 1 frame) cut short by a
+        // crash: no frame can have been written after it.
+        let start = &bytes[..bytes.len().min(4)];
+        if !(FILE_MAGIC.starts_with(start) || v1_magic.starts_with(start)) {
+            return Err(Refusal::Foreign);
+        }
+        return Ok(Contents {
+            format: None,
+            frames: Vec::new(),
+            valid: 0,
+            chain: 0,
+        });
+    }
+    if bytes[..4] != FILE_MAGIC {
+        return Err(Refusal::Foreign);
+    }
+    match word(bytes, 4) {
+        VERSION => {}
+        version => return Err(Refusal::UnknownVersion(version)),
+    }
+    let check = word(bytes, 16);
+    if crc32fast::hash(&bytes[..16]) != check {
+        return Err(Refusal::Header);
+    }
+    let salt = bytes[8..16].try_into().expect("8 bytes");
+    parse(Format::V2 { salt }, bytes, FILE_HEADER, check)
+}
+
+/// A file written by mneme before the file header existed: seq 1 to 3 of
+/// session `0190…0001` (kinds `K1` to `K3`), as [`crate::SledLog`] wrote them.
+#[cfg(test)]
+pub(crate) fn v1_file() -> Vec<u8> {
+    let hex = include_str!("../fixtures/wal_v1.hex").trim();
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn key(n: u8) -> Vec<u8> {
+        vec![n; KEY_LEN]
+    }
+
+    /// A file at `path` holding one frame per value, all keyed `key(1)`.
+    fn written(path: &Path, values: &[&[u8]]) -> Vec<u8> {
+        let (mut wal, _) = Wal::open(path).unwrap();
+        for value in values {
+            wal.append(&[(key(1), value.to_vec())]).unwrap();
+        }
+        std::fs::read(path).unwrap()
+    }
+
+    fn values(frames: &[Frame]) -> Vec<&[u8]> {
+        frames.iter().map(|(_, v)| v.as_slice()).collect()
+    }
+
     #[test]
     fn frames_survive_reopen_and_a_torn_tail_is_cut() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("wal");
-        let key = vec![7u8; KEY_LEN];
-        {
+        let whole = {
             let (mut wal, frames) = Wal::open(&path).unwrap();
-            assert!(frames.is_empty());
-            wal.append(&[
-                (key.clone(), b"one".to_vec()),
-                (key.clone(), b"two".to_vec()),
-            ])
-            .unwrap();
-        }
-        let whole = std::fs::metadata(&path).unwrap().len();
-        // A crash in the middle of a third frame.
-        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
-        f.write_all(&[0x31, 0x4c, 0x57, 0x4d, 40, 0, 0, 0, 1, 2, 3, 4, 7, 7])
-            .unwrap();
-        let (wal, frames) = Wal::open(&path).unwrap();
-        assert_eq!(frames.len(), 2);
-        assert_eq!(frames[1].1, b"two");
+            assert!(frames.is_empty() && wal.is_empty());
+            wal.append(&[(key(7), b"one".to_vec()), (key(7), b"two".to_vec())])
+                .unwrap();
+            let whole = wal.len();
+            // A crash in the middle of a third frame's write.
+            wal.append(&[(key(7), b"three".to_vec())]).unwrap();
+            whole
+        };
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 3]).unwrap();
+        let (mut wal, frames) = Wal::open(&path).unwrap();
+        assert_eq!(
+            frames,
+            vec![(key(7), b"one".to_vec()), (key(7), b"two".to_vec())]
+        );
         assert_eq!(wal.len(), whole);
         assert_eq!(std::fs::metadata(&path).unwrap().len(), whole);
-        let aside = path.with_extension(format!("wal.torn-{whole}"));
+        let torn = wal.torn_tail().unwrap().clone();
         assert_eq!(
-            std::fs::read(aside).unwrap().len(),
-            14,
+            torn.saved_to,
+            path.with_extension(format!("wal.torn-{whole}"))
+        );
+        assert_eq!(
+            std::fs::read(&torn.saved_to).unwrap(),
+            bytes[whole as usize..bytes.len() - 3],
             "the torn tail is kept aside"
         );
+        // Appends go on from the cut, chained from the last whole frame.
+        wal.append(&[(key(7), b"four".to_vec())]).unwrap();
+        drop(wal);
+        let (_, frames) = Wal::open(&path).unwrap();
+        assert_eq!(values(&frames), [&b"one"[..], b"two", b"four"]);
     }
 
     #[test]
     fn a_damaged_last_frame_is_cut_but_a_damaged_middle_refuses() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("wal");
-        let key = vec![1u8; KEY_LEN];
-        {
-            let (mut wal, _) = Wal::open(&path).unwrap();
-            wal.append(&[(key.clone(), b"aaaa".to_vec())]).unwrap();
-            wal.append(&[(key.clone(), b"bbbb".to_vec())]).unwrap();
-        }
-        let good = std::fs::read(&path).unwrap();
+        let good = written(&path, &[b"aaaa", b"bbbb"]);
         let mut bytes = good.clone();
         let n = bytes.len();
         bytes[n - 1] ^= 1;
         std::fs::write(&path, bytes).unwrap();
         let (_, frames) = Wal::open(&path).unwrap();
-        assert_eq!(frames.len(), 1);
-        let mut bytes = good;
-        bytes[HEADER + 2] ^= 1;
-        std::fs::write(&path, bytes).unwrap();
-        let err = Wal::open(&path)
-            .err()
-            .expect("damage before the tail is refused");
-        assert!(err.to_string().contains("damaged at byte 0"), "{err}");
+        assert_eq!(values(&frames), [b"aaaa"]);
+        for (at, what) in [(FILE_HEADER + 9, "length"), (FILE_HEADER + 3, "salt")] {
+            let mut bytes = good.clone();
+            bytes[at] ^= 1;
+            std::fs::write(&path, bytes).unwrap();
+            let err = Wal::open(&path)
+                .err()
+                .unwrap_or_else(|| panic!("damage to the {what} before the tail is refused"));
+            assert!(
+                err.to_string()
+                    .contains(&format!("damaged at byte {FILE_HEADER}")),
+                "{what}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_frame_that_does_not_chain_from_the_one_before_is_not_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wal");
+        let (mut wal, _) = Wal::open(&path).unwrap();
+        wal.append(&[(key(1), b"aaaa".to_vec())]).unwrap();
+        let Some(Format::V2 { salt }) = wal.format else {
+            panic!("a version 2 file")
+        };
+        // Right salt, right offset, but chained from something else; then a
+        // frame chained from it.
+        let second = wal.len();
+        let mut bytes = Vec::new();
+        let sum = encode_frame(&mut bytes, salt, second, !wal.chain, &key(1), b"bbbb").unwrap();
+        let third = second + bytes.len() as u64;
+        encode_frame(&mut bytes, salt, third, sum, &key(1), b"cccc").unwrap();
+        wal.file.write_all(&bytes).unwrap();
+        drop(wal);
+        let err = Wal::open(&path).err().expect("a broken chain is refused");
+        assert!(
+            err.to_string()
+                .contains(&format!("damaged at byte {second}")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_payload_holding_a_whole_frame_then_torn_is_a_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wal");
+        let first = written(&path, &[b"genuine"]);
+        // A record carrying a byte-for-byte copy of the file's own frame,
+        // then a frame made for the exact offset it lands at and chained from
+        // the first frame, under a guessed salt.
+        let copy = first[FILE_HEADER..].to_vec();
+        let mut forged = Vec::new();
+        let lands_at = first.len() + FRAME_HEADER + KEY_LEN + copy.len();
+        let (Some(Format::V2 { salt }), chain) = ({
+            let (wal, _) = Wal::open(&path).unwrap();
+            (wal.format, wal.chain)
+        }) else {
+            panic!("a version 2 file")
+        };
+        let guess = salt.map(|b| b ^ 0x5a);
+        encode_frame(
+            &mut forged,
+            guess,
+            lands_at as u64,
+            chain,
+            &key(2),
+            b"forged",
+        )
+        .unwrap();
+        let payload = [copy.as_slice(), &forged, b"and the rest of the reply"].concat();
+        let all = {
+            let (mut wal, _) = Wal::open(&path).unwrap();
+            wal.append(&[(key(1), payload)]).unwrap();
+            std::fs::read(&path).unwrap()
+        };
+        assert_eq!(all[lands_at..lands_at + forged.len()], forged[..]);
+        // Torn right after the forged frames.
+        let cut = lands_at + forged.len();
+        std::fs::write(&path, &all[..cut]).unwrap();
+        let (wal, frames) = Wal::open(&path).unwrap();
+        assert_eq!(values(&frames), [b"genuine"]);
+        let torn = wal.torn_tail().expect("a torn tail, not damage");
+        assert_eq!(torn.bytes, cut - first.len());
+        // The same forgery under the file's own salt would be whole there:
+        // the salt alone is what tells it apart.
+        let mut knowing = Vec::new();
+        encode_frame(
+            &mut knowing,
+            salt,
+            lands_at as u64,
+            chain,
+            &key(2),
+            b"forged",
+        )
+        .unwrap();
+        let mut bytes = all[..lands_at].to_vec();
+        bytes.extend_from_slice(&knowing);
+        assert!(whole_at(Format::V2 { salt }, &bytes, lands_at).is_some());
+    }
+
+    #[test]
+    fn a_v1_file_still_opens_and_is_emptied_into_version_2() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wal");
+        let v1 = v1_file();
+        // A torn last write is told apart in version 1 too.
+        std::fs::write(&path, [&v1[..], &v1[..20]].concat()).unwrap();
+        let (mut wal, frames) = Wal::open(&path).unwrap();
+        assert_eq!(frames.len(), 3);
+        assert_eq!(wal.torn_tail().map(|t| t.bytes), Some(20));
+        assert_eq!(std::fs::read(&path).unwrap(), v1, "left in version 1");
+        assert!(!wal.is_empty());
+        let err = wal.append(&[(key(1), b"new".to_vec())]).unwrap_err();
+        assert!(err.to_string().contains("version 1"), "{err}");
+        assert_eq!(std::fs::read(&path).unwrap(), v1, "formats never mix");
+        wal.truncate().unwrap();
+        assert!(wal.is_empty());
+        assert_eq!(std::fs::read(&path).unwrap()[..8], *b"MWAL\x02\0\0\0");
+        wal.append(&[(key(1), b"new".to_vec())]).unwrap();
+        drop(wal);
+        let (_, frames) = Wal::open(&path).unwrap();
+        assert_eq!(values(&frames), [b"new"]);
+    }
+
+    #[test]
+    fn every_emptying_draws_a_new_salt_and_a_short_header_is_rewritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wal");
+        let (mut wal, _) = Wal::open(&path).unwrap();
+        let salt = |path: &Path| std::fs::read(path).unwrap()[8..16].to_vec();
+        let before = salt(&path);
+        wal.append(&[(key(1), b"x".to_vec())]).unwrap();
+        wal.truncate().unwrap();
+        assert_ne!(salt(&path), before);
+        drop(wal);
+        // A crash while the header was being written.
+        let header = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &header[..11]).unwrap();
+        let (wal, frames) = Wal::open(&path).unwrap();
+        assert!(frames.is_empty() && wal.is_empty());
+        assert_eq!(wal.torn_tail().map(|t| t.bytes), Some(11));
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), FILE_HEADER as u64);
+    }
+
+    #[test]
+    fn after_a_failed_emptying_the_next_append_starts_the_file_afresh() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wal");
+        let (mut wal, _) = Wal::open(&path).unwrap();
+        wal.append(&[(key(1), b"checkpointed".to_vec())]).unwrap();
+        // Emptying fails (here: on a descriptor it cannot write).
+        let writable = std::mem::replace(&mut wal.file, File::open(&path).unwrap());
+        assert!(wal.truncate().is_err());
+        assert!(!wal.is_empty(), "a checkpoint will try again");
+        wal.file = writable;
+        wal.append(&[(key(1), b"next".to_vec())]).unwrap();
+        drop(wal);
+        let (wal, frames) = Wal::open(&path).unwrap();
+        assert_eq!(values(&frames), [b"next"]);
+        assert!(wal.torn_tail().is_none());
+    }
+
+    #[test]
+    fn a_bad_header_or_an_unknown_format_is_refused_as_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wal");
+        let good = written(&path, &[b"aaaa"]);
+        let cases: [(usize, &str); 3] = [
+            (10, "its header fails its checksum"),
+            (4, "format version 3"),
+            (0, "not a mneme write-ahead file"),
+        ];
+        for (at, expected) in cases {
+            let mut bytes = good.clone();
+            bytes[at] ^= 1;
+            std::fs::write(&path, &bytes).unwrap();
+            let err = Wal::open(&path).err().expect("refused");
+            assert!(err.to_string().contains(expected), "byte {at}: {err}");
+            assert_eq!(std::fs::read(&path).unwrap(), bytes, "left as it was");
+        }
     }
 }

@@ -18,8 +18,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use uuid::Uuid;
 
-/// Runs the command `cli` names.
-pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
+/// Runs the command `cli` names; `holder` names this process in the data
+/// directory's holder note.
+pub async fn dispatch(cli: Cli, holder: &str) -> Result<ExitCode> {
     register_secrets(&cli);
     let data_dir = cli.data_dir.clone().unwrap_or_else(default_data_dir);
     let durability = cli.durability;
@@ -30,7 +31,7 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Demo(args) => crate::demo::run(args.keep).await,
         command => {
-            let log = match open_log(&cli.store, &data_dir, &command)? {
+            let log = match open_log(&cli.store, &data_dir, &command, holder)? {
                 Opened::Log(log) => log,
                 Opened::Daemon(client) => return client.dispatch(command).await,
             };
@@ -92,21 +93,27 @@ enum Opened {
 }
 
 /// Opens the PostgreSQL store `store` names, else the sled log in
-/// `data_dir`; a data directory a daemon holds is reached through it.
-fn open_log(store: &Option<String>, data_dir: &Path, command: &Command) -> Result<Opened> {
+/// `data_dir` as `holder`; a data directory a daemon holds is reached
+/// through it.
+fn open_log(
+    store: &Option<String>,
+    data_dir: &Path,
+    command: &Command,
+    holder: &str,
+) -> Result<Opened> {
     if let Some(url) = store {
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
             bail!("--store {url:?}: expected a postgres:// address (the sled log is chosen with --data-dir)");
         }
         return Ok(Opened::Log(Arc::new(PgLog::connect(url)?)));
     }
-    let log = match SledLog::open(data_dir) {
+    let log = match SledLog::open_as(data_dir, holder) {
         Ok(log) => log,
         Err(eventlog::LogError::Locked { .. }) if !matches!(command, Command::Serve(_)) => {
             if let Some(client) = crate::client::Client::discover(data_dir)? {
                 return Ok(Opened::Daemon(client));
             }
-            SledLog::open(data_dir)?
+            SledLog::open_as(data_dir, holder)?
         }
         Err(e) => return Err(e.into()),
     };
@@ -190,6 +197,26 @@ fn token(data_dir: &std::path::Path, file: Option<PathBuf>) -> Result<(String, O
     Ok((token, Some(path)))
 }
 
+/// Creates (or empties) `path` for an export, which holds every record:
+/// readable and writable by its owner only (0600), also when it existed
+/// (a device or a pipe is left as it is).
+fn private_output(path: &Path) -> Result<std::fs::File> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let context = || format!("creating {}", path.display());
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(context)?;
+    if file.metadata().with_context(context)?.is_file() {
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .with_context(context)?;
+    }
+    Ok(file)
+}
+
 /// `$XDG_DATA_HOME/mneme`, else `~/.local/share/mneme`, else `./.mneme`.
 fn default_data_dir() -> PathBuf {
     if let Some(xdg) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
@@ -240,10 +267,7 @@ impl Ctx {
             None => self.session_ids()?,
         };
         let mut out: Box<dyn std::io::Write> = match &a.output {
-            Some(path) => Box::new(std::io::BufWriter::new(
-                std::fs::File::create(path)
-                    .with_context(|| format!("creating {}", path.display()))?,
-            )),
+            Some(path) => Box::new(std::io::BufWriter::new(private_output(path)?)),
             None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
         };
         let written = mneme_runtime::transfer::export(self.log(), &ids, &mut out)?;

@@ -20,3 +20,32 @@ pub mod views;
 pub use error::RuntimeError;
 pub use runner::{Runner, TurnEnd};
 pub use session::Session;
+
+/// Makes every file this process creates from then on readable by its user
+/// only: sets the file-creation mask to 0o077 (files 0600, directories
+/// 0700, sled's own included). Command tools still start with the mask it
+/// replaced: the files a tool creates are its user's business. The `mneme`
+/// binary calls it first thing, before any thread starts.
+pub fn restrict_umask() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: umask(2) has no memory-safety preconditions.
+        let original = unsafe { libc::umask(0o077) };
+        tools::set_tool_umask(u32::from(original));
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_restricted_umask_makes_private_files() {
+        use std::os::unix::fs::PermissionsExt;
+        super::restrict_umask();
+        super::restrict_umask();
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file");
+        std::fs::write(&file, "secret").unwrap();
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+}

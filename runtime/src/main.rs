@@ -17,7 +17,7 @@ mod demo;
 mod render;
 mod timeline;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use uuid::Uuid;
@@ -272,9 +272,16 @@ struct DemoArgs {
 const EXIT_NEEDS_DECISION: u8 = 3;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Sessions hold what people, models and tools said: nothing mneme
+    // writes is for other local users.
+    mneme_runtime::restrict_umask();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // What the data directory's holder note says of this process: never
+    // its arguments (a user's message).
+    let holder = format!("mneme {}", matches.subcommand_name().unwrap_or_default());
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime starts");
-    match runtime.block_on(commands::dispatch(cli)) {
+    match runtime.block_on(commands::dispatch(cli, &holder)) {
         Ok(code) => code,
         Err(error) => {
             say!("mneme: error: {error:#}");

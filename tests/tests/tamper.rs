@@ -154,6 +154,10 @@ async fn record_from_a_newer_format_is_refused_with_its_version() {
     );
 }
 
+/// Bytes of the write-ahead file's header (magic, version, salt, checksum):
+/// all an emptied file holds.
+const WAL_HEADER: u64 = 20;
+
 /// A session whose process died right after its last synced barrier: every
 /// record is in the write-ahead file, none was checkpointed into sled.
 async fn session_only_in_the_write_ahead_file() -> (World, String, MockModel) {
@@ -172,7 +176,7 @@ async fn session_only_in_the_write_ahead_file() -> (World, String, MockModel) {
     let wal = std::fs::metadata(world.data().join("mneme.wal"))
         .unwrap()
         .len();
-    assert!(wal > 0, "the records are in the write-ahead file");
+    assert!(wal > WAL_HEADER, "the records are in the write-ahead file");
     (world, session, model)
 }
 
@@ -186,8 +190,8 @@ async fn records_only_in_the_write_ahead_file_are_recovered() {
         std::fs::metadata(world.data().join("mneme.wal"))
             .unwrap()
             .len(),
-        0,
-        "checkpointed"
+        WAL_HEADER,
+        "checkpointed: the header alone is left"
     );
 }
 
@@ -196,12 +200,13 @@ async fn damage_inside_the_write_ahead_file_refuses_the_directory() {
     let (world, _session, _model) = session_only_in_the_write_ahead_file().await;
     let path = world.data().join("mneme.wal");
     let mut bytes = std::fs::read(&path).unwrap();
-    bytes[5] ^= 0x01; // the length field of the first frame
+    let first_frame = WAL_HEADER as usize;
+    bytes[first_frame + 8] ^= 0x01; // its length field
     std::fs::write(&path, &bytes).unwrap();
     let out = world.run(&["verify"]).await;
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        stderr(&out).contains("write-ahead file damaged at byte 0"),
+        stderr(&out).contains(&format!("write-ahead file damaged at byte {first_frame}")),
         "{}",
         stderr(&out)
     );
@@ -232,4 +237,167 @@ async fn a_torn_last_write_is_set_aside_named_and_the_turn_redone() {
         "the lost reply was asked for again"
     );
     assert!(world.run(&["verify"]).await.status.success());
+}
+
+/// What an attacker who read mneme's source, but cannot read its data
+/// directory, can put into a model reply: write-ahead frames in the old
+/// format (magic, length, CRC-32 of key and value) and in the new one with
+/// everything right but what they cannot know, the file's salt and the
+/// previous frame's checksum (guessed). A reply is text, so each frame's
+/// value is varied until its checksum's bytes are ASCII (NULs pass as
+/// `\u0000` in JSON).
+struct Forgery;
+
+impl Forgery {
+    const SALT_GUESS: [u8; 8] = *b"guessed!";
+    const PREV_GUESS: [u8; 4] = *b"prev";
+    const KEY: &'static [u8; 25] = b"eforged-session-and-seq!!";
+
+    /// A frame in the old format (`magic`, `len`, `crc32(key ‖ value)`).
+    fn v1() -> Vec<u8> {
+        Forgery::ascii(|value| {
+            let mut crc = crc32fast::Hasher::new();
+            crc.update(Forgery::KEY);
+            crc.update(value);
+            let mut frame = 0x4d57_4c31u32.to_le_bytes().to_vec();
+            frame.extend_from_slice(&Forgery::len(value).to_le_bytes());
+            frame.extend_from_slice(&crc.finalize().to_le_bytes());
+            frame
+        })
+    }
+
+    /// A frame in the new format, at byte `offset` of the file, under `salt`
+    /// after a frame whose checksum was `prev`.
+    fn v2(salt: [u8; 8], offset: u64, prev: [u8; 4]) -> Vec<u8> {
+        Forgery::ascii(|value| Forgery::v2_header(salt, offset, prev, Forgery::KEY, value))
+    }
+
+    /// The header of a new-format frame: `salt`, `len`, `prev`,
+    /// `crc32(salt ‖ offset ‖ prev ‖ len ‖ key ‖ value)`.
+    fn v2_header(salt: [u8; 8], offset: u64, prev: [u8; 4], key: &[u8], value: &[u8]) -> Vec<u8> {
+        let len = (key.len() + value.len()) as u32;
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&salt);
+        crc.update(&offset.to_le_bytes());
+        crc.update(&prev);
+        crc.update(&len.to_le_bytes());
+        crc.update(key);
+        crc.update(value);
+        let mut header = salt.to_vec();
+        header.extend_from_slice(&len.to_le_bytes());
+        header.extend_from_slice(&prev);
+        header.extend_from_slice(&crc.finalize().to_le_bytes());
+        header
+    }
+
+    fn len(value: &[u8]) -> u32 {
+        (Forgery::KEY.len() + value.len()) as u32
+    }
+
+    /// `header(value) ‖ key ‖ value` for the first value whose frame is
+    /// ASCII throughout.
+    fn ascii(header: impl Fn(&[u8]) -> Vec<u8>) -> Vec<u8> {
+        (0u32..)
+            .map(|n| {
+                let value = format!("{{forged record {n:08x}}}").into_bytes();
+                let mut frame = header(&value);
+                frame.extend_from_slice(Forgery::KEY);
+                frame.extend_from_slice(&value);
+                frame
+            })
+            .find(|frame| frame.is_ascii())
+            .expect("some value gives an ASCII checksum")
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// A session killed right after a model reply carrying forged frames
+/// reached the write-ahead file (and no further), the new-format forgery
+/// made for the byte it landed at. Returns the world, the session, the
+/// write-ahead file and where the forged frames end in it.
+async fn reply_carrying_forged_frames() -> (World, String, Vec<u8>, usize) {
+    // Where the frame lands depends on the records before it, which the
+    // same lengths make the same: aim, look where it landed, aim there.
+    let mut aim = 0;
+    for _ in 0..3 {
+        let v2 = Forgery::v2(Forgery::SALT_GUESS, aim, Forgery::PREV_GUESS);
+        let frames = [Forgery::v1(), v2.clone()].concat();
+        let reply = format!("here you go: {}", String::from_utf8(frames).unwrap());
+        let world = World::new();
+        let model = MockModel::start(vec![MockReply::answer(&reply)], Fault::None).await;
+        let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[]));
+        let out = world
+            .run_crashing(
+                &["run", "--agent", agent.to_str().unwrap(), "hello"],
+                "model_reply_appended",
+            )
+            .await;
+        assert!(!out.status.success(), "the crash point must fire");
+        let session = session_id(&out);
+        let wal = std::fs::read(world.data().join("mneme.wal")).unwrap();
+        let landed = find(&wal, &v2).expect("the reply is in the write-ahead file");
+        if landed as u64 == aim {
+            return (world, session, wal, landed + v2.len());
+        }
+        aim = landed as u64;
+    }
+    panic!("the forged frame never landed where it was aimed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_frames_inside_a_torn_last_record_are_not_taken_for_whole_ones() {
+    let (world, session, wal, forged_end) = reply_carrying_forged_frames().await;
+    // The last write torn right after the forged frames: the real frame
+    // around them does not check out, and nothing genuine follows it.
+    let path = world.data().join("mneme.wal");
+    std::fs::write(&path, &wal[..forged_end]).unwrap();
+    let out = world.run(&["verify"]).await;
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    assert!(
+        stdout(&out).contains(&session) && stdout(&out).contains("2 events"),
+        "every record before the torn one is kept: {}",
+        stdout(&out)
+    );
+    let warning = stderr(&out);
+    assert!(
+        warning.contains("partial write (") && warning.contains("mneme.wal.torn-"),
+        "{warning}"
+    );
+    let aside = std::fs::read_dir(world.data())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().contains("mneme.wal.torn-"))
+        .expect("the torn tail is kept aside");
+    assert!(
+        find(&std::fs::read(aside).unwrap(), &Forgery::v1()).is_some(),
+        "the torn tail holds the forged frames"
+    );
+    let out = world.run(&["sessions", "--json"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let listed: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(
+        (listed["session"].as_str(), listed["events"].as_u64()),
+        (Some(session.as_str()), Some(2)),
+        "{listed}"
+    );
+    // The forgery was as good as the format allows: with the file's own salt
+    // and chain, the attacker's encoder writes exactly the file's first frame.
+    assert_eq!(
+        &wal[..8],
+        b"MWAL\x02\0\0\0",
+        "a file header with the format version"
+    );
+    let salt: [u8; 8] = wal[8..16].try_into().unwrap();
+    let header_sum: [u8; 4] = wal[16..20].try_into().unwrap();
+    let (frame, body) = (WAL_HEADER as usize, WAL_HEADER as usize + 20);
+    let len = u32::from_le_bytes(wal[frame + 8..frame + 12].try_into().unwrap()) as usize;
+    let (key, value) = wal[body..body + len].split_at(25);
+    assert_eq!(
+        Forgery::v2_header(salt, WAL_HEADER, header_sum, key, value),
+        wal[frame..body],
+        "the forged frames follow the format byte for byte, all but the salt"
+    );
 }
