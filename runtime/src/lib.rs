@@ -31,7 +31,7 @@ pub fn restrict_umask() {
     ONCE.call_once(|| {
         // SAFETY: umask(2) has no memory-safety preconditions.
         let original = unsafe { libc::umask(0o077) };
-        tools::set_tool_umask(u32::from(original));
+        tools::set_tool_umask(original);
     });
 }
 

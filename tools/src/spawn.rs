@@ -24,7 +24,7 @@ static TOOL_UMASK: AtomicU32 = AtomicU32::new(INHERIT_UMASK);
 /// Tool processes start with this umask instead of mneme's own (mneme
 /// keeps its files private with a strict umask; a tool's files are the
 /// user's business).
-pub fn set_tool_umask(mask: u32) {
+pub fn set_tool_umask(mask: libc::mode_t) {
     TOOL_UMASK.store(mask, Ordering::Relaxed);
 }
 
@@ -65,7 +65,7 @@ pub(crate) fn spawn(
                 libc::kill(libc::getpid(), libc::SIGKILL);
             }
             if umask != INHERIT_UMASK {
-                libc::umask(umask as libc::mode_t);
+                libc::umask(umask);
             }
             Ok(())
         });
