@@ -22,18 +22,31 @@ pub struct DaemonProcess {
 impl DaemonProcess {
     /// Starts `mneme serve` on `data` and waits until it answers.
     pub async fn start(data: &Path, extra: &[&str]) -> DaemonProcess {
-        let note = data.join("mneme.daemon");
-        let _ = std::fs::remove_file(&note);
-        let child = Command::new(mneme_bin())
+        DaemonProcess::launch(DaemonProcess::command(data, extra), data).await
+    }
+
+    /// The `mneme serve` command [`DaemonProcess::start`] runs (on a free
+    /// loopback port, with [`TOKEN`]), for a test to adjust (its output,
+    /// its limits) before [`DaemonProcess::launch`].
+    pub fn command(data: &Path, extra: &[&str]) -> Command {
+        let mut command = Command::new(mneme_bin());
+        command
             .arg("--data-dir")
             .arg(data)
             .args(["serve", "--listen", "127.0.0.1:0"])
             .args(extra)
             .env("MNEME_TOKEN", TOKEN)
             .env_remove("MNEME_CRASH_AT")
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+            .kill_on_drop(true);
+        command
+    }
+
+    /// Runs `command` (a `mneme serve` on `data`) and waits until the daemon
+    /// says where it listens; its client sends [`TOKEN`].
+    pub async fn launch(mut command: Command, data: &Path) -> DaemonProcess {
+        let note = data.join("mneme.daemon");
+        let _ = std::fs::remove_file(&note);
+        let child = command.spawn().unwrap();
         let started = Instant::now();
         let addr = loop {
             if let Some(addr) = std::fs::read_to_string(&note)
@@ -64,6 +77,11 @@ impl DaemonProcess {
             base: format!("http://{addr}"),
             http,
         }
+    }
+
+    /// The daemon's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("the daemon runs")
     }
 
     /// `base` + `path`.
@@ -173,7 +191,7 @@ impl DaemonProcess {
 
 /// Reads an event stream into `seen` until it contains `needle`; fails if
 /// the stream stalls for 10 s or ends first.
-async fn read_until(
+pub async fn read_until(
     stream: &mut (impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
     seen: &mut String,
     needle: &str,
