@@ -494,18 +494,14 @@ pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), R
         .snapshot_every(config.snapshot_every)
         .observed_by(metrics.clone());
     let daemon = Arc::new(Daemon::new(service, config.clone(), metrics, heads));
+    let cannot_listen = |source| RuntimeError::Listen {
+        addr: config.listen,
+        source,
+    };
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
-        .map_err(|e| RuntimeError::InvalidRequest {
-            session: Uuid::nil(),
-            reason: format!("cannot listen on {}: {e}", config.listen),
-        })?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| RuntimeError::InvalidRequest {
-            session: Uuid::nil(),
-            reason: format!("listener address: {e}"),
-        })?;
+        .map_err(cannot_listen)?;
+    let addr = listener.local_addr().map_err(cannot_listen)?;
     write_daemon_file(&config, addr);
     eprintln!("mneme serve: listening on http://{addr}");
     tokio::spawn(daemon.clone().recover());
@@ -527,7 +523,7 @@ pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), R
     let served = server.into_future();
     let stopping_since = tokio::select! {
         served = served => {
-            served.map_err(|e| RuntimeError::InvalidRequest { session: Uuid::nil(), reason: format!("server: {e}") })?;
+            served.map_err(|e| RuntimeError::Daemon(format!("server: {e}")))?;
             std::time::Instant::now()
         }
         since = async {
