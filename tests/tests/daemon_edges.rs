@@ -2,8 +2,9 @@
 //! untrusted input, and so are the daemon's clients). Each test drives the
 //! real binary the way the finding was found.
 
-use mneme_e2e::daemon::TOKEN;
+use mneme_e2e::daemon::{DaemonProcess, TOKEN};
 use mneme_e2e::*;
+use serde_json::{json, Value};
 use std::time::Duration;
 
 /// Runs `command` (a `mneme serve` that must refuse to start) and returns
@@ -16,6 +17,102 @@ async fn refusal(mut command: tokio::process::Command) -> std::process::Output {
         .unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     out
+}
+
+/// Extractor rejections answer `{"error": ...}` with the reason like every
+/// other error (finding 14), and the CLI shows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_error_is_json_with_its_reason() {
+    let world = World::new();
+    let model = MockModel::start(vec![MockReply::answer("hi")], Fault::None).await;
+    let daemon = DaemonProcess::start(&world.data(), &["--max-body-bytes", "1024"]).await;
+    let id = daemon.create(&agent_toml(&model.base_url(), &[])).await;
+    let messages = daemon.url(&format!("/sessions/{id}/messages"));
+    let http = &daemon.http;
+    let cases = [
+        (
+            "too large",
+            http.post(&messages)
+                .header("content-type", "application/json")
+                .body(format!("{{\"text\": \"{}\"}}", "x".repeat(2000))),
+            413,
+            "1024",
+        ),
+        (
+            "wrong content type",
+            http.post(&messages)
+                .header("content-type", "text/plain")
+                .body("{\"text\": \"hi\"}"),
+            415,
+            "application/json",
+        ),
+        (
+            "wrong field type",
+            http.post(&messages).json(&json!({"text": 5})),
+            422,
+            "text",
+        ),
+        (
+            "not JSON",
+            http.post(&messages)
+                .header("content-type", "application/json")
+                .body("{not json"),
+            400,
+            "key must be a string",
+        ),
+        (
+            "not a session id",
+            http.get(daemon.url("/sessions/not-a-uuid")),
+            400,
+            "UUID",
+        ),
+        (
+            "bad query",
+            http.get(daemon.url(&format!("/sessions/{id}/events?after=soon"))),
+            400,
+            "after",
+        ),
+        (
+            "no such route",
+            http.get(daemon.url("/nowhere")),
+            404,
+            "/nowhere",
+        ),
+        (
+            "wrong method",
+            http.delete(daemon.url("/health")),
+            405,
+            "DELETE",
+        ),
+    ];
+    for (what, request, status, reason) in cases {
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status().as_u16(), status, "{what}");
+        let content_type = response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        assert_eq!(content_type, "application/json", "{what}");
+        let body: Value = response.json().await.unwrap();
+        let error = body["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{what}: {body}"));
+        assert!(error.contains(reason), "{what}: {error}");
+    }
+    let out = world
+        .mneme()
+        .args(["run", "--session", &id, &"y".repeat(2000)])
+        .env("MNEME_TOKEN", TOKEN)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("--max-body-bytes") && stderr(&out).contains("1024"),
+        "the CLI shows the reason: {}",
+        stderr(&out)
+    );
+    assert!(daemon.terminate().await.success());
 }
 
 /// A port already taken is reported by address, not as a session
