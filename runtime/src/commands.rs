@@ -138,17 +138,18 @@ async fn serve(
 /// The daemon's token: from `--token-file`, else `$MNEME_TOKEN`, else a new
 /// random one written to `DATA_DIR/mneme.token`, readable by this user only.
 fn token(data_dir: &std::path::Path, file: Option<PathBuf>) -> Result<(String, Option<PathBuf>)> {
+    use mneme_runtime::daemon::token::trimmed;
     if let Some(file) = file {
-        let token = std::fs::read_to_string(&file)
+        let text = std::fs::read_to_string(&file)
             .with_context(|| format!("reading token file {}", file.display()))?;
-        let token = token.trim().to_string();
-        if token.is_empty() {
+        if trimmed(&text).is_empty() {
             bail!("token file {} is empty", file.display());
         }
-        return Ok((token, Some(file)));
+        return Ok((trimmed(&text).to_string(), Some(file)));
     }
-    if let Some(token) = std::env::var("MNEME_TOKEN").ok().filter(|t| !t.is_empty()) {
-        return Ok((token, None));
+    let given = std::env::var("MNEME_TOKEN").unwrap_or_default();
+    if !trimmed(&given).is_empty() {
+        return Ok((trimmed(&given).to_string(), None));
     }
     use std::io::{Read, Write};
     use std::os::unix::fs::OpenOptionsExt;

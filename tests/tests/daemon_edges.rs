@@ -115,6 +115,52 @@ async fn every_error_is_json_with_its_reason() {
     assert!(daemon.terminate().await.success());
 }
 
+/// The scheme is case-insensitive, tokens are trimmed on both sides, and
+/// anything else is refused (finding 15).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bearer_check_takes_any_case_and_trims_tokens() {
+    let world = World::new();
+    let mut command = DaemonProcess::command(&world.data(), &[]);
+    command.env("MNEME_TOKEN", format!("  {TOKEN} \n"));
+    let daemon = DaemonProcess::launch(command, &world.data()).await;
+    let plain = reqwest::Client::new();
+    let status_with = |auth: String| {
+        let request = plain
+            .get(daemon.url("/sessions"))
+            .header("authorization", auth);
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    for scheme in ["Bearer", "bearer", "BEARER"] {
+        assert_eq!(
+            status_with(format!("{scheme} {TOKEN}")).await,
+            200,
+            "{scheme}"
+        );
+    }
+    assert_eq!(status_with(format!("Bearer   {TOKEN}")).await, 200);
+    let wrong_same_length = format!("{}X", &TOKEN[..TOKEN.len() - 1]);
+    for refused in [
+        format!("Basic {TOKEN}"),
+        format!("Bearer{TOKEN}"),
+        format!("Bearer {wrong_same_length}"),
+        format!("Bearer {}", &TOKEN[..TOKEN.len() - 1]),
+        format!("Bearer {TOKEN}{TOKEN}"),
+        "Bearer".to_string(),
+    ] {
+        assert_eq!(status_with(refused.clone()).await, 401, "{refused}");
+    }
+    // The CLI beside it, with the same spaced token, gets in too.
+    let out = world
+        .mneme()
+        .arg("sessions")
+        .env("MNEME_TOKEN", format!(" {TOKEN}  "))
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(daemon.terminate().await.success());
+}
+
 /// A port already taken is reported by address, not as a session
 /// (finding 16).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

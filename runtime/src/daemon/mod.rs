@@ -14,6 +14,7 @@
 mod api;
 mod metrics;
 mod openapi;
+pub mod token;
 
 pub use metrics::Metrics;
 
@@ -93,6 +94,8 @@ pub(crate) struct Daemon {
     pub(crate) heads: broadcast::Sender<(Uuid, u64)>,
     /// Rendered prompts of recently active sessions.
     prompts: Mutex<PromptCache>,
+    /// What requests must carry in `Authorization`.
+    bearer: token::Expected,
 }
 
 /// Bytes of rendered prompts the daemon keeps across turns.
@@ -173,6 +176,7 @@ impl Daemon {
             })
         };
         Daemon {
+            bearer: token::Expected::new(&config.token),
             runner: service.runner().with_stop(stop),
             service,
             config,
