@@ -137,19 +137,15 @@ async fn serve(
 
 /// The daemon's token: from `--token-file`, else `$MNEME_TOKEN`, else a new
 /// random one written to `DATA_DIR/mneme.token`, readable by this user only.
+/// A given token must be long enough, and its file private.
 fn token(data_dir: &std::path::Path, file: Option<PathBuf>) -> Result<(String, Option<PathBuf>)> {
-    use mneme_runtime::daemon::token::trimmed;
+    use mneme_runtime::daemon::token;
     if let Some(file) = file {
-        let text = std::fs::read_to_string(&file)
-            .with_context(|| format!("reading token file {}", file.display()))?;
-        if trimmed(&text).is_empty() {
-            bail!("token file {} is empty", file.display());
-        }
-        return Ok((trimmed(&text).to_string(), Some(file)));
+        return Ok((token::read_file(&file)?, Some(file)));
     }
     let given = std::env::var("MNEME_TOKEN").unwrap_or_default();
-    if !trimmed(&given).is_empty() {
-        return Ok((trimmed(&given).to_string(), None));
+    if !token::trimmed(&given).is_empty() {
+        return Ok((token::checked(&given, "$MNEME_TOKEN")?, None));
     }
     use std::io::{Read, Write};
     use std::os::unix::fs::OpenOptionsExt;

@@ -104,7 +104,8 @@ struct ServeArgs {
     /// Address to listen on (loopback by default).
     #[arg(long, default_value = "127.0.0.1:7878")]
     listen: std::net::SocketAddr,
-    /// File holding the bearer token.
+    /// File holding the bearer token (at least 16 bytes; readable by its
+    /// owner only).
     #[arg(long)]
     token_file: Option<PathBuf>,
     /// Directory of agent files that sessions can be created from by name.

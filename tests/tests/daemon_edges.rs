@@ -5,6 +5,7 @@
 use mneme_e2e::daemon::{DaemonProcess, TOKEN};
 use mneme_e2e::*;
 use serde_json::{json, Value};
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Runs `command` (a `mneme serve` that must refuse to start) and returns
@@ -17,6 +18,60 @@ async fn refusal(mut command: tokio::process::Command) -> std::process::Output {
         .unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     out
+}
+
+/// Short tokens, from a file or the environment, and token files others
+/// can read are refused, naming what (finding 10).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weak_tokens_and_readable_token_files_are_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let world = World::new();
+    let serve = |token_file: Option<&PathBuf>, env: &str| {
+        let mut command = world.mneme();
+        command
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .env("MNEME_TOKEN", env);
+        if let Some(file) = token_file {
+            command.arg("--token-file").arg(file);
+        }
+        refusal(command)
+    };
+    let out = serve(None, "x").await;
+    assert!(
+        stderr(&out).contains("MNEME_TOKEN") && stderr(&out).contains("16 bytes"),
+        "{}",
+        stderr(&out)
+    );
+    let short = world.write("short.token", "x\n");
+    std::fs::set_permissions(&short, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let out = serve(Some(&short), "").await;
+    assert!(
+        stderr(&out).contains(short.to_str().unwrap()) && stderr(&out).contains("16 bytes"),
+        "{}",
+        stderr(&out)
+    );
+    let open = world.write("open.token", "a-long-enough-token-0123456789\n");
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = serve(Some(&open), "").await;
+    let said = stderr(&out);
+    assert!(
+        said.contains(open.to_str().unwrap()) && said.contains("644") && said.contains("chmod 600"),
+        "{said}"
+    );
+    // The same file, readable by its owner only, is taken.
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mut command =
+        DaemonProcess::command(&world.data(), &["--token-file", open.to_str().unwrap()]);
+    command.env_remove("MNEME_TOKEN");
+    let daemon = DaemonProcess::launch(command, &world.data()).await;
+    let response = reqwest::Client::new()
+        .get(daemon.url("/sessions"))
+        .bearer_auth("a-long-enough-token-0123456789")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(daemon.terminate().await.success());
 }
 
 /// Extractor rejections answer `{"error": ...}` with the reason like every
