@@ -120,6 +120,7 @@ async fn serve(
     let (token, token_file) = token(settings.data_dir, a.token_file)?;
     let config = mneme_runtime::daemon::DaemonConfig {
         listen: a.listen,
+        allow_public: a.allow_public,
         data_dir: settings.data_dir.to_path_buf(),
         token,
         token_file,

@@ -104,6 +104,10 @@ struct ServeArgs {
     /// Address to listen on (loopback by default).
     #[arg(long, default_value = "127.0.0.1:7878")]
     listen: std::net::SocketAddr,
+    /// Allow a --listen address other hosts can reach. The API is plain
+    /// HTTP: put a TLS proxy in front of it, or keep it to a trusted network.
+    #[arg(long)]
+    allow_public: bool,
     /// File holding the bearer token (at least 16 bytes; readable by its
     /// owner only).
     #[arg(long)]

@@ -107,6 +107,7 @@ fn run_child(dir: &str) {
         let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir).unwrap());
         let config = runtime::daemon::DaemonConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
+            allow_public: false,
             data_dir: dir.into(),
             token: "bench".into(),
             token_file: None,

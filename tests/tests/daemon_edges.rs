@@ -8,6 +8,17 @@ use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// Starts `command` (a `mneme serve` on the world's data directory) with its
+/// stderr in a file; returns the daemon and the file.
+async fn launch_logged(
+    world: &World,
+    mut command: tokio::process::Command,
+) -> (DaemonProcess, PathBuf) {
+    let log = world.dir.path().join("daemon.log");
+    command.stderr(std::fs::File::create(&log).unwrap());
+    (DaemonProcess::launch(command, &world.data()).await, log)
+}
+
 /// Runs `command` (a `mneme serve` that must refuse to start) and returns
 /// its output; fails if it is still running after 20 s.
 async fn refusal(mut command: tokio::process::Command) -> std::process::Output {
@@ -18,6 +29,36 @@ async fn refusal(mut command: tokio::process::Command) -> std::process::Output {
         .unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     out
+}
+
+/// A non-loopback address is refused unless asked for, and then warned
+/// about (finding 10).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_public_listen_address_needs_allow_public_and_is_warned_about() {
+    let world = World::new();
+    let mut command = world.mneme();
+    command
+        .args(["serve", "--listen", "0.0.0.0:0"])
+        .env("MNEME_TOKEN", TOKEN);
+    let said = stderr(&refusal(command).await);
+    assert!(
+        said.contains("0.0.0.0:0") && said.contains("--allow-public"),
+        "{said}"
+    );
+    let mut command = world.mneme();
+    command
+        .args(["serve", "--listen", "0.0.0.0:0", "--allow-public"])
+        .env("MNEME_TOKEN", TOKEN)
+        .kill_on_drop(true);
+    let (daemon, log) = launch_logged(&world, command).await;
+    let (status, _) = daemon.get("/sessions").await;
+    assert_eq!(status, 200);
+    assert!(daemon.terminate().await.success());
+    let said = std::fs::read_to_string(log).unwrap();
+    assert!(
+        said.contains("plain HTTP") && said.contains("reachable from the network"),
+        "{said}"
+    );
 }
 
 /// Short tokens, from a file or the environment, and token files others

@@ -52,6 +52,8 @@ pub const DAEMON_FILE: &str = "mneme.daemon";
 pub struct DaemonConfig {
     /// Address to listen on.
     pub listen: SocketAddr,
+    /// Whether `listen` may be an address other hosts can reach.
+    pub allow_public: bool,
     /// The data directory (for the daemon file).
     pub data_dir: PathBuf,
     /// Bearer token every endpoint but `/health` requires.
@@ -492,6 +494,13 @@ impl Drop for RunningGuard<'_> {
 /// Runs the daemon on `log` until SIGTERM or ctrl-c; returns after a clean
 /// shutdown.
 pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), RuntimeError> {
+    let public = !config.listen.ip().to_canonical().is_loopback();
+    if public && !config.allow_public {
+        return Err(RuntimeError::Daemon(format!(
+            "--listen {}: other hosts can reach this address, and the API is plain HTTP (its token and sessions would cross the network unencrypted); listen on loopback behind a TLS proxy, or pass --allow-public to serve it anyway",
+            config.listen
+        )));
+    }
     let (heads, _) = broadcast::channel(4096);
     let metrics = Arc::new(Metrics::new(heads.clone()));
     let service = Service::new(log, config.durability)
@@ -508,6 +517,9 @@ pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), R
     let addr = listener.local_addr().map_err(cannot_listen)?;
     write_daemon_file(&config, addr);
     eprintln!("mneme serve: listening on http://{addr}");
+    if public {
+        eprintln!("mneme serve: WARNING: --allow-public: the API is plain HTTP (no TLS) and reachable from the network on {addr}; its bearer token and every session cross it unencrypted. Put a TLS proxy in front of it, or keep it to a network you trust.");
+    }
     tokio::spawn(daemon.clone().recover());
     tokio::spawn(daemon.clone().take_over_lapsed());
     follow_other_daemons(&daemon);
