@@ -5,7 +5,6 @@ use crate::{Cli, Command, JsonFlag, EXIT_NEEDS_DECISION};
 use anyhow::{bail, Context, Result};
 use eventlog::{EventLog, SledLog};
 use mneme_runtime::agent::load_agent_file;
-use mneme_runtime::error::RuntimeError;
 use mneme_runtime::lease::HeldLease;
 use mneme_runtime::pause;
 use mneme_runtime::runner::StopCheck;
@@ -196,23 +195,15 @@ impl Ctx {
     /// by a killed `mneme` of this host is waited out. No lease is taken
     /// for a session that does not exist.
     async fn hold(&self, id: Uuid) -> Result<HeldLease> {
-        self.ensure_exists(id)?;
+        self.service.ensure_exists(id)?;
         let log = self.service.log().clone();
         Ok(HeldLease::acquire_after_exited(log, id, &self.owner, self.lease_ttl).await?)
-    }
-
-    /// Refuses, by name, a session the store does not hold.
-    fn ensure_exists(&self, id: Uuid) -> Result<()> {
-        if self.log().head(id)?.seq == 0 {
-            return Err(RuntimeError::NoSuchSession(id).into());
-        }
-        Ok(())
     }
 
     fn export(&self, a: crate::ExportArgs) -> Result<ExitCode> {
         let ids = match a.session {
             Some(id) => {
-                self.ensure_exists(id)?;
+                self.service.ensure_exists(id)?;
                 vec![id]
             }
             None => self.session_ids()?,

@@ -7,6 +7,7 @@ use mneme_e2e::*;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::time::Duration;
+use uuid::Uuid;
 
 /// Starts `command` (a `mneme serve` on the world's data directory) with its
 /// stderr in a file; returns the daemon and the file.
@@ -29,6 +30,97 @@ async fn refusal(mut command: tokio::process::Command) -> std::process::Output {
         .unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     out
+}
+
+/// 100 approvals and 100 resolutions of sessions that do not exist
+/// (finding 7): each a 404 naming the session, and nothing about them in
+/// the daemon's output in the seconds after (it took a lease on each, then
+/// tried to take each over once a second, forever). Returns the ids.
+async fn decide_on_unknown_sessions(daemon: &DaemonProcess, log: &PathBuf) -> Vec<Uuid> {
+    let mut ids = Vec::new();
+    for action in ["approve", "resolve"] {
+        for _ in 0..100 {
+            let id = Uuid::now_v7();
+            let body = match action {
+                "approve" => json!({"approved": true, "by": "ops"}),
+                _ => json!({"retry": true, "by": "ops"}),
+            };
+            let (status, answer) = daemon
+                .post(&format!("/sessions/{id}/calls/call_0_0/{action}"), &body)
+                .await;
+            assert_eq!(status, 404, "{action}: {answer}");
+            assert!(
+                answer["error"].as_str().unwrap().contains(&id.to_string()),
+                "{answer}"
+            );
+            ids.push(id);
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let text = std::fs::read_to_string(log).unwrap();
+    for id in &ids {
+        assert!(
+            !text.contains(&id.to_string()),
+            "{id} in the daemon's output: {text}"
+        );
+    }
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_on_unknown_sessions_take_no_lease_and_log_nothing() {
+    let world = World::new();
+    let (daemon, log) = launch_logged(&world, DaemonProcess::command(&world.data(), &[])).await;
+    decide_on_unknown_sessions(&daemon, &log).await;
+    assert!(daemon.terminate().await.success());
+}
+
+/// The same on PostgreSQL, where leases are rows: none is written for the
+/// unknown sessions, and a lapsed lease of a session without events, as
+/// earlier versions left behind, is cleared once and quietly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_on_unknown_sessions_on_postgres_leave_no_lease_row() {
+    let world = World::new();
+    let store = pg_store();
+    let (server, schema) = store.split_once("?schema=").unwrap();
+    let command = DaemonProcess::command(&world.data(), &["--store", &store]);
+    let (daemon, log) = launch_logged(&world, command).await;
+    let (db, connection) = tokio_postgres::connect(server, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let leftover = Uuid::now_v7();
+    db.execute(
+        &format!(
+            "INSERT INTO \"{schema}\".mneme_leases VALUES \
+             ($1, 'daemon@gone:1:0', 1, now() - interval '1 minute', false)"
+        ),
+        &[&leftover],
+    )
+    .await
+    .unwrap();
+    let ids = decide_on_unknown_sessions(&daemon, &log).await;
+    let rows: i64 = db
+        .query_one(
+            &format!("SELECT count(*) FROM \"{schema}\".mneme_leases WHERE session = ANY($1)"),
+            &[&ids],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0, "lease rows of sessions that do not exist");
+    let released: bool = db
+        .query_one(
+            &format!("SELECT released FROM \"{schema}\".mneme_leases WHERE session = $1"),
+            &[&leftover],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(released, "the leftover lapsed lease was cleared");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(!text.contains(&leftover.to_string()), "{text}");
+    assert!(daemon.terminate().await.success());
 }
 
 /// A non-loopback address is refused unless asked for, and then warned

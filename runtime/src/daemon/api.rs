@@ -485,11 +485,13 @@ async fn approve(
 /// Records a person's say on session `id` (`record`) while no turn runs it
 /// here and under its lease, so the append carries this daemon's current
 /// fencing token; a turn running elsewhere gets a 409 naming its daemon.
+/// A session the store does not hold is refused before any lease is taken.
 async fn under_lease<T>(
     daemon: &Shared,
     id: Uuid,
     record: impl FnOnce(&Service, &mut Session) -> Result<T, RuntimeError>,
 ) -> Result<T, ApiError> {
+    daemon.service.ensure_exists(id)?;
     let lock = daemon.lock_for(id);
     let _turn = lock.lock().await;
     let lease = daemon.hold(id)?;
@@ -668,9 +670,7 @@ async fn verify(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
 ) -> Result<Json<Value>, ApiError> {
-    if daemon.service.log().head(id)?.seq == 0 {
-        return Err(RuntimeError::NoSuchSession(id).into());
-    }
+    daemon.service.ensure_exists(id)?;
     Ok(Json(views::verify(daemon.service.log().as_ref(), id)))
 }
 

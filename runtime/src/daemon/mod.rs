@@ -396,7 +396,8 @@ impl Daemon {
 
     /// Every half lease (at most a second): resumes the sessions whose leases lapsed (their
     /// daemon died or was cut off) and that were interrupted mid-turn; clears
-    /// lapsed leases of sessions at rest.
+    /// lapsed leases of sessions at rest, and of sessions the store does not
+    /// hold (earlier versions took leases for those), once and quietly.
     async fn take_over_lapsed(self: Arc<Self>) {
         let every = (self.config.lease_ttl / 2).min(LOOK_FOR_LAPSED_LEASES);
         while !self.is_shutting_down() {
@@ -413,22 +414,22 @@ impl Daemon {
                 if self.is_shutting_down() || self.is_running(id) {
                     continue;
                 }
-                match self.service.current_summary(id) {
-                    Ok(summary) if was_interrupted(&summary) => {
+                match self.needs_takeover(id) {
+                    Ok(true) => {
                         eprintln!("mneme serve: taking over session {id} from {}", lease.owner);
                         self.spawn_turn(id, TurnStart::Recover("lease takeover"));
                     }
-                    // At rest: clear the lapsed lease, unless a turn of this
-                    // daemon is starting (it holds the session's lock). Look
-                    // again under the lease: a turn elsewhere may have been
-                    // interrupted meanwhile, and then the lease must lapse
-                    // (the next look resumes the session), not be released.
-                    Ok(_) => {
+                    // Nothing to resume: clear the lapsed lease, unless a
+                    // turn of this daemon is starting (it holds the
+                    // session's lock). Look again under the lease: a turn
+                    // elsewhere may have been interrupted meanwhile, and then
+                    // the lease must lapse (the next look resumes the
+                    // session), not be released.
+                    Ok(false) => {
                         let lock = self.lock_for(id);
                         let Ok(_turn) = lock.try_lock() else { continue };
                         let Ok(lease) = self.hold(id) else { continue };
-                        if matches!(self.service.current_summary(id), Ok(s) if !was_interrupted(&s))
-                        {
+                        if matches!(self.needs_takeover(id), Ok(false)) {
                             lease.release();
                         }
                     }
@@ -436,6 +437,16 @@ impl Daemon {
                 }
             }
         }
+    }
+
+    /// Whether whoever takes over `id`'s lapsed lease must resume it: it was
+    /// interrupted mid-turn. False for a session at rest, and for one the
+    /// store does not hold.
+    fn needs_takeover(&self, id: Uuid) -> Result<bool, RuntimeError> {
+        if !self.service.exists(id)? {
+            return Ok(false);
+        }
+        Ok(was_interrupted(&self.service.current_summary(id)?))
     }
 
     /// Stops taking turns, lets running ones pause at a step boundary, and
