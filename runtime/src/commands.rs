@@ -128,6 +128,9 @@ async fn serve(
         snapshot_every: settings.snapshot_every,
         shutdown_grace: Duration::from_secs(a.shutdown_grace),
         max_body_bytes: a.max_body_bytes,
+        header_timeout: Duration::from_secs(a.header_timeout_secs),
+        idle_timeout: Duration::from_secs(a.idle_timeout_secs),
+        max_connections: a.max_connections,
         owner: mneme_runtime::lease::owner_name("daemon"),
         lease_ttl: settings.lease_ttl,
     };

@@ -18,6 +18,7 @@ mod render;
 mod timeline;
 
 use clap::{Args, Parser, Subcommand};
+use mneme_runtime::daemon;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use uuid::Uuid;
@@ -121,6 +122,30 @@ struct ServeArgs {
     /// Largest request body accepted, in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     max_body_bytes: usize,
+    /// Seconds a client has to send a request's head: from connecting for
+    /// the first request, from its first byte for a later one.
+    #[arg(
+        long,
+        default_value_t = daemon::DEFAULT_HEADER_TIMEOUT_SECS,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    header_timeout_secs: u64,
+    /// Seconds a keep-alive connection may wait for its next request.
+    #[arg(
+        long,
+        default_value_t = daemon::DEFAULT_IDLE_TIMEOUT_SECS,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    idle_timeout_secs: u64,
+    /// Connections open at most, lowered to what the open-file limit leaves
+    /// room for. At the cap, the connection quiet the longest is closed to
+    /// admit a new one; those with a request under way never are.
+    #[arg(
+        long,
+        default_value_t = daemon::DEFAULT_MAX_CONNECTIONS,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+    )]
+    max_connections: usize,
 }
 
 #[derive(Args)]

@@ -116,6 +116,9 @@ fn run_child(dir: &str) {
             snapshot_every: runtime::snapshot::DEFAULT_EVERY,
             shutdown_grace: Duration::from_secs(1),
             max_body_bytes: 1 << 20,
+            header_timeout: Duration::from_secs(runtime::daemon::DEFAULT_HEADER_TIMEOUT_SECS),
+            idle_timeout: Duration::from_secs(runtime::daemon::DEFAULT_IDLE_TIMEOUT_SECS),
+            max_connections: runtime::daemon::DEFAULT_MAX_CONNECTIONS,
             owner: runtime::lease::owner_name("bench"),
             lease_ttl: runtime::lease::DEFAULT_TTL,
         };

@@ -12,6 +12,7 @@
 //! deadline, pauses those turns with a SessionPaused, checkpoints and exits 0.
 
 mod api;
+mod http;
 mod metrics;
 mod openapi;
 pub mod token;
@@ -26,7 +27,6 @@ use crate::service::Service;
 use crate::snapshot::Summary;
 use eventlog::{Durability, EventLog};
 use std::collections::{HashMap, HashSet};
-use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -42,6 +42,15 @@ pub const SHUTDOWN_REASON: &str = "daemon shutting down";
 /// The longest wait between two looks for lapsed leases: a lease handed
 /// over at once (a shutdown, a failed turn) is taken over within it.
 const LOOK_FOR_LAPSED_LEASES: Duration = Duration::from_secs(1);
+
+/// Seconds a client has to send a request's head, by default.
+pub const DEFAULT_HEADER_TIMEOUT_SECS: u64 = 10;
+
+/// Seconds a keep-alive connection may wait for its next request, by default.
+pub const DEFAULT_IDLE_TIMEOUT_SECS: u64 = 60;
+
+/// Connections open at most, by default.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 
 /// Name of the file in the data directory that tells the CLI where the
 /// daemon listens.
@@ -70,6 +79,13 @@ pub struct DaemonConfig {
     pub shutdown_grace: Duration,
     /// Largest request body accepted.
     pub max_body_bytes: usize,
+    /// How long a client has to send a request's head.
+    pub header_timeout: Duration,
+    /// How long a keep-alive connection may wait for its next request.
+    pub idle_timeout: Duration,
+    /// Connections open at most (lowered to what the open-file limit
+    /// leaves room for).
+    pub max_connections: usize,
     /// This daemon's name as the owner of session leases.
     pub owner: String,
     /// How long a session's lease lasts unless renewed: how soon another
@@ -526,6 +542,11 @@ pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), R
         .await
         .map_err(cannot_listen)?;
     let addr = listener.local_addr().map_err(cannot_listen)?;
+    let limits = http::Limits {
+        header_timeout: config.header_timeout,
+        idle_timeout: config.idle_timeout,
+        max_connections: http::connection_cap(config.max_connections)?,
+    };
     write_daemon_file(&config, addr);
     eprintln!("mneme serve: listening on http://{addr}");
     if public {
@@ -535,9 +556,9 @@ pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), R
     tokio::spawn(daemon.clone().take_over_lapsed());
     follow_other_daemons(&daemon);
     let (stop_http, http_stopped) = tokio::sync::watch::channel(false);
-    let app = api::router(daemon.clone(), http_stopped);
+    let app = api::router(daemon.clone(), http_stopped.clone());
     let stopping = daemon.clone();
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+    tokio::spawn(async move {
         shutdown_signal().await;
         eprintln!("mneme serve: shutting down");
         // Turns pause at their next step; live streams end; no new turns.
@@ -547,12 +568,8 @@ pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), R
     // One deadline for the whole shutdown: open requests and running turns
     // share the grace period.
     let grace = config.shutdown_grace;
-    let served = server.into_future();
     let stopping_since = tokio::select! {
-        served = served => {
-            served.map_err(|e| RuntimeError::Daemon(format!("server: {e}")))?;
-            std::time::Instant::now()
-        }
+        () = http::serve(listener, app, limits, http_stopped) => std::time::Instant::now(),
         since = async {
             while !daemon.is_shutting_down() {
                 tokio::time::sleep(Duration::from_millis(50)).await;
