@@ -34,13 +34,12 @@ impl Client {
             .with_context(|| format!("{} names no address", path.display()))?;
         let token = match note["token_file"].as_str() {
             Some(file) => std::fs::read_to_string(file)
-                .with_context(|| format!("reading the daemon's token from {file}"))?
-                .trim()
-                .to_string(),
+                .with_context(|| format!("reading the daemon's token from {file}"))?,
             None => std::env::var("MNEME_TOKEN")
                 .context("the daemon's token is not in a file: set MNEME_TOKEN to it")?,
         };
-        mneme_runtime::text::register_secret(&token);
+        let token = mneme_runtime::daemon::token::trimmed(&token);
+        mneme_runtime::text::register_secret(token);
         let mut headers = reqwest::header::HeaderMap::new();
         headers.insert(
             reqwest::header::AUTHORIZATION,

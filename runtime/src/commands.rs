@@ -5,7 +5,6 @@ use crate::{Cli, Command, JsonFlag, EXIT_NEEDS_DECISION};
 use anyhow::{bail, Context, Result};
 use eventlog::{EventLog, SledLog};
 use mneme_runtime::agent::load_agent_file;
-use mneme_runtime::error::RuntimeError;
 use mneme_runtime::lease::HeldLease;
 use mneme_runtime::pause;
 use mneme_runtime::runner::StopCheck;
@@ -146,6 +145,7 @@ async fn serve(
     mneme_runtime::text::register_secret(&token);
     let config = mneme_runtime::daemon::DaemonConfig {
         listen: a.listen,
+        allow_public: a.allow_public,
         data_dir: settings.data_dir.to_path_buf(),
         token,
         token_file,
@@ -155,6 +155,9 @@ async fn serve(
         shutdown_grace: Duration::from_secs(a.shutdown_grace),
         max_body_bytes: a.max_body_bytes,
         max_parallel_calls: a.max_parallel_calls,
+        header_timeout: Duration::from_secs(a.header_timeout_secs),
+        idle_timeout: Duration::from_secs(a.idle_timeout_secs),
+        max_connections: a.max_connections,
         owner: mneme_runtime::lease::owner_name("daemon"),
         lease_ttl: settings.lease_ttl,
     };
@@ -164,18 +167,15 @@ async fn serve(
 
 /// The daemon's token: from `--token-file`, else `$MNEME_TOKEN`, else a new
 /// random one written to `DATA_DIR/mneme.token`, readable by this user only.
+/// A given token must be long enough, and its file private.
 fn token(data_dir: &std::path::Path, file: Option<PathBuf>) -> Result<(String, Option<PathBuf>)> {
+    use mneme_runtime::daemon::token;
     if let Some(file) = file {
-        let token = std::fs::read_to_string(&file)
-            .with_context(|| format!("reading token file {}", file.display()))?;
-        let token = token.trim().to_string();
-        if token.is_empty() {
-            bail!("token file {} is empty", file.display());
-        }
-        return Ok((token, Some(file)));
+        return Ok((token::read_file(&file)?, Some(file)));
     }
-    if let Some(token) = std::env::var("MNEME_TOKEN").ok().filter(|t| !t.is_empty()) {
-        return Ok((token, None));
+    let given = std::env::var("MNEME_TOKEN").unwrap_or_default();
+    if !token::trimmed(&given).is_empty() {
+        return Ok((token::checked(&given, "$MNEME_TOKEN")?, None));
     }
     use std::io::{Read, Write};
     use std::os::unix::fs::OpenOptionsExt;
@@ -245,23 +245,15 @@ impl Ctx {
     /// by a killed `mneme` of this host is waited out. No lease is taken
     /// for a session that does not exist.
     async fn hold(&self, id: Uuid) -> Result<HeldLease> {
-        self.ensure_exists(id)?;
+        self.service.ensure_exists(id)?;
         let log = self.service.log().clone();
         Ok(HeldLease::acquire_after_exited(log, id, &self.owner, self.lease_ttl).await?)
-    }
-
-    /// Refuses, by name, a session the store does not hold.
-    fn ensure_exists(&self, id: Uuid) -> Result<()> {
-        if self.log().head(id)?.seq == 0 {
-            return Err(RuntimeError::NoSuchSession(id).into());
-        }
-        Ok(())
     }
 
     fn export(&self, a: crate::ExportArgs) -> Result<ExitCode> {
         let ids = match a.session {
             Some(id) => {
-                self.ensure_exists(id)?;
+                self.service.ensure_exists(id)?;
                 vec![id]
             }
             None => self.session_ids()?,

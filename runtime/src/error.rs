@@ -45,4 +45,17 @@ pub enum RuntimeError {
     /// A tool could not be set up.
     #[error(transparent)]
     Tool(#[from] tools::ToolError),
+    /// The daemon cannot listen on its address.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address asked for.
+        addr: std::net::SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The daemon cannot run as asked (its token, its address, its limits,
+    /// its server); the message says what and how to fix it.
+    #[error("{0}")]
+    Daemon(String),
 }

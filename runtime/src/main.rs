@@ -18,6 +18,7 @@ mod render;
 mod timeline;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use mneme_runtime::daemon;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use uuid::Uuid;
@@ -104,7 +105,12 @@ struct ServeArgs {
     /// Address to listen on (loopback by default).
     #[arg(long, default_value = "127.0.0.1:7878")]
     listen: std::net::SocketAddr,
-    /// File holding the bearer token.
+    /// Allow a --listen address other hosts can reach. The API is plain
+    /// HTTP: put a TLS proxy in front of it, or keep it to a trusted network.
+    #[arg(long)]
+    allow_public: bool,
+    /// File holding the bearer token (at least 16 bytes; readable by its
+    /// owner only).
     #[arg(long)]
     token_file: Option<PathBuf>,
     /// Directory of agent files that sessions can be created from by name.
@@ -120,6 +126,30 @@ struct ServeArgs {
     /// (each agent also has its own `max_parallel_calls`, default 8).
     #[arg(long, default_value_t = 64)]
     max_parallel_calls: usize,
+    /// Seconds a client has to send a request's head: from connecting for
+    /// the first request, from its first byte for a later one.
+    #[arg(
+        long,
+        default_value_t = daemon::DEFAULT_HEADER_TIMEOUT_SECS,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    header_timeout_secs: u64,
+    /// Seconds a keep-alive connection may wait for its next request.
+    #[arg(
+        long,
+        default_value_t = daemon::DEFAULT_IDLE_TIMEOUT_SECS,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    idle_timeout_secs: u64,
+    /// Connections open at most, lowered to what the open-file limit leaves
+    /// room for. At the cap, the connection quiet the longest is closed to
+    /// admit a new one; those with a request under way never are.
+    #[arg(
+        long,
+        default_value_t = daemon::DEFAULT_MAX_CONNECTIONS,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+    )]
+    max_connections: usize,
 }
 
 #[derive(Args)]

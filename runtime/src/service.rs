@@ -58,6 +58,21 @@ impl Service {
         self
     }
 
+    /// Whether the store holds session `id`.
+    pub fn exists(&self, id: Uuid) -> Result<bool, RuntimeError> {
+        Ok(self.log.head(id)?.seq > 0)
+    }
+
+    /// Refuses, by name, a session the store does not hold (before a lease
+    /// is taken for it: a lease of nothing would lapse and be looked at by
+    /// every daemon).
+    pub fn ensure_exists(&self, id: Uuid) -> Result<(), RuntimeError> {
+        if !self.exists(id)? {
+            return Err(RuntimeError::NoSuchSession(id));
+        }
+        Ok(())
+    }
+
     /// Loads `id` from the log.
     pub fn load(&self, id: Uuid) -> Result<Session, RuntimeError> {
         Ok(self.observe(Session::load(self.log.clone(), id)?))

@@ -107,6 +107,7 @@ fn run_child(dir: &str) {
         let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir).unwrap());
         let config = runtime::daemon::DaemonConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
+            allow_public: false,
             data_dir: dir.into(),
             token: "bench".into(),
             token_file: None,
@@ -116,6 +117,9 @@ fn run_child(dir: &str) {
             shutdown_grace: Duration::from_secs(1),
             max_body_bytes: 1 << 20,
             max_parallel_calls: 64,
+            header_timeout: Duration::from_secs(runtime::daemon::DEFAULT_HEADER_TIMEOUT_SECS),
+            idle_timeout: Duration::from_secs(runtime::daemon::DEFAULT_IDLE_TIMEOUT_SECS),
+            max_connections: runtime::daemon::DEFAULT_MAX_CONNECTIONS,
             owner: runtime::lease::owner_name("bench"),
             lease_ttl: runtime::lease::DEFAULT_TTL,
         };

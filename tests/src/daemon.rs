@@ -24,44 +24,40 @@ pub struct DaemonProcess {
 impl DaemonProcess {
     /// Starts `mneme serve` on `data` and waits until it answers.
     pub async fn start(data: &Path, extra: &[&str]) -> DaemonProcess {
-        let mut command = Command::new(mneme_bin());
-        command.kill_on_drop(true);
-        DaemonProcess::start_command(command, data, extra, None).await
+        DaemonProcess::launch(DaemonProcess::command(data, extra), data).await
     }
 
-    /// [`DaemonProcess::start`] with `env` set, and its stderr written to
-    /// `log` (read it with [`DaemonProcess::terminate_with_output`]).
-    pub async fn start_logged(
-        data: &Path,
-        extra: &[&str],
-        env: &[(&str, &str)],
-        log: &Path,
-    ) -> DaemonProcess {
+    /// The `mneme serve` command [`DaemonProcess::start`] runs (on a free
+    /// loopback port, with [`TOKEN`]), for a test to adjust (its output,
+    /// its limits) before [`DaemonProcess::launch`].
+    pub fn command(data: &Path, extra: &[&str]) -> Command {
         let mut command = Command::new(mneme_bin());
         command
-            .kill_on_drop(true)
-            .envs(env.iter().copied())
-            .stderr(std::fs::File::create(log).unwrap());
-        DaemonProcess::start_command(command, data, extra, Some(log.to_path_buf())).await
-    }
-
-    async fn start_command(
-        mut command: Command,
-        data: &Path,
-        extra: &[&str],
-        log: Option<std::path::PathBuf>,
-    ) -> DaemonProcess {
-        let note = data.join("mneme.daemon");
-        let _ = std::fs::remove_file(&note);
-        let child = command
             .arg("--data-dir")
             .arg(data)
             .args(["serve", "--listen", "127.0.0.1:0"])
             .args(extra)
             .env("MNEME_TOKEN", TOKEN)
             .env_remove("MNEME_CRASH_AT")
-            .spawn()
-            .unwrap();
+            .kill_on_drop(true);
+        command
+    }
+
+    /// [`DaemonProcess::launch`] with the daemon's stderr written to `log`
+    /// (read it with [`DaemonProcess::terminate_with_output`], or as it goes).
+    pub async fn launch_logged(mut command: Command, data: &Path, log: &Path) -> DaemonProcess {
+        command.stderr(std::fs::File::create(log).unwrap());
+        let mut daemon = DaemonProcess::launch(command, data).await;
+        daemon.log = Some(log.to_path_buf());
+        daemon
+    }
+
+    /// Runs `command` (a `mneme serve` on `data`) and waits until the daemon
+    /// says where it listens; its client sends [`TOKEN`].
+    pub async fn launch(mut command: Command, data: &Path) -> DaemonProcess {
+        let note = data.join("mneme.daemon");
+        let _ = std::fs::remove_file(&note);
+        let child = command.spawn().unwrap();
         let started = Instant::now();
         let addr = loop {
             if let Some(addr) = std::fs::read_to_string(&note)
@@ -91,16 +87,21 @@ impl DaemonProcess {
             child,
             base: format!("http://{addr}"),
             http,
-            log,
+            log: None,
         }
     }
 
     /// SIGTERM, then everything it wrote to stderr (see
-    /// [`DaemonProcess::start_logged`]).
+    /// [`DaemonProcess::launch_logged`]).
     pub async fn terminate_with_output(self) -> String {
-        let log = self.log.clone().expect("started with start_logged");
+        let log = self.log.clone().expect("launched with launch_logged");
         self.terminate().await;
         std::fs::read_to_string(log).unwrap()
+    }
+
+    /// The daemon's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("the daemon runs")
     }
 
     /// `base` + `path`.
@@ -210,7 +211,7 @@ impl DaemonProcess {
 
 /// Reads an event stream into `seen` until it contains `needle`; fails if
 /// the stream stalls for 10 s or ends first.
-async fn read_until(
+pub async fn read_until(
     stream: &mut (impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
     seen: &mut String,
     needle: &str,

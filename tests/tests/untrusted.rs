@@ -398,8 +398,9 @@ async fn secrets_stay_out_of_the_log_the_export_the_api_and_the_output() {
     let agent = world.write("agent.toml", &agent);
     let agent = agent.to_str().unwrap();
     let log = world.dir.path().join("daemon.log");
-    let daemon =
-        DaemonProcess::start_logged(&world.data(), &[], &[("PLANTED_KEY", KEY)], &log).await;
+    let mut command = DaemonProcess::command(&world.data(), &[]);
+    command.env("PLANTED_KEY", KEY);
+    let daemon = DaemonProcess::launch_logged(command, &world.data(), &log).await;
     let run = |args: Vec<String>| {
         let mut command = world.mneme();
         command

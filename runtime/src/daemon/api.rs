@@ -59,7 +59,8 @@ fn bad_request(message: impl Into<String>) -> ApiError {
     ApiError(StatusCode::BAD_REQUEST, message.into())
 }
 
-/// The routes, with the bearer-token check on all but `/health`.
+/// The routes, with the bearer-token check on all but `/health`, and every
+/// error answered as JSON.
 pub(crate) fn router(daemon: Shared, stopped: watch::Receiver<bool>) -> Router {
     let guarded = Router::new()
         .route("/metrics", get(metrics))
@@ -81,11 +82,56 @@ pub(crate) fn router(daemon: Shared, stopped: watch::Receiver<bool>) -> Router {
             daemon.clone(),
             require_token,
         ));
+    let limit = daemon.config.max_body_bytes;
     Router::new()
         .route("/health", get(health))
         .merge(guarded)
-        .layer(DefaultBodyLimit::max(daemon.config.max_body_bytes))
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn_with_state(limit, errors_as_json))
         .with_state(AppState { daemon, stopped })
+}
+
+/// The most of a non-JSON error's text kept as its reason.
+const ERROR_TEXT_BYTES: usize = 4096;
+
+/// Answers every error as `{"error": REASON}`. The handlers' own errors are
+/// JSON already; axum's rejections (a body too large, a wrong content type,
+/// bad JSON, a bad path or query) are text, which becomes the reason, and
+/// those without any (no such route, a wrong method) name what was asked.
+async fn errors_as_json(State(limit): State<usize>, request: Request, next: Next) -> Response {
+    let asked = format!("{} {}", request.method(), request.uri().path());
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|t| t.as_bytes().starts_with(b"application/json"));
+    if is_json || !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, ERROR_TEXT_BYTES)
+        .await
+        .map(|text| String::from_utf8_lossy(&text).trim().to_string())
+        .unwrap_or_default();
+    let reason = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            format!(
+                "request body larger than the daemon's limit of {limit} bytes (--max-body-bytes)"
+            )
+        }
+        _ if text.is_empty() => format!(
+            "{asked}: {}",
+            status.canonical_reason().unwrap_or("error").to_lowercase()
+        ),
+        _ => text,
+    };
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    Response::from_parts(parts, json!({ "error": reason }).to_string().into())
 }
 
 #[derive(Clone)]
@@ -101,13 +147,12 @@ impl axum::extract::FromRef<AppState> for Shared {
 }
 
 async fn require_token(State(daemon): State<Shared>, request: Request, next: Next) -> Response {
-    let expected = format!("Bearer {}", daemon.config.token);
-    let given = request
+    let admitted = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if !constant_time_eq(given.as_bytes(), expected.as_bytes()) {
+        .is_some_and(|given| daemon.bearer.admits(given));
+    if !admitted {
         return ApiError(
             StatusCode::UNAUTHORIZED,
             "missing or wrong bearer token (Authorization: Bearer <token>)".into(),
@@ -115,10 +160,6 @@ async fn require_token(State(daemon): State<Shared>, request: Request, next: Nex
         .into_response();
     }
     next.run(request).await
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 async fn health() -> Json<Value> {
@@ -448,11 +489,13 @@ async fn approve(
 /// Records a person's say on session `id` (`record`) while no turn runs it
 /// here and under its lease, so the append carries this daemon's current
 /// fencing token; a turn running elsewhere gets a 409 naming its daemon.
+/// A session the store does not hold is refused before any lease is taken.
 async fn under_lease<T>(
     daemon: &Shared,
     id: Uuid,
     record: impl FnOnce(&Service, &mut Session) -> Result<T, RuntimeError>,
 ) -> Result<T, ApiError> {
+    daemon.service.ensure_exists(id)?;
     let lock = daemon.lock_for(id);
     let _turn = lock.lock().await;
     let lease = daemon.hold(id)?;
@@ -696,9 +739,7 @@ async fn verify(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
 ) -> Result<Json<Value>, ApiError> {
-    if daemon.service.log().head(id)?.seq == 0 {
-        return Err(RuntimeError::NoSuchSession(id).into());
-    }
+    daemon.service.ensure_exists(id)?;
     Ok(Json(views::verify(daemon.service.log().as_ref(), id)))
 }
 

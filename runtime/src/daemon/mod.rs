@@ -12,8 +12,10 @@
 //! deadline, pauses those turns with a SessionPaused, checkpoints and exits 0.
 
 mod api;
+mod http;
 mod metrics;
 mod openapi;
+pub mod token;
 
 pub use metrics::Metrics;
 
@@ -25,7 +27,6 @@ use crate::service::Service;
 use crate::snapshot::Summary;
 use eventlog::{Durability, EventLog};
 use std::collections::{HashMap, HashSet};
-use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -42,6 +43,15 @@ pub const SHUTDOWN_REASON: &str = "daemon shutting down";
 /// over at once (a shutdown, a failed turn) is taken over within it.
 const LOOK_FOR_LAPSED_LEASES: Duration = Duration::from_secs(1);
 
+/// Seconds a client has to send a request's head, by default.
+pub const DEFAULT_HEADER_TIMEOUT_SECS: u64 = 10;
+
+/// Seconds a keep-alive connection may wait for its next request, by default.
+pub const DEFAULT_IDLE_TIMEOUT_SECS: u64 = 60;
+
+/// Connections open at most, by default.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+
 /// Name of the file in the data directory that tells the CLI where the
 /// daemon listens.
 pub const DAEMON_FILE: &str = "mneme.daemon";
@@ -51,6 +61,8 @@ pub const DAEMON_FILE: &str = "mneme.daemon";
 pub struct DaemonConfig {
     /// Address to listen on.
     pub listen: SocketAddr,
+    /// Whether `listen` may be an address other hosts can reach.
+    pub allow_public: bool,
     /// The data directory (for the daemon file).
     pub data_dir: PathBuf,
     /// Bearer token every endpoint but `/health` requires.
@@ -69,6 +81,13 @@ pub struct DaemonConfig {
     pub max_body_bytes: usize,
     /// Tool calls running at once across every session.
     pub max_parallel_calls: usize,
+    /// How long a client has to send a request's head.
+    pub header_timeout: Duration,
+    /// How long a keep-alive connection may wait for its next request.
+    pub idle_timeout: Duration,
+    /// Connections open at most (lowered to what the open-file limit
+    /// leaves room for).
+    pub max_connections: usize,
     /// This daemon's name as the owner of session leases.
     pub owner: String,
     /// How long a session's lease lasts unless renewed: how soon another
@@ -95,6 +114,8 @@ pub(crate) struct Daemon {
     pub(crate) heads: broadcast::Sender<(Uuid, u64)>,
     /// Rendered prompts of recently active sessions.
     prompts: Mutex<PromptCache>,
+    /// What requests must carry in `Authorization`.
+    bearer: token::Expected,
 }
 
 /// Bytes of rendered prompts the daemon keeps across turns.
@@ -176,6 +197,7 @@ impl Daemon {
             })
         };
         Daemon {
+            bearer: token::Expected::new(&config.token),
             runner: service
                 .runner()
                 .with_stop(stop)
@@ -398,7 +420,8 @@ impl Daemon {
 
     /// Every half lease (at most a second): resumes the sessions whose leases lapsed (their
     /// daemon died or was cut off) and that were interrupted mid-turn; clears
-    /// lapsed leases of sessions at rest.
+    /// lapsed leases of sessions at rest, and of sessions the store does not
+    /// hold (earlier versions took leases for those), once and quietly.
     async fn take_over_lapsed(self: Arc<Self>) {
         let every = (self.config.lease_ttl / 2).min(LOOK_FOR_LAPSED_LEASES);
         while !self.is_shutting_down() {
@@ -415,25 +438,25 @@ impl Daemon {
                 if self.is_shutting_down() || self.is_running(id) {
                     continue;
                 }
-                match self.service.current_summary(id) {
-                    Ok(summary) if was_interrupted(&summary) => {
+                match self.needs_takeover(id) {
+                    Ok(true) => {
                         crate::log_line!(
                             "mneme serve: taking over session {id} from {}",
                             lease.owner
                         );
                         self.spawn_turn(id, TurnStart::Recover("lease takeover"));
                     }
-                    // At rest: clear the lapsed lease, unless a turn of this
-                    // daemon is starting (it holds the session's lock). Look
-                    // again under the lease: a turn elsewhere may have been
-                    // interrupted meanwhile, and then the lease must lapse
-                    // (the next look resumes the session), not be released.
-                    Ok(_) => {
+                    // Nothing to resume: clear the lapsed lease, unless a
+                    // turn of this daemon is starting (it holds the
+                    // session's lock). Look again under the lease: a turn
+                    // elsewhere may have been interrupted meanwhile, and then
+                    // the lease must lapse (the next look resumes the
+                    // session), not be released.
+                    Ok(false) => {
                         let lock = self.lock_for(id);
                         let Ok(_turn) = lock.try_lock() else { continue };
                         let Ok(lease) = self.hold(id) else { continue };
-                        if matches!(self.service.current_summary(id), Ok(s) if !was_interrupted(&s))
-                        {
+                        if matches!(self.needs_takeover(id), Ok(false)) {
                             lease.release();
                         }
                     }
@@ -441,6 +464,16 @@ impl Daemon {
                 }
             }
         }
+    }
+
+    /// Whether whoever takes over `id`'s lapsed lease must resume it: it was
+    /// interrupted mid-turn. False for a session at rest, and for one the
+    /// store does not hold.
+    fn needs_takeover(&self, id: Uuid) -> Result<bool, RuntimeError> {
+        if !self.service.exists(id)? {
+            return Ok(false);
+        }
+        Ok(was_interrupted(&self.service.current_summary(id)?))
     }
 
     /// Stops taking turns, lets running ones pause at a step boundary, and
@@ -499,33 +532,44 @@ impl Drop for RunningGuard<'_> {
 /// Runs the daemon on `log` until SIGTERM or ctrl-c; returns after a clean
 /// shutdown.
 pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), RuntimeError> {
+    let public = !config.listen.ip().to_canonical().is_loopback();
+    if public && !config.allow_public {
+        return Err(RuntimeError::Daemon(format!(
+            "--listen {}: other hosts can reach this address, and the API is plain HTTP (its token and sessions would cross the network unencrypted); listen on loopback behind a TLS proxy, or pass --allow-public to serve it anyway",
+            config.listen
+        )));
+    }
     let (heads, _) = broadcast::channel(4096);
     let metrics = Arc::new(Metrics::new(heads.clone()));
     let service = Service::new(log, config.durability)
         .snapshot_every(config.snapshot_every)
         .observed_by(metrics.clone());
     let daemon = Arc::new(Daemon::new(service, config.clone(), metrics, heads));
+    let cannot_listen = |source| RuntimeError::Listen {
+        addr: config.listen,
+        source,
+    };
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
-        .map_err(|e| RuntimeError::InvalidRequest {
-            session: Uuid::nil(),
-            reason: format!("cannot listen on {}: {e}", config.listen),
-        })?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| RuntimeError::InvalidRequest {
-            session: Uuid::nil(),
-            reason: format!("listener address: {e}"),
-        })?;
+        .map_err(cannot_listen)?;
+    let addr = listener.local_addr().map_err(cannot_listen)?;
+    let limits = http::Limits {
+        header_timeout: config.header_timeout,
+        idle_timeout: config.idle_timeout,
+        max_connections: http::connection_cap(config.max_connections)?,
+    };
     write_daemon_file(&config, addr);
     crate::log_line!("mneme serve: listening on http://{addr}");
+    if public {
+        crate::log_line!("mneme serve: WARNING: --allow-public: the API is plain HTTP (no TLS) and reachable from the network on {addr}; its bearer token and every session cross it unencrypted. Put a TLS proxy in front of it, or keep it to a network you trust.");
+    }
     tokio::spawn(daemon.clone().recover());
     tokio::spawn(daemon.clone().take_over_lapsed());
     follow_other_daemons(&daemon);
     let (stop_http, http_stopped) = tokio::sync::watch::channel(false);
-    let app = api::router(daemon.clone(), http_stopped);
+    let app = api::router(daemon.clone(), http_stopped.clone());
     let stopping = daemon.clone();
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+    tokio::spawn(async move {
         shutdown_signal().await;
         crate::log_line!("mneme serve: shutting down");
         // Turns pause at their next step; live streams end; no new turns.
@@ -535,12 +579,8 @@ pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), R
     // One deadline for the whole shutdown: open requests and running turns
     // share the grace period.
     let grace = config.shutdown_grace;
-    let served = server.into_future();
     let stopping_since = tokio::select! {
-        served = served => {
-            served.map_err(|e| RuntimeError::InvalidRequest { session: Uuid::nil(), reason: format!("server: {e}") })?;
-            std::time::Instant::now()
-        }
+        () = http::serve(listener, app, limits, http_stopped) => std::time::Instant::now(),
         since = async {
             while !daemon.is_shutting_down() {
                 tokio::time::sleep(Duration::from_millis(50)).await;

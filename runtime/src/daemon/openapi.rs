@@ -25,7 +25,7 @@ pub(crate) fn document() -> Value {
     json!({
         "openapi": "3.1.0",
         "info": {"title": "mneme daemon", "version": env!("CARGO_PKG_VERSION"),
-                 "description": "Event-sourced agent sessions. Every endpoint but /health needs `Authorization: Bearer <token>`."},
+                 "description": "Event-sourced agent sessions. Every endpoint but /health needs `Authorization: Bearer <token>`. Every error answers {\"error\": REASON} as application/json."},
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
         "security": [{"bearer": []}],
         "paths": {
