@@ -40,7 +40,7 @@ pub(crate) fn document() -> Value {
             "/sessions/{id}": {"get": op("A session's status, usage, answer, calls in doubt, and running_on: the owner of its live lease (the daemon running a turn of it), or null", "200")},
             "/sessions/{id}/messages": {"post": with_body(op("Record a user message (durable before the reply: 202 with its seq) and run the turn; with wait, 200 with the turn's end. 409 while another daemon sharing the store runs the session (the error names it)", "202"),
                 json!({"type": "object", "required": ["text"], "properties": {"text": {"type": "string"}, "wait": wait["wait"]}}))},
-            "/sessions/{id}/resume": {"post": op("Continue pending work (optional body {\"wait\": true})", "202")},
+            "/sessions/{id}/resume": {"post": op("Continue pending work (optional body {\"wait\": true, \"extend\": true}; extend starts a spent budget of the turn again, recorded)", "202")},
             "/sessions/{id}/pause": {"post": op("Pause the session at its next step, wherever it runs (on another daemon sharing the store: within a second; the answer names it in running_on)", "200")},
             "/sessions/{id}/cancel": {"post": with_body(op("Cancel the session (a running turn stops at its next step); a new message reopens it", "200"),
                 json!({"type": "object", "required": ["by"], "properties": {"by": {"type": "string"}}}))},
