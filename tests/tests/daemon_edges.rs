@@ -659,3 +659,22 @@ async fn a_taken_port_is_named() {
     assert!(said.contains(&format!("cannot listen on {addr}")), "{said}");
     assert!(!said.contains("00000000"), "{said}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_at_seq_0_says_what_to_give() {
+    let world = World::new();
+    let model = MockModel::start(vec![MockReply::answer("hi")], Fault::None).await;
+    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let id = daemon.create(&agent_toml(&model.base_url(), &[])).await;
+    let (status, body) = daemon
+        .post(&format!("/sessions/{id}/fork"), &json!({"at": 0}))
+        .await;
+    assert_eq!(status, 409, "{body}");
+    let error = body["error"].as_str().unwrap();
+    assert!(
+        error.contains("cannot fork at seq 0: give the seq of an event"),
+        "{error}"
+    );
+    assert!(!error.contains("has 0 events"), "{error}");
+    daemon.kill().await;
+}
