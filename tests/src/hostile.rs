@@ -58,15 +58,7 @@ impl HostileModel {
             .route("/v1/chat/completions", post(complete))
             .layer(axum::extract::DefaultBodyLimit::disable())
             .with_state(inner.clone());
-        let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async {
-                    let _ = stopped.await;
-                })
-                .await
-                .unwrap();
-        });
+        let stop = crate::serve_until_dropped(listener, app);
         HostileModel {
             addr,
             inner,
@@ -134,6 +126,17 @@ pub fn completion(content: Option<&str>, calls: &[(&str, &str, Value)]) -> Value
     json!({"choices": [{"index": 0, "message": message,
             "finish_reason": if calls.is_empty() { "stop" } else { "tool_calls" }}],
            "usage": {"prompt_tokens": 10, "completion_tokens": 5}})
+}
+
+/// A chat completion with `n` calls of `tool` (no arguments), with ids
+/// `<prefix>0`, `<prefix>1`, …
+pub fn calls_of(tool: &str, n: usize, prefix: &str) -> Value {
+    let ids: Vec<String> = (0..n).map(|i| format!("{prefix}{i}")).collect();
+    let calls: Vec<(&str, &str, Value)> = ids
+        .iter()
+        .map(|id| (id.as_str(), tool, json!({})))
+        .collect();
+    completion(None, &calls)
 }
 
 /// Runs `command` to its end and returns its output and its peak resident

@@ -99,15 +99,7 @@ impl MockModel {
         let app = Router::new()
             .route("/v1/chat/completions", post(complete))
             .with_state(inner.clone());
-        let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async {
-                    let _ = stopped.await;
-                })
-                .await
-                .unwrap();
-        });
+        let stop = serve_until_dropped(listener, app);
         MockModel {
             addr,
             inner,
@@ -133,6 +125,21 @@ impl MockModel {
     pub fn raw_bodies(&self) -> Vec<Vec<u8>> {
         self.inner.lock().unwrap().bodies.clone()
     }
+}
+
+/// Serves `app` on `listener` in the background until the returned sender
+/// is dropped.
+pub fn serve_until_dropped(listener: tokio::net::TcpListener, app: Router) -> oneshot::Sender<()> {
+    let (stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+    });
+    stop
 }
 
 /// How many recent requests the simulated prefix cache remembers.

@@ -4,7 +4,9 @@
 //! test feeds the real binary the bad thing, the way it was found.
 
 use mneme_e2e::daemon::DaemonProcess;
-use mneme_e2e::hostile::{completion, peak_rss, run_measured, Answer, HostileModel, RSS_BOUND};
+use mneme_e2e::hostile::{
+    calls_of, completion, peak_rss, run_measured, Answer, HostileModel, RSS_BOUND,
+};
 use mneme_e2e::*;
 use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
@@ -259,16 +261,7 @@ async fn too_many_calls_in_a_reply_are_refused_and_parallel_calls_are_capped() {
     let trace = world.dir.path().join("trace");
     let model = HostileModel::start(|n, request, _| match n {
         // 10,000 calls of a tool that would start a process each.
-        0 => {
-            let calls: Vec<(String, &str, Value)> = (0..10_000)
-                .map(|i| (format!("c{i}"), "nap", json!({})))
-                .collect();
-            let calls: Vec<(&str, &str, Value)> = calls
-                .iter()
-                .map(|(i, n, a)| (i.as_str(), *n, a.clone()))
-                .collect();
-            Answer::Json(completion(None, &calls))
-        }
+        0 => Answer::Json(calls_of("nap", 10_000, "c")),
         // Told, it asks for 20.
         1 => {
             assert!(
@@ -276,14 +269,7 @@ async fn too_many_calls_in_a_reply_are_refused_and_parallel_calls_are_capped() {
                 "{}",
                 user_text(request)
             );
-            let calls: Vec<(String, &str, Value)> = (0..20)
-                .map(|i| (format!("d{i}"), "nap", json!({})))
-                .collect();
-            let calls: Vec<(&str, &str, Value)> = calls
-                .iter()
-                .map(|(i, n, a)| (i.as_str(), *n, a.clone()))
-                .collect();
-            Answer::Json(completion(None, &calls))
+            Answer::Json(calls_of("nap", 20, "d"))
         }
         _ => Answer::Json(completion(Some("rested"), &[])),
     })
@@ -694,14 +680,7 @@ async fn concurrent_event_listings_do_not_hold_whole_sessions() {
     let world = World::new();
     // Three replies of eight calls, each returning 1 MiB: 24 MiB of events.
     let model = HostileModel::start(|n, _, _| match n {
-        0..=2 => {
-            let ids: Vec<String> = (0..8).map(|i| format!("r{n}c{i}")).collect();
-            let calls: Vec<(&str, &str, Value)> = ids
-                .iter()
-                .map(|id| (id.as_str(), "big", json!({})))
-                .collect();
-            Answer::Json(completion(None, &calls))
-        }
+        0..=2 => Answer::Json(calls_of("big", 8, &format!("r{n}c"))),
         _ => Answer::Json(completion(Some("done"), &[])),
     })
     .await;
@@ -760,12 +739,7 @@ async fn a_daemon_caps_the_calls_running_across_its_sessions() {
         if has_tool_result(request) {
             return Answer::Json(completion(Some("rested"), &[]));
         }
-        let ids: Vec<String> = (0..6).map(|i| format!("c{i}")).collect();
-        let calls: Vec<(&str, &str, Value)> = ids
-            .iter()
-            .map(|id| (id.as_str(), "nap", json!({})))
-            .collect();
-        Answer::Json(completion(None, &calls))
+        Answer::Json(calls_of("nap", 6, "c"))
     })
     .await;
     let daemon = DaemonProcess::start(&world.data(), &["--max-parallel-calls", "3"]).await;
