@@ -94,8 +94,15 @@ fn empty_object_schema() -> serde_json::Value {
 pub const DEFAULT_TOOL_TIMEOUT_SECS: u64 = 30;
 /// Default bytes of a tool call's output kept.
 pub const DEFAULT_MAX_OUTPUT_BYTES: u64 = 1 << 20;
+/// Most bytes of a tool call's output a spec may keep: escaped as JSON text
+/// (up to 6 bytes a byte), the output must still fit in one record of the
+/// log (16 MiB).
+pub const MAX_OUTPUT_BYTES_LIMIT: u64 = 2 << 20;
 /// Default bytes of a model server's response read before it is refused.
 pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 8 << 20;
+/// Most bytes of a response a spec may read: the reply (its text and
+/// arguments, never longer than the response) must fit in one record.
+pub const MAX_RESPONSE_BYTES_LIMIT: u64 = 15 << 20;
 /// Default model request timeout.
 pub const DEFAULT_MODEL_TIMEOUT_SECS: u64 = 120;
 /// HTTP methods an HTTP tool may use.
@@ -140,7 +147,12 @@ impl ToolSpec {
         }
         let tool = |reason: String| format!("tool {:?}: {reason}", self.name);
         positive("timeout_secs", self.timeout_secs).map_err(tool)?;
-        positive("max_output_bytes", self.max_output_bytes).map_err(tool)?;
+        within(
+            "max_output_bytes",
+            self.max_output_bytes,
+            MAX_OUTPUT_BYTES_LIMIT,
+        )
+        .map_err(tool)?;
         if let Some(bad) = self.env.iter().find(|v| !is_env_name(v)) {
             return Err(tool(format!(
                 "env names {bad:?}, which is not a variable name"
@@ -191,6 +203,18 @@ fn is_env_name(name: &str) -> bool {
 fn positive<T: PartialEq + Default>(name: &str, value: Option<T>) -> Result<(), String> {
     match value {
         Some(v) if v == T::default() => Err(format!("{name} must be greater than 0")),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses a size given as zero or above `max` (what one record of the log
+/// can hold).
+fn within(name: &str, value: Option<u64>, max: u64) -> Result<(), String> {
+    positive(name, value)?;
+    match value {
+        Some(v) if v > max => Err(format!(
+            "{name} = {v} is above {max}: what is kept must fit in one record of the log"
+        )),
         _ => Ok(()),
     }
 }
@@ -311,7 +335,12 @@ impl ModelSpec {
         }
         .map_err(model)?;
         positive("timeout_secs", self.timeout_secs).map_err(model)?;
-        positive("max_response_bytes", self.max_response_bytes).map_err(model)?;
+        within(
+            "max_response_bytes",
+            self.max_response_bytes,
+            MAX_RESPONSE_BYTES_LIMIT,
+        )
+        .map_err(model)?;
         if let Some(kv) = &self.kv {
             if kv.checked_bytes_per_token().is_none_or(|b| b == 0) {
                 return Err(model(format!(
@@ -456,6 +485,13 @@ impl AgentSpec {
         }
         self.model.validate()?;
         self.limits.validate()?;
+        let priced =
+            self.model.input_cost_per_mtok.is_some() || self.model.output_cost_per_mtok.is_some();
+        if self.limits.max_cost_per_turn.is_some() && !priced {
+            return Err("[limits] max_cost_per_turn needs prices in [model] \
+                 (input_cost_per_mtok, output_cost_per_mtok): without them every turn costs 0"
+                .into());
+        }
         let mut seen = std::collections::HashSet::new();
         for tool in &self.tools {
             tool.validate()?;

@@ -394,6 +394,22 @@ fn specs_refuse_what_would_break_a_session_or_leak_a_secret() {
         &|s| s.limits.max_calls_per_reply = Some(0),
         "max_calls_per_reply must be",
     );
+    refused(
+        &|s| s.tools[0].max_output_bytes = Some(3 << 20),
+        "must fit in one record",
+    );
+    refused(
+        &|s| s.model.max_response_bytes = Some(16 << 20),
+        "must fit in one record",
+    );
+    refused(
+        &|s| {
+            s.model.input_cost_per_mtok = None;
+            s.model.output_cost_per_mtok = None;
+            s.limits.max_cost_per_turn = Some(1.0);
+        },
+        "max_cost_per_turn needs prices",
+    );
     let mut s = spec();
     s.model.base_url = Some("http://user:hunter2@127.0.0.1:9/v1".into());
     let err = s.validate().unwrap_err();

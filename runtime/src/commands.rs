@@ -75,13 +75,15 @@ fn register_secrets(cli: &Cli) {
     if let Ok(token) = std::env::var("MNEME_TOKEN") {
         mneme_runtime::text::register_secret(&token);
     }
-    let password = cli
+    let store = cli
         .store
         .as_deref()
-        .and_then(|store| reqwest::Url::parse(store).ok())
-        .and_then(|url| url.password().map(String::from));
-    if let Some(password) = password {
-        mneme_runtime::text::register_secret(&password);
+        .and_then(|s| reqwest::Url::parse(s).ok());
+    if let Some(encoded) = store.as_ref().and_then(|url| url.password()) {
+        // As written in the address, and as the server gets it.
+        mneme_runtime::text::register_secret(encoded);
+        let decoded = percent_encoding::percent_decode_str(encoded).decode_utf8_lossy();
+        mneme_runtime::text::register_secret(&decoded);
     }
 }
 

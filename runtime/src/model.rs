@@ -184,19 +184,16 @@ impl OpenAiClient {
             ERROR_BODY_BYTES
         };
         let bytes = self.read_capped(response, limit).await.map_err(retry)?;
-        let Some(bytes) = bytes else {
-            if status.is_success() {
+        let text = match bytes {
+            Some(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+            None if status.is_success() => {
                 return Err(Attempt::Fail(ModelError::TooLarge {
                     url: self.url.clone(),
                     limit,
-                }));
+                }))
             }
-            return Err(Attempt::Retry(
-                format!("HTTP {status}: (a body over {limit} bytes)"),
-                retry_after,
-            ));
+            None => format!("(a body over {limit} bytes)"),
         };
-        let text = String::from_utf8_lossy(&bytes);
         if status.as_u16() == 429 || status.is_server_error() {
             return Err(Attempt::Retry(
                 format!("HTTP {status}: {}", snippet(&text)),
@@ -210,15 +207,18 @@ impl OpenAiClient {
                 body: snippet(&text),
             }));
         }
-        Ok(text.into_owned())
+        Ok(text)
     }
 }
 
 /// The start of a server's text, fit to record: secrets mneme knows are
-/// redacted (a server may echo the request's Authorization header).
+/// redacted (a server may echo the request's Authorization header) before
+/// it is cut, so no part of one is kept.
 fn snippet(text: &str) -> String {
-    let start: String = text.chars().take(SNIPPET_CHARS).collect();
-    crate::text::redact(&start).into_owned()
+    crate::text::redact(text)
+        .chars()
+        .take(SNIPPET_CHARS)
+        .collect()
 }
 
 #[async_trait]

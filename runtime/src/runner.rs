@@ -68,7 +68,7 @@ impl Runner {
     /// Lets at most `max` tool calls run at once across every session
     /// driven by this runner (and its clones): a daemon's cap.
     pub fn with_call_cap(mut self, max: usize) -> Runner {
-        let max = max.clamp(1, tokio::sync::Semaphore::MAX_PERMITS) as u32;
+        let max = max.clamp(1, u32::MAX as usize) as u32;
         self.calls = Some((Arc::new(tokio::sync::Semaphore::new(max as usize)), max));
         self
     }
@@ -125,8 +125,14 @@ impl Runner {
                     let answer = session.state().answer().unwrap_or_default().to_string();
                     return Ok(TurnEnd::Answered(answer));
                 }
-                NextStep::CallModel => self.call_model(session, model.as_ref()).await?,
-                NextStep::RunTools => self.run_tools(session, &toolbox, &plan.calls).await?,
+                NextStep::CallModel => {
+                    let step = self.call_model(session, model.as_ref()).await;
+                    self.fail_on_refused_record(session, step)?
+                }
+                NextStep::RunTools => {
+                    let step = self.run_tools(session, &toolbox, &plan.calls).await;
+                    self.fail_on_refused_record(session, step)?
+                }
                 // A pause with calls in doubt is theirs: only a decision ends it.
                 NextStep::AwaitDecision | NextStep::Paused(_) if !in_doubt(session).is_empty() => {
                     return Ok(TurnEnd::NeedsDecision(in_doubt(session)))
@@ -154,6 +160,24 @@ impl Runner {
                 NextStep::Cancelled(by) => return Ok(TurnEnd::Cancelled(by)),
             }
         }
+    }
+
+    /// A record the log refused for its size (an output or a reply past
+    /// what one record holds) would be refused again on every retry: the
+    /// turn is recorded as failed, so nothing (recovery, a takeover) runs
+    /// it again on its own.
+    fn fail_on_refused_record(
+        &self,
+        session: &mut Session,
+        step: Result<(), RuntimeError>,
+    ) -> Result<(), RuntimeError> {
+        let Err(error @ RuntimeError::Log(eventlog::LogError::RecordTooLarge { .. })) = step else {
+            return step;
+        };
+        let outcome = SessionOutcome::Failed(error.to_string());
+        session.append(vec![Event::SessionFinished { outcome }], None)?;
+        session.barrier(self.durability)?;
+        Err(error)
     }
 
     async fn call_model(

@@ -12,9 +12,11 @@ use std::sync::RwLock;
 
 /// What a redacted secret is replaced with.
 pub const REDACTED: &str = "[redacted]";
-/// Secrets shorter than this are not registered: they would match too much
-/// ordinary text (tokens under 16 bytes are refused anyway).
-pub const MIN_SECRET_LEN: usize = 8;
+/// Secrets shorter than this are not registered: redacting them would
+/// rewrite ordinary words people and models say in the log (a store
+/// password `postgres`, a local server's placeholder key); tokens under 16
+/// bytes are refused anyway.
+pub const MIN_SECRET_LEN: usize = 16;
 
 static SECRETS: RwLock<Vec<String>> = RwLock::new(Vec::new());
 
@@ -146,10 +148,10 @@ mod tests {
     #[test]
     fn registered_secrets_are_redacted_from_text_and_events() {
         register_secret("sk-test-0123456789abcdef");
-        register_secret("short");
+        register_secret("lm-studio");
         assert_eq!(
-            redact("key sk-test-0123456789abcdef, short"),
-            "key [redacted], short"
+            redact("key sk-test-0123456789abcdef, lm-studio"),
+            "key [redacted], lm-studio"
         );
         let (event, bytes) = redact_event(Event::UserMessage {
             text: "echo: Authorization: Bearer sk-test-0123456789abcdef".into(),

@@ -20,11 +20,13 @@ pub fn bench_dir(name: &str) -> PathBuf {
     dir
 }
 
-/// An agent whose one tool, `charge`, is a side-effecting HTTP call.
+/// An agent whose one tool, `charge`, is a side-effecting HTTP call; its
+/// turns may take as many steps as a benchmark runs.
 pub fn bench_spec(model_url: &str, tool_url: &str) -> replay::AgentSpec {
     let text = format!(
         "name = \"bench\"\nsystem = \"You are a benchmark.\"\n[model]\nprovider = \"openai\"\nbase_url = \"{model_url}\"\nmodel = \"m\"\n\
-         [[tools]]\nname = \"charge\"\nkind = \"http\"\nurl = \"{tool_url}\"\neffect = \"side_effect\"\n"
+         [[tools]]\nname = \"charge\"\nkind = \"http\"\nurl = \"{tool_url}\"\neffect = \"side_effect\"\n\
+         [limits]\nmax_steps_per_turn = 1000000000\n"
     );
     let spec: replay::AgentSpec = toml::from_str(&text).unwrap();
     spec.validate().unwrap();

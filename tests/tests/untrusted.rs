@@ -765,3 +765,34 @@ async fn a_daemon_caps_the_calls_running_across_its_sessions() {
     );
     daemon.kill().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_that_grows_past_a_record_fails_the_turn_once() {
+    let world = World::new();
+    // Arguments as a JSON object of 1e9s: 4 bytes each on the wire, 13 once
+    // re-encoded, so a 6 MiB response becomes a reply over 16 MiB.
+    let numbers = vec!["1e9"; 1_500_000].join(",");
+    let body = format!(
+        r#"{{"choices":[{{"index":0,"message":{{"role":"assistant","content":null,"tool_calls":[{{"id":"c1","type":"function","function":{{"name":"lookup","arguments":{{"n":[{numbers}]}}}}}}]}},"finish_reason":"tool_calls"}}]}}"#
+    );
+    assert!(body.len() < 8 << 20);
+    let model = HostileModel::start(move |_, _, _| Answer::Status(200, body.clone())).await;
+    let agent = world.write("agent.toml", &agent_with(&model, &[lookup_tool()], ""));
+    let out = world
+        .run(&["run", "--agent", agent.to_str().unwrap(), "grow"])
+        .await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("limit of 16777216"),
+        "{}",
+        stderr(&out)
+    );
+    let id = session_id(&out);
+    // Recorded as failed: a daemon's recovery does not ask again.
+    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (_, session) = daemon.get(&format!("/sessions/{id}")).await;
+    assert_eq!(session["status"], "failed", "{session}");
+    assert_eq!(model.requests().len(), 1, "the model was asked again");
+    daemon.kill().await;
+}

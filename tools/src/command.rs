@@ -76,6 +76,7 @@ impl CommandTool {
             reason,
         };
         let mut child = crate::spawn::spawn(self.command(ctx))
+            .await
             .map_err(|e| failed(format!("cannot start {:?}: {e}", self.program)))?;
         let _group = child.id().map(GroupKiller);
         let (exited, exit_seen) = tokio::sync::watch::channel(false);
@@ -83,10 +84,15 @@ impl CommandTool {
         let stdout = child.stdout.take().expect("stdout is piped");
         let stderr = child.stderr.take().expect("stderr is piped");
         let stdin = child.stdin.take();
+        let mut feed_until_exit = exit_seen.clone();
         let feed = async move {
-            if let Some(mut stdin) = stdin {
-                // A program that ignores its input may close stdin early: not an error.
-                let _ = stdin.write_all(input.as_bytes()).await;
+            let Some(mut stdin) = stdin else { return };
+            // A program that ignores its input may close stdin early, or
+            // exit leaving a descendant that holds it unread: neither is
+            // an error, nor may it hold the call.
+            tokio::select! {
+                _ = stdin.write_all(input.as_bytes()) => {}
+                _ = feed_until_exit.wait_for(|exited| *exited) => {}
             }
         };
         let wait = async {
@@ -250,6 +256,24 @@ mod tests {
         assert!(
             started.elapsed() < std::time::Duration::from_secs(5),
             "the call waited for the escaped sleep: {:?}",
+            started.elapsed()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_descendant_holding_stdin_unread_does_not_hold_the_call() {
+        let started = std::time::Instant::now();
+        let tool = CommandTool::new(spec(
+            &["sh", "-c", "setsid sleep 30 <&0 & echo '{\"done\":true}'"],
+            10,
+        ))
+        .unwrap();
+        let input = format!("{{\"pad\":\"{}\"}}", "x".repeat(1 << 20));
+        let out = tool.call(&ctx(), &input).await.unwrap();
+        assert_eq!(out, r#"{"done":true}"#);
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "the call waited to feed the escaped sleep: {:?}",
             started.elapsed()
         );
     }

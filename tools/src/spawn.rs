@@ -14,7 +14,7 @@ use std::sync::{Mutex, OnceLock};
 type Request = (
     tokio::process::Command,
     tokio::runtime::Handle,
-    mpsc::SyncSender<std::io::Result<tokio::process::Child>>,
+    tokio::sync::oneshot::Sender<std::io::Result<tokio::process::Child>>,
 );
 
 /// No umask was set for tools: they inherit mneme's.
@@ -46,8 +46,9 @@ fn spawner() -> &'static Mutex<mpsc::Sender<Request>> {
 }
 
 /// Spawns `command` from the long-lived spawner thread, with SIGKILL as its
-/// parent-death signal and the tools' umask.
-pub(crate) fn spawn(
+/// parent-death signal and the tools' umask. Waits without blocking the
+/// async runtime's threads.
+pub(crate) async fn spawn(
     mut command: tokio::process::Command,
 ) -> std::io::Result<tokio::process::Child> {
     // SAFETY: getpid has no preconditions.
@@ -70,14 +71,13 @@ pub(crate) fn spawn(
             Ok(())
         });
     }
-    let (reply, answer) = mpsc::sync_channel(1);
+    let gone = || std::io::Error::other("the tool spawner thread is gone");
+    let (reply, answer) = tokio::sync::oneshot::channel();
     let request = (command, tokio::runtime::Handle::current(), reply);
     spawner()
         .lock()
         .expect("spawner lock")
         .send(request)
-        .map_err(|_| std::io::Error::other("the tool spawner thread is gone"))?;
-    answer
-        .recv()
-        .map_err(|_| std::io::Error::other("the tool spawner thread is gone"))?
+        .map_err(|_| gone())?;
+    answer.await.map_err(|_| gone())?
 }

@@ -316,14 +316,16 @@ impl Connection {
     }
 
     /// When to close the connection if nothing changes; None while a
-    /// request is under way.
+    /// request is under way, even on an evicted connection (a request that
+    /// started as it was evicted is answered, then the connection closes:
+    /// a handler that ran is never left without its response).
     fn deadline(&self, limits: &Limits) -> Option<Instant> {
         let state = self.state();
-        if state.evicted {
-            return Some(state.quiet_since);
-        }
         if state.under_way > 0 {
             return None;
+        }
+        if state.evicted {
+            return Some(state.quiet_since);
         }
         Some(match state.head_since {
             Some(since) => since + limits.header_timeout,
