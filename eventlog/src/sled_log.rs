@@ -804,8 +804,7 @@ impl SledLog {
             .zip(sealed)
             .map(|(r, bytes)| (event_key(session, r.envelope.seq).to_vec(), bytes))
             .collect();
-        let mark = inner.wal.mark();
-        let written = inner.wal.append(&frames).map_err(|source| LogError::Io {
+        let appended = inner.wal.append(&frames).map_err(|source| LogError::Io {
             path: inner.wal.path().display().to_string(),
             source,
         })?;
@@ -814,10 +813,10 @@ impl SledLog {
         // sync its buffer on every append. Atomicity comes from the
         // write-ahead file; recovery repairs a meta that lags its records.
         if let Err(e) = self.insert_all(frames, &meta_key(session), encode_meta(&meta)) {
-            inner.wal.cut_back_to(mark);
+            inner.wal.cut_back_to(appended.before);
             return Err(e);
         }
-        inner.appended += written;
+        inner.appended += appended.bytes;
         inner.totals.records += records.len() as u64;
         inner.totals.sessions += u64::from(new_session);
         inner.metas.insert(session, meta);

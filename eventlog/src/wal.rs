@@ -20,6 +20,13 @@
 //! did not know the salt. Read in order, each frame must also chain from the
 //! one before it.
 //!
+//! Frames are written at explicit offsets (`pwrite`, no `O_APPEND`), so a
+//! frame always lands at the offset its checksum binds. A failed append is
+//! cut back off the file; if even that fails, the bytes past the last whole
+//! frame stay unknown, and every later append first cuts them off again and
+//! is refused while it cannot (an emptying at a checkpoint also clears
+//! them): a frame written behind them could never check out.
+//!
 //! Opening tells a torn tail from damage: a frame that does not check out is
 //! a torn tail only if no whole frame follows it anywhere in the file (the
 //! last `write(2)` before a crash, never acknowledged as synced); the tail is
@@ -36,7 +43,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// The first bytes of a version 1 frame ("1LWM" little-endian).
@@ -75,14 +82,28 @@ pub(crate) struct Wal {
     format: Option<Format>,
     /// The checksum the next frame chains from.
     chain: u32,
+    /// Cutting the file back to `len` after a failed append failed too: it
+    /// may hold bytes past `len`, which must go before the next frame.
+    uncut: bool,
     torn_tail: Option<TornTail>,
 }
 
-/// A place in the file to cut back to ([`Wal::mark`]).
+/// Where the file ended before an append, for [`Wal::cut_back_to`]. Only
+/// [`Wal::append`] makes one, once the file has the header its frames are
+/// keyed by, so undoing an append never reaches back across a fresh start.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Mark {
     len: u64,
     chain: u32,
+}
+
+/// What an append wrote.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Appended {
+    /// Bytes written.
+    pub(crate) bytes: u64,
+    /// Where the file ended before it.
+    pub(crate) before: Mark,
 }
 
 /// A partial frame found at the end of the write-ahead file on open: the
@@ -146,8 +167,9 @@ impl Wal {
         let created = !path.exists();
         let mut file = OpenOptions::new()
             .read(true)
-            .append(true)
+            .write(true)
             .create(true)
+            .truncate(false)
             .mode(0o600)
             .open(path)?;
         if created {
@@ -167,6 +189,7 @@ impl Wal {
             len: contents.valid as u64,
             format: contents.format,
             chain: contents.chain,
+            uncut: false,
             torn_tail,
         };
         if wal.format.is_none() {
@@ -175,18 +198,17 @@ impl Wal {
         Ok((wal, contents.frames))
     }
 
-    /// Appends frames for `records` with one `write(2)` and returns how many
-    /// bytes it wrote. On failure the file is cut back, so a failed append
-    /// leaves no trace. A file still holding version 1 frames is refused.
-    pub(crate) fn append(&mut self, records: &[Frame]) -> std::io::Result<u64> {
-        if self.format.is_none() {
-            self.truncate()?;
-        }
-        let Some(Format::V2 { salt }) = self.format else {
-            return Err(std::io::Error::other(
-                "the write-ahead file still holds version 1 frames; a checkpoint must empty it \
-                 before anything is appended, so the formats never mix",
-            ));
+    /// Appends frames for `records` with one `write(2)` at the end of the
+    /// last whole frame and returns what it wrote. First the file is made
+    /// ready: bytes a failed cut-back left are cut off (the append is
+    /// refused while they cannot be), and a file without a header starts
+    /// afresh. On failure the file is cut back, so a failed append leaves no
+    /// trace. A file still holding version 1 frames is refused.
+    pub(crate) fn append(&mut self, records: &[Frame]) -> std::io::Result<Appended> {
+        let salt = self.ready()?;
+        let before = Mark {
+            len: self.len,
+            chain: self.chain,
         };
         let mut buf = Vec::with_capacity(
             records
@@ -199,34 +221,61 @@ impl Wal {
             let offset = self.len + buf.len() as u64;
             chain = encode_frame(&mut buf, salt, offset, chain, key, value)?;
         }
-        if let Err(e) = self.file.write_all(&buf) {
-            self.cut_back();
+        if let Err(e) = self.file.write_all_at(&buf, self.len) {
+            // The write's error is the one to report; a failed cut is
+            // remembered and refuses the next append until it is redone.
+            let _ = self.cut_back();
             return Err(e);
         }
         self.len += buf.len() as u64;
         self.chain = chain;
-        Ok(buf.len() as u64)
+        Ok(Appended {
+            bytes: buf.len() as u64,
+            before,
+        })
     }
 
-    /// Where the file ends now, for [`Wal::cut_back_to`].
-    pub(crate) fn mark(&self) -> Mark {
-        Mark {
-            len: self.len,
-            chain: self.chain,
+    /// Makes the file ready for frames; returns its salt.
+    fn ready(&mut self) -> std::io::Result<[u8; 8]> {
+        if self.uncut {
+            self.cut_back().map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!(
+                        "the write-ahead file may hold the bytes of a failed append past byte {} \
+                         and they cannot be cut off ({e}); appends are refused until they are, \
+                         or until a checkpoint empties the file",
+                        self.len
+                    ),
+                )
+            })?;
+        }
+        if self.format.is_none() {
+            self.truncate()?;
+        }
+        match self.format {
+            Some(Format::V2 { salt }) => Ok(salt),
+            _ => Err(std::io::Error::other(
+                "the write-ahead file still holds version 1 frames; a checkpoint must empty it \
+                 before anything is appended, so the formats never mix",
+            )),
         }
     }
 
-    /// Undoes the appends made since `mark` (which sled then refused).
+    /// Undoes the appends made since `mark` (which sled then refused). If
+    /// the file cannot be cut back, the next append tries again first.
     pub(crate) fn cut_back_to(&mut self, mark: Mark) {
         self.len = mark.len;
         self.chain = mark.chain;
-        self.cut_back();
+        let _ = self.cut_back();
     }
 
-    fn cut_back(&mut self) {
-        // Best effort: if even this fails, the partial frame is a torn tail
-        // for the next open, and the error was already reported.
-        let _ = self.file.set_len(self.len);
+    /// Cuts the file back to `len`; on failure, `uncut` says bytes may
+    /// remain past it.
+    fn cut_back(&mut self) -> std::io::Result<()> {
+        let result = self.file.set_len(self.len);
+        self.uncut = result.is_err();
+        result
     }
 
     /// Bytes in the file.
@@ -234,9 +283,11 @@ impl Wal {
         self.len
     }
 
-    /// Whether the file holds no frame (only a version 2 header).
+    /// Whether the file holds nothing but a version 2 header.
     pub(crate) fn is_empty(&self) -> bool {
-        matches!(self.format, Some(Format::V2 { .. })) && self.len == FILE_HEADER as u64
+        !self.uncut
+            && matches!(self.format, Some(Format::V2 { .. }))
+            && self.len == FILE_HEADER as u64
     }
 
     /// Empties the file and starts it afresh in version 2, with a new salt;
@@ -244,8 +295,9 @@ impl Wal {
     pub(crate) fn truncate(&mut self) -> std::io::Result<()> {
         self.format = None;
         self.file.set_len(0)?;
+        self.uncut = false;
         self.len = 0;
-        let (format, chain) = start(&mut self.file)?;
+        let (format, chain) = start(&self.file)?;
         self.format = Some(format);
         self.chain = chain;
         self.len = FILE_HEADER as u64;
@@ -281,9 +333,10 @@ fn set_aside(file: &File, path: &Path, bytes: &[u8], valid: usize) -> std::io::R
     })
 }
 
-/// Writes a version 2 header with a fresh salt to the empty `file` and
-/// syncs it; returns the format and the checksum the first frame chains from.
-fn start(file: &mut File) -> std::io::Result<(Format, u32)> {
+/// Writes a version 2 header with a fresh salt at the start of the empty
+/// `file` and syncs it; returns the format and the checksum the first frame
+/// chains from.
+fn start(file: &File) -> std::io::Result<(Format, u32)> {
     let mut salt = [0u8; 8];
     File::open("/dev/urandom")?.read_exact(&mut salt)?;
     let mut header = Vec::with_capacity(FILE_HEADER);
@@ -292,7 +345,7 @@ fn start(file: &mut File) -> std::io::Result<(Format, u32)> {
     header.extend_from_slice(&salt);
     let check = crc32fast::hash(&header);
     header.extend_from_slice(&check.to_le_bytes());
-    file.write_all(&header)?;
+    file.write_all_at(&header, 0)?;
     file.sync_all()?;
     Ok((Format::V2 { salt }, check))
 }
@@ -567,7 +620,7 @@ mod tests {
         let sum = encode_frame(&mut bytes, salt, second, !wal.chain, &key(1), b"bbbb").unwrap();
         let third = second + bytes.len() as u64;
         encode_frame(&mut bytes, salt, third, sum, &key(1), b"cccc").unwrap();
-        wal.file.write_all(&bytes).unwrap();
+        wal.file.write_all_at(&bytes, second).unwrap();
         drop(wal);
         let err = Wal::open(&path).err().expect("a broken chain is refused");
         assert!(
@@ -690,6 +743,72 @@ mod tests {
         assert!(wal.truncate().is_err());
         assert!(!wal.is_empty(), "a checkpoint will try again");
         wal.file = writable;
+        wal.append(&[(key(1), b"next".to_vec())]).unwrap();
+        drop(wal);
+        let (wal, frames) = Wal::open(&path).unwrap();
+        assert_eq!(values(&frames), [b"next"]);
+        assert!(wal.torn_tail().is_none());
+    }
+
+    #[test]
+    fn after_a_failed_cut_back_the_next_append_lands_where_its_checksum_says() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wal");
+        let (mut wal, _) = Wal::open(&path).unwrap();
+        wal.append(&[(key(1), b"acked".to_vec())]).unwrap();
+        let end = wal.len();
+        // The next append's write gets part way (its first bytes reach the
+        // file), then fails, and so does cutting back: the descriptor can
+        // no longer write (as after EIO).
+        wal.file.write_all_at(b"a partial fr", end).unwrap();
+        let writable = std::mem::replace(&mut wal.file, File::open(&path).unwrap());
+        assert!(wal.append(&[(key(1), b"refused".to_vec())]).is_err());
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), end + 12);
+        // The disk recovers; the next append is acknowledged.
+        wal.file = writable;
+        wal.append(&[(key(1), b"acked too".to_vec())]).unwrap();
+        drop(wal);
+        let (wal, frames) = Wal::open(&path).unwrap();
+        assert_eq!(values(&frames), [&b"acked"[..], b"acked too"]);
+        assert!(wal.torn_tail().is_none(), "nothing was torn");
+    }
+
+    #[test]
+    fn while_a_failed_cut_back_cannot_be_redone_appends_are_refused_until_an_emptying() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wal");
+        let (mut wal, _) = Wal::open(&path).unwrap();
+        let writable = std::mem::replace(&mut wal.file, File::open(&path).unwrap());
+        assert!(wal.append(&[(key(1), b"refused".to_vec())]).is_err());
+        let err = wal.append(&[(key(1), b"refused".to_vec())]).unwrap_err();
+        assert!(
+            err.to_string().contains("appends are refused until"),
+            "{err}"
+        );
+        assert!(!wal.is_empty(), "a checkpoint must empty it");
+        wal.file = writable;
+        wal.truncate().unwrap();
+        assert!(wal.is_empty());
+        wal.append(&[(key(1), b"after".to_vec())]).unwrap();
+        drop(wal);
+        let (_, frames) = Wal::open(&path).unwrap();
+        assert_eq!(values(&frames), [b"after"]);
+    }
+
+    #[test]
+    fn an_append_undone_after_a_fresh_start_leaves_nothing_and_the_next_one_chains() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wal");
+        let (mut wal, _) = Wal::open(&path).unwrap();
+        wal.append(&[(key(1), b"checkpointed".to_vec())]).unwrap();
+        let writable = std::mem::replace(&mut wal.file, File::open(&path).unwrap());
+        assert!(wal.truncate().is_err());
+        wal.file = writable;
+        // The append starts the file afresh; sled then refuses its records.
+        let appended = wal
+            .append(&[(key(1), b"refused by sled".to_vec())])
+            .unwrap();
+        wal.cut_back_to(appended.before);
         wal.append(&[(key(1), b"next".to_vec())]).unwrap();
         drop(wal);
         let (wal, frames) = Wal::open(&path).unwrap();
