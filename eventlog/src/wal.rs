@@ -30,7 +30,11 @@
 //! Opening tells a torn tail from damage: a frame that does not check out is
 //! a torn tail only if no whole frame follows it anywhere in the file (the
 //! last `write(2)` before a crash, never acknowledged as synced); the tail is
-//! then moved to a side file, not thrown away. Anything else is damage, and
+//! then moved to a side file, not thrown away. A file no longer than a
+//! header whose header is bad (zeros, cut short, failing its checksum) was
+//! being emptied when the machine stopped: no frame can be in it, since
+//! frames are written only after the header is synced, so it is set aside
+//! the same way and the file starts afresh. Anything else is damage, and
 //! the file is refused, so no acknowledged record is ever silently dropped.
 //!
 //! Version 1 files (frames of `magic`, `len`, CRC-32 of key and value, with
@@ -106,8 +110,9 @@ pub(crate) struct Appended {
     pub(crate) before: Mark,
 }
 
-/// A partial frame found at the end of the write-ahead file on open: the
-/// last write before a crash. It was never acknowledged as synced.
+/// A partial write found at the end of the write-ahead file on open: the
+/// last write before a crash (a frame, or the header of a file being
+/// emptied). It was never acknowledged as synced; its bytes are kept.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TornTail {
     /// Where its bytes were moved.
@@ -161,8 +166,9 @@ struct Whole {
 
 impl Wal {
     /// Opens (creating, mode 0600) the file and returns it with every whole
-    /// frame in it, as (key, value). A torn tail is moved to
-    /// `<file>.torn-<bytes>`. A file without a header gets one.
+    /// frame in it, as (key, value). A torn tail, or the bad header of an
+    /// interrupted emptying, is moved to `<file>.torn-<offset>` and
+    /// reported by [`Wal::torn_tail`]. A file without a header gets one.
     pub(crate) fn open(path: &Path) -> std::io::Result<(Wal, Vec<Frame>)> {
         let created = !path.exists();
         let mut file = OpenOptions::new()
@@ -477,13 +483,12 @@ fn read(bytes: &[u8]) -> Result<Contents, Refusal> {
         }
         return Ok(contents);
     }
-    if bytes.len() < FILE_HEADER {
-        // Empty, or a header (or a first version 1 frame) cut short by a
-        // crash: no frame can have been written after it.
-        let start = &bytes[..bytes.len().min(4)];
-        if !(FILE_MAGIC.starts_with(start) || v1_magic.starts_with(start)) {
-            return Err(Refusal::Foreign);
-        }
+    let header_checks =
+        bytes.len() >= FILE_HEADER && crc32fast::hash(&bytes[..16]) == word(bytes, 16);
+    if bytes.len() <= FILE_HEADER && !header_checks {
+        // Empty, or an emptying interrupted before its header was synced
+        // (zeros, cut short, failing its checksum): frames are written only
+        // after the header is synced, so none can be here.
         return Ok(Contents {
             format: None,
             frames: Vec::new(),
@@ -498,12 +503,11 @@ fn read(bytes: &[u8]) -> Result<Contents, Refusal> {
         VERSION => {}
         version => return Err(Refusal::UnknownVersion(version)),
     }
-    let check = word(bytes, 16);
-    if crc32fast::hash(&bytes[..16]) != check {
+    if !header_checks {
         return Err(Refusal::Header);
     }
     let salt = bytes[8..16].try_into().expect("8 bytes");
-    parse(Format::V2 { salt }, bytes, FILE_HEADER, check)
+    parse(Format::V2 { salt }, bytes, FILE_HEADER, word(bytes, 16))
 }
 
 /// A file written by mneme before the file header existed: seq 1 to 3 of
@@ -750,6 +754,25 @@ mod tests {
         assert!(wal.torn_tail().is_none());
     }
 
+    /// The side files next to `path`'s file, with their bytes, by name.
+    fn side_files(path: &Path) -> Vec<(String, Vec<u8>)> {
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let mut found: Vec<(String, Vec<u8>)> = std::fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .filter(|p| {
+                let n = p.file_name().unwrap().to_string_lossy();
+                n.starts_with(&name) && n.len() > name.len()
+            })
+            .map(|p| {
+                let bytes = std::fs::read(&p).unwrap();
+                (p.file_name().unwrap().to_string_lossy().into_owned(), bytes)
+            })
+            .collect();
+        found.sort();
+        found
+    }
+
     #[test]
     fn after_a_failed_cut_back_the_next_append_lands_where_its_checksum_says() {
         let dir = tempfile::tempdir().unwrap();
@@ -817,22 +840,62 @@ mod tests {
     }
 
     #[test]
-    fn a_bad_header_or_an_unknown_format_is_refused_as_it_is() {
+    fn an_interrupted_emptying_is_set_aside_and_the_file_starts_afresh() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wal");
+        let header = written(&path, &[])[..FILE_HEADER].to_vec();
+        let mut bad_check = header.clone();
+        bad_check[FILE_HEADER - 1] ^= 1;
+        let cases: [(&str, Vec<u8>); 4] = [
+            ("zero-filled header", vec![0; FILE_HEADER]),
+            ("zero-filled part of a header", vec![0; 7]),
+            ("header failing its checksum", bad_check),
+            ("header cut short", header[..13].to_vec()),
+        ];
+        for (what, bytes) in cases {
+            std::fs::write(&path, &bytes).unwrap();
+            let (mut wal, frames) =
+                Wal::open(&path).unwrap_or_else(|e| panic!("{what}: refused: {e}"));
+            assert!(frames.is_empty() && wal.is_empty(), "{what}");
+            let torn = wal.torn_tail().expect("set aside and named").clone();
+            assert_eq!(torn.bytes, bytes.len(), "{what}");
+            assert_eq!(std::fs::read(&torn.saved_to).unwrap(), bytes, "{what}");
+            wal.append(&[(key(1), b"new".to_vec())]).unwrap();
+            drop(wal);
+            let (_, frames) = Wal::open(&path).unwrap();
+            assert_eq!(values(&frames), [b"new"], "{what}");
+        }
+    }
+
+    #[test]
+    fn a_bad_header_with_bytes_after_it_or_an_unknown_format_is_refused_as_it_is() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("wal");
         let good = written(&path, &[b"aaaa"]);
-        let cases: [(usize, &str); 3] = [
-            (10, "its header fails its checksum"),
-            (4, "format version 3"),
-            (0, "not a mneme write-ahead file"),
-        ];
-        for (at, expected) in cases {
+        let flipped = |at: usize| {
             let mut bytes = good.clone();
             bytes[at] ^= 1;
+            bytes
+        };
+        // A header of a newer format that checks out, with nothing after it.
+        let mut newer = good[..FILE_HEADER].to_vec();
+        newer[4] = 3;
+        let check = crc32fast::hash(&newer[..16]);
+        newer[16..].copy_from_slice(&check.to_le_bytes());
+        let cases: [(Vec<u8>, &str); 6] = [
+            (flipped(10), "its header fails its checksum"),
+            (flipped(4), "format version 3"),
+            (flipped(0), "not a mneme write-ahead file"),
+            (vec![0; FILE_HEADER + 1], "not a mneme write-ahead file"),
+            (vec![0; good.len()], "not a mneme write-ahead file"),
+            (newer, "format version 3"),
+        ];
+        for (bytes, expected) in cases {
             std::fs::write(&path, &bytes).unwrap();
             let err = Wal::open(&path).err().expect("refused");
-            assert!(err.to_string().contains(expected), "byte {at}: {err}");
+            assert!(err.to_string().contains(expected), "{bytes:?}: {err}");
             assert_eq!(std::fs::read(&path).unwrap(), bytes, "left as it was");
         }
+        assert!(side_files(&path).is_empty(), "nothing set aside");
     }
 }
