@@ -30,12 +30,14 @@
 //! Opening tells a torn tail from damage: a frame that does not check out is
 //! a torn tail only if no whole frame follows it anywhere in the file (the
 //! last `write(2)` before a crash, never acknowledged as synced); the tail is
-//! then moved to a side file, not thrown away. A file no longer than a
-//! header whose header is bad (zeros, cut short, failing its checksum) was
-//! being emptied when the machine stopped: no frame can be in it, since
-//! frames are written only after the header is synced, so it is set aside
-//! the same way and the file starts afresh. Anything else is damage, and
-//! the file is refused, so no acknowledged record is ever silently dropped.
+//! then moved to a side file of its own (`<file>.torn-<n>`, the first free
+//! `n`, synced before the file is cut), not thrown away. A file no longer
+//! than a header whose header is bad (zeros, cut short, failing its
+//! checksum) was being emptied when the machine stopped: no frame can be in
+//! it, since frames are written only after the header is synced, so it is
+//! set aside the same way and the file starts afresh. Anything else is
+//! damage, and the file is refused, so no acknowledged record is ever
+//! silently dropped.
 //!
 //! Version 1 files (frames of `magic`, `len`, CRC-32 of key and value, with
 //! no file header: what mneme wrote before) are still read, so an existing
@@ -167,8 +169,9 @@ struct Whole {
 impl Wal {
     /// Opens (creating, mode 0600) the file and returns it with every whole
     /// frame in it, as (key, value). A torn tail, or the bad header of an
-    /// interrupted emptying, is moved to `<file>.torn-<offset>` and
-    /// reported by [`Wal::torn_tail`]. A file without a header gets one.
+    /// interrupted emptying, is moved to a new side file
+    /// (`<file>.torn-<n>`) and reported by [`Wal::torn_tail`]. A file
+    /// without a header gets one.
     pub(crate) fn open(path: &Path) -> std::io::Result<(Wal, Vec<Frame>)> {
         let created = !path.exists();
         let mut file = OpenOptions::new()
@@ -326,17 +329,42 @@ fn sync_parent(path: &Path) -> std::io::Result<()> {
     File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()
 }
 
-/// Moves `bytes[valid..]` to a side file and cuts the file there.
+/// Moves `bytes[valid..]` to a new side file, durably (the side file and
+/// its name synced), and only then cuts the file there.
 fn set_aside(file: &File, path: &Path, bytes: &[u8], valid: usize) -> std::io::Result<TornTail> {
-    let aside = path.with_extension(format!("wal.torn-{valid}"));
-    crate::create_private(&aside)?.write_all(&bytes[valid..])?;
+    let (aside, mut side) = new_side_file(path)?;
+    side.write_all(&bytes[valid..])?;
+    side.sync_all()?;
+    sync_parent(path)?;
     file.set_len(valid as u64)?;
     file.sync_all()?;
-    sync_parent(path)?;
     Ok(TornTail {
         saved_to: aside,
         bytes: bytes.len() - valid,
     })
+}
+
+/// Creates (mode 0600) `<file>.torn-<n>` for the first `n` from 1 that no
+/// file has: a side file is never replaced.
+fn new_side_file(path: &Path) -> std::io::Result<(PathBuf, File)> {
+    let name = path
+        .file_name()
+        .unwrap_or(path.as_os_str())
+        .to_string_lossy();
+    let mut n = 1u64;
+    loop {
+        let aside = path.with_file_name(format!("{name}.torn-{n}"));
+        let created = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&aside);
+        match created {
+            Ok(side) => return Ok((aside, side)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => n += 1,
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Writes a version 2 header with a fresh salt at the start of the empty
@@ -566,10 +594,7 @@ mod tests {
         assert_eq!(wal.len(), whole);
         assert_eq!(std::fs::metadata(&path).unwrap().len(), whole);
         let torn = wal.torn_tail().unwrap().clone();
-        assert_eq!(
-            torn.saved_to,
-            path.with_extension(format!("wal.torn-{whole}"))
-        );
+        assert_eq!(torn.saved_to, path.with_file_name("wal.torn-1"));
         assert_eq!(
             std::fs::read(&torn.saved_to).unwrap(),
             bytes[whole as usize..bytes.len() - 3],
@@ -897,5 +922,26 @@ mod tests {
             assert_eq!(std::fs::read(&path).unwrap(), bytes, "left as it was");
         }
         assert!(side_files(&path).is_empty(), "nothing set aside");
+    }
+
+    #[test]
+    fn every_torn_tail_gets_its_own_side_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wal");
+        let mut torn = Vec::new();
+        for value in [&b"first torn"[..], b"second torn"] {
+            let (mut wal, _) = Wal::open(&path).unwrap();
+            let end = wal.len() as usize;
+            wal.append(&[(key(1), value.to_vec())]).unwrap();
+            drop(wal);
+            let bytes = std::fs::read(&path).unwrap();
+            std::fs::write(&path, &bytes[..bytes.len() - 2]).unwrap();
+            torn.push(bytes[end..bytes.len() - 2].to_vec());
+        }
+        let (wal, frames) = Wal::open(&path).unwrap();
+        assert!(frames.is_empty());
+        assert!(wal.torn_tail().is_some());
+        let kept: Vec<Vec<u8>> = side_files(&path).into_iter().map(|(_, b)| b).collect();
+        assert_eq!(kept, torn, "both torn tails are kept, in order");
     }
 }
