@@ -25,6 +25,9 @@ pub trait Backend {
     /// Alters one byte inside the stored record at (`session`, `seq`),
     /// behind the log's back, while no handle is open.
     fn tamper(&self, store: &Self::Store, session: Uuid, seq: u64);
+    /// Deletes the stored record at (`session`, `seq`), behind the log's
+    /// back (its session's head left as it was), while no handle is open.
+    fn remove(&self, store: &Self::Store, session: Uuid, seq: u64);
     /// Whether several processes may hold the store at once (each handle
     /// from [`Backend::open`] stands for one).
     fn shared(&self) -> bool;
@@ -39,9 +42,11 @@ macro_rules! conformance_tests {
             stale_and_future_writers_get_conflicts_and_change_nothing,
             racing_writers_never_leave_gaps_or_overwrites,
             range_reads_return_exactly_the_range,
+            bounded_reads_stop_at_the_byte_budget_and_check_what_they_return,
             listing_names_every_session_in_id_order,
             synced_records_and_heads_survive_a_reopen,
             a_tampered_record_is_refused_by_read_and_verify,
+            a_missing_record_is_refused_by_read_bounded_read_and_verify,
             derived_data_is_kept_per_session_and_name,
             import_copies_records_byte_for_byte,
             import_refuses_a_broken_chain_and_stores_nothing,
@@ -180,6 +185,85 @@ pub fn range_reads_return_exactly_the_range<B: Backend>(b: &B) {
     assert!(log.read(Uuid::now_v7(), 1, 10).unwrap().is_empty());
 }
 
+/// `read_bounded(from, to, max_bytes)` returns the longest run from `from`
+/// (within `to`) whose sealed sizes fit in `max_bytes`, or the first record
+/// alone when even it does not fit, exactly as `read` returns them; a
+/// tampered record it would return is refused.
+pub fn bounded_reads_stop_at_the_byte_budget_and_check_what_they_return<B: Backend>(b: &B) {
+    let store = b.create();
+    let s = Uuid::now_v7();
+    let sized = |n: u8, payload: usize| NewEvent {
+        payload: vec![n; payload],
+        ..event(n)
+    };
+    let (all, sizes) = {
+        let log = b.open(&store).unwrap();
+        let events = [(1, 10), (2, 40_000), (3, 5), (4, 20), (5, 200_000), (6, 1)];
+        log.append(s, 1, events.map(|(n, len)| sized(n, len)).into())
+            .unwrap();
+        log.barrier(Durability::Synced).unwrap();
+        let all = log.read(s, 1, u64::MAX).unwrap();
+        let sizes: Vec<usize> = sealed(&all).iter().map(Vec::len).collect();
+        let total: usize = sizes.iter().sum();
+        // What the contract says, for every start, end and budget tried.
+        let expected = |from: usize, to: usize, max: usize| -> Vec<Record> {
+            let mut spent = 0;
+            let mut run = Vec::new();
+            for (record, size) in all.iter().zip(&sizes).take(to).skip(from - 1) {
+                if !run.is_empty() && spent + size > max {
+                    break;
+                }
+                spent += size;
+                run.push(record.clone());
+            }
+            run
+        };
+        let mut budgets = vec![0, 1, usize::MAX, total, total - 1];
+        for i in 0..sizes.len() {
+            let upto: usize = sizes[..=i].iter().sum();
+            budgets.extend([upto - 1, upto, upto + 1]);
+        }
+        for from in 1..=all.len() {
+            for to in from..=all.len() {
+                for &max in &budgets {
+                    let got = log.read_bounded(s, from as u64, to as u64, max).unwrap();
+                    assert_eq!(got, expected(from, to, max), "{from}..={to} in {max} bytes");
+                    assert!(!got.is_empty(), "a stream always advances");
+                }
+            }
+        }
+        let seqs =
+            |records: Vec<Record>| -> Vec<u64> { records.iter().map(|r| r.envelope.seq).collect() };
+        let small = sizes[0] + sizes[1] - 1;
+        assert_eq!(seqs(log.read_bounded(s, 1, 6, small).unwrap()), [1]);
+        assert_eq!(
+            seqs(log.read_bounded(s, 5, 6, 0).unwrap()),
+            [5],
+            "one over the budget"
+        );
+        assert_eq!(seqs(log.read_bounded(s, 0, 2, usize::MAX).unwrap()), [1, 2]);
+        assert!(log.read_bounded(s, 4, 3, usize::MAX).unwrap().is_empty());
+        assert!(log.read_bounded(s, 7, 9, usize::MAX).unwrap().is_empty());
+        assert!(log
+            .read_bounded(Uuid::now_v7(), 1, 9, 0)
+            .unwrap()
+            .is_empty());
+        (all, sizes)
+    };
+    b.tamper(&store, s, 3);
+    let log = b.open(&store).unwrap();
+    for (from, max) in [(1, usize::MAX), (3, 0), (2, sizes[1] + sizes[2])] {
+        let err = log.read_bounded(s, from, 6, max).unwrap_err();
+        assert!(matches!(err, LogError::Corrupt { seq: 3, .. }), "{err}");
+    }
+    let before = log.read_bounded(s, 1, 6, sizes[0] + sizes[1]).unwrap();
+    assert_eq!(
+        before,
+        all[..2],
+        "the budget ends before the tampered record"
+    );
+}
+
 /// `sessions()` lists every session once, by id, with its count and last kind.
 pub fn listing_names_every_session_in_id_order<B: Backend>(b: &B) {
     let store = b.create();
@@ -239,6 +323,33 @@ pub fn a_tampered_record_is_refused_by_read_and_verify<B: Backend>(b: &B) {
     let err = log.verify(s).unwrap_err();
     assert!(err.to_string().contains("seq 2"), "{err}");
     assert_eq!(log.read(s, 1, 1).unwrap().len(), 1, "seq 1 still reads");
+}
+
+/// A record missing from the middle of a session is refused by `read`,
+/// `read_bounded` (in the middle of what it returns, or where it starts)
+/// and `verify`, naming its seq; a read that stops before it succeeds.
+pub fn a_missing_record_is_refused_by_read_bounded_read_and_verify<B: Backend>(b: &B) {
+    let store = b.create();
+    let s = Uuid::now_v7();
+    {
+        let log = b.open(&store).unwrap();
+        log.append(s, 1, (1..=4).map(event).collect()).unwrap();
+        log.barrier(Durability::Synced).unwrap();
+    }
+    b.remove(&store, s, 2);
+    let log = b.open(&store).unwrap();
+    let missing = |result: Result<Vec<Record>, LogError>| match result {
+        Err(err @ LogError::Corrupt { seq: 2, .. }) => {
+            assert!(err.to_string().contains("missing record"), "{err}")
+        }
+        other => panic!("seq 2 must be refused as missing: {other:?}"),
+    };
+    missing(log.read(s, 1, 4));
+    missing(log.read_bounded(s, 1, 4, usize::MAX));
+    missing(log.read_bounded(s, 2, 4, 0));
+    let err = log.verify(s).unwrap_err();
+    assert!(err.to_string().contains("seq 2"), "{err}");
+    assert_eq!(log.read_bounded(s, 1, 4, 0).unwrap().len(), 1);
 }
 
 /// Derived data is stored per (session, name) and replaced on put.

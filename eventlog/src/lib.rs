@@ -278,6 +278,24 @@ pub trait EventLog: Send + Sync {
     /// checked (hash, seq, session, and the chain link between neighbours).
     fn read(&self, session: Uuid, from: u64, to: u64) -> Result<Vec<Record>, LogError>;
 
+    /// [`EventLog::read`] of `from..=to` up to a budget of `max_bytes`
+    /// stored bytes (each record counted by the size of its sealed bytes,
+    /// as an export carries them): the longest run of records from `from`
+    /// whose sizes add up to at most `max_bytes`, but never less than the
+    /// first record, however big, so that a reader paging through a
+    /// session always advances. So it returns at most `max_bytes` plus one
+    /// record. Each record returned is checked as [`EventLog::read`] checks
+    /// it (hash, seq, the link to its neighbour, a gapless run from
+    /// `from`). A backend stops at the budget: it does not fetch the bytes
+    /// of the whole range and drop the rest.
+    fn read_bounded(
+        &self,
+        session: Uuid,
+        from: u64,
+        to: u64,
+        max_bytes: usize,
+    ) -> Result<Vec<Record>, LogError>;
+
     /// The head of `session` ([`Head::EMPTY`] if it has no records).
     fn head(&self, session: Uuid) -> Result<Head, LogError>;
 

@@ -960,16 +960,41 @@ impl EventLog for SledLog {
     }
 
     fn read(&self, session: Uuid, from: u64, to: u64) -> Result<Vec<Record>, LogError> {
+        self.read_bounded(session, from, to, usize::MAX)
+    }
+
+    /// The range scan stops at the first record over the budget: its bytes
+    /// are fetched, no later record's are, and none past the budget is
+    /// decoded or hashed.
+    fn read_bounded(
+        &self,
+        session: Uuid,
+        from: u64,
+        to: u64,
+        max_bytes: usize,
+    ) -> Result<Vec<Record>, LogError> {
         let from = from.max(1);
         if from > to {
             return Ok(Vec::new());
         }
+        let mut spent: Option<usize> = None;
         let stored = self
             .db
             .range(event_key(session, from)..=event_key(session, to))
             .map(|item| {
                 let (key, value) = item.map_err(|e| self.storage(e))?;
                 Ok((parse_event_key(&key).1, value))
+            })
+            .take_while(|item| {
+                let Ok((_, value)) = item else {
+                    return true;
+                };
+                let total = spent.map_or(value.len(), |s| s.saturating_add(value.len()));
+                let fits = spent.is_none() || total <= max_bytes;
+                if fits {
+                    spent = Some(total);
+                }
+                fits
             });
         let long = to.saturating_sub(from) >= PARALLEL_OPEN_MIN;
         let records = scan_and_open(session, stored, long)?;
@@ -1107,6 +1132,11 @@ mod tests {
             let n = bytes.len();
             bytes[n - 40] ^= 1;
             log.db.insert(key, bytes).unwrap();
+        }
+
+        fn remove(&self, dir: &tempfile::TempDir, session: Uuid, seq: u64) {
+            let log = SledLog::open(dir.path()).unwrap();
+            log.db.remove(event_key(session, seq)).unwrap();
         }
 
         fn shared(&self) -> bool {

@@ -320,6 +320,58 @@ impl PgLog {
         })
     }
 
+    /// The records of `session` in `from..=to`, checked as
+    /// [`EventLog::read`] promises; with a `budget`, only as many as
+    /// [`EventLog::read_bounded`] says.
+    fn read_range(
+        &self,
+        session: Uuid,
+        from: u64,
+        to: u64,
+        budget: Option<i64>,
+    ) -> Result<Vec<Record>, LogError> {
+        let from = from.max(1);
+        if from > to {
+            return Ok(Vec::new());
+        }
+        let db = self.db();
+        let (lo, hi) = (from as i64, to.min(i64::MAX as u64) as i64);
+        let rows = self.block(async move {
+            match budget {
+                None => {
+                    db.query(
+                        "read records",
+                        "SELECT seq, record FROM mneme_events \
+                         WHERE session = $1 AND seq BETWEEN $2 AND $3 ORDER BY seq",
+                        &[&session, &lo, &hi],
+                    )
+                    .await
+                }
+                Some(budget) => {
+                    db.query(
+                        "read records up to a byte budget",
+                        "SELECT seq, record FROM ( \
+                           SELECT seq, record, \
+                             row_number() OVER w AS n, \
+                             sum(octet_length(record)) OVER w AS spent \
+                           FROM mneme_events \
+                           WHERE session = $1 AND seq BETWEEN $2 AND $3 \
+                           WINDOW w AS (ORDER BY seq ROWS UNBOUNDED PRECEDING) \
+                         ) AS run WHERE n = 1 OR spent <= $4 ORDER BY seq",
+                        &[&session, &lo, &hi, &budget],
+                    )
+                    .await
+                }
+            }
+        })?;
+        let records = rows
+            .iter()
+            .map(|row| Record::open(session, row.get::<_, i64>(0) as u64, row.get(1)))
+            .collect::<Result<Vec<_>, _>>()?;
+        eventlog::check_run(session, from, &records)?;
+        Ok(records)
+    }
+
     fn start_listening(&self) {
         let config = self.config.clone();
         let listeners = self.listeners.clone();
@@ -519,26 +571,21 @@ impl EventLog for PgLog {
     }
 
     fn read(&self, session: Uuid, from: u64, to: u64) -> Result<Vec<Record>, LogError> {
-        let from = from.max(1);
-        if from > to {
-            return Ok(Vec::new());
-        }
-        let db = self.db();
-        let (lo, hi) = (from as i64, to.min(i64::MAX as u64) as i64);
-        let rows = self.block(async move {
-            db.query(
-                "read records",
-                "SELECT seq, record FROM mneme_events WHERE session = $1 AND seq BETWEEN $2 AND $3 ORDER BY seq",
-                &[&session, &lo, &hi],
-            )
-            .await
-        })?;
-        let records = rows
-            .iter()
-            .map(|row| Record::open(session, row.get::<_, i64>(0) as u64, row.get(1)))
-            .collect::<Result<Vec<_>, _>>()?;
-        eventlog::check_run(session, from, &records)?;
-        Ok(records)
+        self.read_range(session, from, to, None)
+    }
+
+    /// One query: a running sum of the records' sizes (`octet_length`,
+    /// which PostgreSQL answers from a value's header, without fetching or
+    /// decompressing it) picks the records that fit; only those are sent.
+    fn read_bounded(
+        &self,
+        session: Uuid,
+        from: u64,
+        to: u64,
+        max_bytes: usize,
+    ) -> Result<Vec<Record>, LogError> {
+        let budget = i64::try_from(max_bytes).unwrap_or(i64::MAX);
+        self.read_range(session, from, to, Some(budget))
     }
 
     fn head(&self, session: Uuid) -> Result<Head, LogError> {
@@ -805,25 +852,41 @@ mod tests {
         }
 
         fn tamper(&self, url: &String, session: Uuid, seq: u64) {
-            let log = PgLog::connect(url).unwrap();
-            let db = log.db();
-            let seq = seq as i64;
-            log.block(async move {
-                db.query(
-                    "tamper",
-                    "UPDATE mneme_events SET record = set_byte(record, length(record) - 40, \
-                     get_byte(record, length(record) - 40) # 1) WHERE session = $1 AND seq = $2",
-                    &[&session, &seq],
-                )
-                .await
-                .map(drop)
-            })
-            .unwrap();
+            behind_the_logs_back(
+                url,
+                "UPDATE mneme_events SET record = set_byte(record, length(record) - 40, \
+                 get_byte(record, length(record) - 40) # 1) WHERE session = $1 AND seq = $2",
+                session,
+                seq,
+            );
+        }
+
+        fn remove(&self, url: &String, session: Uuid, seq: u64) {
+            behind_the_logs_back(
+                url,
+                "DELETE FROM mneme_events WHERE session = $1 AND seq = $2",
+                session,
+                seq,
+            );
         }
 
         fn shared(&self) -> bool {
             true
         }
+    }
+
+    /// Runs `sql` on the record at (`session` = $1, `seq` = $2) of the
+    /// store at `url`, as someone with access to the database could.
+    fn behind_the_logs_back(url: &str, sql: &'static str, session: Uuid, seq: u64) {
+        let log = PgLog::connect(url).unwrap();
+        let db = log.db();
+        let seq = seq as i64;
+        log.block(async move {
+            db.query("change a record", sql, &[&session, &seq])
+                .await
+                .map(drop)
+        })
+        .unwrap();
     }
 
     eventlog::conformance_tests!(Postgres);
@@ -855,6 +918,10 @@ mod tests {
 
             fn tamper(&self, url: &String, session: Uuid, seq: u64) {
                 Postgres.tamper(url, session, seq)
+            }
+
+            fn remove(&self, url: &String, session: Uuid, seq: u64) {
+                Postgres.remove(url, session, seq)
             }
 
             fn shared(&self) -> bool {
