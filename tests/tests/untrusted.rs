@@ -678,9 +678,12 @@ async fn tool_processes_end_with_mneme_and_do_not_hold_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_event_listings_do_not_hold_whole_sessions() {
     let world = World::new();
-    // Three replies of eight calls, each returning 1 MiB: 24 MiB of events.
+    // A long run of small events (64 lookups), then three replies of eight
+    // calls, each returning 1 MiB: 24 MiB of events behind small ones, so a
+    // reader cannot size its pages by what it read last.
     let model = HostileModel::start(|n, _, _| match n {
-        0..=2 => Answer::Json(calls_of("big", 8, &format!("r{n}c"))),
+        0 => Answer::Json(calls_of("lookup", 64, "s")),
+        1..=3 => Answer::Json(calls_of("big", 8, &format!("r{n}c"))),
         _ => Answer::Json(completion(Some("done"), &[])),
     })
     .await;
@@ -691,7 +694,9 @@ async fn concurrent_event_listings_do_not_hold_whole_sessions() {
         10,
     );
     let daemon = DaemonProcess::start(&world.data(), &[]).await;
-    let id = daemon.create(&agent_with(&model, &[big], "")).await;
+    let id = daemon
+        .create(&agent_with(&model, &[lookup_tool(), big], ""))
+        .await;
     let (status, end) = daemon
         .post(
             &format!("/sessions/{id}/messages"),

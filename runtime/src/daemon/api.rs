@@ -563,7 +563,6 @@ async fn events(
         daemon,
         id,
         next: q.after.unwrap_or(0) + 1,
-        page: 1,
         // Only durable events: a turn's latest appends wait for their barrier.
         target: 0,
         heads,
@@ -591,9 +590,9 @@ async fn events(
 
 /// Records read from the log at a time by a stream of events, at most.
 const PAGE: u64 = 64;
-/// Bytes of records a stream of events aims to hold at a time: pages of
-/// big records are smaller.
-const PAGE_BYTES: u64 = 1 << 20;
+/// Bytes of records a stream of events reads at a time, at most (or one
+/// record, if it alone is bigger).
+const PAGE_BYTES: usize = 1 << 20;
 
 /// How long a quiet live stream waits before it reads the session's head
 /// itself, in case an announcement from another daemon was lost.
@@ -605,9 +604,6 @@ struct Follow {
     id: Uuid,
     /// The next seq to read.
     next: u64,
-    /// Records to read next time: doubling from 1 while they are small,
-    /// fewer when they are big.
-    page: u64,
     /// The durable head known: events up to it are read.
     target: u64,
     heads: tokio::sync::broadcast::Receiver<(Uuid, u64)>,
@@ -636,25 +632,16 @@ impl Follow {
         )
     }
 
-    /// Reads the next page up to the target into the buffer; false when
-    /// the target is reached.
+    /// Reads the next page up to the target into the buffer: at most
+    /// [`PAGE`] records and [`PAGE_BYTES`] (or one record, if it alone is
+    /// bigger); false when the target is reached.
     fn read_page(&mut self) -> Result<bool, RuntimeError> {
         if self.next > self.target {
             return Ok(false);
         }
-        let to = self.target.min(self.next + self.page - 1);
-        let records = self.daemon.service.log().read(self.id, self.next, to)?;
-        let bytes: u64 = records
-            .iter()
-            .map(|r| r.envelope.payload.len() as u64)
-            .sum();
-        // Grow slowly while records are small, shrink at once for big ones.
-        self.page = if bytes > PAGE_BYTES {
-            (self.page * PAGE_BYTES / bytes).max(1)
-        } else {
-            (self.page * 2).min(PAGE)
-        };
-        for record in records {
+        let to = self.target.min(self.next + PAGE - 1);
+        let log = self.daemon.service.log();
+        for record in log.read_bounded(self.id, self.next, to, PAGE_BYTES)? {
             let event = crate::session::decode(&record)?;
             self.next = record.envelope.seq + 1;
             let row = views::record(&record, &event);
