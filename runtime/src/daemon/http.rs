@@ -181,12 +181,30 @@ struct Open {
     next: u64,
 }
 
-/// What happened at the cap since it was last reported.
+/// What happened at the cap since it was last reported, each kind on its
+/// own line at most once a minute: an eviction never hides a refusal.
 #[derive(Default)]
 struct CapReport {
+    closed: Tally,
+    refused: Tally,
+}
+
+/// Events of one kind since their last report.
+#[derive(Default)]
+struct Tally {
     every: Every,
-    closed: u64,
-    refused: u64,
+    count: u64,
+}
+
+impl Tally {
+    /// Counts one; the count to report (and starts again) when a report is due.
+    fn count(&mut self) -> Option<u64> {
+        self.count += 1;
+        if !self.every.due() {
+            return None;
+        }
+        Some(std::mem::take(&mut self.count))
+    }
 }
 
 impl Connections {
@@ -217,21 +235,20 @@ impl Connections {
         Some((number, connection))
     }
 
-    /// Counts what the cap did, and says so at most once a minute.
+    /// Counts what the cap did, and says so at most once a minute a kind.
     fn reached_cap(&self, closed: bool) {
         let mut report = self.report.lock().expect("cap report");
+        let cap = self.cap;
         if closed {
-            report.closed += 1;
-        } else {
-            report.refused += 1;
-        }
-        if report.every.due() {
+            if let Some(n) = report.closed.count() {
+                crate::log_line!(
+                    "mneme serve: connection cap reached ({cap} open): closed the connection quiet the longest (a slow or idle client) to admit a new one; {n} since the last such line (at most one a minute; see --max-connections)"
+                );
+            }
+        } else if let Some(n) = report.refused.count() {
             crate::log_line!(
-                "mneme serve: connection cap reached: {} open; closed {} quiet the longest (slow or idle clients), refused {} while all were busy (counts since the last report, made at most once a minute; see --max-connections)",
-                self.cap, report.closed, report.refused
+                "mneme serve: connection cap reached ({cap} open) with every connection busy: refused a new one; {n} refused since the last such line (at most one a minute; see --max-connections)"
             );
-            report.closed = 0;
-            report.refused = 0;
         }
     }
 
