@@ -148,6 +148,22 @@ pub struct ModelReply {
     pub refused: Option<String>,
 }
 
+/// The `finish_reason` of a reply the token limit cut off.
+pub const CUT_OFF: &str = "length";
+
+impl ModelReply {
+    /// Whether the token limit cut this reply off (`finish_reason` length).
+    pub fn cut_off(&self) -> bool {
+        self.finish_reason == CUT_OFF
+    }
+
+    /// Whether the token limit cut this reply off in the middle of tool
+    /// calls, so mneme refused them.
+    pub fn cut_off_calls(&self) -> bool {
+        self.cut_off() && self.refused.is_some() && !self.tool_calls.is_empty()
+    }
+}
+
 /// One tool call in a model reply.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolCall {

@@ -82,6 +82,10 @@ struct ChatRequest<'a> {
     tools: Vec<ToolDefinition<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_completion_tokens: Option<u64>,
     /// OpenAI's prefix-cache routing hint: requests with the same key are
     /// routed to the same cache.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -236,7 +240,7 @@ pub fn next_request_incremental(
         entry_messages(entry, &mut last);
     }
     // The request with no messages, split where they go.
-    let empty = request_body(spec, &[], key);
+    let empty = body(spec, &[], key, room_to_finish(state));
     let marker = b"\"messages\":[]";
     let at = empty.windows(marker.len()).position(|w| w == marker)? + marker.len() - 1;
     let mut body = Vec::with_capacity(empty.len() + prefix.json.len() + 256);
@@ -291,6 +295,8 @@ pub fn compaction_request(state: &SessionState, upto: usize) -> Option<Vec<u8>> 
         messages: &messages,
         tools: Vec::new(),
         temperature: spec.model.temperature,
+        max_tokens: spec.model.max_tokens,
+        max_completion_tokens: spec.model.max_completion_tokens,
         prompt_cache_key: None,
     };
     Some(serde_json::to_vec(&request).expect("requests always serialize"))
@@ -310,11 +316,29 @@ fn cache_key<'a>(spec: &AgentSpec, session: &'a str) -> Option<&'a str> {
 pub fn next_request(session: &str, state: &SessionState) -> Option<Vec<u8>> {
     let spec = state.spec.as_ref()?;
     let key = cache_key(spec, session);
-    Some(request_body(spec, &messages(state), key))
+    Some(body(spec, &messages(state), key, room_to_finish(state)))
 }
 
-/// The exact body of a chat-completions request.
+/// Whether the next request gives the reply twice the spec's tokens: the
+/// last reply was cut off in the middle of its tool calls (once only: a
+/// second cut-off ends the turn).
+fn room_to_finish(state: &SessionState) -> bool {
+    state.cut_off_in_a_row == 1
+}
+
+/// The exact body of a chat-completions request, with the spec's token
+/// limits.
 pub fn request_body(spec: &AgentSpec, messages: &[Message], cache_key: Option<&str>) -> Vec<u8> {
+    body(spec, messages, cache_key, false)
+}
+
+/// The exact body of a chat-completions request; with `widened`, its token
+/// limits doubled.
+fn body(spec: &AgentSpec, messages: &[Message], cache_key: Option<&str>, widened: bool) -> Vec<u8> {
+    let widen = |limit: Option<u64>| match widened {
+        true => limit.map(|l| l.saturating_mul(2)),
+        false => limit,
+    };
     let request = ChatRequest {
         model: &spec.model.model,
         messages,
@@ -331,6 +355,8 @@ pub fn request_body(spec: &AgentSpec, messages: &[Message], cache_key: Option<&s
             })
             .collect(),
         temperature: spec.model.temperature,
+        max_tokens: widen(spec.model.max_tokens),
+        max_completion_tokens: widen(spec.model.max_completion_tokens),
         prompt_cache_key: cache_key,
     };
     serde_json::to_vec(&request).expect("requests always serialize")
@@ -353,11 +379,25 @@ fn wire_calls(calls: &[CallState]) -> Vec<WireToolCall> {
             kind: "function",
             function: WireFunction {
                 name: c.call.name.clone(),
-                arguments: c.call.arguments.clone(),
+                arguments: wire_arguments(&c.call.arguments),
             },
         })
         .collect()
 }
+
+/// A call's arguments as the request carries them: the model's exact text
+/// when it is JSON; otherwise (a log written before mneme refused such
+/// replies) the text inside a JSON object, [`UNPARSED_ARGUMENTS`], since
+/// servers refuse a history with arguments that do not parse.
+fn wire_arguments(arguments: &str) -> String {
+    if serde_json::from_str::<serde::de::IgnoredAny>(arguments).is_ok() {
+        return arguments.to_string();
+    }
+    serde_json::json!({ UNPARSED_ARGUMENTS: arguments }).to_string()
+}
+
+/// The key under which arguments that are not JSON are sent back.
+pub const UNPARSED_ARGUMENTS: &str = "mneme_unparsed_arguments";
 
 /// The text the model sees as a call's result.
 pub fn result_text(call: &CallState) -> String {

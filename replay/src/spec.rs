@@ -280,6 +280,15 @@ pub struct ModelSpec {
     /// Sampling temperature, sent when given.
     #[serde(default)]
     pub temperature: Option<f64>,
+    /// Most tokens a reply may have (`max_tokens` in the request), sent when
+    /// given; after a reply cut off in the middle of its tool calls, the
+    /// next request allows twice as many, once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    /// The same for OpenAI's reasoning models (`max_completion_tokens`),
+    /// sent when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_completion_tokens: Option<u64>,
     /// Request timeout in seconds (default 120).
     #[serde(default)]
     pub timeout_secs: Option<u64>,
@@ -335,6 +344,8 @@ impl ModelSpec {
         }
         .map_err(model)?;
         positive("timeout_secs", self.timeout_secs).map_err(model)?;
+        positive("max_tokens", self.max_tokens).map_err(model)?;
+        positive("max_completion_tokens", self.max_completion_tokens).map_err(model)?;
         within(
             "max_response_bytes",
             self.max_response_bytes,

@@ -140,7 +140,7 @@ impl Totals {
 
 /// Version of the encoded state in snapshots; a snapshot of another version
 /// is ignored (the log is folded instead).
-pub const STATE_FORMAT: u16 = 4;
+pub const STATE_FORMAT: u16 = 5;
 
 /// The folded state of a session.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -162,6 +162,11 @@ pub struct SessionState {
     /// What the current turn has spent.
     #[serde(default)]
     pub turn: TurnSpend,
+    /// Replies in a row refused because the token limit cut them off in
+    /// the middle of their tool calls (the next request allows twice the
+    /// tokens once; a second in a row fails the turn).
+    #[serde(default)]
+    pub cut_off_in_a_row: u32,
     /// Set by a failed SessionFinished, cleared by SessionResumed or a new user message.
     pub failed: Option<String>,
     /// Who cancelled the session; cleared by a new user message.
@@ -214,6 +219,7 @@ impl SessionState {
                 self.failed = None;
                 self.cancelled = None;
                 self.turn = TurnSpend::default();
+                self.cut_off_in_a_row = 0;
                 self.entries.push(Entry::User(text));
                 self.entry_seqs.push(seq);
             }
@@ -227,6 +233,10 @@ impl SessionState {
                     Some(_) => &[],
                 };
                 self.turn.tool_calls += acted_on.len() as u64;
+                self.cut_off_in_a_row = match reply.cut_off_calls() {
+                    true => self.cut_off_in_a_row + 1,
+                    false => 0,
+                };
                 let calls = acted_on
                     .iter()
                     .map(|call| CallState {
@@ -301,6 +311,7 @@ impl SessionState {
                 self.paused = None;
                 self.budget_paused = false;
                 self.failed = None;
+                self.cut_off_in_a_row = 0;
                 if extend_budget {
                     self.turn = TurnSpend::default();
                 }

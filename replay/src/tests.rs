@@ -39,6 +39,8 @@ fn spec() -> AgentSpec {
             input_cost_per_mtok: Some(1.0),
             output_cost_per_mtok: Some(2.0),
             max_response_bytes: None,
+            max_tokens: None,
+            max_completion_tokens: None,
         },
         tools: vec![
             tool("charge", ToolKind::Http, Effect::SideEffect, None),
@@ -276,6 +278,79 @@ fn a_refused_reply_runs_none_of_its_calls_and_the_model_is_told() {
         "{body}"
     );
     assert_eq!(state.turn.tool_calls, 0);
+}
+
+#[test]
+fn a_reply_cut_off_mid_call_gets_room_to_finish_once() {
+    let mut spec = spec();
+    spec.model.max_tokens = Some(30);
+    let cut_off = |id: &str| {
+        let mut reply = reply(None, vec![call(id, "charge")]);
+        if let Event::ModelReplied(r) = &mut reply {
+            r.tool_calls[0].arguments = "{\"x\":".into();
+            r.finish_reason = event::CUT_OFF.into();
+            r.refused = Some("cut off".into());
+        }
+        reply
+    };
+    let max_tokens = |events: &[Event]| -> serde_json::Value {
+        let body = next_request("s", &fold(events)).unwrap();
+        serde_json::from_slice::<serde_json::Value>(&body).unwrap()["max_tokens"].clone()
+    };
+    let mut events = vec![
+        Event::SessionStarted {
+            spec: Box::new(spec),
+        },
+        Event::UserMessage { text: "go".into() },
+    ];
+    assert_eq!(max_tokens(&events), 30);
+    events.push(cut_off("a"));
+    assert_eq!(fold(&events).cut_off_in_a_row, 1);
+    assert_eq!(max_tokens(&events), 60, "room to finish, once");
+    let body = String::from_utf8(next_request("s", &fold(&events)).unwrap()).unwrap();
+    assert!(
+        !body.contains("{\\\"x\\\":\""),
+        "the cut-off arguments are not sent back: {body}"
+    );
+    events.push(cut_off("b"));
+    assert_eq!(fold(&events).cut_off_in_a_row, 2);
+    assert_eq!(max_tokens(&events), 30, "only once");
+    events.push(Event::SessionResumed {
+        by: "p".into(),
+        extend_budget: false,
+    });
+    assert_eq!(fold(&events).cut_off_in_a_row, 0);
+    // The incremental renderer agrees byte for byte.
+    let state = fold(&events);
+    let mut prefix = RenderedPrefix::default();
+    assert_eq!(
+        next_request_incremental("s", &state, &mut prefix),
+        next_request("s", &state)
+    );
+}
+
+#[test]
+fn arguments_that_are_not_json_are_sent_back_inside_json() {
+    let mut events = story();
+    if let Some(Event::ModelReplied(r)) = events.iter_mut().find(|e| e.kind() == "ModelReplied") {
+        r.tool_calls[0].arguments = "{\"cents\": 4200, \"customer\":".into();
+    }
+    let body = next_request("s", &fold(&events)).unwrap();
+    let request: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let sent = request["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|m| m["tool_calls"].as_array().cloned().unwrap_or_default())
+        .map(|c| c["function"]["arguments"].as_str().unwrap().to_string())
+        .collect::<Vec<_>>();
+    for arguments in &sent {
+        serde_json::from_str::<serde_json::Value>(arguments).expect("every argument parses");
+    }
+    assert!(
+        sent.iter().any(|a| a.contains(prompt::UNPARSED_ARGUMENTS)),
+        "{sent:?}"
+    );
 }
 
 #[test]

@@ -459,15 +459,21 @@ pub fn report_end(id: Uuid, end: &TurnEnd, json: bool) -> Result<ExitCode> {
     if json
         && matches!(
             end,
-            TurnEnd::Answered(_) | TurnEnd::NeedsDecision(_) | TurnEnd::NeedsApproval(_)
+            TurnEnd::Answered(_)
+                | TurnEnd::CutOffAnswer(_)
+                | TurnEnd::NeedsDecision(_)
+                | TurnEnd::NeedsApproval(_)
         )
     {
         println!("{}", views::turn_end(id, end));
     }
     match end {
-        TurnEnd::Answered(answer) => {
+        TurnEnd::Answered(answer) | TurnEnd::CutOffAnswer(answer) => {
             if !json {
                 println!("{}", mneme_runtime::text::for_terminal_multiline(answer));
+            }
+            if matches!(end, TurnEnd::CutOffAnswer(_)) {
+                say!("mneme: warning: session {id}: the token limit cut the answer off (finish_reason length); raise [model] max_tokens for whole answers");
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -46,6 +46,13 @@ pub enum ModelError {
         /// The limit.
         limit: u64,
     },
+    /// The token limit cut the model's replies off in the middle of their
+    /// tool calls twice in a row (the second time with twice the tokens).
+    #[error("the token limit cut the model's reply off in the middle of its tool calls twice in a row (the second time with max_tokens = {}); raise [model] max_tokens (or the server's own limit), then `mneme resume` asks again", max_tokens.map_or("the server's default".to_string(), |l| l.to_string()))]
+    CutOff {
+        /// The limit of the second request, if the spec set one.
+        max_tokens: Option<u64>,
+    },
     /// The client is misconfigured.
     #[error("model client: {0}")]
     Config(String),

@@ -25,7 +25,7 @@ pub fn sessions(rows: &[Value], json: bool) {
         return;
     }
     line!(
-        "{:<36}  {:<16}  {:<7}  {:>7}  {:<24}  {:>6}",
+        "{:<36}  {:<16}  {:<7}  {:>7}  {:<24}  {:>6}  NOTE",
         "SESSION",
         "AGENT",
         "STATUS",
@@ -34,8 +34,12 @@ pub fn sessions(rows: &[Value], json: bool) {
         "CACHE"
     );
     for r in rows {
-        line!(
-            "{:<36}  {:<16}  {:<7}  {:>7}  {:<24}  {:>5.1}%",
+        let note = match r["answer_cut_off"].as_bool() {
+            Some(true) => "answer cut off by the token limit",
+            _ => "",
+        };
+        let row = format!(
+            "{:<36}  {:<16}  {:<7}  {:>7}  {:<24}  {:>5.1}%  {note}",
             text(r, "session"),
             text(r, "agent"),
             text(r, "status"),
@@ -43,6 +47,7 @@ pub fn sessions(rows: &[Value], json: bool) {
             text(r, "last_activity"),
             r["cache_hit_ratio"].as_f64().unwrap_or(0.0) * 100.0
         );
+        line!("{}", row.trim_end());
     }
 }
 

@@ -8,7 +8,7 @@
 
 use crate::crash;
 use crate::error::RuntimeError;
-use crate::model::{client_for, ModelClient};
+use crate::model::{client_for, ModelClient, ModelError};
 use crate::session::Session;
 use eventlog::Durability;
 use replay::{
@@ -26,6 +26,8 @@ use tools::{CallContext, Tool, ToolError, Toolbox};
 pub enum TurnEnd {
     /// The model answered; nothing is pending.
     Answered(String),
+    /// The model answered, but the token limit cut the answer off.
+    CutOffAnswer(String),
     /// Calls are in doubt: a person must decide (`mneme resolve`).
     NeedsDecision(Vec<(String, String)>),
     /// Calls wait for approval (`mneme approve`): (call id, tool).
@@ -123,7 +125,10 @@ impl Runner {
                     session.barrier(self.durability)?;
                     crash::point("turn_answered");
                     let answer = session.state().answer().unwrap_or_default().to_string();
-                    return Ok(TurnEnd::Answered(answer));
+                    return Ok(match last_reply_cut_off(session.state()) {
+                        true => TurnEnd::CutOffAnswer(answer),
+                        false => TurnEnd::Answered(answer),
+                    });
                 }
                 NextStep::CallModel => {
                     let step = self.call_model(session, model.as_ref()).await;
@@ -204,14 +209,22 @@ impl Runner {
         reply.prefix_digest = session.prefix_digest();
         replay::event::normalize_call_ids(&mut reply.tool_calls);
         let max_calls = session.spec()?.limits.calls_per_reply();
-        if reply.tool_calls.len() as u64 > max_calls {
-            reply.refused = Some(format!(
-                "it made {} tool calls, and at most {max_calls} are allowed in one reply \
-                 (max_calls_per_reply); none of them ran. Make at most {max_calls} calls at a time.",
-                reply.tool_calls.len()
-            ));
-        }
+        reply.refused = refusal(&reply, max_calls);
+        let cut_off = reply.cut_off();
         session.append(vec![Event::ModelReplied(reply)], Some(cause))?;
+        if cut_off && session.state().cut_off_in_a_row >= 2 {
+            let error = ModelError::CutOff {
+                max_tokens: session
+                    .spec()?
+                    .model
+                    .max_tokens
+                    .map(|l| l.saturating_mul(2)),
+            };
+            let outcome = SessionOutcome::Failed(error.to_string());
+            session.append(vec![Event::SessionFinished { outcome }], Some(cause))?;
+            session.barrier(self.durability)?;
+            return Err(error.into());
+        }
         crash::point("model_reply_appended");
         Ok(())
     }
@@ -426,6 +439,48 @@ impl Runner {
         }
         Ok(())
     }
+}
+
+/// Whether the last entry is a reply the token limit cut off.
+pub fn last_reply_cut_off(state: &replay::SessionState) -> bool {
+    matches!(state.entries.last(), Some(replay::Entry::Reply { reply, .. }) if reply.cut_off())
+}
+
+/// Why mneme will not act on `reply`, if it will not: its tool calls were
+/// cut off by the token limit, or their arguments are not JSON (a server
+/// would refuse every later request that carries them), or there are more
+/// than `max_calls`. None of a refused reply's calls run; the next request
+/// tells the model why.
+fn refusal(reply: &replay::ModelReply, max_calls: u64) -> Option<String> {
+    let calls = &reply.tool_calls;
+    if calls.is_empty() {
+        return None;
+    }
+    if reply.cut_off() {
+        return Some(
+            "the token limit cut it off in the middle of its tool calls (finish_reason \
+             length), so none of them ran. Make the calls again, with shorter arguments if \
+             you can."
+                .into(),
+        );
+    }
+    let unparsed = calls
+        .iter()
+        .find(|c| serde_json::from_str::<serde::de::IgnoredAny>(&c.arguments).is_err());
+    if let Some(call) = unparsed {
+        return Some(format!(
+            "the arguments of call {} ({}) are not valid JSON, so none of its calls ran. \
+             Make the calls again with JSON arguments.",
+            call.id, call.name
+        ));
+    }
+    (calls.len() as u64 > max_calls).then(|| {
+        format!(
+            "it made {} tool calls, and at most {max_calls} are allowed in one reply \
+             (max_calls_per_reply); none of them ran. Make at most {max_calls} calls at a time.",
+            calls.len()
+        )
+    })
 }
 
 /// Share of the context window a prompt may fill before it is compacted.

@@ -135,6 +135,9 @@ pub struct Summary {
     /// The model's context window, where the spec gives it.
     #[serde(default)]
     pub context_window: Option<u64>,
+    /// Whether the token limit cut the last answer off.
+    #[serde(default)]
+    pub answer_cut_off: bool,
 }
 
 impl Summary {
@@ -175,6 +178,7 @@ impl Summary {
             paused: state.paused.clone(),
             waits_for_a_person: waits,
             totals: state.totals,
+            answer_cut_off: state.answer().is_some() && crate::runner::last_reply_cut_off(state),
         }
     }
 }

@@ -142,9 +142,10 @@ fn summary(event: &Event) -> String {
                 (_, false) => format!("calls {}", calls.join(", ")),
                 (None, true) => "empty reply".into(),
             };
-            let what = match &r.refused {
-                Some(why) => format!("{what}; REFUSED: {}", clip(why, 80)),
-                None => what,
+            let what = match (&r.refused, r.cut_off()) {
+                (Some(why), _) => format!("{what}; REFUSED: {}", clip(why, 80)),
+                (None, true) => format!("{what}; CUT OFF by the token limit"),
+                (None, false) => what,
             };
             let prefix = r
                 .prefix_digest

@@ -24,6 +24,7 @@ pub fn session_summary(meta: &SessionMeta, summary: &Summary) -> Value {
         "agent": summary.agent,
         "status": summary.status,
         "waits_for_a_person": summary.waits_for_a_person,
+        "answer_cut_off": summary.answer_cut_off,
         "prompt_tokens_last": summary.prompt_tokens_last,
         "kv_bytes_last": summary.kv_bytes_last,
         "context_window": summary.context_window,
@@ -125,6 +126,9 @@ pub fn turn_end(session: Uuid, end: &TurnEnd) -> Value {
         TurnEnd::Answered(answer) => {
             json!({"session": session, "status": "idle", "answer": answer})
         }
+        TurnEnd::CutOffAnswer(answer) => {
+            json!({"session": session, "status": "idle", "answer": answer, "cut_off": true})
+        }
         TurnEnd::NeedsDecision(calls) => {
             let calls: Vec<Value> = calls
                 .iter()
@@ -154,6 +158,7 @@ pub fn turn_end(session: Uuid, end: &TurnEnd) -> Value {
 pub fn turn_end_from(value: &Value) -> Option<TurnEnd> {
     let text = |key: &str| value[key].as_str().map(String::from);
     match value["status"].as_str()? {
+        "idle" if value["cut_off"] == true => Some(TurnEnd::CutOffAnswer(text("answer")?)),
         "idle" => Some(TurnEnd::Answered(text("answer")?)),
         "failed" => Some(TurnEnd::Failed(text("error")?)),
         "cancelled" => Some(TurnEnd::Cancelled(text("by")?)),

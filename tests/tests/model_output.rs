@@ -1,0 +1,213 @@
+//! What real inference servers send that a scripted one never does: replies
+//! cut off by the token limit (`finish_reason: "length"`) in the middle of
+//! a tool call or of an answer, and arguments that are not JSON. None of it
+//! may start a call or leave the session unusable.
+
+use mneme_e2e::hostile::{completion, Answer, HostileModel};
+use mneme_e2e::*;
+use serde_json::{json, Value};
+
+/// A reply that calls `tool` with `arguments` given as raw text, ending
+/// with `finish_reason`.
+fn raw_call(tool: &str, arguments: &str, finish_reason: &str) -> Answer {
+    let reply = json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": "",
+        "tool_calls": [{"id": "c1", "type": "function",
+                        "function": {"name": tool, "arguments": arguments}}]},
+        "finish_reason": finish_reason}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 30}});
+    Answer::Json(reply)
+}
+
+/// What a llama.cpp server sent with `-n 30` (issue 11).
+const CUT_ARGUMENTS: &str = r#"{"cents": 4200, "customer":"#;
+
+/// Every tool call's arguments in a request's history parse as JSON (a
+/// server refuses the request otherwise).
+fn assert_history_parses(request: &Value) {
+    for message in request["messages"].as_array().unwrap() {
+        for call in message["tool_calls"].as_array().into_iter().flatten() {
+            let arguments = call["function"]["arguments"].as_str().unwrap();
+            assert!(
+                serde_json::from_str::<Value>(arguments).is_ok(),
+                "a request carries arguments no server accepts: {arguments}"
+            );
+        }
+    }
+}
+
+fn user_text(request: &Value) -> String {
+    request["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .filter_map(|m| m["content"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// An agent with the sink's `charge` and `[model] max_tokens = 30`.
+fn agent(model: &HostileModel, sink: &Sink) -> String {
+    agent_toml(
+        &model.base_url(),
+        &[http_tool("charge", &sink.url("charge"), "side_effect")],
+    )
+    .replace(
+        "timeout_secs = 10\n",
+        "timeout_secs = 10\nmax_tokens = 30\n",
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_call_cut_off_by_the_token_limit_never_starts_and_gets_room_to_finish() {
+    let sink = Sink::start().await.unwrap();
+    let world = World::new();
+    let model = HostileModel::start(|n, request, _| {
+        assert_history_parses(request);
+        match n {
+            0 => {
+                assert_eq!(request["max_tokens"], 30);
+                raw_call("charge", CUT_ARGUMENTS, "length")
+            }
+            1 => {
+                assert_eq!(request["max_tokens"], 60, "room to finish");
+                assert!(
+                    user_text(request).contains("cut it off in the middle of its tool calls"),
+                    "the model is told: {}",
+                    user_text(request)
+                );
+                raw_call("charge", r#"{"n": 1}"#, "tool_calls")
+            }
+            _ => {
+                assert_eq!(request["max_tokens"], 30, "once only");
+                Answer::Json(completion(Some("charged"), &[]))
+            }
+        }
+    })
+    .await;
+    let agent = world.write("agent.toml", &agent(&model, &sink));
+    let out = world
+        .run(&["run", "--agent", agent.to_str().unwrap(), "charge ada"])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "charged");
+    assert_eq!(model.requests().len(), 3);
+    assert_eq!(sink.stats().path("charge").effects, 1);
+    let kinds = event_kinds(&world, &session_id(&out)).await;
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "ToolStarted").count(),
+        1,
+        "the cut-off call never started: {kinds:?}"
+    );
+    let out = world.run(&["log", &session_id(&out)]).await;
+    assert!(
+        stdout(&out).contains("REFUSED: the token limit cut it off"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_cut_off_in_a_row_fails_the_turn_and_a_resume_asks_again() {
+    let sink = Sink::start().await.unwrap();
+    let world = World::new();
+    let model = HostileModel::start(|n, request, _| {
+        assert_history_parses(request);
+        match n {
+            0 | 1 => raw_call("charge", CUT_ARGUMENTS, "length"),
+            _ => {
+                assert_eq!(request["max_tokens"], 30, "a resume starts afresh");
+                Answer::Json(completion(Some("gave up charging"), &[]))
+            }
+        }
+    })
+    .await;
+    let agent = world.write("agent.toml", &agent(&model, &sink));
+    let out = world
+        .run(&["run", "--agent", agent.to_str().unwrap(), "charge ada"])
+        .await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("twice in a row (the second time with max_tokens = 60)"),
+        "{}",
+        stderr(&out)
+    );
+    let id = session_id(&out);
+    let out = world.run(&["sessions", "--json"]).await;
+    assert!(
+        stdout(&out).contains("\"status\":\"failed\""),
+        "{}",
+        stdout(&out)
+    );
+    let out = world.run(&["resume", &id]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "gave up charging");
+    assert_eq!(sink.stats().path("charge").hits, 0, "nothing was charged");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arguments_that_are_not_json_never_start_a_call() {
+    let sink = Sink::start().await.unwrap();
+    let world = World::new();
+    let model = HostileModel::start(|n, request, _| {
+        assert_history_parses(request);
+        match n {
+            0 => raw_call("charge", "{'n': 1}", "tool_calls"),
+            _ => {
+                assert!(
+                    user_text(request).contains("are not valid JSON"),
+                    "{}",
+                    user_text(request)
+                );
+                Answer::Json(completion(Some("could not charge"), &[]))
+            }
+        }
+    })
+    .await;
+    let agent = world.write("agent.toml", &agent(&model, &sink));
+    let out = world
+        .run(&["run", "--agent", agent.to_str().unwrap(), "charge ada"])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(sink.stats().path("charge").hits, 0);
+    let kinds = event_kinds(&world, &session_id(&out)).await;
+    assert!(!kinds.contains(&"ToolStarted".to_string()), "{kinds:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_cut_off_by_the_token_limit_is_kept_and_flagged() {
+    let world = World::new();
+    let model = HostileModel::start(|_, _, _| {
+        let mut reply = completion(Some("The charge was <tool_"), &[]);
+        reply["choices"][0]["finish_reason"] = json!("length");
+        Answer::Json(reply)
+    })
+    .await;
+    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[]));
+    let out = world
+        .run(&["run", "--agent", agent.to_str().unwrap(), "what happened?"])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "The charge was <tool_");
+    assert!(
+        stderr(&out).contains("the token limit cut the answer off"),
+        "{}",
+        stderr(&out)
+    );
+    let id = session_id(&out);
+    let out = world.run(&["sessions", "--json"]).await;
+    let row: Value = serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
+    assert_eq!(row["answer_cut_off"], true, "{row}");
+    let out = world.run(&["sessions"]).await;
+    assert!(
+        stdout(&out).contains("answer cut off by the token limit"),
+        "{}",
+        stdout(&out)
+    );
+    let out = world.run(&["log", &id]).await;
+    assert!(
+        stdout(&out).contains("CUT OFF by the token limit"),
+        "{}",
+        stdout(&out)
+    );
+}
