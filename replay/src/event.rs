@@ -141,11 +141,19 @@ pub struct ModelReply {
     /// compaction), and a server's prefix cache misses from there.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub prefix_digest: String,
+    /// Bytes of the request body this reply answers: with `usage`, how many
+    /// bytes a token is for this session's model and template.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub request_bytes: u64,
     /// Why mneme did not act on this reply (it made more tool calls than
     /// allowed, say): none of its calls run, and the next request tells the
     /// model why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refused: Option<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The `finish_reason` of a reply the token limit cut off.

@@ -138,6 +138,11 @@ impl Totals {
     }
 }
 
+/// Bytes a token is taken to be before the server has reported a count:
+/// fewer than most tokenizers give for English (about 4), so estimates err
+/// on the large side.
+pub const FALLBACK_BYTES_PER_TOKEN: u64 = 3;
+
 /// Version of the encoded state in snapshots; a snapshot of another version
 /// is ignored (the log is folded instead).
 pub const STATE_FORMAT: u16 = 5;
@@ -368,6 +373,42 @@ impl SessionState {
         let first = *self.entry_seqs.first()?;
         let last = self.entry_seqs.get(kept)?.saturating_sub(1);
         Some((self.dropped + kept, (first, last)))
+    }
+
+    /// The latest request size the server counted: (its bytes, its prompt
+    /// tokens).
+    fn counted_request(&self) -> Option<(u64, u64)> {
+        self.entries.iter().rev().find_map(|e| match e {
+            Entry::Reply { reply, .. }
+                if reply.request_bytes > 0 && reply.usage.prompt_tokens > 0 =>
+            {
+                Some((reply.request_bytes, reply.usage.prompt_tokens))
+            }
+            _ => None,
+        })
+    }
+
+    /// Bytes a token is for this session's model and template, as the
+    /// server last counted; [`FALLBACK_BYTES_PER_TOKEN`] before it has.
+    pub fn bytes_per_token(&self) -> f64 {
+        self.counted_request()
+            .map_or(FALLBACK_BYTES_PER_TOKEN as f64, |(bytes, tokens)| {
+                bytes as f64 / tokens as f64
+            })
+    }
+
+    /// How many tokens a request body of `bytes` bytes is: the prompt
+    /// tokens the server counted for the latest request it counted, plus
+    /// the bytes since at [`SessionState::bytes_per_token`] (a smaller
+    /// request, after a compaction, is all at that rate).
+    pub fn estimate_tokens(&self, bytes: u64) -> u64 {
+        let per_token = self.bytes_per_token();
+        match self.counted_request() {
+            Some((seen_bytes, seen_tokens)) if bytes >= seen_bytes => {
+                seen_tokens + ((bytes - seen_bytes) as f64 / per_token).ceil() as u64
+            }
+            _ => (bytes as f64 / per_token).ceil() as u64,
+        }
     }
 
     /// The answer of the last turn, if the last entry is a reply without

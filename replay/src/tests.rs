@@ -330,6 +330,27 @@ fn a_reply_cut_off_mid_call_gets_room_to_finish_once() {
 }
 
 #[test]
+fn token_estimates_follow_the_servers_own_count() {
+    let mut events = story();
+    // Before any count: the conservative fallback.
+    let first = fold(&events[..2]);
+    assert_eq!(first.estimate_tokens(300), 100);
+    // The server counted 1,000 tokens for a 3,300-byte request.
+    if let Some(Event::ModelReplied(r)) = events.iter_mut().find(|e| e.kind() == "ModelReplied") {
+        r.request_bytes = 3300;
+        r.usage.prompt_tokens = 1000;
+    }
+    let state = fold(&events);
+    assert!((state.bytes_per_token() - 3.3).abs() < 1e-9);
+    assert_eq!(state.estimate_tokens(3300 + 330), 1100);
+    assert_eq!(
+        state.estimate_tokens(1650),
+        500,
+        "a compacted request is all at that rate"
+    );
+}
+
+#[test]
 fn arguments_that_are_not_json_are_sent_back_inside_json() {
     let mut events = story();
     if let Some(Event::ModelReplied(r)) = events.iter_mut().find(|e| e.kind() == "ModelReplied") {

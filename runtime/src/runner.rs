@@ -206,6 +206,7 @@ impl Runner {
         };
         crash::point("model_replied_before_append");
         reply.request_digest = replay::digest_hex(&body);
+        reply.request_bytes = body.len() as u64;
         reply.prefix_digest = session.prefix_digest();
         replay::event::normalize_call_ids(&mut reply.tool_calls);
         let max_calls = session.spec()?.limits.calls_per_reply();
@@ -241,7 +242,8 @@ impl Runner {
         let Some(window) = session.spec()?.model.context_window else {
             return Ok(());
         };
-        let tokens = session.next_request()?.len() as u64 / BYTES_PER_TOKEN;
+        let bytes = session.next_request()?.len() as u64;
+        let tokens = session.state().estimate_tokens(bytes);
         if (tokens as f64) < window as f64 * COMPACT_AT {
             return Ok(());
         }
@@ -485,8 +487,6 @@ fn refusal(reply: &replay::ModelReply, max_calls: u64) -> Option<String> {
 
 /// Share of the context window a prompt may fill before it is compacted.
 pub const COMPACT_AT: f64 = 0.8;
-/// Bytes of a request counted as one token when estimating its size.
-pub const BYTES_PER_TOKEN: u64 = 4;
 
 /// How many times a call whose outcome is unknown is run, with the same
 /// idempotency key, before the model is told it failed.

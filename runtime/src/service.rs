@@ -103,6 +103,7 @@ impl Service {
                 ),
             });
         }
+        refuse_past_the_window(session, &text)?;
         let seq = session.append(vec![Event::UserMessage { text }], None)?;
         crate::crash::point("user_message_appended");
         session.barrier(self.durability)?;
@@ -342,6 +343,30 @@ impl Service {
         }
         Ok(out)
     }
+}
+
+/// Refuses a message that alone would not fit in the model's context
+/// window (by the session's own bytes per token, see
+/// [`SessionState::bytes_per_token`]): the newest entries are never
+/// compacted, so once recorded it would make every later request fail.
+fn refuse_past_the_window(session: &Session, text: &str) -> Result<(), RuntimeError> {
+    let state = session.state();
+    let Some(window) = state.spec.as_ref().and_then(|s| s.model.context_window) else {
+        return Ok(());
+    };
+    let bytes = serde_json::to_string(text).map_or(text.len(), |t| t.len()) as u64;
+    let tokens = (bytes as f64 / state.bytes_per_token()).ceil() as u64;
+    if tokens <= window {
+        return Ok(());
+    }
+    Err(RuntimeError::InvalidRequest {
+        session: session.id(),
+        reason: format!(
+            "the message is {} bytes, about {tokens} tokens, more than the model's context \
+             window of {window} tokens (context_window): it was not recorded; send it in parts",
+            text.len()
+        ),
+    })
 }
 
 /// A session in a listing: its metadata and its summary (or why it could

@@ -211,3 +211,98 @@ async fn an_answer_cut_off_by_the_token_limit_is_kept_and_flagged() {
         stdout(&out)
     );
 }
+
+/// A server that counts a token as 2 bytes, summarizes compaction requests,
+/// and answers everything else.
+async fn two_bytes_a_token() -> HostileModel {
+    HostileModel::start(|_, request, _| {
+        let bytes = request.to_string().len();
+        let content = match user_text(request).contains("[mneme:compact]")
+            || request["messages"][0]["content"]
+                .as_str()
+                .is_some_and(|s| s.contains("[mneme:compact]"))
+        {
+            true => "SUMMARY".to_string(),
+            false => "noted".to_string(),
+        };
+        let mut reply = completion(Some(&content), &[]);
+        reply["usage"]["prompt_tokens"] = json!(bytes / 2);
+        Answer::Json(reply)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_counts_tokens_as_the_server_does() {
+    let world = World::new();
+    let model = two_bytes_a_token().await;
+    const WINDOW: usize = 600;
+    let agent = agent_toml(&model.base_url(), &[]).replace(
+        "timeout_secs = 10\n",
+        &format!("timeout_secs = 10\ncontext_window = {WINDOW}\n"),
+    );
+    let agent = world.write("agent.toml", &agent);
+    let mut session: Option<String> = None;
+    for turn in 0..8 {
+        let message = format!("turn {turn}: {}", "a long line of facts. ".repeat(12));
+        let out = match &session {
+            None => {
+                world
+                    .run(&["run", "--agent", agent.to_str().unwrap(), &message])
+                    .await
+            }
+            Some(id) => world.run(&["run", "--session", id, &message]).await,
+        };
+        assert!(out.status.success(), "turn {turn}: {}", stderr(&out));
+        session.get_or_insert_with(|| session_id(&out));
+    }
+    let requests = model.requests();
+    let compactions = requests
+        .iter()
+        .filter(|r| r.to_string().contains("[mneme:compact]"))
+        .count();
+    assert!(compactions > 0, "the prompt was compacted");
+    // By the server's count (2 bytes a token, not the 4 mneme once
+    // assumed), no request it had to answer filled 90% of the window.
+    for request in requests
+        .iter()
+        .filter(|r| !r.to_string().contains("[mneme:compact]"))
+    {
+        let tokens = request.to_string().len() / 2;
+        assert!(
+            tokens * 10 <= WINDOW * 9,
+            "a request of {tokens} tokens against a window of {WINDOW}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_larger_than_the_window_is_refused_and_the_session_goes_on() {
+    let world = World::new();
+    let model = two_bytes_a_token().await;
+    let agent = agent_toml(&model.base_url(), &[]).replace(
+        "timeout_secs = 10\n",
+        "timeout_secs = 10\ncontext_window = 1000\n",
+    );
+    let agent = world.write("agent.toml", &agent);
+    let out = world
+        .run(&["run", "--agent", agent.to_str().unwrap(), "hello"])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = session_id(&out);
+    let big = "one blue widget, shipped by ground freight. ".repeat(100);
+    let out = world.run(&["run", "--session", &id, &big]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("the message is {} bytes", big.len()))
+            && stderr(&out).contains("more than the model's context window of 1000 tokens"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(model.requests().len(), 1, "the big message was never sent");
+    let out = world.run(&["run", "--session", &id, "and now?"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "noted");
+    let kinds = event_kinds(&world, &id).await;
+    assert_eq!(kinds.iter().filter(|k| *k == "UserMessage").count(), 2);
+}
