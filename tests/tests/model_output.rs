@@ -306,3 +306,95 @@ async fn a_message_larger_than_the_window_is_refused_and_the_session_goes_on() {
     let kinds = event_kinds(&world, &id).await;
     assert_eq!(kinds.iter().filter(|k| *k == "UserMessage").count(), 2);
 }
+
+/// A body captured from llama.cpp's server (`tests/fixtures/llama-cpp/`).
+fn captured(name: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/llama-cpp")
+        .join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Answers as llama.cpp's server did: the captured HTTP 500 for a history
+/// whose tool-call arguments do not parse, else `answer`.
+fn as_llama_cpp(request: &Value, answer: Answer) -> Answer {
+    let unparsed = request["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|m| m["tool_calls"].as_array().cloned().unwrap_or_default())
+        .any(|c| {
+            let arguments = c["function"]["arguments"].as_str().unwrap_or("");
+            serde_json::from_str::<Value>(arguments).is_err()
+        });
+    match unparsed {
+        true => Answer::Status(500, captured("unparsed-arguments-500.json")),
+        false => answer,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llama_cpps_own_cut_off_reply_leaves_the_session_usable() {
+    let sink = Sink::start().await.unwrap();
+    let world = World::new();
+    let model = HostileModel::start(|n, request, _| {
+        let answer = match n {
+            0 => Answer::Status(200, captured("cut-off-tool-call.json")),
+            1 => Answer::Status(200, captured("tool-call.json")),
+            _ => Answer::Json(completion(Some("Charged ada 4200 cents."), &[])),
+        };
+        as_llama_cpp(request, answer)
+    })
+    .await;
+    let agent = agent_toml(
+        &model.base_url(),
+        &[http_tool("charge_card", &sink.url("charge"), "side_effect")],
+    );
+    let agent = world.write("agent.toml", &agent);
+    let out = world
+        .run(&[
+            "run",
+            "--agent",
+            agent.to_str().unwrap(),
+            "Charge ada 4200 cents",
+        ])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "Charged ada 4200 cents.");
+    assert_eq!(sink.stats().path("charge").effects, 1);
+    assert_eq!(
+        model.requests().len(),
+        3,
+        "no request was refused or retried"
+    );
+    let id = session_id(&out);
+    let out = world.run(&["run", "--session", &id, "Hello"]).await;
+    assert!(
+        out.status.success(),
+        "the next message answers: {}",
+        stderr(&out)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llama_cpps_context_error_is_named_and_not_retried() {
+    let world = World::new();
+    let model =
+        HostileModel::start(|_, _, _| Answer::Status(400, captured("context-error-400.json")))
+            .await;
+    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[]));
+    let out = world
+        .run(&["run", "--agent", agent.to_str().unwrap(), "a long message"])
+        .await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("HTTP 400") && stderr(&out).contains("exceed_context_size_error"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        model.requests().len(),
+        1,
+        "a deterministic refusal is not retried"
+    );
+}
