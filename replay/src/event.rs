@@ -145,6 +145,10 @@ pub struct ModelReply {
     /// bytes a token is for this session's model and template.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub request_bytes: u64,
+    /// Milliseconds from the request to the first token of a streamed
+    /// reply (0: not streamed).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub first_token_ms: u64,
     /// Why mneme did not act on this reply (it made more tool calls than
     /// allowed, say): none of its calls run, and the next request tells the
     /// model why.

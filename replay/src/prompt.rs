@@ -86,10 +86,20 @@ struct ChatRequest<'a> {
     max_tokens: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     max_completion_tokens: Option<u64>,
+    /// Server-sent events instead of one body, with usage in the last one.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<StreamOptions>,
     /// OpenAI's prefix-cache routing hint: requests with the same key are
     /// routed to the same cache.
     #[serde(skip_serializing_if = "Option::is_none")]
     prompt_cache_key: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct StreamOptions {
+    include_usage: bool,
 }
 
 /// The messages of the conversation: system prompt, then every entry in
@@ -297,6 +307,8 @@ pub fn compaction_request(state: &SessionState, upto: usize) -> Option<Vec<u8>> 
         temperature: spec.model.temperature,
         max_tokens: spec.model.max_tokens,
         max_completion_tokens: spec.model.max_completion_tokens,
+        stream: false,
+        stream_options: None,
         prompt_cache_key: None,
     };
     Some(serde_json::to_vec(&request).expect("requests always serialize"))
@@ -357,6 +369,10 @@ fn body(spec: &AgentSpec, messages: &[Message], cache_key: Option<&str>, widened
         temperature: spec.model.temperature,
         max_tokens: widen(spec.model.max_tokens),
         max_completion_tokens: widen(spec.model.max_completion_tokens),
+        stream: spec.model.streams(),
+        stream_options: spec.model.streams().then_some(StreamOptions {
+            include_usage: true,
+        }),
         prompt_cache_key: cache_key,
     };
     serde_json::to_vec(&request).expect("requests always serialize")

@@ -289,6 +289,11 @@ pub struct ModelSpec {
     /// sent when given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_completion_tokens: Option<u64>,
+    /// Whether replies are streamed (server-sent events): text reaches
+    /// `mneme run` and the daemon's clients as it is generated; only the
+    /// whole reply is recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
     /// Request timeout in seconds (default 120).
     #[serde(default)]
     pub timeout_secs: Option<u64>,
@@ -316,6 +321,11 @@ pub struct ModelSpec {
 }
 
 impl ModelSpec {
+    /// Whether replies are streamed.
+    pub fn streams(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+
     /// Request timeout.
     pub fn timeout(&self) -> std::time::Duration {
         std::time::Duration::from_secs(self.timeout_secs.unwrap_or(DEFAULT_MODEL_TIMEOUT_SECS))

@@ -41,6 +41,7 @@ fn spec() -> AgentSpec {
             max_response_bytes: None,
             max_tokens: None,
             max_completion_tokens: None,
+            stream: None,
         },
         tools: vec![
             tool("charge", ToolKind::Http, Effect::SideEffect, None),

@@ -270,7 +270,7 @@ fn decision_body(decision: &crate::Decision) -> Value {
 fn report(id: Uuid, end: Value, json: JsonFlag) -> Result<ExitCode> {
     let end = views::turn_end_from(&end)
         .with_context(|| format!("the daemon answered an unknown turn end: {end}"))?;
-    crate::commands::report_end(id, &end, json.json)
+    crate::commands::report_end(id, &end, json.json, false)
 }
 
 #[cfg(test)]

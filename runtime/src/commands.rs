@@ -343,14 +343,16 @@ impl Ctx {
                 .asked(log.as_ref(), id)
                 .then(|| pause::PAUSED_ON_REQUEST.to_string())
         });
-        let end = self
-            .service
-            .runner()
-            .with_stop(stop)
-            .drive(session)
-            .await
-            .with_context(|| format!("session {}", session.id()))?;
-        report_end(session.id(), &end, json)
+        let mut runner = self.service.runner().with_stop(stop);
+        let stream = Arc::new(StreamToStdout::default());
+        if !json {
+            let sink = stream.clone();
+            runner = runner.with_deltas(Arc::new(move |_, text| sink.show(text)));
+        }
+        let end = runner.drive(session).await;
+        let shown = stream.finish();
+        let end = end.with_context(|| format!("session {}", session.id()))?;
+        report_end(session.id(), &end, json, shown)
     }
 
     async fn resume(&self, id: Option<Uuid>, extend: bool, json: JsonFlag) -> Result<ExitCode> {
@@ -454,8 +456,44 @@ impl Ctx {
     }
 }
 
-/// Prints how a drive ended and gives the exit code for it.
-pub fn report_end(id: Uuid, end: &TurnEnd, json: bool) -> Result<ExitCode> {
+/// Streamed replies' text on stdout as it comes (see
+/// [`mneme_runtime::text::StreamText`]).
+#[derive(Default)]
+struct StreamToStdout {
+    text: mneme_runtime::text::StreamText,
+    wrote: std::sync::atomic::AtomicBool,
+}
+
+impl StreamToStdout {
+    fn show(&self, piece: &str) {
+        self.print(&self.text.push(piece));
+    }
+
+    fn print(&self, text: &str) {
+        use std::io::Write as _;
+        if text.is_empty() {
+            return;
+        }
+        self.wrote.store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(text.as_bytes());
+        let _ = out.flush();
+    }
+
+    /// Shows what was held back and ends the line; whether anything was shown.
+    fn finish(&self) -> bool {
+        self.print(&self.text.finish());
+        let wrote = self.wrote.load(std::sync::atomic::Ordering::SeqCst);
+        if wrote {
+            println!();
+        }
+        wrote
+    }
+}
+
+/// Prints how a drive ended and gives the exit code for it; the answer is
+/// not printed again if it was `streamed` as it came.
+pub fn report_end(id: Uuid, end: &TurnEnd, json: bool, streamed: bool) -> Result<ExitCode> {
     if json
         && matches!(
             end,
@@ -469,7 +507,7 @@ pub fn report_end(id: Uuid, end: &TurnEnd, json: bool) -> Result<ExitCode> {
     }
     match end {
         TurnEnd::Answered(answer) | TurnEnd::CutOffAnswer(answer) => {
-            if !json {
+            if !json && !streamed {
                 println!("{}", mneme_runtime::text::for_terminal_multiline(answer));
             }
             if matches!(end, TurnEnd::CutOffAnswer(_)) {

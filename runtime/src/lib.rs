@@ -13,6 +13,7 @@ pub mod service;
 pub mod session;
 pub mod sink;
 pub mod snapshot;
+pub mod sse;
 pub mod text;
 pub mod transfer;
 pub mod views;

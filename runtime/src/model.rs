@@ -66,11 +66,20 @@ pub enum ModelError {
     },
 }
 
+/// Receives a reply's text as the server generates it (streaming).
+pub type Deltas = dyn Fn(&str) + Send + Sync;
+
 /// A source of model replies.
 #[async_trait]
 pub trait ModelClient: Send + Sync {
-    /// Sends the request `body` (built from `state`) and returns the reply.
-    async fn complete(&self, state: &SessionState, body: &[u8]) -> Result<ModelReply, ModelError>;
+    /// Sends the request `body` (built from `state`) and returns the reply;
+    /// a streamed reply's text goes to `deltas` as it arrives.
+    async fn complete(
+        &self,
+        state: &SessionState,
+        body: &[u8],
+        deltas: Option<&Deltas>,
+    ) -> Result<ModelReply, ModelError>;
 }
 
 /// Builds the client the spec asks for.
@@ -167,7 +176,12 @@ impl OpenAiClient {
         Ok(Some(body))
     }
 
-    async fn attempt(&self, body: &[u8]) -> Result<String, Attempt> {
+    async fn attempt(
+        &self,
+        body: &[u8],
+        deltas: Option<&Deltas>,
+        started: Instant,
+    ) -> Result<ModelReply, Attempt> {
         let mut request = self
             .http
             .post(&self.url)
@@ -185,6 +199,14 @@ impl OpenAiClient {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok())
             .map(Duration::from_secs);
+        let streamed = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|t| t.starts_with("text/event-stream"));
+        if status.is_success() && streamed {
+            return self.read_stream(response, deltas, started).await;
+        }
         let limit = if status.is_success() {
             self.max_response_bytes
         } else {
@@ -214,7 +236,50 @@ impl OpenAiClient {
                 body: snippet(&text),
             }));
         }
-        Ok(text)
+        parse_reply(&self.url, &text).map_err(Attempt::Fail)
+    }
+
+    /// Reads a streamed reply as it comes, up to `max_response_bytes`,
+    /// handing its text to `deltas`; notes when the first token came.
+    async fn read_stream(
+        &self,
+        mut response: reqwest::Response,
+        deltas: Option<&Deltas>,
+        started: Instant,
+    ) -> Result<ModelReply, Attempt> {
+        let mut assembly = crate::sse::Assembly::default();
+        let mut read = 0u64;
+        let mut first_token_ms = 0;
+        let garbage = |reason: String| {
+            Attempt::Fail(ModelError::Garbage {
+                url: self.url.clone(),
+                reason,
+                snippet: String::new(),
+            })
+        };
+        while let Some(chunk) = response
+            .chunk()
+            .await
+            .map_err(|e| Attempt::Retry(self.describe(&e), None))?
+        {
+            read += chunk.len() as u64;
+            if read > self.max_response_bytes {
+                return Err(Attempt::Fail(ModelError::TooLarge {
+                    url: self.url.clone(),
+                    limit: self.max_response_bytes,
+                }));
+            }
+            let progress = assembly.feed(&chunk).map_err(garbage)?;
+            if progress.generated && first_token_ms == 0 {
+                first_token_ms = (started.elapsed().as_millis() as u64).max(1);
+            }
+            if let (Some(deltas), false) = (deltas, progress.text.is_empty()) {
+                deltas(&progress.text);
+            }
+        }
+        let mut reply = assembly.finish().map_err(garbage)?;
+        reply.first_token_ms = first_token_ms;
+        Ok(reply)
     }
 }
 
@@ -230,13 +295,17 @@ fn snippet(text: &str) -> String {
 
 #[async_trait]
 impl ModelClient for OpenAiClient {
-    async fn complete(&self, _state: &SessionState, body: &[u8]) -> Result<ModelReply, ModelError> {
+    async fn complete(
+        &self,
+        _state: &SessionState,
+        body: &[u8],
+        deltas: Option<&Deltas>,
+    ) -> Result<ModelReply, ModelError> {
         let started = Instant::now();
         let mut last_failure = String::new();
         for attempt in 1..=MAX_ATTEMPTS {
-            match self.attempt(body).await {
-                Ok(text) => {
-                    let mut reply = parse_reply(&self.url, &text)?;
+            match self.attempt(body, deltas, started).await {
+                Ok(mut reply) => {
                     reply.latency_ms = started.elapsed().as_millis() as u64;
                     return Ok(reply);
                 }
@@ -298,13 +367,26 @@ struct WireFunction {
 }
 
 #[derive(Deserialize, Default)]
-struct WireUsage {
+pub(crate) struct WireUsage {
     #[serde(default)]
     prompt_tokens: u64,
     #[serde(default)]
     completion_tokens: u64,
     #[serde(default)]
     prompt_tokens_details: Option<WireDetails>,
+}
+
+impl From<WireUsage> for Usage {
+    fn from(usage: WireUsage) -> Usage {
+        Usage {
+            prompt_tokens: usage.prompt_tokens,
+            completion_tokens: usage.completion_tokens,
+            cached_tokens: usage
+                .prompt_tokens_details
+                .unwrap_or_default()
+                .cached_tokens,
+        }
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -343,18 +425,10 @@ fn parse_reply(url: &str, text: &str) -> Result<ModelReply, ModelError> {
             },
         })
         .collect();
-    let usage = response.usage.unwrap_or_default();
     Ok(ModelReply {
         content: choice.message.content,
         tool_calls,
-        usage: Usage {
-            prompt_tokens: usage.prompt_tokens,
-            completion_tokens: usage.completion_tokens,
-            cached_tokens: usage
-                .prompt_tokens_details
-                .unwrap_or_default()
-                .cached_tokens,
-        },
+        usage: response.usage.unwrap_or_default().into(),
         finish_reason: choice.finish_reason.unwrap_or_default(),
         ..ModelReply::default()
     })
@@ -431,7 +505,12 @@ impl ScriptedClient {
 
 #[async_trait]
 impl ModelClient for ScriptedClient {
-    async fn complete(&self, state: &SessionState, body: &[u8]) -> Result<ModelReply, ModelError> {
+    async fn complete(
+        &self,
+        state: &SessionState,
+        body: &[u8],
+        _deltas: Option<&Deltas>,
+    ) -> Result<ModelReply, ModelError> {
         let index = state.totals.model_calls as usize;
         let scripted = self.replies.get(index).ok_or_else(|| ModelError::Script {
             path: self.path.clone(),

@@ -51,7 +51,12 @@ pub struct Runner {
     /// Tool calls running at once across every session this runner drives,
     /// and how many that is.
     calls: Option<(Arc<tokio::sync::Semaphore>, u32)>,
+    /// Where streamed replies' text goes as it arrives.
+    deltas: Option<DeltaSink>,
 }
+
+/// Receives the text of a session's streamed replies as it arrives.
+pub type DeltaSink = Arc<dyn Fn(uuid::Uuid, &str) + Send + Sync>;
 
 /// Asked before every step of a session: a reason to pause it there (a
 /// shutdown, a person's request), or `None` to go on.
@@ -64,7 +69,15 @@ impl Runner {
             durability,
             stop: None,
             calls: None,
+            deltas: None,
         }
+    }
+
+    /// Hands the text of streamed replies to `sink` as it arrives (it is
+    /// recorded only whole, with the reply).
+    pub fn with_deltas(mut self, sink: DeltaSink) -> Runner {
+        self.deltas = Some(sink);
+        self
     }
 
     /// Lets at most `max` tool calls run at once across every session
@@ -195,7 +208,15 @@ impl Runner {
         crash::point("before_model_call");
         let body = session.next_request()?;
         let cause = session.state().last_seq;
-        let mut reply = match model.complete(session.state(), &body).await {
+        let id = session.id();
+        let deltas: Option<Box<crate::model::Deltas>> = self
+            .deltas
+            .clone()
+            .map(|sink| Box::new(move |text: &str| sink(id, text)) as Box<crate::model::Deltas>);
+        let mut reply = match model
+            .complete(session.state(), &body, deltas.as_deref())
+            .await
+        {
             Ok(reply) => reply,
             Err(error) => {
                 let outcome = SessionOutcome::Failed(error.to_string());
@@ -257,7 +278,7 @@ impl Runner {
             },
         )?;
         let cause = session.state().last_seq;
-        let reply = match model.complete(session.state(), &body).await {
+        let reply = match model.complete(session.state(), &body, None).await {
             Ok(reply) => reply,
             Err(error) => {
                 let outcome = SessionOutcome::Failed(format!("compacting the prompt: {error}"));

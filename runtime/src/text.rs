@@ -97,6 +97,41 @@ macro_rules! log_line {
     };
 }
 
+/// Streamed text on its way to a terminal: redacted (a secret split across
+/// pieces too: the last bytes are held back until no secret can start in
+/// them) and escaped, newlines kept.
+#[derive(Default)]
+pub struct StreamText {
+    held: std::sync::Mutex<String>,
+}
+
+impl StreamText {
+    /// What of `piece` (after what was held) can be shown now.
+    pub fn push(&self, piece: &str) -> String {
+        let mut held = self.held.lock().expect("stream lock");
+        held.push_str(piece);
+        let redacted = redact(&held).into_owned();
+        let hold = longest_secret().saturating_sub(1);
+        let mut cut = redacted.len().saturating_sub(hold);
+        while !redacted.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        *held = redacted[cut..].to_string();
+        escape(&redacted[..cut], true)
+    }
+
+    /// What was held back, to show at the end of the stream.
+    pub fn finish(&self) -> String {
+        let rest = std::mem::take(&mut *self.held.lock().expect("stream lock"));
+        escape(&redact(&rest), true)
+    }
+}
+
+fn longest_secret() -> usize {
+    let secrets = SECRETS.read().expect("secrets lock");
+    secrets.first().map_or(0, String::len)
+}
+
 /// One line for a terminal or a log: secrets redacted, and every control
 /// character (newlines, escape sequences, C1 controls, bidi overrides)
 /// escaped, so text from outside can neither forge lines nor drive the
@@ -143,6 +178,23 @@ mod tests {
             "ok\\u{1b}]52;c;aGk=\\u{7}\\u{1b}[2J\\u{9b}31m\\r\\nforged\\u{202e}"
         );
         assert_eq!(for_terminal_multiline("a\nb\u{1b}c"), "a\nb\\u{1b}c");
+    }
+
+    #[test]
+    fn a_secret_split_across_streamed_pieces_is_never_shown() {
+        register_secret("sk-stream-0123456789abcdef");
+        let stream = StreamText::default();
+        let mut shown = String::new();
+        for piece in [
+            "your key is sk-str",
+            "eam-0123",
+            "456789abcdef, ok\u{1b}",
+            "[2J done",
+        ] {
+            shown.push_str(&stream.push(piece));
+        }
+        shown.push_str(&stream.finish());
+        assert_eq!(shown, "your key is [redacted], ok\\u{1b}[2J done");
     }
 
     #[test]

@@ -152,8 +152,12 @@ fn summary(event: &Event) -> String {
                 .get(..12)
                 .map(|p| format!("; prefix {p}"))
                 .unwrap_or_default();
+            let first = match r.first_token_ms {
+                0 => String::new(),
+                ms => format!(" (first token {ms} ms)"),
+            };
             format!(
-                "{what}; tokens {} in ({} cached) / {} out; {} ms; finish {:?}{prefix}",
+                "{what}; tokens {} in ({} cached) / {} out; {} ms{first}; finish {:?}{prefix}",
                 r.usage.prompt_tokens,
                 r.usage.cached_tokens,
                 r.usage.completion_tokens,

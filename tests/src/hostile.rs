@@ -26,6 +26,36 @@ pub enum Answer {
     Endless,
     /// 200, then a body that never comes.
     Stall,
+    /// 200 as server-sent events: each of `events` as a `data:` line, then
+    /// `data: [DONE]`; after the first event, waits for `gate` (if any) to
+    /// be opened; with `then_stall`, never ends after the first event.
+    Stream {
+        /// The events' JSON texts.
+        events: Vec<String>,
+        /// Opened by the test when the rest may follow.
+        gate: Option<Arc<tokio::sync::Notify>>,
+        /// Stop after the first event and never end.
+        then_stall: bool,
+    },
+}
+
+/// Chunks of a streamed chat completion saying `text` in `pieces`, then
+/// finishing with `finish_reason` and usage.
+pub fn streamed_text(pieces: &[&str], finish_reason: &str) -> Vec<String> {
+    let mut events: Vec<String> = pieces
+        .iter()
+        .map(|p| {
+            json!({"choices": [{"index": 0, "delta": {"content": p}, "finish_reason": null}]})
+                .to_string()
+        })
+        .collect();
+    events.push(
+        json!({"choices": [{"index": 0, "delta": {}, "finish_reason": finish_reason}]}).to_string(),
+    );
+    events.push(
+        json!({"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 5}}).to_string(),
+    );
+    events
 }
 
 type Handler = dyn Fn(usize, &Value, &HeaderMap) -> Answer + Send + Sync;
@@ -106,6 +136,39 @@ async fn complete(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Str
         Answer::Stall => {
             let stream = futures_util::stream::pending::<Result<bytes::Bytes, std::io::Error>>();
             Body::from_stream(stream).into_response()
+        }
+        Answer::Stream {
+            events,
+            gate,
+            then_stall,
+        } => {
+            let lines: Vec<String> = events
+                .into_iter()
+                .map(|e| format!("data: {e}\n\n"))
+                .chain(std::iter::once("data: [DONE]\n\n".to_string()))
+                .collect();
+            let stream = futures_util::stream::unfold(
+                (lines.into_iter(), 0usize, gate, then_stall),
+                |(mut lines, sent, gate, stall)| async move {
+                    if sent == 1 {
+                        if stall {
+                            std::future::pending::<()>().await;
+                        }
+                        if let Some(gate) = &gate {
+                            gate.notified().await;
+                        }
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    let line = lines.next()?;
+                    let chunk = Ok::<_, std::io::Error>(bytes::Bytes::from(line));
+                    Some((chunk, (lines, sent + 1, gate, stall)))
+                },
+            );
+            (
+                [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
+                Body::from_stream(stream),
+            )
+                .into_response()
         }
     }
 }

@@ -3,7 +3,7 @@
 //! a tool call or of an answer, and arguments that are not JSON. None of it
 //! may start a call or leave the session unusable.
 
-use mneme_e2e::hostile::{completion, Answer, HostileModel};
+use mneme_e2e::hostile::{completion, streamed_text, Answer, HostileModel};
 use mneme_e2e::*;
 use serde_json::{json, Value};
 
@@ -397,4 +397,140 @@ async fn llama_cpps_context_error_is_named_and_not_retried() {
         1,
         "a deterministic refusal is not retried"
     );
+}
+
+/// An agent on `model` that streams its replies.
+fn streaming_agent(model: &HostileModel, tools: &[String]) -> String {
+    agent_toml(&model.base_url(), tools)
+        .replace("timeout_secs = 10\n", "timeout_secs = 10\nstream = true\n")
+}
+
+/// Reads `stdout` until it holds `needle`; what it read.
+async fn read_until(stdout: &mut tokio::process::ChildStdout, needle: &str) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 256];
+    while !String::from_utf8_lossy(&seen).contains(needle) {
+        let n = tokio::time::timeout(std::time::Duration::from_secs(10), stdout.read(&mut buf))
+            .await
+            .expect("stdout stalled")
+            .unwrap();
+        assert!(
+            n > 0,
+            "stdout ended before {needle:?}: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&seen).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_text_reaches_stdout_as_it_comes_and_the_reply_is_recorded_whole() {
+    let sink = Sink::start().await.unwrap();
+    let world = World::new();
+    let gate = std::sync::Arc::new(tokio::sync::Notify::new());
+    let opened = gate.clone();
+    let model = HostileModel::start(move |n, request, _| {
+        assert_eq!(request["stream"], true);
+        assert_eq!(request["stream_options"]["include_usage"], true);
+        match n {
+            // A call, its arguments in pieces.
+            0 => Answer::Stream {
+                events: vec![
+                    json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c1", "type": "function", "function": {"name": "charge", "arguments": "{\"n\""}}]}}]}).to_string(),
+                    json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]}, "finish_reason": "tool_calls"}]}).to_string(),
+                ],
+                gate: None,
+                then_stall: false,
+            },
+            _ => Answer::Stream {
+                events: streamed_text(&["Charged ", "ada ", "4200 cents."], "stop"),
+                gate: Some(opened.clone()),
+                then_stall: false,
+            },
+        }
+    })
+    .await;
+    let agent = streaming_agent(
+        &model,
+        &[http_tool("charge", &sink.url("charge"), "side_effect")],
+    );
+    let agent = world.write("agent.toml", &agent);
+    let mut child = world
+        .mneme()
+        .args(["run", "--agent", agent.to_str().unwrap(), "charge ada"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut piped = child.stdout.take().unwrap();
+    // The first piece is on stdout while the server still holds the rest.
+    let first = read_until(&mut piped, "Charged ").await;
+    assert_eq!(first, "Charged ");
+    gate.notify_one();
+    let rest = read_until(&mut piped, "cents.").await;
+    let tail = stdout_rest(piped).await;
+    let out = child.wait_with_output().await.unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let printed = first + &rest + &tail;
+    assert_eq!(
+        printed, "Charged ada 4200 cents.\n",
+        "printed once, as it came"
+    );
+    assert_eq!(sink.stats().path("charge").effects, 1);
+    let log = world.run(&["log", "--json", &session_id(&out)]).await;
+    let replies: Vec<Value> = stdout(&log)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|r| r["kind"] == "ModelReplied")
+        .map(|r| r["event"]["ModelReplied"].clone())
+        .collect();
+    assert_eq!(replies[0]["tool_calls"][0]["arguments"], "{\"n\": 1}");
+    assert_eq!(replies[1]["content"], "Charged ada 4200 cents.");
+    assert_eq!(replies[1]["usage"]["prompt_tokens"], 10);
+    assert!(
+        replies[1]["first_token_ms"].as_u64().unwrap() > 0,
+        "{}",
+        replies[1]
+    );
+}
+
+async fn stdout_rest(mut stdout: tokio::process::ChildStdout) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).await.unwrap();
+    rest
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_mid_stream_records_nothing_and_the_same_request_is_sent_again() {
+    let world = World::new();
+    let model = HostileModel::start(|n, _, _| Answer::Stream {
+        events: streamed_text(&["Half ", "of it, then the rest."], "stop"),
+        gate: None,
+        then_stall: n == 0,
+    })
+    .await;
+    let agent = world.write("agent.toml", &streaming_agent(&model, &[]));
+    let mut child = world
+        .mneme()
+        .args(["run", "--agent", agent.to_str().unwrap(), "tell me"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut piped = child.stdout.take().unwrap();
+    read_until(&mut piped, "Half ").await;
+    child.start_kill().unwrap();
+    let out = child.wait_with_output().await.unwrap();
+    let id = session_id(&out);
+    let kinds = event_kinds(&world, &id).await;
+    assert!(!kinds.contains(&"ModelReplied".to_string()), "{kinds:?}");
+    let out = world.run(&["resume", &id]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "Half of it, then the rest.\n");
+    let requests = model.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[0], requests[1], "the same request, byte for byte");
 }

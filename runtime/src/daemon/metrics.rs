@@ -57,6 +57,7 @@ pub struct Metrics {
     recovered: AtomicU64,
     flush_latency: Histogram,
     model_latency: Histogram,
+    first_token_latency: Histogram,
     tool_latency: Histogram,
     heads: broadcast::Sender<(Uuid, u64)>,
     /// The last seq made durable in this process, by session.
@@ -74,6 +75,7 @@ impl Metrics {
             recovered: AtomicU64::new(0),
             flush_latency: Histogram::default(),
             model_latency: Histogram::default(),
+            first_token_latency: Histogram::default(),
             tool_latency: Histogram::default(),
             heads,
             durable_heads: Default::default(),
@@ -172,6 +174,11 @@ impl Metrics {
             "mneme_model_latency_seconds",
             "Time from model request to reply.",
         );
+        self.first_token_latency.render(
+            &mut out,
+            "mneme_model_first_token_seconds",
+            "Time from model request to the first token of a streamed reply.",
+        );
         self.tool_latency.render(
             &mut out,
             "mneme_tool_latency_seconds",
@@ -190,6 +197,10 @@ impl SessionObserver for Metrics {
                 Event::ModelReplied(reply) => {
                     self.model_latency
                         .observe(Duration::from_millis(reply.latency_ms));
+                    if reply.first_token_ms > 0 {
+                        self.first_token_latency
+                            .observe(Duration::from_millis(reply.first_token_ms));
+                    }
                     self.prompt_tokens
                         .fetch_add(reply.usage.prompt_tokens, Ordering::Relaxed);
                     self.cached_tokens

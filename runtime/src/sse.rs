@@ -1,0 +1,237 @@
+//! A streamed chat completion (server-sent events of `chat.completion.chunk`)
+//! put back together into one reply, tolerant of what servers vary on: text
+//! and tool-call deltas, calls told apart by `index` or (where a server
+//! reuses index 0 for parallel calls) by `id`, usage in a last chunk with
+//! no choices.
+
+use replay::{ModelReply, ToolCall, Usage};
+use serde::Deserialize;
+
+/// The reply so far, built from chunks as they arrive.
+#[derive(Debug, Default)]
+pub struct Assembly {
+    content: Option<String>,
+    calls: Vec<PartialCall>,
+    finish_reason: String,
+    usage: Usage,
+    /// Bytes of an unfinished line carried to the next read.
+    pending: Vec<u8>,
+    done: bool,
+}
+
+#[derive(Debug)]
+struct PartialCall {
+    index: u64,
+    id: String,
+    name: String,
+    arguments: String,
+}
+
+#[derive(Deserialize)]
+struct Chunk {
+    #[serde(default)]
+    choices: Vec<ChunkChoice>,
+    #[serde(default)]
+    usage: Option<crate::model::WireUsage>,
+}
+
+#[derive(Deserialize)]
+struct ChunkChoice {
+    #[serde(default)]
+    delta: Delta,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct Delta {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    tool_calls: Vec<CallDelta>,
+}
+
+#[derive(Deserialize)]
+struct CallDelta {
+    #[serde(default)]
+    index: u64,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    function: FunctionDelta,
+}
+
+#[derive(Deserialize, Default)]
+struct FunctionDelta {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    arguments: Option<serde_json::Value>,
+}
+
+/// What one read of the stream brought.
+#[derive(Debug, Default, PartialEq)]
+pub struct Progress {
+    /// New text of the reply, in order.
+    pub text: String,
+    /// Whether anything of the reply (text or a call) arrived.
+    pub generated: bool,
+}
+
+impl Assembly {
+    /// Takes the next bytes of the stream; what they added.
+    pub fn feed(&mut self, bytes: &[u8]) -> Result<Progress, String> {
+        self.pending.extend_from_slice(bytes);
+        let mut progress = Progress::default();
+        while let Some(end) = self.pending.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.pending.drain(..=end).collect();
+            let line = String::from_utf8_lossy(&line);
+            let Some(data) = line.trim_end().strip_prefix("data:") else {
+                continue; // comments, event names, blank lines between events
+            };
+            let data = data.trim();
+            if data == "[DONE]" {
+                self.done = true;
+                continue;
+            }
+            let chunk: Chunk = serde_json::from_str(data)
+                .map_err(|e| format!("a stream event is not a chat completion chunk: {e}"))?;
+            self.apply(chunk, &mut progress);
+        }
+        Ok(progress)
+    }
+
+    fn apply(&mut self, chunk: Chunk, progress: &mut Progress) {
+        if let Some(usage) = chunk.usage {
+            self.usage = usage.into();
+        }
+        for choice in chunk.choices.into_iter().take(1) {
+            if let Some(text) = choice.delta.content.filter(|t| !t.is_empty()) {
+                self.content.get_or_insert_with(String::new).push_str(&text);
+                progress.text.push_str(&text);
+                progress.generated = true;
+            }
+            for call in choice.delta.tool_calls {
+                self.apply_call(call);
+                progress.generated = true;
+            }
+            if let Some(reason) = choice.finish_reason.filter(|r| !r.is_empty()) {
+                self.finish_reason = reason;
+            }
+        }
+    }
+
+    fn apply_call(&mut self, delta: CallDelta) {
+        let id = delta.id.filter(|id| !id.is_empty());
+        // A new id starts a new call even at a reused index.
+        let known = self.calls.iter().rposition(|c| match &id {
+            Some(id) => c.id == *id || (c.index == delta.index && c.id.is_empty()),
+            None => c.index == delta.index,
+        });
+        let at = match known {
+            Some(at) => at,
+            None => {
+                self.calls.push(PartialCall {
+                    index: delta.index,
+                    id: String::new(),
+                    name: String::new(),
+                    arguments: String::new(),
+                });
+                self.calls.len() - 1
+            }
+        };
+        let call = &mut self.calls[at];
+        if let Some(id) = id {
+            call.id = id;
+        }
+        if let Some(name) = delta.function.name {
+            call.name.push_str(&name);
+        }
+        match delta.function.arguments {
+            Some(serde_json::Value::String(piece)) => call.arguments.push_str(&piece),
+            Some(serde_json::Value::Null) | None => {}
+            Some(whole) => call.arguments.push_str(&whole.to_string()),
+        }
+    }
+
+    /// The whole reply, once the stream ended; an error if it ended before
+    /// its last event (`[DONE]`) or a finish reason.
+    pub fn finish(self) -> Result<ModelReply, String> {
+        if !self.done && self.finish_reason.is_empty() {
+            return Err("the stream ended before the reply did".into());
+        }
+        let tool_calls = self
+            .calls
+            .into_iter()
+            .map(|c| ToolCall {
+                id: c.id,
+                name: c.name,
+                arguments: if c.arguments.is_empty() {
+                    "{}".into()
+                } else {
+                    c.arguments
+                },
+            })
+            .collect();
+        Ok(ModelReply {
+            content: self.content,
+            tool_calls,
+            usage: self.usage,
+            finish_reason: self.finish_reason,
+            ..ModelReply::default()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assemble(stream: &str, read: usize) -> (ModelReply, String) {
+        let mut assembly = Assembly::default();
+        let mut text = String::new();
+        for piece in stream.as_bytes().chunks(read) {
+            text.push_str(&assembly.feed(piece).unwrap().text);
+        }
+        (assembly.finish().unwrap(), text)
+    }
+
+    #[test]
+    fn text_and_calls_come_together_however_the_bytes_are_cut() {
+        let stream = concat!(
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"Char\"}}]}\n\n",
+            ": a comment\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"ging.\"}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"a\",\"type\":\"function\",\"function\":{\"name\":\"charge\",\"arguments\":\"{\\\"n\\\"\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\":1}\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"b\",\"function\":{\"name\":\"email\",\"arguments\":\"{}\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n",
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":7,\"prompt_tokens_details\":{\"cached_tokens\":8}}}\n\n",
+            "data: [DONE]\n\n"
+        );
+        for read in [1, 7, 64, stream.len()] {
+            let (reply, text) = assemble(stream, read);
+            assert_eq!(text, "Charging.");
+            assert_eq!(reply.content.as_deref(), Some("Charging."));
+            let calls: Vec<(&str, &str, &str)> = reply
+                .tool_calls
+                .iter()
+                .map(|c| (c.id.as_str(), c.name.as_str(), c.arguments.as_str()))
+                .collect();
+            assert_eq!(calls, [("a", "charge", "{\"n\":1}"), ("b", "email", "{}")]);
+            assert_eq!(reply.finish_reason, "tool_calls");
+            assert_eq!(reply.usage.cached_tokens, 8);
+        }
+    }
+
+    #[test]
+    fn a_stream_cut_short_is_an_error() {
+        let mut assembly = Assembly::default();
+        assembly
+            .feed(b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n")
+            .unwrap();
+        assert!(assembly.finish().is_err());
+        let mut assembly = Assembly::default();
+        assert!(assembly.feed(b"data: <html>\n").is_err());
+    }
+}
