@@ -66,7 +66,8 @@ pub enum ModelError {
     },
 }
 
-/// Receives a reply's text as the server generates it (streaming).
+/// Receives a reply's text as the server generates it (streaming); an
+/// empty piece ends the reply.
 pub type Deltas = dyn Fn(&str) + Send + Sync;
 
 /// A source of model replies.
@@ -276,6 +277,9 @@ impl OpenAiClient {
             if let (Some(deltas), false) = (deltas, progress.text.is_empty()) {
                 deltas(&progress.text);
             }
+        }
+        if let Some(deltas) = deltas {
+            deltas("");
         }
         let mut reply = assembly.finish().map_err(garbage)?;
         reply.first_token_ms = first_token_ms;

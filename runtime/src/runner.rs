@@ -55,7 +55,8 @@ pub struct Runner {
     deltas: Option<DeltaSink>,
 }
 
-/// Receives the text of a session's streamed replies as it arrives.
+/// Receives the text of a session's streamed replies as it arrives (an
+/// empty piece ends a reply).
 pub type DeltaSink = Arc<dyn Fn(uuid::Uuid, &str) + Send + Sync>;
 
 /// Asked before every step of a session: a reason to pause it there (a

@@ -97,15 +97,36 @@ macro_rules! log_line {
     };
 }
 
-/// Streamed text on its way to a terminal: redacted (a secret split across
-/// pieces too: the last bytes are held back until no secret can start in
-/// them) and escaped, newlines kept.
+/// Streamed text on its way out: redacted (a secret split across pieces
+/// too: the last bytes are held back until no secret can start in them),
+/// and for a terminal escaped, newlines kept.
 #[derive(Default)]
 pub struct StreamText {
     held: std::sync::Mutex<String>,
+    raw: bool,
 }
 
 impl StreamText {
+    /// For a terminal: redacted and escaped.
+    pub fn for_terminal() -> StreamText {
+        StreamText::default()
+    }
+
+    /// For JSON (which escapes by itself): redacted only.
+    pub fn for_json() -> StreamText {
+        StreamText {
+            raw: true,
+            ..StreamText::default()
+        }
+    }
+
+    fn shown(&self, text: &str) -> String {
+        match self.raw {
+            true => text.to_string(),
+            false => escape(text, true),
+        }
+    }
+
     /// What of `piece` (after what was held) can be shown now.
     pub fn push(&self, piece: &str) -> String {
         let mut held = self.held.lock().expect("stream lock");
@@ -117,13 +138,13 @@ impl StreamText {
             cut -= 1;
         }
         *held = redacted[cut..].to_string();
-        escape(&redacted[..cut], true)
+        self.shown(&redacted[..cut])
     }
 
     /// What was held back, to show at the end of the stream.
     pub fn finish(&self) -> String {
         let rest = std::mem::take(&mut *self.held.lock().expect("stream lock"));
-        escape(&redact(&rest), true)
+        self.shown(&redact(&rest))
     }
 }
 
@@ -183,7 +204,7 @@ mod tests {
     #[test]
     fn a_secret_split_across_streamed_pieces_is_never_shown() {
         register_secret("sk-stream-0123456789abcdef");
-        let stream = StreamText::default();
+        let stream = StreamText::for_terminal();
         let mut shown = String::new();
         for piece in [
             "your key is sk-str",

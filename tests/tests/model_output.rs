@@ -534,3 +534,74 @@ async fn a_crash_mid_stream_records_nothing_and_the_same_request_is_sent_again()
     assert_eq!(requests.len(), 2);
     assert_eq!(requests[0], requests[1], "the same request, byte for byte");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemons_clients_follow_a_streamed_reply_as_it_comes() {
+    use futures_util::StreamExt;
+    let world = World::new();
+    let gate = std::sync::Arc::new(tokio::sync::Notify::new());
+    let opened = gate.clone();
+    let model = HostileModel::start(move |_, _, _| Answer::Stream {
+        events: streamed_text(
+            &[
+                "Streamed as it comes, piece one; ",
+                "through ",
+                "the daemon.",
+            ],
+            "stop",
+        ),
+        gate: Some(opened.clone()),
+        then_stall: false,
+    })
+    .await;
+    let daemon = mneme_e2e::daemon::DaemonProcess::start(&world.data(), &[]).await;
+    let id = daemon.create(&streaming_agent(&model, &[])).await;
+    let response = daemon
+        .http
+        .get(daemon.url(&format!("/sessions/{id}/deltas")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let mut stream = response.bytes_stream();
+    let (status, _) = daemon
+        .post(&format!("/sessions/{id}/messages"), &json!({"text": "go"}))
+        .await;
+    assert_eq!(status, 202);
+    let mut seen = String::new();
+    let mut text = String::new();
+    while !text.contains("the daemon.") {
+        let chunk = tokio::time::timeout(std::time::Duration::from_secs(10), stream.next())
+            .await
+            .expect("the delta stream stalled")
+            .expect("the delta stream ended")
+            .unwrap();
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+        text = seen
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+            .filter_map(|v| v["text"].as_str().map(String::from))
+            .collect();
+        // Text arrives while the server still holds the rest (less the
+        // end of the first piece, held back in case a secret (here the
+        // daemon's token) starts there).
+        if !text.is_empty() && !text.contains("through") {
+            assert!("Streamed as it comes, piece one; ".starts_with(&text), "{text}");
+            gate.notify_one();
+        }
+    }
+    assert_eq!(text, "Streamed as it comes, piece one; through the daemon.");
+    assert!(seen.contains("event: delta"), "{seen}");
+    // Recorded whole, once durable.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (_, session) = daemon.get(&format!("/sessions/{id}")).await;
+        if session["answer"] == "Streamed as it comes, piece one; through the daemon." {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{session}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    daemon.kill().await;
+}

@@ -75,6 +75,7 @@ pub(crate) fn router(daemon: Shared, stopped: watch::Receiver<bool>) -> Router {
         .route("/sessions/{id}/calls/{call}/resolve", post(resolve))
         .route("/sessions/{id}/calls/{call}/approve", post(approve))
         .route("/sessions/{id}/events", get(events))
+        .route("/sessions/{id}/deltas", get(deltas))
         .route("/sessions/{id}/verify", get(verify))
         .route("/sessions/{id}/replay", get(replay_view))
         .route("/sessions/{id}/request", get(next_request))
@@ -584,6 +585,59 @@ async fn events(
             .into_response());
     }
     Ok(Sse::new(stream.into_sse())
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
+
+/// The text of the session's streamed replies as it arrives, as
+/// Server-Sent Events (`delta` events of `{"text": ...}`), until the client
+/// or the daemon goes; a reader too slow for [`super::DELTAS_BUFFERED`]
+/// pieces gets a `lagged` event naming how many it missed. Nothing here is
+/// recorded: the whole reply is, in `/events`.
+async fn deltas(State(state): State<AppState>, Path(id): Path<Uuid>) -> Result<Response, ApiError> {
+    let daemon = state.daemon.clone();
+    daemon.service.ensure_exists(id)?;
+    let receiver = daemon.deltas.subscribe();
+    let text = crate::text::StreamText::for_json();
+    let stopped = state.stopped.clone();
+    let stream = futures_util::stream::unfold(
+        (receiver, text, stopped),
+        move |(mut receiver, text, mut stopped)| async move {
+            loop {
+                let next = tokio::select! {
+                    next = receiver.recv() => next,
+                    _ = stopped.wait_for(|stopped| *stopped) => return None,
+                };
+                let event = match next {
+                    Ok((session, piece)) if session == id => {
+                        // An empty piece ends a reply: show what was held.
+                        let shown = match piece.is_empty() {
+                            true => text.finish(),
+                            false => text.push(&piece),
+                        };
+                        if shown.is_empty() {
+                            continue;
+                        }
+                        SseEvent::default()
+                            .event("delta")
+                            .data(json!({ "text": shown }).to_string())
+                    }
+                    Ok(_) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                        SseEvent::default()
+                            .event("lagged")
+                            .data(json!({ "missed": missed }).to_string())
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                };
+                return Some((
+                    Ok::<_, std::convert::Infallible>(event),
+                    (receiver, text, stopped),
+                ));
+            }
+        },
+    );
+    Ok(Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response())
 }

@@ -52,6 +52,10 @@ pub const DEFAULT_IDLE_TIMEOUT_SECS: u64 = 60;
 /// Connections open at most, by default.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 
+/// Streamed pieces of text kept for slow readers of `/deltas`; one further
+/// behind misses pieces (and is told so).
+const DELTAS_BUFFERED: usize = 1024;
+
 /// Name of the file in the data directory that tells the CLI where the
 /// daemon listens.
 pub const DAEMON_FILE: &str = "mneme.daemon";
@@ -112,6 +116,9 @@ pub(crate) struct Daemon {
     idle: Notify,
     /// (session, seq) each time a session's records up to seq are durable.
     pub(crate) heads: broadcast::Sender<(Uuid, u64)>,
+    /// (session, text) as streamed replies arrive (never recorded as such:
+    /// the whole reply is).
+    pub(crate) deltas: broadcast::Sender<(Uuid, Arc<str>)>,
     /// Rendered prompts of recently active sessions.
     prompts: Mutex<PromptCache>,
     /// What requests must carry in `Authorization`.
@@ -196,12 +203,19 @@ impl Daemon {
                     .then(|| SHUTDOWN_REASON.to_string())
             })
         };
+        let (deltas, _) = broadcast::channel(DELTAS_BUFFERED);
+        let published = deltas.clone();
+        let publish: crate::runner::DeltaSink = Arc::new(move |id, text| {
+            let _ = published.send((id, text.into()));
+        });
         Daemon {
             bearer: token::Expected::new(&config.token),
             runner: service
                 .runner()
                 .with_stop(stop)
-                .with_call_cap(config.max_parallel_calls),
+                .with_call_cap(config.max_parallel_calls)
+                .with_deltas(publish),
+            deltas,
             service,
             config,
             metrics,

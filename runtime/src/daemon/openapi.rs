@@ -51,6 +51,7 @@ pub(crate) fn document() -> Value {
             "/sessions/{id}/calls/{call}/approve": {"post": with_body(op("Approve or deny a call that waits for approval; by names who decides", "202"),
                 json!({"type": "object", "required": ["approved", "by"], "properties": {"approved": {"type": "boolean"}, "by": {"type": "string"}, "wait": wait["wait"]}}))},
             "/sessions/{id}/events": {"get": op("The audit trail (query: kind=K1,K2, after=SEQ); with follow=true a Server-Sent Events stream: history, then each event once durable", "200")},
+            "/sessions/{id}/deltas": {"get": op("Server-Sent Events: the text of the session's streamed replies as it arrives (`delta` events of {\"text\": ...}; `lagged` names pieces a slow reader missed); never recorded as such, the whole reply is", "200")},
             "/sessions/{id}/verify": {"get": op("Check the session's hash chain", "200")},
             "/sessions/{id}/replay": {"get": op("Dry run: the rebuilt prompt and the resume plan", "200")},
             "/sessions/{id}/request": {"get": op("The exact bytes of the next model request", "200")},
