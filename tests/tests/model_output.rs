@@ -587,7 +587,10 @@ async fn a_daemons_clients_follow_a_streamed_reply_as_it_comes() {
         // end of the first piece, held back in case a secret (here the
         // daemon's token) starts there).
         if !text.is_empty() && !text.contains("through") {
-            assert!("Streamed as it comes, piece one; ".starts_with(&text), "{text}");
+            assert!(
+                "Streamed as it comes, piece one; ".starts_with(&text),
+                "{text}"
+            );
             gate.notify_one();
         }
     }
