@@ -196,6 +196,10 @@ pub struct Usage {
     pub completion_tokens: u64,
     /// Prompt tokens served from the server's prefix cache.
     pub cached_tokens: u64,
+    /// Prompt tokens written to the server's cache by this request, where
+    /// the server says (Anthropic's `cache_creation_input_tokens`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_write_tokens: u64,
 }
 
 /// The outcome of a tool call as the model sees it.

@@ -3,6 +3,7 @@
 //! Pure: no I/O, no clock, no randomness. The same events always give the
 //! same state, the same prompt bytes and the same plan, in any process.
 
+pub mod anthropic;
 pub mod event;
 pub mod plan;
 pub mod prompt;

@@ -243,6 +243,10 @@ pub fn next_request_incremental(
     prefix: &mut RenderedPrefix,
 ) -> Option<Vec<u8>> {
     let spec = state.spec.as_ref()?;
+    if spec.model.is_anthropic() {
+        // Its breakpoints move every turn: rendered whole each time.
+        return crate::anthropic::request(state, room_to_finish(state));
+    }
     let key = cache_key(spec, session);
     prefix.extend(state);
     let mut last = Vec::new();
@@ -296,6 +300,13 @@ pub fn compaction_request(state: &SessionState, upto: usize) -> Option<Vec<u8>> 
             calls.collect::<String>()
         ));
     }
+    if spec.model.is_anthropic() {
+        return Some(crate::anthropic::compaction_request(
+            spec,
+            COMPACT_INSTRUCTION,
+            &lines.join("\n"),
+        ));
+    }
     let messages = [
         text_message("system", COMPACT_INSTRUCTION),
         text_message("user", &lines.join("\n")),
@@ -327,6 +338,9 @@ fn cache_key<'a>(spec: &AgentSpec, session: &'a str) -> Option<&'a str> {
 /// session id as the prefix-cache key unless the spec turns that off.
 pub fn next_request(session: &str, state: &SessionState) -> Option<Vec<u8>> {
     let spec = state.spec.as_ref()?;
+    if spec.model.is_anthropic() {
+        return crate::anthropic::request(state, room_to_finish(state));
+    }
     let key = cache_key(spec, session);
     Some(body(spec, &messages(state), key, room_to_finish(state)))
 }

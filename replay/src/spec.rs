@@ -320,7 +320,24 @@ pub struct ModelSpec {
     pub max_response_bytes: Option<u64>,
 }
 
+/// Where Anthropic's Messages API is when the spec names no `base_url`.
+pub const ANTHROPIC_BASE_URL: &str = "https://api.anthropic.com/v1";
+
 impl ModelSpec {
+    /// Whether the model is reached through Anthropic's Messages API.
+    pub fn is_anthropic(&self) -> bool {
+        self.provider == "anthropic"
+    }
+
+    /// Base URL of the server, up to and including `/v1`.
+    pub fn base_url(&self) -> &str {
+        match (&self.base_url, self.is_anthropic()) {
+            (Some(url), _) => url,
+            (None, true) => ANTHROPIC_BASE_URL,
+            (None, false) => "",
+        }
+    }
+
     /// Whether replies are streamed.
     pub fn streams(&self) -> bool {
         self.stream.unwrap_or(false)
@@ -344,12 +361,13 @@ impl ModelSpec {
                 None => Err("provider = \"openai\" needs base_url".to_string()),
                 Some(url) => check_http_url("base_url", url),
             },
+            "anthropic" => check_http_url("base_url", self.base_url()),
             "scripted" if self.script.is_none() => {
                 Err("provider = \"scripted\" needs script (a file of replies)".to_string())
             }
             "scripted" => Ok(()),
             other => Err(format!(
-                "provider {other:?} is unknown: expected \"openai\" or \"scripted\""
+                "provider {other:?} is unknown: expected \"openai\", \"anthropic\" or \"scripted\""
             )),
         }
         .map_err(model)?;

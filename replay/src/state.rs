@@ -46,7 +46,7 @@ pub enum Entry {
         /// Seq of the ModelReplied event.
         seq: u64,
         /// The reply.
-        reply: ModelReply,
+        reply: Box<ModelReply>,
         /// Its calls, in the same order as `reply.tool_calls`.
         calls: Vec<CallState>,
     },
@@ -252,7 +252,11 @@ impl SessionState {
                         phase: CallPhase::Pending,
                     })
                     .collect();
-                self.entries.push(Entry::Reply { seq, reply, calls });
+                self.entries.push(Entry::Reply {
+                    seq,
+                    reply: Box::new(reply),
+                    calls,
+                });
                 self.entry_seqs.push(seq);
             }
             Event::ToolStarted {

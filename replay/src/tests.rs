@@ -68,6 +68,7 @@ fn reply(content: Option<&str>, calls: Vec<ToolCall>) -> Event {
             prompt_tokens: 100,
             completion_tokens: 10,
             cached_tokens: 50,
+            ..Usage::default()
         },
         finish_reason: "tool_calls".into(),
         latency_ms: 3,
@@ -893,4 +894,66 @@ proptest! {
         prop_assert_eq!(&body, &request_body(&spec(), &messages(&resumed), None));
         prop_assert_eq!(plan(&whole), plan(&resumed));
     }
+}
+
+#[test]
+fn anthropic_requests_carry_the_same_conversation_with_cache_breakpoints() {
+    let mut events = story();
+    if let Event::SessionStarted { spec } = &mut events[0] {
+        spec.model.provider = "anthropic".into();
+        spec.model.base_url = None;
+    }
+    events.push(Event::UserMessage {
+        text: "And now?".into(),
+    });
+    let state = fold(&events);
+    let body = next_request("s", &state).unwrap();
+    assert_eq!(body, next_request("s", &state).unwrap(), "deterministic");
+    let mut prefix = RenderedPrefix::default();
+    assert_eq!(
+        next_request_incremental("s", &state, &mut prefix).unwrap(),
+        body
+    );
+    let request: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(request["max_tokens"], anthropic::DEFAULT_MAX_TOKENS);
+    assert_eq!(request["system"][0]["cache_control"]["type"], "ephemeral");
+    let tools = request["tools"].as_array().unwrap();
+    assert_eq!(tools.len(), 3);
+    assert!(tools[2]["cache_control"].is_object() && tools[0]["cache_control"].is_null());
+    assert_eq!(tools[0]["input_schema"]["type"], "object");
+    let messages = request["messages"].as_array().unwrap();
+    let roles: Vec<&str> = messages
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["user", "assistant", "user", "assistant", "user"]);
+    // The calls, their inputs as objects, their results in call order.
+    let calls = messages[1]["content"].as_array().unwrap();
+    assert_eq!(calls[0]["type"], "tool_use");
+    assert_eq!(calls[0]["input"], serde_json::json!({"x": 2}));
+    let results: Vec<&str> = messages[2]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["tool_use_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(results, ["c1", "c22"]);
+    // One breakpoint in the conversation: the end of the turn before the
+    // newest message.
+    let marked: Vec<(usize, usize)> = messages
+        .iter()
+        .enumerate()
+        .flat_map(|(i, m)| {
+            m["content"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b["cache_control"].is_object())
+                .map(move |(j, _)| (i, j))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(marked, [(3, 0)]);
+    assert_eq!(messages[4]["content"][0]["text"], "And now?");
 }

@@ -2,6 +2,7 @@
 //! loop that can be killed at any instant and continued from its log.
 
 pub mod agent;
+pub mod anthropic;
 pub mod crash;
 pub mod daemon;
 pub mod error;

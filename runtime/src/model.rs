@@ -86,7 +86,7 @@ pub trait ModelClient: Send + Sync {
 /// Builds the client the spec asks for.
 pub fn client_for(spec: &AgentSpec) -> Result<Box<dyn ModelClient>, ModelError> {
     match spec.model.provider.as_str() {
-        "openai" => Ok(Box::new(OpenAiClient::new(spec)?)),
+        "openai" | "anthropic" => Ok(Box::new(HttpModelClient::new(spec)?)),
         "scripted" => Ok(Box::new(ScriptedClient::load(
             spec.model.script.as_deref().unwrap_or_default(),
         )?)),
@@ -100,9 +100,24 @@ const SNIPPET_CHARS: usize = 200;
 /// Bytes of an error response (4xx, 5xx) read: enough to quote it.
 const ERROR_BODY_BYTES: u64 = 64 << 10;
 
-/// A client of any OpenAI-compatible `/chat/completions` endpoint.
-pub struct OpenAiClient {
+/// Which API a model server speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wire {
+    /// OpenAI's chat completions (`/chat/completions`), which most
+    /// servers speak (vLLM, llama.cpp, Ollama, SGLang...).
+    ChatCompletions,
+    /// Anthropic's Messages API (`/messages`).
+    Messages,
+}
+
+/// Anthropic's API version the requests are written for.
+const ANTHROPIC_VERSION: &str = "2023-06-01";
+
+/// A client of a model server over HTTP: any OpenAI-compatible
+/// `/chat/completions` endpoint, or Anthropic's Messages API.
+pub struct HttpModelClient {
     http: reqwest::Client,
+    wire: Wire,
     url: String,
     api_key: Option<String>,
     timeout: Duration,
@@ -118,10 +133,14 @@ enum Attempt {
     Fail(ModelError),
 }
 
-impl OpenAiClient {
+impl HttpModelClient {
     /// Builds the client; reads the API key from the variable the spec names.
-    pub fn new(spec: &AgentSpec) -> Result<OpenAiClient, ModelError> {
-        let base = spec.model.base_url.as_deref().unwrap_or_default();
+    pub fn new(spec: &AgentSpec) -> Result<HttpModelClient, ModelError> {
+        let base = spec.model.base_url();
+        let wire = match spec.model.is_anthropic() {
+            true => Wire::Messages,
+            false => Wire::ChatCompletions,
+        };
         let api_key = match &spec.model.api_key_env {
             Some(var) => Some(std::env::var(var).map_err(|_| {
                 ModelError::Config(format!(
@@ -139,9 +158,14 @@ impl OpenAiClient {
             .build()
             .map_err(|e| ModelError::Config(e.to_string()))?;
         let base = replay::spec::redact_url(base.trim_end_matches('/'));
-        Ok(OpenAiClient {
+        let path = match wire {
+            Wire::ChatCompletions => "chat/completions",
+            Wire::Messages => "messages",
+        };
+        Ok(HttpModelClient {
             http,
-            url: format!("{base}/chat/completions"),
+            wire,
+            url: format!("{base}/{path}"),
             api_key,
             timeout,
             max_response_bytes: spec.model.max_response_bytes(),
@@ -188,9 +212,17 @@ impl OpenAiClient {
             .post(&self.url)
             .header("content-type", "application/json")
             .body(body.to_vec());
-        if let Some(key) = &self.api_key {
-            request = request.bearer_auth(key);
-        }
+        request = match (self.wire, &self.api_key) {
+            (Wire::ChatCompletions, Some(key)) => request.bearer_auth(key),
+            (Wire::Messages, key) => {
+                let request = request.header("anthropic-version", ANTHROPIC_VERSION);
+                match key {
+                    Some(key) => request.header("x-api-key", key),
+                    None => request,
+                }
+            }
+            (Wire::ChatCompletions, None) => request,
+        };
         let retry = |e: reqwest::Error| Attempt::Retry(self.describe(&e), None);
         let response = request.send().await.map_err(retry)?;
         let status = response.status();
@@ -237,7 +269,17 @@ impl OpenAiClient {
                 body: snippet(&text),
             }));
         }
-        parse_reply(&self.url, &text).map_err(Attempt::Fail)
+        match self.wire {
+            Wire::ChatCompletions => parse_reply(&self.url, &text),
+            Wire::Messages => {
+                crate::anthropic::parse_message(&text).map_err(|reason| ModelError::Garbage {
+                    url: self.url.clone(),
+                    reason,
+                    snippet: snippet(&text),
+                })
+            }
+        }
+        .map_err(Attempt::Fail)
     }
 
     /// Reads a streamed reply as it comes, up to `max_response_bytes`,
@@ -248,7 +290,10 @@ impl OpenAiClient {
         deltas: Option<&Deltas>,
         started: Instant,
     ) -> Result<ModelReply, Attempt> {
-        let mut assembly = crate::sse::Assembly::default();
+        let mut assembly = crate::sse::Assembly::new(match self.wire {
+            Wire::ChatCompletions => Box::<crate::sse::ChatChunks>::default(),
+            Wire::Messages => Box::<crate::anthropic::MessageChunks>::default(),
+        });
         let mut read = 0u64;
         let mut first_token_ms = 0;
         let garbage = |reason: String| {
@@ -298,7 +343,7 @@ fn snippet(text: &str) -> String {
 }
 
 #[async_trait]
-impl ModelClient for OpenAiClient {
+impl ModelClient for HttpModelClient {
     async fn complete(
         &self,
         _state: &SessionState,
@@ -389,6 +434,7 @@ impl From<WireUsage> for Usage {
                 .prompt_tokens_details
                 .unwrap_or_default()
                 .cached_tokens,
+            cache_write_tokens: 0,
         }
     }
 }
@@ -547,6 +593,7 @@ impl ModelClient for ScriptedClient {
                 prompt_tokens: (body.len() / 4) as u64,
                 completion_tokens: 0,
                 cached_tokens: 0,
+                ..Usage::default()
             },
             ..ModelReply::default()
         })

@@ -1,21 +1,35 @@
-//! A streamed chat completion (server-sent events of `chat.completion.chunk`)
-//! put back together into one reply, tolerant of what servers vary on: text
-//! and tool-call deltas, calls told apart by `index` or (where a server
-//! reuses index 0 for parallel calls) by `id`, usage in a last chunk with
-//! no choices.
+//! A streamed reply (server-sent events) put back together into one reply:
+//! the event lines are split here, whatever the format; each format
+//! ([`ChatChunks`] for chat completions, `crate::anthropic` for the
+//! Messages API) applies its events. Chat completions: text and tool-call
+//! deltas, calls told apart by `index` or (where a server reuses index 0
+//! for parallel calls) by `id`, usage in a last chunk with no choices.
 
 use replay::{ModelReply, ToolCall, Usage};
 use serde::Deserialize;
 
-/// The reply so far, built from chunks as they arrive.
-#[derive(Debug, Default)]
+/// One format of streamed events: applies each event's data.
+pub trait Chunks: Send {
+    /// Applies one event's data (the text after `data:`).
+    fn apply(&mut self, data: &str, progress: &mut Progress) -> Result<(), String>;
+    /// The whole reply; an error if the stream ended before the reply did.
+    fn finish(self: Box<Self>) -> Result<ModelReply, String>;
+}
+
+/// The reply so far, built from a stream's events as they arrive.
 pub struct Assembly {
+    chunks: Box<dyn Chunks>,
+    /// Bytes of an unfinished line carried to the next read.
+    pending: Vec<u8>,
+}
+
+/// A chat completion streamed as `chat.completion.chunk` events.
+#[derive(Debug, Default)]
+pub struct ChatChunks {
     content: Option<String>,
     calls: Vec<PartialCall>,
     finish_reason: String,
     usage: Usage,
-    /// Bytes of an unfinished line carried to the next read.
-    pending: Vec<u8>,
     done: bool,
 }
 
@@ -79,6 +93,14 @@ pub struct Progress {
 }
 
 impl Assembly {
+    /// A stream of `format`'s events.
+    pub fn new(format: Box<dyn Chunks>) -> Assembly {
+        Assembly {
+            chunks: format,
+            pending: Vec::new(),
+        }
+    }
+
     /// Takes the next bytes of the stream; what they added.
     pub fn feed(&mut self, bytes: &[u8]) -> Result<Progress, String> {
         self.pending.extend_from_slice(bytes);
@@ -89,19 +111,58 @@ impl Assembly {
             let Some(data) = line.trim_end().strip_prefix("data:") else {
                 continue; // comments, event names, blank lines between events
             };
-            let data = data.trim();
-            if data == "[DONE]" {
-                self.done = true;
-                continue;
-            }
-            let chunk: Chunk = serde_json::from_str(data)
-                .map_err(|e| format!("a stream event is not a chat completion chunk: {e}"))?;
-            self.apply(chunk, &mut progress);
+            self.chunks.apply(data.trim(), &mut progress)?;
         }
         Ok(progress)
     }
 
-    fn apply(&mut self, chunk: Chunk, progress: &mut Progress) {
+    /// The whole reply, once the stream ended.
+    pub fn finish(self) -> Result<ModelReply, String> {
+        self.chunks.finish()
+    }
+}
+
+impl Chunks for ChatChunks {
+    fn apply(&mut self, data: &str, progress: &mut Progress) -> Result<(), String> {
+        if data == "[DONE]" {
+            self.done = true;
+            return Ok(());
+        }
+        let chunk: Chunk = serde_json::from_str(data)
+            .map_err(|e| format!("a stream event is not a chat completion chunk: {e}"))?;
+        self.apply_chunk(chunk, progress);
+        Ok(())
+    }
+
+    fn finish(self: Box<Self>) -> Result<ModelReply, String> {
+        if !self.done && self.finish_reason.is_empty() {
+            return Err("the stream ended before the reply did".into());
+        }
+        let tool_calls = self
+            .calls
+            .into_iter()
+            .map(|c| ToolCall {
+                id: c.id,
+                name: c.name,
+                arguments: if c.arguments.is_empty() {
+                    "{}".into()
+                } else {
+                    c.arguments
+                },
+            })
+            .collect();
+        Ok(ModelReply {
+            content: self.content,
+            tool_calls,
+            usage: self.usage,
+            finish_reason: self.finish_reason,
+            ..ModelReply::default()
+        })
+    }
+}
+
+impl ChatChunks {
+    fn apply_chunk(&mut self, chunk: Chunk, progress: &mut Progress) {
         if let Some(usage) = chunk.usage {
             self.usage = usage.into();
         }
@@ -153,34 +214,6 @@ impl Assembly {
             Some(whole) => call.arguments.push_str(&whole.to_string()),
         }
     }
-
-    /// The whole reply, once the stream ended; an error if it ended before
-    /// its last event (`[DONE]`) or a finish reason.
-    pub fn finish(self) -> Result<ModelReply, String> {
-        if !self.done && self.finish_reason.is_empty() {
-            return Err("the stream ended before the reply did".into());
-        }
-        let tool_calls = self
-            .calls
-            .into_iter()
-            .map(|c| ToolCall {
-                id: c.id,
-                name: c.name,
-                arguments: if c.arguments.is_empty() {
-                    "{}".into()
-                } else {
-                    c.arguments
-                },
-            })
-            .collect();
-        Ok(ModelReply {
-            content: self.content,
-            tool_calls,
-            usage: self.usage,
-            finish_reason: self.finish_reason,
-            ..ModelReply::default()
-        })
-    }
 }
 
 #[cfg(test)]
@@ -188,7 +221,7 @@ mod tests {
     use super::*;
 
     fn assemble(stream: &str, read: usize) -> (ModelReply, String) {
-        let mut assembly = Assembly::default();
+        let mut assembly = Assembly::new(Box::<ChatChunks>::default());
         let mut text = String::new();
         for piece in stream.as_bytes().chunks(read) {
             text.push_str(&assembly.feed(piece).unwrap().text);
@@ -226,12 +259,12 @@ mod tests {
 
     #[test]
     fn a_stream_cut_short_is_an_error() {
-        let mut assembly = Assembly::default();
+        let mut assembly = Assembly::new(Box::<ChatChunks>::default());
         assembly
             .feed(b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n")
             .unwrap();
         assert!(assembly.finish().is_err());
-        let mut assembly = Assembly::default();
+        let mut assembly = Assembly::new(Box::<ChatChunks>::default());
         assert!(assembly.feed(b"data: <html>\n").is_err());
     }
 }

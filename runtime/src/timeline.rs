@@ -157,9 +157,13 @@ fn summary(event: &Event) -> String {
                 ms => format!(" (first token {ms} ms)"),
             };
             format!(
-                "{what}; tokens {} in ({} cached) / {} out; {} ms{first}; finish {:?}{prefix}",
+                "{what}; tokens {} in ({} cached{}) / {} out; {} ms{first}; finish {:?}{prefix}",
                 r.usage.prompt_tokens,
                 r.usage.cached_tokens,
+                match r.usage.cache_write_tokens {
+                    0 => String::new(),
+                    n => format!(", {n} written to the cache"),
+                },
                 r.usage.completion_tokens,
                 r.latency_ms,
                 r.finish_reason

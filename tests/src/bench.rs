@@ -61,6 +61,7 @@ pub fn event(i: usize) -> replay::Event {
                 prompt_tokens: 1000,
                 completion_tokens: 50,
                 cached_tokens: 900,
+                ..Default::default()
             },
             finish_reason: "tool_calls".into(),
             latency_ms: 12,

@@ -65,8 +65,10 @@ struct Inner {
     requests: Mutex<Vec<Value>>,
 }
 
-/// The server: each request gets what the handler answers for (request
-/// number from 0, the request body as JSON, its headers).
+/// The server (chat completions at `/v1/chat/completions`, Anthropic's
+/// Messages API at `/v1/messages`): each request gets what the handler
+/// answers for (request number from 0, the request body as JSON, its
+/// headers).
 pub struct HostileModel {
     addr: std::net::SocketAddr,
     inner: Arc<Inner>,
@@ -86,6 +88,7 @@ impl HostileModel {
         });
         let app = Router::new()
             .route("/v1/chat/completions", post(complete))
+            .route("/v1/messages", post(complete))
             .layer(axum::extract::DefaultBodyLimit::disable())
             .with_state(inner.clone());
         let stop = crate::serve_until_dropped(listener, app);

@@ -1,0 +1,326 @@
+//! Anthropic's Messages API on the reply side: a message (or its stream of
+//! events) into a [`ModelReply`]. Text blocks join into the reply's text,
+//! `tool_use` blocks become calls (their input as compact JSON text),
+//! `stop_reason` is named as chat completions name it (`max_tokens` is
+//! `length`), and the prompt cache's reads count as cached prompt tokens.
+
+use crate::sse::{Chunks, Progress};
+use replay::{ModelReply, ToolCall, Usage};
+use serde::Deserialize;
+use serde_json::Value;
+
+#[derive(Deserialize)]
+struct Message {
+    #[serde(default)]
+    content: Vec<Block>,
+    #[serde(default)]
+    stop_reason: Option<String>,
+    #[serde(default)]
+    usage: WireUsage,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Block {
+    Text {
+        #[serde(default)]
+        text: String,
+    },
+    ToolUse {
+        id: String,
+        name: String,
+        #[serde(default)]
+        input: Value,
+    },
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Deserialize, Default, Clone, Copy)]
+struct WireUsage {
+    #[serde(default)]
+    input_tokens: u64,
+    #[serde(default)]
+    output_tokens: u64,
+    #[serde(default)]
+    cache_creation_input_tokens: u64,
+    #[serde(default)]
+    cache_read_input_tokens: u64,
+}
+
+impl WireUsage {
+    /// Prompt tokens in all (uncached, written to the cache, read from it).
+    fn usage(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.input_tokens
+                + self.cache_creation_input_tokens
+                + self.cache_read_input_tokens,
+            completion_tokens: self.output_tokens,
+            cached_tokens: self.cache_read_input_tokens,
+            cache_write_tokens: self.cache_creation_input_tokens,
+        }
+    }
+}
+
+/// `stop_reason` as chat completions name it.
+fn finish_reason(stop: Option<String>) -> String {
+    match stop.as_deref() {
+        Some("max_tokens") => replay::event::CUT_OFF.into(),
+        Some("tool_use") => "tool_calls".into(),
+        Some("end_turn" | "stop_sequence") => "stop".into(),
+        Some(other) => other.into(),
+        None => String::new(),
+    }
+}
+
+/// A whole Messages API response.
+pub fn parse_message(text: &str) -> Result<ModelReply, String> {
+    let message: Message =
+        serde_json::from_str(text).map_err(|e| format!("not a Messages API message: {e}"))?;
+    let mut content: Option<String> = None;
+    let mut tool_calls = Vec::new();
+    for block in message.content {
+        match block {
+            Block::Text { text } => content.get_or_insert_with(String::new).push_str(&text),
+            Block::ToolUse { id, name, input } => tool_calls.push(ToolCall {
+                id,
+                name,
+                arguments: input.to_string(),
+            }),
+            Block::Other => {}
+        }
+    }
+    Ok(ModelReply {
+        content,
+        tool_calls,
+        usage: message.usage.usage(),
+        finish_reason: finish_reason(message.stop_reason),
+        ..ModelReply::default()
+    })
+}
+
+/// A Messages API response streamed as events (`message_start`,
+/// `content_block_start`/`_delta`/`_stop`, `message_delta`,
+/// `message_stop`).
+#[derive(Default)]
+pub struct MessageChunks {
+    blocks: Vec<PartialBlock>,
+    usage: WireUsage,
+    stop_reason: Option<String>,
+    done: bool,
+}
+
+enum PartialBlock {
+    Text(String),
+    ToolUse {
+        id: String,
+        name: String,
+        json: String,
+    },
+    Other,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Event {
+    MessageStart {
+        message: StartedMessage,
+    },
+    ContentBlockStart {
+        index: usize,
+        content_block: Block,
+    },
+    ContentBlockDelta {
+        index: usize,
+        delta: Piece,
+    },
+    MessageDelta {
+        #[serde(default)]
+        delta: StopDelta,
+        #[serde(default)]
+        usage: Option<WireUsage>,
+    },
+    MessageStop,
+    Error {
+        #[serde(default)]
+        error: Value,
+    },
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Deserialize)]
+struct StartedMessage {
+    #[serde(default)]
+    usage: WireUsage,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type")]
+enum Piece {
+    #[serde(rename = "text_delta")]
+    Text { text: String },
+    #[serde(rename = "input_json_delta")]
+    InputJson { partial_json: String },
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Deserialize, Default)]
+struct StopDelta {
+    #[serde(default)]
+    stop_reason: Option<String>,
+}
+
+impl Chunks for MessageChunks {
+    fn apply(&mut self, data: &str, progress: &mut Progress) -> Result<(), String> {
+        // Not Anthropic's, but proxies that speak both APIs end with it.
+        if data == "[DONE]" {
+            self.done = true;
+            return Ok(());
+        }
+        let event: Event = serde_json::from_str(data)
+            .map_err(|e| format!("a stream event is not a Messages API event: {e}"))?;
+        match event {
+            Event::MessageStart { message } => self.usage = message.usage,
+            Event::ContentBlockStart {
+                index,
+                content_block,
+            } => {
+                let block = match content_block {
+                    Block::Text { text } => {
+                        progress.text.push_str(&text);
+                        PartialBlock::Text(text)
+                    }
+                    Block::ToolUse { id, name, .. } => PartialBlock::ToolUse {
+                        id,
+                        name,
+                        json: String::new(),
+                    },
+                    Block::Other => PartialBlock::Other,
+                };
+                if self.blocks.len() <= index {
+                    self.blocks.resize_with(index + 1, || PartialBlock::Other);
+                }
+                self.blocks[index] = block;
+                progress.generated = true;
+            }
+            Event::ContentBlockDelta { index, delta } => {
+                match (self.blocks.get_mut(index), delta) {
+                    (Some(PartialBlock::Text(text)), Piece::Text { text: piece }) => {
+                        text.push_str(&piece);
+                        progress.text.push_str(&piece);
+                    }
+                    (
+                        Some(PartialBlock::ToolUse { json, .. }),
+                        Piece::InputJson { partial_json },
+                    ) => json.push_str(&partial_json),
+                    _ => {}
+                }
+                progress.generated = true;
+            }
+            Event::MessageDelta { delta, usage } => {
+                if delta.stop_reason.is_some() {
+                    self.stop_reason = delta.stop_reason;
+                }
+                if let Some(usage) = usage {
+                    self.usage.output_tokens = usage.output_tokens;
+                }
+            }
+            Event::MessageStop => self.done = true,
+            Event::Error { error } => return Err(format!("the stream reported an error: {error}")),
+            Event::Other => {}
+        }
+        Ok(())
+    }
+
+    fn finish(self: Box<Self>) -> Result<ModelReply, String> {
+        if !self.done && self.stop_reason.is_none() {
+            return Err("the stream ended before the reply did".into());
+        }
+        let mut content: Option<String> = None;
+        let mut tool_calls = Vec::new();
+        for block in self.blocks {
+            match block {
+                PartialBlock::Text(text) => content.get_or_insert_with(String::new).push_str(&text),
+                PartialBlock::ToolUse { id, name, json } => tool_calls.push(ToolCall {
+                    id,
+                    name,
+                    arguments: if json.is_empty() { "{}".into() } else { json },
+                }),
+                PartialBlock::Other => {}
+            }
+        }
+        Ok(ModelReply {
+            content,
+            tool_calls,
+            usage: self.usage.usage(),
+            finish_reason: finish_reason(self.stop_reason),
+            ..ModelReply::default()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sse::Assembly;
+
+    #[test]
+    fn a_message_becomes_a_reply() {
+        let text = r#"{"id":"msg_1","type":"message","role":"assistant","content":[
+            {"type":"text","text":"Charging."},
+            {"type":"tool_use","id":"toolu_1","name":"charge","input":{"cents":4200}}],
+            "stop_reason":"tool_use","usage":{"input_tokens":12,"output_tokens":30,
+            "cache_creation_input_tokens":100,"cache_read_input_tokens":900}}"#;
+        let reply = parse_message(text).unwrap();
+        assert_eq!(reply.content.as_deref(), Some("Charging."));
+        assert_eq!(reply.tool_calls[0].arguments, r#"{"cents":4200}"#);
+        assert_eq!(reply.finish_reason, "tool_calls");
+        assert_eq!(
+            reply.usage,
+            Usage {
+                prompt_tokens: 1012,
+                completion_tokens: 30,
+                cached_tokens: 900,
+                cache_write_tokens: 100,
+            }
+        );
+    }
+
+    #[test]
+    fn a_streamed_message_comes_together() {
+        let events = [
+            r#"{"type":"message_start","message":{"id":"m","usage":{"input_tokens":5,"cache_read_input_tokens":40,"output_tokens":1}}}"#,
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+            r#"{"type":"ping"}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Char"}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"ging."}}"#,
+            r#"{"type":"content_block_stop","index":0}"#,
+            r#"{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_1","name":"charge","input":{}}}"#,
+            r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"cents\":"}}"#,
+            r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":" 4200}"}}"#,
+            r#"{"type":"content_block_stop","index":1}"#,
+            r#"{"type":"message_delta","delta":{"stop_reason":"max_tokens"},"usage":{"output_tokens":17}}"#,
+            r#"{"type":"message_stop"}"#,
+        ];
+        let stream: String = events
+            .iter()
+            .map(|e| format!("event: x\ndata: {e}\n\n"))
+            .collect();
+        let mut assembly = Assembly::new(Box::<MessageChunks>::default());
+        let mut text = String::new();
+        for piece in stream.as_bytes().chunks(9) {
+            text.push_str(&assembly.feed(piece).unwrap().text);
+        }
+        let reply = assembly.finish().unwrap();
+        assert_eq!(text, "Charging.");
+        assert_eq!(reply.tool_calls[0].arguments, r#"{"cents": 4200}"#);
+        assert_eq!(reply.finish_reason, "length", "max_tokens is a cut-off");
+        assert_eq!(
+            (reply.usage.prompt_tokens, reply.usage.cached_tokens),
+            (45, 40)
+        );
+        assert_eq!(reply.usage.completion_tokens, 17);
+    }
+}
