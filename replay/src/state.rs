@@ -373,7 +373,14 @@ impl SessionState {
     /// two (the exchange under way stays verbatim), and the seqs of the
     /// events they span. `None` when there is nothing new to compact.
     pub fn compactable(&self) -> Option<(usize, (u64, u64))> {
-        let kept = self.entries.len().checked_sub(2).filter(|&k| k > 0)?;
+        self.compactable_keeping(2)
+    }
+
+    /// Entries a compaction could replace by a summary keeping only the
+    /// newest `keep` verbatim (after a server said the prompt exceeds its
+    /// context, the newest but one go too), and the seqs they span.
+    pub fn compactable_keeping(&self, keep: usize) -> Option<(usize, (u64, u64))> {
+        let kept = self.entries.len().checked_sub(keep).filter(|&k| k > 0)?;
         let first = *self.entry_seqs.first()?;
         let last = self.entry_seqs.get(kept)?.saturating_sub(1);
         Some((self.dropped + kept, (first, last)))

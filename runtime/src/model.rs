@@ -70,6 +70,24 @@ pub enum ModelError {
 /// empty piece ends the reply.
 pub type Deltas = dyn Fn(&str) + Send + Sync;
 
+/// What servers say when a prompt exceeds their context: llama.cpp,
+/// OpenAI, vLLM, Anthropic.
+const CONTEXT_OVERFLOW: &[&str] = &[
+    "exceed_context_size_error",
+    "context_length_exceeded",
+    "maximum context length",
+    "prompt is too long",
+];
+
+impl ModelError {
+    /// Whether the server refused the request because the prompt exceeds
+    /// its context.
+    pub fn is_context_overflow(&self) -> bool {
+        matches!(self, ModelError::Refused { body, .. }
+            if CONTEXT_OVERFLOW.iter().any(|marker| body.contains(marker)))
+    }
+}
+
 /// A source of model replies.
 #[async_trait]
 pub trait ModelClient: Send + Sync {

@@ -181,6 +181,25 @@ impl Runner {
         }
     }
 
+    /// Sends the session's next request; the request and the reply, or why
+    /// no reply came.
+    async fn request_reply(
+        &self,
+        session: &mut Session,
+        model: &dyn ModelClient,
+    ) -> Result<Result<(Vec<u8>, replay::ModelReply), ModelError>, RuntimeError> {
+        let body = session.next_request()?;
+        let id = session.id();
+        let deltas: Option<Box<crate::model::Deltas>> = self
+            .deltas
+            .clone()
+            .map(|sink| Box::new(move |text: &str| sink(id, text)) as Box<crate::model::Deltas>);
+        let reply = model
+            .complete(session.state(), &body, deltas.as_deref())
+            .await;
+        Ok(reply.map(|reply| (body, reply)))
+    }
+
     /// A record the log refused for its size (an output or a reply past
     /// what one record holds) would be refused again on every retry: the
     /// turn is recorded as failed, so nothing (recovery, a takeover) runs
@@ -207,18 +226,23 @@ impl Runner {
         session.barrier(self.durability)?;
         self.compact_if_needed(session, model).await?;
         crash::point("before_model_call");
-        let body = session.next_request()?;
         let cause = session.state().last_seq;
-        let id = session.id();
-        let deltas: Option<Box<crate::model::Deltas>> = self
-            .deltas
-            .clone()
-            .map(|sink| Box::new(move |text: &str| sink(id, text)) as Box<crate::model::Deltas>);
-        let mut reply = match model
-            .complete(session.state(), &body, deltas.as_deref())
-            .await
-        {
-            Ok(reply) => reply,
+        let asked = match self.request_reply(session, model).await? {
+            // The server says the prompt exceeds its context: summarize all
+            // but the newest entry, once, and ask again.
+            Err(error) if error.is_context_overflow() => {
+                match session.state().compactable_keeping(1) {
+                    Some(coverage) => {
+                        self.compact(session, model, coverage).await?;
+                        self.request_reply(session, model).await?
+                    }
+                    None => Err(error),
+                }
+            }
+            asked => asked,
+        };
+        let (body, mut reply) = match asked {
+            Ok(asked) => asked,
             Err(error) => {
                 let outcome = SessionOutcome::Failed(error.to_string());
                 session.append(vec![Event::SessionFinished { outcome }], Some(cause))?;
@@ -269,9 +293,21 @@ impl Runner {
         if (tokens as f64) < window as f64 * COMPACT_AT {
             return Ok(());
         }
-        let Some((upto, covers)) = session.state().compactable() else {
+        let Some(coverage) = session.state().compactable() else {
             return Ok(());
         };
+        self.compact(session, model, coverage).await
+    }
+
+    /// Asks the model to summarize the first `upto` entries (spanning the
+    /// seqs `covers`) and records the summary (ContextCompacted). A failed
+    /// summary request fails the turn.
+    async fn compact(
+        &self,
+        session: &mut Session,
+        model: &dyn ModelClient,
+        (upto, covers): (usize, (u64, u64)),
+    ) -> Result<(), RuntimeError> {
         let body = replay::compaction_request(session.state(), upto).ok_or(
             RuntimeError::InvalidRequest {
                 session: session.id(),

@@ -608,3 +608,55 @@ async fn a_daemons_clients_follow_a_streamed_reply_as_it_comes() {
     }
     daemon.kill().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_servers_context_error_compacts_the_newest_entries_too_and_the_turn_goes_on() {
+    const LIMIT: usize = 2500;
+    let world = World::new();
+    // No context_window in the agent: only the server knows its context,
+    // and says so with llama.cpp's own error when a request exceeds it.
+    let model = HostileModel::start(|_, request, _| {
+        let text = request.to_string();
+        if text.contains("[mneme:compact]") {
+            return Answer::Json(completion(Some("SUMMARY so far"), &[]));
+        }
+        if text.len() > LIMIT {
+            return Answer::Status(400, captured("context-error-400.json"));
+        }
+        Answer::Json(completion(Some("noted"), &[]))
+    })
+    .await;
+    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[]));
+    let mut session: Option<String> = None;
+    for turn in 0..6 {
+        let message = format!("turn {turn}: {}", "a line of facts to keep. ".repeat(20));
+        let out = match &session {
+            None => {
+                world
+                    .run(&["run", "--agent", agent.to_str().unwrap(), &message])
+                    .await
+            }
+            Some(id) => world.run(&["run", "--session", id, &message]).await,
+        };
+        assert!(out.status.success(), "turn {turn}: {}", stderr(&out));
+        assert_eq!(stdout(&out).trim(), "noted");
+        session.get_or_insert_with(|| session_id(&out));
+    }
+    let requests = model.requests();
+    let refused = requests
+        .iter()
+        .filter(|r| !r.to_string().contains("[mneme:compact]") && r.to_string().len() > LIMIT)
+        .count();
+    assert!(refused > 0, "the server refused a request for its context");
+    let kinds = event_kinds(&world, session.as_ref().unwrap()).await;
+    assert!(kinds.contains(&"ContextCompacted".to_string()), "{kinds:?}");
+    assert!(
+        !kinds.contains(&"SessionFinished".to_string()),
+        "no turn failed: {kinds:?}"
+    );
+    let last = requests.last().unwrap().to_string();
+    assert!(
+        last.contains("Summary of the earlier conversation: SUMMARY so far"),
+        "{last}"
+    );
+}
