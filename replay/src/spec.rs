@@ -314,6 +314,14 @@ pub struct ModelSpec {
     /// Price of a million completion tokens, for cost totals.
     #[serde(default)]
     pub output_cost_per_mtok: Option<f64>,
+    /// Price of a million prompt tokens read from the server's cache
+    /// (default: `input_cost_per_mtok`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_input_cost_per_mtok: Option<f64>,
+    /// Price of a million prompt tokens written to the server's cache
+    /// (Anthropic; default: `input_cost_per_mtok`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write_cost_per_mtok: Option<f64>,
     /// Bytes of a response read before the server is cut off and the reply
     /// refused (default [`DEFAULT_MAX_RESPONSE_BYTES`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -103,7 +103,12 @@ fn cost(usage: &Usage, spec: Option<&AgentSpec>) -> f64 {
         return 0.0;
     };
     let per = |price: Option<f64>, tokens: u64| price.unwrap_or(0.0) * tokens as f64 / 1e6;
-    per(model.input_cost_per_mtok, usage.prompt_tokens)
+    let input = model.input_cost_per_mtok;
+    let read = usage.cached_tokens.min(usage.prompt_tokens);
+    let written = usage.cache_write_tokens.min(usage.prompt_tokens - read);
+    per(input, usage.prompt_tokens - read - written)
+        + per(model.cached_input_cost_per_mtok.or(input), read)
+        + per(model.cache_write_cost_per_mtok.or(input), written)
         + per(model.output_cost_per_mtok, usage.completion_tokens)
 }
 

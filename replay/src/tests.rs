@@ -42,6 +42,8 @@ fn spec() -> AgentSpec {
             max_tokens: None,
             max_completion_tokens: None,
             stream: None,
+            cached_input_cost_per_mtok: None,
+            cache_write_cost_per_mtok: None,
         },
         tools: vec![
             tool("charge", ToolKind::Http, Effect::SideEffect, None),
@@ -956,4 +958,39 @@ fn anthropic_requests_carry_the_same_conversation_with_cache_breakpoints() {
         .collect();
     assert_eq!(marked, [(3, 0)]);
     assert_eq!(messages[4]["content"][0]["text"], "And now?");
+}
+
+#[test]
+fn cache_reads_and_writes_are_priced_apart_where_the_spec_says() {
+    let mut spec = spec();
+    spec.model.input_cost_per_mtok = Some(3.0);
+    spec.model.output_cost_per_mtok = Some(15.0);
+    let mut reply = reply(Some("hi"), vec![]);
+    if let Event::ModelReplied(r) = &mut reply {
+        r.usage = Usage {
+            prompt_tokens: 1_000_000,
+            completion_tokens: 0,
+            cached_tokens: 600_000,
+            cache_write_tokens: 300_000,
+        };
+    }
+    let cost = |spec: AgentSpec| {
+        fold(&[
+            Event::SessionStarted {
+                spec: Box::new(spec),
+            },
+            Event::UserMessage { text: "x".into() },
+            reply.clone(),
+        ])
+        .totals
+        .cost
+    };
+    assert!(
+        (cost(spec.clone()) - 3.0).abs() < 1e-9,
+        "unpriced: all at the input price"
+    );
+    spec.model.cached_input_cost_per_mtok = Some(0.3);
+    spec.model.cache_write_cost_per_mtok = Some(3.75);
+    let expected = 0.1 * 3.0 + 0.6 * 0.3 + 0.3 * 3.75;
+    assert!((cost(spec) - expected).abs() < 1e-9);
 }
