@@ -28,7 +28,8 @@ pub enum ModelError {
         /// The start of the body.
         snippet: String,
     },
-    /// The server refused the request (4xx other than 429).
+    /// The server refused the request (4xx other than 429, or an error
+    /// saying it could not parse it).
     #[error("model server {url} refused the request with HTTP {status}: {body}")]
     Refused {
         /// The endpoint.
@@ -69,6 +70,13 @@ pub enum ModelError {
 /// Receives a reply's text as the server generates it (streaming); an
 /// empty piece ends the reply.
 pub type Deltas = dyn Fn(&str) + Send + Sync;
+
+/// Whether a server error says the server could not parse the request
+/// (llama.cpp answers HTTP 500 "Failed to parse tool call arguments as
+/// JSON"): the same request would fail the same way, so it is not retried.
+fn cannot_parse_the_request(body: &str) -> bool {
+    body.to_ascii_lowercase().contains("failed to parse")
+}
 
 /// What servers say when a prompt exceeds their context: llama.cpp,
 /// OpenAI, vLLM, Anthropic.
@@ -274,7 +282,8 @@ impl HttpModelClient {
             }
             None => format!("(a body over {limit} bytes)"),
         };
-        if status.as_u16() == 429 || status.is_server_error() {
+        let transient = status.as_u16() == 429 || status.is_server_error();
+        if transient && !cannot_parse_the_request(&text) {
             return Err(Attempt::Retry(
                 format!("HTTP {status}: {}", snippet(&text)),
                 retry_after,

@@ -660,3 +660,26 @@ async fn a_servers_context_error_compacts_the_newest_entries_too_and_the_turn_go
         "{last}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_server_cannot_parse_is_not_retried() {
+    let world = World::new();
+    let model =
+        HostileModel::start(|_, _, _| Answer::Status(500, captured("unparsed-arguments-500.json")))
+            .await;
+    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[]));
+    let out = world
+        .run(&["run", "--agent", agent.to_str().unwrap(), "hello"])
+        .await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("HTTP 500") && stderr(&out).contains("Failed to parse"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        model.requests().len(),
+        1,
+        "the same request would fail the same way"
+    );
+}
