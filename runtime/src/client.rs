@@ -138,6 +138,51 @@ impl Client {
         report(session, answer, json)
     }
 
+    /// Runs `turn`, showing on stdout the session's streamed text as the
+    /// daemon relays it (`/deltas`); whether any was shown.
+    async fn showing_deltas<T>(
+        &self,
+        id: Uuid,
+        turn: impl std::future::Future<Output = T>,
+    ) -> (T, bool) {
+        let url = format!("{}/sessions/{id}/deltas", self.base);
+        // Subscribed before the turn starts: nothing is missed.
+        let Ok(mut response) = self.http.get(url).send().await else {
+            return (turn.await, false);
+        };
+        let out = std::sync::Arc::new(crate::commands::StreamToStdout::default());
+        let heard = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (shown, counted) = (out.clone(), heard.clone());
+        let reader = tokio::spawn(async move {
+            let mut pending = String::new();
+            while let Ok(Some(bytes)) = response.chunk().await {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                pending.push_str(&String::from_utf8_lossy(&bytes));
+                while let Some(end) = pending.find('\n') {
+                    let line: String = pending.drain(..=end).collect();
+                    let text = line
+                        .trim_end()
+                        .strip_prefix("data:")
+                        .and_then(|d| serde_json::from_str::<Value>(d.trim()).ok());
+                    if let Some(text) = text.as_ref().and_then(|v| v["text"].as_str()) {
+                        shown.show(text);
+                    }
+                }
+            }
+        });
+        let result = turn.await;
+        // The relay runs on another connection: let it drain.
+        for _ in 0..10 {
+            let before = heard.load(std::sync::atomic::Ordering::SeqCst);
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            if heard.load(std::sync::atomic::Ordering::SeqCst) == before {
+                break;
+            }
+        }
+        reader.abort();
+        (result, out.finish())
+    }
+
     /// Runs `command` through the daemon.
     pub async fn dispatch(&self, command: Command) -> Result<ExitCode> {
         match command {
@@ -152,13 +197,16 @@ impl Client {
                     (None, None) => bail!("mneme run needs --agent FILE to start a session, or --session ID to continue one"),
                 };
                 say!("session {id}");
-                let end = self
-                    .post(
-                        &format!("/sessions/{id}/messages"),
-                        json!({"text": a.message, "wait": true}),
-                    )
-                    .await;
-                report(id, end.with_context(|| format!("session {id}"))?, a.json)
+                let path = format!("/sessions/{id}/messages");
+                let turn = self.post(&path, json!({"text": a.message, "wait": true}));
+                let (end, streamed) = match a.json.json {
+                    true => (turn.await, false),
+                    false => self.showing_deltas(id, turn).await,
+                };
+                let end = end.with_context(|| format!("session {id}"))?;
+                let end = views::turn_end_from(&end)
+                    .with_context(|| format!("the daemon answered an unknown turn end: {end}"))?;
+                crate::commands::report_end(id, &end, a.json.json, streamed)
             }
             Command::Resume(a) => {
                 let pending =

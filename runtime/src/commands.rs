@@ -459,13 +459,14 @@ impl Ctx {
 /// Streamed replies' text on stdout as it comes (see
 /// [`mneme_runtime::text::StreamText`]).
 #[derive(Default)]
-struct StreamToStdout {
+pub(crate) struct StreamToStdout {
     text: mneme_runtime::text::StreamText,
     wrote: std::sync::atomic::AtomicBool,
 }
 
 impl StreamToStdout {
-    fn show(&self, piece: &str) {
+    /// Shows `piece` (what of it may be shown yet).
+    pub(crate) fn show(&self, piece: &str) {
         self.print(&self.text.push(piece));
     }
 
@@ -481,7 +482,7 @@ impl StreamToStdout {
     }
 
     /// Shows what was held back and ends the line; whether anything was shown.
-    fn finish(&self) -> bool {
+    pub(crate) fn finish(&self) -> bool {
         self.print(&self.text.finish());
         let wrote = self.wrote.load(std::sync::atomic::Ordering::SeqCst);
         if wrote {

@@ -683,3 +683,40 @@ async fn a_request_the_server_cannot_parse_is_not_retried() {
         "the same request would fail the same way"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mneme_run_beside_a_daemon_shows_streamed_text_as_it_comes() {
+    const FIRST: &str = "The first piece is long enough to pass every hold-back, ";
+    let world = World::new();
+    let gate = std::sync::Arc::new(tokio::sync::Notify::new());
+    let opened = gate.clone();
+    let model = HostileModel::start(move |_, _, _| Answer::Stream {
+        events: streamed_text(&[FIRST, "then the rest."], "stop"),
+        gate: Some(opened.clone()),
+        then_stall: false,
+    })
+    .await;
+    let daemon = mneme_e2e::daemon::DaemonProcess::start(&world.data(), &[]).await;
+    let agent = world.write("agent.toml", &streaming_agent(&model, &[]));
+    let mut child = world
+        .mneme()
+        .args(["run", "--agent", agent.to_str().unwrap(), "go"])
+        .env("MNEME_TOKEN", mneme_e2e::daemon::TOKEN)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut piped = child.stdout.take().unwrap();
+    // Text on stdout while the server still holds the rest.
+    let first = read_until(&mut piped, "The first piece").await;
+    gate.notify_one();
+    let rest = stdout_rest(piped).await;
+    let out = child.wait_with_output().await.unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        first + &rest,
+        format!("{FIRST}then the rest.\n"),
+        "streamed through the daemon, printed once"
+    );
+    daemon.kill().await;
+}
