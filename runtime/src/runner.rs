@@ -55,6 +55,12 @@ pub struct Runner {
     deltas: Option<DeltaSink>,
 }
 
+/// What a session's turns run with: its model client and its tools.
+pub struct TurnParts {
+    model: Box<dyn ModelClient>,
+    toolbox: Toolbox,
+}
+
 /// Receives the text of a session's streamed replies as it arrives (an
 /// empty piece ends a reply).
 pub type DeltaSink = Arc<dyn Fn(uuid::Uuid, &str) + Send + Sync>;
@@ -112,20 +118,37 @@ impl Runner {
 
     /// Runs `session` until it is answered, paused or failed.
     pub async fn drive(&self, session: &mut Session) -> Result<TurnEnd, RuntimeError> {
-        let spec = session.spec()?.clone();
-        let setup = client_for(&spec)
+        let parts = self.parts(session)?;
+        self.drive_with(session, &parts).await
+    }
+
+    /// The model client and the tools `session`'s spec asks for. Failing
+    /// to build them is recorded as a failed turn, so the session shows
+    /// failed instead of running.
+    pub fn parts(&self, session: &mut Session) -> Result<TurnParts, RuntimeError> {
+        let spec = session.spec()?;
+        let setup = client_for(spec)
             .map_err(RuntimeError::from)
             .and_then(|model| Ok((model, Toolbox::from_specs(&spec.tools)?)));
-        let (model, toolbox) = match setup {
-            Ok(parts) => parts,
+        match setup {
+            Ok((model, toolbox)) => Ok(TurnParts { model, toolbox }),
             Err(error) => {
-                // Recorded, so the session shows failed instead of running.
                 let outcome = SessionOutcome::Failed(error.to_string());
                 session.append(vec![Event::SessionFinished { outcome }], None)?;
                 session.barrier(self.durability)?;
-                return Err(error);
+                Err(error)
             }
-        };
+        }
+    }
+
+    /// [`Runner::drive`] with parts built earlier for this session's spec
+    /// (a spec never changes, so they serve every turn of the session).
+    pub async fn drive_with(
+        &self,
+        session: &mut Session,
+        parts: &TurnParts,
+    ) -> Result<TurnEnd, RuntimeError> {
+        let (model, toolbox) = (&parts.model, &parts.toolbox);
         loop {
             let plan = plan(session.state());
             let working = matches!(plan.next, NextStep::CallModel | NextStep::RunTools);
@@ -149,7 +172,7 @@ impl Runner {
                     self.fail_on_refused_record(session, step)?
                 }
                 NextStep::RunTools => {
-                    let step = self.run_tools(session, &toolbox, &plan.calls).await;
+                    let step = self.run_tools(session, toolbox, &plan.calls).await;
                     self.fail_on_refused_record(session, step)?
                 }
                 // A pause with calls in doubt is theirs: only a decision ends it.

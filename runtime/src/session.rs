@@ -240,15 +240,18 @@ impl Session {
         self.rendered.digest_hex()
     }
 
-    /// Hands over the rendered prompt (to a cache that outlives this value).
-    pub fn take_rendered(&mut self) -> replay::RenderedPrefix {
-        std::mem::take(&mut self.rendered)
+    /// Whether this session is the log's session as it stands: no record
+    /// was appended elsewhere since it was loaded (the head's seq and hash
+    /// are the ones it folded).
+    pub fn is_current(&self) -> Result<bool, RuntimeError> {
+        let head = self.log.head(self.id)?;
+        Ok(head.seq == self.state.last_seq && head.hash == self.last_hash)
     }
 
-    /// Starts from a prompt rendered earlier for this session.
-    pub fn with_rendered(mut self, rendered: replay::RenderedPrefix) -> Session {
-        self.rendered = rendered;
-        self
+    /// About how many bytes the session holds in memory (its rendered
+    /// prompt, and a fold about as large).
+    pub fn approx_bytes(&self) -> usize {
+        2 * self.rendered.len() + 4096
     }
 
     /// The spec the session started with.

@@ -608,3 +608,59 @@ async fn decisions_can_be_recorded_without_continuing_and_idle_sessions_cannot_b
     assert_eq!(sink.stats().path("refund").effects, 1);
     assert!(daemon.terminate().await.success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_session_changed_between_turns_is_loaded_again() {
+    let world = World::new();
+    let model = MockModel::start(
+        vec![MockReply::answer("one"), MockReply::answer("two")],
+        Fault::None,
+    )
+    .await;
+    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let id = daemon.create(&agent_toml(&model.base_url(), &[])).await;
+    let messages = format!("/sessions/{id}/messages");
+    let (status, end) = daemon
+        .post(&messages, &json!({"text": "first", "wait": true}))
+        .await;
+    assert_eq!(
+        (status, end["answer"].as_str()),
+        (200, Some("one")),
+        "{end}"
+    );
+    // Recorded outside the turn (the session is hot in the daemon): the
+    // next turn must see it, not the fold it kept.
+    let (status, body) = daemon
+        .post(&format!("/sessions/{id}/cancel"), &json!({"by": "ops"}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, end) = daemon
+        .post(&messages, &json!({"text": "second", "wait": true}))
+        .await;
+    assert_eq!(
+        (status, end["answer"].as_str()),
+        (200, Some("two")),
+        "{end}"
+    );
+    let (_, events) = daemon.get(&format!("/sessions/{id}/events")).await;
+    let kinds: Vec<&str> = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "SessionStarted",
+            "UserMessage",
+            "ModelReplied",
+            "SessionFinished",
+            "UserMessage",
+            "ModelReplied"
+        ]
+    );
+    let (_, verified) = daemon.get(&format!("/sessions/{id}/verify")).await;
+    assert_eq!(verified["ok"], true, "{verified}");
+    daemon.kill().await;
+}

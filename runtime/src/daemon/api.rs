@@ -299,7 +299,7 @@ async fn post_message(
     Json(body): Json<MessageBody>,
 ) -> Result<Response, ApiError> {
     refuse_when_stopping(&daemon)?;
-    daemon.service.load(id)?; // 404 before spawning
+    daemon.service.ensure_exists(id)?; // 404 before spawning
     let (seq_tx, seq_rx) = tokio::sync::oneshot::channel();
     let turn = daemon.spawn_turn(id, TurnStart::Message(body.text, seq_tx));
     let seq = seq_rx.await.map_err(|_| {
@@ -348,7 +348,7 @@ async fn resume(
     body: Option<Json<ResumeBody>>,
 ) -> Result<Response, ApiError> {
     refuse_when_stopping(&daemon)?;
-    daemon.service.load(id)?; // 404 before spawning
+    daemon.service.ensure_exists(id)?; // 404 before spawning
     let body = body.map(|Json(b)| b).unwrap_or_default();
     let turn = daemon.spawn_turn(id, TurnStart::Resume("api", body.extend));
     if !body.wait {
@@ -366,7 +366,7 @@ async fn pause(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
 ) -> Result<Json<Value>, ApiError> {
-    daemon.service.load(id)?;
+    daemon.service.ensure_exists(id)?;
     if daemon.request_pause(id) {
         return Ok(Json(json!({"session": id, "pause_requested": true})));
     }
@@ -393,7 +393,7 @@ async fn cancel(
     Path(id): Path<Uuid>,
     Json(body): Json<ByBody>,
 ) -> Result<Json<Value>, ApiError> {
-    daemon.service.load(id)?;
+    daemon.service.ensure_exists(id)?;
     if !daemon.request_pause(id) {
         daemon.wait_for_turn_elsewhere(id).await?;
     }

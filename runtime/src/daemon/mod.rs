@@ -119,44 +119,63 @@ pub(crate) struct Daemon {
     /// (session, text) as streamed replies arrive (never recorded as such:
     /// the whole reply is).
     pub(crate) deltas: broadcast::Sender<(Uuid, Arc<str>)>,
-    /// Rendered prompts of recently active sessions.
-    prompts: Mutex<PromptCache>,
+    /// Recently active sessions, folded and ready for their next turn.
+    hot: Mutex<HotSessions>,
     /// What requests must carry in `Authorization`.
     bearer: token::Expected,
 }
 
-/// Bytes of rendered prompts the daemon keeps across turns.
-const PROMPT_CACHE_BYTES: usize = 64 << 20;
+/// Bytes of hot sessions (folded state and rendered prompt, estimated)
+/// the daemon keeps across turns.
+const HOT_SESSION_BYTES: usize = 64 << 20;
 
-/// Rendered prompts by session, least recently used first out, bounded in
-/// bytes: a session's next turn extends its prompt instead of rendering its
-/// history again.
+/// A session kept between its turns: its fold, its rendered prompt, and
+/// the model client and tools its spec asks for.
+struct Hot {
+    session: crate::Session,
+    parts: Arc<crate::runner::TurnParts>,
+    bytes: usize,
+}
+
+/// Sessions kept between turns, least recently used first out, bounded in
+/// bytes: a turn of a hot session costs what it appends, not what its
+/// history holds. Each is used only while the log's head is still the one
+/// it folded (seq and hash); anything else (another daemon, a decision
+/// recorded meanwhile) loads the session again.
 #[derive(Default)]
-struct PromptCache {
-    prompts: HashMap<Uuid, replay::RenderedPrefix>,
+struct HotSessions {
+    sessions: HashMap<Uuid, Hot>,
     order: std::collections::VecDeque<Uuid>,
     bytes: usize,
 }
 
-impl PromptCache {
-    fn take(&mut self, id: Uuid) -> replay::RenderedPrefix {
-        let prompt = self.prompts.remove(&id).unwrap_or_default();
-        self.bytes -= prompt.len();
+impl HotSessions {
+    fn take(&mut self, id: Uuid) -> Option<Hot> {
+        let hot = self.sessions.remove(&id)?;
+        self.bytes -= hot.bytes;
         self.order.retain(|o| *o != id);
-        prompt
+        Some(hot)
     }
 
-    fn put(&mut self, id: Uuid, prompt: replay::RenderedPrefix) {
+    fn put(&mut self, id: Uuid, session: crate::Session, parts: Arc<crate::runner::TurnParts>) {
         self.take(id);
-        self.bytes += prompt.len();
-        self.prompts.insert(id, prompt);
+        let bytes = session.approx_bytes();
+        self.bytes += bytes;
+        self.sessions.insert(
+            id,
+            Hot {
+                session,
+                parts,
+                bytes,
+            },
+        );
         self.order.push_back(id);
-        while self.bytes > PROMPT_CACHE_BYTES {
+        while self.bytes > HOT_SESSION_BYTES {
             let Some(oldest) = self.order.pop_front() else {
                 break;
             };
-            if let Some(evicted) = self.prompts.remove(&oldest) {
-                self.bytes -= evicted.len();
+            if let Some(evicted) = self.sessions.remove(&oldest) {
+                self.bytes -= evicted.bytes;
             }
         }
     }
@@ -227,7 +246,7 @@ impl Daemon {
             running: AtomicUsize::new(0),
             idle: Notify::new(),
             heads,
-            prompts: Mutex::default(),
+            hot: Mutex::default(),
         }
     }
 
@@ -347,8 +366,15 @@ impl Daemon {
         id: Uuid,
         start: TurnStart,
     ) -> Result<TurnEnd, RuntimeError> {
-        let rendered = self.prompts.lock().expect("prompts").take(id);
-        let mut session = self.service.load(id)?.with_rendered(rendered);
+        let hot = self.hot.lock().expect("hot sessions").take(id);
+        let (mut session, parts) = match hot {
+            Some(hot) if hot.session.is_current()? => (hot.session, hot.parts),
+            _ => {
+                let mut session = self.service.load(id)?;
+                let parts = Arc::new(self.runner.parts(&mut session)?);
+                (session, parts)
+            }
+        };
         match start {
             TurnStart::Message(text, seq) => {
                 let posted = self.service.post_message(&mut session, text);
@@ -374,12 +400,12 @@ impl Daemon {
             }
         }
         self.set_status(id, session.state().status());
-        let end = self.runner.drive(&mut session).await;
+        let end = self.runner.drive_with(&mut session, &parts).await;
         self.set_status(id, session.state().status());
-        self.prompts
+        self.hot
             .lock()
-            .expect("prompts")
-            .put(id, session.take_rendered());
+            .expect("hot sessions")
+            .put(id, session, parts);
         end
     }
 
