@@ -19,6 +19,17 @@ fn agent(model: &HostileModel, tools: &[String], extra: &str) -> String {
         )
 }
 
+/// Runs `mneme ARGS` with the test's API key in the environment.
+async fn run_with_key(world: &World, args: &[&str]) -> std::process::Output {
+    world
+        .mneme()
+        .args(args)
+        .env("ANTHROPIC_TEST_KEY", KEY)
+        .output()
+        .await
+        .unwrap()
+}
+
 /// A Messages API message with `blocks`, stopping for `stop_reason`, the
 /// cache having served `cache_read` prompt tokens.
 fn message(blocks: Value, stop_reason: &str, cache_read: u64) -> Answer {
@@ -81,23 +92,15 @@ async fn a_session_on_the_messages_api_calls_tools_and_hits_the_prompt_cache() {
     .await;
     let tools = [http_tool("charge", &sink.url("charge"), "side_effect")];
     let agent = world.write("agent.toml", &agent(&model, &tools, ""));
-    let out = world
-        .mneme()
-        .args(["run", "--agent", agent.to_str().unwrap(), "charge ada"])
-        .env("ANTHROPIC_TEST_KEY", KEY)
-        .output()
-        .await
-        .unwrap();
+    let out = run_with_key(
+        &world,
+        &["run", "--agent", agent.to_str().unwrap(), "charge ada"],
+    )
+    .await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out).trim(), "Charged.");
     let id = session_id(&out);
-    let out = world
-        .mneme()
-        .args(["run", "--session", &id, "thanks"])
-        .env("ANTHROPIC_TEST_KEY", KEY)
-        .output()
-        .await
-        .unwrap();
+    let out = run_with_key(&world, &["run", "--session", &id, "thanks"]).await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(sink.stats().path("charge").effects, 1);
     let out = world.run(&["sessions", "--json"]).await;
@@ -153,13 +156,11 @@ async fn a_streamed_message_reaches_stdout_and_a_cut_off_call_never_starts() {
         "agent.toml",
         &agent(&model, &tools, "stream = true\nmax_tokens = 100\n"),
     );
-    let out = world
-        .mneme()
-        .args(["run", "--agent", agent.to_str().unwrap(), "charge ada"])
-        .env("ANTHROPIC_TEST_KEY", KEY)
-        .output()
-        .await
-        .unwrap();
+    let out = run_with_key(
+        &world,
+        &["run", "--agent", agent.to_str().unwrap(), "charge ada"],
+    )
+    .await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out), "Charged once.\n");
     assert_eq!(sink.stats().path("charge").effects, 1);

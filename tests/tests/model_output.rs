@@ -376,29 +376,6 @@ async fn llama_cpps_own_cut_off_reply_leaves_the_session_usable() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn llama_cpps_context_error_is_named_and_not_retried() {
-    let world = World::new();
-    let model =
-        HostileModel::start(|_, _, _| Answer::Status(400, captured("context-error-400.json")))
-            .await;
-    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[]));
-    let out = world
-        .run(&["run", "--agent", agent.to_str().unwrap(), "a long message"])
-        .await;
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("HTTP 400") && stderr(&out).contains("exceed_context_size_error"),
-        "{}",
-        stderr(&out)
-    );
-    assert_eq!(
-        model.requests().len(),
-        1,
-        "a deterministic refusal is not retried"
-    );
-}
-
 /// An agent on `model` that streams its replies.
 fn streaming_agent(model: &HostileModel, tools: &[String]) -> String {
     agent_toml(&model.base_url(), tools)
@@ -661,27 +638,38 @@ async fn a_servers_context_error_compacts_the_newest_entries_too_and_the_turn_go
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_the_server_cannot_parse_is_not_retried() {
+/// A session whose one request gets `status` with the captured `body`:
+/// the run fails naming `expected`, after that one request.
+async fn refused_once(status: u16, body: &'static str, expected: &[&str]) {
     let world = World::new();
-    let model =
-        HostileModel::start(|_, _, _| Answer::Status(500, captured("unparsed-arguments-500.json")))
-            .await;
+    let model = HostileModel::start(move |_, _, _| Answer::Status(status, captured(body))).await;
     let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[]));
     let out = world
         .run(&["run", "--agent", agent.to_str().unwrap(), "hello"])
         .await;
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("HTTP 500") && stderr(&out).contains("Failed to parse"),
-        "{}",
-        stderr(&out)
-    );
-    assert_eq!(
-        model.requests().len(),
-        1,
-        "the same request would fail the same way"
-    );
+    for text in expected {
+        assert!(stderr(&out).contains(text), "{text}: {}", stderr(&out));
+    }
+    assert_eq!(model.requests().len(), 1, "{body}: not retried");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_that_would_repeat_are_named_and_not_retried() {
+    // llama.cpp's context error, and its error for a request it cannot
+    // parse: the same request would fail the same way.
+    refused_once(
+        400,
+        "context-error-400.json",
+        &["HTTP 400", "exceed_context_size_error"],
+    )
+    .await;
+    refused_once(
+        500,
+        "unparsed-arguments-500.json",
+        &["HTTP 500", "Failed to parse"],
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
