@@ -17,7 +17,7 @@ pub use event::{
 pub use plan::{plan, CallDecision, CallPlan, NextStep, ResumePlan};
 pub use prompt::{
     compaction_request, messages, next_request, next_request_incremental, request_body, Message,
-    RenderedPrefix,
+    PreparedRequest, RenderedPrefix,
 };
 pub use spec::{AgentSpec, Effect, KvShape, Limits, ModelSpec, ToolKind, ToolSpec};
 pub use state::{

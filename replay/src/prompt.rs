@@ -6,6 +6,7 @@ use crate::event::ToolOutcome;
 use crate::spec::AgentSpec;
 use crate::state::{CallPhase, CallState, Entry, SessionState};
 use serde::Serialize;
+use std::sync::Arc;
 
 /// Result text shown for a call that started but has no recorded outcome.
 pub const INTERRUPTED_RESULT: &str =
@@ -166,8 +167,10 @@ fn entry_messages(entry: &Entry, out: &mut Vec<Message>) {
 /// (copying the bytes out aside).
 #[derive(Debug, Clone, Default)]
 pub struct RenderedPrefix {
-    /// Comma-separated JSON of the messages rendered so far.
-    json: Vec<u8>,
+    /// Comma-separated JSON of the messages rendered so far (shared with
+    /// the requests built on it; copied only if one is still held when it
+    /// grows).
+    json: Arc<Vec<u8>>,
     /// Entries rendered (the system message comes with the first render).
     entries: usize,
     /// Whether the system message was rendered.
@@ -176,6 +179,56 @@ pub struct RenderedPrefix {
     compacted: Option<(usize, String)>,
     /// Chained SHA-256 over the rendered messages: H(previous ‖ message).
     digest: [u8; 32],
+    /// The request's bytes before its messages, as last built.
+    head: Vec<u8>,
+    /// SHA-256 state over `head` then `json`: a request's digest costs
+    /// what follows the prefix, not the whole body.
+    body_hash: sha2::Sha256,
+}
+
+/// A model request, built: its exact bytes, in parts (the rendered
+/// history is shared with the prefix it was built on, not copied), and
+/// their SHA-256.
+#[derive(Debug, Clone)]
+pub struct PreparedRequest {
+    head: Vec<u8>,
+    history: Arc<Vec<u8>>,
+    tail: Vec<u8>,
+    /// SHA-256 of the request's bytes, as 64 lower-case hex digits (what
+    /// [`crate::digest_hex`] gives).
+    pub digest: String,
+}
+
+impl PreparedRequest {
+    /// A request built whole, as `body` holds it.
+    pub fn whole(body: Vec<u8>) -> PreparedRequest {
+        let digest = crate::digest_hex(&body);
+        PreparedRequest {
+            head: body,
+            history: Arc::default(),
+            tail: Vec::new(),
+            digest,
+        }
+    }
+
+    /// Its size in bytes.
+    pub fn len(&self) -> usize {
+        self.head.len() + self.history.len() + self.tail.len()
+    }
+
+    /// Whether it has no bytes at all.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Its exact bytes, in one piece.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut body = Vec::with_capacity(self.len());
+        for part in [&self.head[..], &self.history[..], &self.tail[..]] {
+            body.extend_from_slice(part);
+        }
+        body
+    }
 }
 
 impl RenderedPrefix {
@@ -190,21 +243,36 @@ impl RenderedPrefix {
     }
 
     fn push(&mut self, message: &Message) {
-        if !self.json.is_empty() {
-            self.json.push(b',');
-        }
-        let start = self.json.len();
-        serde_json::to_writer(&mut self.json, message).expect("messages always serialize");
         use sha2::Digest;
+        let json = Arc::make_mut(&mut self.json);
+        let before = json.len();
+        if !json.is_empty() {
+            json.push(b',');
+        }
+        let start = json.len();
+        serde_json::to_writer(&mut *json, message).expect("messages always serialize");
         let mut hasher = sha2::Sha256::new();
         hasher.update(self.digest);
         hasher.update(&self.json[start..]);
         self.digest = hasher.finalize().into();
+        self.body_hash.update(&self.json[before..]);
+    }
+
+    /// Makes `body_hash` cover `head` then the messages rendered so far:
+    /// kept while the head stays the same, hashed again when it changes.
+    fn hash_under(&mut self, head: &[u8]) {
+        use sha2::Digest;
+        if self.head != head {
+            self.head = head.to_vec();
+            self.body_hash = sha2::Sha256::new();
+            self.body_hash.update(head);
+            self.body_hash.update(&self.json[..]);
+        }
     }
 
     /// Chained digest of the messages rendered so far, hex.
     pub fn digest_hex(&self) -> String {
-        self.digest.iter().map(|b| format!("{b:02x}")).collect()
+        crate::event::hex(&self.digest)
     }
 
     /// Renders the entries of `state` it lacks, all but the last. A prefix
@@ -236,16 +304,17 @@ impl RenderedPrefix {
 }
 
 /// [`next_request`], built on `prefix` (extended here): byte for byte the
-/// same request, without re-rendering the history.
+/// same request, and its digest, without re-rendering or re-hashing the
+/// history.
 pub fn next_request_incremental(
     session: &str,
     state: &SessionState,
     prefix: &mut RenderedPrefix,
-) -> Option<Vec<u8>> {
+) -> Option<PreparedRequest> {
     let spec = state.spec.as_ref()?;
     if spec.model.is_anthropic() {
         // Its breakpoints move every turn: rendered whole each time.
-        return crate::anthropic::request(state, room_to_finish(state));
+        return crate::anthropic::request(state, room_to_finish(state)).map(PreparedRequest::whole);
     }
     let key = cache_key(spec, session);
     prefix.extend(state);
@@ -257,17 +326,24 @@ pub fn next_request_incremental(
     let empty = body(spec, &[], key, room_to_finish(state));
     let marker = b"\"messages\":[]";
     let at = empty.windows(marker.len()).position(|w| w == marker)? + marker.len() - 1;
-    let mut body = Vec::with_capacity(empty.len() + prefix.json.len() + 256);
-    body.extend_from_slice(&empty[..at]);
-    body.extend_from_slice(&prefix.json);
+    prefix.hash_under(&empty[..at]);
+    let mut tail = Vec::with_capacity(empty.len() - at + 1024);
     for message in &last {
-        if body.last() != Some(&b'[') {
-            body.push(b',');
+        if !(prefix.json.is_empty() && tail.is_empty()) {
+            tail.push(b',');
         }
-        serde_json::to_writer(&mut body, message).expect("messages always serialize");
+        serde_json::to_writer(&mut tail, message).expect("messages always serialize");
     }
-    body.extend_from_slice(&empty[at..]);
-    Some(body)
+    tail.extend_from_slice(&empty[at..]);
+    use sha2::Digest;
+    let mut hasher = prefix.body_hash.clone();
+    hasher.update(&tail);
+    Some(PreparedRequest {
+        head: empty[..at].to_vec(),
+        history: prefix.json.clone(),
+        tail,
+        digest: crate::event::hex(&hasher.finalize()),
+    })
 }
 
 /// The instruction of a compaction request.

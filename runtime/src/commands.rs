@@ -401,8 +401,7 @@ impl Ctx {
         let mut session = self.service.load(id)?;
         if raw {
             use std::io::Write;
-            let body = session.next_request()?;
-            std::io::stdout().write_all(&body)?;
+            std::io::stdout().write_all(&session.next_request()?.to_vec())?;
             return Ok(ExitCode::SUCCESS);
         }
         crate::render::replay(&views::replay(id, session.state()), json)?;

@@ -1,7 +1,7 @@
 //! Model clients: OpenAI-compatible chat completions, and scripted replies.
 
 use async_trait::async_trait;
-use replay::{AgentSpec, ModelReply, SessionState, ToolCall, Usage};
+use replay::{AgentSpec, ModelReply, PreparedRequest, SessionState, ToolCall, Usage};
 use serde::Deserialize;
 use std::time::{Duration, Instant};
 
@@ -99,12 +99,12 @@ impl ModelError {
 /// A source of model replies.
 #[async_trait]
 pub trait ModelClient: Send + Sync {
-    /// Sends the request `body` (built from `state`) and returns the reply;
-    /// a streamed reply's text goes to `deltas` as it arrives.
+    /// Sends `request` (built from `state`) and returns the reply; a
+    /// streamed reply's text goes to `deltas` as it arrives.
     async fn complete(
         &self,
         state: &SessionState,
-        body: &[u8],
+        request: &PreparedRequest,
         deltas: Option<&Deltas>,
     ) -> Result<ModelReply, ModelError>;
 }
@@ -374,13 +374,14 @@ impl ModelClient for HttpModelClient {
     async fn complete(
         &self,
         _state: &SessionState,
-        body: &[u8],
+        request: &PreparedRequest,
         deltas: Option<&Deltas>,
     ) -> Result<ModelReply, ModelError> {
+        let body = request.to_vec();
         let started = Instant::now();
         let mut last_failure = String::new();
         for attempt in 1..=MAX_ATTEMPTS {
-            match self.attempt(body, deltas, started).await {
+            match self.attempt(&body, deltas, started).await {
                 Ok(mut reply) => {
                     reply.latency_ms = started.elapsed().as_millis() as u64;
                     return Ok(reply);
@@ -585,7 +586,7 @@ impl ModelClient for ScriptedClient {
     async fn complete(
         &self,
         state: &SessionState,
-        body: &[u8],
+        request: &PreparedRequest,
         _deltas: Option<&Deltas>,
     ) -> Result<ModelReply, ModelError> {
         let index = state.totals.model_calls as usize;
@@ -617,7 +618,7 @@ impl ModelClient for ScriptedClient {
             .into(),
             tool_calls,
             usage: Usage {
-                prompt_tokens: (body.len() / 4) as u64,
+                prompt_tokens: (request.len() / 4) as u64,
                 completion_tokens: 0,
                 cached_tokens: 0,
                 ..Usage::default()

@@ -210,17 +210,18 @@ impl Runner {
         &self,
         session: &mut Session,
         model: &dyn ModelClient,
-    ) -> Result<Result<(Vec<u8>, replay::ModelReply), ModelError>, RuntimeError> {
-        let body = session.next_request()?;
+    ) -> Result<Result<(replay::PreparedRequest, replay::ModelReply), ModelError>, RuntimeError>
+    {
+        let request = session.next_request()?;
         let id = session.id();
         let deltas: Option<Box<crate::model::Deltas>> = self
             .deltas
             .clone()
             .map(|sink| Box::new(move |text: &str| sink(id, text)) as Box<crate::model::Deltas>);
         let reply = model
-            .complete(session.state(), &body, deltas.as_deref())
+            .complete(session.state(), &request, deltas.as_deref())
             .await;
-        Ok(reply.map(|reply| (body, reply)))
+        Ok(reply.map(|reply| (request, reply)))
     }
 
     /// A record the log refused for its size (an output or a reply past
@@ -264,7 +265,7 @@ impl Runner {
             }
             asked => asked,
         };
-        let (body, mut reply) = match asked {
+        let (request, mut reply) = match asked {
             Ok(asked) => asked,
             Err(error) => {
                 let outcome = SessionOutcome::Failed(error.to_string());
@@ -274,8 +275,8 @@ impl Runner {
             }
         };
         crash::point("model_replied_before_append");
-        reply.request_digest = replay::digest_hex(&body);
-        reply.request_bytes = body.len() as u64;
+        reply.request_digest = request.digest.clone();
+        reply.request_bytes = request.len() as u64;
         reply.prefix_digest = session.prefix_digest();
         replay::event::normalize_call_ids(&mut reply.tool_calls);
         let max_calls = session.spec()?.limits.calls_per_reply();
@@ -331,14 +332,15 @@ impl Runner {
         model: &dyn ModelClient,
         (upto, covers): (usize, (u64, u64)),
     ) -> Result<(), RuntimeError> {
-        let body = replay::compaction_request(session.state(), upto).ok_or(
+        let request = replay::compaction_request(session.state(), upto).ok_or(
             RuntimeError::InvalidRequest {
                 session: session.id(),
                 reason: "the log has no SessionStarted event".into(),
             },
         )?;
         let cause = session.state().last_seq;
-        let reply = match model.complete(session.state(), &body, None).await {
+        let request = replay::PreparedRequest::whole(request);
+        let reply = match model.complete(session.state(), &request, None).await {
             Ok(reply) => reply,
             Err(error) => {
                 let outcome = SessionOutcome::Failed(format!("compacting the prompt: {error}"));

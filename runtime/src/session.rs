@@ -22,7 +22,16 @@ pub struct Session {
     /// Seq of the last snapshot written or loaded.
     snapshot_seq: u64,
     /// The rendered prompt so far, extended rather than rebuilt.
+    prompt: PromptCache,
+}
+
+/// The prompt rendered so far, and the last request built from it.
+#[derive(Default)]
+struct PromptCache {
+    /// The rendered prompt so far, extended rather than rebuilt.
     rendered: replay::RenderedPrefix,
+    /// The last request built, and the seq of the state it was built from.
+    last: Option<(u64, replay::PreparedRequest)>,
 }
 
 /// Told what sessions append and make durable (metrics, live streams).
@@ -148,7 +157,7 @@ impl Session {
             last_hash: eventlog::Hash::ZERO,
             snapshot_every: crate::snapshot::DEFAULT_EVERY,
             snapshot_seq: 0,
-            rendered: replay::RenderedPrefix::default(),
+            prompt: PromptCache::default(),
         };
         session.append(first, None)?;
         Ok(session)
@@ -192,7 +201,7 @@ impl Session {
             last_hash: head.hash,
             snapshot_every: crate::snapshot::DEFAULT_EVERY,
             snapshot_seq,
-            rendered: replay::RenderedPrefix::default(),
+            prompt: PromptCache::default(),
         })
     }
 
@@ -223,21 +232,32 @@ impl Session {
         &self.state
     }
 
-    /// The exact body of the session's next model request, extending the
-    /// prompt rendered so far instead of rendering the history again.
-    pub fn next_request(&mut self) -> Result<Vec<u8>, RuntimeError> {
+    /// The session's next model request (its exact bytes and digest),
+    /// extending the prompt rendered so far instead of rendering the
+    /// history again; built once for a given state (a copy shares the
+    /// rendered history).
+    pub fn next_request(&mut self) -> Result<replay::PreparedRequest, RuntimeError> {
+        let seq = self.state.last_seq;
+        if let Some((built_at, request)) = &self.prompt.last {
+            if *built_at == seq {
+                return Ok(request.clone());
+            }
+        }
+        // Dropped first, so the history it shares grows in place.
+        self.prompt.last = None;
         let id = self.id.to_string();
-        replay::next_request_incremental(&id, &self.state, &mut self.rendered).ok_or(
-            RuntimeError::InvalidRequest {
+        let request = replay::next_request_incremental(&id, &self.state, &mut self.prompt.rendered)
+            .ok_or(RuntimeError::InvalidRequest {
                 session: self.id,
                 reason: "the log has no SessionStarted event".into(),
-            },
-        )
+            })?;
+        self.prompt.last = Some((seq, request.clone()));
+        Ok(request)
     }
 
     /// Chained digest of the stable prefix of the last request built.
     pub fn prefix_digest(&self) -> String {
-        self.rendered.digest_hex()
+        self.prompt.rendered.digest_hex()
     }
 
     /// Whether this session is the log's session as it stands: no record
@@ -249,9 +269,9 @@ impl Session {
     }
 
     /// About how many bytes the session holds in memory (its rendered
-    /// prompt, and a fold about as large).
+    /// prompt, the last request built from it, and a fold about as large).
     pub fn approx_bytes(&self) -> usize {
-        2 * self.rendered.len() + 4096
+        3 * self.prompt.rendered.len() + 4096
     }
 
     /// The spec the session started with.

@@ -445,17 +445,21 @@ fn prompt_rebuild() {
             seq += 1;
             state.apply(seq, event);
         }
-        let incremental = next_request_incremental("s", &state, &mut prefix).unwrap();
+        let incremental = next_request_incremental("s", &state, &mut prefix)
+            .unwrap()
+            .to_vec();
         if [10, 100, 1000].contains(&turn) {
             let t = Instant::now();
             let full = next_request("s", &state).unwrap();
+            let full_digest = replay::digest_hex(&full);
             let full_time = t.elapsed();
             assert_eq!(full, incremental);
             // One more render on the warm prefix: what the next step costs.
             let t = Instant::now();
             let again = next_request_incremental("s", &state, &mut prefix).unwrap();
             let incremental_time = t.elapsed();
-            assert_eq!(again, full);
+            assert_eq!(again.digest, full_digest);
+            assert_eq!(again.to_vec(), full);
             println!(
                 "| {turn} | {:.1} µs | {:.1} µs | {} |",
                 full_time.as_secs_f64() * 1e6,

@@ -3,6 +3,7 @@
 
 use axum::extract::Query;
 use axum::routing::get;
+use mneme_e2e::scenario::log_events;
 use mneme_e2e::*;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -144,6 +145,19 @@ async fn a_session_continues_over_several_turns_with_usage_totals() {
         sessions["cached_tokens"].as_u64().unwrap() > 0,
         "{sessions}"
     );
+    // Each reply records the digest and size of the exact bytes the server
+    // received (kept as the prompt grows, not recomputed over it).
+    let replies: Vec<Value> = log_events(&world, &session)
+        .await
+        .into_iter()
+        .filter(|r| r["kind"] == "ModelReplied")
+        .map(|r| r["event"]["ModelReplied"].clone())
+        .collect();
+    assert_eq!(replies.len(), raw.len());
+    for (reply, body) in replies.iter().zip(&raw) {
+        assert_eq!(reply["request_digest"], replay::digest_hex(body), "{reply}");
+        assert_eq!(reply["request_bytes"], body.len() as u64, "{reply}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -798,6 +798,6 @@ async fn next_request(
     Path(id): Path<Uuid>,
 ) -> Result<Response, ApiError> {
     let mut session = daemon.service.load(id)?;
-    let body = session.next_request()?;
+    let body = session.next_request()?.to_vec();
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
