@@ -35,7 +35,7 @@ impl Hash {
 
     /// Lower-case hex, 64 characters.
     pub fn to_hex(&self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
+        hex::encode(self.0)
     }
 }
 
@@ -272,7 +272,7 @@ mod tests {
     fn golden_bytes() {
         let (_, bytes) = Record::seal(envelope()).unwrap();
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/record_v1.hex");
-        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        let hex = hex::encode(&bytes);
         if std::env::var_os("MNEME_BLESS").is_some() {
             std::fs::write(path, format!("{hex}\n")).unwrap();
         }

@@ -543,10 +543,7 @@ fn read(bytes: &[u8]) -> Result<Contents, Refusal> {
 #[cfg(test)]
 pub(crate) fn v1_file() -> Vec<u8> {
     let hex = include_str!("../fixtures/wal_v1.hex").trim();
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-        .collect()
+    hex::decode(hex).expect("the fixture is hex")
 }
 
 #[cfg(test)]

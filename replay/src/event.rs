@@ -347,5 +347,5 @@ pub fn digest_hex(bytes: &[u8]) -> String {
 
 /// `bytes` as lower-case hex digits.
 pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(bytes)
 }

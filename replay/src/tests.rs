@@ -699,7 +699,7 @@ fn golden_bytes_of_every_event_kind() {
     let text: String = all
         .iter()
         .map(|e| {
-            let hex: String = e.encode().iter().map(|b| format!("{b:02x}")).collect();
+            let hex = hex::encode(e.encode());
             format!("{} {hex}\n", e.kind())
         })
         .collect();
@@ -718,10 +718,7 @@ fn golden_bytes_of_every_event_kind() {
     // Old payloads keep decoding.
     for line in golden.lines() {
         let hex = line.split_once(' ').unwrap().1;
-        let bytes: Vec<u8> = (0..hex.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-            .collect();
+        let bytes = hex::decode(hex).unwrap();
         Event::decode(EVENT_SCHEMA, &bytes).unwrap();
     }
 }

@@ -183,7 +183,7 @@ fn token(data_dir: &std::path::Path, file: Option<PathBuf>) -> Result<(String, O
     use std::os::unix::fs::OpenOptionsExt;
     let mut random = [0u8; 32];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut random)?;
-    let token: String = random.iter().map(|b| format!("{b:02x}")).collect();
+    let token = hex::encode(random);
     let path = data_dir.join("mneme.token");
     let _ = std::fs::remove_file(&path);
     let mut file = std::fs::OpenOptions::new()

@@ -106,7 +106,7 @@ fn line_of(record: &Record) -> Result<Line, LogError> {
         caused_by: e.caused_by,
         prev_hash: e.prev_hash.to_hex(),
         hash: record.hash.to_hex(),
-        sealed: hex(&sealed),
+        sealed: hex::encode(&sealed),
     })
 }
 
@@ -234,7 +234,9 @@ fn parse_line(line: usize, text: &str) -> Result<(Uuid, Pending), TransferError>
     let bad = |reason: String| TransferError::BadLine { line, reason };
     let parsed: Line =
         serde_json::from_str(text).map_err(|e| bad(format!("not an exported record: {e}")))?;
-    let sealed = unhex(&parsed.sealed).ok_or_else(|| bad("`sealed` is not hex".into()))?;
+    let sealed = hex::decode(&parsed.sealed)
+        .ok()
+        .ok_or_else(|| bad("`sealed` is not hex".into()))?;
     let record = Record::open(parsed.session, parsed.seq, &sealed)
         .map_err(|e| bad(format!("the sealed record does not open: {e}")))?;
     let e = &record.envelope;
@@ -257,26 +259,6 @@ fn parse_line(line: usize, text: &str) -> Result<(Uuid, Pending), TransferError>
         sealed,
     };
     Ok((parsed.session, pending))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(DIGITS[usize::from(b >> 4)] as char);
-        out.push(DIGITS[usize::from(b & 15)] as char);
-    }
-    out
-}
-
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
 }
 
 #[cfg(test)]
