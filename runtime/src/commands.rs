@@ -119,7 +119,7 @@ fn open_log(
         Err(e) => return Err(e.into()),
     };
     if let Some(torn) = log.torn_tail() {
-        say!(
+        mneme_runtime::warn_line!(
             "mneme: warning: the write-ahead file ended in a partial write ({} bytes, never acknowledged); moved to {}",
             torn.bytes,
             torn.saved_to.display()
@@ -192,7 +192,7 @@ fn token(data_dir: &std::path::Path, file: Option<PathBuf>) -> Result<(String, O
         .mode(0o600)
         .open(&path)?;
     file.write_all(token.as_bytes())?;
-    say!(
+    mneme_runtime::log_line!(
         "mneme serve: generated a token in {} (readable by this user only)",
         path.display()
     );

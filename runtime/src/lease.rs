@@ -143,7 +143,7 @@ impl HeldLease {
         self.released = true;
         let lease = self.current();
         if let Err(e) = self.log.release_lease(&lease) {
-            crate::log_line!("mneme: releasing the lease of {}: {e}", lease.session);
+            crate::warn_line!("mneme: releasing the lease of {}: {e}", lease.session);
         }
     }
 
@@ -163,12 +163,12 @@ async fn renew(log: Arc<dyn EventLog>, lease: Arc<Mutex<Lease>>, ttl: Duration) 
         match log.renew_lease(&current, ttl) {
             Ok(renewed) => *lease.lock().expect("lease lock") = renewed,
             Err(e @ LogError::Fenced { .. }) => {
-                crate::log_line!("mneme: {e}");
+                crate::warn_line!("mneme: {e}");
                 return;
             }
             // The store is unreachable: try again; if it stays so past the
             // time to live, another process takes over and fences this one.
-            Err(e) => crate::log_line!("mneme: renewing the lease of {}: {e}", current.session),
+            Err(e) => crate::warn_line!("mneme: renewing the lease of {}: {e}", current.session),
         }
     }
 }
@@ -184,7 +184,7 @@ impl Drop for HeldLease {
         let lease = self.current();
         match self.log.renew_lease(&lease, Duration::ZERO) {
             Ok(_) | Err(LogError::Fenced { .. }) => {}
-            Err(e) => crate::log_line!("mneme: handing over the lease of {}: {e}", lease.session),
+            Err(e) => crate::warn_line!("mneme: handing over the lease of {}: {e}", lease.session),
         }
     }
 }

@@ -7,7 +7,7 @@
 /// drive the terminal, and known secrets are redacted.
 macro_rules! say {
     ($($arg:tt)*) => {
-        mneme_runtime::log_line!($($arg)*)
+        mneme_runtime::text::say(&format!($($arg)*))
     };
 }
 
@@ -62,6 +62,11 @@ struct Cli {
     /// small), never otherwise. Snapshots only make resume faster.
     #[arg(long, env = "MNEME_SNAPSHOT_EVERY", global = true)]
     snapshot_every: Option<u64>,
+    /// How log events (the daemon's, warnings) go to stderr: `human`
+    /// lines or `json` objects, one a line. A command's own lines (the
+    /// session id, its answer) are not log events.
+    #[arg(long, env = "MNEME_LOG_FORMAT", default_value = "human", global = true)]
+    log_format: mneme_runtime::text::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -307,6 +312,7 @@ fn main() -> ExitCode {
     mneme_runtime::restrict_umask();
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    mneme_runtime::text::init_logging(cli.log_format);
     // What the data directory's holder note says of this process: never
     // its arguments (a user's message).
     let holder = format!("mneme {}", matches.subcommand_name().unwrap_or_default());

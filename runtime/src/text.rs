@@ -82,18 +82,86 @@ fn redact_value(value: &mut serde_json::Value) {
 
 /// Writes `line` to stderr as one line, in one write (a process killed
 /// mid-line never leaves half of it, and lines of concurrent tasks never
-/// interleave), made safe by [`for_terminal`].
-pub fn log(line: &str) {
+/// interleave), made safe by [`for_terminal`]: what a command says to the
+/// person who ran it.
+pub fn say(line: &str) {
     use std::io::Write as _;
     let line = for_terminal(line) + "\n";
     let _ = std::io::stderr().write_all(line.as_bytes());
 }
 
-/// [`log`] with `format!` arguments.
+/// How bad a logged event is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    /// Something that happened as it should.
+    Info,
+    /// Something that failed or needs a person's attention.
+    Warn,
+}
+
+/// Logs `line` as a `tracing` event of target `mneme` at `level`, made
+/// safe by [`for_terminal`]; the binary writes events to stderr, as human
+/// lines or JSON ([`init_logging`]), a library user's subscriber gets them.
+pub fn log(level: Level, line: &str) {
+    let line = for_terminal(line);
+    match level {
+        Level::Info => tracing::info!(target: "mneme", "{line}"),
+        Level::Warn => tracing::warn!(target: "mneme", "{line}"),
+    }
+}
+
+/// How the binary writes log events to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// The message alone, one line each.
+    #[default]
+    Human,
+    /// One JSON object a line: timestamp, level, target, message.
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "human" => Ok(Self::Human),
+            "json" => Ok(Self::Json),
+            other => Err(format!(
+                "unknown log format {other:?}: expected human or json"
+            )),
+        }
+    }
+}
+
+/// Sends this process's log events to stderr in `format`, each line in
+/// one write. Call once, first thing.
+pub fn init_logging(format: LogFormat) {
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::INFO);
+    let _ = match format {
+        LogFormat::Human => builder
+            .without_time()
+            .with_level(false)
+            .with_target(false)
+            .try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+}
+
+/// [`log`] at [`Level::Info`] with `format!` arguments.
 #[macro_export]
 macro_rules! log_line {
     ($($arg:tt)*) => {
-        $crate::text::log(&format!($($arg)*))
+        $crate::text::log($crate::text::Level::Info, &format!($($arg)*))
+    };
+}
+
+/// [`log`] at [`Level::Warn`] with `format!` arguments.
+#[macro_export]
+macro_rules! warn_line {
+    ($($arg:tt)*) => {
+        $crate::text::log($crate::text::Level::Warn, &format!($($arg)*))
     };
 }
 

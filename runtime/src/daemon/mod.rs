@@ -422,9 +422,9 @@ impl Daemon {
                 // Another daemon runs it: nothing went wrong here.
                 Err(RuntimeError::Log(eventlog::LogError::LeaseHeld { .. })) => {}
                 Err(e) if e.to_string().contains(&id.to_string()) => {
-                    crate::log_line!("mneme serve: {e}")
+                    crate::warn_line!("mneme serve: {e}")
                 }
-                Err(e) => crate::log_line!("mneme serve: session {id}: {e}"),
+                Err(e) => crate::warn_line!("mneme serve: session {id}: {e}"),
                 Ok(_) => {}
             }
             result
@@ -437,7 +437,7 @@ impl Daemon {
         let listing = match self.service.listing() {
             Ok(listing) => listing,
             Err(e) => {
-                return crate::log_line!("mneme serve: recovery could not list sessions: {e}")
+                return crate::warn_line!("mneme serve: recovery could not list sessions: {e}")
             }
         };
         let mut recovered = 0;
@@ -445,7 +445,7 @@ impl Daemon {
             let summary = match summary {
                 Ok(summary) => summary,
                 Err(e) => {
-                    crate::log_line!("mneme serve: session {} not recovered: {e}", meta.session);
+                    crate::warn_line!("mneme serve: session {} not recovered: {e}", meta.session);
                     continue;
                 }
             };
@@ -469,7 +469,7 @@ impl Daemon {
             let lapsed = match self.service.log().expired_leases() {
                 Ok(lapsed) => lapsed,
                 Err(e) => {
-                    crate::log_line!("mneme serve: cannot list lapsed leases: {e}");
+                    crate::warn_line!("mneme serve: cannot list lapsed leases: {e}");
                     continue;
                 }
             };
@@ -500,7 +500,7 @@ impl Daemon {
                             lease.release();
                         }
                     }
-                    Err(e) => crate::log_line!("mneme serve: session {id} not taken over: {e}"),
+                    Err(e) => crate::warn_line!("mneme serve: session {id} not taken over: {e}"),
                 }
             }
         }
@@ -530,7 +530,7 @@ impl Daemon {
             }
         };
         if tokio::time::timeout(left, waiting).await.is_err() {
-            crate::log_line!(
+            crate::warn_line!(
                 "mneme serve: {} turns still running after {:?}; their calls resume on the next start",
                 self.running.load(Ordering::SeqCst),
                 self.config.shutdown_grace
@@ -601,7 +601,7 @@ pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), R
     write_daemon_file(&config, addr);
     crate::log_line!("mneme serve: listening on http://{addr}");
     if public {
-        crate::log_line!("mneme serve: WARNING: --allow-public: the API is plain HTTP (no TLS) and reachable from the network on {addr}; its bearer token and every session cross it unencrypted. Put a TLS proxy in front of it, or keep it to a network you trust.");
+        crate::warn_line!("mneme serve: WARNING: --allow-public: the API is plain HTTP (no TLS) and reachable from the network on {addr}; its bearer token and every session cross it unencrypted. Put a TLS proxy in front of it, or keep it to a network you trust.");
     }
     tokio::spawn(daemon.clone().recover());
     tokio::spawn(daemon.clone().take_over_lapsed());
