@@ -1,14 +1,21 @@
 //! The CLI beside a running daemon: sled admits one process per data
 //! directory, so while `mneme serve` holds it, commands go through the
 //! daemon's API (found from `mneme.daemon` in the data directory) and print
-//! what they would print reading the log directly.
+//! what they would print reading the log directly. Requests and answers
+//! are the API's own types ([`mneme_runtime::api`]), the ones the daemon's
+//! handlers take and give.
 
 use crate::{Command, JsonFlag};
 use anyhow::{anyhow, bail, Context, Result};
 use mneme_runtime::agent::load_agent_file;
+use mneme_runtime::api::{
+    self, Approve, CreateSession, Created, DecisionAnswer, PostMessage, ReplayView, Resolve,
+    Resume, SessionStatus, SessionSummary, TurnOutcome, Verified,
+};
 use mneme_runtime::daemon::DAEMON_FILE;
-use mneme_runtime::views;
-use serde_json::{json, Value};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
 use std::path::Path;
 use std::process::ExitCode;
 use uuid::Uuid;
@@ -65,41 +72,38 @@ impl Client {
             return Ok(response);
         }
         let status = response.status();
-        let body: Value = response.json().await.unwrap_or(Value::Null);
-        let error = body["error"]
-            .as_str()
-            .map_or_else(|| status.to_string(), String::from);
+        let error = match response.json::<api::ApiError>().await {
+            Ok(api::ApiError { error }) => error,
+            Err(_) => status.to_string(),
+        };
         Err(anyhow!("{error}"))
     }
 
-    async fn get(&self, path: &str) -> Result<Value> {
-        Ok(self
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        let response = self
             .call(self.http.get(format!("{}{path}", self.base)))
-            .await?
-            .json()
-            .await?)
+            .await?;
+        answer(path, response).await
     }
 
-    async fn post(&self, path: &str, body: Value) -> Result<Value> {
-        let request = self.http.post(format!("{}{path}", self.base)).json(&body);
-        Ok(self.call(request).await?.json().await?)
+    async fn post<T: DeserializeOwned>(&self, path: &str, body: &impl Serialize) -> Result<T> {
+        let request = self.http.post(format!("{}{path}", self.base)).json(body);
+        answer(path, self.call(request).await?).await
     }
 
     /// Ids of the sessions whose status (with `paused-unattended` for a pause
     /// no person has to end) `keep` accepts.
     async fn session_ids(&self, keep: impl Fn(&str) -> bool) -> Result<Vec<Uuid>> {
-        let rows = self.get("/sessions").await?;
+        let rows: Vec<SessionSummary> = self.get("/sessions").await?;
         Ok(rows
-            .as_array()
             .into_iter()
-            .flatten()
             .filter_map(|r| {
                 // Paused waiting for a person is not "pending work" for resume.
-                let status = match (r["status"].as_str()?, r["waits_for_a_person"].as_bool()) {
-                    ("paused", Some(false)) => "paused-unattended",
-                    (status, _) => status,
+                let status = match (r.status, r.waits_for_a_person) {
+                    (SessionStatus::Paused, Some(false)) => "paused-unattended",
+                    (status, _) => status.as_str(),
                 };
-                keep(status).then(|| r["session"].as_str()?.parse().ok())?
+                keep(status).then_some(r.session)
             })
             .collect())
     }
@@ -121,7 +125,7 @@ impl Client {
         &self,
         (session, call): (Uuid, &str),
         action: &str,
-        body: Value,
+        body: &impl Serialize,
         verb: &str,
         json: JsonFlag,
     ) -> Result<ExitCode> {
@@ -130,12 +134,12 @@ impl Client {
             bail!("session {session}: no call can be named {call:?}");
         }
         let path = format!("/sessions/{session}/calls/{}/{action}", path_segment(call));
-        let answer = self.post(&path, body).await?;
+        let answer: DecisionAnswer = self.post(&path, body).await?;
         say!("session {session}: call {call} {verb}");
-        if answer["status"].is_null() {
-            return Ok(ExitCode::SUCCESS); // recorded; not continued
+        match answer {
+            DecisionAnswer::Ended(end) => report(session, end, json),
+            DecisionAnswer::Decided(_) => Ok(ExitCode::SUCCESS), // not continued
         }
-        report(session, answer, json)
     }
 
     /// Runs `turn`, showing on stdout the session's streamed text as the
@@ -190,22 +194,27 @@ impl Client {
                 let id = match (a.session, a.agent) {
                     (Some(id), _) => id,
                     (None, Some(path)) => {
-                        let spec = load_agent_file(&path)?;
-                        let created = self.post("/sessions", json!({ "spec": spec })).await?;
-                        created["session"].as_str().context("no session id")?.parse()?
+                        let create = CreateSession {
+                            agent: None,
+                            spec: Some(load_agent_file(&path)?),
+                        };
+                        let created: Created = self.post("/sessions", &create).await?;
+                        created.session
                     }
                     (None, None) => bail!("mneme run needs --agent FILE to start a session, or --session ID to continue one"),
                 };
                 say!("session {id}");
                 let path = format!("/sessions/{id}/messages");
-                let turn = self.post(&path, json!({"text": a.message, "wait": true}));
+                let message = PostMessage {
+                    text: a.message,
+                    wait: true,
+                };
+                let turn = self.post::<TurnOutcome>(&path, &message);
                 let (end, streamed) = match a.json.json {
                     true => (turn.await, false),
                     false => self.showing_deltas(id, turn).await,
                 };
-                let end = end.with_context(|| format!("session {id}"))?;
-                let end = views::turn_end_from(&end)
-                    .with_context(|| format!("the daemon answered an unknown turn end: {end}"))?;
+                let end = end_of(end.with_context(|| format!("session {id}"))?)?;
                 crate::commands::report_end(id, &end, a.json.json, streamed)
             }
             Command::Resume(a) => {
@@ -215,11 +224,12 @@ impl Client {
                 let mut worst = ExitCode::SUCCESS;
                 for id in ids {
                     say!("session {id}");
+                    let resume = Resume {
+                        wait: true,
+                        extend: a.extend,
+                    };
                     let end = self
-                        .post(
-                            &format!("/sessions/{id}/resume"),
-                            json!({"wait": true, "extend": a.extend}),
-                        )
+                        .post(&format!("/sessions/{id}/resume"), &resume)
                         .await?;
                     let code = report(id, end, JsonFlag { json: a.json.json })?;
                     if code != ExitCode::SUCCESS {
@@ -229,19 +239,21 @@ impl Client {
                 Ok(worst)
             }
             Command::Sessions(a) => {
-                let rows = self.get("/sessions").await?;
-                crate::render::sessions(rows.as_array().map_or(&[][..], Vec::as_slice), a.json);
+                let rows: Vec<SessionSummary> = self.get("/sessions").await?;
+                let rows: Vec<Value> = rows.iter().map(to_json).collect();
+                crate::render::sessions(&rows, a.json);
                 Ok(ExitCode::SUCCESS)
             }
             Command::Log(a) => {
-                let rows = self.get(&format!("/sessions/{}/events", a.session)).await?;
-                crate::timeline::print(rows.as_array().map_or(&[][..], Vec::as_slice), &a)
+                let rows: Vec<Value> = self.get(&format!("/sessions/{}/events", a.session)).await?;
+                crate::timeline::print(&rows, &a)
             }
             Command::Verify(a) => {
                 let ids = self.this_or_every(a.session, |_| true).await?;
                 let mut results = Vec::new();
                 for id in ids {
-                    results.push(self.get(&format!("/sessions/{id}/verify")).await?);
+                    let verified: Verified = self.get(&format!("/sessions/{id}/verify")).await?;
+                    results.push(to_json(&verified));
                 }
                 Ok(crate::render::verify(&results, a.json.json))
             }
@@ -255,33 +267,48 @@ impl Client {
                     std::io::stdout().write_all(&body)?;
                     return Ok(ExitCode::SUCCESS);
                 }
-                let view = self.get(&format!("/sessions/{}/replay", a.session)).await?;
-                crate::render::replay(&view, a.json.json)?;
+                let view: ReplayView = self.get(&format!("/sessions/{}/replay", a.session)).await?;
+                crate::render::replay(&to_json(&view), a.json.json)?;
                 Ok(ExitCode::SUCCESS)
             }
             Command::Resolve(a) => {
-                let mut body = decision_body(&a.decision);
+                let go_on = !a.decision.no_resume;
+                let mut body = Resolve {
+                    retry: false,
+                    skip: None,
+                    fail: None,
+                    by: a.decision.by.clone(),
+                    wait: go_on,
+                    proceed: go_on,
+                };
                 match (a.retry, a.result, a.fail) {
-                    (true, _, _) => body["retry"] = json!(true),
+                    (true, _, _) => body.retry = true,
                     (_, Some(result), None) => {
-                        body["skip"] = serde_json::from_str(&result)
-                            .with_context(|| format!("--result is not JSON: {result:?}"))?
+                        body.skip = Some(
+                            serde_json::from_str(&result)
+                                .with_context(|| format!("--result is not JSON: {result:?}"))?,
+                        )
                     }
-                    (_, _, Some(message)) => body["fail"] = json!(message),
+                    (_, _, Some(message)) => body.fail = Some(message),
                     _ => bail!("give one of --retry, --skip --result JSON, --fail MSG"),
                 }
                 let call = (a.session, a.call_id.as_str());
-                self.decide(call, "resolve", body, "resolved", a.decision.json)
+                self.decide(call, "resolve", &body, "resolved", a.decision.json)
                     .await
             }
             Command::Approve(a) => {
-                let mut body = decision_body(&a.decision);
-                body["approved"] = json!(!a.deny);
+                let go_on = !a.decision.no_resume;
+                let body = Approve {
+                    approved: !a.deny,
+                    by: a.decision.by.clone(),
+                    wait: go_on,
+                    proceed: go_on,
+                };
                 let verb = if a.deny { "denied" } else { "approved" };
                 self.decide(
                     (a.session, a.call_id.as_str()),
                     "approve",
-                    body,
+                    &body,
                     verb,
                     a.decision.json,
                 )
@@ -309,16 +336,33 @@ fn path_segment(text: &str) -> String {
         .collect()
 }
 
-/// The fields of a decision's request body that every decision has.
-fn decision_body(decision: &crate::Decision) -> Value {
-    let go_on = !decision.no_resume;
-    json!({"by": decision.by, "wait": go_on, "continue": go_on})
+/// A successful answer's body, as the type the API gives for `path`.
+async fn answer<T: DeserializeOwned>(path: &str, response: reqwest::Response) -> Result<T> {
+    let body = response.bytes().await?;
+    serde_json::from_slice(&body).with_context(|| {
+        format!(
+            "the daemon answered {path} with what this client does not read: {}",
+            String::from_utf8_lossy(&body)
+        )
+    })
 }
 
-fn report(id: Uuid, end: Value, json: JsonFlag) -> Result<ExitCode> {
-    let end = views::turn_end_from(&end)
-        .with_context(|| format!("the daemon answered an unknown turn end: {end}"))?;
-    crate::commands::report_end(id, &end, json.json, false)
+fn to_json(value: &impl Serialize) -> Value {
+    serde_json::to_value(value).expect("API types serialize")
+}
+
+/// The turn end an outcome tells.
+fn end_of(outcome: TurnOutcome) -> Result<mneme_runtime::TurnEnd> {
+    outcome.end().with_context(|| {
+        format!(
+            "the daemon answered an unknown turn end: {}",
+            to_json(&outcome)
+        )
+    })
+}
+
+fn report(id: Uuid, end: TurnOutcome, json: JsonFlag) -> Result<ExitCode> {
+    crate::commands::report_end(id, &end_of(end)?, json.json, false)
 }
 
 #[cfg(test)]

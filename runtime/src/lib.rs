@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod anthropic;
+pub mod api;
 pub mod crash;
 pub mod daemon;
 pub mod error;

@@ -1,12 +1,15 @@
 //! The data the CLI prints with `--json` and the daemon's API returns: one
 //! shape for both, built here.
 
+use crate::api::{
+    EventRecord, PlannedCall, ReplayView, SessionStatus, SessionSummary, TurnOutcome, Verified,
+};
 use crate::runner::TurnEnd;
 use crate::session::read_events;
 use crate::snapshot::Summary;
 use eventlog::{EventLog, Record, SessionMeta};
 use replay::{plan, CallDecision, Event, NextStep, SessionState};
-use serde_json::{json, Value};
+use serde_json::Value;
 use uuid::Uuid;
 
 /// UTC time with milliseconds, e.g. `2026-11-29T19:40:01.123Z`.
@@ -18,44 +21,71 @@ pub fn format_time(ms: i64) -> String {
 
 /// A session in a listing: status, size, activity, usage.
 pub fn session_summary(meta: &SessionMeta, summary: &Summary) -> Value {
+    to_json(summary_of(meta, summary))
+}
+
+/// [`session_summary`], typed.
+pub fn summary_of(meta: &SessionMeta, summary: &Summary) -> SessionSummary {
     let t = &summary.totals;
-    json!({
-        "session": meta.session,
-        "agent": summary.agent,
-        "status": summary.status,
-        "waits_for_a_person": summary.waits_for_a_person,
-        "answer_cut_off": summary.answer_cut_off,
-        "prompt_tokens_last": summary.prompt_tokens_last,
-        "kv_bytes_last": summary.kv_bytes_last,
-        "context_window": summary.context_window,
-        "events": meta.events,
-        "created": format_time(meta.created_ms),
-        "last_activity": format_time(meta.updated_ms),
-        "model_calls": t.model_calls,
-        "prompt_tokens": t.prompt_tokens,
-        "completion_tokens": t.completion_tokens,
-        "cached_tokens": t.cached_tokens,
-        "cache_hit_ratio": t.cache_hit_ratio(),
-        "cost": t.cost,
-    })
+    SessionSummary {
+        session: meta.session,
+        agent: summary.agent.clone(),
+        status: summary.status.parse().unwrap_or(SessionStatus::Unreadable),
+        error: None,
+        events: meta.events,
+        created: format_time(meta.created_ms),
+        last_activity: format_time(meta.updated_ms),
+        waits_for_a_person: Some(summary.waits_for_a_person),
+        answer_cut_off: Some(summary.answer_cut_off),
+        prompt_tokens_last: Some(summary.prompt_tokens_last),
+        kv_bytes_last: summary.kv_bytes_last,
+        context_window: summary.context_window,
+        model_calls: Some(t.model_calls),
+        prompt_tokens: Some(t.prompt_tokens),
+        completion_tokens: Some(t.completion_tokens),
+        cached_tokens: Some(t.cached_tokens),
+        cache_hit_ratio: Some(t.cache_hit_ratio()),
+        cost: Some(t.cost),
+    }
 }
 
 /// A listing's row for a session whose summary may not be readable: an
 /// unreadable session is listed with its error, not hidden, and does not
 /// fail the listing.
 pub fn session_row(meta: &SessionMeta, summary: Result<Summary, crate::RuntimeError>) -> Value {
+    to_json(row_of(meta, summary))
+}
+
+/// [`session_row`], typed.
+pub fn row_of(meta: &SessionMeta, summary: Result<Summary, crate::RuntimeError>) -> SessionSummary {
     match summary {
-        Ok(summary) => session_summary(meta, &summary),
-        Err(error) => json!({
-            "session": meta.session,
-            "agent": "",
-            "status": "unreadable",
-            "error": error.to_string(),
-            "events": meta.events,
-            "created": format_time(meta.created_ms),
-            "last_activity": format_time(meta.updated_ms),
-        }),
+        Ok(summary) => summary_of(meta, &summary),
+        Err(error) => SessionSummary {
+            session: meta.session,
+            agent: String::new(),
+            status: SessionStatus::Unreadable,
+            error: Some(error.to_string()),
+            events: meta.events,
+            created: format_time(meta.created_ms),
+            last_activity: format_time(meta.updated_ms),
+            waits_for_a_person: None,
+            answer_cut_off: None,
+            prompt_tokens_last: None,
+            kv_bytes_last: None,
+            context_window: None,
+            model_calls: None,
+            prompt_tokens: None,
+            completion_tokens: None,
+            cached_tokens: None,
+            cache_hit_ratio: None,
+            cost: None,
+        },
     }
+}
+
+/// `value` as JSON (every API type serializes).
+fn to_json(value: impl serde::Serialize) -> Value {
+    serde_json::to_value(value).expect("API types serialize")
 }
 
 /// The result of checking one session's chain (and that every record
@@ -75,9 +105,21 @@ pub fn verify(log: &dyn EventLog, session: Uuid) -> Value {
                 .head(session)
                 .map(|h| h.hash.to_hex())
                 .unwrap_or_default();
-            json!({"session": session, "ok": true, "events": events, "head": head})
+            to_json(Verified {
+                session,
+                ok: true,
+                events: Some(events),
+                head: Some(head),
+                error: None,
+            })
         }
-        Err(error) => json!({"session": session, "ok": false, "error": error}),
+        Err(error) => to_json(Verified {
+            session,
+            ok: false,
+            events: None,
+            head: None,
+            error: Some(error),
+        }),
     }
 }
 
@@ -85,108 +127,63 @@ pub fn verify(log: &dyn EventLog, session: Uuid) -> Value {
 /// and what resuming would do with each open call.
 pub fn replay(session: Uuid, state: &SessionState) -> Value {
     let plan = plan(state);
-    let calls: Vec<Value> = plan
+    let calls = plan
         .calls
         .iter()
         .map(|c| {
             let (decision, reason) = describe_decision(&c.decision);
-            json!({"call_id": c.call_id, "tool": c.tool, "decision": decision, "reason": reason})
+            PlannedCall {
+                call_id: c.call_id.clone(),
+                tool: c.tool.clone(),
+                decision: decision.into(),
+                reason,
+            }
         })
         .collect();
     let body = replay::next_request(&session.to_string(), state);
     let request = body.as_deref().map_or(Value::Null, |b| {
         serde_json::from_slice(b).unwrap_or(Value::Null)
     });
-    json!({
-        "session": session,
-        "agent": state.spec.as_ref().map_or("", |s| s.name.as_str()),
-        "events": state.last_seq,
-        "status": state.status().to_string(),
-        "next": describe_next(&plan.next),
-        "calls": calls,
-        "request_bytes": body.as_ref().map_or(0, Vec::len),
-        "request_digest": body.as_deref().map(replay::digest_hex),
-        "request": request,
+    to_json(ReplayView {
+        session,
+        agent: state.spec.as_ref().map_or("", |s| s.name.as_str()).into(),
+        events: state.last_seq,
+        status: state.status().into(),
+        next: describe_next(&plan.next),
+        calls,
+        request_bytes: body.as_ref().map_or(0, Vec::len) as u64,
+        request_digest: body.as_deref().map(replay::digest_hex),
+        request,
     })
 }
 
 /// A stored event with its envelope and hashes.
 pub fn record(record: &Record, event: &Event) -> Value {
     let e = &record.envelope;
-    json!({
-        "session": e.session, "seq": e.seq, "event_id": e.event_id, "ts": format_time(e.ts_ms),
-        "caused_by": e.caused_by, "schema": e.schema, "kind": e.kind,
-        "prev_hash": e.prev_hash.to_hex(), "hash": record.hash.to_hex(), "event": event,
+    to_json(EventRecord {
+        session: e.session,
+        seq: e.seq,
+        event_id: e.event_id,
+        ts: format_time(e.ts_ms),
+        caused_by: e.caused_by,
+        schema: e.schema,
+        kind: e.kind.clone(),
+        prev_hash: e.prev_hash.to_hex(),
+        hash: record.hash.to_hex(),
+        event: to_json(event),
     })
 }
 
 /// How a drive of a session ended.
 pub fn turn_end(session: Uuid, end: &TurnEnd) -> Value {
-    match end {
-        TurnEnd::Answered(answer) => {
-            json!({"session": session, "status": "idle", "answer": answer})
-        }
-        TurnEnd::CutOffAnswer(answer) => {
-            json!({"session": session, "status": "idle", "answer": answer, "cut_off": true})
-        }
-        TurnEnd::NeedsDecision(calls) => {
-            let calls: Vec<Value> = calls
-                .iter()
-                .map(|(c, r)| json!({"call_id": c, "reason": r}))
-                .collect();
-            json!({"session": session, "status": "paused", "in_doubt": calls})
-        }
-        TurnEnd::NeedsApproval(calls) => {
-            let calls: Vec<Value> = calls
-                .iter()
-                .map(|(c, t)| json!({"call_id": c, "tool": t}))
-                .collect();
-            json!({"session": session, "status": "paused", "awaiting_approval": calls})
-        }
-        TurnEnd::Paused(reason) => {
-            json!({"session": session, "status": "paused", "reason": reason})
-        }
-        TurnEnd::BudgetSpent(reason) => {
-            json!({"session": session, "status": "paused", "reason": reason, "budget": true})
-        }
-        TurnEnd::Failed(error) => json!({"session": session, "status": "failed", "error": error}),
-        TurnEnd::Cancelled(by) => json!({"session": session, "status": "cancelled", "by": by}),
-    }
+    to_json(TurnOutcome::new(session, end))
 }
 
 /// Reads back what [`turn_end`] wrote.
 pub fn turn_end_from(value: &Value) -> Option<TurnEnd> {
-    let text = |key: &str| value[key].as_str().map(String::from);
-    match value["status"].as_str()? {
-        "idle" if value["cut_off"] == true => Some(TurnEnd::CutOffAnswer(text("answer")?)),
-        "idle" => Some(TurnEnd::Answered(text("answer")?)),
-        "failed" => Some(TurnEnd::Failed(text("error")?)),
-        "cancelled" => Some(TurnEnd::Cancelled(text("by")?)),
-        "paused" => {
-            let pairs = |key: &str, second: &str| -> Option<Vec<(String, String)>> {
-                value[key]
-                    .as_array()?
-                    .iter()
-                    .map(|c| {
-                        Some((
-                            c["call_id"].as_str()?.to_string(),
-                            c[second].as_str()?.to_string(),
-                        ))
-                    })
-                    .collect()
-            };
-            if let Some(calls) = pairs("in_doubt", "reason") {
-                Some(TurnEnd::NeedsDecision(calls))
-            } else if let Some(calls) = pairs("awaiting_approval", "tool") {
-                Some(TurnEnd::NeedsApproval(calls))
-            } else if value["budget"] == true {
-                Some(TurnEnd::BudgetSpent(text("reason")?))
-            } else {
-                Some(TurnEnd::Paused(text("reason")?))
-            }
-        }
-        _ => None,
-    }
+    serde_json::from_value::<TurnOutcome>(value.clone())
+        .ok()?
+        .end()
 }
 
 fn describe_decision(decision: &CallDecision) -> (&'static str, String) {

@@ -1,6 +1,14 @@
-//! The daemon's HTTP API (JSON; see `/openapi.json`).
+//! The daemon's HTTP API (JSON; see `/openapi.json`). Each handler is
+//! annotated with its route, parameters and responses (`#[utoipa::path]`),
+//! and the router is built from those annotations (`routes!`), so the
+//! document served at `/openapi.json` and the routes served are one list.
 
 use super::{Daemon, TurnStart};
+use crate::api::{
+    self as wire, Approve, Cancel, Cancelled, Created, Decided, EventRecord, EventsQuery, Fork,
+    Forked, Health, ListQuery, MessageAccepted, PauseRequested, PostMessage, ReplayView, Resolve,
+    Resume, Resuming, SessionStatus, SessionSummary, SessionView, TurnOutcome, Verified,
+};
 use crate::error::RuntimeError;
 use crate::runner::TurnEnd;
 use crate::service::{self, Service};
@@ -11,15 +19,16 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Json, Router};
 use eventlog::LogError;
 use replay::AgentSpec;
-use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use tokio::sync::watch;
+use utoipa::IntoParams;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 use uuid::Uuid;
 
 type Shared = Arc<Daemon>;
@@ -29,7 +38,7 @@ pub(crate) struct ApiError(StatusCode, String);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.0, Json(json!({"error": self.1}))).into_response()
+        (self.0, Json(wire::ApiError { error: self.1 })).into_response()
     }
 }
 
@@ -59,34 +68,52 @@ fn bad_request(message: impl Into<String>) -> ApiError {
     ApiError(StatusCode::BAD_REQUEST, message.into())
 }
 
+/// The routes that need no token.
+fn open_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(health))
+}
+
+/// The routes behind the bearer-token check. Every route is added here (or
+/// in [`open_routes`]) with `routes!`, from its handler's annotation: a
+/// route added any other way would be served undocumented, which
+/// `openapi::tests` refuses.
+fn guarded_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(metrics))
+        .routes(routes!(openapi))
+        .routes(routes!(list_sessions, create_session))
+        .routes(routes!(get_session))
+        .routes(routes!(post_message))
+        .routes(routes!(resume))
+        .routes(routes!(pause))
+        .routes(routes!(cancel))
+        .routes(routes!(fork))
+        .routes(routes!(resolve))
+        .routes(routes!(approve))
+        .routes(routes!(events))
+        .routes(routes!(deltas))
+        .routes(routes!(verify))
+        .routes(routes!(replay_view))
+        .routes(routes!(next_request))
+}
+
+/// The operations of every route, as [`router`] serves them, undressed:
+/// `openapi::document` adds what the whole API shares.
+pub(crate) fn operations() -> utoipa::openapi::OpenApi {
+    open_routes().merge(guarded_routes()).into_openapi()
+}
+
 /// The routes, with the bearer-token check on all but `/health`, and every
 /// error answered as JSON.
 pub(crate) fn router(daemon: Shared, stopped: watch::Receiver<bool>) -> Router {
-    let guarded = Router::new()
-        .route("/metrics", get(metrics))
-        .route("/openapi.json", get(openapi))
-        .route("/sessions", get(list_sessions).post(create_session))
-        .route("/sessions/{id}", get(get_session))
-        .route("/sessions/{id}/messages", post(post_message))
-        .route("/sessions/{id}/resume", post(resume))
-        .route("/sessions/{id}/pause", post(pause))
-        .route("/sessions/{id}/cancel", post(cancel))
-        .route("/sessions/{id}/fork", post(fork))
-        .route("/sessions/{id}/calls/{call}/resolve", post(resolve))
-        .route("/sessions/{id}/calls/{call}/approve", post(approve))
-        .route("/sessions/{id}/events", get(events))
-        .route("/sessions/{id}/deltas", get(deltas))
-        .route("/sessions/{id}/verify", get(verify))
-        .route("/sessions/{id}/replay", get(replay_view))
-        .route("/sessions/{id}/request", get(next_request))
-        .layer(axum::middleware::from_fn_with_state(
-            daemon.clone(),
-            require_token,
-        ));
+    let (guarded, _) = guarded_routes().split_for_parts();
+    let guarded = guarded.layer(axum::middleware::from_fn_with_state(
+        daemon.clone(),
+        require_token,
+    ));
+    let (open, _) = open_routes().split_for_parts();
     let limit = daemon.config.max_body_bytes;
-    Router::new()
-        .route("/health", get(health))
-        .merge(guarded)
+    open.merge(guarded)
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn_with_state(limit, errors_as_json))
         .with_state(AppState { daemon, stopped })
@@ -132,7 +159,28 @@ async fn errors_as_json(State(limit): State<usize>, request: Request, next: Next
         header::CONTENT_TYPE,
         header::HeaderValue::from_static("application/json"),
     );
-    Response::from_parts(parts, json!({ "error": reason }).to_string().into())
+    let body = serde_json::to_string(&wire::ApiError { error: reason }).expect("serializes");
+    Response::from_parts(parts, body.into())
+}
+
+/// A session named in the path.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)] // read by axum as `Path<Uuid>`; here for the document
+struct SessionPath {
+    /// The session's id.
+    id: Uuid,
+}
+
+/// A call of a session named in the path.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)] // read by axum as `Path<(Uuid, String)>`
+struct CallPath {
+    /// The session's id.
+    id: Uuid,
+    /// The call's id (from the model's reply; percent-encoded).
+    call: String,
 }
 
 #[derive(Clone)]
@@ -163,35 +211,44 @@ async fn require_token(State(daemon): State<Shared>, request: Request, next: Nex
     next.run(request).await
 }
 
-async fn health() -> Json<Value> {
-    Json(json!({"status": "ok"}))
+/// Liveness; no token needed.
+#[utoipa::path(get, path = "/health", security(()),
+    responses((status = 200, description = "The daemon answers", body = Health)))]
+async fn health() -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+    })
 }
 
+/// Prometheus metrics: sessions by status, events appended, flushes,
+/// latencies.
+#[utoipa::path(get, path = "/metrics",
+    responses((status = 200, description = "Prometheus text format 0.0.4", body = String, content_type = "text/plain")))]
 async fn metrics(State(daemon): State<Shared>) -> impl IntoResponse {
     let running = daemon.running.load(std::sync::atomic::Ordering::SeqCst);
     let text = daemon.metrics.render(&daemon.status_counts(), running);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
 
+/// This document: the API's contract, generated from the daemon's code.
+#[utoipa::path(get, path = "/openapi.json",
+    responses((status = 200, description = "OpenAPI 3.1", body = Object)))]
 async fn openapi() -> Json<Value> {
-    Json(super::openapi::document())
+    Json(super::openapi::document_json().clone())
 }
 
-#[derive(Deserialize)]
-struct ListQuery {
-    status: Option<String>,
-    agent: Option<String>,
-}
-
+/// The sessions, with their status and usage.
+#[utoipa::path(get, path = "/sessions", params(ListQuery),
+    responses((status = 200, description = "Every session that passes the filter", body = Vec<SessionSummary>)))]
 async fn list_sessions(
     State(daemon): State<Shared>,
     Query(q): Query<ListQuery>,
-) -> Result<Json<Vec<Value>>, ApiError> {
+) -> Result<Json<Vec<SessionSummary>>, ApiError> {
     let mut rows = Vec::new();
     for (meta, summary) in daemon.service.listing()? {
-        let row = views::session_row(&meta, summary);
-        let keep = q.status.as_deref().is_none_or(|s| row["status"] == s)
-            && q.agent.as_deref().is_none_or(|a| row["agent"] == a);
+        let row = views::row_of(&meta, summary);
+        let keep = q.status.is_none_or(|s| row.status == s)
+            && q.agent.as_deref().is_none_or(|a| row.agent == a);
         if keep {
             rows.push(row);
         }
@@ -201,11 +258,15 @@ async fn list_sessions(
 
 /// A new session: `{"agent": "NAME"}` (a file in the agents directory),
 /// `{"spec": {...}}`, or an agent file as the TOML body.
+#[utoipa::path(post, path = "/sessions",
+    request_body(description = "The agent: by name, as a spec, or as an agent file (TOML)",
+        content((wire::CreateSession = "application/json"), (String = "application/toml"))),
+    responses((status = 201, description = "Created", body = Created)))]
 async fn create_session(
     State(daemon): State<Shared>,
     headers: HeaderMap,
     body: String,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<Created>), ApiError> {
     let toml_body = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -218,17 +279,16 @@ async fn create_session(
     };
     let session = daemon.service.create(spec)?;
     daemon.set_status(session.id(), session.state().status());
-    Ok((StatusCode::CREATED, Json(json!({"session": session.id()}))))
+    Ok((
+        StatusCode::CREATED,
+        Json(Created {
+            session: session.id(),
+        }),
+    ))
 }
 
 fn spec_from_json(daemon: &Daemon, body: &str) -> Result<AgentSpec, ApiError> {
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Create {
-        agent: Option<String>,
-        spec: Option<AgentSpec>,
-    }
-    let create: Create =
+    let create: wire::CreateSession =
         serde_json::from_str(body).map_err(|e| bad_request(format!("request body: {e}")))?;
     match (create.agent, create.spec) {
         (Some(name), None) => {
@@ -256,29 +316,27 @@ fn spec_from_json(daemon: &Daemon, body: &str) -> Result<AgentSpec, ApiError> {
     }
 }
 
+/// A session's status, usage, answer, calls in doubt, and `running_on`:
+/// the owner of its live lease (the daemon running a turn of it), or null.
+#[utoipa::path(get, path = "/sessions/{id}", params(SessionPath),
+    responses((status = 200, description = "The session", body = SessionView)))]
 async fn get_session(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<SessionView>, ApiError> {
     let session = daemon.service.load(id)?;
     let log = daemon.service.log();
     let meta = log.meta(id)?.ok_or(RuntimeError::NoSuchSession(id))?;
-    let mut view = views::session_summary(&meta, &crate::snapshot::Summary::of(session.state()));
-    view["answer"] = json!(session.state().answer());
-    view["running_on"] = json!(log.lease(id)?.map(|lease| lease.owner));
-    view["in_doubt"] = json!(crate::runner::in_doubt(&session)
-        .into_iter()
-        .map(|(call_id, reason)| json!({"call_id": call_id, "reason": reason}))
-        .collect::<Vec<_>>());
-    Ok(Json(view))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct MessageBody {
-    text: String,
-    #[serde(default)]
-    wait: bool,
+    let summary = crate::snapshot::Summary::of(session.state());
+    Ok(Json(SessionView {
+        summary: views::summary_of(&meta, &summary),
+        answer: session.state().answer().map(String::from),
+        running_on: log.lease(id)?.map(|lease| lease.owner),
+        in_doubt: crate::runner::in_doubt(&session)
+            .into_iter()
+            .map(|(call_id, reason)| wire::InDoubtCall { call_id, reason })
+            .collect(),
+    }))
 }
 
 fn refuse_when_stopping(daemon: &Daemon) -> Result<(), ApiError> {
@@ -292,11 +350,19 @@ fn refuse_when_stopping(daemon: &Daemon) -> Result<(), ApiError> {
 }
 
 /// Records the message (durable before this returns) and runs the turn in
-/// the background; with `"wait": true`, answers when the turn ends.
+/// the background; with `"wait": true`, answers when the turn ends. 409
+/// while another daemon sharing the store runs the session (the error
+/// names it).
+#[utoipa::path(post, path = "/sessions/{id}/messages", params(SessionPath), request_body = PostMessage,
+    responses(
+        (status = 202, description = "Recorded; the turn runs", body = MessageAccepted),
+        (status = 200, description = "With `wait`: the turn ended", body = TurnOutcome),
+        (status = 409, description = "Another daemon runs the session", body = wire::ApiError),
+        (status = 503, description = "The daemon is shutting down", body = wire::ApiError)))]
 async fn post_message(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
-    Json(body): Json<MessageBody>,
+    Json(body): Json<PostMessage>,
 ) -> Result<Response, ApiError> {
     refuse_when_stopping(&daemon)?;
     daemon.service.ensure_exists(id)?; // 404 before spawning
@@ -311,7 +377,7 @@ async fn post_message(
     if !body.wait {
         return Ok((
             StatusCode::ACCEPTED,
-            Json(json!({"session": id, "seq": seq})),
+            Json(MessageAccepted { session: id, seq }),
         )
             .into_response());
     }
@@ -332,43 +398,54 @@ async fn finished(
         .map_err(ApiError::from)
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct ResumeBody {
-    #[serde(default)]
-    wait: bool,
-    /// Start the turn's spent budget again.
-    #[serde(default)]
-    extend: bool,
-}
-
+/// Continues pending work; `extend` starts a spent budget of the turn
+/// again (recorded).
+#[utoipa::path(post, path = "/sessions/{id}/resume", params(SessionPath),
+    request_body(content = Option<Resume>, description = "Optional"),
+    responses(
+        (status = 202, description = "The turn runs", body = Resuming),
+        (status = 200, description = "With `wait`: the turn ended", body = TurnOutcome),
+        (status = 409, description = "Another daemon runs the session", body = wire::ApiError),
+        (status = 503, description = "The daemon is shutting down", body = wire::ApiError)))]
 async fn resume(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
-    body: Option<Json<ResumeBody>>,
+    body: Option<Json<Resume>>,
 ) -> Result<Response, ApiError> {
     refuse_when_stopping(&daemon)?;
     daemon.service.ensure_exists(id)?; // 404 before spawning
     let body = body.map(|Json(b)| b).unwrap_or_default();
     let turn = daemon.spawn_turn(id, TurnStart::Resume("api", body.extend));
     if !body.wait {
-        return Ok((
-            StatusCode::ACCEPTED,
-            Json(json!({"session": id, "resuming": true})),
-        )
-            .into_response());
+        let resuming = Resuming {
+            session: id,
+            resuming: true,
+        };
+        return Ok((StatusCode::ACCEPTED, Json(resuming)).into_response());
     }
     let end = finished(turn).await?;
     Ok(Json(views::turn_end(id, &end)).into_response())
 }
 
+/// Pauses the session at its next step, wherever it runs (on another
+/// daemon sharing the store: within a second; the answer names it in
+/// `running_on`).
+#[utoipa::path(post, path = "/sessions/{id}/pause", params(SessionPath),
+    responses(
+        (status = 200, description = "The pause is asked for", body = PauseRequested),
+        (status = 409, description = "No turn of the session runs", body = wire::ApiError)))]
 async fn pause(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<PauseRequested>, ApiError> {
     daemon.service.ensure_exists(id)?;
+    let requested = |running_on| PauseRequested {
+        session: id,
+        pause_requested: true,
+        running_on,
+    };
     if daemon.request_pause(id) {
-        return Ok(Json(json!({"session": id, "pause_requested": true})));
+        return Ok(Json(requested(None)));
     }
     let Some(owner) = daemon.ask_pause_elsewhere(id)? else {
         return Err(ApiError(
@@ -376,23 +453,20 @@ async fn pause(
             format!("session {id} has no turn running to pause"),
         ));
     };
-    Ok(Json(
-        json!({"session": id, "pause_requested": true, "running_on": owner}),
-    ))
+    Ok(Json(requested(Some(owner))))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ByBody {
-    by: String,
-}
-
-/// Cancels the session: a running turn stops at its next step first.
+/// Cancels the session: a running turn stops at its next step first; a new
+/// message reopens it.
+#[utoipa::path(post, path = "/sessions/{id}/cancel", params(SessionPath), request_body = Cancel,
+    responses(
+        (status = 200, description = "Cancelled", body = Cancelled),
+        (status = 409, description = "Another daemon holds the session", body = wire::ApiError)))]
 async fn cancel(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
-    Json(body): Json<ByBody>,
-) -> Result<Json<Value>, ApiError> {
+    Json(body): Json<Cancel>,
+) -> Result<Json<Cancelled>, ApiError> {
     daemon.service.ensure_exists(id)?;
     if !daemon.request_pause(id) {
         daemon.wait_for_turn_elsewhere(id).await?;
@@ -402,54 +476,44 @@ async fn cancel(
         service.cancel(session, &body.by)
     })
     .await?;
-    Ok(Json(json!({"session": id, "status": "cancelled"})))
+    Ok(Json(Cancelled {
+        session: id,
+        status: SessionStatus::Cancelled,
+    }))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ForkBody {
-    at: u64,
-}
-
-/// A new session holding this one's first `at` events.
+/// A new session holding this one's first `at` events; its first event
+/// names the parent and seq.
+#[utoipa::path(post, path = "/sessions/{id}/fork", params(SessionPath), request_body = Fork,
+    responses((status = 201, description = "The fork", body = Forked)))]
 async fn fork(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
-    Json(body): Json<ForkBody>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+    Json(body): Json<Fork>,
+) -> Result<(StatusCode, Json<Forked>), ApiError> {
     let child = daemon.service.fork(id, body.at)?;
     daemon.set_status(child.id(), child.state().status());
-    Ok((
-        StatusCode::CREATED,
-        Json(json!({"session": child.id(), "parent": id, "at": body.at})),
-    ))
+    let forked = Forked {
+        session: child.id(),
+        parent: id,
+        at: body.at,
+    };
+    Ok((StatusCode::CREATED, Json(forked)))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ResolveBody {
-    #[serde(default)]
-    retry: bool,
-    #[serde(default)]
-    skip: Option<Value>,
-    #[serde(default)]
-    fail: Option<String>,
-    by: String,
-    #[serde(default)]
-    wait: bool,
-    /// Continue the session after recording the decision (default true).
-    #[serde(default = "yes", rename = "continue")]
-    proceed: bool,
-}
-
-fn yes() -> bool {
-    true
-}
-
+/// Decides on a call in doubt: exactly one of `retry`, `skip` (the
+/// result), `fail` (a message); `by` names who decides. The session then
+/// continues unless other calls still wait or `continue` is false.
+#[utoipa::path(post, path = "/sessions/{id}/calls/{call}/resolve", params(CallPath), request_body = Resolve,
+    responses(
+        (status = 200, description = "Recorded, not continued; or with `wait`, the continued turn's end", body = wire::DecisionAnswer),
+        (status = 202, description = "Recorded; the session continues", body = Decided),
+        (status = 409, description = "The call is not in doubt, or another daemon holds the session", body = wire::ApiError),
+        (status = 503, description = "The daemon is shutting down", body = wire::ApiError)))]
 async fn resolve(
     State(daemon): State<Shared>,
     Path((id, call)): Path<(Uuid, String)>,
-    Json(body): Json<ResolveBody>,
+    Json(body): Json<Resolve>,
 ) -> Result<Response, ApiError> {
     refuse_when_stopping(&daemon)?;
     let skip = body.skip.as_ref().map(Value::to_string);
@@ -462,22 +526,19 @@ async fn resolve(
     continue_after_decision(&daemon, id, &call, can_continue && body.proceed, body.wait).await
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ApproveBody {
-    approved: bool,
-    by: String,
-    #[serde(default)]
-    wait: bool,
-    /// Continue the session after recording the decision (default true).
-    #[serde(default = "yes", rename = "continue")]
-    proceed: bool,
-}
-
+/// Approves or denies a call that waits for approval; `by` names who
+/// decides. The session then continues unless other calls still wait or
+/// `continue` is false.
+#[utoipa::path(post, path = "/sessions/{id}/calls/{call}/approve", params(CallPath), request_body = Approve,
+    responses(
+        (status = 200, description = "Recorded, not continued; or with `wait`, the continued turn's end", body = wire::DecisionAnswer),
+        (status = 202, description = "Recorded; the session continues", body = Decided),
+        (status = 409, description = "The call does not wait for approval, or another daemon holds the session", body = wire::ApiError),
+        (status = 503, description = "The daemon is shutting down", body = wire::ApiError)))]
 async fn approve(
     State(daemon): State<Shared>,
     Path((id, call)): Path<(Uuid, String)>,
-    Json(body): Json<ApproveBody>,
+    Json(body): Json<Approve>,
 ) -> Result<Response, ApiError> {
     refuse_when_stopping(&daemon)?;
     let can_continue = under_lease(&daemon, id, |service, session| {
@@ -515,38 +576,30 @@ async fn continue_after_decision(
     can_continue: bool,
     wait: bool,
 ) -> Result<Response, ApiError> {
+    let decided = |continuing| Decided {
+        session: id,
+        decided: call.to_string(),
+        continuing,
+    };
     if !can_continue {
-        return Ok(
-            Json(json!({"session": id, "decided": call, "continuing": false})).into_response(),
-        );
+        return Ok(Json(decided(false)).into_response());
     }
     let turn = daemon.spawn_turn(id, TurnStart::Resume("api", false));
     if !wait {
-        return Ok((
-            StatusCode::ACCEPTED,
-            Json(json!({"session": id, "decided": call, "continuing": true})),
-        )
-            .into_response());
+        return Ok((StatusCode::ACCEPTED, Json(decided(true))).into_response());
     }
     let end = finished(turn).await?;
     Ok(Json(views::turn_end(id, &end)).into_response())
-}
-
-#[derive(Deserialize)]
-struct EventsQuery {
-    /// Only events of these kinds (comma-separated).
-    kind: Option<String>,
-    /// Only events after this seq.
-    after: Option<u64>,
-    /// Keep the stream open and send new events as they become durable.
-    #[serde(default)]
-    follow: bool,
 }
 
 /// The log as JSON (an array), or with `follow=true` as Server-Sent
 /// Events: history first, then each new event once it is durable. Either
 /// way the log is read a page of [`PAGE`] records at a time, so a client
 /// costs one page of memory however long the session is.
+#[utoipa::path(get, path = "/sessions/{id}/events", params(SessionPath, EventsQuery),
+    responses((status = 200,
+        description = "The audit trail; with `follow=true`, Server-Sent Events named by each event's kind, their data an `EventRecord`",
+        content((Vec<EventRecord> = "application/json"), (String = "text/event-stream")))))]
 async fn events(
     State(state): State<AppState>,
     Path(id): Path<Uuid>,
@@ -594,6 +647,10 @@ async fn events(
 /// or the daemon goes; a reader too slow for [`super::DELTAS_BUFFERED`]
 /// pieces gets a `lagged` event naming how many it missed. Nothing here is
 /// recorded: the whole reply is, in `/events`.
+#[utoipa::path(get, path = "/sessions/{id}/deltas", params(SessionPath),
+    responses((status = 200,
+        description = "Server-Sent Events: `delta` events of `{\"text\": ...}`, `lagged` events of `{\"missed\": N}`",
+        body = String, content_type = "text/event-stream")))]
 async fn deltas(State(state): State<AppState>, Path(id): Path<Uuid>) -> Result<Response, ApiError> {
     let daemon = state.daemon.clone();
     daemon.service.ensure_exists(id)?;
@@ -776,6 +833,9 @@ impl Follow {
     }
 }
 
+/// Checks the session's hash chain, and that every event decodes.
+#[utoipa::path(get, path = "/sessions/{id}/verify", params(SessionPath),
+    responses((status = 200, description = "The result (a broken chain is `ok: false`, not an error)", body = Verified)))]
 async fn verify(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
@@ -784,6 +844,9 @@ async fn verify(
     Ok(Json(views::verify(daemon.service.log().as_ref(), id)))
 }
 
+/// Dry run: the rebuilt next request and the resume plan.
+#[utoipa::path(get, path = "/sessions/{id}/replay", params(SessionPath),
+    responses((status = 200, description = "The plan", body = ReplayView)))]
 async fn replay_view(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
@@ -793,6 +856,8 @@ async fn replay_view(
 }
 
 /// The exact bytes of the session's next model request.
+#[utoipa::path(get, path = "/sessions/{id}/request", params(SessionPath),
+    responses((status = 200, description = "The request body, as it would be sent", body = Object)))]
 async fn next_request(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,

@@ -598,6 +598,9 @@ pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), R
         idle_timeout: config.idle_timeout,
         max_connections: http::connection_cap(config.max_connections)?,
     };
+    // Handled before anyone is told where the daemon listens: a SIGTERM
+    // sent as soon as it answers is a shutdown, not a kill.
+    let signals = ShutdownSignals::install();
     write_daemon_file(&config, addr);
     crate::log_line!("mneme serve: listening on http://{addr}");
     if public {
@@ -610,7 +613,7 @@ pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), R
     let app = api::router(daemon.clone(), http_stopped.clone());
     let stopping = daemon.clone();
     tokio::spawn(async move {
-        shutdown_signal().await;
+        signals.wait().await;
         crate::log_line!("mneme serve: shutting down");
         // Turns pause at their next step; live streams end; no new turns.
         stopping.shutting_down.store(true, Ordering::SeqCst);
@@ -663,11 +666,26 @@ fn write_daemon_file(config: &DaemonConfig, addr: SocketAddr) {
     }
 }
 
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("SIGTERM handler installs");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+/// SIGTERM and SIGINT (ctrl-c), handled from when they are installed.
+struct ShutdownSignals {
+    term: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    fn install() -> ShutdownSignals {
+        use tokio::signal::unix::{signal, SignalKind};
+        ShutdownSignals {
+            term: signal(SignalKind::terminate()).expect("SIGTERM handler installs"),
+            interrupt: signal(SignalKind::interrupt()).expect("SIGINT handler installs"),
+        }
+    }
+
+    /// Until either arrives.
+    async fn wait(mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.term.recv() => {}
+        }
     }
 }

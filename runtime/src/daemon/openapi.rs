@@ -1,60 +1,228 @@
-//! The OpenAPI document served at `/openapi.json`.
+//! The OpenAPI document served at `/openapi.json`, generated from the
+//! handlers' annotations and the types of [`crate::api`] (the router is
+//! built from the same annotations), plus what every operation shares: the
+//! bearer token, and errors answered as `{"error": REASON}` ([`ApiError`]).
 
-use serde_json::{json, Value};
+use crate::api::ApiError;
+use serde_json::{json, Map, Value};
+use std::sync::OnceLock;
+use utoipa::PartialSchema;
 
-fn op(summary: &str, ok: &str) -> Value {
-    json!({
-        "summary": summary,
-        "responses": {
-            ok: {"description": "OK", "content": {"application/json": {}}},
-            "401": {"description": "Missing or wrong bearer token"},
-            "404": {"description": "No such session"},
-        }
-    })
-}
-
-fn with_body(mut operation: Value, schema: Value) -> Value {
-    operation["requestBody"] =
-        json!({"required": true, "content": {"application/json": {"schema": schema}}});
-    operation
-}
+const DESCRIPTION: &str = "Event-sourced agent sessions. Every endpoint but \
+/health needs `Authorization: Bearer <token>`. Every error answers \
+{\"error\": REASON} as application/json (the ApiError schema), whatever its status.";
 
 /// The API, as OpenAPI 3.1.
 pub(crate) fn document() -> Value {
-    let wait = json!({"wait": {"type": "boolean", "description": "answer when the turn ends"}});
-    json!({
-        "openapi": "3.1.0",
-        "info": {"title": "mneme daemon", "version": env!("CARGO_PKG_VERSION"),
-                 "description": "Event-sourced agent sessions. Every endpoint but /health needs `Authorization: Bearer <token>`. Every error answers {\"error\": REASON} as application/json."},
-        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
-        "security": [{"bearer": []}],
-        "paths": {
-            "/health": {"get": {"summary": "Liveness; no token needed", "security": [], "responses": {"200": {"description": "OK"}}}},
-            "/metrics": {"get": op("Prometheus metrics: sessions by status, events appended, flushes, latencies", "200")},
-            "/openapi.json": {"get": op("This document", "200")},
-            "/sessions": {
-                "get": op("List sessions (query: status, agent)", "200"),
-                "post": with_body(op("Create a session from {\"agent\": NAME} (a file in the agents directory) or {\"spec\": AgentSpec}; or send the agent file as TOML with Content-Type: application/toml", "201"),
-                    json!({"type": "object", "properties": {"agent": {"type": "string"}, "spec": {"type": "object"}}})),
-            },
-            "/sessions/{id}": {"get": op("A session's status, usage, answer, calls in doubt, and running_on: the owner of its live lease (the daemon running a turn of it), or null", "200")},
-            "/sessions/{id}/messages": {"post": with_body(op("Record a user message (durable before the reply: 202 with its seq) and run the turn; with wait, 200 with the turn's end. 409 while another daemon sharing the store runs the session (the error names it)", "202"),
-                json!({"type": "object", "required": ["text"], "properties": {"text": {"type": "string"}, "wait": wait["wait"]}}))},
-            "/sessions/{id}/resume": {"post": op("Continue pending work (optional body {\"wait\": true, \"extend\": true}; extend starts a spent budget of the turn again, recorded)", "202")},
-            "/sessions/{id}/pause": {"post": op("Pause the session at its next step, wherever it runs (on another daemon sharing the store: within a second; the answer names it in running_on)", "200")},
-            "/sessions/{id}/cancel": {"post": with_body(op("Cancel the session (a running turn stops at its next step); a new message reopens it", "200"),
-                json!({"type": "object", "required": ["by"], "properties": {"by": {"type": "string"}}}))},
-            "/sessions/{id}/fork": {"post": with_body(op("Fork: a new session holding this one's first `at` events; its first event names the parent and seq", "201"),
-                json!({"type": "object", "required": ["at"], "properties": {"at": {"type": "integer"}}}))},
-            "/sessions/{id}/calls/{call}/resolve": {"post": with_body(op("Decide on a call in doubt: exactly one of retry, skip (the result), fail (a message); by names who decides", "202"),
-                json!({"type": "object", "required": ["by"], "properties": {"retry": {"type": "boolean"}, "skip": {}, "fail": {"type": "string"}, "by": {"type": "string"}, "wait": wait["wait"]}}))},
-            "/sessions/{id}/calls/{call}/approve": {"post": with_body(op("Approve or deny a call that waits for approval; by names who decides", "202"),
-                json!({"type": "object", "required": ["approved", "by"], "properties": {"approved": {"type": "boolean"}, "by": {"type": "string"}, "wait": wait["wait"]}}))},
-            "/sessions/{id}/events": {"get": op("The audit trail (query: kind=K1,K2, after=SEQ); with follow=true a Server-Sent Events stream: history, then each event once durable", "200")},
-            "/sessions/{id}/deltas": {"get": op("Server-Sent Events: the text of the session's streamed replies as it arrives (`delta` events of {\"text\": ...}; `lagged` names pieces a slow reader missed); never recorded as such, the whole reply is", "200")},
-            "/sessions/{id}/verify": {"get": op("Check the session's hash chain", "200")},
-            "/sessions/{id}/replay": {"get": op("Dry run: the rebuilt prompt and the resume plan", "200")},
-            "/sessions/{id}/request": {"get": op("The exact bytes of the next model request", "200")},
+    let mut document =
+        serde_json::to_value(super::api::operations()).expect("the document serializes");
+    document["info"] = json!({
+        "title": "mneme daemon",
+        "version": env!("CARGO_PKG_VERSION"),
+        "description": DESCRIPTION,
+        "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"},
+    });
+    document["components"]["securitySchemes"] =
+        json!({"bearer": {"type": "http", "scheme": "bearer"}});
+    document["security"] = json!([{"bearer": []}]);
+    let schema = serde_json::to_value(ApiError::schema()).expect("the schema serializes");
+    document["components"]["schemas"]["ApiError"] = schema;
+    let paths = document["paths"].as_object_mut().expect("paths");
+    for (path, item) in paths.iter_mut() {
+        for operation in item.as_object_mut().expect("a path item").values_mut() {
+            add_errors(path, operation.as_object_mut().expect("an operation"));
         }
-    })
+    }
+    document
+}
+
+/// [`document`], made once.
+pub(crate) fn document_json() -> &'static Value {
+    static DOCUMENT: OnceLock<Value> = OnceLock::new();
+    DOCUMENT.get_or_init(document)
+}
+
+/// The errors an operation shares with others: 400 for a request that does
+/// not parse, 401 without the token, 404 for no such session, 413 for a
+/// body over the limit, 500; each answers an [`ApiError`]. Operations list
+/// their own (409, 503) in their annotations.
+fn add_errors(path: &str, operation: &mut Map<String, Value>) {
+    // Tags would only split a generated client into modules by Rust module.
+    operation.remove("tags");
+    let open = operation.get("security") == Some(&json!([{}]));
+    let has_body = operation.contains_key("requestBody");
+    let has_input = has_body || operation.contains_key("parameters");
+    let mut errors = Vec::new();
+    if has_input {
+        errors.push((
+            "400",
+            "The request does not parse (path, query or body), or asks for something impossible",
+        ));
+    }
+    if !open {
+        errors.push(("401", "Missing or wrong bearer token"));
+    }
+    if path.contains("{id}") {
+        errors.push(("404", "No such session"));
+    }
+    if has_body {
+        errors.push(("413", "The body is larger than the daemon's limit"));
+        errors.push((
+            "415",
+            "The body's content type is not one the operation takes",
+        ));
+        errors.push(("422", "The body is JSON of the wrong shape"));
+    }
+    errors.push(("500", "The daemon failed"));
+    let responses = operation
+        .entry("responses")
+        .or_insert_with(|| json!({}))
+        .as_object_mut()
+        .expect("responses");
+    for (status, description) in errors {
+        responses.entry(status).or_insert_with(|| {
+            json!({
+                "description": description,
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ApiError"}}},
+            })
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// (method, path) of every operation in the document.
+    fn operations(document: &Value) -> Vec<(String, String)> {
+        let mut found = Vec::new();
+        for (path, item) in document["paths"].as_object().unwrap() {
+            for method in item.as_object().unwrap().keys() {
+                found.push((method.clone(), path.clone()));
+            }
+        }
+        found.sort();
+        found
+    }
+
+    #[test]
+    fn every_route_is_added_from_its_documented_handler() {
+        // The router is built from `routes!(handler)` only, each handler
+        // annotated with its route: a route added with axum's own
+        // `.route(...)` (or nested, or a fallback) would be served without
+        // being documented.
+        let source = include_str!("api.rs");
+        for undocumented in [
+            ".route(",
+            ".route_service(",
+            ".nest(",
+            ".nest_service(",
+            ".fallback(",
+        ] {
+            assert!(
+                !source.contains(undocumented),
+                "daemon/api.rs adds a route with {undocumented}...): add it with routes!(handler) and #[utoipa::path] instead"
+            );
+        }
+        let handlers: usize = source
+            .match_indices(".routes(routes!(")
+            .map(|(at, _)| {
+                let rest = &source[at..];
+                let list = &rest[..rest.find("))").unwrap()];
+                list.matches(',').count() + 1
+            })
+            .sum();
+        let annotated = source.matches("#[utoipa::path(").count();
+        let document = document();
+        assert_eq!(handlers, annotated, "every annotated handler is routed");
+        assert_eq!(operations(&document).len(), annotated, "{document:#}");
+    }
+
+    #[test]
+    fn the_document_names_every_route_and_the_shared_errors() {
+        let document = document();
+        assert_eq!(document["openapi"], "3.1.0");
+        let expected: Vec<(String, String)> = [
+            ("get", "/health"),
+            ("get", "/metrics"),
+            ("get", "/openapi.json"),
+            ("get", "/sessions"),
+            ("post", "/sessions"),
+            ("get", "/sessions/{id}"),
+            ("post", "/sessions/{id}/messages"),
+            ("post", "/sessions/{id}/resume"),
+            ("post", "/sessions/{id}/pause"),
+            ("post", "/sessions/{id}/cancel"),
+            ("post", "/sessions/{id}/fork"),
+            ("post", "/sessions/{id}/calls/{call}/resolve"),
+            ("post", "/sessions/{id}/calls/{call}/approve"),
+            ("get", "/sessions/{id}/events"),
+            ("get", "/sessions/{id}/deltas"),
+            ("get", "/sessions/{id}/verify"),
+            ("get", "/sessions/{id}/replay"),
+            ("get", "/sessions/{id}/request"),
+        ]
+        .iter()
+        .map(|(m, p)| (m.to_string(), p.to_string()))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+        assert_eq!(operations(&document), expected);
+        for (method, path) in operations(&document) {
+            let operation = &document["paths"][&path][&method];
+            let responses = operation["responses"].as_object().unwrap();
+            assert!(responses.contains_key("500"), "{method} {path}");
+            assert_eq!(
+                responses.contains_key("401"),
+                path != "/health",
+                "{method} {path}"
+            );
+            for (status, response) in responses {
+                if status.starts_with(['4', '5']) {
+                    assert_eq!(
+                        response["content"]["application/json"]["schema"]["$ref"],
+                        "#/components/schemas/ApiError",
+                        "{method} {path} {status}"
+                    );
+                }
+            }
+            // Every path parameter is declared.
+            for name in ["id", "call"] {
+                if path.contains(&format!("{{{name}}}")) {
+                    let declared = operation["parameters"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|p| p["name"] == name && p["in"] == "path");
+                    assert!(declared, "{method} {path}: {name}");
+                }
+            }
+        }
+        let schemas = &document["components"]["schemas"];
+        for decision in ["Resolve", "Approve"] {
+            assert_eq!(
+                schemas[decision]["properties"]["continue"]["type"], "boolean",
+                "{decision}"
+            );
+        }
+        let statuses = &schemas["SessionStatus"]["enum"];
+        assert!(
+            statuses.as_array().unwrap().contains(&json!("idle")),
+            "{statuses}"
+        );
+        let events = &document["paths"]["/sessions/{id}/events"]["get"]["responses"]["200"];
+        assert!(
+            events["content"]["text/event-stream"].is_object(),
+            "{events}"
+        );
+        assert!(
+            events["content"]["application/json"].is_object(),
+            "{events}"
+        );
+        let deltas = &document["paths"]["/sessions/{id}/deltas"]["get"]["responses"]["200"];
+        assert!(
+            deltas["content"]["text/event-stream"].is_object(),
+            "{deltas}"
+        );
+    }
 }

@@ -1,0 +1,633 @@
+//! The daemon's HTTP API as types: every request and response body the
+//! daemon's handlers take and give, shared with the CLI's client of a
+//! daemon. The OpenAPI document served at `/openapi.json` is generated from
+//! these types and the handlers' annotations (`daemon::api`); nothing else
+//! describes the API.
+
+use crate::runner::TurnEnd;
+use replay::AgentSpec;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+/// Every error the API answers, whatever its status.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ApiError {
+    /// What went wrong, naming what was asked.
+    pub error: String,
+}
+
+/// A session's status, as the API and `--json` output name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionStatus {
+    /// Nothing recorded yet.
+    Empty,
+    /// Work is pending: the model or a tool must run.
+    Running,
+    /// The last turn was answered; waiting for a user message.
+    Idle,
+    /// Stopped until someone resumes it or decides on a call.
+    Paused,
+    /// The last turn failed; resuming tries again.
+    Failed,
+    /// Cancelled; a new user message reopens it.
+    Cancelled,
+    /// Its log could not be read (only in a listing, with the error).
+    Unreadable,
+}
+
+impl SessionStatus {
+    /// The name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionStatus::Empty => "empty",
+            SessionStatus::Running => "running",
+            SessionStatus::Idle => "idle",
+            SessionStatus::Paused => "paused",
+            SessionStatus::Failed => "failed",
+            SessionStatus::Cancelled => "cancelled",
+            SessionStatus::Unreadable => "unreadable",
+        }
+    }
+}
+
+impl std::fmt::Display for SessionStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for SessionStatus {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<SessionStatus, String> {
+        serde_json::from_value(Value::String(text.into()))
+            .map_err(|_| format!("unknown session status {text:?}"))
+    }
+}
+
+impl From<replay::Status> for SessionStatus {
+    fn from(status: replay::Status) -> SessionStatus {
+        match status {
+            replay::Status::Empty => SessionStatus::Empty,
+            replay::Status::Running => SessionStatus::Running,
+            replay::Status::Idle => SessionStatus::Idle,
+            replay::Status::Paused => SessionStatus::Paused,
+            replay::Status::Failed => SessionStatus::Failed,
+            replay::Status::Cancelled => SessionStatus::Cancelled,
+        }
+    }
+}
+
+/// `/health`'s answer.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    /// Always `ok`.
+    pub status: String,
+}
+
+/// Which sessions a listing shows.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// Only sessions with this status.
+    pub status: Option<SessionStatus>,
+    /// Only sessions of this agent.
+    pub agent: Option<String>,
+}
+
+/// A new session, from a named agent file of the daemon's agents directory
+/// or from a spec: exactly one of the two. (An agent file may also be sent
+/// as the body itself, with `Content-Type: application/toml`.)
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSession {
+    /// The name of a file (`NAME.toml`) in the daemon's agents directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    /// An agent spec, as an agent file's TOML would read as JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub spec: Option<AgentSpec>,
+}
+
+/// A session just created.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Created {
+    /// Its id.
+    pub session: Uuid,
+}
+
+/// A user message.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PostMessage {
+    /// The message.
+    pub text: String,
+    /// Answer when the turn ends (200, its outcome) rather than once the
+    /// message is recorded (202).
+    #[serde(default)]
+    pub wait: bool,
+}
+
+/// A message recorded; its turn runs.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct MessageAccepted {
+    /// The session.
+    pub session: Uuid,
+    /// The seq of the recorded message.
+    pub seq: u64,
+}
+
+/// How to resume a session (the body is optional).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Resume {
+    /// Answer when the turn ends.
+    #[serde(default)]
+    pub wait: bool,
+    /// Start the turn's spent budget again (recorded).
+    #[serde(default)]
+    pub extend: bool,
+}
+
+/// A resume started.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Resuming {
+    /// The session.
+    pub session: Uuid,
+    /// Always true.
+    pub resuming: bool,
+}
+
+/// A pause asked for.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct PauseRequested {
+    /// The session.
+    pub session: Uuid,
+    /// Always true.
+    pub pause_requested: bool,
+    /// The daemon running the turn, when it is another one sharing the store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running_on: Option<String>,
+}
+
+/// Who cancels a session.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Cancel {
+    /// Who decides (recorded).
+    pub by: String,
+}
+
+/// A session cancelled.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Cancelled {
+    /// The session.
+    pub session: Uuid,
+    /// Always `cancelled`.
+    pub status: SessionStatus,
+}
+
+/// Where to fork a session.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Fork {
+    /// How many of the parent's events the fork holds.
+    pub at: u64,
+}
+
+/// A fork made.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Forked {
+    /// The new session.
+    pub session: Uuid,
+    /// The session it was forked from.
+    pub parent: Uuid,
+    /// How many of the parent's events it holds.
+    pub at: u64,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A decision on a call in doubt: exactly one of `retry`, `skip` (the
+/// result to record) or `fail` (a message).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Resolve {
+    /// Run the call again.
+    #[serde(default)]
+    pub retry: bool,
+    /// Record this as the call's result without running it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub skip: Option<Value>,
+    /// Record the call as failed with this message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fail: Option<String>,
+    /// Who decides (recorded).
+    pub by: String,
+    /// Answer when the continued turn ends.
+    #[serde(default)]
+    pub wait: bool,
+    /// Continue the session after recording the decision.
+    #[serde(default = "yes", rename = "continue")]
+    #[schema(default = true)]
+    pub proceed: bool,
+}
+
+/// A decision on a call that waits for approval.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Approve {
+    /// Approved (true) or denied (false).
+    pub approved: bool,
+    /// Who decides (recorded).
+    pub by: String,
+    /// Answer when the continued turn ends.
+    #[serde(default)]
+    pub wait: bool,
+    /// Continue the session after recording the decision.
+    #[serde(default = "yes", rename = "continue")]
+    #[schema(default = true)]
+    pub proceed: bool,
+}
+
+/// A decision recorded.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Decided {
+    /// The session.
+    pub session: Uuid,
+    /// The call decided on.
+    pub decided: String,
+    /// Whether the session goes on (false while other calls still wait, or
+    /// when asked not to continue).
+    pub continuing: bool,
+}
+
+/// What a decision answers with 200: the decision recorded and the session
+/// not continued, or (with `wait`) the continued turn's end.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum DecisionAnswer {
+    /// The continued turn's end.
+    Ended(TurnOutcome),
+    /// Recorded, not continued.
+    Decided(Decided),
+}
+
+/// A call that waits for a person's decision, and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct InDoubtCall {
+    /// The call.
+    pub call_id: String,
+    /// Why it is in doubt.
+    pub reason: String,
+}
+
+/// A call that waits for a person's approval.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct AwaitingCall {
+    /// The call.
+    pub call_id: String,
+    /// Its tool.
+    pub tool: String,
+}
+
+/// How a turn (or a resume) ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TurnOutcome {
+    /// The session.
+    pub session: Uuid,
+    /// `idle` (answered), `paused`, `failed` or `cancelled`.
+    pub status: SessionStatus,
+    /// The answer, when idle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer: Option<String>,
+    /// The token limit cut the answer off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cut_off: Option<bool>,
+    /// Calls waiting for a decision (`resolve`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_doubt: Option<Vec<InDoubtCall>>,
+    /// Calls waiting for approval (`approve`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub awaiting_approval: Option<Vec<AwaitingCall>>,
+    /// Why it paused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The pause is a spent budget (`resume` with `extend` continues).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<bool>,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Who cancelled it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+}
+
+impl TurnOutcome {
+    /// How `end` is told.
+    pub fn new(session: Uuid, end: &TurnEnd) -> TurnOutcome {
+        let mut outcome = TurnOutcome {
+            session,
+            status: SessionStatus::Paused,
+            answer: None,
+            cut_off: None,
+            in_doubt: None,
+            awaiting_approval: None,
+            reason: None,
+            budget: None,
+            error: None,
+            by: None,
+        };
+        match end {
+            TurnEnd::Answered(answer) => {
+                outcome.status = SessionStatus::Idle;
+                outcome.answer = Some(answer.clone());
+            }
+            TurnEnd::CutOffAnswer(answer) => {
+                outcome.status = SessionStatus::Idle;
+                outcome.answer = Some(answer.clone());
+                outcome.cut_off = Some(true);
+            }
+            TurnEnd::NeedsDecision(calls) => {
+                let calls = calls.iter().map(|(call_id, reason)| InDoubtCall {
+                    call_id: call_id.clone(),
+                    reason: reason.clone(),
+                });
+                outcome.in_doubt = Some(calls.collect());
+            }
+            TurnEnd::NeedsApproval(calls) => {
+                let calls = calls.iter().map(|(call_id, tool)| AwaitingCall {
+                    call_id: call_id.clone(),
+                    tool: tool.clone(),
+                });
+                outcome.awaiting_approval = Some(calls.collect());
+            }
+            TurnEnd::Paused(reason) => outcome.reason = Some(reason.clone()),
+            TurnEnd::BudgetSpent(reason) => {
+                outcome.reason = Some(reason.clone());
+                outcome.budget = Some(true);
+            }
+            TurnEnd::Failed(error) => {
+                outcome.status = SessionStatus::Failed;
+                outcome.error = Some(error.clone());
+            }
+            TurnEnd::Cancelled(by) => {
+                outcome.status = SessionStatus::Cancelled;
+                outcome.by = Some(by.clone());
+            }
+        }
+        outcome
+    }
+
+    /// The end it tells, if it tells one.
+    pub fn end(&self) -> Option<TurnEnd> {
+        let flag = |f: Option<bool>| f == Some(true);
+        match self.status {
+            SessionStatus::Idle if flag(self.cut_off) => {
+                Some(TurnEnd::CutOffAnswer(self.answer.clone()?))
+            }
+            SessionStatus::Idle => Some(TurnEnd::Answered(self.answer.clone()?)),
+            SessionStatus::Failed => Some(TurnEnd::Failed(self.error.clone()?)),
+            SessionStatus::Cancelled => Some(TurnEnd::Cancelled(self.by.clone()?)),
+            SessionStatus::Paused => Some(if let Some(calls) = &self.in_doubt {
+                TurnEnd::NeedsDecision(
+                    calls
+                        .iter()
+                        .map(|c| (c.call_id.clone(), c.reason.clone()))
+                        .collect(),
+                )
+            } else if let Some(calls) = &self.awaiting_approval {
+                TurnEnd::NeedsApproval(
+                    calls
+                        .iter()
+                        .map(|c| (c.call_id.clone(), c.tool.clone()))
+                        .collect(),
+                )
+            } else if flag(self.budget) {
+                TurnEnd::BudgetSpent(self.reason.clone()?)
+            } else {
+                TurnEnd::Paused(self.reason.clone()?)
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// A session in a listing: status, size, activity, usage. A session whose
+/// log cannot be read is listed with status `unreadable` and its `error`,
+/// without the fields that need its log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SessionSummary {
+    /// The session.
+    pub session: Uuid,
+    /// Its agent's name (empty when unreadable).
+    pub agent: String,
+    /// Its status.
+    pub status: SessionStatus,
+    /// Why it could not be read, when unreadable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Events in its log.
+    pub events: u64,
+    /// When it was created (UTC, milliseconds).
+    pub created: String,
+    /// When it last changed (UTC, milliseconds).
+    pub last_activity: String,
+    /// Whether a call waits for a person (a decision or an approval), or a
+    /// spent budget for `resume` with `extend`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waits_for_a_person: Option<bool>,
+    /// Whether the token limit cut the last answer off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer_cut_off: Option<bool>,
+    /// Prompt tokens of the latest model request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_last: Option<u64>,
+    /// KV-cache bytes that prompt occupies, where the spec gives the shape.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_bytes_last: Option<u64>,
+    /// The model's context window, where the spec gives it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u64>,
+    /// Model requests answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_calls: Option<u64>,
+    /// Prompt tokens, all requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens: Option<u64>,
+    /// Completion tokens, all requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_tokens: Option<u64>,
+    /// Prompt tokens served from the model server's cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_tokens: Option<u64>,
+    /// `cached_tokens / prompt_tokens`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_hit_ratio: Option<f64>,
+    /// Cost, where the spec gives prices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<f64>,
+}
+
+/// One session: its summary, answer, calls in doubt and where it runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SessionView {
+    /// Status, size, activity, usage.
+    #[serde(flatten)]
+    pub summary: SessionSummary,
+    /// The last turn's answer, if it was answered.
+    pub answer: Option<String>,
+    /// The owner of its live lease (the daemon running a turn of it), or null.
+    pub running_on: Option<String>,
+    /// Calls in doubt, waiting for a person's decision.
+    pub in_doubt: Vec<InDoubtCall>,
+}
+
+/// Which events to read.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct EventsQuery {
+    /// Only events of these kinds (comma-separated, e.g. `UserMessage,ModelReplied`).
+    pub kind: Option<String>,
+    /// Only events after this seq.
+    pub after: Option<u64>,
+    /// Keep the stream open as Server-Sent Events: history, then each new
+    /// event once it is durable.
+    #[serde(default)]
+    pub follow: bool,
+}
+
+/// A stored event with its envelope and hashes. As a Server-Sent Event,
+/// the event's name is its `kind` and its data this object.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EventRecord {
+    /// The session.
+    pub session: Uuid,
+    /// Its place in the session's log, from 1.
+    pub seq: u64,
+    /// Its id.
+    pub event_id: Uuid,
+    /// When it was recorded (UTC, milliseconds).
+    pub ts: String,
+    /// The seq of the event that caused it.
+    pub caused_by: Option<u64>,
+    /// The event schema's version.
+    pub schema: u16,
+    /// The event's kind.
+    pub kind: String,
+    /// The previous record's hash (hex).
+    pub prev_hash: String,
+    /// This record's hash (hex).
+    pub hash: String,
+    /// The event.
+    #[schema(value_type = Object)]
+    pub event: Value,
+}
+
+/// The result of checking a session's hash chain.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Verified {
+    /// The session.
+    pub session: Uuid,
+    /// Whether the chain holds and every event decodes.
+    pub ok: bool,
+    /// Events checked, when ok.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events: Option<u64>,
+    /// The head's hash (hex), when ok.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head: Option<String>,
+    /// What is wrong, when not ok.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// What resuming would do with an open call.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct PlannedCall {
+    /// The call.
+    pub call_id: String,
+    /// Its tool.
+    pub tool: String,
+    /// `reuse`, `run`, `rerun`, `in_doubt`, `awaiting_decision`,
+    /// `needs_approval` or `awaiting_approval`.
+    pub decision: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// The dry run: the next request exactly as it would be sent, its digest,
+/// and what resuming would do with each open call.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ReplayView {
+    /// The session.
+    pub session: Uuid,
+    /// Its agent's name.
+    pub agent: String,
+    /// Events in its log.
+    pub events: u64,
+    /// Its status.
+    pub status: SessionStatus,
+    /// What resuming does next.
+    pub next: String,
+    /// The open calls.
+    pub calls: Vec<PlannedCall>,
+    /// Bytes of the next model request (0: none).
+    pub request_bytes: u64,
+    /// SHA-256 of the next model request (hex).
+    pub request_digest: Option<String>,
+    /// The next model request, if there is one.
+    #[schema(value_type = Option<Object>)]
+    pub request: Value,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_are_named_on_the_wire_as_before() {
+        for status in [
+            replay::Status::Empty,
+            replay::Status::Running,
+            replay::Status::Idle,
+            replay::Status::Paused,
+            replay::Status::Failed,
+            replay::Status::Cancelled,
+        ] {
+            let ours = SessionStatus::from(status);
+            assert_eq!(ours.to_string(), status.to_string());
+            assert_eq!(serde_json::to_value(ours).unwrap(), status.to_string());
+            assert_eq!(status.to_string().parse::<SessionStatus>(), Ok(ours));
+        }
+        assert!("lost".parse::<SessionStatus>().is_err());
+    }
+
+    #[test]
+    fn every_turn_end_reads_back() {
+        let pair = || vec![("call_1".to_string(), "why".to_string())];
+        for end in [
+            TurnEnd::Answered("a".into()),
+            TurnEnd::CutOffAnswer("a".into()),
+            TurnEnd::NeedsDecision(pair()),
+            TurnEnd::NeedsApproval(pair()),
+            TurnEnd::Paused("p".into()),
+            TurnEnd::BudgetSpent("b".into()),
+            TurnEnd::Failed("f".into()),
+            TurnEnd::Cancelled("c".into()),
+        ] {
+            let outcome = TurnOutcome::new(Uuid::nil(), &end);
+            let wire = serde_json::to_string(&outcome).unwrap();
+            let back: TurnOutcome = serde_json::from_str(&wire).unwrap();
+            assert_eq!(back.end(), Some(end), "{wire}");
+        }
+    }
+}
