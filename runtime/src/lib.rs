@@ -2,10 +2,9 @@
 //! loop that can be killed at any instant and continued from its log.
 
 pub mod agent;
-pub mod anthropic;
+mod anthropic;
 pub mod api;
 pub mod crash;
-pub mod daemon;
 pub mod error;
 pub mod lease;
 pub mod model;
@@ -15,7 +14,7 @@ pub mod service;
 pub mod session;
 pub mod sink;
 pub mod snapshot;
-pub mod sse;
+mod sse;
 pub mod text;
 pub mod transfer;
 pub mod views;

@@ -105,7 +105,7 @@ fn run_child(dir: &str) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir).unwrap());
-        let config = runtime::daemon::DaemonConfig {
+        let config = daemon::DaemonConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
             allow_public: false,
             data_dir: dir.into(),
@@ -117,13 +117,13 @@ fn run_child(dir: &str) {
             shutdown_grace: Duration::from_secs(1),
             max_body_bytes: 1 << 20,
             max_parallel_calls: 64,
-            header_timeout: Duration::from_secs(runtime::daemon::DEFAULT_HEADER_TIMEOUT_SECS),
-            idle_timeout: Duration::from_secs(runtime::daemon::DEFAULT_IDLE_TIMEOUT_SECS),
-            max_connections: runtime::daemon::DEFAULT_MAX_CONNECTIONS,
+            header_timeout: Duration::from_secs(daemon::DEFAULT_HEADER_TIMEOUT_SECS),
+            idle_timeout: Duration::from_secs(daemon::DEFAULT_IDLE_TIMEOUT_SECS),
+            max_connections: daemon::DEFAULT_MAX_CONNECTIONS,
             owner: runtime::lease::owner_name("bench"),
             lease_ttl: runtime::lease::DEFAULT_TTL,
         };
-        runtime::daemon::serve(log, config).await.unwrap();
+        daemon::serve(log, config).await.unwrap();
     });
 }
 

@@ -13,11 +13,11 @@
 //! and while every one is busy a new connection is refused. Reaching the
 //! cap is said on stderr, at most once a minute.
 
-use crate::error::RuntimeError;
 use axum::body::{Body, Bytes};
 use axum::Router;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;
+use runtime::error::RuntimeError;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
@@ -68,7 +68,7 @@ pub(crate) async fn serve(
             // Out of files or memory: wait a little rather than spin.
             Err(e) => {
                 if accept_failed.due() {
-                    crate::warn_line!("mneme serve: cannot accept connections: {e}");
+                    runtime::warn_line!("mneme serve: cannot accept connections: {e}");
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
@@ -241,12 +241,12 @@ impl Connections {
         let cap = self.cap;
         if closed {
             if let Some(n) = report.closed.count() {
-                crate::warn_line!(
+                runtime::warn_line!(
                     "mneme serve: connection cap reached ({cap} open): closed the connection quiet the longest (a slow or idle client) to admit a new one; {n} since the last such line (at most one a minute; see --max-connections)"
                 );
             }
         } else if let Some(n) = report.refused.count() {
-            crate::warn_line!(
+            runtime::warn_line!(
                 "mneme serve: connection cap reached ({cap} open) with every connection busy: refused a new one; {n} refused since the last such line (at most one a minute; see --max-connections)"
             );
         }
@@ -550,7 +550,7 @@ pub(crate) fn connection_cap(asked: usize) -> Result<usize, RuntimeError> {
         )));
     }
     if room < asked {
-        crate::warn_line!(
+        runtime::warn_line!(
             "mneme serve: at most {room} connections (--max-connections {asked} lowered): the open-file limit (RLIMIT_NOFILE) is {limit}, {open} files are open and {reserved} are kept for the log and tools; raise it with `ulimit -n`"
         );
     }

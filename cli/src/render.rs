@@ -2,7 +2,7 @@
 //! daemon returns.
 
 use anyhow::Result;
-use mneme_runtime::text::for_terminal;
+use runtime::text::for_terminal;
 use serde_json::Value;
 use std::process::ExitCode;
 

@@ -1,8 +1,8 @@
 //! The daemon's metrics, in Prometheus text format.
 
-use crate::session::SessionObserver;
 use eventlog::Record;
 use replay::Event;
+use runtime::session::SessionObserver;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

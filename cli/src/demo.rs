@@ -2,7 +2,7 @@
 //! against a local side-effect sink, on a scripted model. No network, no setup.
 
 use anyhow::{bail, Context, Result};
-use mneme_runtime::sink::Sink;
+use runtime::sink::Sink;
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
 use std::time::Duration;

@@ -2,17 +2,17 @@
 //! directory, so while `mneme serve` holds it, commands go through the
 //! daemon's API (found from `mneme.daemon` in the data directory) and print
 //! what they would print reading the log directly. Requests and answers
-//! are the API's own types ([`mneme_runtime::api`]), the ones the daemon's
+//! are the API's own types ([`runtime::api`]), the ones the daemon's
 //! handlers take and give.
 
 use crate::{Command, JsonFlag};
 use anyhow::{anyhow, bail, Context, Result};
-use mneme_runtime::agent::load_agent_file;
-use mneme_runtime::api::{
+use daemon::DAEMON_FILE;
+use runtime::agent::load_agent_file;
+use runtime::api::{
     self, Approve, CreateSession, Created, DecisionAnswer, PostMessage, ReplayView, Resolve,
     Resume, SessionStatus, SessionSummary, TurnOutcome, Verified,
 };
-use mneme_runtime::daemon::DAEMON_FILE;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
@@ -45,8 +45,8 @@ impl Client {
             None => std::env::var("MNEME_TOKEN")
                 .context("the daemon's token is not in a file: set MNEME_TOKEN to it")?,
         };
-        let token = mneme_runtime::daemon::token::trimmed(&token);
-        mneme_runtime::text::register_secret(token);
+        let token = daemon::token::trimmed(&token);
+        runtime::text::register_secret(token);
         let mut headers = reqwest::header::HeaderMap::new();
         headers.insert(
             reqwest::header::AUTHORIZATION,
@@ -352,7 +352,7 @@ fn to_json(value: &impl Serialize) -> Value {
 }
 
 /// The turn end an outcome tells.
-fn end_of(outcome: TurnOutcome) -> Result<mneme_runtime::TurnEnd> {
+fn end_of(outcome: TurnOutcome) -> Result<runtime::TurnEnd> {
     outcome.end().with_context(|| {
         format!(
             "the daemon answered an unknown turn end: {}",

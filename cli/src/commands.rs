@@ -4,13 +4,13 @@
 use crate::{Cli, Command, JsonFlag, EXIT_NEEDS_DECISION};
 use anyhow::{bail, Context, Result};
 use eventlog::{EventLog, SledLog};
-use mneme_runtime::agent::load_agent_file;
-use mneme_runtime::lease::HeldLease;
-use mneme_runtime::pause;
-use mneme_runtime::runner::StopCheck;
-use mneme_runtime::service::{self, Service};
-use mneme_runtime::{views, Session, TurnEnd};
 use pglog::PgLog;
+use runtime::agent::load_agent_file;
+use runtime::lease::HeldLease;
+use runtime::pause;
+use runtime::runner::StopCheck;
+use runtime::service::{self, Service};
+use runtime::{views, Session, TurnEnd};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -26,7 +26,7 @@ pub async fn dispatch(cli: Cli, holder: &str) -> Result<ExitCode> {
     let lease_ttl = Duration::from_millis(cli.lease_ttl_ms.max(100));
     let snapshot_every = cli
         .snapshot_every
-        .unwrap_or(mneme_runtime::snapshot::DEFAULT_EVERY);
+        .unwrap_or(runtime::snapshot::DEFAULT_EVERY);
     match cli.command {
         Command::Demo(args) => crate::demo::run(args.keep).await,
         command => {
@@ -36,7 +36,7 @@ pub async fn dispatch(cli: Cli, holder: &str) -> Result<ExitCode> {
             };
             let ctx = Ctx {
                 service: Service::new(log, durability).snapshot_every(snapshot_every),
-                owner: mneme_runtime::lease::owner_name("cli"),
+                owner: runtime::lease::owner_name("cli"),
                 lease_ttl,
             };
             match command {
@@ -73,7 +73,7 @@ pub async fn dispatch(cli: Cli, holder: &str) -> Result<ExitCode> {
 /// and prints.
 fn register_secrets(cli: &Cli) {
     if let Ok(token) = std::env::var("MNEME_TOKEN") {
-        mneme_runtime::text::register_secret(&token);
+        runtime::text::register_secret(&token);
     }
     let store = cli
         .store
@@ -81,9 +81,9 @@ fn register_secrets(cli: &Cli) {
         .and_then(|s| reqwest::Url::parse(s).ok());
     if let Some(encoded) = store.as_ref().and_then(|url| url.password()) {
         // As written in the address, and as the server gets it.
-        mneme_runtime::text::register_secret(encoded);
+        runtime::text::register_secret(encoded);
         let decoded = percent_encoding::percent_decode_str(encoded).decode_utf8_lossy();
-        mneme_runtime::text::register_secret(&decoded);
+        runtime::text::register_secret(&decoded);
     }
 }
 
@@ -119,7 +119,7 @@ fn open_log(
         Err(e) => return Err(e.into()),
     };
     if let Some(torn) = log.torn_tail() {
-        mneme_runtime::warn_line!(
+        runtime::warn_line!(
             "mneme: warning: the write-ahead file ended in a partial write ({} bytes, never acknowledged); moved to {}",
             torn.bytes,
             torn.saved_to.display()
@@ -144,8 +144,8 @@ async fn serve(
     std::fs::create_dir_all(settings.data_dir)
         .with_context(|| format!("creating {}", settings.data_dir.display()))?;
     let (token, token_file) = token(settings.data_dir, a.token_file)?;
-    mneme_runtime::text::register_secret(&token);
-    let config = mneme_runtime::daemon::DaemonConfig {
+    runtime::text::register_secret(&token);
+    let config = daemon::DaemonConfig {
         listen: a.listen,
         allow_public: a.allow_public,
         data_dir: settings.data_dir.to_path_buf(),
@@ -160,10 +160,10 @@ async fn serve(
         header_timeout: Duration::from_secs(a.header_timeout_secs),
         idle_timeout: Duration::from_secs(a.idle_timeout_secs),
         max_connections: a.max_connections,
-        owner: mneme_runtime::lease::owner_name("daemon"),
+        owner: runtime::lease::owner_name("daemon"),
         lease_ttl: settings.lease_ttl,
     };
-    mneme_runtime::daemon::serve(log, config).await?;
+    daemon::serve(log, config).await?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -171,7 +171,7 @@ async fn serve(
 /// random one written to `DATA_DIR/mneme.token`, readable by this user only.
 /// A given token must be long enough, and its file private.
 fn token(data_dir: &std::path::Path, file: Option<PathBuf>) -> Result<(String, Option<PathBuf>)> {
-    use mneme_runtime::daemon::token;
+    use daemon::token;
     if let Some(file) = file {
         return Ok((token::read_file(&file)?, Some(file)));
     }
@@ -192,7 +192,7 @@ fn token(data_dir: &std::path::Path, file: Option<PathBuf>) -> Result<(String, O
         .mode(0o600)
         .open(&path)?;
     file.write_all(token.as_bytes())?;
-    mneme_runtime::log_line!(
+    runtime::log_line!(
         "mneme serve: generated a token in {} (readable by this user only)",
         path.display()
     );
@@ -264,7 +264,7 @@ impl Ctx {
             Some(path) => Box::new(std::io::BufWriter::new(private_output(path)?)),
             None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
         };
-        let written = mneme_runtime::transfer::export(self.log(), &ids, &mut out)?;
+        let written = runtime::transfer::export(self.log(), &ids, &mut out)?;
         say!("exported {written} records of {} sessions", ids.len());
         Ok(ExitCode::SUCCESS)
     }
@@ -280,7 +280,7 @@ impl Ctx {
             .input
             .as_ref()
             .map_or("stdin".to_string(), |p| p.display().to_string());
-        let done = mneme_runtime::transfer::import(self.log(), &mut input)
+        let done = runtime::transfer::import(self.log(), &mut input)
             .with_context(|| format!("importing {origin}"))?;
         self.log().barrier(eventlog::Durability::Synced)?;
         for id in &done.sessions {
@@ -456,10 +456,10 @@ impl Ctx {
 }
 
 /// Streamed replies' text on stdout as it comes (see
-/// [`mneme_runtime::text::StreamText`]).
+/// [`runtime::text::StreamText`]).
 #[derive(Default)]
 pub(crate) struct StreamToStdout {
-    text: mneme_runtime::text::StreamText,
+    text: runtime::text::StreamText,
     wrote: std::sync::atomic::AtomicBool,
 }
 
@@ -508,7 +508,7 @@ pub fn report_end(id: Uuid, end: &TurnEnd, json: bool, streamed: bool) -> Result
     match end {
         TurnEnd::Answered(answer) | TurnEnd::CutOffAnswer(answer) => {
             if !json && !streamed {
-                println!("{}", mneme_runtime::text::for_terminal_multiline(answer));
+                println!("{}", runtime::text::for_terminal_multiline(answer));
             }
             if matches!(end, TurnEnd::CutOffAnswer(_)) {
                 say!("mneme: warning: session {id}: the token limit cut the answer off (finish_reason length); raise [model] max_tokens for whole answers");

@@ -7,7 +7,7 @@
 /// drive the terminal, and known secrets are redacted.
 macro_rules! say {
     ($($arg:tt)*) => {
-        mneme_runtime::text::say(&format!($($arg)*))
+        runtime::text::say(&format!($($arg)*))
     };
 }
 
@@ -18,7 +18,6 @@ mod render;
 mod timeline;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
-use mneme_runtime::daemon;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use uuid::Uuid;
@@ -66,7 +65,7 @@ struct Cli {
     /// lines or `json` objects, one a line. A command's own lines (the
     /// session id, its answer) are not log events.
     #[arg(long, env = "MNEME_LOG_FORMAT", default_value = "human", global = true)]
-    log_format: mneme_runtime::text::LogFormat,
+    log_format: runtime::text::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -309,10 +308,10 @@ const EXIT_NEEDS_DECISION: u8 = 3;
 fn main() -> ExitCode {
     // Sessions hold what people, models and tools said: nothing mneme
     // writes is for other local users.
-    mneme_runtime::restrict_umask();
+    runtime::restrict_umask();
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-    mneme_runtime::text::init_logging(cli.log_format);
+    runtime::text::init_logging(cli.log_format);
     // What the data directory's holder note says of this process: never
     // its arguments (a user's message).
     let holder = format!("mneme {}", matches.subcommand_name().unwrap_or_default());

@@ -1,9 +1,9 @@
 //! The OpenAPI document served at `/openapi.json`, generated from the
-//! handlers' annotations and the types of [`crate::api`] (the router is
+//! handlers' annotations and the types of [`runtime::api`] (the router is
 //! built from the same annotations), plus what every operation shares: the
 //! bearer token, and errors answered as `{"error": REASON}` ([`ApiError`]).
 
-use crate::api::ApiError;
+use runtime::api::ApiError;
 use serde_json::{json, Map, Value};
 use std::sync::OnceLock;
 use utoipa::PartialSchema;

@@ -4,16 +4,6 @@
 //! document served at `/openapi.json` and the routes served are one list.
 
 use super::{Daemon, TurnStart};
-use crate::api::{
-    self as wire, Approve, Cancel, Cancelled, Created, Decided, EventRecord, EventsQuery, Fork,
-    Forked, Health, ListQuery, MessageAccepted, PauseRequested, PostMessage, ReplayView, Resolve,
-    Resume, Resuming, SessionStatus, SessionSummary, SessionView, TurnOutcome, Verified,
-};
-use crate::error::RuntimeError;
-use crate::runner::TurnEnd;
-use crate::service::{self, Service};
-use crate::session::Session;
-use crate::views;
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
@@ -22,6 +12,16 @@ use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use eventlog::LogError;
 use replay::AgentSpec;
+use runtime::api::{
+    self as wire, Approve, Cancel, Cancelled, Created, Decided, EventRecord, EventsQuery, Fork,
+    Forked, Health, ListQuery, MessageAccepted, PauseRequested, PostMessage, ReplayView, Resolve,
+    Resume, Resuming, SessionStatus, SessionSummary, SessionView, TurnOutcome, Verified,
+};
+use runtime::error::RuntimeError;
+use runtime::runner::TurnEnd;
+use runtime::service::{self, Service};
+use runtime::session::Session;
+use runtime::views;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -305,7 +305,7 @@ fn spec_from_json(daemon: &Daemon, body: &str) -> Result<AgentSpec, ApiError> {
                     "agent name {name:?}: letters, digits, '-' and '_' only"
                 )));
             }
-            Ok(crate::agent::load_agent_file(
+            Ok(runtime::agent::load_agent_file(
                 &dir.join(format!("{name}.toml")),
             )?)
         }
@@ -327,12 +327,12 @@ async fn get_session(
     let session = daemon.service.load(id)?;
     let log = daemon.service.log();
     let meta = log.meta(id)?.ok_or(RuntimeError::NoSuchSession(id))?;
-    let summary = crate::snapshot::Summary::of(session.state());
+    let summary = runtime::snapshot::Summary::of(session.state());
     Ok(Json(SessionView {
         summary: views::summary_of(&meta, &summary),
         answer: session.state().answer().map(String::from),
         running_on: log.lease(id)?.map(|lease| lease.owner),
-        in_doubt: crate::runner::in_doubt(&session)
+        in_doubt: runtime::runner::in_doubt(&session)
             .into_iter()
             .map(|(call_id, reason)| wire::InDoubtCall { call_id, reason })
             .collect(),
@@ -655,7 +655,7 @@ async fn deltas(State(state): State<AppState>, Path(id): Path<Uuid>) -> Result<R
     let daemon = state.daemon.clone();
     daemon.service.ensure_exists(id)?;
     let receiver = daemon.deltas.subscribe();
-    let text = crate::text::StreamText::for_json();
+    let text = runtime::text::StreamText::for_json();
     let stopped = state.stopped.clone();
     let stream = futures_util::stream::unfold(
         (receiver, text, stopped),
@@ -753,7 +753,7 @@ impl Follow {
         let to = self.target.min(self.next + PAGE - 1);
         let log = self.daemon.service.log();
         for record in log.read_bounded(self.id, self.next, to, PAGE_BYTES)? {
-            let event = crate::session::decode(&record)?;
+            let event = runtime::session::decode(&record)?;
             self.next = record.envelope.seq + 1;
             let row = views::record(&record, &event);
             if (self.keep)(&row) {

@@ -19,13 +19,13 @@ pub mod token;
 
 pub use metrics::Metrics;
 
-use crate::error::RuntimeError;
-use crate::lease::HeldLease;
-use crate::pause::{self, PAUSED_ON_REQUEST};
-use crate::runner::{Runner, TurnEnd};
-use crate::service::Service;
-use crate::snapshot::Summary;
 use eventlog::{Durability, EventLog};
+use runtime::error::RuntimeError;
+use runtime::lease::HeldLease;
+use runtime::pause::{self, PAUSED_ON_REQUEST};
+use runtime::runner::{Runner, TurnEnd};
+use runtime::service::Service;
+use runtime::snapshot::Summary;
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -132,8 +132,8 @@ const HOT_SESSION_BYTES: usize = 64 << 20;
 /// A session kept between its turns: its fold, its rendered prompt, and
 /// the model client and tools its spec asks for.
 struct Hot {
-    session: crate::Session,
-    parts: Arc<crate::runner::TurnParts>,
+    session: runtime::Session,
+    parts: Arc<runtime::runner::TurnParts>,
     bytes: usize,
 }
 
@@ -157,7 +157,7 @@ impl HotSessions {
         Some(hot)
     }
 
-    fn put(&mut self, id: Uuid, session: crate::Session, parts: Arc<crate::runner::TurnParts>) {
+    fn put(&mut self, id: Uuid, session: runtime::Session, parts: Arc<runtime::runner::TurnParts>) {
         self.take(id);
         let bytes = session.approx_bytes();
         self.bytes += bytes;
@@ -224,7 +224,7 @@ impl Daemon {
         };
         let (deltas, _) = broadcast::channel(DELTAS_BUFFERED);
         let published = deltas.clone();
-        let publish: crate::runner::DeltaSink = Arc::new(move |id, text| {
+        let publish: runtime::runner::DeltaSink = Arc::new(move |id, text| {
             let _ = published.send((id, text.into()));
         });
         Daemon {
@@ -422,9 +422,9 @@ impl Daemon {
                 // Another daemon runs it: nothing went wrong here.
                 Err(RuntimeError::Log(eventlog::LogError::LeaseHeld { .. })) => {}
                 Err(e) if e.to_string().contains(&id.to_string()) => {
-                    crate::warn_line!("mneme serve: {e}")
+                    runtime::warn_line!("mneme serve: {e}")
                 }
-                Err(e) => crate::warn_line!("mneme serve: session {id}: {e}"),
+                Err(e) => runtime::warn_line!("mneme serve: session {id}: {e}"),
                 Ok(_) => {}
             }
             result
@@ -437,7 +437,7 @@ impl Daemon {
         let listing = match self.service.listing() {
             Ok(listing) => listing,
             Err(e) => {
-                return crate::warn_line!("mneme serve: recovery could not list sessions: {e}")
+                return runtime::warn_line!("mneme serve: recovery could not list sessions: {e}")
             }
         };
         let mut recovered = 0;
@@ -445,7 +445,7 @@ impl Daemon {
             let summary = match summary {
                 Ok(summary) => summary,
                 Err(e) => {
-                    crate::warn_line!("mneme serve: session {} not recovered: {e}", meta.session);
+                    runtime::warn_line!("mneme serve: session {} not recovered: {e}", meta.session);
                     continue;
                 }
             };
@@ -455,7 +455,7 @@ impl Daemon {
                 self.spawn_turn(meta.session, TurnStart::Recover("daemon recovery"));
             }
         }
-        crate::log_line!("mneme serve: recovery found {recovered} interrupted sessions");
+        runtime::log_line!("mneme serve: recovery found {recovered} interrupted sessions");
     }
 
     /// Every half lease (at most a second): resumes the sessions whose leases lapsed (their
@@ -469,7 +469,7 @@ impl Daemon {
             let lapsed = match self.service.log().expired_leases() {
                 Ok(lapsed) => lapsed,
                 Err(e) => {
-                    crate::warn_line!("mneme serve: cannot list lapsed leases: {e}");
+                    runtime::warn_line!("mneme serve: cannot list lapsed leases: {e}");
                     continue;
                 }
             };
@@ -480,7 +480,7 @@ impl Daemon {
                 }
                 match self.needs_takeover(id) {
                     Ok(true) => {
-                        crate::log_line!(
+                        runtime::log_line!(
                             "mneme serve: taking over session {id} from {}",
                             lease.owner
                         );
@@ -500,7 +500,7 @@ impl Daemon {
                             lease.release();
                         }
                     }
-                    Err(e) => crate::warn_line!("mneme serve: session {id} not taken over: {e}"),
+                    Err(e) => runtime::warn_line!("mneme serve: session {id} not taken over: {e}"),
                 }
             }
         }
@@ -530,7 +530,7 @@ impl Daemon {
             }
         };
         if tokio::time::timeout(left, waiting).await.is_err() {
-            crate::warn_line!(
+            runtime::warn_line!(
                 "mneme serve: {} turns still running after {:?}; their calls resume on the next start",
                 self.running.load(Ordering::SeqCst),
                 self.config.shutdown_grace
@@ -602,9 +602,9 @@ pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), R
     // sent as soon as it answers is a shutdown, not a kill.
     let signals = ShutdownSignals::install();
     write_daemon_file(&config, addr);
-    crate::log_line!("mneme serve: listening on http://{addr}");
+    runtime::log_line!("mneme serve: listening on http://{addr}");
     if public {
-        crate::warn_line!("mneme serve: WARNING: --allow-public: the API is plain HTTP (no TLS) and reachable from the network on {addr}; its bearer token and every session cross it unencrypted. Put a TLS proxy in front of it, or keep it to a network you trust.");
+        runtime::warn_line!("mneme serve: WARNING: --allow-public: the API is plain HTTP (no TLS) and reachable from the network on {addr}; its bearer token and every session cross it unencrypted. Put a TLS proxy in front of it, or keep it to a network you trust.");
     }
     tokio::spawn(daemon.clone().recover());
     tokio::spawn(daemon.clone().take_over_lapsed());
@@ -614,7 +614,7 @@ pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), R
     let stopping = daemon.clone();
     tokio::spawn(async move {
         signals.wait().await;
-        crate::log_line!("mneme serve: shutting down");
+        runtime::log_line!("mneme serve: shutting down");
         // Turns pause at their next step; live streams end; no new turns.
         stopping.shutting_down.store(true, Ordering::SeqCst);
         let _ = stop_http.send(true);

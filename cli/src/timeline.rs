@@ -3,10 +3,10 @@
 use crate::LogArgs;
 use anyhow::{bail, Result};
 use eventlog::EventLog;
-use mneme_runtime::session::read_events;
-use mneme_runtime::text::for_terminal;
-use mneme_runtime::views;
 use replay::{Event, Resolution, SessionOutcome, ToolOutcome};
+use runtime::session::read_events;
+use runtime::text::for_terminal;
+use runtime::views;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::process::ExitCode;
