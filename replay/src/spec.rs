@@ -38,6 +38,10 @@ pub enum ToolKind {
     Http,
     /// A local command; the arguments arrive as JSON on stdin.
     Command,
+    /// Code of the program that embeds mneme (a Rust type implementing
+    /// `tools::Tool`), handed to the runner with the session's tools; the
+    /// `mneme` binary has none to run.
+    Native,
 }
 
 /// One tool the agent may call.
@@ -177,7 +181,7 @@ impl ToolSpec {
             ToolKind::Command if self.command.as_ref().is_none_or(|c| c.is_empty()) => {
                 Err(tool("kind = \"command\" needs a command".into()))
             }
-            ToolKind::Command => Ok(()),
+            ToolKind::Command | ToolKind::Native => Ok(()),
         }
     }
 }

@@ -126,10 +126,20 @@ impl Runner {
     /// to build them is recorded as a failed turn, so the session shows
     /// failed instead of running.
     pub fn parts(&self, session: &mut Session) -> Result<TurnParts, RuntimeError> {
+        self.parts_with_native(session, Vec::new())
+    }
+
+    /// [`Runner::parts`], with the `native` tools the spec declares: Rust
+    /// code of the program that embeds mneme (see `tools::Toolbox::with_native`).
+    pub fn parts_with_native(
+        &self,
+        session: &mut Session,
+        native: Vec<Arc<dyn Tool>>,
+    ) -> Result<TurnParts, RuntimeError> {
         let spec = session.spec()?;
         let setup = client_for(spec)
             .map_err(RuntimeError::from)
-            .and_then(|model| Ok((model, Toolbox::from_specs(&spec.tools)?)));
+            .and_then(|model| Ok((model, Toolbox::with_native(&spec.tools, native)?)));
         match setup {
             Ok((model, toolbox)) => Ok(TurnParts { model, toolbox }),
             Err(error) => {

@@ -108,8 +108,35 @@ pub struct Toolbox {
 }
 
 impl Toolbox {
-    /// Builds every tool of `specs`.
+    /// Builds every tool of `specs`; a spec of kind `native` is refused
+    /// (this process has no code for it: see [`Toolbox::with_native`]).
     pub fn from_specs(specs: &[ToolSpec]) -> Result<Toolbox, ToolError> {
+        Toolbox::with_native(specs, Vec::new())
+    }
+
+    /// Builds every HTTP and command tool of `specs`, and takes each
+    /// `native` one from `native` (a tool whose spec is the one `specs`
+    /// declares under its name). A native spec without its tool, or a tool
+    /// that `specs` does not declare as native (or declares otherwise), is
+    /// refused, naming the tool: what runs is what the session recorded.
+    pub fn with_native(
+        specs: &[ToolSpec],
+        native: Vec<Arc<dyn Tool>>,
+    ) -> Result<Toolbox, ToolError> {
+        let mut given: HashMap<String, Arc<dyn Tool>> = HashMap::new();
+        for tool in native {
+            let spec = tool.spec();
+            if !specs
+                .iter()
+                .any(|s| s == spec && s.kind == ToolKind::Native)
+            {
+                return Err(ToolError::Config {
+                    tool: spec.name.clone(),
+                    reason: "the agent's spec does not declare this native tool as it is (name, description, parameters, effect and kind = \"native\" must match)".into(),
+                });
+            }
+            given.insert(spec.name.clone(), tool);
+        }
         let client = reqwest::Client::builder()
             .build()
             .map_err(|e| ToolError::Config {
@@ -121,6 +148,10 @@ impl Toolbox {
             let tool: Arc<dyn Tool> = match spec.kind {
                 ToolKind::Http => Arc::new(HttpTool::new(spec.clone(), client.clone())?),
                 ToolKind::Command => Arc::new(CommandTool::new(spec.clone())?),
+                ToolKind::Native => given.remove(&spec.name).ok_or_else(|| ToolError::Config {
+                    tool: spec.name.clone(),
+                    reason: "kind = \"native\" is code of a program that embeds mneme, handed to its runner; this process has none".into(),
+                })?,
             };
             tools.insert(spec.name.clone(), tool);
         }
@@ -151,4 +182,50 @@ pub(crate) async fn with_timeout<T>(
             secs: limit.as_secs(),
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use replay::spec::Effect;
+
+    struct Echo(ToolSpec);
+
+    #[async_trait]
+    impl Tool for Echo {
+        fn spec(&self) -> &ToolSpec {
+            &self.0
+        }
+        async fn call(&self, _ctx: &CallContext, args: &str) -> Result<String, ToolError> {
+            Ok(args.to_string())
+        }
+    }
+
+    fn native(name: &str, effect: Effect) -> ToolSpec {
+        let toml = format!(
+            "name = \"{name}\"\ndescription = \"d\"\nkind = \"native\"\neffect = \"{effect}\"\nparameters = {{ type = \"object\" }}"
+        );
+        toml::from_str(&toml).unwrap()
+    }
+
+    #[test]
+    fn a_native_tool_runs_only_as_the_spec_declares_it() {
+        let specs = [native("echo", Effect::ReadOnly)];
+        let declared = Arc::new(Echo(specs[0].clone()));
+        let toolbox = Toolbox::with_native(&specs, vec![declared]).unwrap();
+        assert!(toolbox.get("echo").is_some());
+        // Without its code: refused, naming the tool.
+        let missing = Toolbox::from_specs(&specs).err().unwrap().to_string();
+        assert!(
+            missing.contains("echo") && missing.contains("embeds mneme"),
+            "{missing}"
+        );
+        // Code the spec declares otherwise (another effect): refused.
+        let other = Arc::new(Echo(native("echo", Effect::SideEffect)));
+        let refused = Toolbox::with_native(&specs, vec![other])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(refused.contains("does not declare"), "{refused}");
+    }
 }
