@@ -1211,6 +1211,20 @@ mod tests {
 
     crate::conformance_tests!(Sled);
 
+    /// Opens `dir` again; sled may hold its lock a moment after the last
+    /// handle dropped.
+    fn reopen(dir: &Path) -> SledLog {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            match SledLog::open(dir) {
+                Err(LogError::Locked { .. }) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20))
+                }
+                opened => return opened.unwrap(),
+            }
+        }
+    }
+
     /// Bytes of the files under `dir`, as `du -b` counts them.
     fn bytes_under(dir: &Path) -> u64 {
         std::fs::read_dir(dir)
@@ -1298,7 +1312,7 @@ mod tests {
             "{on_disk} bytes on disk for {sealed} sealed: {ratio:.2}x"
         );
         drop(log);
-        let log = SledLog::open(dir.path()).unwrap();
+        let log = reopen(dir.path());
         assert_eq!(log.verify(s).unwrap(), seq);
     }
 
@@ -1308,14 +1322,18 @@ mod tests {
         let s = Uuid::now_v7();
         {
             // What mneme created before compression.
-            let db = sled::Config::new().path(dir.path()).open().unwrap();
+            let db = sled::Config::new()
+                .path(dir.path())
+                .flush_every_ms(None)
+                .open()
+                .unwrap();
             db.flush().unwrap();
         }
         assert_eq!(created_with(dir.path()), Some((false, 512 << 10)));
-        let log = SledLog::open(dir.path()).unwrap();
+        let log = reopen(dir.path());
         log.append(s, 1, vec![event(1)]).unwrap();
         drop(log);
-        let log = SledLog::open(dir.path()).unwrap();
+        let log = reopen(dir.path());
         assert_eq!(log.verify(s).unwrap(), 1);
         let fresh = tempfile::tempdir().unwrap();
         drop(SledLog::open(fresh.path()).unwrap());
