@@ -25,7 +25,7 @@ mod wal;
 
 pub use envelope::{Envelope, Hash, NewEvent, Record, MAX_RECORD_BYTES, RECORD_FORMAT};
 pub use lease::{Lease, LocalLeases};
-pub use sled_log::{SledLog, Totals};
+pub use sled_log::{sled_config, SledLog, Totals};
 pub use wal::TornTail;
 
 use std::fmt;

@@ -273,7 +273,7 @@ fn replay_and_resume() {
         let session = fill(&dir, n);
         // Baseline: the same records, scanned from sled and decoded, no checks, no fold.
         let t = Instant::now();
-        let db = sled::open(&dir).unwrap();
+        let db = eventlog::sled_config(&dir).open().unwrap();
         let mut count = 0usize;
         for item in db.scan_prefix([b'e']) {
             let (_, value) = item.unwrap();

@@ -58,7 +58,7 @@ fn event_key(session: &uuid::Uuid, seq: u64) -> Vec<u8> {
 /// tamperer with access to the files would.
 fn rewrite(world: &World, session: &str, seq: u64, change: impl FnOnce(Vec<u8>) -> Vec<u8>) {
     let id: uuid::Uuid = session.parse().unwrap();
-    let db = sled::open(world.data()).unwrap();
+    let db = eventlog::sled_config(&world.data()).open().unwrap();
     let old = db.get(event_key(&id, seq)).unwrap().unwrap().to_vec();
     db.insert(event_key(&id, seq), change(old)).unwrap();
     db.flush().unwrap();
