@@ -3,7 +3,7 @@
 use super::{Daemon, TurnStart};
 use crate::error::RuntimeError;
 use crate::runner::TurnEnd;
-use crate::service::{self, Service};
+use crate::service;
 use crate::session::Session;
 use crate::views;
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
@@ -188,7 +188,7 @@ async fn list_sessions(
     Query(q): Query<ListQuery>,
 ) -> Result<Json<Vec<Value>>, ApiError> {
     let mut rows = Vec::new();
-    for (meta, summary) in daemon.service.listing()? {
+    for (meta, summary) in daemon.service.listing().await? {
         let row = views::session_row(&meta, summary);
         let keep = q.status.as_deref().is_none_or(|s| row["status"] == s)
             && q.agent.as_deref().is_none_or(|a| row["agent"] == a);
@@ -216,7 +216,7 @@ async fn create_session(
     } else {
         spec_from_json(&daemon, &body)?
     };
-    let session = daemon.service.create(spec)?;
+    let session = daemon.service.create(spec).await?;
     daemon.set_status(session.id(), session.state().status());
     Ok((StatusCode::CREATED, Json(json!({"session": session.id()}))))
 }
@@ -260,12 +260,12 @@ async fn get_session(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
 ) -> Result<Json<Value>, ApiError> {
-    let session = daemon.service.load(id)?;
+    let session = daemon.service.load(id).await?;
     let log = daemon.service.log();
-    let meta = log.meta(id)?.ok_or(RuntimeError::NoSuchSession(id))?;
+    let meta = log.meta(id).await?.ok_or(RuntimeError::NoSuchSession(id))?;
     let mut view = views::session_summary(&meta, &crate::snapshot::Summary::of(session.state()));
     view["answer"] = json!(session.state().answer());
-    view["running_on"] = json!(log.lease(id)?.map(|lease| lease.owner));
+    view["running_on"] = json!(log.lease(id).await?.map(|lease| lease.owner));
     view["in_doubt"] = json!(crate::runner::in_doubt(&session)
         .into_iter()
         .map(|(call_id, reason)| json!({"call_id": call_id, "reason": reason}))
@@ -299,7 +299,7 @@ async fn post_message(
     Json(body): Json<MessageBody>,
 ) -> Result<Response, ApiError> {
     refuse_when_stopping(&daemon)?;
-    daemon.service.ensure_exists(id)?; // 404 before spawning
+    daemon.service.ensure_exists(id).await?; // 404 before spawning
     let (seq_tx, seq_rx) = tokio::sync::oneshot::channel();
     let turn = daemon.spawn_turn(id, TurnStart::Message(body.text, seq_tx));
     let seq = seq_rx.await.map_err(|_| {
@@ -348,7 +348,7 @@ async fn resume(
     body: Option<Json<ResumeBody>>,
 ) -> Result<Response, ApiError> {
     refuse_when_stopping(&daemon)?;
-    daemon.service.ensure_exists(id)?; // 404 before spawning
+    daemon.service.ensure_exists(id).await?; // 404 before spawning
     let body = body.map(|Json(b)| b).unwrap_or_default();
     let turn = daemon.spawn_turn(id, TurnStart::Resume("api", body.extend));
     if !body.wait {
@@ -366,11 +366,11 @@ async fn pause(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
 ) -> Result<Json<Value>, ApiError> {
-    daemon.service.ensure_exists(id)?;
+    daemon.service.ensure_exists(id).await?;
     if daemon.request_pause(id) {
         return Ok(Json(json!({"session": id, "pause_requested": true})));
     }
-    let Some(owner) = daemon.ask_pause_elsewhere(id)? else {
+    let Some(owner) = daemon.ask_pause_elsewhere(id).await? else {
         return Err(ApiError(
             StatusCode::CONFLICT,
             format!("session {id} has no turn running to pause"),
@@ -393,13 +393,14 @@ async fn cancel(
     Path(id): Path<Uuid>,
     Json(body): Json<ByBody>,
 ) -> Result<Json<Value>, ApiError> {
-    daemon.service.ensure_exists(id)?;
+    daemon.service.ensure_exists(id).await?;
     if !daemon.request_pause(id) {
         daemon.wait_for_turn_elsewhere(id).await?;
     }
-    under_lease(&daemon, id, |service, session| {
+    under_lease(&daemon, id, |mut session| async {
         daemon.withdraw_pause(id);
-        service.cancel(session, &body.by)
+        let cancelled = daemon.service.cancel(&mut session, &body.by).await;
+        (session, cancelled)
     })
     .await?;
     Ok(Json(json!({"session": id, "status": "cancelled"})))
@@ -417,7 +418,7 @@ async fn fork(
     Path(id): Path<Uuid>,
     Json(body): Json<ForkBody>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let child = daemon.service.fork(id, body.at)?;
+    let child = daemon.service.fork(id, body.at).await?;
     daemon.set_status(child.id(), child.state().status());
     Ok((
         StatusCode::CREATED,
@@ -455,8 +456,11 @@ async fn resolve(
     let skip = body.skip.as_ref().map(Value::to_string);
     let resolution = service::resolution(body.retry, skip.as_deref(), body.fail.as_deref())
         .map_err(bad_request)?;
-    let can_continue = under_lease(&daemon, id, |service, session| {
-        service.resolve(session, &call, resolution, &body.by)
+    let can_continue = under_lease(&daemon, id, |mut session| async {
+        let resolved = (daemon.service)
+            .resolve(&mut session, &call, resolution, &body.by)
+            .await;
+        (session, resolved)
     })
     .await?;
     continue_after_decision(&daemon, id, &call, can_continue && body.proceed, body.wait).await
@@ -480,8 +484,11 @@ async fn approve(
     Json(body): Json<ApproveBody>,
 ) -> Result<Response, ApiError> {
     refuse_when_stopping(&daemon)?;
-    let can_continue = under_lease(&daemon, id, |service, session| {
-        service.decide_approval(session, &call, body.approved, &body.by)
+    let can_continue = under_lease(&daemon, id, |mut session| async {
+        let decided = (daemon.service)
+            .decide_approval(&mut session, &call, body.approved, &body.by)
+            .await;
+        (session, decided)
     })
     .await?;
     continue_after_decision(&daemon, id, &call, can_continue && body.proceed, body.wait).await
@@ -491,18 +498,22 @@ async fn approve(
 /// here and under its lease, so the append carries this daemon's current
 /// fencing token; a turn running elsewhere gets a 409 naming its daemon.
 /// A session the store does not hold is refused before any lease is taken.
-async fn under_lease<T>(
+async fn under_lease<T, F>(
     daemon: &Shared,
     id: Uuid,
-    record: impl FnOnce(&Service, &mut Session) -> Result<T, RuntimeError>,
-) -> Result<T, ApiError> {
-    daemon.service.ensure_exists(id)?;
+    record: impl FnOnce(Session) -> F,
+) -> Result<T, ApiError>
+where
+    F: std::future::Future<Output = (Session, Result<T, RuntimeError>)>,
+{
+    daemon.service.ensure_exists(id).await?;
     let lock = daemon.lock_for(id);
     let _turn = lock.lock().await;
-    let lease = daemon.hold(id)?;
-    let mut session = daemon.service.load(id)?;
-    let recorded = record(&daemon.service, &mut session)?;
-    lease.release();
+    let lease = daemon.hold(id).await?;
+    let session = daemon.service.load(id).await?;
+    let (session, recorded) = record(session).await;
+    let recorded = recorded?;
+    lease.release().await;
     daemon.set_status(id, session.state().status());
     Ok(recorded)
 }
@@ -556,7 +567,7 @@ async fn events(
     let kinds: Option<Vec<String>> = q.kind.map(|k| k.split(',').map(String::from).collect());
     // Subscribe before reading the head, so nothing falls in between.
     let heads = daemon.heads.subscribe();
-    let head = daemon.service.log().head(id)?.seq;
+    let head = daemon.service.log().head(id).await?.seq;
     if head == 0 {
         return Err(RuntimeError::NoSuchSession(id).into());
     }
@@ -576,7 +587,7 @@ async fn events(
         }),
         next_look: tokio::time::Instant::now() + LOOK_AT_HEAD_EVERY,
     };
-    stream.target = stream.durable_head().unwrap_or(head);
+    stream.target = stream.durable_head().await.unwrap_or(head);
     if !q.follow {
         return Ok((
             [(header::CONTENT_TYPE, "application/json")],
@@ -596,7 +607,7 @@ async fn events(
 /// recorded: the whole reply is, in `/events`.
 async fn deltas(State(state): State<AppState>, Path(id): Path<Uuid>) -> Result<Response, ApiError> {
     let daemon = state.daemon.clone();
-    daemon.service.ensure_exists(id)?;
+    daemon.service.ensure_exists(id).await?;
     let receiver = daemon.deltas.subscribe();
     let text = crate::text::StreamText::for_json();
     let stopped = state.stopped.clone();
@@ -664,7 +675,7 @@ struct Follow {
     stopped: watch::Receiver<bool>,
     /// Rows of the page read last that pass the filter.
     buffer: VecDeque<Value>,
-    keep: Box<dyn Fn(&Value) -> bool + Send>,
+    keep: Box<dyn Fn(&Value) -> bool + Send + Sync>,
     /// When to read the head if no announcement came.
     next_look: tokio::time::Instant,
 }
@@ -673,8 +684,8 @@ impl Follow {
     /// The session's durable head: the log's, capped by this daemon's last
     /// barrier while one of its turns runs the session (elsewhere, what
     /// another daemon appended is in the store, committed).
-    fn durable_head(&self) -> Option<u64> {
-        let head = self.daemon.service.log().head(self.id).ok()?.seq;
+    async fn durable_head(&self) -> Option<u64> {
+        let head = self.daemon.service.log().head(self.id).await.ok()?.seq;
         if !self.daemon.is_running(self.id) {
             return Some(head);
         }
@@ -689,13 +700,13 @@ impl Follow {
     /// Reads the next page up to the target into the buffer: at most
     /// [`PAGE`] records and [`PAGE_BYTES`] (or one record, if it alone is
     /// bigger); false when the target is reached.
-    fn read_page(&mut self) -> Result<bool, RuntimeError> {
+    async fn read_page(&mut self) -> Result<bool, RuntimeError> {
         if self.next > self.target {
             return Ok(false);
         }
         let to = self.target.min(self.next + PAGE - 1);
         let log = self.daemon.service.log();
-        for record in log.read_bounded(self.id, self.next, to, PAGE_BYTES)? {
+        for record in log.read_bounded(self.id, self.next, to, PAGE_BYTES).await? {
             let event = crate::session::decode(&record)?;
             self.next = record.envelope.seq + 1;
             let row = views::record(&record, &event);
@@ -715,7 +726,7 @@ impl Follow {
         let opening =
             futures_util::stream::once(async { Ok(axum::body::Bytes::from_static(b"[")) });
         let pages = futures_util::stream::unfold((self, true), |(mut f, first)| async move {
-            match f.read_page() {
+            match f.read_page().await {
                 Err(e) => {
                     f.target = 0; // the stream ends after the error
                     f.buffer.clear();
@@ -752,7 +763,7 @@ impl Follow {
                         .data(row.to_string());
                     return Some((Ok(event), f));
                 }
-                if f.read_page().ok()? {
+                if f.read_page().await.ok()? {
                     continue;
                 }
                 let head = tokio::select! {
@@ -768,7 +779,9 @@ impl Follow {
                     Ok((session, seq)) if session == f.id => seq.max(f.target),
                     Ok(_) => continue,
                     // Fell behind, or looking anyway: catch up to what is durable.
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => f.durable_head()?,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        f.durable_head().await?
+                    }
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
                 };
             }
@@ -780,15 +793,15 @@ async fn verify(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
 ) -> Result<Json<Value>, ApiError> {
-    daemon.service.ensure_exists(id)?;
-    Ok(Json(views::verify(daemon.service.log().as_ref(), id)))
+    daemon.service.ensure_exists(id).await?;
+    Ok(Json(views::verify(daemon.service.log().as_ref(), id).await))
 }
 
 async fn replay_view(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
 ) -> Result<Json<Value>, ApiError> {
-    let session = daemon.service.load(id)?;
+    let session = daemon.service.load(id).await?;
     Ok(Json(views::replay(id, session.state())))
 }
 
@@ -797,7 +810,7 @@ async fn next_request(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
 ) -> Result<Response, ApiError> {
-    let mut session = daemon.service.load(id)?;
+    let mut session = daemon.service.load(id).await?;
     let body = session.next_request()?;
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
