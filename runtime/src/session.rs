@@ -101,6 +101,29 @@ fn decode_all(records: Vec<Record>) -> Result<Vec<(u64, Event)>, RuntimeError> {
     Ok(events)
 }
 
+/// Decodes `tail` and folds it into `state`: a long tail (decoded on every
+/// core, then folded) on tokio's blocking pool, so that the caller's worker
+/// goes on serving other tasks meanwhile; a short one in place.
+async fn fold_tail(
+    mut state: SessionState,
+    tail: Vec<Record>,
+) -> Result<SessionState, RuntimeError> {
+    let short = tail.len() < PARALLEL_DECODE_MIN;
+    let fold = move || {
+        for (seq, event) in decode_all(tail)? {
+            state.apply(seq, event);
+        }
+        Ok(state)
+    };
+    if short {
+        return fold();
+    }
+    match tokio::task::spawn_blocking(fold).await {
+        Ok(folded) => folded,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}
+
 impl Session {
     /// Starts a new session with `spec` (appends SessionStarted).
     pub async fn create(log: Arc<dyn EventLog>, spec: AgentSpec) -> Result<Session, RuntimeError> {
@@ -169,9 +192,7 @@ impl Session {
                 };
                 eventlog::check_link(id, &prev, first)?;
             }
-            for (seq, event) in decode_all(tail)? {
-                state.apply(seq, event);
-            }
+            state = fold_tail(state, tail).await?;
         }
         Ok(Session {
             id,
