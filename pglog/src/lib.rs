@@ -221,7 +221,7 @@ impl PgLog {
             kind: last.envelope.kind.clone(),
         };
         let db = self.db();
-        let code = async move { db.append(args).await }.await?;
+        let code = db.append(args).await?;
         match code {
             0 => {
                 let _ = self.appended.send((session, last.envelope.seq));
@@ -266,7 +266,7 @@ impl PgLog {
 
     async fn current_lease(&self, session: Uuid) -> Result<Option<Lease>, LogError> {
         let db = self.db();
-        async move { db.lease(session).await }.await
+        db.lease(session).await
     }
 
     async fn lease_held(&self, session: Uuid) -> Result<LogError, LogError> {
@@ -558,67 +558,58 @@ impl EventLog for PgLog {
 
     async fn head(&self, session: Uuid) -> Result<Head, LogError> {
         let db = self.db();
-        let head = async move { db.head(session).await }.await?;
+        let head = db.head(session).await?;
         self.remember_head(session, head);
         Ok(head)
     }
 
     async fn sessions(&self) -> Result<Vec<SessionMeta>, LogError> {
         let db = self.db();
-        let rows = async move {
-            db.query(
+        let rows = db
+            .query(
                 "list sessions",
                 &format!("SELECT {SESSION_COLUMNS} FROM mneme_sessions ORDER BY session"),
                 &[],
             )
-            .await
-        }
-        .await?;
+            .await?;
         Ok(rows.iter().map(meta_of).collect())
     }
 
     async fn meta(&self, session: Uuid) -> Result<Option<SessionMeta>, LogError> {
         let db = self.db();
-        let rows = async move {
-            db.query(
+        let rows = db
+            .query(
                 "read session",
                 &format!("SELECT {SESSION_COLUMNS} FROM mneme_sessions WHERE session = $1"),
                 &[&session],
             )
-            .await
-        }
-        .await?;
+            .await?;
         Ok(rows.first().map(meta_of))
     }
 
     async fn put_derived(&self, session: Uuid, name: &str, bytes: &[u8]) -> Result<(), LogError> {
         let db = self.db();
         let (name, bytes) = (name.to_string(), bytes.to_vec());
-        async move {
-            db.query(
-                "store derived data",
-                "INSERT INTO mneme_derived (session, name, bytes) VALUES ($1, $2, $3) \
+        db.query(
+            "store derived data",
+            "INSERT INTO mneme_derived (session, name, bytes) VALUES ($1, $2, $3) \
                  ON CONFLICT (session, name) DO UPDATE SET bytes = EXCLUDED.bytes",
-                &[&session, &name, &bytes],
-            )
-            .await
-            .map(drop)
-        }
+            &[&session, &name, &bytes],
+        )
         .await
+        .map(drop)
     }
 
     async fn get_derived(&self, session: Uuid, name: &str) -> Result<Option<Vec<u8>>, LogError> {
         let db = self.db();
         let name = name.to_string();
-        let rows = async move {
-            db.query(
+        let rows = db
+            .query(
                 "read derived data",
                 "SELECT bytes FROM mneme_derived WHERE session = $1 AND name = $2",
                 &[&session, &name],
             )
-            .await
-        }
-        .await?;
+            .await?;
         Ok(rows.first().map(|row| row.get(0)))
     }
 
@@ -630,15 +621,13 @@ impl EventLog for PgLog {
     ) -> Result<Vec<Option<Vec<u8>>>, LogError> {
         let db = self.db();
         let (name, wanted) = (name.to_string(), sessions.to_vec());
-        let rows = async move {
-            db.query(
+        let rows = db
+            .query(
                 "read derived data",
                 "SELECT session, bytes FROM mneme_derived WHERE name = $1 AND session = ANY($2)",
                 &[&name, &wanted],
             )
-            .await
-        }
-        .await?;
+            .await?;
         let mut found: HashMap<Uuid, Vec<u8>> =
             rows.iter().map(|row| (row.get(0), row.get(1))).collect();
         Ok(sessions.iter().map(|s| found.remove(s)).collect())
@@ -678,8 +667,7 @@ impl EventLog for PgLog {
     ) -> Result<Lease, LogError> {
         let db = self.db();
         let (owner, ttl) = (owner.to_string(), ttl_ms(ttl));
-        let rows = async move {
-            db.query(
+        let rows = db.query(
                 "acquire lease",
                 &format!(
                     "INSERT INTO mneme_leases AS l (session, owner, token, expires_at, released) \
@@ -692,9 +680,7 @@ impl EventLog for PgLog {
                 ),
                 &[&session, &owner, &(ttl as f64)],
             )
-            .await
-        }
-.await?;
+            .await?;
         let Some(lease) = rows.first().map(lease_of) else {
             return Err(self.lease_held(session).await?);
         };
@@ -708,8 +694,8 @@ impl EventLog for PgLog {
     async fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<Lease, LogError> {
         let db = self.db();
         let (session, token, ttl) = (lease.session, lease.token as i64, ttl_ms(ttl));
-        let rows = async move {
-            db.query(
+        let rows = db
+            .query(
                 "renew lease",
                 &format!(
                     "UPDATE mneme_leases \
@@ -719,9 +705,7 @@ impl EventLog for PgLog {
                 ),
                 &[&session, &token, &(ttl as f64)],
             )
-            .await
-        }
-        .await?;
+            .await?;
         match rows.first().map(lease_of) {
             Some(renewed) => Ok(renewed),
             // The stale token stays in `held`: this handle's appends to the
@@ -746,22 +730,19 @@ impl EventLog for PgLog {
         }
         let db = self.db();
         let (session, token) = (lease.session, lease.token as i64);
-        async move {
-            db.query(
-                "release lease",
-                "UPDATE mneme_leases SET released = true WHERE session = $1 AND token = $2",
-                &[&session, &token],
-            )
-            .await
-            .map(drop)
-        }
+        db.query(
+            "release lease",
+            "UPDATE mneme_leases SET released = true WHERE session = $1 AND token = $2",
+            &[&session, &token],
+        )
         .await
+        .map(drop)
     }
 
     async fn expired_leases(&self) -> Result<Vec<Lease>, LogError> {
         let db = self.db();
-        let rows = async move {
-            db.query(
+        let rows = db
+            .query(
                 "list lapsed leases",
                 &format!(
                     "SELECT {LEASE_COLUMNS} FROM mneme_leases \
@@ -769,16 +750,14 @@ impl EventLog for PgLog {
                 ),
                 &[],
             )
-            .await
-        }
-        .await?;
+            .await?;
         Ok(rows.iter().map(lease_of).collect())
     }
 
     async fn lease(&self, session: Uuid) -> Result<Option<Lease>, LogError> {
         let db = self.db();
-        let rows = async move {
-            db.query(
+        let rows = db
+            .query(
                 "read live lease",
                 &format!(
                     "SELECT {LEASE_COLUMNS} FROM mneme_leases \
@@ -786,9 +765,7 @@ impl EventLog for PgLog {
                 ),
                 &[&session],
             )
-            .await
-        }
-        .await?;
+            .await?;
         Ok(rows.first().map(lease_of))
     }
 
@@ -867,13 +844,10 @@ mod tests {
         let log = PgLog::connect(url).await.unwrap();
         let db = log.db();
         let seq = seq as i64;
-        async move {
-            db.query("change a record", sql, &[&session, &seq])
-                .await
-                .map(drop)
-        }
-        .await
-        .unwrap();
+        db.query("change a record", sql, &[&session, &seq])
+            .await
+            .map(drop)
+            .unwrap();
     }
 
     eventlog::conformance_tests!(Postgres);
@@ -925,16 +899,14 @@ mod tests {
         let url = over_tls::tls_url(eventlog::conformance::Backend::create(&Postgres).await);
         let log = PgLog::connect(&url).await.unwrap();
         let db = log.db();
-        let rows = async move {
-            db.query(
+        let rows = db
+            .query(
                 "read ssl",
                 "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
                 &[],
             )
             .await
-        }
-        .await
-        .unwrap();
+            .unwrap();
         assert!(rows[0].get::<_, bool>(0), "the connection is encrypted");
         // Without the throwaway CA, the self-signed certificate is refused.
         let untrusted = url.split("&sslrootcert=").next().unwrap();
@@ -951,22 +923,17 @@ mod tests {
         let log = PgLog::connect(&url).await.unwrap();
         drop(PgLog::connect(&url).await.unwrap());
         let db = log.db();
-        let versions = async move {
-            db.query("read", "SELECT version FROM mneme_schema_version", &[])
-                .await
-        }
-        .await
-        .unwrap();
+        let versions = db
+            .query("read", "SELECT version FROM mneme_schema_version", &[])
+            .await
+            .unwrap();
         assert_eq!(versions.len(), schema::MIGRATIONS.len());
         let db = log.db();
-        async move {
-            db.query(
-                "bump",
-                "INSERT INTO mneme_schema_version (version) VALUES (999)",
-                &[],
-            )
-            .await
-        }
+        db.query(
+            "bump",
+            "INSERT INTO mneme_schema_version (version) VALUES (999)",
+            &[],
+        )
         .await
         .unwrap();
         let err = PgLog::connect(&url).await.err().unwrap();
@@ -981,15 +948,12 @@ mod tests {
         let url = Postgres.create().await;
         let log = PgLog::connect(&url).await.unwrap();
         let db = log.db();
-        let settings = async move {
-                db.query(
+        let settings = db.query(
                     "read settings",
                     "SELECT current_setting('synchronous_commit'), current_setting('statement_timeout')",
                     &[],
                 )
                 .await
-            }
-.await
             .unwrap();
         let (commit, timeout): (String, String) = (settings[0].get(0), settings[0].get(1));
         assert_eq!((commit.as_str(), timeout.as_str()), ("on", "1min"));
