@@ -93,6 +93,15 @@ enum Opened {
     Daemon(crate::client::Client),
 }
 
+/// Opens the sled log in `data_dir` on tokio's blocking pool: opening
+/// replays the write-ahead file and checkpoints (reads, writes, fsyncs).
+async fn open_sled(data_dir: &Path, holder: &str) -> Result<SledLog, eventlog::LogError> {
+    let (dir, holder) = (data_dir.to_path_buf(), holder.to_string());
+    tokio::task::spawn_blocking(move || SledLog::open_as(dir, &holder))
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+}
+
 /// Opens the PostgreSQL store `store` names, else the sled log in
 /// `data_dir` as `holder`; a data directory a daemon holds is reached
 /// through it.
@@ -108,13 +117,13 @@ async fn open_log(
         }
         return Ok(Opened::Log(Arc::new(PgLog::connect(url).await?)));
     }
-    let log = match SledLog::open_as(data_dir, holder) {
+    let log = match open_sled(data_dir, holder).await {
         Ok(log) => log,
         Err(eventlog::LogError::Locked { .. }) if !matches!(command, Command::Serve(_)) => {
             if let Some(client) = crate::client::Client::discover(data_dir)? {
                 return Ok(Opened::Daemon(client));
             }
-            SledLog::open_as(data_dir, holder)?
+            open_sled(data_dir, holder).await?
         }
         Err(e) => return Err(e.into()),
     };
