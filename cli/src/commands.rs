@@ -30,7 +30,7 @@ pub async fn dispatch(cli: Cli, holder: &str) -> Result<ExitCode> {
     match cli.command {
         Command::Demo(args) => crate::demo::run(args.keep).await,
         command => {
-            let log = match open_log(&cli.store, &data_dir, &command, holder)? {
+            let log = match open_log(&cli.store, &data_dir, &command, holder).await? {
                 Opened::Log(log) => log,
                 Opened::Daemon(client) => return client.dispatch(command).await,
             };
@@ -42,16 +42,16 @@ pub async fn dispatch(cli: Cli, holder: &str) -> Result<ExitCode> {
             match command {
                 Command::Run(a) => ctx.run(a.agent, a.session, a.message, a.json).await,
                 Command::Resume(a) => ctx.resume(a.session, a.extend, a.json).await,
-                Command::Sessions(a) => ctx.sessions(a),
+                Command::Sessions(a) => ctx.sessions(a).await,
                 Command::Log(a) => {
-                    crate::timeline::print(&crate::timeline::rows(ctx.log(), a.session)?, &a)
+                    crate::timeline::print(&crate::timeline::rows(ctx.log(), a.session).await?, &a)
                 }
-                Command::Verify(a) => ctx.verify(a.session, a.json),
-                Command::Replay(a) => ctx.replay(a.session, a.raw, a.json.json),
+                Command::Verify(a) => ctx.verify(a.session, a.json).await,
+                Command::Replay(a) => ctx.replay(a.session, a.raw, a.json.json).await,
                 Command::Resolve(a) => ctx.resolve(a).await,
                 Command::Approve(a) => ctx.approve(a).await,
-                Command::Export(a) => ctx.export(a),
-                Command::Import(a) => ctx.import(a),
+                Command::Export(a) => ctx.export(a).await,
+                Command::Import(a) => ctx.import(a).await,
                 Command::Serve(a) => {
                     let log = ctx.service.log().clone();
                     let settings = ServeSettings {
@@ -93,10 +93,19 @@ enum Opened {
     Daemon(crate::client::Client),
 }
 
+/// Opens the sled log in `data_dir` on tokio's blocking pool: opening
+/// replays the write-ahead file and checkpoints (reads, writes, fsyncs).
+async fn open_sled(data_dir: &Path, holder: &str) -> Result<SledLog, eventlog::LogError> {
+    let (dir, holder) = (data_dir.to_path_buf(), holder.to_string());
+    tokio::task::spawn_blocking(move || SledLog::open_as(dir, &holder))
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+}
+
 /// Opens the PostgreSQL store `store` names, else the sled log in
 /// `data_dir` as `holder`; a data directory a daemon holds is reached
 /// through it.
-fn open_log(
+async fn open_log(
     store: &Option<String>,
     data_dir: &Path,
     command: &Command,
@@ -106,15 +115,15 @@ fn open_log(
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
             bail!("--store {url:?}: expected a postgres:// address (the sled log is chosen with --data-dir)");
         }
-        return Ok(Opened::Log(Arc::new(PgLog::connect(url)?)));
+        return Ok(Opened::Log(Arc::new(PgLog::connect(url).await?)));
     }
-    let log = match SledLog::open_as(data_dir, holder) {
+    let log = match open_sled(data_dir, holder).await {
         Ok(log) => log,
         Err(eventlog::LogError::Locked { .. }) if !matches!(command, Command::Serve(_)) => {
             if let Some(client) = crate::client::Client::discover(data_dir)? {
                 return Ok(Opened::Daemon(client));
             }
-            SledLog::open_as(data_dir, holder)?
+            open_sled(data_dir, holder).await?
         }
         Err(e) => return Err(e.into()),
     };
@@ -247,44 +256,45 @@ impl Ctx {
     /// by a killed `mneme` of this host is waited out. No lease is taken
     /// for a session that does not exist.
     async fn hold(&self, id: Uuid) -> Result<HeldLease> {
-        self.service.ensure_exists(id)?;
+        self.service.ensure_exists(id).await?;
         let log = self.service.log().clone();
         Ok(HeldLease::acquire_after_exited(log, id, &self.owner, self.lease_ttl).await?)
     }
 
-    fn export(&self, a: crate::ExportArgs) -> Result<ExitCode> {
+    async fn export(&self, a: crate::ExportArgs) -> Result<ExitCode> {
         let ids = match a.session {
             Some(id) => {
-                self.service.ensure_exists(id)?;
+                self.service.ensure_exists(id).await?;
                 vec![id]
             }
-            None => self.session_ids()?,
+            None => self.session_ids().await?,
         };
-        let mut out: Box<dyn std::io::Write> = match &a.output {
+        let mut out: Box<dyn std::io::Write + Send> = match &a.output {
             Some(path) => Box::new(std::io::BufWriter::new(private_output(path)?)),
-            None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
+            None => Box::new(std::io::BufWriter::new(std::io::stdout())),
         };
-        let written = runtime::transfer::export(self.log(), &ids, &mut out)?;
+        let written = runtime::transfer::export(self.log(), &ids, &mut out).await?;
         say!("exported {written} records of {} sessions", ids.len());
         Ok(ExitCode::SUCCESS)
     }
 
-    fn import(&self, a: crate::ImportArgs) -> Result<ExitCode> {
-        let mut input: Box<dyn std::io::BufRead> = match &a.input {
+    async fn import(&self, a: crate::ImportArgs) -> Result<ExitCode> {
+        let mut input: Box<dyn std::io::BufRead + Send> = match &a.input {
             Some(path) => Box::new(std::io::BufReader::new(
                 std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?,
             )),
-            None => Box::new(std::io::stdin().lock()),
+            None => Box::new(std::io::BufReader::new(std::io::stdin())),
         };
         let origin = a
             .input
             .as_ref()
             .map_or("stdin".to_string(), |p| p.display().to_string());
         let done = runtime::transfer::import(self.log(), &mut input)
+            .await
             .with_context(|| format!("importing {origin}"))?;
-        self.log().barrier(eventlog::Durability::Synced)?;
+        self.log().barrier(eventlog::Durability::Synced).await?;
         for id in &done.sessions {
-            self.log().verify(*id)?;
+            self.log().verify(*id).await?;
         }
         say!(
             "imported {} records into {} sessions ({} already held); every chain verifies",
@@ -295,10 +305,11 @@ impl Ctx {
         Ok(ExitCode::SUCCESS)
     }
 
-    fn session_ids(&self) -> Result<Vec<Uuid>> {
+    async fn session_ids(&self) -> Result<Vec<Uuid>> {
         Ok(self
             .log()
-            .sessions()?
+            .sessions()
+            .await?
             .into_iter()
             .map(|m| m.session)
             .collect())
@@ -313,15 +324,15 @@ impl Ctx {
     ) -> Result<ExitCode> {
         let id = match (id, agent) {
             (Some(id), _) => id,
-            (None, Some(path)) => self.service.create(load_agent_file(&path)?)?.id(),
+            (None, Some(path)) => self.service.create(load_agent_file(&path)?).await?.id(),
             (None, None) => bail!(
                 "mneme run needs --agent FILE to start a session, or --session ID to continue one"
             ),
         };
         say!("session {id}");
         let lease = self.hold(id).await?;
-        let mut session = self.service.load(id)?;
-        self.service.post_message(&mut session, message)?;
+        let mut session = self.service.load(id).await?;
+        self.service.post_message(&mut session, message).await?;
         self.drive_then_release(lease, &mut session, json.json, true)
             .await
     }
@@ -339,9 +350,13 @@ impl Ctx {
         listening.start(session.id(), lease.token());
         let log = self.service.log().clone();
         let stop: StopCheck = Arc::new(move |id| {
-            listening
-                .asked(log.as_ref(), id)
-                .then(|| pause::PAUSED_ON_REQUEST.to_string())
+            let (listening, log) = (listening.clone(), log.clone());
+            Box::pin(async move {
+                listening
+                    .asked(log.as_ref(), id)
+                    .await
+                    .then(|| pause::PAUSED_ON_REQUEST.to_string())
+            })
         });
         let mut runner = self.service.runner().with_stop(stop);
         let stream = Arc::new(StreamToStdout::default());
@@ -358,13 +373,15 @@ impl Ctx {
     async fn resume(&self, id: Option<Uuid>, extend: bool, json: JsonFlag) -> Result<ExitCode> {
         let ids = match id {
             Some(id) => vec![id],
-            None => self.service.resumable()?,
+            None => self.service.resumable().await?,
         };
         let mut worst = ExitCode::SUCCESS;
         for id in ids {
             let lease = self.hold(id).await?;
-            let mut session = self.service.load(id)?;
-            self.service.reopen(&mut session, "mneme resume", extend)?;
+            let mut session = self.service.load(id).await?;
+            self.service
+                .reopen(&mut session, "mneme resume", extend)
+                .await?;
             say!("session {id}");
             let code = self
                 .drive_then_release(lease, &mut session, json.json, true)
@@ -376,29 +393,29 @@ impl Ctx {
         Ok(worst)
     }
 
-    fn sessions(&self, json: JsonFlag) -> Result<ExitCode> {
+    async fn sessions(&self, json: JsonFlag) -> Result<ExitCode> {
         let mut rows = Vec::new();
-        for (meta, summary) in self.service.listing()? {
+        for (meta, summary) in self.service.listing().await? {
             rows.push(views::session_row(&meta, summary));
         }
         crate::render::sessions(&rows, json.json);
         Ok(ExitCode::SUCCESS)
     }
 
-    fn verify(&self, id: Option<Uuid>, json: JsonFlag) -> Result<ExitCode> {
+    async fn verify(&self, id: Option<Uuid>, json: JsonFlag) -> Result<ExitCode> {
         let ids = match id {
             Some(id) => vec![id],
-            None => self.session_ids()?,
+            None => self.session_ids().await?,
         };
-        let results: Vec<serde_json::Value> = ids
-            .iter()
-            .map(|id| views::verify(self.log(), *id))
-            .collect();
+        let mut results: Vec<serde_json::Value> = Vec::with_capacity(ids.len());
+        for id in &ids {
+            results.push(views::verify(self.log(), *id).await);
+        }
         Ok(crate::render::verify(&results, json.json))
     }
 
-    fn replay(&self, id: Uuid, raw: bool, json: bool) -> Result<ExitCode> {
-        let mut session = self.service.load(id)?;
+    async fn replay(&self, id: Uuid, raw: bool, json: bool) -> Result<ExitCode> {
+        let mut session = self.service.load(id).await?;
         if raw {
             use std::io::Write;
             std::io::stdout().write_all(&session.next_request()?.to_vec())?;
@@ -410,10 +427,11 @@ impl Ctx {
 
     async fn approve(&self, a: crate::ApproveArgs) -> Result<ExitCode> {
         let lease = self.hold(a.session).await?;
-        let mut session = self.service.load(a.session)?;
-        let can_continue =
-            self.service
-                .decide_approval(&mut session, &a.call_id, !a.deny, &a.decision.by)?;
+        let mut session = self.service.load(a.session).await?;
+        let can_continue = self
+            .service
+            .decide_approval(&mut session, &a.call_id, !a.deny, &a.decision.by)
+            .await?;
         let verb = if a.deny { "denied" } else { "approved" };
         say!("session {}: call {} {verb}", a.session, a.call_id);
         let go_on = can_continue && !a.decision.no_resume;
@@ -423,12 +441,13 @@ impl Ctx {
 
     async fn resolve(&self, a: crate::ResolveArgs) -> Result<ExitCode> {
         let lease = self.hold(a.session).await?;
-        let mut session = self.service.load(a.session)?;
+        let mut session = self.service.load(a.session).await?;
         let resolution = service::resolution(a.retry, a.result.as_deref(), a.fail.as_deref())
             .map_err(|e| anyhow::anyhow!(e))?;
-        let can_continue =
-            self.service
-                .resolve(&mut session, &a.call_id, resolution, &a.decision.by)?;
+        let can_continue = self
+            .service
+            .resolve(&mut session, &a.call_id, resolution, &a.decision.by)
+            .await?;
         say!("session {}: call {} resolved", a.session, a.call_id);
         let go_on = can_continue && !a.decision.no_resume;
         self.drive_then_release(lease, &mut session, a.decision.json.json, go_on)
@@ -446,11 +465,17 @@ impl Ctx {
         go_on: bool,
     ) -> Result<ExitCode> {
         let code = if go_on {
-            self.drive(session, &lease, json).await?
+            match self.drive(session, &lease, json).await {
+                Ok(code) => code,
+                Err(e) => {
+                    lease.lapse().await;
+                    return Err(e);
+                }
+            }
         } else {
             ExitCode::SUCCESS
         };
-        lease.release();
+        lease.release().await;
         Ok(code)
     }
 }

@@ -33,8 +33,9 @@ fn parse_since(text: &str) -> Result<i64> {
 }
 
 /// Reads a session's events from the log as rows (the `--json` shape).
-pub fn rows(log: &dyn EventLog, session: uuid::Uuid) -> Result<Vec<Value>> {
-    Ok(read_events(log, session)?
+pub async fn rows(log: &dyn EventLog, session: uuid::Uuid) -> Result<Vec<Value>> {
+    Ok(read_events(log, session)
+        .await?
         .iter()
         .map(|(record, event)| views::record(record, event))
         .collect())

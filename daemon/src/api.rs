@@ -19,7 +19,7 @@ use runtime::api::{
 };
 use runtime::error::RuntimeError;
 use runtime::runner::TurnEnd;
-use runtime::service::{self, Service};
+use runtime::service;
 use runtime::session::Session;
 use runtime::views;
 use serde_json::{json, Value};
@@ -245,7 +245,7 @@ async fn list_sessions(
     Query(q): Query<ListQuery>,
 ) -> Result<Json<Vec<SessionSummary>>, ApiError> {
     let mut rows = Vec::new();
-    for (meta, summary) in daemon.service.listing()? {
+    for (meta, summary) in daemon.service.listing().await? {
         let row = views::row_of(&meta, summary);
         let keep = q.status.is_none_or(|s| row.status == s)
             && q.agent.as_deref().is_none_or(|a| row.agent == a);
@@ -277,7 +277,7 @@ async fn create_session(
     } else {
         spec_from_json(&daemon, &body)?
     };
-    let session = daemon.service.create(spec)?;
+    let session = daemon.service.create(spec).await?;
     daemon.set_status(session.id(), session.state().status());
     Ok((
         StatusCode::CREATED,
@@ -324,14 +324,14 @@ async fn get_session(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
 ) -> Result<Json<SessionView>, ApiError> {
-    let session = daemon.service.load(id)?;
+    let session = daemon.service.load(id).await?;
     let log = daemon.service.log();
-    let meta = log.meta(id)?.ok_or(RuntimeError::NoSuchSession(id))?;
+    let meta = log.meta(id).await?.ok_or(RuntimeError::NoSuchSession(id))?;
     let summary = runtime::snapshot::Summary::of(session.state());
     Ok(Json(SessionView {
         summary: views::summary_of(&meta, &summary),
         answer: session.state().answer().map(String::from),
-        running_on: log.lease(id)?.map(|lease| lease.owner),
+        running_on: log.lease(id).await?.map(|lease| lease.owner),
         in_doubt: runtime::runner::in_doubt(&session)
             .into_iter()
             .map(|(call_id, reason)| wire::InDoubtCall { call_id, reason })
@@ -365,7 +365,7 @@ async fn post_message(
     Json(body): Json<PostMessage>,
 ) -> Result<Response, ApiError> {
     refuse_when_stopping(&daemon)?;
-    daemon.service.ensure_exists(id)?; // 404 before spawning
+    daemon.service.ensure_exists(id).await?; // 404 before spawning
     let (seq_tx, seq_rx) = tokio::sync::oneshot::channel();
     let turn = daemon.spawn_turn(id, TurnStart::Message(body.text, seq_tx));
     let seq = seq_rx.await.map_err(|_| {
@@ -413,7 +413,7 @@ async fn resume(
     body: Option<Json<Resume>>,
 ) -> Result<Response, ApiError> {
     refuse_when_stopping(&daemon)?;
-    daemon.service.ensure_exists(id)?; // 404 before spawning
+    daemon.service.ensure_exists(id).await?; // 404 before spawning
     let body = body.map(|Json(b)| b).unwrap_or_default();
     let turn = daemon.spawn_turn(id, TurnStart::Resume("api", body.extend));
     if !body.wait {
@@ -438,7 +438,7 @@ async fn pause(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
 ) -> Result<Json<PauseRequested>, ApiError> {
-    daemon.service.ensure_exists(id)?;
+    daemon.service.ensure_exists(id).await?;
     let requested = |running_on| PauseRequested {
         session: id,
         pause_requested: true,
@@ -447,7 +447,7 @@ async fn pause(
     if daemon.request_pause(id) {
         return Ok(Json(requested(None)));
     }
-    let Some(owner) = daemon.ask_pause_elsewhere(id)? else {
+    let Some(owner) = daemon.ask_pause_elsewhere(id).await? else {
         return Err(ApiError(
             StatusCode::CONFLICT,
             format!("session {id} has no turn running to pause"),
@@ -467,13 +467,14 @@ async fn cancel(
     Path(id): Path<Uuid>,
     Json(body): Json<Cancel>,
 ) -> Result<Json<Cancelled>, ApiError> {
-    daemon.service.ensure_exists(id)?;
+    daemon.service.ensure_exists(id).await?;
     if !daemon.request_pause(id) {
         daemon.wait_for_turn_elsewhere(id).await?;
     }
-    under_lease(&daemon, id, |service, session| {
+    under_lease(&daemon, id, |mut session| async {
         daemon.withdraw_pause(id);
-        service.cancel(session, &body.by)
+        let cancelled = daemon.service.cancel(&mut session, &body.by).await;
+        (session, cancelled)
     })
     .await?;
     Ok(Json(Cancelled {
@@ -491,7 +492,7 @@ async fn fork(
     Path(id): Path<Uuid>,
     Json(body): Json<Fork>,
 ) -> Result<(StatusCode, Json<Forked>), ApiError> {
-    let child = daemon.service.fork(id, body.at)?;
+    let child = daemon.service.fork(id, body.at).await?;
     daemon.set_status(child.id(), child.state().status());
     let forked = Forked {
         session: child.id(),
@@ -519,8 +520,11 @@ async fn resolve(
     let skip = body.skip.as_ref().map(Value::to_string);
     let resolution = service::resolution(body.retry, skip.as_deref(), body.fail.as_deref())
         .map_err(bad_request)?;
-    let can_continue = under_lease(&daemon, id, |service, session| {
-        service.resolve(session, &call, resolution, &body.by)
+    let can_continue = under_lease(&daemon, id, |mut session| async {
+        let resolved = (daemon.service)
+            .resolve(&mut session, &call, resolution, &body.by)
+            .await;
+        (session, resolved)
     })
     .await?;
     continue_after_decision(&daemon, id, &call, can_continue && body.proceed, body.wait).await
@@ -541,8 +545,11 @@ async fn approve(
     Json(body): Json<Approve>,
 ) -> Result<Response, ApiError> {
     refuse_when_stopping(&daemon)?;
-    let can_continue = under_lease(&daemon, id, |service, session| {
-        service.decide_approval(session, &call, body.approved, &body.by)
+    let can_continue = under_lease(&daemon, id, |mut session| async {
+        let decided = (daemon.service)
+            .decide_approval(&mut session, &call, body.approved, &body.by)
+            .await;
+        (session, decided)
     })
     .await?;
     continue_after_decision(&daemon, id, &call, can_continue && body.proceed, body.wait).await
@@ -552,18 +559,22 @@ async fn approve(
 /// here and under its lease, so the append carries this daemon's current
 /// fencing token; a turn running elsewhere gets a 409 naming its daemon.
 /// A session the store does not hold is refused before any lease is taken.
-async fn under_lease<T>(
+async fn under_lease<T, F>(
     daemon: &Shared,
     id: Uuid,
-    record: impl FnOnce(&Service, &mut Session) -> Result<T, RuntimeError>,
-) -> Result<T, ApiError> {
-    daemon.service.ensure_exists(id)?;
+    record: impl FnOnce(Session) -> F,
+) -> Result<T, ApiError>
+where
+    F: std::future::Future<Output = (Session, Result<T, RuntimeError>)>,
+{
+    daemon.service.ensure_exists(id).await?;
     let lock = daemon.lock_for(id);
     let _turn = lock.lock().await;
-    let lease = daemon.hold(id)?;
-    let mut session = daemon.service.load(id)?;
-    let recorded = record(&daemon.service, &mut session)?;
-    lease.release();
+    let lease = daemon.hold(id).await?;
+    let session = daemon.service.load(id).await?;
+    let (session, recorded) = record(session).await;
+    let recorded = recorded?;
+    lease.release().await;
     daemon.set_status(id, session.state().status());
     Ok(recorded)
 }
@@ -609,7 +620,7 @@ async fn events(
     let kinds: Option<Vec<String>> = q.kind.map(|k| k.split(',').map(String::from).collect());
     // Subscribe before reading the head, so nothing falls in between.
     let heads = daemon.heads.subscribe();
-    let head = daemon.service.log().head(id)?.seq;
+    let head = daemon.service.log().head(id).await?.seq;
     if head == 0 {
         return Err(RuntimeError::NoSuchSession(id).into());
     }
@@ -629,7 +640,7 @@ async fn events(
         }),
         next_look: tokio::time::Instant::now() + LOOK_AT_HEAD_EVERY,
     };
-    stream.target = stream.durable_head().unwrap_or(head);
+    stream.target = stream.durable_head().await.unwrap_or(head);
     if !q.follow {
         return Ok((
             [(header::CONTENT_TYPE, "application/json")],
@@ -653,7 +664,7 @@ async fn events(
         body = String, content_type = "text/event-stream")))]
 async fn deltas(State(state): State<AppState>, Path(id): Path<Uuid>) -> Result<Response, ApiError> {
     let daemon = state.daemon.clone();
-    daemon.service.ensure_exists(id)?;
+    daemon.service.ensure_exists(id).await?;
     let receiver = daemon.deltas.subscribe();
     let text = runtime::text::StreamText::for_json();
     let stopped = state.stopped.clone();
@@ -721,7 +732,7 @@ struct Follow {
     stopped: watch::Receiver<bool>,
     /// Rows of the page read last that pass the filter.
     buffer: VecDeque<Value>,
-    keep: Box<dyn Fn(&Value) -> bool + Send>,
+    keep: Box<dyn Fn(&Value) -> bool + Send + Sync>,
     /// When to read the head if no announcement came.
     next_look: tokio::time::Instant,
 }
@@ -730,8 +741,8 @@ impl Follow {
     /// The session's durable head: the log's, capped by this daemon's last
     /// barrier while one of its turns runs the session (elsewhere, what
     /// another daemon appended is in the store, committed).
-    fn durable_head(&self) -> Option<u64> {
-        let head = self.daemon.service.log().head(self.id).ok()?.seq;
+    async fn durable_head(&self) -> Option<u64> {
+        let head = self.daemon.service.log().head(self.id).await.ok()?.seq;
         if !self.daemon.is_running(self.id) {
             return Some(head);
         }
@@ -746,13 +757,13 @@ impl Follow {
     /// Reads the next page up to the target into the buffer: at most
     /// [`PAGE`] records and [`PAGE_BYTES`] (or one record, if it alone is
     /// bigger); false when the target is reached.
-    fn read_page(&mut self) -> Result<bool, RuntimeError> {
+    async fn read_page(&mut self) -> Result<bool, RuntimeError> {
         if self.next > self.target {
             return Ok(false);
         }
         let to = self.target.min(self.next + PAGE - 1);
         let log = self.daemon.service.log();
-        for record in log.read_bounded(self.id, self.next, to, PAGE_BYTES)? {
+        for record in log.read_bounded(self.id, self.next, to, PAGE_BYTES).await? {
             let event = runtime::session::decode(&record)?;
             self.next = record.envelope.seq + 1;
             let row = views::record(&record, &event);
@@ -772,7 +783,7 @@ impl Follow {
         let opening =
             futures_util::stream::once(async { Ok(axum::body::Bytes::from_static(b"[")) });
         let pages = futures_util::stream::unfold((self, true), |(mut f, first)| async move {
-            match f.read_page() {
+            match f.read_page().await {
                 Err(e) => {
                     f.target = 0; // the stream ends after the error
                     f.buffer.clear();
@@ -809,7 +820,7 @@ impl Follow {
                         .data(row.to_string());
                     return Some((Ok(event), f));
                 }
-                if f.read_page().ok()? {
+                if f.read_page().await.ok()? {
                     continue;
                 }
                 let head = tokio::select! {
@@ -825,7 +836,9 @@ impl Follow {
                     Ok((session, seq)) if session == f.id => seq.max(f.target),
                     Ok(_) => continue,
                     // Fell behind, or looking anyway: catch up to what is durable.
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => f.durable_head()?,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        f.durable_head().await?
+                    }
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
                 };
             }
@@ -840,8 +853,8 @@ async fn verify(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
 ) -> Result<Json<Value>, ApiError> {
-    daemon.service.ensure_exists(id)?;
-    Ok(Json(views::verify(daemon.service.log().as_ref(), id)))
+    daemon.service.ensure_exists(id).await?;
+    Ok(Json(views::verify(daemon.service.log().as_ref(), id).await))
 }
 
 /// Dry run: the rebuilt next request and the resume plan.
@@ -851,7 +864,7 @@ async fn replay_view(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
 ) -> Result<Json<Value>, ApiError> {
-    let session = daemon.service.load(id)?;
+    let session = daemon.service.load(id).await?;
     Ok(Json(views::replay(id, session.state())))
 }
 
@@ -862,7 +875,7 @@ async fn next_request(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
 ) -> Result<Response, ApiError> {
-    let mut session = daemon.service.load(id)?;
+    let mut session = daemon.service.load(id).await?;
     let body = session.next_request()?.to_vec();
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }

@@ -214,12 +214,16 @@ impl Daemon {
             Arc::new(move |id: Uuid| {
                 // A person's pause wins: recovery must not resume it.
                 let asked_here = pause_requests.lock().expect("pause lock").remove(&id);
-                if asked_here || listening.asked(log.as_ref(), id) {
-                    return Some(PAUSED_ON_REQUEST.to_string());
-                }
-                shutting_down
-                    .load(Ordering::SeqCst)
-                    .then(|| SHUTDOWN_REASON.to_string())
+                let (shutting_down, listening, log) =
+                    (shutting_down.clone(), listening.clone(), log.clone());
+                Box::pin(async move {
+                    if asked_here || listening.asked(log.as_ref(), id).await {
+                        return Some(PAUSED_ON_REQUEST.to_string());
+                    }
+                    shutting_down
+                        .load(Ordering::SeqCst)
+                        .then(|| SHUTDOWN_REASON.to_string())
+                }) as runtime::runner::StopFuture
             })
         };
         let (deltas, _) = broadcast::channel(DELTAS_BUFFERED);
@@ -297,18 +301,21 @@ impl Daemon {
     /// Asks the turn of `id` that another process sharing the store runs
     /// (a daemon or the CLI) to pause; see [`pause::ask`]. Returns the
     /// owner, or None if no turn runs anywhere.
-    pub(crate) fn ask_pause_elsewhere(&self, id: Uuid) -> Result<Option<String>, RuntimeError> {
-        Ok(pause::ask(self.service.log().as_ref(), id)?)
+    pub(crate) async fn ask_pause_elsewhere(
+        &self,
+        id: Uuid,
+    ) -> Result<Option<String>, RuntimeError> {
+        Ok(pause::ask(self.service.log().as_ref(), id).await?)
     }
 
     /// Pauses the turn of `id` another daemon runs, if any, and waits until
     /// it stopped (its lease released or lapsed), up to half a minute.
     pub(crate) async fn wait_for_turn_elsewhere(&self, id: Uuid) -> Result<(), RuntimeError> {
-        let Some(owner) = self.ask_pause_elsewhere(id)? else {
+        let Some(owner) = self.ask_pause_elsewhere(id).await? else {
             return Ok(());
         };
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while self.service.log().lease(id)?.is_some() {
+        while self.service.log().lease(id).await?.is_some() {
             if std::time::Instant::now() > deadline {
                 return Err(RuntimeError::InvalidRequest {
                     session: id,
@@ -322,9 +329,9 @@ impl Daemon {
 
     /// Takes `id`'s lease for this daemon (for a turn, a cancel, clearing
     /// a lapsed lease).
-    pub(crate) fn hold(&self, id: Uuid) -> Result<HeldLease, eventlog::LogError> {
+    pub(crate) async fn hold(&self, id: Uuid) -> Result<HeldLease, eventlog::LogError> {
         let log = self.service.log().clone();
-        HeldLease::acquire(log, id, &self.config.owner, self.config.lease_ttl)
+        HeldLease::acquire(log, id, &self.config.owner, self.config.lease_ttl).await
     }
 
     /// Withdraws a pause request no turn consumed.
@@ -342,7 +349,7 @@ impl Daemon {
         let _turn = lock.lock().await;
         self.running.fetch_add(1, Ordering::SeqCst);
         let _running = RunningGuard(&self);
-        let lease = match self.hold(id) {
+        let lease = match self.hold(id).await {
             Ok(lease) => lease,
             Err(e) => return Err(refuse_start(id, start, e)),
         };
@@ -354,9 +361,9 @@ impl Daemon {
         match &result {
             // Interrupted (a shutdown, an error): the lease lapses on drop
             // and whichever daemon looks next takes the session over.
-            Ok(TurnEnd::Paused(reason)) if reason == SHUTDOWN_REASON => {}
-            Err(_) => {}
-            Ok(_) => lease.release(),
+            Ok(TurnEnd::Paused(reason)) if reason == SHUTDOWN_REASON => lease.lapse().await,
+            Err(_) => lease.lapse().await,
+            Ok(_) => lease.release().await,
         }
         result
     }
@@ -368,16 +375,16 @@ impl Daemon {
     ) -> Result<TurnEnd, RuntimeError> {
         let hot = self.hot.lock().expect("hot sessions").take(id);
         let (mut session, parts) = match hot {
-            Some(hot) if hot.session.is_current()? => (hot.session, hot.parts),
+            Some(hot) if hot.session.is_current().await? => (hot.session, hot.parts),
             _ => {
-                let mut session = self.service.load(id)?;
-                let parts = Arc::new(self.runner.parts(&mut session)?);
+                let mut session = self.service.load(id).await?;
+                let parts = Arc::new(self.runner.parts(&mut session).await?);
                 (session, parts)
             }
         };
         match start {
             TurnStart::Message(text, seq) => {
-                let posted = self.service.post_message(&mut session, text);
+                let posted = self.service.post_message(&mut session, text).await;
                 let failed = posted.as_ref().err().map(ToString::to_string);
                 let _ = seq.send(posted);
                 if let Some(reason) = failed {
@@ -392,11 +399,11 @@ impl Daemon {
             TurnStart::Recover(by) => {
                 if was_interrupted(&Summary::of(session.state())) {
                     self.metrics.recovered();
-                    self.service.reopen(&mut session, by, false)?;
+                    self.service.reopen(&mut session, by, false).await?;
                 }
             }
             TurnStart::Resume(by, extend_budget) => {
-                self.service.reopen(&mut session, by, extend_budget)?;
+                self.service.reopen(&mut session, by, extend_budget).await?;
             }
         }
         self.set_status(id, session.state().status());
@@ -434,7 +441,7 @@ impl Daemon {
     /// Folds every session once to learn its status, and resumes those that
     /// were running when the last process died (or paused by a shutdown).
     async fn recover(self: Arc<Self>) {
-        let listing = match self.service.listing() {
+        let listing = match self.service.listing().await {
             Ok(listing) => listing,
             Err(e) => {
                 return runtime::warn_line!("mneme serve: recovery could not list sessions: {e}")
@@ -466,7 +473,7 @@ impl Daemon {
         let every = (self.config.lease_ttl / 2).min(LOOK_FOR_LAPSED_LEASES);
         while !self.is_shutting_down() {
             tokio::time::sleep(every).await;
-            let lapsed = match self.service.log().expired_leases() {
+            let lapsed = match self.service.log().expired_leases().await {
                 Ok(lapsed) => lapsed,
                 Err(e) => {
                     runtime::warn_line!("mneme serve: cannot list lapsed leases: {e}");
@@ -478,7 +485,7 @@ impl Daemon {
                 if self.is_shutting_down() || self.is_running(id) {
                     continue;
                 }
-                match self.needs_takeover(id) {
+                match self.needs_takeover(id).await {
                     Ok(true) => {
                         runtime::log_line!(
                             "mneme serve: taking over session {id} from {}",
@@ -495,9 +502,11 @@ impl Daemon {
                     Ok(false) => {
                         let lock = self.lock_for(id);
                         let Ok(_turn) = lock.try_lock() else { continue };
-                        let Ok(lease) = self.hold(id) else { continue };
-                        if matches!(self.needs_takeover(id), Ok(false)) {
-                            lease.release();
+                        let Ok(lease) = self.hold(id).await else {
+                            continue;
+                        };
+                        if matches!(self.needs_takeover(id).await, Ok(false)) {
+                            lease.release().await;
                         }
                     }
                     Err(e) => runtime::warn_line!("mneme serve: session {id} not taken over: {e}"),
@@ -509,11 +518,11 @@ impl Daemon {
     /// Whether whoever takes over `id`'s lapsed lease must resume it: it was
     /// interrupted mid-turn. False for a session at rest, and for one the
     /// store does not hold.
-    fn needs_takeover(&self, id: Uuid) -> Result<bool, RuntimeError> {
-        if !self.service.exists(id)? {
+    async fn needs_takeover(&self, id: Uuid) -> Result<bool, RuntimeError> {
+        if !self.service.exists(id).await? {
             return Ok(false);
         }
-        Ok(was_interrupted(&self.service.current_summary(id)?))
+        Ok(was_interrupted(&self.service.current_summary(id).await?))
     }
 
     /// Stops taking turns, lets running ones pause at a step boundary, and

@@ -6,7 +6,8 @@
 //!
 //! A backend's tests implement [`Backend`] and call
 //! [`conformance_tests!`](crate::conformance_tests) once, which writes one
-//! `#[test]` per check.
+//! `#[tokio::test]` per check (the backend's crate needs tokio with
+//! its `macros` and `rt-multi-thread` features).
 
 use crate::{Durability, EventLog, Head, LogError, NewEvent, Record, MAX_RECORD_BYTES};
 use std::sync::{Arc, Mutex};
@@ -14,20 +15,21 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 /// What the suite needs of a backend under test.
-pub trait Backend {
+#[async_trait::async_trait]
+pub trait Backend: Send + Sync {
     /// Keeps one empty store alive for a test (a directory, a schema).
-    type Store;
+    type Store: Send + Sync;
     /// A new, empty store.
-    fn create(&self) -> Self::Store;
+    async fn create(&self) -> Self::Store;
     /// Opens `store`. The suite drops every handle before opening again,
     /// unless [`Backend::shared`] says several may be open at once.
-    fn open(&self, store: &Self::Store) -> Result<Arc<dyn EventLog>, LogError>;
+    async fn open(&self, store: &Self::Store) -> Result<Arc<dyn EventLog>, LogError>;
     /// Alters one byte inside the stored record at (`session`, `seq`),
     /// behind the log's back, while no handle is open.
-    fn tamper(&self, store: &Self::Store, session: Uuid, seq: u64);
+    async fn tamper(&self, store: &Self::Store, session: Uuid, seq: u64);
     /// Deletes the stored record at (`session`, `seq`), behind the log's
     /// back (its session's head left as it was), while no handle is open.
-    fn remove(&self, store: &Self::Store, session: Uuid, seq: u64);
+    async fn remove(&self, store: &Self::Store, session: Uuid, seq: u64);
     /// Whether several processes may hold the store at once (each handle
     /// from [`Backend::open`] stands for one).
     fn shared(&self) -> bool;
@@ -60,9 +62,9 @@ macro_rules! conformance_tests {
     };
     (@each $backend:expr; $($name:ident),* $(,)?) => {
         $(
-            #[test]
-            fn $name() {
-                $crate::conformance::$name(&$backend);
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                $crate::conformance::$name(&$backend).await;
             }
         )*
     };
@@ -78,8 +80,9 @@ pub fn event(n: u8) -> NewEvent {
     }
 }
 
-fn kinds(log: &dyn EventLog, session: Uuid) -> Vec<String> {
+async fn kinds(log: &dyn EventLog, session: Uuid) -> Vec<String> {
     log.read(session, 1, u64::MAX)
+        .await
         .unwrap()
         .into_iter()
         .map(|r| r.envelope.kind)
@@ -94,115 +97,128 @@ fn sealed(records: &[Record]) -> Vec<Vec<u8>> {
 }
 
 /// Appends get seqs 1, 2, 3… and read back in order, payloads intact.
-pub fn appends_are_gapless_and_read_back_in_order<B: Backend>(b: &B) {
-    let store = b.create();
-    let log = b.open(&store).unwrap();
+pub async fn appends_are_gapless_and_read_back_in_order<B: Backend>(b: &B) {
+    let store = b.create().await;
+    let log = b.open(&store).await.unwrap();
     let s = Uuid::now_v7();
-    let first = log.append(s, 1, vec![event(1), event(2)]).unwrap();
+    let first = log.append(s, 1, vec![event(1), event(2)]).await.unwrap();
     assert_eq!(first[1].envelope.seq, 2);
-    log.append(s, 3, vec![event(3)]).unwrap();
-    let records = log.read(s, 1, u64::MAX).unwrap();
+    log.append(s, 3, vec![event(3)]).await.unwrap();
+    let records = log.read(s, 1, u64::MAX).await.unwrap();
     let seqs: Vec<u64> = records.iter().map(|r| r.envelope.seq).collect();
     assert_eq!(seqs, vec![1, 2, 3]);
     assert_eq!(records[2].envelope.payload, vec![3, 3, 3]);
     assert_eq!(records[1].envelope.prev_hash, records[0].hash);
-    assert_eq!(log.verify(s).unwrap(), 3);
-    let head = log.head(s).unwrap();
+    assert_eq!(log.verify(s).await.unwrap(), 3);
+    let head = log.head(s).await.unwrap();
     assert_eq!((head.seq, head.hash), (3, records[2].hash));
-    assert_eq!(log.head(Uuid::now_v7()).unwrap(), Head::EMPTY);
+    assert_eq!(log.head(Uuid::now_v7()).await.unwrap(), Head::EMPTY);
 }
 
 /// A writer with a stale or future expected seq gets `Conflict` naming the
 /// seq the log would accept, and nothing changes.
-pub fn stale_and_future_writers_get_conflicts_and_change_nothing<B: Backend>(b: &B) {
-    let store = b.create();
-    let log = b.open(&store).unwrap();
+pub async fn stale_and_future_writers_get_conflicts_and_change_nothing<B: Backend>(b: &B) {
+    let store = b.create().await;
+    let log = b.open(&store).await.unwrap();
     let s = Uuid::now_v7();
-    log.append(s, 1, vec![event(1)]).unwrap();
+    log.append(s, 1, vec![event(1)]).await.unwrap();
     for expected in [1, 3, 0] {
-        let err = log.append(s, expected, vec![event(9)]).unwrap_err();
+        let err = log.append(s, expected, vec![event(9)]).await.unwrap_err();
         assert!(
             matches!(err, LogError::Conflict { actual: 2, .. }),
             "expected {expected}: {err}"
         );
     }
-    let err = log.append(Uuid::now_v7(), 2, vec![event(9)]).unwrap_err();
+    let err = log
+        .append(Uuid::now_v7(), 2, vec![event(9)])
+        .await
+        .unwrap_err();
     assert!(matches!(err, LogError::Conflict { actual: 1, .. }), "{err}");
-    assert_eq!(kinds(log.as_ref(), s), vec!["K1"]);
-    assert_eq!(log.sessions().unwrap().len(), 1);
+    assert_eq!(kinds(log.as_ref(), s).await, vec!["K1"]);
+    assert_eq!(log.sessions().await.unwrap().len(), 1);
 }
 
 /// Threads racing on one session: each append lands whole or gets a
 /// conflict; the chain is gapless and holds exactly the winners.
-pub fn racing_writers_never_leave_gaps_or_overwrites<B: Backend>(b: &B) {
-    let store = b.create();
-    let log = b.open(&store).unwrap();
+pub async fn racing_writers_never_leave_gaps_or_overwrites<B: Backend>(b: &B) {
+    let store = b.create().await;
+    let log = b.open(&store).await.unwrap();
     let s = Uuid::now_v7();
     let won = Arc::new(Mutex::new(0u64));
-    std::thread::scope(|scope| {
-        for t in 0..4u8 {
+    let writers: Vec<_> = (0..4u8)
+        .map(|t| {
             let (log, won) = (log.clone(), won.clone());
-            scope.spawn(move || {
+            tokio::spawn(async move {
                 for _ in 0..15 {
-                    let next = log.head(s).unwrap().seq + 1;
-                    match log.append(s, next, vec![event(t), event(t)]) {
+                    let next = log.head(s).await.unwrap().seq + 1;
+                    match log.append(s, next, vec![event(t), event(t)]).await {
                         Ok(records) => *won.lock().unwrap() += records.len() as u64,
                         Err(LogError::Conflict { .. }) => {}
                         Err(e) => panic!("{e}"),
                     }
                 }
-            });
-        }
-    });
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.await.unwrap();
+    }
     let won = *won.lock().unwrap();
     assert!(won >= 30, "at least one writer wins each round: {won}");
-    assert_eq!(log.verify(s).unwrap(), won);
-    let kinds = kinds(log.as_ref(), s);
+    assert_eq!(log.verify(s).await.unwrap(), won);
+    let kinds = kinds(log.as_ref(), s).await;
     for pair in kinds.chunks(2) {
         assert_eq!(pair[0], pair[1], "an append's records stay together");
     }
 }
 
 /// `read(from, to)` returns exactly the stored records in `from..=to`.
-pub fn range_reads_return_exactly_the_range<B: Backend>(b: &B) {
-    let store = b.create();
-    let log = b.open(&store).unwrap();
+pub async fn range_reads_return_exactly_the_range<B: Backend>(b: &B) {
+    let store = b.create().await;
+    let log = b.open(&store).await.unwrap();
     let s = Uuid::now_v7();
-    log.append(s, 1, (1..=10).map(event).collect()).unwrap();
-    let seqs = |from, to| -> Vec<u64> {
-        log.read(s, from, to)
-            .unwrap()
-            .iter()
-            .map(|r| r.envelope.seq)
-            .collect()
+    log.append(s, 1, (1..=10).map(event).collect())
+        .await
+        .unwrap();
+    let seqs = |from, to| {
+        let log = log.clone();
+        async move {
+            log.read(s, from, to)
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.envelope.seq)
+                .collect::<Vec<u64>>()
+        }
     };
-    assert_eq!(seqs(3, 5), vec![3, 4, 5]);
-    assert_eq!(seqs(0, 2), vec![1, 2]);
-    assert_eq!(seqs(9, 100), vec![9, 10]);
-    assert_eq!(seqs(7, 7), vec![7]);
-    assert!(seqs(6, 5).is_empty());
-    assert!(seqs(11, 20).is_empty());
-    assert!(log.read(Uuid::now_v7(), 1, 10).unwrap().is_empty());
+    assert_eq!(seqs(3, 5).await, vec![3, 4, 5]);
+    assert_eq!(seqs(0, 2).await, vec![1, 2]);
+    assert_eq!(seqs(9, 100).await, vec![9, 10]);
+    assert_eq!(seqs(7, 7).await, vec![7]);
+    assert!(seqs(6, 5).await.is_empty());
+    assert!(seqs(11, 20).await.is_empty());
+    assert!(log.read(Uuid::now_v7(), 1, 10).await.unwrap().is_empty());
 }
 
 /// `read_bounded(from, to, max_bytes)` returns the longest run from `from`
 /// (within `to`) whose sealed sizes fit in `max_bytes`, or the first record
 /// alone when even it does not fit, exactly as `read` returns them; a
 /// tampered record it would return is refused.
-pub fn bounded_reads_stop_at_the_byte_budget_and_check_what_they_return<B: Backend>(b: &B) {
-    let store = b.create();
+pub async fn bounded_reads_stop_at_the_byte_budget_and_check_what_they_return<B: Backend>(b: &B) {
+    let store = b.create().await;
     let s = Uuid::now_v7();
     let sized = |n: u8, payload: usize| NewEvent {
         payload: vec![n; payload],
         ..event(n)
     };
     let (all, sizes) = {
-        let log = b.open(&store).unwrap();
+        let log = b.open(&store).await.unwrap();
         let events = [(1, 10), (2, 40_000), (3, 5), (4, 20), (5, 200_000), (6, 1)];
         log.append(s, 1, events.map(|(n, len)| sized(n, len)).into())
+            .await
             .unwrap();
-        log.barrier(Durability::Synced).unwrap();
-        let all = log.read(s, 1, u64::MAX).unwrap();
+        log.barrier(Durability::Synced).await.unwrap();
+        let all = log.read(s, 1, u64::MAX).await.unwrap();
         let sizes: Vec<usize> = sealed(&all).iter().map(Vec::len).collect();
         let total: usize = sizes.iter().sum();
         // What the contract says, for every start, end and budget tried.
@@ -226,7 +242,10 @@ pub fn bounded_reads_stop_at_the_byte_budget_and_check_what_they_return<B: Backe
         for from in 1..=all.len() {
             for to in from..=all.len() {
                 for &max in &budgets {
-                    let got = log.read_bounded(s, from as u64, to as u64, max).unwrap();
+                    let got = log
+                        .read_bounded(s, from as u64, to as u64, max)
+                        .await
+                        .unwrap();
                     assert_eq!(got, expected(from, to, max), "{from}..={to} in {max} bytes");
                     assert!(!got.is_empty(), "a stream always advances");
                 }
@@ -235,28 +254,43 @@ pub fn bounded_reads_stop_at_the_byte_budget_and_check_what_they_return<B: Backe
         let seqs =
             |records: Vec<Record>| -> Vec<u64> { records.iter().map(|r| r.envelope.seq).collect() };
         let small = sizes[0] + sizes[1] - 1;
-        assert_eq!(seqs(log.read_bounded(s, 1, 6, small).unwrap()), [1]);
+        assert_eq!(seqs(log.read_bounded(s, 1, 6, small).await.unwrap()), [1]);
         assert_eq!(
-            seqs(log.read_bounded(s, 5, 6, 0).unwrap()),
+            seqs(log.read_bounded(s, 5, 6, 0).await.unwrap()),
             [5],
             "one over the budget"
         );
-        assert_eq!(seqs(log.read_bounded(s, 0, 2, usize::MAX).unwrap()), [1, 2]);
-        assert!(log.read_bounded(s, 4, 3, usize::MAX).unwrap().is_empty());
-        assert!(log.read_bounded(s, 7, 9, usize::MAX).unwrap().is_empty());
+        assert_eq!(
+            seqs(log.read_bounded(s, 0, 2, usize::MAX).await.unwrap()),
+            [1, 2]
+        );
+        assert!(log
+            .read_bounded(s, 4, 3, usize::MAX)
+            .await
+            .unwrap()
+            .is_empty());
+        assert!(log
+            .read_bounded(s, 7, 9, usize::MAX)
+            .await
+            .unwrap()
+            .is_empty());
         assert!(log
             .read_bounded(Uuid::now_v7(), 1, 9, 0)
+            .await
             .unwrap()
             .is_empty());
         (all, sizes)
     };
-    b.tamper(&store, s, 3);
-    let log = b.open(&store).unwrap();
+    b.tamper(&store, s, 3).await;
+    let log = b.open(&store).await.unwrap();
     for (from, max) in [(1, usize::MAX), (3, 0), (2, sizes[1] + sizes[2])] {
-        let err = log.read_bounded(s, from, 6, max).unwrap_err();
+        let err = log.read_bounded(s, from, 6, max).await.unwrap_err();
         assert!(matches!(err, LogError::Corrupt { seq: 3, .. }), "{err}");
     }
-    let before = log.read_bounded(s, 1, 6, sizes[0] + sizes[1]).unwrap();
+    let before = log
+        .read_bounded(s, 1, 6, sizes[0] + sizes[1])
+        .await
+        .unwrap();
     assert_eq!(
         before,
         all[..2],
@@ -265,19 +299,19 @@ pub fn bounded_reads_stop_at_the_byte_budget_and_check_what_they_return<B: Backe
 }
 
 /// `sessions()` lists every session once, by id, with its count and last kind.
-pub fn listing_names_every_session_in_id_order<B: Backend>(b: &B) {
-    let store = b.create();
-    let log = b.open(&store).unwrap();
+pub async fn listing_names_every_session_in_id_order<B: Backend>(b: &B) {
+    let store = b.create().await;
+    let log = b.open(&store).await.unwrap();
     let ids: Vec<Uuid> = (0..5).map(|_| Uuid::now_v7()).collect();
     for (i, id) in ids.iter().enumerate().rev() {
         let events: Vec<NewEvent> = (1..=i as u8 + 1).map(event).collect();
-        log.append(*id, 1, events).unwrap();
+        log.append(*id, 1, events).await.unwrap();
     }
-    let metas = log.sessions().unwrap();
+    let metas = log.sessions().await.unwrap();
     let listed: Vec<Uuid> = metas.iter().map(|m| m.session).collect();
     assert_eq!(listed, ids);
-    assert_eq!(log.meta(ids[2]).unwrap().as_ref(), Some(&metas[2]));
-    assert_eq!(log.meta(Uuid::now_v7()).unwrap(), None);
+    assert_eq!(log.meta(ids[2]).await.unwrap().as_ref(), Some(&metas[2]));
+    assert_eq!(log.meta(Uuid::now_v7()).await.unwrap(), None);
     for (i, meta) in metas.iter().enumerate() {
         assert_eq!(meta.events, i as u64 + 1);
         assert_eq!(meta.last_kind, format!("K{}", i + 1));
@@ -287,153 +321,163 @@ pub fn listing_names_every_session_in_id_order<B: Backend>(b: &B) {
 }
 
 /// After a synced barrier, records and heads survive closing and reopening.
-pub fn synced_records_and_heads_survive_a_reopen<B: Backend>(b: &B) {
-    let store = b.create();
+pub async fn synced_records_and_heads_survive_a_reopen<B: Backend>(b: &B) {
+    let store = b.create().await;
     let s = Uuid::now_v7();
     let before = {
-        let log = b.open(&store).unwrap();
-        let records = log.append(s, 1, vec![event(1), event(2)]).unwrap();
-        log.barrier(Durability::Synced).unwrap();
+        let log = b.open(&store).await.unwrap();
+        let records = log.append(s, 1, vec![event(1), event(2)]).await.unwrap();
+        log.barrier(Durability::Synced).await.unwrap();
         records
     };
-    let log = b.open(&store).unwrap();
-    assert_eq!(log.head(s).unwrap().hash, before[1].hash);
-    log.append(s, 3, vec![event(3)]).unwrap();
-    log.barrier(Durability::Synced).unwrap();
-    assert_eq!(log.verify(s).unwrap(), 3);
-    assert_eq!(log.read(s, 1, 2).unwrap(), before);
-    assert_eq!(log.sessions().unwrap()[0].events, 3);
+    let log = b.open(&store).await.unwrap();
+    assert_eq!(log.head(s).await.unwrap().hash, before[1].hash);
+    log.append(s, 3, vec![event(3)]).await.unwrap();
+    log.barrier(Durability::Synced).await.unwrap();
+    assert_eq!(log.verify(s).await.unwrap(), 3);
+    assert_eq!(log.read(s, 1, 2).await.unwrap(), before);
+    assert_eq!(log.sessions().await.unwrap()[0].events, 3);
 }
 
 /// A record whose stored bytes changed is refused by `read` and `verify`,
 /// naming its seq.
-pub fn a_tampered_record_is_refused_by_read_and_verify<B: Backend>(b: &B) {
-    let store = b.create();
+pub async fn a_tampered_record_is_refused_by_read_and_verify<B: Backend>(b: &B) {
+    let store = b.create().await;
     let s = Uuid::now_v7();
     {
-        let log = b.open(&store).unwrap();
+        let log = b.open(&store).await.unwrap();
         log.append(s, 1, vec![event(1), event(2), event(3)])
+            .await
             .unwrap();
-        log.barrier(Durability::Synced).unwrap();
+        log.barrier(Durability::Synced).await.unwrap();
     }
-    b.tamper(&store, s, 2);
-    let log = b.open(&store).unwrap();
-    let err = log.read(s, 1, 3).unwrap_err();
+    b.tamper(&store, s, 2).await;
+    let log = b.open(&store).await.unwrap();
+    let err = log.read(s, 1, 3).await.unwrap_err();
     assert!(matches!(err, LogError::Corrupt { seq: 2, .. }), "{err}");
-    let err = log.verify(s).unwrap_err();
+    let err = log.verify(s).await.unwrap_err();
     assert!(err.to_string().contains("seq 2"), "{err}");
-    assert_eq!(log.read(s, 1, 1).unwrap().len(), 1, "seq 1 still reads");
+    assert_eq!(
+        log.read(s, 1, 1).await.unwrap().len(),
+        1,
+        "seq 1 still reads"
+    );
 }
 
 /// A record missing from the middle of a session is refused by `read`,
 /// `read_bounded` (in the middle of what it returns, or where it starts)
 /// and `verify`, naming its seq; a read that stops before it succeeds.
-pub fn a_missing_record_is_refused_by_read_bounded_read_and_verify<B: Backend>(b: &B) {
-    let store = b.create();
+pub async fn a_missing_record_is_refused_by_read_bounded_read_and_verify<B: Backend>(b: &B) {
+    let store = b.create().await;
     let s = Uuid::now_v7();
     {
-        let log = b.open(&store).unwrap();
-        log.append(s, 1, (1..=4).map(event).collect()).unwrap();
-        log.barrier(Durability::Synced).unwrap();
+        let log = b.open(&store).await.unwrap();
+        log.append(s, 1, (1..=4).map(event).collect())
+            .await
+            .unwrap();
+        log.barrier(Durability::Synced).await.unwrap();
     }
-    b.remove(&store, s, 2);
-    let log = b.open(&store).unwrap();
+    b.remove(&store, s, 2).await;
+    let log = b.open(&store).await.unwrap();
     let missing = |result: Result<Vec<Record>, LogError>| match result {
         Err(err @ LogError::Corrupt { seq: 2, .. }) => {
             assert!(err.to_string().contains("missing record"), "{err}")
         }
         other => panic!("seq 2 must be refused as missing: {other:?}"),
     };
-    missing(log.read(s, 1, 4));
-    missing(log.read_bounded(s, 1, 4, usize::MAX));
-    missing(log.read_bounded(s, 2, 4, 0));
-    let err = log.verify(s).unwrap_err();
+    missing(log.read(s, 1, 4).await);
+    missing(log.read_bounded(s, 1, 4, usize::MAX).await);
+    missing(log.read_bounded(s, 2, 4, 0).await);
+    let err = log.verify(s).await.unwrap_err();
     assert!(err.to_string().contains("seq 2"), "{err}");
-    assert_eq!(log.read_bounded(s, 1, 4, 0).unwrap().len(), 1);
+    assert_eq!(log.read_bounded(s, 1, 4, 0).await.unwrap().len(), 1);
 }
 
 /// Derived data is stored per (session, name) and replaced on put.
-pub fn derived_data_is_kept_per_session_and_name<B: Backend>(b: &B) {
-    let store = b.create();
-    let log = b.open(&store).unwrap();
+pub async fn derived_data_is_kept_per_session_and_name<B: Backend>(b: &B) {
+    let store = b.create().await;
+    let log = b.open(&store).await.unwrap();
     let (s, t) = (Uuid::now_v7(), Uuid::now_v7());
-    assert_eq!(log.get_derived(s, "snapshot").unwrap(), None);
-    log.put_derived(s, "snapshot", b"one").unwrap();
-    log.put_derived(s, "summary", b"two").unwrap();
-    log.put_derived(s, "snapshot", b"three").unwrap();
+    assert_eq!(log.get_derived(s, "snapshot").await.unwrap(), None);
+    log.put_derived(s, "snapshot", b"one").await.unwrap();
+    log.put_derived(s, "summary", b"two").await.unwrap();
+    log.put_derived(s, "snapshot", b"three").await.unwrap();
     assert_eq!(
-        log.get_derived(s, "snapshot").unwrap().as_deref(),
+        log.get_derived(s, "snapshot").await.unwrap().as_deref(),
         Some(&b"three"[..])
     );
     assert_eq!(
-        log.get_derived(s, "summary").unwrap().as_deref(),
+        log.get_derived(s, "summary").await.unwrap().as_deref(),
         Some(&b"two"[..])
     );
-    assert_eq!(log.get_derived(t, "snapshot").unwrap(), None);
+    assert_eq!(log.get_derived(t, "snapshot").await.unwrap(), None);
     assert_eq!(
-        log.get_derived_many("snapshot", &[t, s, t]).unwrap(),
+        log.get_derived_many("snapshot", &[t, s, t]).await.unwrap(),
         vec![None, Some(b"three".to_vec()), None]
     );
 }
 
 /// Records imported from another store read back identical (same hashes,
 /// same ids, same timestamps) and extend the chain.
-pub fn import_copies_records_byte_for_byte<B: Backend>(b: &B) {
-    let (from, to) = (b.create(), b.create());
+pub async fn import_copies_records_byte_for_byte<B: Backend>(b: &B) {
+    let (from, to) = (b.create().await, b.create().await);
     let s = Uuid::now_v7();
     let records = {
-        let source = b.open(&from).unwrap();
-        source.append(s, 1, vec![event(1), event(2)]).unwrap();
-        source.append(s, 3, vec![event(3)]).unwrap();
-        source.read(s, 1, u64::MAX).unwrap()
+        let source = b.open(&from).await.unwrap();
+        source.append(s, 1, vec![event(1), event(2)]).await.unwrap();
+        source.append(s, 3, vec![event(3)]).await.unwrap();
+        source.read(s, 1, u64::MAX).await.unwrap()
     };
-    let target = b.open(&to).unwrap();
-    let head = target.import(s, sealed(&records[..2])).unwrap();
+    let target = b.open(&to).await.unwrap();
+    let head = target.import(s, sealed(&records[..2])).await.unwrap();
     assert_eq!(head.seq, 2);
-    let head = target.import(s, sealed(&records[2..])).unwrap();
+    let head = target.import(s, sealed(&records[2..])).await.unwrap();
     assert_eq!((head.seq, head.hash), (3, records[2].hash));
-    assert_eq!(target.read(s, 1, u64::MAX).unwrap(), records);
-    assert_eq!(target.verify(s).unwrap(), 3);
-    let appended = target.append(s, 4, vec![event(4)]).unwrap();
+    assert_eq!(target.read(s, 1, u64::MAX).await.unwrap(), records);
+    assert_eq!(target.verify(s).await.unwrap(), 3);
+    let appended = target.append(s, 4, vec![event(4)]).await.unwrap();
     assert_eq!(appended[0].envelope.prev_hash, records[2].hash);
-    assert_eq!(target.sessions().unwrap()[0].events, 4);
+    assert_eq!(target.sessions().await.unwrap()[0].events, 4);
 }
 
 /// An import with a gap, an altered byte, or records that do not follow
 /// the target's head is refused whole.
-pub fn import_refuses_a_broken_chain_and_stores_nothing<B: Backend>(b: &B) {
-    let (from, to) = (b.create(), b.create());
+pub async fn import_refuses_a_broken_chain_and_stores_nothing<B: Backend>(b: &B) {
+    let (from, to) = (b.create().await, b.create().await);
     let s = Uuid::now_v7();
     let records = {
-        let source = b.open(&from).unwrap();
-        source.append(s, 1, (1..=4).map(event).collect()).unwrap();
-        source.read(s, 1, u64::MAX).unwrap()
+        let source = b.open(&from).await.unwrap();
+        source
+            .append(s, 1, (1..=4).map(event).collect())
+            .await
+            .unwrap();
+        source.read(s, 1, u64::MAX).await.unwrap()
     };
-    let target = b.open(&to).unwrap();
+    let target = b.open(&to).await.unwrap();
     let all = sealed(&records);
     let gap = vec![all[0].clone(), all[2].clone()];
-    let err = target.import(s, gap).unwrap_err();
+    let err = target.import(s, gap).await.unwrap_err();
     assert!(matches!(err, LogError::Corrupt { seq: 2, .. }), "{err}");
     let mut altered = all.clone();
     let n = altered[1].len();
     altered[1][n - 40] ^= 1;
-    let err = target.import(s, altered).unwrap_err();
+    let err = target.import(s, altered).await.unwrap_err();
     assert!(matches!(err, LogError::Corrupt { seq: 2, .. }), "{err}");
-    let err = target.import(s, all[1..].to_vec()).unwrap_err();
+    let err = target.import(s, all[1..].to_vec()).await.unwrap_err();
     assert!(matches!(err, LogError::Corrupt { seq: 1, .. }), "{err}");
-    assert_eq!(target.head(s).unwrap(), Head::EMPTY);
-    assert!(target.sessions().unwrap().is_empty());
-    target.import(s, all).unwrap();
-    assert_eq!(target.verify(s).unwrap(), 4);
+    assert_eq!(target.head(s).await.unwrap(), Head::EMPTY);
+    assert!(target.sessions().await.unwrap().is_empty());
+    target.import(s, all).await.unwrap();
+    assert_eq!(target.verify(s).await.unwrap(), 4);
 }
 
 /// A record over [`MAX_RECORD_BYTES`] is refused, by append (even after a
 /// small record of the same append) and by import, naming the session, the
 /// seq, the size and the limit; nothing of either is stored. A record just
 /// under the limit is stored and reads back.
-pub fn a_record_over_the_size_limit_is_refused_and_nothing_is_stored<B: Backend>(b: &B) {
-    let store = b.create();
-    let log = b.open(&store).unwrap();
+pub async fn a_record_over_the_size_limit_is_refused_and_nothing_is_stored<B: Backend>(b: &B) {
+    let store = b.create().await;
+    let log = b.open(&store).await.unwrap();
     let (s, t) = (Uuid::now_v7(), Uuid::now_v7());
     let big = |payload: usize| NewEvent {
         kind: "Big".into(),
@@ -441,9 +485,10 @@ pub fn a_record_over_the_size_limit_is_refused_and_nothing_is_stored<B: Backend>
         caused_by: None,
         payload: vec![7; payload],
     };
-    log.append(s, 1, vec![event(1)]).unwrap();
+    log.append(s, 1, vec![event(1)]).await.unwrap();
     let err = log
         .append(s, 2, vec![event(2), big(MAX_RECORD_BYTES)])
+        .await
         .unwrap_err();
     let text = err.to_string();
     match err {
@@ -465,136 +510,150 @@ pub fn a_record_over_the_size_limit_is_refused_and_nothing_is_stored<B: Backend>
         }
         other => panic!("{other}"),
     }
-    assert_eq!(kinds(log.as_ref(), s), vec!["K1"]);
+    assert_eq!(kinds(log.as_ref(), s).await, vec!["K1"]);
     let err = log
         .import(t, vec![vec![1; MAX_RECORD_BYTES + 1]])
+        .await
         .unwrap_err();
     assert!(
         matches!(err, LogError::RecordTooLarge { session, seq: 1, size, .. }
             if session == t && size == MAX_RECORD_BYTES as u64 + 1),
         "{err}"
     );
-    assert_eq!(log.head(t).unwrap(), Head::EMPTY);
+    assert_eq!(log.head(t).await.unwrap(), Head::EMPTY);
     let under = MAX_RECORD_BYTES - 1024;
-    log.append(s, 2, vec![big(under)]).unwrap();
-    log.barrier(Durability::Synced).unwrap();
-    assert_eq!(log.read(s, 2, 2).unwrap()[0].envelope.payload.len(), under);
-    assert_eq!(log.verify(s).unwrap(), 2);
-    assert_eq!(log.sessions().unwrap().len(), 1);
+    log.append(s, 2, vec![big(under)]).await.unwrap();
+    log.barrier(Durability::Synced).await.unwrap();
+    assert_eq!(
+        log.read(s, 2, 2).await.unwrap()[0].envelope.payload.len(),
+        under
+    );
+    assert_eq!(log.verify(s).await.unwrap(), 2);
+    assert_eq!(log.sessions().await.unwrap().len(), 1);
 }
 
 /// A live lease excludes other owners; release or expiry lets another take
 /// it with a greater token, and the old lease can no longer be renewed.
-pub fn leases_exclude_other_owners_until_released_or_expired<B: Backend>(b: &B) {
-    let store = b.create();
-    let log = b.open(&store).unwrap();
+pub async fn leases_exclude_other_owners_until_released_or_expired<B: Backend>(b: &B) {
+    let store = b.create().await;
+    let log = b.open(&store).await.unwrap();
     let s = Uuid::now_v7();
     let long = Duration::from_secs(60);
-    assert_eq!(log.lease(s).unwrap(), None);
-    let a = log.acquire_lease(s, "a", long).unwrap();
-    assert_eq!(log.lease(s).unwrap().map(|l| l.owner), Some("a".into()));
-    match log.acquire_lease(s, "b", long).unwrap_err() {
+    assert_eq!(log.lease(s).await.unwrap(), None);
+    let a = log.acquire_lease(s, "a", long).await.unwrap();
+    assert_eq!(
+        log.lease(s).await.unwrap().map(|l| l.owner),
+        Some("a".into())
+    );
+    match log.acquire_lease(s, "b", long).await.unwrap_err() {
         LogError::LeaseHeld { owner, .. } => assert_eq!(owner, "a"),
         other => panic!("{other}"),
     }
-    let renewed = log.renew_lease(&a, long).unwrap();
+    let renewed = log.renew_lease(&a, long).await.unwrap();
     assert!(renewed.expires_ms >= a.expires_ms);
-    let again = log.acquire_lease(s, "a", long).unwrap();
+    let again = log.acquire_lease(s, "a", long).await.unwrap();
     assert!(
         again.token > a.token,
         "every acquisition is a new holding, even by the same owner"
     );
     assert!(matches!(
-        log.renew_lease(&a, long),
+        log.renew_lease(&a, long).await,
         Err(LogError::Fenced { .. })
     ));
     let a = again;
-    log.release_lease(&a).unwrap();
+    log.release_lease(&a).await.unwrap();
     let b1 = log
         .acquire_lease(s, "b", Duration::from_millis(300))
+        .await
         .unwrap();
     assert!(b1.token > a.token);
-    assert!(log.expired_leases().unwrap().is_empty());
-    std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(log.lease(s).unwrap(), None, "a lapsed lease is not live");
-    let expired = log.expired_leases().unwrap();
+    assert!(log.expired_leases().await.unwrap().is_empty());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        log.lease(s).await.unwrap(),
+        None,
+        "a lapsed lease is not live"
+    );
+    let expired = log.expired_leases().await.unwrap();
     assert_eq!(expired.len(), 1);
     assert_eq!(
         (expired[0].session, &expired[0].owner),
         (s, &"b".to_string())
     );
-    let c = log.acquire_lease(s, "c", long).unwrap();
+    let c = log.acquire_lease(s, "c", long).await.unwrap();
     assert!(c.token > b1.token);
     assert!(matches!(
-        log.renew_lease(&b1, long).unwrap_err(),
+        log.renew_lease(&b1, long).await.unwrap_err(),
         LogError::Fenced { .. }
     ));
-    log.release_lease(&b1).unwrap();
+    log.release_lease(&b1).await.unwrap();
     assert!(
         matches!(
-            log.acquire_lease(s, "d", long),
+            log.acquire_lease(s, "d", long).await,
             Err(LogError::LeaseHeld { .. })
         ),
         "releasing a lease that was taken over leaves the new owner's alone"
     );
-    assert!(log.expired_leases().unwrap().is_empty());
+    assert!(log.expired_leases().await.unwrap().is_empty());
 }
 
 /// A writer whose lease was taken over cannot append; the new owner can; a
 /// writer without a lease cannot append while another holds a live one.
 /// A store that one process owns refuses a second opener instead.
-pub fn a_taken_over_owner_is_fenced<B: Backend>(b: &B) {
-    let store = b.create();
-    let old = b.open(&store).unwrap();
+pub async fn a_taken_over_owner_is_fenced<B: Backend>(b: &B) {
+    let store = b.create().await;
+    let old = b.open(&store).await.unwrap();
     if !b.shared() {
-        return assert_second_opener_refused(b, &store);
+        return assert_second_opener_refused(b, &store).await;
     }
-    let new = b.open(&store).unwrap();
-    let third = b.open(&store).unwrap();
+    let new = b.open(&store).await.unwrap();
+    let third = b.open(&store).await.unwrap();
     let s = Uuid::now_v7();
     old.acquire_lease(s, "old", Duration::from_millis(200))
+        .await
         .unwrap();
-    old.append(s, 1, vec![event(1)]).unwrap();
+    old.append(s, 1, vec![event(1)]).await.unwrap();
     assert!(matches!(
-        third.append(s, 2, vec![event(7)]).unwrap_err(),
+        third.append(s, 2, vec![event(7)]).await.unwrap_err(),
         LogError::LeaseHeld { .. }
     ));
-    std::thread::sleep(Duration::from_millis(400));
+    tokio::time::sleep(Duration::from_millis(400)).await;
     let lease = new
         .acquire_lease(s, "new", Duration::from_secs(60))
+        .await
         .unwrap();
-    let err = old.append(s, 2, vec![event(2)]).unwrap_err();
+    let err = old.append(s, 2, vec![event(2)]).await.unwrap_err();
     match err {
         LogError::Fenced { token, current, .. } => {
             assert!(token < current && current == lease.token)
         }
         other => panic!("{other}"),
     }
-    new.append(s, 2, vec![event(3)]).unwrap();
+    new.append(s, 2, vec![event(3)]).await.unwrap();
     assert!(
         matches!(
-            old.append(s, 2, vec![event(2)]).unwrap_err(),
+            old.append(s, 2, vec![event(2)]).await.unwrap_err(),
             LogError::Fenced { .. }
         ),
         "a taken-over writer with a stale seq hears that it was fenced"
     );
     assert!(matches!(
-        third.append(s, 3, vec![event(7)]).unwrap_err(),
+        third.append(s, 3, vec![event(7)]).await.unwrap_err(),
         LogError::LeaseHeld { .. }
     ));
-    new.release_lease(&lease).unwrap();
-    third.append(s, 3, vec![event(4)]).unwrap();
-    assert_eq!(kinds(new.as_ref(), s), vec!["K1", "K3", "K4"]);
+    new.release_lease(&lease).await.unwrap();
+    third.append(s, 3, vec![event(4)]).await.unwrap();
+    assert_eq!(kinds(new.as_ref(), s).await, vec!["K1", "K3", "K4"]);
 }
 
 /// A handle told to follow hears of appends made through another handle.
-pub fn appends_are_followed_across_handles<B: Backend>(b: &B) {
-    let store = b.create();
+pub async fn appends_are_followed_across_handles<B: Backend>(b: &B) {
+    let store = b.create().await;
     if !b.shared() {
-        let _only = b.open(&store).unwrap();
-        return assert_second_opener_refused(b, &store);
+        let _only = b.open(&store).await.unwrap();
+        return assert_second_opener_refused(b, &store).await;
     }
-    let (writer, reader) = (b.open(&store).unwrap(), b.open(&store).unwrap());
+    let (writer, reader) = (b.open(&store).await.unwrap(), b.open(&store).await.unwrap());
     let heard: Arc<Mutex<Vec<(Uuid, u64)>>> = Arc::default();
     let sink = heard.clone();
     reader.follow(Arc::new(move |s, seq| sink.lock().unwrap().push((s, seq))));
@@ -605,68 +664,82 @@ pub fn appends_are_followed_across_handles<B: Backend>(b: &B) {
     // append until it hears one, then check it hears the next exactly.
     while heard.lock().unwrap().is_empty() {
         assert!(Instant::now() < deadline, "no append was heard");
-        writer.append(s, next, vec![event(1)]).unwrap();
+        writer.append(s, next, vec![event(1)]).await.unwrap();
         next += 1;
-        std::thread::sleep(Duration::from_millis(50));
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    writer.append(s, next, vec![event(2), event(3)]).unwrap();
+    writer
+        .append(s, next, vec![event(2), event(3)])
+        .await
+        .unwrap();
     let last = next + 1;
     while !heard.lock().unwrap().contains(&(s, last)) {
         assert!(Instant::now() < deadline, "append up to {last} not heard");
-        std::thread::sleep(Duration::from_millis(20));
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
 /// Two handles on one store (two processes) append to one session in turn:
 /// each sees the other's records, and a writer whose view is stale gets a
 /// conflict, whatever it remembered.
-pub fn handles_sharing_a_store_see_each_others_appends<B: Backend>(b: &B) {
-    let store = b.create();
-    let one = b.open(&store).unwrap();
+pub async fn handles_sharing_a_store_see_each_others_appends<B: Backend>(b: &B) {
+    let store = b.create().await;
+    let one = b.open(&store).await.unwrap();
     if !b.shared() {
-        return assert_second_opener_refused(b, &store);
+        return assert_second_opener_refused(b, &store).await;
     }
-    let two = b.open(&store).unwrap();
+    let two = b.open(&store).await.unwrap();
     let s = Uuid::now_v7();
-    one.append(s, 1, vec![event(1)]).unwrap();
-    two.append(s, 2, vec![event(2)]).unwrap();
-    let err = one.append(s, 2, vec![event(9)]).unwrap_err();
+    one.append(s, 1, vec![event(1)]).await.unwrap();
+    two.append(s, 2, vec![event(2)]).await.unwrap();
+    let err = one.append(s, 2, vec![event(9)]).await.unwrap_err();
     assert!(matches!(err, LogError::Conflict { actual: 3, .. }), "{err}");
-    one.append(s, 3, vec![event(3)]).unwrap();
-    assert_eq!(two.head(s).unwrap(), one.head(s).unwrap());
-    assert_eq!(kinds(two.as_ref(), s), vec!["K1", "K2", "K3"]);
-    assert_eq!(two.verify(s).unwrap(), 3);
+    one.append(s, 3, vec![event(3)]).await.unwrap();
+    assert_eq!(two.head(s).await.unwrap(), one.head(s).await.unwrap());
+    assert_eq!(kinds(two.as_ref(), s).await, vec!["K1", "K2", "K3"]);
+    assert_eq!(two.verify(s).await.unwrap(), 3);
 }
 
 /// Property: any interleaving of good and stale appends leaves a gapless,
 /// verifiable chain holding exactly the accepted events (a fresh session
 /// per case, one store for all).
-pub fn any_mix_of_good_and_stale_appends_keeps_exactly_the_accepted<B: Backend>(b: &B) {
+pub async fn any_mix_of_good_and_stale_appends_keeps_exactly_the_accepted<B: Backend>(b: &B) {
     use proptest::prelude::*;
     use proptest::test_runner::{TestCaseError, TestRunner};
-    let store = b.create();
-    let log = b.open(&store).unwrap();
+    let store = b.create().await;
+    let log = b.open(&store).await.unwrap();
     let ops = proptest::collection::vec((0u64..3, 1usize..4), 1..30);
-    let mut runner = TestRunner::new(ProptestConfig::with_cases(24));
-    let result = runner.run(&ops, |ops| {
-        let s = Uuid::now_v7();
-        let mut accepted = Vec::new();
-        for (i, (skew, count)) in ops.into_iter().enumerate() {
-            let expected = log.head(s).unwrap().seq + 1 + skew;
-            let events: Vec<NewEvent> = (0..count).map(|_| event(i as u8)).collect();
-            match log.append(s, expected, events) {
-                Ok(records) => {
-                    prop_assert_eq!(skew, 0);
-                    accepted.extend(records.into_iter().map(|r| r.envelope.kind));
-                }
-                Err(LogError::Conflict { .. }) => prop_assert!(skew != 0),
-                Err(e) => return Err(TestCaseError::fail(e.to_string())),
-            }
-        }
-        prop_assert_eq!(log.verify(s).unwrap(), accepted.len() as u64);
-        prop_assert_eq!(kinds(log.as_ref(), s), accepted);
-        Ok(())
-    });
+    // The runner's cases are synchronous: run it on the blocking pool,
+    // where each case may block on the log's futures.
+    let handle = tokio::runtime::Handle::current();
+    let result = tokio::task::spawn_blocking(move || {
+        let mut runner = TestRunner::new(ProptestConfig::with_cases(24));
+        runner
+            .run(&ops, |ops| {
+                handle.block_on(async {
+                    let s = Uuid::now_v7();
+                    let mut accepted = Vec::new();
+                    for (i, (skew, count)) in ops.into_iter().enumerate() {
+                        let expected = log.head(s).await.unwrap().seq + 1 + skew;
+                        let events: Vec<NewEvent> = (0..count).map(|_| event(i as u8)).collect();
+                        match log.append(s, expected, events).await {
+                            Ok(records) => {
+                                prop_assert_eq!(skew, 0);
+                                accepted.extend(records.into_iter().map(|r| r.envelope.kind));
+                            }
+                            Err(LogError::Conflict { .. }) => prop_assert!(skew != 0),
+                            Err(e) => return Err(TestCaseError::fail(e.to_string())),
+                        }
+                    }
+                    prop_assert_eq!(log.verify(s).await.unwrap(), accepted.len() as u64);
+                    prop_assert_eq!(kinds(log.as_ref(), s).await, accepted);
+                    Ok(())
+                })
+            })
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .unwrap();
     if let Err(e) = result {
         panic!("{e}");
     }
@@ -674,8 +747,8 @@ pub fn any_mix_of_good_and_stale_appends_keeps_exactly_the_accepted<B: Backend>(
 
 /// Nobody else can append to a store one process owns: a second opener is
 /// refused.
-fn assert_second_opener_refused<B: Backend>(b: &B, store: &B::Store) {
-    match b.open(store) {
+async fn assert_second_opener_refused<B: Backend>(b: &B, store: &B::Store) {
+    match b.open(store).await {
         Err(LogError::Locked { .. }) => {}
         Err(other) => panic!("a second opener must be told the store is locked: {other}"),
         Ok(_) => panic!("a second opener must be refused"),

@@ -261,13 +261,20 @@ pub enum LogError {
 
 /// An append-only store of per-session event streams.
 ///
-/// Implementations are shared between threads; appends to one session are
-/// serialized by the expected-seq check.
+/// Implementations are shared between threads and tasks; appends to one
+/// session are serialized by the expected-seq check.
+///
+/// The trait is async: a call that must wait for a disk or a server
+/// returns a future instead of blocking the caller's thread. A store does
+/// its blocking work on threads of its own (sled's writer, tokio's
+/// blocking pool) or natively async (PostgreSQL), never on the caller's
+/// runtime workers, and never runs a runtime of its own.
+#[async_trait::async_trait]
 pub trait EventLog: Send + Sync {
     /// Appends `events` atomically to `session` at seqs `expected_seq..`:
     /// either all are stored or none. Fails with [`LogError::Conflict`] if the
     /// session's next seq is not `expected_seq`. Not durable until a barrier.
-    fn append(
+    async fn append(
         &self,
         session: Uuid,
         expected_seq: u64,
@@ -276,7 +283,7 @@ pub trait EventLog: Send + Sync {
 
     /// Records of `session` with `from <= seq <= to`, in seq order, each
     /// checked (hash, seq, session, and the chain link between neighbours).
-    fn read(&self, session: Uuid, from: u64, to: u64) -> Result<Vec<Record>, LogError>;
+    async fn read(&self, session: Uuid, from: u64, to: u64) -> Result<Vec<Record>, LogError>;
 
     /// [`EventLog::read`] of `from..=to` up to a budget of `max_bytes`
     /// stored bytes (each record counted by the size of its sealed bytes,
@@ -288,7 +295,7 @@ pub trait EventLog: Send + Sync {
     /// it (hash, seq, the link to its neighbour, a gapless run from
     /// `from`). A backend stops at the budget: it does not fetch the bytes
     /// of the whole range and drop the rest.
-    fn read_bounded(
+    async fn read_bounded(
         &self,
         session: Uuid,
         from: u64,
@@ -297,46 +304,54 @@ pub trait EventLog: Send + Sync {
     ) -> Result<Vec<Record>, LogError>;
 
     /// The head of `session` ([`Head::EMPTY`] if it has no records).
-    fn head(&self, session: Uuid) -> Result<Head, LogError>;
+    async fn head(&self, session: Uuid) -> Result<Head, LogError>;
 
     /// Metadata of every session, ordered by session id (UUID v7: by creation).
-    fn sessions(&self) -> Result<Vec<SessionMeta>, LogError>;
+    async fn sessions(&self) -> Result<Vec<SessionMeta>, LogError>;
 
     /// Metadata of `session`, if it has records.
-    fn meta(&self, session: Uuid) -> Result<Option<SessionMeta>, LogError> {
-        Ok(self.sessions()?.into_iter().find(|m| m.session == session))
+    async fn meta(&self, session: Uuid) -> Result<Option<SessionMeta>, LogError> {
+        Ok(self
+            .sessions()
+            .await?
+            .into_iter()
+            .find(|m| m.session == session))
     }
 
     /// Stores data derived from `session`'s events (a snapshot, a summary)
     /// under `name`, replacing what was there. Derived data is not part of
     /// the chain and not covered by barriers: it may be lost or stale after a
     /// crash, and whoever reads it must check it against the log.
-    fn put_derived(&self, session: Uuid, name: &str, bytes: &[u8]) -> Result<(), LogError>;
+    async fn put_derived(&self, session: Uuid, name: &str, bytes: &[u8]) -> Result<(), LogError>;
 
     /// What [`EventLog::put_derived`] stored under `name`, if anything.
-    fn get_derived(&self, session: Uuid, name: &str) -> Result<Option<Vec<u8>>, LogError>;
+    async fn get_derived(&self, session: Uuid, name: &str) -> Result<Option<Vec<u8>>, LogError>;
 
     /// [`EventLog::get_derived`] of `name` for each of `sessions`, in order.
-    fn get_derived_many(
+    async fn get_derived_many(
         &self,
         name: &str,
         sessions: &[Uuid],
     ) -> Result<Vec<Option<Vec<u8>>>, LogError> {
-        sessions
-            .iter()
-            .map(|s| self.get_derived(*s, name))
-            .collect()
+        let mut out = Vec::with_capacity(sessions.len());
+        for session in sessions {
+            out.push(self.get_derived(*session, name).await?);
+        }
+        Ok(out)
     }
 
     /// Returns once everything appended before the call is at least as
     /// durable as `durability` says.
-    fn barrier(&self, durability: Durability) -> Result<(), LogError>;
+    ///
+    /// An append or import whose future was polled once is enqueued: it
+    /// happens even if the future is then dropped; only its answer is lost.
+    async fn barrier(&self, durability: Durability) -> Result<(), LogError>;
 
     /// Appends records sealed elsewhere (an export), byte for byte, after
     /// `session`'s head: each must open (hash, format) under its seq and
     /// link to its predecessor, else nothing is stored and the error names
     /// the first bad record. Returns the new head.
-    fn import(&self, session: Uuid, sealed: Vec<Vec<u8>>) -> Result<Head, LogError>;
+    async fn import(&self, session: Uuid, sealed: Vec<Vec<u8>>) -> Result<Head, LogError>;
 
     /// Grants `owner` the lease of `session` for `ttl`, unless another owner
     /// holds a live one ([`LogError::LeaseHeld`]). Every grant, even of an
@@ -344,21 +359,26 @@ pub trait EventLog: Send + Sync {
     /// so an earlier holding is fenced. From then on, until the lease is
     /// released or taken over, this log's appends to `session` are fenced by
     /// the lease's token.
-    fn acquire_lease(&self, session: Uuid, owner: &str, ttl: Duration) -> Result<Lease, LogError>;
+    async fn acquire_lease(
+        &self,
+        session: Uuid,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Lease, LogError>;
 
     /// Extends `lease` by `ttl` from now; [`LogError::Fenced`] if it was
     /// taken over meanwhile.
-    fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<Lease, LogError>;
+    async fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<Lease, LogError>;
 
     /// Gives `lease` up (a lease already taken over is left alone).
-    fn release_lease(&self, lease: &Lease) -> Result<(), LogError>;
+    async fn release_lease(&self, lease: &Lease) -> Result<(), LogError>;
 
     /// Leases that lapsed without being released: sessions whose owner
     /// stopped, to be taken over.
-    fn expired_leases(&self) -> Result<Vec<Lease>, LogError>;
+    async fn expired_leases(&self) -> Result<Vec<Lease>, LogError>;
 
     /// The live lease of `session` (held, not lapsed), if any: who runs it.
-    fn lease(&self, session: Uuid) -> Result<Option<Lease>, LogError>;
+    async fn lease(&self, session: Uuid) -> Result<Option<Lease>, LogError>;
 
     /// Asks to be told of appends made by other processes sharing this
     /// store. A store that one process owns has none to tell.
@@ -367,13 +387,13 @@ pub trait EventLog: Send + Sync {
     /// Checks the whole chain of `session`: every record's hash, the link to
     /// its predecessor, gapless seqs, and that the head matches the last record.
     /// Returns the number of records checked.
-    fn verify(&self, session: Uuid) -> Result<u64, LogError> {
-        let head = self.head(session)?;
+    async fn verify(&self, session: Uuid) -> Result<u64, LogError> {
+        let head = self.head(session).await?;
         let mut prev = Head::EMPTY;
         let mut from = 1;
         while from <= head.seq {
             let to = head.seq.min(from + 4095);
-            for record in self.read(session, from, to)? {
+            for record in self.read(session, from, to).await? {
                 check_link(session, &prev, &record)?;
                 prev = Head {
                     seq: record.envelope.seq,

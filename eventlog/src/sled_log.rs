@@ -7,10 +7,24 @@
 //! Durability and atomicity come from mneme's write-ahead file
 //! ([`crate::wal`]), not from sled: each append is written there first (all
 //! its records in one `write(2)`), synced barriers share `fdatasync`s of it
-//! (group commit, [`GroupCommit`]), and opening the log puts into sled
-//! whatever sled lost and brings each session's meta up to its last record
-//! (the records are the truth). A checkpoint (sled flush + `fdatasync` of
-//! sled's files) empties the file.
+//! (group commit), and opening the log puts into sled whatever sled lost and
+//! brings each session's meta up to its last record (the records are the
+//! truth). A checkpoint (sled flush + `fdatasync` of sled's files) empties
+//! the file.
+//!
+//! One writer per store: a dedicated thread owns the write-ahead file and
+//! does every append, import, sync and checkpoint, in the order they were
+//! enqueued. Callers send it a request with a oneshot for the answer and
+//! await that, so no tokio worker ever waits on a `write(2)` or an
+//! `fdatasync`. Group commit is the channel: the writer takes every request
+//! waiting in it, does the appends, then one `fdatasync` answers every synced
+//! barrier of the batch (each was enqueued after the appends it covers).
+//! While it syncs, new requests queue up and form the next batch.
+//!
+//! Reads: point lookups (a head not cached, derived data) stay inline, as
+//! sled serves them from its page cache in microseconds; range scans and the
+//! listing of sessions (which may read and check many records) run on
+//! tokio's blocking pool.
 
 use crate::wal::{Frame, Wal};
 use crate::{
@@ -22,7 +36,8 @@ use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Condvar, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
+use tokio::sync::oneshot;
 use uuid::Uuid;
 
 const EVENT_PREFIX: u8 = b'e';
@@ -44,175 +59,85 @@ const CHECKPOINT_BYTES: u64 = 1 << 20;
 const SEGMENT_BYTES: usize = 64 << 10;
 /// zstd level of sled's compression in a new data directory: the cheapest.
 const COMPRESSION_LEVEL: i32 = 1;
+/// Requests the writer takes into one batch at most, so that synced
+/// barriers waiting behind a stream of appends are answered in time.
+const BATCH_MAX: usize = 1024;
 
 /// An [`EventLog`] in a sled database in one directory.
 ///
 /// Only one process can hold a directory; a second gets [`LogError::Locked`]
 /// naming the holder.
 pub struct SledLog {
+    shared: Arc<Shared>,
+    /// Requests to the writer; dropped first on close, which ends it.
+    requests: Option<mpsc::Sender<Request>>,
+    /// The writer thread, joined on close (it checkpoints as it ends).
+    writer: Option<std::thread::JoinHandle<()>>,
+}
+
+/// What the handle, the writer and blocking reads share.
+struct Shared {
     dir: PathBuf,
     db: sled::Db,
     /// sled's data file, for the `fdatasync` that sled's own flush omits.
     data_file: File,
-    /// The write-ahead file's descriptor, for barriers outside the lock.
-    wal_sync: File,
     /// Records replayed from the write-ahead file when the log was opened.
     recovered: u64,
-    /// Appends are serialized by this lock.
-    inner: Mutex<Inner>,
-    /// Synced barriers share their `fdatasync`s through this.
-    commit: GroupCommit,
+    /// A partial last write found in the write-ahead file on open.
+    torn_tail: Option<crate::TornTail>,
+    /// Cached session metadata; only the writer inserts.
+    metas: Mutex<HashMap<Uuid, StoredMeta>>,
     /// `fdatasync`s of the write-ahead file issued by synced barriers.
     syncs: AtomicU64,
     /// The one process that holds the directory is the only writer.
     leases: LocalLeases,
+    /// Tests: the next this many syncs fail with EIO.
+    #[cfg(test)]
+    fail_syncs: std::sync::atomic::AtomicU32,
 }
 
-struct Inner {
-    /// Cached session metadata.
-    metas: HashMap<Uuid, StoredMeta>,
+/// What callers ask of the writer.
+enum Request {
+    Append {
+        session: Uuid,
+        expected_seq: u64,
+        events: Vec<NewEvent>,
+        reply: oneshot::Sender<Result<Vec<Record>, LogError>>,
+    },
+    Import {
+        session: Uuid,
+        sealed: Vec<Vec<u8>>,
+        reply: oneshot::Sender<Result<Head, LogError>>,
+    },
+    /// A synced barrier: answered once everything enqueued before it is on
+    /// stable storage.
+    Sync(oneshot::Sender<Result<(), LogError>>),
+}
+
+/// The writer: the only owner of the write-ahead file.
+///
+/// Positions are values of `appended`. A failed sync fails every waiter of
+/// its batch; after one, the kernel may have dropped the file's dirty pages,
+/// so a later `fdatasync` proves nothing about them: until a checkpoint
+/// (sled flush and fsync, from sled's copy in memory) covers the failed
+/// range, syncs checkpoint instead.
+struct Writer {
+    shared: Arc<Shared>,
     wal: Wal,
+    /// The write-ahead file's descriptor, for the barriers' `fdatasync`.
+    wal_sync: File,
     /// Sessions and records in the log, kept for the checkpoint anchor.
     totals: Totals,
-    /// Bytes ever appended to the write-ahead file by appends that returned
-    /// Ok, since the log was opened. Never decreases (the file itself is
-    /// emptied at checkpoints): a synced barrier waits until a sync or a
-    /// checkpoint covered the count it saw.
+    /// Bytes ever appended to the write-ahead file by appends that
+    /// succeeded, since the log was opened. Never decreases (the file itself
+    /// is emptied at checkpoints).
     appended: u64,
     /// sled's blob files synced by a checkpoint already.
     synced_blobs: HashSet<(std::ffi::OsString, u64)>,
-}
-
-/// Leader/follower group commit: concurrent synced barriers share
-/// `fdatasync`s of the write-ahead file.
-///
-/// Positions are values of [`Inner::appended`]. A barrier needs everything up
-/// to the position it saw when called. One caller at a time leads: it reads
-/// the position (every append counted there finished its `write(2)`), syncs,
-/// and everything up to what it read is then durable. Callers arriving
-/// meanwhile wait; when the sync ends, those it covered return, and one of the
-/// others leads the next sync. A failed sync fails every waiter it would have
-/// covered; after one, the kernel may have dropped the file's dirty pages, so
-/// a later `fdatasync` proves nothing about them: until a checkpoint (sled
-/// flush and fsync, from sled's copy in memory) covers the failed range,
-/// leaders checkpoint instead of syncing.
-struct GroupCommit {
-    state: Mutex<SyncState>,
-    /// Signalled when a sync ends or a checkpoint moved `durable`.
-    changed: Condvar,
-}
-
-#[derive(Default)]
-struct SyncState {
     /// Everything up to this position is on stable storage.
     durable: u64,
-    /// A leader is syncing.
-    leading: bool,
-    /// Syncs ended so far, successful or not.
-    rounds: u64,
-    /// Callers waiting for a running sync.
-    waiting: usize,
-    /// The last failed sync.
-    failure: Option<Failure>,
-    /// The highest position a failed sync should have covered; suspect
-    /// while above `durable`.
-    suspect: u64,
-}
-
-/// What a caller learns when it becomes the leader.
-struct Lead {
-    /// A failed sync's range is not durable yet: checkpoint, do not sync.
+    /// A sync failed and no checkpoint has covered its range since.
     suspect: bool,
-    /// Other callers are waiting. Yielding once before reading the position
-    /// lets runnable appenders join this sync (fewer, fuller syncs); alone,
-    /// the leader syncs at once.
-    company: bool,
-}
-
-/// A failed sync, kept for the waiters it would have covered.
-struct Failure {
-    /// Its number in [`SyncState::rounds`].
-    round: u64,
-    /// The position it would have made durable.
-    upto: u64,
-    error: LogError,
-}
-
-impl GroupCommit {
-    fn new() -> GroupCommit {
-        GroupCommit {
-            state: Mutex::new(SyncState::default()),
-            changed: Condvar::new(),
-        }
-    }
-
-    /// Returns once everything up to `target` is durable. If no sync that
-    /// covers `target` is running or done, this caller leads: `lead` gets a
-    /// [`Lead`] and returns the position it read before syncing (under the
-    /// append lock) and the outcome.
-    fn wait(
-        &self,
-        target: u64,
-        lead: impl FnOnce(Lead) -> (u64, Result<(), LogError>),
-    ) -> Result<(), LogError> {
-        let mut state = self.state.lock().expect("sync lock poisoned");
-        let arrived = state.rounds;
-        loop {
-            // Durable (a checkpoint may have covered a failed sync's range)
-            // wins over a failure.
-            if state.durable >= target {
-                return Ok(());
-            }
-            if let Some(failure) = &state.failure {
-                if failure.round > arrived && failure.upto >= target {
-                    return Err(copy_error(&failure.error));
-                }
-            }
-            if !state.leading {
-                break;
-            }
-            state.waiting += 1;
-            state = self.changed.wait(state).expect("sync lock poisoned");
-            state.waiting -= 1;
-        }
-        state.leading = true;
-        let leader = Lead {
-            suspect: state.suspect > state.durable,
-            company: state.waiting > 0,
-        };
-        drop(state);
-        // No lock is held here: appends go on while the leader syncs.
-        let (upto, result) = lead(leader);
-        let mut state = self.state.lock().expect("sync lock poisoned");
-        state.leading = false;
-        state.rounds += 1;
-        match &result {
-            Ok(()) => state.durable = state.durable.max(upto),
-            Err(error) => {
-                if upto > state.durable {
-                    state.suspect = state.suspect.max(upto);
-                }
-                state.failure = Some(Failure {
-                    round: state.rounds,
-                    upto,
-                    error: copy_error(error),
-                });
-            }
-        }
-        drop(state);
-        self.changed.notify_all();
-        result
-    }
-
-    /// A checkpoint made everything up to `position` durable.
-    fn checkpointed(&self, position: u64) {
-        let mut state = self.state.lock().expect("sync lock poisoned");
-        if position > state.durable {
-            state.durable = position;
-            drop(state);
-            self.changed.notify_all();
-        }
-    }
 }
 
 /// The same error again, for each waiter a failed sync covered
@@ -275,6 +200,9 @@ impl SledLog {
     /// refused with [`LogError::NotWritable`] before anything is touched.
     /// `holder` is how the note left for a second opener names this process
     /// beside its pid (such as `mneme run`); keep what a user typed out of it.
+    ///
+    /// Opening recovers and checkpoints on the calling thread (it is done
+    /// once, before the log serves anyone), then starts the writer thread.
     pub fn open_as(dir: impl AsRef<Path>, holder: &str) -> Result<SledLog, LogError> {
         let dir = dir.as_ref().to_path_buf();
         private_dir(&dir)?;
@@ -289,54 +217,337 @@ impl SledLog {
         let (wal, frames) = Wal::open(&wal_path).map_err(io(&wal_path))?;
         let wal_sync = File::open(&wal_path).map_err(io(&wal_path))?;
         write_holder(&dir, holder);
-        let mut log = SledLog {
+        let mut shared = Shared {
             dir,
             db,
             data_file,
-            wal_sync,
             recovered: 0,
-            inner: Mutex::new(Inner {
-                metas: HashMap::new(),
-                wal,
-                totals: Totals::default(),
-                appended: 0,
-                synced_blobs: HashSet::new(),
-            }),
-            commit: GroupCommit::new(),
+            torn_tail: wal.torn_tail().cloned(),
+            metas: Mutex::new(HashMap::new()),
             syncs: AtomicU64::new(0),
             leases: LocalLeases::default(),
+            #[cfg(test)]
+            fail_syncs: std::sync::atomic::AtomicU32::new(0),
         };
-        log.recovered = log.recover(frames)?;
-        let totals = log.count()?;
-        log.check_anchor(totals)?;
-        let mut inner = log.inner.lock().expect("log lock poisoned");
-        inner.totals = totals;
-        log.checkpoint(&mut inner)?;
-        drop(inner);
-        Ok(log)
+        shared.recovered = shared.recover(frames)?;
+        let totals = shared.count()?;
+        shared.check_anchor(totals)?;
+        let mut writer = Writer {
+            shared: Arc::new(shared),
+            wal,
+            wal_sync,
+            totals,
+            appended: 0,
+            durable: 0,
+            suspect: false,
+            synced_blobs: HashSet::new(),
+        };
+        writer.checkpoint()?;
+        let shared = writer.shared.clone();
+        let (requests, queue) = mpsc::channel();
+        let writer = std::thread::Builder::new()
+            .name("mneme-log-writer".into())
+            .spawn(move || writer.run(queue))
+            .map_err(io(&shared.dir))?;
+        Ok(SledLog {
+            shared,
+            requests: Some(requests),
+            writer: Some(writer),
+        })
     }
 
     /// A partial last write found in the write-ahead file when the log was
     /// opened (set aside, never acknowledged as synced), if any.
     pub fn torn_tail(&self) -> Option<crate::TornTail> {
-        self.inner
-            .lock()
-            .expect("log lock poisoned")
-            .wal
-            .torn_tail()
-            .cloned()
+        self.shared.torn_tail.clone()
     }
 
     /// `fdatasync`s of the write-ahead file issued by synced barriers so
     /// far, for metrics (with group commit, fewer than the barriers).
     pub fn syncs(&self) -> u64 {
-        self.syncs.load(Ordering::Relaxed)
+        self.shared.syncs.load(Ordering::Relaxed)
     }
 
     /// How many records opening the log replayed from the write-ahead file
     /// into sled (records sled had lost in a crash).
     pub fn recovered(&self) -> u64 {
-        self.recovered
+        self.shared.recovered
+    }
+
+    /// The directory this log lives in.
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    /// Hands `request` to the writer.
+    fn send(&self, request: Request) -> Result<(), LogError> {
+        self.requests
+            .as_ref()
+            .and_then(|requests| requests.send(request).ok())
+            .ok_or_else(|| self.shared.writer_stopped())
+    }
+
+    /// Runs `work` on tokio's blocking pool (inline outside a runtime).
+    async fn blocking<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Shared) -> Result<T, LogError> + Send + 'static,
+    ) -> Result<T, LogError> {
+        let shared = self.shared.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => match handle.spawn_blocking(move || work(&shared)).await {
+                Ok(result) => result,
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(_) => Err(self.shared.writer_stopped()),
+            },
+            Err(_) => work(&shared),
+        }
+    }
+}
+
+impl Writer {
+    /// Serves requests until every handle is gone, then checkpoints.
+    fn run(mut self, queue: mpsc::Receiver<Request>) {
+        while let Ok(first) = queue.recv() {
+            let mut waiters = Vec::new();
+            let mut next = Some(first);
+            let mut taken = 0;
+            while let Some(request) = next {
+                match request {
+                    Request::Append {
+                        session,
+                        expected_seq,
+                        events,
+                        reply,
+                    } => {
+                        let _ = reply.send(self.append(session, expected_seq, events));
+                    }
+                    Request::Import {
+                        session,
+                        sealed,
+                        reply,
+                    } => {
+                        let _ = reply.send(self.import(session, sealed));
+                    }
+                    Request::Sync(reply) => waiters.push(reply),
+                }
+                taken += 1;
+                next = match taken < BATCH_MAX {
+                    true => queue.try_recv().ok(),
+                    false => None,
+                };
+            }
+            if !waiters.is_empty() {
+                let result = self.sync();
+                for waiter in waiters {
+                    let _ = waiter.send(result.as_ref().map(|_| ()).map_err(copy_error));
+                }
+            }
+        }
+        // A clean close checkpoints, so the next open has nothing to replay.
+        // If it fails, the write-ahead file still holds every record.
+        let _ = self.checkpoint();
+    }
+
+    /// Makes everything appended so far durable: one `fdatasync` of the
+    /// write-ahead file, or a checkpoint while a failed sync's range is
+    /// not covered yet; nothing if nothing was appended since.
+    fn sync(&mut self) -> Result<(), LogError> {
+        if self.durable >= self.appended {
+            return Ok(());
+        }
+        if self.suspect {
+            return self.checkpoint();
+        }
+        self.shared.syncs.fetch_add(1, Ordering::Relaxed);
+        let result = self.sync_data().map_err(|source| LogError::Io {
+            path: self.wal.path().display().to_string(),
+            source,
+        });
+        match &result {
+            Ok(()) => self.durable = self.appended,
+            Err(_) => self.suspect = true,
+        }
+        result
+    }
+
+    fn sync_data(&self) -> std::io::Result<()> {
+        #[cfg(test)]
+        if self
+            .shared
+            .fail_syncs
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
+        }
+        self.wal_sync.sync_data()
+    }
+
+    /// Makes sled's copy durable, records the anchor, then empties the
+    /// write-ahead file. Everything appended is then durable.
+    fn checkpoint(&mut self) -> Result<(), LogError> {
+        self.checkpoint_files()?;
+        self.durable = self.appended;
+        self.suspect = false;
+        Ok(())
+    }
+
+    fn checkpoint_files(&mut self) -> Result<(), LogError> {
+        if self.wal.is_empty() {
+            return Ok(());
+        }
+        let shared = &self.shared;
+        shared.db.flush().map_err(|e| shared.storage(e))?;
+        let io = |path: PathBuf| {
+            move |source| LogError::Io {
+                path: path.display().to_string(),
+                source,
+            }
+        };
+        shared
+            .data_file
+            .sync_data()
+            .map_err(io(shared.dir.join("db")))?;
+        sync_blobs(&shared.dir.join("blobs"), &mut self.synced_blobs)
+            .map_err(io(shared.dir.join("blobs")))?;
+        let anchor = shared.dir.join(ANCHOR_FILE);
+        self.totals.store(&anchor).map_err(io(anchor))?;
+        crate::crash::point("log_checkpoint_synced");
+        self.wal
+            .truncate()
+            .map_err(io(self.wal.path().to_path_buf()))
+    }
+
+    /// The session's meta, from the cache or from sled.
+    fn meta_of(&self, session: Uuid) -> Result<Option<StoredMeta>, LogError> {
+        let cached = self
+            .shared
+            .metas
+            .lock()
+            .expect("meta lock poisoned")
+            .get(&session)
+            .cloned();
+        match cached {
+            Some(meta) => Ok(Some(meta)),
+            None => self.shared.load_meta(session),
+        }
+    }
+
+    fn append(
+        &mut self,
+        session: Uuid,
+        expected_seq: u64,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<Record>, LogError> {
+        let meta = self.meta_of(session)?;
+        let head_seq = meta.as_ref().map_or(0, |m| m.head_seq);
+        if expected_seq != head_seq + 1 {
+            return Err(LogError::Conflict {
+                session,
+                expected: expected_seq,
+                actual: head_seq + 1,
+            });
+        }
+        let now = now_ms();
+        let mut meta = meta.unwrap_or_else(|| StoredMeta::new(now));
+        let mut sealed = Vec::with_capacity(events.len());
+        let mut records = Vec::with_capacity(events.len());
+        for event in events {
+            let envelope = Envelope {
+                session,
+                seq: meta.head_seq + 1,
+                event_id: Uuid::now_v7(),
+                ts_ms: now,
+                caused_by: event.caused_by,
+                schema: event.schema,
+                kind: event.kind,
+                prev_hash: meta.head_hash,
+                payload: event.payload,
+            };
+            let (record, bytes) = Record::seal(envelope)?;
+            meta.advance(&record);
+            sealed.push(bytes);
+            records.push(record);
+        }
+        self.store(session, meta, &records, sealed)?;
+        Ok(records)
+    }
+
+    fn import(&mut self, session: Uuid, sealed: Vec<Vec<u8>>) -> Result<Head, LogError> {
+        let meta = self.meta_of(session)?;
+        let head = meta.as_ref().map_or(Head::EMPTY, |m| Head {
+            seq: m.head_seq,
+            hash: m.head_hash,
+        });
+        let records = crate::open_sealed(session, head, &sealed)?;
+        let Some(first) = records.first() else {
+            return Ok(head);
+        };
+        let mut meta = meta.unwrap_or_else(|| StoredMeta::new(first.envelope.ts_ms));
+        for record in &records {
+            meta.advance(record);
+        }
+        let head = Head {
+            seq: meta.head_seq,
+            hash: meta.head_hash,
+        };
+        self.store(session, meta, &records, sealed)?;
+        Ok(head)
+    }
+
+    /// Stores checked, sealed records that follow the session's head: first
+    /// in the write-ahead file, then in sled; `meta` is the head after them.
+    fn store(
+        &mut self,
+        session: Uuid,
+        meta: StoredMeta,
+        records: &[Record],
+        sealed: Vec<Vec<u8>>,
+    ) -> Result<(), LogError> {
+        let new_session = records.first().is_some_and(|r| r.envelope.seq == 1);
+        let frames: Vec<Frame> = records
+            .iter()
+            .zip(sealed)
+            .map(|(r, bytes)| (event_key(session, r.envelope.seq).to_vec(), bytes))
+            .collect();
+        let appended = self.wal.append(&frames).map_err(|source| LogError::Io {
+            path: self.wal.path().display().to_string(),
+            source,
+        })?;
+        crate::crash::point("log_wal_written");
+        // Plain inserts, not a sled batch: a batch forces sled to write and
+        // sync its buffer on every append. Atomicity comes from the
+        // write-ahead file; recovery repairs a meta that lags its records.
+        if let Err(e) = self
+            .shared
+            .insert_all(frames, &meta_key(session), encode_meta(&meta))
+        {
+            self.wal.cut_back_to(appended.before);
+            return Err(e);
+        }
+        self.appended += appended.bytes;
+        self.totals.records += records.len() as u64;
+        self.totals.sessions += u64::from(new_session);
+        self.shared
+            .metas
+            .lock()
+            .expect("meta lock poisoned")
+            .insert(session, meta);
+        if self.wal.len() > CHECKPOINT_BYTES {
+            // The append itself is done; a failed checkpoint is retried on
+            // the next append and the write-ahead file keeps the records.
+            let _ = self.checkpoint();
+        }
+        Ok(())
+    }
+}
+
+impl Shared {
+    fn writer_stopped(&self) -> LogError {
+        LogError::Io {
+            path: self.dir.display().to_string(),
+            source: std::io::Error::other("the log's writer thread stopped"),
+        }
     }
 
     /// Puts into sled every write-ahead record it lacks, brings the heads
@@ -422,40 +633,6 @@ impl SledLog {
         })
     }
 
-    /// Makes sled's copy durable, records the anchor, then empties the
-    /// write-ahead file. Everything appended is then durable, which it
-    /// tells synced barriers.
-    fn checkpoint(&self, inner: &mut Inner) -> Result<(), LogError> {
-        self.checkpoint_files(inner)?;
-        self.commit.checkpointed(inner.appended);
-        Ok(())
-    }
-
-    fn checkpoint_files(&self, inner: &mut Inner) -> Result<(), LogError> {
-        if inner.wal.is_empty() {
-            return Ok(());
-        }
-        self.db.flush().map_err(|e| self.storage(e))?;
-        let io = |path: PathBuf| {
-            move |source| LogError::Io {
-                path: path.display().to_string(),
-                source,
-            }
-        };
-        self.data_file
-            .sync_data()
-            .map_err(io(self.dir.join("db")))?;
-        sync_blobs(&self.dir.join("blobs"), &mut inner.synced_blobs)
-            .map_err(io(self.dir.join("blobs")))?;
-        let anchor = self.dir.join(ANCHOR_FILE);
-        inner.totals.store(&anchor).map_err(io(anchor))?;
-        crate::crash::point("log_checkpoint_synced");
-        inner
-            .wal
-            .truncate()
-            .map_err(io(inner.wal.path().to_path_buf()))
-    }
-
     /// Refuses a directory whose sled holds fewer sessions or records than
     /// its last checkpoint recorded: sled lost synced data (a torn or
     /// truncated file it recovered a prefix of), and resuming from the rest
@@ -477,11 +654,6 @@ impl SledLog {
             });
         }
         Ok(())
-    }
-
-    /// The directory this log lives in.
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 
     fn storage(&self, source: sled::Error) -> LogError {
@@ -508,7 +680,6 @@ impl SledLog {
             })
     }
 }
-
 /// How much a log holds: sessions, and records over all sessions.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Totals {
@@ -852,47 +1023,7 @@ fn encode_meta(meta: &StoredMeta) -> Vec<u8> {
     rmp_serde::to_vec_named(meta).expect("session metadata always encodes")
 }
 
-impl SledLog {
-    /// Stores checked, sealed records that follow the session's head: first
-    /// in the write-ahead file, then in sled; `meta` is the head after them.
-    fn store(
-        &self,
-        inner: &mut Inner,
-        session: Uuid,
-        meta: StoredMeta,
-        records: &[Record],
-        sealed: Vec<Vec<u8>>,
-    ) -> Result<(), LogError> {
-        let new_session = records.first().is_some_and(|r| r.envelope.seq == 1);
-        let frames: Vec<Frame> = records
-            .iter()
-            .zip(sealed)
-            .map(|(r, bytes)| (event_key(session, r.envelope.seq).to_vec(), bytes))
-            .collect();
-        let appended = inner.wal.append(&frames).map_err(|source| LogError::Io {
-            path: inner.wal.path().display().to_string(),
-            source,
-        })?;
-        crate::crash::point("log_wal_written");
-        // Plain inserts, not a sled batch: a batch forces sled to write and
-        // sync its buffer on every append. Atomicity comes from the
-        // write-ahead file; recovery repairs a meta that lags its records.
-        if let Err(e) = self.insert_all(frames, &meta_key(session), encode_meta(&meta)) {
-            inner.wal.cut_back_to(appended.before);
-            return Err(e);
-        }
-        inner.appended += appended.bytes;
-        inner.totals.records += records.len() as u64;
-        inner.totals.sessions += u64::from(new_session);
-        inner.metas.insert(session, meta);
-        if inner.wal.len() > CHECKPOINT_BYTES {
-            // The append itself is done; a failed checkpoint is retried on
-            // the next append and the write-ahead file keeps the records.
-            let _ = self.checkpoint(inner);
-        }
-        Ok(())
-    }
-
+impl Shared {
     /// Inserts an append's records, then its meta. On failure, removes
     /// what it inserted (best effort), so a refused append leaves no record.
     fn insert_all(
@@ -912,120 +1043,6 @@ impl SledLog {
             }
             self.storage(e)
         })
-    }
-}
-
-impl Drop for SledLog {
-    /// A clean close checkpoints, so the next open has nothing to replay.
-    /// If it fails, the write-ahead file still holds every record.
-    fn drop(&mut self) {
-        if let Ok(mut inner) = self.inner.lock() {
-            let _ = self.checkpoint(&mut inner);
-        }
-    }
-}
-
-impl EventLog for SledLog {
-    fn append(
-        &self,
-        session: Uuid,
-        expected_seq: u64,
-        events: Vec<NewEvent>,
-    ) -> Result<Vec<Record>, LogError> {
-        let mut guard = self.inner.lock().expect("log lock poisoned");
-        let inner = &mut *guard;
-        let meta = match inner.metas.get(&session) {
-            Some(meta) => Some(meta.clone()),
-            None => self.load_meta(session)?,
-        };
-        let head_seq = meta.as_ref().map_or(0, |m| m.head_seq);
-        if expected_seq != head_seq + 1 {
-            return Err(LogError::Conflict {
-                session,
-                expected: expected_seq,
-                actual: head_seq + 1,
-            });
-        }
-        let now = now_ms();
-        let mut meta = meta.unwrap_or_else(|| StoredMeta::new(now));
-        let mut sealed = Vec::with_capacity(events.len());
-        let mut records = Vec::with_capacity(events.len());
-        for event in events {
-            let envelope = Envelope {
-                session,
-                seq: meta.head_seq + 1,
-                event_id: Uuid::now_v7(),
-                ts_ms: now,
-                caused_by: event.caused_by,
-                schema: event.schema,
-                kind: event.kind,
-                prev_hash: meta.head_hash,
-                payload: event.payload,
-            };
-            let (record, bytes) = Record::seal(envelope)?;
-            meta.advance(&record);
-            sealed.push(bytes);
-            records.push(record);
-        }
-        self.store(inner, session, meta, &records, sealed)?;
-        Ok(records)
-    }
-
-    fn import(&self, session: Uuid, sealed: Vec<Vec<u8>>) -> Result<Head, LogError> {
-        let mut guard = self.inner.lock().expect("log lock poisoned");
-        let inner = &mut *guard;
-        let meta = match inner.metas.get(&session) {
-            Some(meta) => Some(meta.clone()),
-            None => self.load_meta(session)?,
-        };
-        let head = meta.as_ref().map_or(Head::EMPTY, |m| Head {
-            seq: m.head_seq,
-            hash: m.head_hash,
-        });
-        let records = crate::open_sealed(session, head, &sealed)?;
-        let Some(first) = records.first() else {
-            return Ok(head);
-        };
-        let mut meta = meta.unwrap_or_else(|| StoredMeta::new(first.envelope.ts_ms));
-        for record in &records {
-            meta.advance(record);
-        }
-        let head = Head {
-            seq: meta.head_seq,
-            hash: meta.head_hash,
-        };
-        self.store(inner, session, meta, &records, sealed)?;
-        Ok(head)
-    }
-
-    fn acquire_lease(
-        &self,
-        session: Uuid,
-        owner: &str,
-        ttl: std::time::Duration,
-    ) -> Result<Lease, LogError> {
-        self.leases.acquire(session, owner, ttl)
-    }
-
-    fn renew_lease(&self, lease: &Lease, ttl: std::time::Duration) -> Result<Lease, LogError> {
-        self.leases.renew(lease, ttl)
-    }
-
-    fn release_lease(&self, lease: &Lease) -> Result<(), LogError> {
-        self.leases.release(lease);
-        Ok(())
-    }
-
-    fn expired_leases(&self) -> Result<Vec<Lease>, LogError> {
-        Ok(self.leases.expired())
-    }
-
-    fn lease(&self, session: Uuid) -> Result<Option<Lease>, LogError> {
-        Ok(self.leases.live(session))
-    }
-
-    fn read(&self, session: Uuid, from: u64, to: u64) -> Result<Vec<Record>, LogError> {
-        self.read_bounded(session, from, to, usize::MAX)
     }
 
     /// The range scan stops at the first record over the budget: its bytes
@@ -1067,39 +1084,6 @@ impl EventLog for SledLog {
         Ok(records)
     }
 
-    fn put_derived(&self, session: Uuid, name: &str, bytes: &[u8]) -> Result<(), LogError> {
-        self.db
-            .insert(derived_key(session, name), bytes)
-            .map(drop)
-            .map_err(|e| self.storage(e))
-    }
-
-    fn get_derived(&self, session: Uuid, name: &str) -> Result<Option<Vec<u8>>, LogError> {
-        self.db
-            .get(derived_key(session, name))
-            .map(|v| v.map(|v| v.to_vec()))
-            .map_err(|e| self.storage(e))
-    }
-
-    fn head(&self, session: Uuid) -> Result<Head, LogError> {
-        if let Some(meta) = self
-            .inner
-            .lock()
-            .expect("log lock poisoned")
-            .metas
-            .get(&session)
-        {
-            return Ok(Head {
-                seq: meta.head_seq,
-                hash: meta.head_hash,
-            });
-        }
-        Ok(self.load_meta(session)?.map_or(Head::EMPTY, |m| Head {
-            seq: m.head_seq,
-            hash: m.head_hash,
-        }))
-    }
-
     fn sessions(&self) -> Result<Vec<SessionMeta>, LogError> {
         let mut out = Vec::new();
         for item in self.db.scan_prefix([META_PREFIX]) {
@@ -1125,39 +1109,161 @@ impl EventLog for SledLog {
         }
         Ok(out)
     }
+}
+
+impl Drop for SledLog {
+    /// Closing ends the writer, which checkpoints first (so the next open
+    /// has nothing to replay), and waits for it.
+    fn drop(&mut self) {
+        drop(self.requests.take());
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl EventLog for SledLog {
+    /// Enqueued to the writer, which checks, seals and stores it.
+    async fn append(
+        &self,
+        session: Uuid,
+        expected_seq: u64,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<Record>, LogError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Request::Append {
+            session,
+            expected_seq,
+            events,
+            reply,
+        })?;
+        answer.await.map_err(|_| self.shared.writer_stopped())?
+    }
+
+    async fn import(&self, session: Uuid, sealed: Vec<Vec<u8>>) -> Result<Head, LogError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Request::Import {
+            session,
+            sealed,
+            reply,
+        })?;
+        answer.await.map_err(|_| self.shared.writer_stopped())?
+    }
+
+    async fn acquire_lease(
+        &self,
+        session: Uuid,
+        owner: &str,
+        ttl: std::time::Duration,
+    ) -> Result<Lease, LogError> {
+        self.shared.leases.acquire(session, owner, ttl)
+    }
+
+    async fn renew_lease(
+        &self,
+        lease: &Lease,
+        ttl: std::time::Duration,
+    ) -> Result<Lease, LogError> {
+        self.shared.leases.renew(lease, ttl)
+    }
+
+    async fn release_lease(&self, lease: &Lease) -> Result<(), LogError> {
+        self.shared.leases.release(lease);
+        Ok(())
+    }
+
+    async fn expired_leases(&self) -> Result<Vec<Lease>, LogError> {
+        Ok(self.shared.leases.expired())
+    }
+
+    async fn lease(&self, session: Uuid) -> Result<Option<Lease>, LogError> {
+        Ok(self.shared.leases.live(session))
+    }
+
+    async fn read(&self, session: Uuid, from: u64, to: u64) -> Result<Vec<Record>, LogError> {
+        self.read_bounded(session, from, to, usize::MAX).await
+    }
+
+    /// On the blocking pool: a range may be long (see `Shared::read_bounded`).
+    async fn read_bounded(
+        &self,
+        session: Uuid,
+        from: u64,
+        to: u64,
+        max_bytes: usize,
+    ) -> Result<Vec<Record>, LogError> {
+        if from.max(1) > to {
+            return Ok(Vec::new());
+        }
+        self.blocking(move |shared| shared.read_bounded(session, from, to, max_bytes))
+            .await
+    }
+
+    /// Inline: one insert into sled's memory (derived data is not covered
+    /// by barriers, so nothing waits for a disk here).
+    async fn put_derived(&self, session: Uuid, name: &str, bytes: &[u8]) -> Result<(), LogError> {
+        self.shared
+            .db
+            .insert(derived_key(session, name), bytes)
+            .map(drop)
+            .map_err(|e| self.shared.storage(e))
+    }
+
+    /// Inline: a point lookup in sled's page cache.
+    async fn get_derived(&self, session: Uuid, name: &str) -> Result<Option<Vec<u8>>, LogError> {
+        self.shared
+            .db
+            .get(derived_key(session, name))
+            .map(|v| v.map(|v| v.to_vec()))
+            .map_err(|e| self.shared.storage(e))
+    }
+
+    /// Inline: from the writer's cache, else one point lookup in sled.
+    async fn head(&self, session: Uuid) -> Result<Head, LogError> {
+        if let Some(meta) = self
+            .shared
+            .metas
+            .lock()
+            .expect("meta lock poisoned")
+            .get(&session)
+        {
+            return Ok(Head {
+                seq: meta.head_seq,
+                hash: meta.head_hash,
+            });
+        }
+        Ok(self
+            .shared
+            .load_meta(session)?
+            .map_or(Head::EMPTY, |m| Head {
+                seq: m.head_seq,
+                hash: m.head_hash,
+            }))
+    }
+
+    /// On the blocking pool: a scan of every session's meta.
+    async fn sessions(&self) -> Result<Vec<SessionMeta>, LogError> {
+        self.blocking(|shared| shared.sessions()).await
+    }
 
     /// Every append is in the write-ahead file (in the OS's hands) once
     /// `append` returns, so `Flushed` costs nothing.
     ///
-    /// `Synced` is group commit (see `GroupCommit`): when it returns Ok, every
-    /// append that returned before it was called is on stable storage (made
-    /// so by an `fdatasync` of the write-ahead file that started after that
-    /// append's write, or by a checkpoint). Concurrent callers share one
-    /// `fdatasync`, no lock is held during it (appends go on), and a caller
-    /// whose appends are already covered returns at once. If the
-    /// `fdatasync` that would cover a caller fails, the caller gets its error.
-    fn barrier(&self, durability: Durability) -> Result<(), LogError> {
+    /// `Synced` is group commit through the writer's queue: when it returns
+    /// Ok, every append that returned before it was called is on stable
+    /// storage (made so by an `fdatasync` of the write-ahead file that
+    /// started after that append's write, or by a checkpoint). Every synced
+    /// barrier waiting in the queue shares one `fdatasync`, and a barrier
+    /// with nothing new to cover costs none. If the `fdatasync` that would
+    /// cover a caller fails, the caller gets its error.
+    async fn barrier(&self, durability: Durability) -> Result<(), LogError> {
         if durability < Durability::Synced {
             return Ok(());
         }
-        let position = || self.inner.lock().expect("log lock poisoned").appended;
-        self.commit.wait(position(), |lead| {
-            if lead.suspect {
-                let mut inner = self.inner.lock().expect("log lock poisoned");
-                let upto = inner.appended;
-                return (upto, self.checkpoint(&mut inner));
-            }
-            if lead.company {
-                std::thread::yield_now();
-            }
-            let upto = position();
-            self.syncs.fetch_add(1, Ordering::Relaxed);
-            let result = self.wal_sync.sync_data().map_err(|source| LogError::Io {
-                path: self.dir.join(WAL_FILE).display().to_string(),
-                source,
-            });
-            (upto, result)
-        })
+        let (reply, answer) = oneshot::channel();
+        self.send(Request::Sync(reply))?;
+        answer.await.map_err(|_| self.shared.writer_stopped())?
     }
 }
 
@@ -1170,38 +1276,39 @@ mod tests {
     /// sled as the conformance suite sees it: one directory per store.
     struct Sled;
 
+    #[async_trait::async_trait]
     impl crate::conformance::Backend for Sled {
         type Store = tempfile::TempDir;
 
-        fn create(&self) -> tempfile::TempDir {
+        async fn create(&self) -> tempfile::TempDir {
             tempfile::tempdir().unwrap()
         }
 
         /// sled may hold its lock a moment after the last handle dropped.
-        fn open(&self, dir: &tempfile::TempDir) -> Result<Arc<dyn EventLog>, LogError> {
+        async fn open(&self, dir: &tempfile::TempDir) -> Result<Arc<dyn EventLog>, LogError> {
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
             loop {
                 match SledLog::open(dir.path()) {
                     Err(LogError::Locked { .. }) if std::time::Instant::now() < deadline => {
-                        std::thread::sleep(std::time::Duration::from_millis(20))
+                        tokio::time::sleep(std::time::Duration::from_millis(20)).await
                     }
                     opened => return opened.map(|log| Arc::new(log) as Arc<dyn EventLog>),
                 }
             }
         }
 
-        fn tamper(&self, dir: &tempfile::TempDir, session: Uuid, seq: u64) {
+        async fn tamper(&self, dir: &tempfile::TempDir, session: Uuid, seq: u64) {
             let log = SledLog::open(dir.path()).unwrap();
             let key = event_key(session, seq);
-            let mut bytes = log.db.get(key).unwrap().unwrap().to_vec();
+            let mut bytes = log.shared.db.get(key).unwrap().unwrap().to_vec();
             let n = bytes.len();
             bytes[n - 40] ^= 1;
-            log.db.insert(key, bytes).unwrap();
+            log.shared.db.insert(key, bytes).unwrap();
         }
 
-        fn remove(&self, dir: &tempfile::TempDir, session: Uuid, seq: u64) {
+        async fn remove(&self, dir: &tempfile::TempDir, session: Uuid, seq: u64) {
             let log = SledLog::open(dir.path()).unwrap();
-            log.db.remove(event_key(session, seq)).unwrap();
+            log.shared.db.remove(event_key(session, seq)).unwrap();
         }
 
         fn shared(&self) -> bool {
@@ -1269,8 +1376,8 @@ mod tests {
     /// write-ahead file included (1.4 to 1.5 times, as sled's cleaning
     /// falls). sled uncompressed, with 512 KiB segments and the write-ahead
     /// file emptied every 64 MiB, took 4.6 times.
-    #[test]
-    fn a_long_session_takes_little_more_room_than_its_records() {
+    #[tokio::test]
+    async fn a_long_session_takes_little_more_room_than_its_records() {
         let dir = tempfile::tempdir().unwrap();
         let log = SledLog::open(dir.path()).unwrap();
         let s = Uuid::now_v7();
@@ -1291,15 +1398,19 @@ mod tests {
                     caused_by: None,
                     payload: prose(&mut seed, len),
                 };
-                log.append(s, seq, vec![event]).unwrap();
-                log.barrier(Durability::Flushed).unwrap();
+                log.append(s, seq, vec![event]).await.unwrap();
+                log.barrier(Durability::Flushed).await.unwrap();
             }
             let summary = format!("{{\"seq\":{seq},\"turn\":{turn},\"status\":\"done\"}}");
             log.put_derived(s, "summary", &prose(&mut seed, 250))
+                .await
                 .unwrap();
-            log.put_derived(s, "status", summary.as_bytes()).unwrap();
+            log.put_derived(s, "status", summary.as_bytes())
+                .await
+                .unwrap();
         }
         let sealed: u64 = log
+            .shared
             .db
             .scan_prefix([EVENT_PREFIX])
             .map(|item| item.unwrap().1.len() as u64)
@@ -1313,11 +1424,11 @@ mod tests {
         );
         drop(log);
         let log = reopen(dir.path());
-        assert_eq!(log.verify(s).unwrap(), seq);
+        assert_eq!(log.verify(s).await.unwrap(), seq);
     }
 
-    #[test]
-    fn a_data_directory_keeps_the_sled_settings_it_was_created_with() {
+    #[tokio::test]
+    async fn a_data_directory_keeps_the_sled_settings_it_was_created_with() {
         let dir = tempfile::tempdir().unwrap();
         let s = Uuid::now_v7();
         {
@@ -1331,17 +1442,17 @@ mod tests {
         }
         assert_eq!(created_with(dir.path()), Some((false, 512 << 10)));
         let log = reopen(dir.path());
-        log.append(s, 1, vec![event(1)]).unwrap();
+        log.append(s, 1, vec![event(1)]).await.unwrap();
         drop(log);
         let log = reopen(dir.path());
-        assert_eq!(log.verify(s).unwrap(), 1);
+        assert_eq!(log.verify(s).await.unwrap(), 1);
         let fresh = tempfile::tempdir().unwrap();
         drop(SledLog::open(fresh.path()).unwrap());
         assert_eq!(created_with(fresh.path()), Some((true, SEGMENT_BYTES)));
     }
 
-    #[test]
-    fn second_opener_is_told_who_holds_the_directory() {
+    #[tokio::test]
+    async fn second_opener_is_told_who_holds_the_directory() {
         let dir = tempfile::tempdir().unwrap();
         let _log = SledLog::open_as(dir.path(), "mneme run").unwrap();
         let note = format!("pid {}: mneme run", std::process::id());
@@ -1360,8 +1471,8 @@ mod tests {
         assert!(text.contains(&note), "{text}");
     }
 
-    #[test]
-    fn the_directory_and_the_files_of_the_log_are_its_owners_alone() {
+    #[tokio::test]
+    async fn the_directory_and_the_files_of_the_log_are_its_owners_alone() {
         use std::os::unix::fs::PermissionsExt;
         let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o7777;
         let parent = tempfile::tempdir().unwrap();
@@ -1369,7 +1480,7 @@ mod tests {
         let s = Uuid::now_v7();
         {
             let log = SledLog::open(&dir).unwrap();
-            log.append(s, 1, vec![event(1)]).unwrap();
+            log.append(s, 1, vec![event(1)]).await.unwrap();
         } // checkpointed: the anchor is written
         assert_eq!(mode(&dir), 0o700);
         for file in [WAL_FILE, HOLDER_FILE, ANCHOR_FILE] {
@@ -1378,18 +1489,18 @@ mod tests {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         let log = SledLog::open(&dir).unwrap();
         assert_eq!(mode(&dir), 0o700, "a loose directory is tightened");
-        assert_eq!(log.verify(s).unwrap(), 1);
+        assert_eq!(log.verify(s).await.unwrap(), 1);
     }
 
-    #[test]
-    fn records_sled_lost_are_replayed_from_the_write_ahead_file() {
+    #[tokio::test]
+    async fn records_sled_lost_are_replayed_from_the_write_ahead_file() {
         let s = Uuid::now_v7();
         let source = tempfile::tempdir().unwrap();
         let wal = {
             let log = SledLog::open(source.path()).unwrap();
-            log.append(s, 1, vec![event(1), event(2)]).unwrap();
-            log.append(s, 3, vec![event(3)]).unwrap();
-            log.barrier(Durability::Synced).unwrap();
+            log.append(s, 1, vec![event(1), event(2)]).await.unwrap();
+            log.append(s, 3, vec![event(3)]).await.unwrap();
+            log.barrier(Durability::Synced).await.unwrap();
             std::fs::read(source.path().join(WAL_FILE)).unwrap()
         };
         // A sled directory that never got the records, with the write-ahead
@@ -1399,7 +1510,7 @@ mod tests {
         std::fs::write(target.path().join(WAL_FILE), wal).unwrap();
         let log = SledLog::open(target.path()).unwrap();
         assert_eq!(log.recovered(), 3);
-        assert_eq!(log.verify(s).unwrap(), 3);
+        assert_eq!(log.verify(s).await.unwrap(), 3);
         assert_eq!(
             std::fs::metadata(target.path().join(WAL_FILE))
                 .unwrap()
@@ -1410,11 +1521,11 @@ mod tests {
         drop(log);
         let log = SledLog::open(target.path()).unwrap();
         assert_eq!(log.recovered(), 0, "nothing left to replay");
-        assert_eq!(log.read(s, 3, 3).unwrap()[0].envelope.kind, "K3");
+        assert_eq!(log.read(s, 3, 3).await.unwrap()[0].envelope.kind, "K3");
     }
 
-    #[test]
-    fn a_data_directory_with_a_version_1_write_ahead_file_opens_and_moves_to_version_2() {
+    #[tokio::test]
+    async fn a_data_directory_with_a_version_1_write_ahead_file_opens_and_moves_to_version_2() {
         let s = Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0001);
         let dir = tempfile::tempdir().unwrap();
         drop(SledLog::open(dir.path()).unwrap());
@@ -1422,7 +1533,7 @@ mod tests {
         std::fs::write(&path, crate::wal::v1_file()).unwrap();
         let log = SledLog::open(dir.path()).unwrap();
         assert_eq!(log.recovered(), 3);
-        assert_eq!(log.verify(s).unwrap(), 3);
+        assert_eq!(log.verify(s).await.unwrap(), 3);
         let emptied = std::fs::read(&path).unwrap();
         assert_eq!(
             emptied.len(),
@@ -1430,8 +1541,8 @@ mod tests {
             "checkpointed: a version 2 header alone"
         );
         assert_eq!(emptied[..8], *b"MWAL\x02\0\0\0");
-        log.append(s, 4, vec![event(4)]).unwrap();
-        log.barrier(Durability::Synced).unwrap();
+        log.append(s, 4, vec![event(4)]).await.unwrap();
+        log.barrier(Durability::Synced).await.unwrap();
         let wal = std::fs::read(&path).unwrap();
         drop(log);
         // The new record replays from the version 2 file into a sled that
@@ -1443,30 +1554,34 @@ mod tests {
         std::fs::write(target.path().join(WAL_FILE), wal).unwrap();
         let log = SledLog::open(target.path()).unwrap();
         assert_eq!(log.recovered(), 1);
-        assert_eq!(log.read(s, 4, 4).unwrap()[0].envelope.kind, "K4");
-        assert_eq!(log.verify(s).unwrap(), 4);
+        assert_eq!(log.read(s, 4, 4).await.unwrap()[0].envelope.kind, "K4");
+        assert_eq!(log.verify(s).await.unwrap(), 4);
     }
 
-    #[test]
-    fn records_sled_loses_after_a_checkpoint_are_caught_by_the_anchor() {
+    #[tokio::test]
+    async fn records_sled_loses_after_a_checkpoint_are_caught_by_the_anchor() {
         let dir = tempfile::tempdir().unwrap();
         let s = Uuid::now_v7();
         {
             let log = SledLog::open(dir.path()).unwrap();
             log.append(s, 1, vec![event(1), event(2), event(3)])
+                .await
                 .unwrap();
         } // checkpointed on close: the anchor says 1 session, 3 records
         {
             // sled recovers a shorter prefix: the last record and its head are
             // gone, and what is left is a valid, shorter chain.
             let log = SledLog::open(dir.path()).unwrap();
-            let mut meta = log.load_meta(s).unwrap().unwrap();
-            let second = log.read(s, 2, 2).unwrap().remove(0);
+            let mut meta = log.shared.load_meta(s).unwrap().unwrap();
+            let second = log.read(s, 2, 2).await.unwrap().remove(0);
             meta.head_seq = 2;
             meta.head_hash = second.hash;
-            log.db.remove(event_key(s, 3)).unwrap();
-            log.db.insert(meta_key(s), encode_meta(&meta)).unwrap();
-            log.db.flush().unwrap();
+            log.shared.db.remove(event_key(s, 3)).unwrap();
+            log.shared
+                .db
+                .insert(meta_key(s), encode_meta(&meta))
+                .unwrap();
+            log.shared.db.flush().unwrap();
             // Nothing went through the write-ahead file, so closing does not
             // checkpoint: the anchor keeps saying 3.
         }
@@ -1481,15 +1596,15 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_head_that_lags_its_records_is_repaired_on_open() {
+    #[tokio::test]
+    async fn a_head_that_lags_its_records_is_repaired_on_open() {
         let dir = tempfile::tempdir().unwrap();
         let s = Uuid::now_v7();
         let (wal, stale_meta) = {
             let log = SledLog::open(dir.path()).unwrap();
-            log.append(s, 1, vec![event(1)]).unwrap();
-            let stale = log.db.get(meta_key(s)).unwrap().unwrap().to_vec();
-            log.append(s, 2, vec![event(2)]).unwrap();
+            log.append(s, 1, vec![event(1)]).await.unwrap();
+            let stale = log.shared.db.get(meta_key(s)).unwrap().unwrap().to_vec();
+            log.append(s, 2, vec![event(2)]).await.unwrap();
             (std::fs::read(dir.path().join(WAL_FILE)).unwrap(), stale)
         };
         // The record reached sled, the meta written after it did not.
@@ -1500,125 +1615,86 @@ mod tests {
         }
         std::fs::write(dir.path().join(WAL_FILE), wal).unwrap();
         let log = SledLog::open(dir.path()).unwrap();
-        assert_eq!(log.head(s).unwrap().seq, 2);
-        assert_eq!(log.verify(s).unwrap(), 2);
-        log.append(s, 3, vec![event(3)]).unwrap();
+        assert_eq!(log.head(s).await.unwrap().seq, 2);
+        assert_eq!(log.verify(s).await.unwrap(), 2);
+        log.append(s, 3, vec![event(3)]).await.unwrap();
     }
 
-    #[test]
-    fn concurrent_synced_barriers_share_fdatasyncs() {
-        const THREADS: usize = 8;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_synced_barriers_share_fdatasyncs() {
+        const TASKS: usize = 8;
         const APPENDS: u64 = 40;
         let dir = tempfile::tempdir().unwrap();
-        let log = std::sync::Arc::new(SledLog::open(dir.path()).unwrap());
-        log.barrier(Durability::Synced).unwrap();
+        let log = Arc::new(SledLog::open(dir.path()).unwrap());
+        log.barrier(Durability::Synced).await.unwrap();
         assert_eq!(
             log.syncs(),
             0,
             "nothing appended since the open's checkpoint"
         );
-        let start = std::sync::Arc::new(std::sync::Barrier::new(THREADS));
-        let threads: Vec<_> = (0..THREADS)
+        let start = Arc::new(tokio::sync::Barrier::new(TASKS));
+        let tasks: Vec<_> = (0..TASKS)
             .map(|_| {
                 let (log, start) = (log.clone(), start.clone());
-                std::thread::spawn(move || {
+                tokio::spawn(async move {
                     let s = Uuid::now_v7();
-                    start.wait();
+                    start.wait().await;
                     for seq in 1..=APPENDS {
-                        log.append(s, seq, vec![event(seq as u8)]).unwrap();
-                        log.barrier(Durability::Synced).unwrap();
+                        log.append(s, seq, vec![event(seq as u8)]).await.unwrap();
+                        log.barrier(Durability::Synced).await.unwrap();
                     }
                     s
                 })
             })
             .collect();
-        for thread in threads {
-            let s = thread.join().unwrap();
-            assert_eq!(log.verify(s).unwrap(), APPENDS);
+        for task in tasks {
+            let s = task.await.unwrap();
+            assert_eq!(log.verify(s).await.unwrap(), APPENDS);
         }
         let syncs = log.syncs();
-        let barriers = THREADS as u64 * APPENDS;
+        let barriers = TASKS as u64 * APPENDS;
         assert!(
             (1..barriers).contains(&syncs),
             "{syncs} fdatasyncs for {barriers} barriers"
         );
-        log.barrier(Durability::Synced).unwrap();
+        log.barrier(Durability::Synced).await.unwrap();
         assert_eq!(log.syncs(), syncs, "everything is covered already");
-        log.append(Uuid::now_v7(), 1, vec![event(1)]).unwrap();
-        log.barrier(Durability::Synced).unwrap();
+        log.append(Uuid::now_v7(), 1, vec![event(1)]).await.unwrap();
+        log.barrier(Durability::Synced).await.unwrap();
         assert_eq!(log.syncs(), syncs + 1);
     }
 
-    #[test]
-    fn a_failed_sync_fails_every_waiter_it_covers_until_a_checkpoint() {
-        use std::sync::Arc;
-        let eio = || LogError::Io {
-            path: "wal".into(),
-            source: std::io::Error::from_raw_os_error(libc::EIO),
-        };
+    #[tokio::test]
+    async fn a_failed_sync_fails_its_waiters_and_a_checkpoint_covers_its_range() {
         let is_eio = |r: Result<(), LogError>| matches!(r, Err(LogError::Io { source, .. }) if source.raw_os_error() == Some(libc::EIO));
-        let commit = Arc::new(GroupCommit::new());
-        let (started, leading) = mpsc::channel();
-        let (fail, failing) = mpsc::channel::<()>();
-        let leader = {
-            let commit = commit.clone();
-            std::thread::spawn(move || {
-                commit.wait(10, |lead| {
-                    assert!(!lead.suspect);
-                    started.send(()).unwrap();
-                    failing.recv().unwrap();
-                    (10, Err(eio()))
-                })
-            })
-        };
-        leading.recv().unwrap();
-        // Two callers the running sync covers arrive while it runs.
-        let followers: Vec<_> = [4, 10]
-            .into_iter()
-            .map(|target| {
-                let commit = commit.clone();
-                std::thread::spawn(move || {
-                    commit.wait(target, |_| panic!("covered by the running sync"))
-                })
-            })
-            .collect();
-        while commit.state.lock().unwrap().waiting < 2 {
-            std::thread::yield_now();
-        }
-        fail.send(()).unwrap();
-        assert!(is_eio(leader.join().unwrap()));
-        for follower in followers {
-            assert!(is_eio(follower.join().unwrap()));
-        }
-        // The pages may be gone: the next leader must checkpoint, not sync.
-        let mut asked = None;
-        assert!(is_eio(commit.wait(10, |lead| {
-            asked = Some(lead.suspect);
-            (11, Err(eio()))
-        })));
-        assert_eq!(asked, Some(true));
-        commit
-            .wait(11, |lead| {
-                assert!(lead.suspect);
-                (12, Ok(()))
-            })
-            .unwrap();
-        commit.wait(12, |_| panic!("already durable")).unwrap();
-        commit
-            .wait(13, |lead| {
-                assert!(!lead.suspect);
-                (13, Ok(()))
-            })
-            .unwrap();
-        // A checkpoint covering a failed range also clears the suspicion.
-        assert!(is_eio(commit.wait(20, |_| (20, Err(eio())))));
-        commit.checkpointed(20);
-        commit.wait(20, |_| panic!("checkpointed")).unwrap();
-        commit
-            .wait(21, |lead| {
-                assert!(!lead.suspect);
-                (21, Ok(()))
-            })
-            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let log = SledLog::open(dir.path()).unwrap();
+        let s = Uuid::now_v7();
+        log.append(s, 1, vec![event(1)]).await.unwrap();
+        log.shared.fail_syncs.store(1, Ordering::Relaxed);
+        // The barrier the failed sync answers hears of it; one enqueued at
+        // the same moment is either in its batch (and hears of it too) or
+        // in the next, which a checkpoint covers.
+        let (a, b) = tokio::join!(
+            log.barrier(Durability::Synced),
+            log.barrier(Durability::Synced)
+        );
+        assert!(is_eio(a), "the first barrier's sync failed");
+        assert!(b.is_ok() || is_eio(b));
+        assert_eq!(log.syncs(), 1);
+        // The pages may be gone: the next barrier checkpoints, not syncs.
+        log.barrier(Durability::Synced).await.unwrap();
+        assert_eq!(log.syncs(), 1, "covered by a checkpoint");
+        assert_eq!(
+            std::fs::metadata(dir.path().join(WAL_FILE)).unwrap().len(),
+            crate::wal::FILE_HEADER as u64,
+            "checkpointed: the header alone"
+        );
+        log.barrier(Durability::Synced).await.unwrap();
+        assert_eq!(log.syncs(), 1, "already durable");
+        log.append(s, 2, vec![event(2)]).await.unwrap();
+        log.barrier(Durability::Synced).await.unwrap();
+        assert_eq!(log.syncs(), 2, "syncing again once covered");
+        assert_eq!(log.verify(s).await.unwrap(), 2);
     }
 }

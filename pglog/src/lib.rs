@@ -19,10 +19,11 @@
 //! The schema is migrated on connect, under an advisory lock, by versioned
 //! scripts in `migrations/`; a store migrated by a newer mneme is refused.
 //!
-//! The trait is synchronous; this handle runs its own small tokio runtime
-//! and blocks the caller on it, so it may be called from any thread,
-//! including another runtime's workers (there through `block_in_place`, so
-//! that runtime's other tasks go on meanwhile).
+//! The handle is natively async: every call is tokio-postgres's own future,
+//! run on the caller's tokio runtime (no runtime of its own, no blocking).
+//! [`PgLog::connect`] spawns the task that announces appends there, and
+//! `follow` the task that listens for others' appends; both end when the
+//! handle is dropped.
 
 mod schema;
 
@@ -32,7 +33,6 @@ use eventlog::{
     NewEvent, Record, SessionMeta,
 };
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 use tokio_postgres::NoTls;
@@ -54,7 +54,9 @@ pub struct PgLog {
     config: tokio_postgres::Config,
     tls: schema::Tls,
     pool: Pool,
-    runtime: Option<tokio::runtime::Runtime>,
+    /// The task listening for other processes' appends, once `follow`
+    /// started it; aborted when the handle is dropped.
+    listener: Mutex<Option<tokio::task::AbortHandle>>,
     /// Fencing tokens of the leases this handle holds, by session.
     held: Mutex<HashMap<Uuid, u64>>,
     listeners: Arc<Mutex<Vec<AppendListener>>>,
@@ -69,18 +71,11 @@ pub struct PgLog {
 impl PgLog {
     /// Connects to the store at `url` (`postgres://user:pass@host:port/db`,
     /// optionally `?schema=NAME` to keep mneme's tables in their own
-    /// schema) and brings its schema up to this build's version.
-    pub fn connect(url: &str) -> Result<PgLog, LogError> {
+    /// schema) and brings its schema up to this build's version. Call it
+    /// on the tokio runtime the handle will be used on: the task that
+    /// announces this handle's appends to followers is spawned there.
+    pub async fn connect(url: &str) -> Result<PgLog, LogError> {
         let target = schema::Target::parse(url)?;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("mneme-pg")
-            .enable_all()
-            .build()
-            .map_err(|source| LogError::Io {
-                path: "tokio runtime".into(),
-                source,
-            })?;
         let pooling = ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         };
@@ -99,7 +94,8 @@ impl PgLog {
             .build()
             .expect("a pool with a runtime accepts timeouts");
         let (appended, to_announce) = tokio::sync::mpsc::unbounded_channel();
-        runtime.spawn(schema::announce(
+        // Ends once the handle (the channel's sender) is dropped.
+        tokio::spawn(schema::announce(
             pool.clone(),
             target.display.clone(),
             to_announce,
@@ -111,45 +107,13 @@ impl PgLog {
             config: target.config.clone(),
             tls: target.tls.clone(),
             pool,
-            runtime: Some(runtime),
+            listener: Mutex::default(),
             held: Mutex::default(),
             listeners: Arc::default(),
             listening: Once::new(),
         };
-        let (pool, store) = (log.pool.clone(), log.store.clone());
-        log.block(async move { schema::migrate(&pool, &store, &target).await })?;
+        schema::migrate(&log.pool, &log.store, &target).await?;
         Ok(log)
-    }
-
-    /// Runs `work` on this handle's runtime and waits for it.
-    fn block<T, F>(&self, work: F) -> Result<T, LogError>
-    where
-        T: Send + 'static,
-        F: Future<Output = Result<T, LogError>> + Send + 'static,
-    {
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        self.runtime
-            .as_ref()
-            .expect("runtime lives as long as the log")
-            .spawn(async move {
-                let _ = tx.send(work.await);
-            });
-        // On a worker of a multi-threaded tokio runtime (the daemon's),
-        // let the runtime move its other tasks elsewhere while this waits.
-        let in_workers = tokio::runtime::Handle::try_current()
-            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-        let received = if in_workers {
-            tokio::task::block_in_place(|| rx.recv())
-        } else {
-            rx.recv()
-        };
-        received.unwrap_or_else(|_| {
-            Err(LogError::Backend {
-                store: self.store.clone(),
-                what: "the store's runtime stopped".into(),
-                source: "task dropped".into(),
-            })
-        })
     }
 
     /// The pool, for a task.
@@ -170,7 +134,7 @@ impl PgLog {
 
     /// Seals `events` after `head` and stores them: `Err(next)` if the
     /// session's head has moved and the log would accept seq `next`.
-    fn append_after(
+    async fn append_after(
         &self,
         session: Uuid,
         head: Head,
@@ -201,10 +165,12 @@ impl PgLog {
             records.push(record);
             sealed.push(bytes);
         }
-        Ok(match self.store_after(session, head, &records, sealed)? {
-            Stored::Done => Ok(records),
-            Stored::HeadMoved(actual) => Err(actual),
-        })
+        Ok(
+            match self.store_after(session, head, &records, sealed).await? {
+                Stored::Done => Ok(records),
+                Stored::HeadMoved(actual) => Err(actual),
+            },
+        )
     }
 
     /// The head this handle last saw for `session`, if a record at
@@ -233,7 +199,7 @@ impl PgLog {
     }
 
     /// Stores sealed `records` after `head` through `mneme_append`.
-    fn store_after(
+    async fn store_after(
         &self,
         session: Uuid,
         head: Head,
@@ -255,7 +221,7 @@ impl PgLog {
             kind: last.envelope.kind.clone(),
         };
         let db = self.db();
-        let code = self.block(async move { db.append(args).await })?;
+        let code = db.append(args).await?;
         match code {
             0 => {
                 let _ = self.appended.send((session, last.envelope.seq));
@@ -268,9 +234,9 @@ impl PgLog {
                 );
                 Ok(Stored::Done)
             }
-            -1 => Err(self.lease_held(session)?),
+            -1 => Err(self.lease_held(session).await?),
             -2 => {
-                self.check_fence(session)?;
+                self.check_fence(session).await?;
                 Err(LogError::Fenced {
                     session,
                     token: self.fence(session).unwrap_or(0),
@@ -283,11 +249,11 @@ impl PgLog {
 
     /// [`LogError::Fenced`] if this handle holds a lease on `session` that
     /// another owner has taken over since.
-    fn check_fence(&self, session: Uuid) -> Result<(), LogError> {
+    async fn check_fence(&self, session: Uuid) -> Result<(), LogError> {
         let Some(token) = self.fence(session) else {
             return Ok(());
         };
-        let current = self.current_lease(session)?.map_or(0, |l| l.token);
+        let current = self.current_lease(session).await?.map_or(0, |l| l.token);
         if current == token {
             return Ok(());
         }
@@ -298,13 +264,13 @@ impl PgLog {
         })
     }
 
-    fn current_lease(&self, session: Uuid) -> Result<Option<Lease>, LogError> {
+    async fn current_lease(&self, session: Uuid) -> Result<Option<Lease>, LogError> {
         let db = self.db();
-        self.block(async move { db.lease(session).await })
+        db.lease(session).await
     }
 
-    fn lease_held(&self, session: Uuid) -> Result<LogError, LogError> {
-        let lease = self.current_lease(session)?;
+    async fn lease_held(&self, session: Uuid) -> Result<LogError, LogError> {
+        let lease = self.current_lease(session).await?;
         Ok(match lease {
             Some(lease) => LogError::LeaseHeld {
                 session,
@@ -323,7 +289,7 @@ impl PgLog {
     /// The records of `session` in `from..=to`, checked as
     /// [`EventLog::read`] promises; with a `budget`, only as many as
     /// [`EventLog::read_bounded`] says.
-    fn read_range(
+    async fn read_range(
         &self,
         session: Uuid,
         from: u64,
@@ -336,7 +302,7 @@ impl PgLog {
         }
         let db = self.db();
         let (lo, hi) = (from as i64, to.min(i64::MAX as u64) as i64);
-        let rows = self.block(async move {
+        let rows = async move {
             match budget {
                 None => {
                     db.query(
@@ -363,7 +329,8 @@ impl PgLog {
                     .await
                 }
             }
-        })?;
+        }
+        .await?;
         let records = rows
             .iter()
             .map(|row| Record::open(session, row.get::<_, i64>(0) as u64, row.get(1)))
@@ -376,10 +343,8 @@ impl PgLog {
         let config = self.config.clone();
         let listeners = self.listeners.clone();
         let store = self.store.clone();
-        self.runtime
-            .as_ref()
-            .expect("runtime lives as long as the log")
-            .spawn(schema::listen(config, self.tls.clone(), store, listeners));
+        let task = tokio::spawn(schema::listen(config, self.tls.clone(), store, listeners));
+        *self.listener.lock().expect("listener lock poisoned") = Some(task.abort_handle());
     }
 }
 
@@ -532,17 +497,18 @@ fn ttl_ms(ttl: Duration) -> i64 {
 }
 
 impl Drop for PgLog {
-    /// Stops the runtime without waiting: dropping a runtime may happen
-    /// inside another runtime's task, where blocking is not allowed.
+    /// Stops listening for others' appends (the announcing task ends by
+    /// itself once its channel closes).
     fn drop(&mut self) {
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_background();
+        if let Some(task) = self.listener.lock().ok().and_then(|mut l| l.take()) {
+            task.abort();
         }
     }
 }
 
+#[async_trait::async_trait]
 impl EventLog for PgLog {
-    fn append(
+    async fn append(
         &self,
         session: Uuid,
         expected_seq: u64,
@@ -551,12 +517,12 @@ impl EventLog for PgLog {
         // The head this handle last wrote saves a round trip; the store
         // checks it, and a stale one costs one retry from the real head.
         if let Some(head) = self.cached_head(session, expected_seq) {
-            if let Ok(records) = self.append_after(session, head, &events)? {
+            if let Ok(records) = self.append_after(session, head, &events).await? {
                 return Ok(records);
             }
             self.forget_head(session);
         }
-        let head = self.head(session)?;
+        let head = self.head(session).await?;
         let conflict = |actual| LogError::Conflict {
             session,
             expected: expected_seq,
@@ -564,20 +530,22 @@ impl EventLog for PgLog {
         };
         if expected_seq != head.seq + 1 {
             // A writer that was taken over hears that, not a stale seq.
-            self.check_fence(session)?;
+            self.check_fence(session).await?;
             return Err(conflict(head.seq + 1));
         }
-        self.append_after(session, head, &events)?.map_err(conflict)
+        self.append_after(session, head, &events)
+            .await?
+            .map_err(conflict)
     }
 
-    fn read(&self, session: Uuid, from: u64, to: u64) -> Result<Vec<Record>, LogError> {
-        self.read_range(session, from, to, None)
+    async fn read(&self, session: Uuid, from: u64, to: u64) -> Result<Vec<Record>, LogError> {
+        self.read_range(session, from, to, None).await
     }
 
     /// One query: a running sum of the records' sizes (`octet_length`,
     /// which PostgreSQL answers from a value's header, without fetching or
     /// decompressing it) picks the records that fit; only those are sent.
-    fn read_bounded(
+    async fn read_bounded(
         &self,
         session: Uuid,
         from: u64,
@@ -585,87 +553,81 @@ impl EventLog for PgLog {
         max_bytes: usize,
     ) -> Result<Vec<Record>, LogError> {
         let budget = i64::try_from(max_bytes).unwrap_or(i64::MAX);
-        self.read_range(session, from, to, Some(budget))
+        self.read_range(session, from, to, Some(budget)).await
     }
 
-    fn head(&self, session: Uuid) -> Result<Head, LogError> {
+    async fn head(&self, session: Uuid) -> Result<Head, LogError> {
         let db = self.db();
-        let head = self.block(async move { db.head(session).await })?;
+        let head = db.head(session).await?;
         self.remember_head(session, head);
         Ok(head)
     }
 
-    fn sessions(&self) -> Result<Vec<SessionMeta>, LogError> {
+    async fn sessions(&self) -> Result<Vec<SessionMeta>, LogError> {
         let db = self.db();
-        let rows = self.block(async move {
-            db.query(
+        let rows = db
+            .query(
                 "list sessions",
                 &format!("SELECT {SESSION_COLUMNS} FROM mneme_sessions ORDER BY session"),
                 &[],
             )
-            .await
-        })?;
+            .await?;
         Ok(rows.iter().map(meta_of).collect())
     }
 
-    fn meta(&self, session: Uuid) -> Result<Option<SessionMeta>, LogError> {
+    async fn meta(&self, session: Uuid) -> Result<Option<SessionMeta>, LogError> {
         let db = self.db();
-        let rows = self.block(async move {
-            db.query(
+        let rows = db
+            .query(
                 "read session",
                 &format!("SELECT {SESSION_COLUMNS} FROM mneme_sessions WHERE session = $1"),
                 &[&session],
             )
-            .await
-        })?;
+            .await?;
         Ok(rows.first().map(meta_of))
     }
 
-    fn put_derived(&self, session: Uuid, name: &str, bytes: &[u8]) -> Result<(), LogError> {
+    async fn put_derived(&self, session: Uuid, name: &str, bytes: &[u8]) -> Result<(), LogError> {
         let db = self.db();
         let (name, bytes) = (name.to_string(), bytes.to_vec());
-        self.block(async move {
-            db.query(
-                "store derived data",
-                "INSERT INTO mneme_derived (session, name, bytes) VALUES ($1, $2, $3) \
+        db.query(
+            "store derived data",
+            "INSERT INTO mneme_derived (session, name, bytes) VALUES ($1, $2, $3) \
                  ON CONFLICT (session, name) DO UPDATE SET bytes = EXCLUDED.bytes",
-                &[&session, &name, &bytes],
-            )
-            .await
-            .map(drop)
-        })
+            &[&session, &name, &bytes],
+        )
+        .await
+        .map(drop)
     }
 
-    fn get_derived(&self, session: Uuid, name: &str) -> Result<Option<Vec<u8>>, LogError> {
+    async fn get_derived(&self, session: Uuid, name: &str) -> Result<Option<Vec<u8>>, LogError> {
         let db = self.db();
         let name = name.to_string();
-        let rows = self.block(async move {
-            db.query(
+        let rows = db
+            .query(
                 "read derived data",
                 "SELECT bytes FROM mneme_derived WHERE session = $1 AND name = $2",
                 &[&session, &name],
             )
-            .await
-        })?;
+            .await?;
         Ok(rows.first().map(|row| row.get(0)))
     }
 
     /// One query for all of `sessions`.
-    fn get_derived_many(
+    async fn get_derived_many(
         &self,
         name: &str,
         sessions: &[Uuid],
     ) -> Result<Vec<Option<Vec<u8>>>, LogError> {
         let db = self.db();
         let (name, wanted) = (name.to_string(), sessions.to_vec());
-        let rows = self.block(async move {
-            db.query(
+        let rows = db
+            .query(
                 "read derived data",
                 "SELECT session, bytes FROM mneme_derived WHERE name = $1 AND session = ANY($2)",
                 &[&name, &wanted],
             )
-            .await
-        })?;
+            .await?;
         let mut found: HashMap<Uuid, Vec<u8>> =
             rows.iter().map(|row| (row.get(0), row.get(1))).collect();
         Ok(sessions.iter().map(|s| found.remove(s)).collect())
@@ -673,12 +635,12 @@ impl EventLog for PgLog {
 
     /// Every append is durable once its transaction committed, before
     /// `append` returned: there is nothing to wait for.
-    fn barrier(&self, _durability: Durability) -> Result<(), LogError> {
+    async fn barrier(&self, _durability: Durability) -> Result<(), LogError> {
         Ok(())
     }
 
-    fn import(&self, session: Uuid, sealed: Vec<Vec<u8>>) -> Result<Head, LogError> {
-        let head = self.head(session)?;
+    async fn import(&self, session: Uuid, sealed: Vec<Vec<u8>>) -> Result<Head, LogError> {
+        let head = self.head(session).await?;
         let records = open_sealed(session, head, &sealed)?;
         let Some(last) = records.last() else {
             return Ok(head);
@@ -687,7 +649,7 @@ impl EventLog for PgLog {
             seq: last.envelope.seq,
             hash: last.hash,
         };
-        match self.store_after(session, head, &records, sealed)? {
+        match self.store_after(session, head, &records, sealed).await? {
             Stored::Done => Ok(new_head),
             Stored::HeadMoved(actual) => Err(LogError::Conflict {
                 session,
@@ -697,11 +659,15 @@ impl EventLog for PgLog {
         }
     }
 
-    fn acquire_lease(&self, session: Uuid, owner: &str, ttl: Duration) -> Result<Lease, LogError> {
+    async fn acquire_lease(
+        &self,
+        session: Uuid,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Lease, LogError> {
         let db = self.db();
         let (owner, ttl) = (owner.to_string(), ttl_ms(ttl));
-        let rows = self.block(async move {
-            db.query(
+        let rows = db.query(
                 "acquire lease",
                 &format!(
                     "INSERT INTO mneme_leases AS l (session, owner, token, expires_at, released) \
@@ -714,10 +680,9 @@ impl EventLog for PgLog {
                 ),
                 &[&session, &owner, &(ttl as f64)],
             )
-            .await
-        })?;
+            .await?;
         let Some(lease) = rows.first().map(lease_of) else {
-            return Err(self.lease_held(session)?);
+            return Err(self.lease_held(session).await?);
         };
         self.held
             .lock()
@@ -726,11 +691,11 @@ impl EventLog for PgLog {
         Ok(lease)
     }
 
-    fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<Lease, LogError> {
+    async fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<Lease, LogError> {
         let db = self.db();
         let (session, token, ttl) = (lease.session, lease.token as i64, ttl_ms(ttl));
-        let rows = self.block(async move {
-            db.query(
+        let rows = db
+            .query(
                 "renew lease",
                 &format!(
                     "UPDATE mneme_leases \
@@ -740,14 +705,13 @@ impl EventLog for PgLog {
                 ),
                 &[&session, &token, &(ttl as f64)],
             )
-            .await
-        })?;
+            .await?;
         match rows.first().map(lease_of) {
             Some(renewed) => Ok(renewed),
             // The stale token stays in `held`: this handle's appends to the
             // session go on being refused as fenced until it releases.
             None => {
-                let current = self.current_lease(session)?.map_or(0, |l| l.token);
+                let current = self.current_lease(session).await?.map_or(0, |l| l.token);
                 Err(LogError::Fenced {
                     session,
                     token: lease.token,
@@ -757,7 +721,7 @@ impl EventLog for PgLog {
         }
     }
 
-    fn release_lease(&self, lease: &Lease) -> Result<(), LogError> {
+    async fn release_lease(&self, lease: &Lease) -> Result<(), LogError> {
         {
             let mut held = self.held.lock().expect("lease lock poisoned");
             if held.get(&lease.session) == Some(&lease.token) {
@@ -766,21 +730,19 @@ impl EventLog for PgLog {
         }
         let db = self.db();
         let (session, token) = (lease.session, lease.token as i64);
-        self.block(async move {
-            db.query(
-                "release lease",
-                "UPDATE mneme_leases SET released = true WHERE session = $1 AND token = $2",
-                &[&session, &token],
-            )
-            .await
-            .map(drop)
-        })
+        db.query(
+            "release lease",
+            "UPDATE mneme_leases SET released = true WHERE session = $1 AND token = $2",
+            &[&session, &token],
+        )
+        .await
+        .map(drop)
     }
 
-    fn expired_leases(&self) -> Result<Vec<Lease>, LogError> {
+    async fn expired_leases(&self) -> Result<Vec<Lease>, LogError> {
         let db = self.db();
-        let rows = self.block(async move {
-            db.query(
+        let rows = db
+            .query(
                 "list lapsed leases",
                 &format!(
                     "SELECT {LEASE_COLUMNS} FROM mneme_leases \
@@ -788,15 +750,14 @@ impl EventLog for PgLog {
                 ),
                 &[],
             )
-            .await
-        })?;
+            .await?;
         Ok(rows.iter().map(lease_of).collect())
     }
 
-    fn lease(&self, session: Uuid) -> Result<Option<Lease>, LogError> {
+    async fn lease(&self, session: Uuid) -> Result<Option<Lease>, LogError> {
         let db = self.db();
-        let rows = self.block(async move {
-            db.query(
+        let rows = db
+            .query(
                 "read live lease",
                 &format!(
                     "SELECT {LEASE_COLUMNS} FROM mneme_leases \
@@ -804,8 +765,7 @@ impl EventLog for PgLog {
                 ),
                 &[&session],
             )
-            .await
-        })?;
+            .await?;
         Ok(rows.first().map(lease_of))
     }
 
@@ -838,36 +798,39 @@ mod tests {
 
     static STORES: AtomicU64 = AtomicU64::new(0);
 
+    #[async_trait::async_trait]
     impl eventlog::conformance::Backend for Postgres {
         type Store = String;
 
-        fn create(&self) -> String {
+        async fn create(&self) -> String {
             let n = STORES.fetch_add(1, Ordering::SeqCst);
             let schema = format!("t{}_{}_{n}", std::process::id(), Uuid::now_v7().simple());
             format!("{}?schema={schema}", server())
         }
 
-        fn open(&self, url: &String) -> Result<Arc<dyn EventLog>, LogError> {
-            Ok(Arc::new(PgLog::connect(url)?))
+        async fn open(&self, url: &String) -> Result<Arc<dyn EventLog>, LogError> {
+            Ok(Arc::new(PgLog::connect(url).await?))
         }
 
-        fn tamper(&self, url: &String, session: Uuid, seq: u64) {
+        async fn tamper(&self, url: &String, session: Uuid, seq: u64) {
             behind_the_logs_back(
                 url,
                 "UPDATE mneme_events SET record = set_byte(record, length(record) - 40, \
                  get_byte(record, length(record) - 40) # 1) WHERE session = $1 AND seq = $2",
                 session,
                 seq,
-            );
+            )
+            .await;
         }
 
-        fn remove(&self, url: &String, session: Uuid, seq: u64) {
+        async fn remove(&self, url: &String, session: Uuid, seq: u64) {
             behind_the_logs_back(
                 url,
                 "DELETE FROM mneme_events WHERE session = $1 AND seq = $2",
                 session,
                 seq,
-            );
+            )
+            .await;
         }
 
         fn shared(&self) -> bool {
@@ -877,16 +840,14 @@ mod tests {
 
     /// Runs `sql` on the record at (`session` = $1, `seq` = $2) of the
     /// store at `url`, as someone with access to the database could.
-    fn behind_the_logs_back(url: &str, sql: &'static str, session: Uuid, seq: u64) {
-        let log = PgLog::connect(url).unwrap();
+    async fn behind_the_logs_back(url: &str, sql: &'static str, session: Uuid, seq: u64) {
+        let log = PgLog::connect(url).await.unwrap();
         let db = log.db();
         let seq = seq as i64;
-        log.block(async move {
-            db.query("change a record", sql, &[&session, &seq])
-                .await
-                .map(drop)
-        })
-        .unwrap();
+        db.query("change a record", sql, &[&session, &seq])
+            .await
+            .map(drop)
+            .unwrap();
     }
 
     eventlog::conformance_tests!(Postgres);
@@ -905,23 +866,24 @@ mod tests {
 
         struct PostgresTls;
 
+        #[async_trait::async_trait]
         impl eventlog::conformance::Backend for PostgresTls {
             type Store = String;
 
-            fn create(&self) -> String {
-                tls_url(Postgres.create())
+            async fn create(&self) -> String {
+                tls_url(Postgres.create().await)
             }
 
-            fn open(&self, url: &String) -> Result<Arc<dyn EventLog>, LogError> {
-                Postgres.open(url)
+            async fn open(&self, url: &String) -> Result<Arc<dyn EventLog>, LogError> {
+                Postgres.open(url).await
             }
 
-            fn tamper(&self, url: &String, session: Uuid, seq: u64) {
-                Postgres.tamper(url, session, seq)
+            async fn tamper(&self, url: &String, session: Uuid, seq: u64) {
+                Postgres.tamper(url, session, seq).await
             }
 
-            fn remove(&self, url: &String, session: Uuid, seq: u64) {
-                Postgres.remove(url, session, seq)
+            async fn remove(&self, url: &String, session: Uuid, seq: u64) {
+                Postgres.remove(url, session, seq).await
             }
 
             fn shared(&self) -> bool {
@@ -932,83 +894,75 @@ mod tests {
         eventlog::conformance_tests!(PostgresTls);
     }
 
-    #[test]
-    fn connections_with_sslmode_require_are_encrypted_and_checked() {
-        let url = over_tls::tls_url(eventlog::conformance::Backend::create(&Postgres));
-        let log = PgLog::connect(&url).unwrap();
+    #[tokio::test]
+    async fn connections_with_sslmode_require_are_encrypted_and_checked() {
+        let url = over_tls::tls_url(eventlog::conformance::Backend::create(&Postgres).await);
+        let log = PgLog::connect(&url).await.unwrap();
         let db = log.db();
-        let rows = log
-            .block(async move {
-                db.query(
-                    "read ssl",
-                    "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
-                    &[],
-                )
-                .await
-            })
+        let rows = db
+            .query(
+                "read ssl",
+                "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                &[],
+            )
+            .await
             .unwrap();
         assert!(rows[0].get::<_, bool>(0), "the connection is encrypted");
         // Without the throwaway CA, the self-signed certificate is refused.
         let untrusted = url.split("&sslrootcert=").next().unwrap();
-        let err = PgLog::connect(untrusted).err().unwrap();
+        let err = PgLog::connect(untrusted).await.err().unwrap();
         assert!(
             format!("{err:?}").to_lowercase().contains("certificate"),
             "{err:?}"
         );
     }
 
-    #[test]
-    fn migrations_run_once_and_a_newer_schema_is_refused() {
-        let url = Postgres.create();
-        let log = PgLog::connect(&url).unwrap();
-        drop(PgLog::connect(&url).unwrap());
+    #[tokio::test]
+    async fn migrations_run_once_and_a_newer_schema_is_refused() {
+        let url = Postgres.create().await;
+        let log = PgLog::connect(&url).await.unwrap();
+        drop(PgLog::connect(&url).await.unwrap());
         let db = log.db();
-        let versions = log
-            .block(async move {
-                db.query("read", "SELECT version FROM mneme_schema_version", &[])
-                    .await
-            })
+        let versions = db
+            .query("read", "SELECT version FROM mneme_schema_version", &[])
+            .await
             .unwrap();
         assert_eq!(versions.len(), schema::MIGRATIONS.len());
         let db = log.db();
-        log.block(async move {
-            db.query(
-                "bump",
-                "INSERT INTO mneme_schema_version (version) VALUES (999)",
-                &[],
-            )
-            .await
-        })
+        db.query(
+            "bump",
+            "INSERT INTO mneme_schema_version (version) VALUES (999)",
+            &[],
+        )
+        .await
         .unwrap();
-        let err = PgLog::connect(&url).err().unwrap();
+        let err = PgLog::connect(&url).await.err().unwrap();
         assert!(
             matches!(err, LogError::SchemaTooNew { found: 999, .. }),
             "{err}"
         );
     }
 
-    #[test]
-    fn connections_commit_synchronously_whatever_the_server_default() {
-        let url = Postgres.create();
-        let log = PgLog::connect(&url).unwrap();
+    #[tokio::test]
+    async fn connections_commit_synchronously_whatever_the_server_default() {
+        let url = Postgres.create().await;
+        let log = PgLog::connect(&url).await.unwrap();
         let db = log.db();
-        let settings = log
-            .block(async move {
-                db.query(
+        let settings = db.query(
                     "read settings",
                     "SELECT current_setting('synchronous_commit'), current_setting('statement_timeout')",
                     &[],
                 )
                 .await
-            })
             .unwrap();
         let (commit, timeout): (String, String) = (settings[0].get(0), settings[0].get(1));
         assert_eq!((commit.as_str(), timeout.as_str()), ("on", "1min"));
     }
 
-    #[test]
-    fn an_unreachable_store_is_named_without_its_password() {
+    #[tokio::test]
+    async fn an_unreachable_store_is_named_without_its_password() {
         let err = PgLog::connect("postgres://me:hunter2@127.0.0.1:1/mneme")
+            .await
             .err()
             .unwrap();
         let text = err.to_string();

@@ -80,13 +80,13 @@ pub struct HeldLease {
 impl HeldLease {
     /// Takes `session`'s lease for `owner`; [`LogError::LeaseHeld`] if
     /// another owner holds a live one. Must be called within a tokio runtime.
-    pub fn acquire(
+    pub async fn acquire(
         log: Arc<dyn EventLog>,
         session: Uuid,
         owner: &str,
         ttl: Duration,
     ) -> Result<HeldLease, LogError> {
-        let lease = Arc::new(Mutex::new(log.acquire_lease(session, owner, ttl)?));
+        let lease = Arc::new(Mutex::new(log.acquire_lease(session, owner, ttl).await?));
         let renewer = tokio::spawn(renew(log.clone(), lease.clone(), ttl));
         Ok(HeldLease {
             log,
@@ -109,12 +109,13 @@ impl HeldLease {
     ) -> Result<HeldLease, LogError> {
         let mut waiting_until = None;
         loop {
-            let (holder, expires_ms) = match HeldLease::acquire(log.clone(), session, owner, ttl) {
-                Err(LogError::LeaseHeld {
-                    owner, expires_ms, ..
-                }) if owner_has_exited(&owner) => (owner, expires_ms),
-                acquired => return acquired,
-            };
+            let (holder, expires_ms) =
+                match HeldLease::acquire(log.clone(), session, owner, ttl).await {
+                    Err(LogError::LeaseHeld {
+                        owner, expires_ms, ..
+                    }) if owner_has_exited(&owner) => (owner, expires_ms),
+                    acquired => return acquired,
+                };
             let left = eventlog::time_left(expires_ms);
             let until = *waiting_until.get_or_insert_with(|| {
                 crate::log_line!("mneme: session {session} is leased to {holder}, which has exited; waiting {left:.1?} for the lease to lapse");
@@ -138,12 +139,25 @@ impl HeldLease {
 
     /// Gives the lease up: the session is at rest, nobody needs to take it
     /// over.
-    pub fn release(mut self) {
+    pub async fn release(mut self) {
         self.renewer.abort();
         self.released = true;
         let lease = self.current();
-        if let Err(e) = self.log.release_lease(&lease) {
+        if let Err(e) = self.log.release_lease(&lease).await {
             crate::warn_line!("mneme: releasing the lease of {}: {e}", lease.session);
+        }
+    }
+
+    /// Lets the lease lapse now, as dropping it does, but waits until the
+    /// store has it: for a holder about to exit, whose runtime may not run
+    /// the task a drop leaves.
+    pub async fn lapse(mut self) {
+        self.renewer.abort();
+        self.released = true;
+        let lease = self.current();
+        match self.log.renew_lease(&lease, Duration::ZERO).await {
+            Ok(_) | Err(LogError::Fenced { .. }) => {}
+            Err(e) => crate::warn_line!("mneme: handing over the lease of {}: {e}", lease.session),
         }
     }
 
@@ -160,7 +174,7 @@ async fn renew(log: Arc<dyn EventLog>, lease: Arc<Mutex<Lease>>, ttl: Duration) 
     loop {
         every.tick().await;
         let current = lease.lock().expect("lease lock").clone();
-        match log.renew_lease(&current, ttl) {
+        match log.renew_lease(&current, ttl).await {
             Ok(renewed) => *lease.lock().expect("lease lock") = renewed,
             Err(e @ LogError::Fenced { .. }) => {
                 crate::warn_line!("mneme: {e}");
@@ -175,16 +189,24 @@ async fn renew(log: Arc<dyn EventLog>, lease: Arc<Mutex<Lease>>, ttl: Duration) 
 
 impl Drop for HeldLease {
     /// Unless released: the lease lapses now (a lease already taken over is
-    /// left alone, its token no longer matches).
+    /// left alone, its token no longer matches), in a task of the runtime
+    /// the holder was dropped in (a drop cannot wait for the store).
     fn drop(&mut self) {
         if self.released {
             return;
         }
         self.renewer.abort();
-        let lease = self.current();
-        match self.log.renew_lease(&lease, Duration::ZERO) {
-            Ok(_) | Err(LogError::Fenced { .. }) => {}
-            Err(e) => crate::warn_line!("mneme: handing over the lease of {}: {e}", lease.session),
+        let (log, lease) = (self.log.clone(), self.current());
+        let lapse = async move {
+            match log.renew_lease(&lease, Duration::ZERO).await {
+                Ok(_) | Err(LogError::Fenced { .. }) => {}
+                Err(e) => {
+                    crate::warn_line!("mneme: handing over the lease of {}: {e}", lease.session)
+                }
+            }
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(lapse);
         }
     }
 }

@@ -21,11 +21,12 @@ const LOOK_EVERY: Duration = Duration::from_secs(1);
 
 /// Asks the turn running session `id` under a live lease, wherever it runs,
 /// to pause. Returns that lease's owner, or `None` if no turn runs.
-pub fn ask(log: &dyn EventLog, id: Uuid) -> Result<Option<String>, LogError> {
-    let Some(lease) = log.lease(id)? else {
+pub async fn ask(log: &dyn EventLog, id: Uuid) -> Result<Option<String>, LogError> {
+    let Some(lease) = log.lease(id).await? else {
         return Ok(None);
     };
-    log.put_derived(id, PAUSE_REQUEST, lease.token.to_string().as_bytes())?;
+    log.put_derived(id, PAUSE_REQUEST, lease.token.to_string().as_bytes())
+        .await?;
     Ok(Some(lease.owner))
 }
 
@@ -63,7 +64,7 @@ impl Listening {
 
     /// Whether a pause was asked for the listening turn of `id`; looks in
     /// `log` at most once a second. A request heard is cleared.
-    pub fn asked(&self, log: &dyn EventLog, id: Uuid) -> bool {
+    pub async fn asked(&self, log: &dyn EventLog, id: Uuid) -> bool {
         let token = {
             let mut turns = self.turns.lock().expect("pause lock");
             let Some(turn) = turns.get_mut(&id) else {
@@ -77,11 +78,12 @@ impl Listening {
         };
         let asked = log
             .get_derived(id, PAUSE_REQUEST)
+            .await
             .ok()
             .flatten()
             .is_some_and(|bytes| bytes == token.to_string().as_bytes());
         if asked {
-            let _ = log.put_derived(id, PAUSE_REQUEST, b"");
+            let _ = log.put_derived(id, PAUSE_REQUEST, b"").await;
         }
         asked
     }

@@ -67,7 +67,10 @@ pub type DeltaSink = Arc<dyn Fn(uuid::Uuid, &str) + Send + Sync>;
 
 /// Asked before every step of a session: a reason to pause it there (a
 /// shutdown, a person's request), or `None` to go on.
-pub type StopCheck = Arc<dyn Fn(uuid::Uuid) -> Option<String> + Send + Sync>;
+pub type StopCheck = Arc<dyn Fn(uuid::Uuid) -> StopFuture + Send + Sync>;
+
+/// What a [`StopCheck`] answers, once it has looked (it may ask the store).
+pub type StopFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Option<String>> + Send>>;
 
 impl Runner {
     /// A runner whose barriers give `durability`.
@@ -102,8 +105,11 @@ impl Runner {
         self
     }
 
-    fn stop_requested(&self, session: &mut Session) -> Result<Option<String>, RuntimeError> {
-        let Some(reason) = self.stop.as_ref().and_then(|stop| stop(session.id())) else {
+    async fn stop_requested(&self, session: &mut Session) -> Result<Option<String>, RuntimeError> {
+        let Some(stop) = &self.stop else {
+            return Ok(None);
+        };
+        let Some(reason) = stop(session.id()).await else {
             return Ok(None);
         };
         let reason = reason.to_string();
@@ -111,27 +117,27 @@ impl Runner {
             reason: reason.clone(),
             budget: false,
         };
-        session.append(vec![event], None)?;
-        session.barrier(self.durability)?;
+        session.append(vec![event], None).await?;
+        session.barrier(self.durability).await?;
         Ok(Some(reason))
     }
 
     /// Runs `session` until it is answered, paused or failed.
     pub async fn drive(&self, session: &mut Session) -> Result<TurnEnd, RuntimeError> {
-        let parts = self.parts(session)?;
+        let parts = self.parts(session).await?;
         self.drive_with(session, &parts).await
     }
 
     /// The model client and the tools `session`'s spec asks for. Failing
     /// to build them is recorded as a failed turn, so the session shows
     /// failed instead of running.
-    pub fn parts(&self, session: &mut Session) -> Result<TurnParts, RuntimeError> {
-        self.parts_with_native(session, Vec::new())
+    pub async fn parts(&self, session: &mut Session) -> Result<TurnParts, RuntimeError> {
+        self.parts_with_native(session, Vec::new()).await
     }
 
     /// [`Runner::parts`], with the `native` tools the spec declares: Rust
     /// code of the program that embeds mneme (see `tools::Toolbox::with_native`).
-    pub fn parts_with_native(
+    pub async fn parts_with_native(
         &self,
         session: &mut Session,
         native: Vec<Arc<dyn Tool>>,
@@ -144,8 +150,10 @@ impl Runner {
             Ok((model, toolbox)) => Ok(TurnParts { model, toolbox }),
             Err(error) => {
                 let outcome = SessionOutcome::Failed(error.to_string());
-                session.append(vec![Event::SessionFinished { outcome }], None)?;
-                session.barrier(self.durability)?;
+                session
+                    .append(vec![Event::SessionFinished { outcome }], None)
+                    .await?;
+                session.barrier(self.durability).await?;
                 Err(error)
             }
         }
@@ -163,13 +171,13 @@ impl Runner {
             let plan = plan(session.state());
             let working = matches!(plan.next, NextStep::CallModel | NextStep::RunTools);
             if working {
-                if let Some(reason) = self.stop_requested(session)? {
+                if let Some(reason) = self.stop_requested(session).await? {
                     return Ok(TurnEnd::Paused(reason));
                 }
             }
             match plan.next {
                 NextStep::Nothing => {
-                    session.barrier(self.durability)?;
+                    session.barrier(self.durability).await?;
                     crash::point("turn_answered");
                     let answer = session.state().answer().unwrap_or_default().to_string();
                     return Ok(match last_reply_cut_off(session.state()) {
@@ -179,11 +187,11 @@ impl Runner {
                 }
                 NextStep::CallModel => {
                     let step = self.call_model(session, model.as_ref()).await;
-                    self.fail_on_refused_record(session, step)?
+                    self.fail_on_refused_record(session, step).await?
                 }
                 NextStep::RunTools => {
                     let step = self.run_tools(session, toolbox, &plan.calls).await;
-                    self.fail_on_refused_record(session, step)?
+                    self.fail_on_refused_record(session, step).await?
                 }
                 // A pause with calls in doubt is theirs: only a decision ends it.
                 NextStep::AwaitDecision | NextStep::Paused(_) if !in_doubt(session).is_empty() => {
@@ -204,8 +212,8 @@ impl Runner {
                         reason: reason.clone(),
                         budget: true,
                     };
-                    session.append(vec![event], None)?;
-                    session.barrier(self.durability)?;
+                    session.append(vec![event], None).await?;
+                    session.barrier(self.durability).await?;
                     return Ok(TurnEnd::BudgetSpent(reason));
                 }
                 NextStep::Failed(error) => return Ok(TurnEnd::Failed(error)),
@@ -238,7 +246,7 @@ impl Runner {
     /// what one record holds) would be refused again on every retry: the
     /// turn is recorded as failed, so nothing (recovery, a takeover) runs
     /// it again on its own.
-    fn fail_on_refused_record(
+    async fn fail_on_refused_record(
         &self,
         session: &mut Session,
         step: Result<(), RuntimeError>,
@@ -247,8 +255,10 @@ impl Runner {
             return step;
         };
         let outcome = SessionOutcome::Failed(error.to_string());
-        session.append(vec![Event::SessionFinished { outcome }], None)?;
-        session.barrier(self.durability)?;
+        session
+            .append(vec![Event::SessionFinished { outcome }], None)
+            .await?;
+        session.barrier(self.durability).await?;
         Err(error)
     }
 
@@ -257,7 +267,7 @@ impl Runner {
         session: &mut Session,
         model: &dyn ModelClient,
     ) -> Result<(), RuntimeError> {
-        session.barrier(self.durability)?;
+        session.barrier(self.durability).await?;
         self.compact_if_needed(session, model).await?;
         crash::point("before_model_call");
         let cause = session.state().last_seq;
@@ -279,8 +289,10 @@ impl Runner {
             Ok(asked) => asked,
             Err(error) => {
                 let outcome = SessionOutcome::Failed(error.to_string());
-                session.append(vec![Event::SessionFinished { outcome }], Some(cause))?;
-                session.barrier(self.durability)?;
+                session
+                    .append(vec![Event::SessionFinished { outcome }], Some(cause))
+                    .await?;
+                session.barrier(self.durability).await?;
                 return Err(error.into());
             }
         };
@@ -292,7 +304,9 @@ impl Runner {
         let max_calls = session.spec()?.limits.calls_per_reply();
         reply.refused = refusal(&reply, max_calls);
         let cut_off = reply.cut_off();
-        session.append(vec![Event::ModelReplied(reply)], Some(cause))?;
+        session
+            .append(vec![Event::ModelReplied(reply)], Some(cause))
+            .await?;
         if cut_off && session.state().cut_off_in_a_row >= 2 {
             let error = ModelError::CutOff {
                 max_tokens: session
@@ -302,8 +316,10 @@ impl Runner {
                     .map(|l| l.saturating_mul(2)),
             };
             let outcome = SessionOutcome::Failed(error.to_string());
-            session.append(vec![Event::SessionFinished { outcome }], Some(cause))?;
-            session.barrier(self.durability)?;
+            session
+                .append(vec![Event::SessionFinished { outcome }], Some(cause))
+                .await?;
+            session.barrier(self.durability).await?;
             return Err(error.into());
         }
         crash::point("model_reply_appended");
@@ -354,8 +370,10 @@ impl Runner {
             Ok(reply) => reply,
             Err(error) => {
                 let outcome = SessionOutcome::Failed(format!("compacting the prompt: {error}"));
-                session.append(vec![Event::SessionFinished { outcome }], Some(cause))?;
-                session.barrier(self.durability)?;
+                session
+                    .append(vec![Event::SessionFinished { outcome }], Some(cause))
+                    .await?;
+                session.barrier(self.durability).await?;
                 return Err(error.into());
             }
         };
@@ -365,8 +383,8 @@ impl Runner {
             covers,
             summary,
         };
-        session.append(vec![event], Some(cause))?;
-        session.barrier(self.durability)
+        session.append(vec![event], Some(cause)).await?;
+        session.barrier(self.durability).await
     }
 
     async fn run_tools(
@@ -414,7 +432,7 @@ impl Runner {
             }
         }
         if !settled.is_empty() {
-            session.append(settled, Some(reply_seq))?;
+            session.append(settled, Some(reply_seq)).await?;
         }
         // At most max_parallel_calls (and the daemon's cap) run at once:
         // each wave is started (durably) only when it can run, so a crash
@@ -441,8 +459,8 @@ impl Runner {
                 reason,
                 budget: false,
             };
-            session.append(vec![event], Some(reply_seq))?;
-            session.barrier(self.durability)?;
+            session.append(vec![event], Some(reply_seq)).await?;
+            session.barrier(self.durability).await?;
             crash::point("in_doubt_appended");
         }
         Ok(())
@@ -479,9 +497,9 @@ impl Runner {
                 attempt: ctx.attempt,
             })
             .collect();
-        let first_seq = session.append(events, Some(reply_seq))?;
+        let first_seq = session.append(events, Some(reply_seq)).await?;
         crash::point("tool_started_appended");
-        session.barrier(self.durability)?;
+        session.barrier(self.durability).await?;
         crash::point("tool_started_durable");
         let mut running = JoinSet::new();
         let mut calls = HashMap::new();
@@ -522,7 +540,7 @@ impl Runner {
             let ms = took.as_millis() as u64;
             match finish_event(tool.as_ref(), call_id, attempt, result, ms) {
                 Some(event) => {
-                    session.append(vec![event], Some(started_seq))?;
+                    session.append(vec![event], Some(started_seq)).await?;
                     crash::point("tool_finished_appended");
                 }
                 None => retry = true,

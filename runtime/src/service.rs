@@ -59,40 +59,45 @@ impl Service {
     }
 
     /// Whether the store holds session `id`.
-    pub fn exists(&self, id: Uuid) -> Result<bool, RuntimeError> {
-        Ok(self.log.head(id)?.seq > 0)
+    pub async fn exists(&self, id: Uuid) -> Result<bool, RuntimeError> {
+        Ok(self.log.head(id).await?.seq > 0)
     }
 
     /// Refuses, by name, a session the store does not hold (before a lease
     /// is taken for it: a lease of nothing would lapse and be looked at by
     /// every daemon).
-    pub fn ensure_exists(&self, id: Uuid) -> Result<(), RuntimeError> {
-        if !self.exists(id)? {
+    pub async fn ensure_exists(&self, id: Uuid) -> Result<(), RuntimeError> {
+        if !self.exists(id).await? {
             return Err(RuntimeError::NoSuchSession(id));
         }
         Ok(())
     }
 
     /// Loads `id` from the log.
-    pub fn load(&self, id: Uuid) -> Result<Session, RuntimeError> {
-        Ok(self.observe(Session::load(self.log.clone(), id)?))
+    pub async fn load(&self, id: Uuid) -> Result<Session, RuntimeError> {
+        Ok(self.observe(Session::load(self.log.clone(), id).await?))
     }
 
     /// Starts a session with `spec`; checks the spec first.
-    pub fn create(&self, spec: AgentSpec) -> Result<Session, RuntimeError> {
+    pub async fn create(&self, spec: AgentSpec) -> Result<Session, RuntimeError> {
         spec.validate().map_err(|reason| RuntimeError::Spec {
             origin: "request".into(),
             reason,
         })?;
-        let session = Session::create_observed(self.log.clone(), spec, self.observer.clone())?;
+        let session =
+            Session::create_observed(self.log.clone(), spec, self.observer.clone()).await?;
         let mut session = session.snapshot_every(self.snapshot_every);
-        session.barrier(self.durability)?;
+        session.barrier(self.durability).await?;
         Ok(session)
     }
 
     /// Records a user message, durable before anything else happens (the
     /// first write-ahead rule). Refused while a turn is unfinished.
-    pub fn post_message(&self, session: &mut Session, text: String) -> Result<u64, RuntimeError> {
+    pub async fn post_message(
+        &self,
+        session: &mut Session,
+        text: String,
+    ) -> Result<u64, RuntimeError> {
         let status = session.state().status();
         if !matches!(status, Status::Idle | Status::Failed | Status::Cancelled) {
             let id = session.id();
@@ -104,9 +109,11 @@ impl Service {
             });
         }
         refuse_past_the_window(session, &text)?;
-        let seq = session.append(vec![Event::UserMessage { text }], None)?;
+        let seq = session
+            .append(vec![Event::UserMessage { text }], None)
+            .await?;
         crate::crash::point("user_message_appended");
-        session.barrier(self.durability)?;
+        session.barrier(self.durability).await?;
         crate::crash::point("user_message_durable");
         Ok(seq)
     }
@@ -115,7 +122,7 @@ impl Service {
     /// must first decide on calls in doubt, or it spent a budget of its turn
     /// and `extend_budget` is not given (which starts the budget again).
     /// Returns whether it appended.
-    pub fn reopen(
+    pub async fn reopen(
         &self,
         session: &mut Session,
         by: &str,
@@ -131,8 +138,8 @@ impl Service {
             by: by.into(),
             extend_budget,
         };
-        session.append(vec![event], None)?;
-        session.barrier(self.durability)?;
+        session.append(vec![event], None).await?;
+        session.barrier(self.durability).await?;
         Ok(true)
     }
 
@@ -143,7 +150,7 @@ impl Service {
 
     /// Records a person's decision on a call in doubt. Returns whether the
     /// session can continue (no other call waits for a person).
-    pub fn resolve(
+    pub async fn resolve(
         &self,
         session: &mut Session,
         call_id: &str,
@@ -163,11 +170,12 @@ impl Service {
             decision,
             by,
         )
+        .await
     }
 
     /// Records a person's approval or denial of a call waiting for one.
     /// Returns whether the session can continue (nothing else waits).
-    pub fn decide_approval(
+    pub async fn decide_approval(
         &self,
         session: &mut Session,
         call_id: &str,
@@ -188,11 +196,12 @@ impl Service {
             decision,
             by,
         )
+        .await
     }
 
     /// Records `decision` on `call_id`, one of `waiting`; resumes the session
     /// when no other call waits for a person.
-    fn decide(
+    async fn decide(
         &self,
         session: &mut Session,
         call_id: &str,
@@ -222,25 +231,28 @@ impl Service {
                 extend_budget: false,
             });
         }
-        session.append(events, None)?;
-        session.barrier(self.durability)?;
+        session.append(events, None).await?;
+        session.barrier(self.durability).await?;
         crate::crash::point("decision_appended");
         Ok(last)
     }
 
     /// Cancels the session: nothing runs until a new user message. The
     /// caller makes sure no turn runs at the same time.
-    pub fn cancel(&self, session: &mut Session, by: &str) -> Result<(), RuntimeError> {
+    pub async fn cancel(&self, session: &mut Session, by: &str) -> Result<(), RuntimeError> {
         let outcome = SessionOutcome::Cancelled { by: by.into() };
-        session.append(vec![Event::SessionFinished { outcome }], None)?;
-        session.barrier(self.durability)
+        session
+            .append(vec![Event::SessionFinished { outcome }], None)
+            .await?;
+        session.barrier(self.durability).await
     }
 
     /// Starts a new session holding `parent`'s first `at_seq` events, after
     /// a first event that names them. Only at a point where no tool call is
     /// under way, so the branch never shares a call with its parent.
-    pub fn fork(&self, parent: Uuid, at_seq: u64) -> Result<Session, RuntimeError> {
-        let events: Vec<Event> = read_events(self.log.as_ref(), parent)?
+    pub async fn fork(&self, parent: Uuid, at_seq: u64) -> Result<Session, RuntimeError> {
+        let events: Vec<Event> = read_events(self.log.as_ref(), parent)
+            .await?
             .into_iter()
             .take_while(|(record, _)| record.envelope.seq <= at_seq)
             .map(|(_, event)| event)
@@ -280,50 +292,54 @@ impl Service {
             self.log.clone(),
             vec![Event::SessionForked { parent, at_seq }],
             self.observer.clone(),
-        )?;
-        child.append(events, Some(at_seq))?;
-        child.barrier(self.durability)?;
+        )
+        .await?;
+        child.append(events, Some(at_seq)).await?;
+        child.barrier(self.durability).await?;
         Ok(child)
     }
 
     /// What a listing shows of a session: its stored summary while that is
     /// current, else computed from the session (snapshot and tail) and stored.
-    pub fn summary(&self, meta: &SessionMeta) -> Result<Summary, RuntimeError> {
-        self.summary_at(meta.session, meta.events)
+    pub async fn summary(&self, meta: &SessionMeta) -> Result<Summary, RuntimeError> {
+        self.summary_at(meta.session, meta.events).await
     }
 
     /// The summary of session `id` as its log stands now.
-    pub fn current_summary(&self, id: Uuid) -> Result<Summary, RuntimeError> {
-        self.summary_at(id, self.log.head(id)?.seq)
+    pub async fn current_summary(&self, id: Uuid) -> Result<Summary, RuntimeError> {
+        self.summary_at(id, self.log.head(id).await?.seq).await
     }
 
-    fn summary_at(&self, id: Uuid, head: u64) -> Result<Summary, RuntimeError> {
-        match snapshot::fresh_summary(self.log.as_ref(), id, head) {
+    async fn summary_at(&self, id: Uuid, head: u64) -> Result<Summary, RuntimeError> {
+        match snapshot::fresh_summary(self.log.as_ref(), id, head).await {
             Some(summary) => Ok(summary),
-            None => self.rebuilt_summary(id),
+            None => self.rebuilt_summary(id).await,
         }
     }
 
     /// The summary of session `id` folded from its log, and stored.
-    fn rebuilt_summary(&self, id: Uuid) -> Result<Summary, RuntimeError> {
-        let session = self.load(id)?;
+    async fn rebuilt_summary(&self, id: Uuid) -> Result<Summary, RuntimeError> {
+        let session = self.load(id).await?;
         // Derived data: a failure only costs speed next time.
-        let _ = snapshot::store_summary(self.log.as_ref(), id, session.state());
+        let _ = snapshot::store_summary(self.log.as_ref(), id, session.state()).await;
         Ok(Summary::of(session.state()))
     }
 
     /// Every session's metadata and summary, in id order; stored summaries
     /// are read together (a few queries on a shared store, not one per
     /// session), stale ones rebuilt from the log.
-    pub fn listing(&self) -> Result<Vec<Listed>, RuntimeError> {
+    pub async fn listing(&self) -> Result<Vec<Listed>, RuntimeError> {
         const CHUNK: usize = 1000;
-        let metas = self.log.sessions()?;
+        let metas = self.log.sessions().await?;
         let mut out = Vec::with_capacity(metas.len());
         for chunk in metas.chunks(CHUNK) {
             let heads: Vec<(Uuid, u64)> = chunk.iter().map(|m| (m.session, m.events)).collect();
-            let stored = snapshot::fresh_summaries(self.log.as_ref(), &heads);
+            let stored = snapshot::fresh_summaries(self.log.as_ref(), &heads).await;
             for (meta, summary) in chunk.iter().zip(stored) {
-                let summary = summary.map_or_else(|| self.rebuilt_summary(meta.session), Ok);
+                let summary = match summary {
+                    Some(summary) => Ok(summary),
+                    None => self.rebuilt_summary(meta.session).await,
+                };
                 out.push((meta.clone(), summary));
             }
         }
@@ -331,9 +347,9 @@ impl Service {
     }
 
     /// Sessions with pending work that no person has to decide on.
-    pub fn resumable(&self) -> Result<Vec<Uuid>, RuntimeError> {
+    pub async fn resumable(&self) -> Result<Vec<Uuid>, RuntimeError> {
         let mut out = Vec::new();
-        for (meta, summary) in self.listing()? {
+        for (meta, summary) in self.listing().await? {
             let summary = summary?;
             let pending = matches!(summary.status.as_str(), "running" | "failed")
                 || (summary.status == "paused" && !summary.waits_for_a_person);

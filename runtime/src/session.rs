@@ -53,29 +53,19 @@ pub fn decode(record: &Record) -> Result<Event, RuntimeError> {
 }
 
 /// Reads and decodes every event of `session`, in seq order.
-pub fn read_events(
+pub async fn read_events(
     log: &dyn EventLog,
     session: Uuid,
 ) -> Result<Vec<(Record, Event)>, RuntimeError> {
-    let head = log.head(session)?;
+    let head = log.head(session).await?;
     if head.seq == 0 {
         return Err(RuntimeError::NoSuchSession(session));
     }
-    log.read(session, 1, head.seq)?
+    log.read(session, 1, head.seq)
+        .await?
         .into_iter()
         .map(|record| decode(&record).map(|event| (record, event)))
         .collect()
-}
-
-/// Runs blocking I/O (an fsync) without stalling the async runtime's other
-/// tasks, where the runtime allows it.
-fn blocking<T>(work: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current() {
-        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(work)
-        }
-        _ => work(),
-    }
 }
 
 /// Below this many records, decoding on one thread is faster.
@@ -120,15 +110,38 @@ fn decode_all(records: Vec<Record>) -> Result<Vec<(u64, Event)>, RuntimeError> {
     Ok(events)
 }
 
+/// Decodes `tail` and folds it into `state`: a long tail (decoded on every
+/// core, then folded) on tokio's blocking pool, so that the caller's worker
+/// goes on serving other tasks meanwhile; a short one in place.
+async fn fold_tail(
+    mut state: SessionState,
+    tail: Vec<Record>,
+) -> Result<SessionState, RuntimeError> {
+    let short = tail.len() < PARALLEL_DECODE_MIN;
+    let fold = move || {
+        for (seq, event) in decode_all(tail)? {
+            state.apply(seq, event);
+        }
+        Ok(state)
+    };
+    if short {
+        return fold();
+    }
+    match tokio::task::spawn_blocking(fold).await {
+        Ok(folded) => folded,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}
+
 impl Session {
     /// Starts a new session with `spec` (appends SessionStarted).
-    pub fn create(log: Arc<dyn EventLog>, spec: AgentSpec) -> Result<Session, RuntimeError> {
-        Session::create_observed(log, spec, None)
+    pub async fn create(log: Arc<dyn EventLog>, spec: AgentSpec) -> Result<Session, RuntimeError> {
+        Session::create_observed(log, spec, None).await
     }
 
     /// Starts a new session with `spec`, reporting to `observer` from its
     /// first event on.
-    pub fn create_observed(
+    pub async fn create_observed(
         log: Arc<dyn EventLog>,
         spec: AgentSpec,
         observer: Option<Arc<dyn SessionObserver>>,
@@ -140,10 +153,11 @@ impl Session {
             }],
             observer,
         )
+        .await
     }
 
     /// Starts a new session whose first events are `first`.
-    pub fn create_observed_with(
+    pub async fn create_observed_with(
         log: Arc<dyn EventLog>,
         first: Vec<Event>,
         observer: Option<Arc<dyn SessionObserver>>,
@@ -159,36 +173,35 @@ impl Session {
             snapshot_seq: 0,
             prompt: PromptCache::default(),
         };
-        session.append(first, None)?;
+        session.append(first, None).await?;
         Ok(session)
     }
 
     /// Loads `id` by folding its whole log.
     /// Loads `id`: from its newest valid snapshot and the events after it,
     /// or, without one, by folding its whole log.
-    pub fn load(log: Arc<dyn EventLog>, id: Uuid) -> Result<Session, RuntimeError> {
-        let head = log.head(id)?;
+    pub async fn load(log: Arc<dyn EventLog>, id: Uuid) -> Result<Session, RuntimeError> {
+        let head = log.head(id).await?;
         if head.seq == 0 {
             return Err(RuntimeError::NoSuchSession(id));
         }
         let mut state = crate::snapshot::load(log.as_ref(), id)
+            .await
             .ok()
             .filter(|s| s.last_seq <= head.seq)
             .unwrap_or_default();
         let snapshot_seq = state.last_seq;
         if state.last_seq < head.seq {
-            let tail = log.read(id, state.last_seq + 1, head.seq)?;
+            let tail = log.read(id, state.last_seq + 1, head.seq).await?;
             if let (Some(first), true) = (tail.first(), snapshot_seq > 0) {
-                let at = log.read(id, snapshot_seq, snapshot_seq)?;
+                let at = log.read(id, snapshot_seq, snapshot_seq).await?;
                 let prev = eventlog::Head {
                     seq: snapshot_seq,
                     hash: at.first().map_or(eventlog::Hash::ZERO, |r| r.hash),
                 };
                 eventlog::check_link(id, &prev, first)?;
             }
-            for (seq, event) in decode_all(tail)? {
-                state.apply(seq, event);
-            }
+            state = fold_tail(state, tail).await?;
         }
         Ok(Session {
             id,
@@ -263,8 +276,8 @@ impl Session {
     /// Whether this session is the log's session as it stands: no record
     /// was appended elsewhere since it was loaded (the head's seq and hash
     /// are the ones it folded).
-    pub fn is_current(&self) -> Result<bool, RuntimeError> {
-        let head = self.log.head(self.id)?;
+    pub async fn is_current(&self) -> Result<bool, RuntimeError> {
+        let head = self.log.head(self.id).await?;
         Ok(head.seq == self.state.last_seq && head.hash == self.last_hash)
     }
 
@@ -288,7 +301,7 @@ impl Session {
     /// Appends `events` atomically after the last known seq and folds them,
     /// with every secret this process knows redacted from them first.
     /// Returns the seq of the first. Not durable until [`Session::barrier`].
-    pub fn append(
+    pub async fn append(
         &mut self,
         events: Vec<Event>,
         caused_by: Option<u64>,
@@ -307,7 +320,7 @@ impl Session {
                 (event, new)
             })
             .unzip();
-        let records = self.log.append(self.id, first, new)?;
+        let records = self.log.append(self.id, first, new).await?;
         if let Some(observer) = &self.observer {
             observer.appended(&records, &events);
         }
@@ -347,8 +360,8 @@ impl Session {
         every > 0 && self.state.last_seq - self.snapshot_seq >= every
     }
 
-    /// Writes a snapshot of the current state on another thread: the
-    /// append path only pays for a copy of the state.
+    /// Writes a snapshot of the current state in another task: the append
+    /// path only pays for a copy of the state.
     fn snapshot_in_background(&mut self) {
         if self.effective_snapshot_every() == 0 {
             return;
@@ -360,25 +373,25 @@ impl Session {
             self.last_hash,
             self.state.clone(),
         );
-        std::thread::spawn(move || {
+        tokio::spawn(async move {
             // Derived data: a failed snapshot only costs speed.
-            let _ = crate::snapshot::store(log.as_ref(), id, hash, &state);
+            let _ = crate::snapshot::store(log.as_ref(), id, hash, &state).await;
         });
     }
 
     /// Makes every accepted append at least as durable as `durability`.
     /// Costs nothing when nothing was appended since the last barrier.
-    pub fn barrier(&mut self, durability: Durability) -> Result<(), RuntimeError> {
+    pub async fn barrier(&mut self, durability: Durability) -> Result<(), RuntimeError> {
         if self.durable_seq >= self.state.last_seq {
             return Ok(());
         }
         let started = std::time::Instant::now();
-        blocking(|| self.log.barrier(durability))?;
+        self.log.barrier(durability).await?;
         self.durable_seq = self.state.last_seq;
         // Derived data for listings, written when the session comes to rest
         // (mid-turn, a listing folds instead): a failure only costs speed.
         if self.state.status() != replay::Status::Running {
-            let _ = crate::snapshot::store_summary(self.log.as_ref(), self.id, &self.state);
+            let _ = crate::snapshot::store_summary(self.log.as_ref(), self.id, &self.state).await;
         }
         if let Some(observer) = &self.observer {
             observer.durable(self.id, self.durable_seq, started.elapsed());

@@ -42,21 +42,22 @@ struct Stored {
     state: Vec<u8>,
 }
 
-/// Snapshot writers run on their own threads; this keeps an older snapshot
+/// Snapshot writers run in their own tasks; this keeps an older snapshot
 /// from overwriting a newer one that finished first.
-static STORE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+static STORE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Writes a snapshot of `state`, whose last record has `hash`, unless a newer
 /// one is already stored.
-pub fn store(
+pub async fn store(
     log: &dyn EventLog,
     session: Uuid,
     hash: Hash,
     state: &SessionState,
 ) -> Result<(), eventlog::LogError> {
-    let _one_at_a_time = STORE.lock().unwrap_or_else(|e| e.into_inner());
+    let _one_at_a_time = STORE.lock().await;
     let stored_seq = log
-        .get_derived(session, SNAPSHOT)?
+        .get_derived(session, SNAPSHOT)
+        .await?
         .and_then(|bytes| rmp_serde::from_slice::<Stored>(&bytes).ok())
         .map_or(0, |s| s.seq);
     if stored_seq > state.last_seq {
@@ -71,14 +72,15 @@ pub fn store(
         state: encoded,
     };
     let bytes = rmp_serde::to_vec_named(&stored).expect("snapshots always encode");
-    log.put_derived(session, SNAPSHOT, &bytes)
+    log.put_derived(session, SNAPSHOT, &bytes).await
 }
 
 /// The newest snapshot of `session` that checks out against the log, or
 /// why there is none to use.
-pub fn load(log: &dyn EventLog, session: Uuid) -> Result<SessionState, String> {
+pub async fn load(log: &dyn EventLog, session: Uuid) -> Result<SessionState, String> {
     let bytes = log
         .get_derived(session, SNAPSHOT)
+        .await
         .map_err(|e| e.to_string())?
         .ok_or("no snapshot")?;
     let stored: Stored =
@@ -94,6 +96,7 @@ pub fn load(log: &dyn EventLog, session: Uuid) -> Result<SessionState, String> {
     }
     let record = log
         .read(session, stored.seq, stored.seq)
+        .await
         .map_err(|e| e.to_string())?;
     match record.first() {
         Some(r) if r.hash.to_hex() == stored.hash => {}
@@ -184,26 +187,26 @@ impl Summary {
 }
 
 /// Writes the summary of `state`.
-pub fn store_summary(
+pub async fn store_summary(
     log: &dyn EventLog,
     session: Uuid,
     state: &SessionState,
 ) -> Result<(), eventlog::LogError> {
     let bytes = rmp_serde::to_vec_named(&Summary::of(state)).expect("summaries always encode");
-    log.put_derived(session, SUMMARY, &bytes)
+    log.put_derived(session, SUMMARY, &bytes).await
 }
 
 /// The stored summary of `session`, if it describes seq `head`.
-pub fn fresh_summary(log: &dyn EventLog, session: Uuid, head: u64) -> Option<Summary> {
-    let bytes = log.get_derived(session, SUMMARY).ok()??;
+pub async fn fresh_summary(log: &dyn EventLog, session: Uuid, head: u64) -> Option<Summary> {
+    let bytes = log.get_derived(session, SUMMARY).await.ok()??;
     summary_at(&bytes, head)
 }
 
 /// The stored summaries of `sessions` (id, head), each if it describes that
 /// head, read together.
-pub fn fresh_summaries(log: &dyn EventLog, sessions: &[(Uuid, u64)]) -> Vec<Option<Summary>> {
+pub async fn fresh_summaries(log: &dyn EventLog, sessions: &[(Uuid, u64)]) -> Vec<Option<Summary>> {
     let ids: Vec<Uuid> = sessions.iter().map(|(id, _)| *id).collect();
-    let Ok(stored) = log.get_derived_many(SUMMARY, &ids) else {
+    let Ok(stored) = log.get_derived_many(SUMMARY, &ids).await else {
         return vec![None; sessions.len()];
     };
     stored
@@ -232,8 +235,9 @@ mod tests {
     }
 
     /// A session of `n` user messages, snapshotted every 4 events.
-    fn session(log: &Arc<dyn EventLog>, n: usize) -> Session {
+    async fn session(log: &Arc<dyn EventLog>, n: usize) -> Session {
         let mut s = Session::create(log.clone(), spec())
+            .await
             .unwrap()
             .snapshot_every(4);
         for i in 0..n {
@@ -243,66 +247,71 @@ mod tests {
                 }],
                 None,
             )
+            .await
             .unwrap();
         }
         s
     }
 
-    fn wait_for_snapshot(log: &dyn EventLog, id: Uuid, seq: u64) {
+    async fn wait_for_snapshot(log: &dyn EventLog, id: Uuid, seq: u64) {
         for _ in 0..500 {
-            if load(log, id).is_ok_and(|s| s.last_seq >= seq) {
+            if load(log, id).await.is_ok_and(|s| s.last_seq >= seq) {
                 return;
             }
-            std::thread::sleep(std::time::Duration::from_millis(10));
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         panic!("no snapshot at seq {seq}");
     }
 
-    #[test]
-    fn resume_from_a_snapshot_equals_a_full_fold_and_bad_ones_are_ignored() {
+    #[tokio::test]
+    async fn resume_from_a_snapshot_equals_a_full_fold_and_bad_ones_are_ignored() {
         let dir = tempfile::tempdir().unwrap();
         let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.path()).unwrap());
-        let s = session(&log, 10); // 11 events: snapshots at 4 and 8
+        let s = session(&log, 10).await; // 11 events: snapshots at 4 and 8
         let id = s.id();
-        wait_for_snapshot(log.as_ref(), id, 8);
+        wait_for_snapshot(log.as_ref(), id, 8).await;
         let full = replay::SessionState::fold(
             crate::session::read_events(log.as_ref(), id)
+                .await
                 .unwrap()
                 .into_iter()
                 .map(|(r, e)| (r.envelope.seq, e)),
         );
-        let loaded = Session::load(log.clone(), id).unwrap();
+        let loaded = Session::load(log.clone(), id).await.unwrap();
         assert_eq!(loaded.snapshot_seq(), 8, "loaded from the snapshot");
         assert_eq!(loaded.state(), &full);
 
         // A damaged snapshot is ignored: the log is folded instead.
-        let mut bytes = log.get_derived(id, SNAPSHOT).unwrap().unwrap();
+        let mut bytes = log.get_derived(id, SNAPSHOT).await.unwrap().unwrap();
         let n = bytes.len();
         bytes[n - 3] ^= 0xff;
-        log.put_derived(id, SNAPSHOT, &bytes).unwrap();
-        assert!(load(log.as_ref(), id).unwrap_err().contains("damaged"));
-        let loaded = Session::load(log.clone(), id).unwrap();
+        log.put_derived(id, SNAPSHOT, &bytes).await.unwrap();
+        assert!(load(log.as_ref(), id)
+            .await
+            .unwrap_err()
+            .contains("damaged"));
+        let loaded = Session::load(log.clone(), id).await.unwrap();
         assert_eq!((loaded.snapshot_seq(), loaded.state()), (0, &full));
 
         // A snapshot of another history (same seq, another hash) is stale.
         let other_dir = tempfile::tempdir().unwrap();
         let other_log: Arc<dyn EventLog> = Arc::new(SledLog::open(other_dir.path()).unwrap());
-        let other = session(&other_log, 10);
-        let hash = other_log.head(other.id()).unwrap().hash;
-        store(log.as_ref(), id, hash, other.state()).unwrap();
-        assert!(load(log.as_ref(), id).unwrap_err().contains("stale"));
-        assert_eq!(Session::load(log.clone(), id).unwrap().state(), &full);
+        let other = session(&other_log, 10).await;
+        let hash = other_log.head(other.id()).await.unwrap().hash;
+        store(log.as_ref(), id, hash, other.state()).await.unwrap();
+        assert!(load(log.as_ref(), id).await.unwrap_err().contains("stale"));
+        assert_eq!(Session::load(log.clone(), id).await.unwrap().state(), &full);
     }
 
-    #[test]
-    fn a_summary_is_used_only_while_it_describes_the_head() {
+    #[tokio::test]
+    async fn a_summary_is_used_only_while_it_describes_the_head() {
         let dir = tempfile::tempdir().unwrap();
         let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.path()).unwrap());
-        let mut s = session(&log, 2);
-        s.barrier(eventlog::Durability::Flushed).unwrap();
+        let mut s = session(&log, 2).await;
+        s.barrier(eventlog::Durability::Flushed).await.unwrap();
         let id = s.id();
         assert!(
-            fresh_summary(log.as_ref(), id, 3).is_none(),
+            fresh_summary(log.as_ref(), id, 3).await.is_none(),
             "not written mid-turn"
         );
         let reason = "a person".to_string();
@@ -313,9 +322,12 @@ mod tests {
             }],
             None,
         )
+        .await
         .unwrap();
-        s.barrier(eventlog::Durability::Flushed).unwrap();
-        let summary = fresh_summary(log.as_ref(), id, 4).expect("written at rest");
+        s.barrier(eventlog::Durability::Flushed).await.unwrap();
+        let summary = fresh_summary(log.as_ref(), id, 4)
+            .await
+            .expect("written at rest");
         assert_eq!(
             (summary.status.as_str(), summary.agent.as_str()),
             ("paused", "t")
@@ -326,9 +338,10 @@ mod tests {
             }],
             None,
         )
+        .await
         .unwrap();
         assert!(
-            fresh_summary(log.as_ref(), id, 5).is_none(),
+            fresh_summary(log.as_ref(), id, 5).await.is_none(),
             "stale after an append"
         );
     }

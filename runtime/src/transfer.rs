@@ -62,18 +62,18 @@ pub enum TransferError {
 }
 
 /// Writes every record of `sessions` as JSON lines; returns how many.
-pub fn export(
+pub async fn export(
     log: &dyn EventLog,
     sessions: &[Uuid],
-    out: &mut dyn Write,
+    out: &mut (dyn Write + Send),
 ) -> Result<u64, TransferError> {
     let mut written = 0;
     for &session in sessions {
-        let head = log.head(session)?.seq;
+        let head = log.head(session).await?.seq;
         let mut from = 1;
         while from <= head {
             let to = head.min(from + BATCH - 1);
-            for record in log.read(session, from, to)? {
+            for record in log.read(session, from, to).await? {
                 serde_json::to_writer(&mut *out, &line_of(&record)?)
                     .map_err(std::io::Error::from)?;
                 out.write_all(b"\n")?;
@@ -132,7 +132,10 @@ struct Pending {
 /// records after its head there, checking every hash and link; records the
 /// store already holds must be identical and are skipped. Stops at the
 /// first bad line; what came before it is stored and verified.
-pub fn import(log: &dyn EventLog, input: &mut dyn BufRead) -> Result<Imported, TransferError> {
+pub async fn import(
+    log: &dyn EventLog,
+    input: &mut (dyn BufRead + Send),
+) -> Result<Imported, TransferError> {
     let mut imported = Imported::default();
     let mut batch: Vec<Pending> = Vec::new();
     let mut current: Option<Run> = None;
@@ -144,12 +147,12 @@ pub fn import(log: &dyn EventLog, input: &mut dyn BufRead) -> Result<Imported, T
         let (session, pending) = match parse_line(line_no, &text) {
             Ok(parsed) => parsed,
             Err(e) => {
-                flush(log, current, &mut batch, &mut imported)?;
+                flush(log, current, &mut batch, &mut imported).await?;
                 return Err(e);
             }
         };
         if current.is_some_and(|run| run.session != session) || batch.len() as u64 >= BATCH {
-            flush(log, current, &mut batch, &mut imported)?;
+            flush(log, current, &mut batch, &mut imported).await?;
         }
         if batch.is_empty() {
             current = Some(Run {
@@ -160,7 +163,7 @@ pub fn import(log: &dyn EventLog, input: &mut dyn BufRead) -> Result<Imported, T
         }
         batch.push(pending);
     }
-    flush(log, current, &mut batch, &mut imported)?;
+    flush(log, current, &mut batch, &mut imported).await?;
     Ok(imported)
 }
 
@@ -176,7 +179,7 @@ struct Run {
 
 /// Stores one session's run of lines, after skipping those the store
 /// already holds (each must be identical to the held record).
-fn flush(
+async fn flush(
     log: &dyn EventLog,
     current: Option<Run>,
     batch: &mut Vec<Pending>,
@@ -190,10 +193,10 @@ fn flush(
     }
     let session = run.session;
     let line_of = |seq: u64| run.line + seq.saturating_sub(run.seq) as usize;
-    let head = log.head(session)?.seq;
+    let head = log.head(session).await?.seq;
     let held = batch.iter().take_while(|p| p.seq <= head).count();
     if held > 0 {
-        let stored = log.read(session, run.seq, batch[held - 1].seq)?;
+        let stored = log.read(session, run.seq, batch[held - 1].seq).await?;
         for (i, pending) in batch[..held].iter().enumerate() {
             let same = stored
                 .get(i)
@@ -212,7 +215,7 @@ fn flush(
     let fresh: Vec<Vec<u8>> = batch.drain(..).skip(held).map(|p| p.sealed).collect();
     let count = fresh.len() as u64;
     if !fresh.is_empty() {
-        log.import(session, fresh).map_err(|e| match e {
+        log.import(session, fresh).await.map_err(|e| match e {
             LogError::Corrupt { seq, reason, .. } => TransferError::BadLine {
                 line: line_of(seq),
                 reason: format!("session {session} seq {seq}: {reason}"),
@@ -266,7 +269,7 @@ mod tests {
     use super::*;
     use eventlog::{NewEvent, SledLog};
 
-    fn log_with(sessions: &[(Uuid, u8)]) -> (tempfile::TempDir, SledLog) {
+    async fn log_with(sessions: &[(Uuid, u8)]) -> (tempfile::TempDir, SledLog) {
         let dir = tempfile::tempdir().unwrap();
         let log = SledLog::open(dir.path()).unwrap();
         for &(id, n) in sessions {
@@ -278,25 +281,25 @@ mod tests {
                     payload: vec![i; 3],
                 })
                 .collect();
-            log.append(id, 1, events).unwrap();
+            log.append(id, 1, events).await.unwrap();
         }
         (dir, log)
     }
 
-    fn exported(log: &dyn EventLog, ids: &[Uuid]) -> String {
+    async fn exported(log: &dyn EventLog, ids: &[Uuid]) -> String {
         let mut out = Vec::new();
-        export(log, ids, &mut out).unwrap();
+        export(log, ids, &mut out).await.unwrap();
         String::from_utf8(out).unwrap()
     }
 
-    #[test]
-    fn an_export_imports_into_another_store_record_for_record() {
+    #[tokio::test]
+    async fn an_export_imports_into_another_store_record_for_record() {
         let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
-        let (_dir, source) = log_with(&[(a, 3), (b, 2)]);
-        let text = exported(&source, &[a, b]);
+        let (_dir, source) = log_with(&[(a, 3), (b, 2)]).await;
+        let text = exported(&source, &[a, b]).await;
         assert_eq!(text.lines().count(), 5);
-        let (_dir2, target) = log_with(&[]);
-        let done = import(&target, &mut text.as_bytes()).unwrap();
+        let (_dir2, target) = log_with(&[]).await;
+        let done = import(&target, &mut text.as_bytes()).await.unwrap();
         assert_eq!(
             done,
             Imported {
@@ -307,18 +310,18 @@ mod tests {
         );
         for id in [a, b] {
             assert_eq!(
-                target.read(id, 1, 10).unwrap(),
-                source.read(id, 1, 10).unwrap()
+                target.read(id, 1, 10).await.unwrap(),
+                source.read(id, 1, 10).await.unwrap()
             );
         }
-        assert_eq!(exported(&target, &[a, b]), text);
+        assert_eq!(exported(&target, &[a, b]).await, text);
     }
 
-    #[test]
-    fn a_line_that_lies_or_breaks_the_chain_is_named() {
+    #[tokio::test]
+    async fn a_line_that_lies_or_breaks_the_chain_is_named() {
         let a = Uuid::now_v7();
-        let (_dir, source) = log_with(&[(a, 3)]);
-        let text = exported(&source, &[a]);
+        let (_dir, source) = log_with(&[(a, 3)]).await;
+        let text = exported(&source, &[a]).await;
         let lines: Vec<&str> = text.lines().collect();
         let cases = [
             (format!("{}\n{}\n", lines[0], lines[2]), "line 2", "seq 2"),
@@ -334,31 +337,36 @@ mod tests {
             ),
         ];
         for (input, line, what) in cases {
-            let (_dir2, target) = log_with(&[]);
+            let (_dir2, target) = log_with(&[]).await;
             let err = import(&target, &mut input.as_bytes())
+                .await
                 .unwrap_err()
                 .to_string();
             assert!(err.contains(line) && err.contains(what), "{err}");
         }
     }
 
-    #[test]
-    fn an_interrupted_import_runs_again_skipping_what_is_held() {
+    #[tokio::test]
+    async fn an_interrupted_import_runs_again_skipping_what_is_held() {
         let a = Uuid::now_v7();
-        let (_dir, source) = log_with(&[(a, 3)]);
-        let text = exported(&source, &[a]);
-        let (_dir2, target) = log_with(&[]);
+        let (_dir, source) = log_with(&[(a, 3)]).await;
+        let text = exported(&source, &[a]).await;
+        let (_dir2, target) = log_with(&[]).await;
         let first_two: String = text.lines().take(2).map(|l| format!("{l}\n")).collect();
-        import(&target, &mut first_two.as_bytes()).unwrap();
-        let done = import(&target, &mut text.as_bytes()).unwrap();
+        import(&target, &mut first_two.as_bytes()).await.unwrap();
+        let done = import(&target, &mut text.as_bytes()).await.unwrap();
         assert_eq!((done.records, done.already_held), (1, 2));
-        assert_eq!(target.read(a, 1, 3).unwrap(), source.read(a, 1, 3).unwrap());
-        let again = import(&target, &mut text.as_bytes()).unwrap();
+        assert_eq!(
+            target.read(a, 1, 3).await.unwrap(),
+            source.read(a, 1, 3).await.unwrap()
+        );
+        let again = import(&target, &mut text.as_bytes()).await.unwrap();
         assert_eq!((again.records, again.already_held), (0, 3));
 
         // A held seq whose record differs is refused, naming its line.
-        let (_dir3, other) = log_with(&[(a, 3)]);
+        let (_dir3, other) = log_with(&[(a, 3)]).await;
         let err = import(&other, &mut text.as_bytes())
+            .await
             .unwrap_err()
             .to_string();
         assert!(err.contains("line 1") && err.contains("differs"), "{err}");

@@ -90,19 +90,19 @@ fn to_json(value: impl serde::Serialize) -> Value {
 
 /// The result of checking one session's chain (and that every record
 /// decodes as an event this build knows).
-pub fn verify(log: &dyn EventLog, session: Uuid) -> Value {
-    let checked = log
-        .verify(session)
-        .map_err(|e| e.to_string())
-        .and_then(|n| {
-            read_events(log, session)
-                .map(|_| n)
-                .map_err(|e| e.to_string())
-        });
+pub async fn verify(log: &dyn EventLog, session: Uuid) -> Value {
+    let checked = match log.verify(session).await {
+        Ok(n) => read_events(log, session)
+            .await
+            .map(|_| n)
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
     match checked {
         Ok(events) => {
             let head = log
                 .head(session)
+                .await
                 .map(|h| h.hash.to_hex())
                 .unwrap_or_default();
             to_json(Verified {

@@ -6,7 +6,7 @@
 
 use eventlog::{Durability, EventLog, NewEvent, SledLog};
 use mneme_e2e::bench::{
-    bench_dir, bench_spec, charging_model, event, new_event, run_to_done, to_new_event,
+    bench_dir, bench_spec, block, charging_model, event, new_event, run_to_done, to_new_event,
 };
 use replay::{Event, ModelReply, SessionState, ToolCall, ToolOutcome};
 use runtime::{Runner, Session};
@@ -119,22 +119,21 @@ fn appends() -> Floors {
 
     let log = SledLog::open(bench_dir("mneme-append")).unwrap();
     let synced = measure(APPENDS, 1, |i| {
-        log.append(session, i as u64 + 1, vec![new_event(i)])
-            .unwrap();
-        log.barrier(Durability::Synced).unwrap();
+        block(log.append(session, i as u64 + 1, vec![new_event(i)])).unwrap();
+        block(log.barrier(Durability::Synced)).unwrap();
     });
     row("mneme append + barrier(synced) per event", &synced, base);
     let s2 = Uuid::now_v7();
     let flushed = measure(APPENDS, 1, |i| {
-        log.append(s2, i as u64 + 1, vec![new_event(i)]).unwrap();
-        log.barrier(Durability::Flushed).unwrap();
+        block(log.append(s2, i as u64 + 1, vec![new_event(i)])).unwrap();
+        block(log.barrier(Durability::Flushed)).unwrap();
     });
     row("mneme append + barrier(flushed) per event", &flushed, base);
     let s3 = Uuid::now_v7();
     let batched = measure(APPENDS / BATCH, BATCH, |b| {
         let events = (b * BATCH..(b + 1) * BATCH).map(new_event).collect();
-        log.append(s3, (b * BATCH) as u64 + 1, events).unwrap();
-        log.barrier(Durability::Synced).unwrap();
+        block(log.append(s3, (b * BATCH) as u64 + 1, events)).unwrap();
+        block(log.barrier(Durability::Synced)).unwrap();
     });
     row("mneme append 64 + barrier(synced)", &batched, base);
     let again = measure(APPENDS, 1, |i| {
@@ -167,38 +166,42 @@ struct Concurrent {
     events: usize,
 }
 
-/// `writers` threads on one fresh log, each appending one event at a time
+/// `writers` tasks on one fresh log, each appending one event at a time
 /// to its own session and calling a barrier of `durability` after each;
 /// [`GROUP_EVENTS`] events in all.
 fn run_writers(writers: usize, durability: Durability) -> Concurrent {
     let log = Arc::new(SledLog::open(bench_dir(&format!("group-{writers}-{durability}"))).unwrap());
     let per_writer = GROUP_EVENTS / writers;
-    let start = Arc::new(std::sync::Barrier::new(writers + 1));
-    let threads: Vec<_> = (0..writers)
-        .map(|w| {
-            let (log, start) = (log.clone(), start.clone());
-            std::thread::spawn(move || {
-                let session = Uuid::now_v7();
-                let mut lat = Vec::with_capacity(per_writer);
-                start.wait();
-                for i in 0..per_writer {
-                    let t = Instant::now();
-                    log.append(session, i as u64 + 1, vec![new_event(w + i)])
-                        .unwrap();
-                    log.barrier(durability).unwrap();
-                    lat.push(t.elapsed());
-                }
-                lat
+    let (lat, total) = block(async {
+        let start = Arc::new(tokio::sync::Barrier::new(writers + 1));
+        let tasks: Vec<_> = (0..writers)
+            .map(|w| {
+                let (log, start) = (log.clone(), start.clone());
+                tokio::spawn(async move {
+                    let session = Uuid::now_v7();
+                    let mut lat = Vec::with_capacity(per_writer);
+                    start.wait().await;
+                    for i in 0..per_writer {
+                        let t = Instant::now();
+                        log.append(session, i as u64 + 1, vec![new_event(w + i)])
+                            .await
+                            .unwrap();
+                        log.barrier(durability).await.unwrap();
+                        lat.push(t.elapsed());
+                    }
+                    lat
+                })
             })
-        })
-        .collect();
-    start.wait();
-    let t = Instant::now();
-    let mut lat: Vec<Duration> = threads
-        .into_iter()
-        .flat_map(|thread| thread.join().unwrap())
-        .collect();
-    let total = t.elapsed();
+            .collect();
+        start.wait().await;
+        let t = Instant::now();
+        let mut lat: Vec<Duration> = Vec::with_capacity(per_writer * writers);
+        for task in tasks {
+            lat.extend(task.await.unwrap());
+        }
+        (lat, t.elapsed())
+    });
+    let mut lat = lat;
     lat.sort();
     let events = per_writer * writers;
     Concurrent {
@@ -253,15 +256,15 @@ fn fill(dir: &Path, n: usize) -> Uuid {
         spec: Box::new(bench_spec("http://127.0.0.1:9/v1", "http://127.0.0.1:9/x")),
     };
     let first = to_new_event(&spec_event);
-    log.append(session, 1, vec![first]).unwrap();
+    block(log.append(session, 1, vec![first])).unwrap();
     let mut seq = 2;
     for chunk in (0..n - 1).collect::<Vec<_>>().chunks(1000) {
         let events: Vec<NewEvent> = chunk.iter().map(|&i| new_event(i)).collect();
         let len = events.len() as u64;
-        log.append(session, seq, events).unwrap();
+        block(log.append(session, seq, events)).unwrap();
         seq += len;
     }
-    log.barrier(Durability::Synced).unwrap();
+    block(log.barrier(Durability::Synced)).unwrap();
     session
 }
 
@@ -289,7 +292,7 @@ fn replay_and_resume() {
         // mneme: open, read with hash and chain checks, decode, fold, plan.
         let t = Instant::now();
         let log: Arc<dyn EventLog> = Arc::new(SledLog::open(&dir).unwrap());
-        let loaded = Session::load(log, session).unwrap();
+        let loaded = block(Session::load(log, session)).unwrap();
         let plan = replay::plan(loaded.state());
         std::hint::black_box(&plan);
         let resume = t.elapsed();
@@ -365,17 +368,23 @@ fn snapshot_resume() {
         let session = fill(&dir, n - 100);
         {
             let log: Arc<dyn EventLog> = Arc::new(SledLog::open(&dir).unwrap());
-            let loaded = Session::load(log.clone(), session).unwrap();
-            let hash = log.head(session).unwrap().hash;
-            runtime::snapshot::store(log.as_ref(), session, hash, loaded.state()).unwrap();
+            let loaded = block(Session::load(log.clone(), session)).unwrap();
+            let hash = block(log.head(session)).unwrap().hash;
+            block(runtime::snapshot::store(
+                log.as_ref(),
+                session,
+                hash,
+                loaded.state(),
+            ))
+            .unwrap();
             let tail: Vec<NewEvent> = (0..100).map(new_event).collect();
-            log.append(session, (n - 100) as u64 + 1, tail).unwrap();
-            log.barrier(Durability::Synced).unwrap();
+            block(log.append(session, (n - 100) as u64 + 1, tail)).unwrap();
+            block(log.barrier(Durability::Synced)).unwrap();
         }
         let resume = || {
             let t = Instant::now();
             let log: Arc<dyn EventLog> = Arc::new(SledLog::open(&dir).unwrap());
-            let loaded = Session::load(log, session).unwrap();
+            let loaded = block(Session::load(log, session)).unwrap();
             assert_eq!(loaded.state().last_seq, n as u64);
             (t.elapsed(), loaded.snapshot_seq())
         };
@@ -383,7 +392,7 @@ fn snapshot_resume() {
         assert_eq!(from, (n - 100) as u64, "the snapshot was used");
         {
             let log = SledLog::open(&dir).unwrap();
-            log.put_derived(session, "snapshot", b"").unwrap(); // unusable: ignored
+            block(log.put_derived(session, "snapshot", b"")).unwrap(); // unusable: ignored
         }
         let (full, from) = resume();
         assert_eq!(from, 0, "no snapshot was used");
@@ -521,18 +530,17 @@ fn fill_compacted(dir: &Path, n: usize) -> Uuid {
         if pending.len() >= 1000 || state.last_seq as usize >= n {
             let events: Vec<NewEvent> = pending.drain(..).map(|e| to_new_event(&e)).collect();
             let count = events.len() as u64;
-            log.append(session, written + 1, events).unwrap();
+            block(log.append(session, written + 1, events)).unwrap();
             written += count;
         }
     }
     let snapshot = snapshot.expect("the fill passes head - 100");
-    let at = log
-        .read(session, snapshot.last_seq, snapshot.last_seq)
+    let at = block(log.read(session, snapshot.last_seq, snapshot.last_seq))
         .unwrap()
         .remove(0)
         .hash;
-    runtime::snapshot::store(&log, session, at, &snapshot).unwrap();
-    log.barrier(Durability::Synced).unwrap();
+    block(runtime::snapshot::store(&log, session, at, &snapshot)).unwrap();
+    block(log.barrier(Durability::Synced)).unwrap();
     session
 }
 
@@ -557,16 +565,16 @@ fn long_session_resume() {
         };
         let log: Arc<dyn EventLog> = Arc::new(log);
         let t = Instant::now();
-        let loaded = Session::load(log.clone(), session).unwrap();
+        let loaded = block(Session::load(log.clone(), session)).unwrap();
         let load = t.elapsed();
         assert!(
             loaded.snapshot_seq() as usize >= n - 100,
             "resumed from the snapshot"
         );
         assert_eq!(loaded.state().last_seq as usize, n);
-        log.put_derived(session, "snapshot", b"").unwrap();
+        block(log.put_derived(session, "snapshot", b"")).unwrap();
         let t = Instant::now();
-        let full = Session::load(log, session).unwrap();
+        let full = block(Session::load(log, session)).unwrap();
         let replay = t.elapsed();
         assert_eq!(full.state(), loaded.state(), "the same state either way");
         println!(
@@ -583,7 +591,7 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let rt = tokio::runtime::Runtime::new().unwrap();
+    let rt = mneme_e2e::bench::runtime();
     println!("# mneme core benchmark");
     let floors = appends();
     group_commit(&floors);
@@ -591,5 +599,5 @@ fn main() {
     snapshot_resume();
     long_session_resume();
     prompt_rebuild();
-    agent_steps(&rt);
+    agent_steps(rt);
 }

@@ -5,7 +5,7 @@
 //! disk; default `target/bench-data`).
 
 use eventlog::{Durability, EventLog, SledLog};
-use mneme_e2e::bench::{agent_steps, bench_dir, bench_spec, to_new_event};
+use mneme_e2e::bench::{agent_steps, bench_dir, bench_spec, block, to_new_event};
 use replay::{Event, ModelReply};
 use std::path::Path;
 use std::sync::Arc;
@@ -32,9 +32,9 @@ fn fill_idle(dir: &Path, n: usize) {
     ];
     for _ in 0..n {
         let new = events.iter().map(to_new_event).collect();
-        log.append(uuid::Uuid::now_v7(), 1, new).unwrap();
+        block(log.append(uuid::Uuid::now_v7(), 1, new)).unwrap();
     }
-    log.barrier(Durability::Synced).unwrap();
+    block(log.barrier(Durability::Synced)).unwrap();
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -135,7 +135,7 @@ fn main() {
         return;
     }
     println!("# mneme daemon benchmark");
-    let rt = tokio::runtime::Runtime::new().unwrap();
+    let rt = mneme_e2e::bench::runtime();
     println!("\n## Agent steps across concurrent sessions (model reply + one side_effect HTTP call a step; loopback; synced)\n");
     println!("| sessions | steps/s |\n|---:|---:|");
     for sessions in [1usize, 16] {

@@ -7,7 +7,7 @@
 //! gets a fresh schema in it. Without a server only sled is measured.
 
 use eventlog::{Durability, EventLog, NewEvent, SledLog};
-use mneme_e2e::bench::{agent_steps, bench_dir, bench_spec, new_event, to_new_event};
+use mneme_e2e::bench::{agent_steps, bench_dir, bench_spec, block, new_event, to_new_event};
 use pglog::PgLog;
 use replay::Event;
 use runtime::Session;
@@ -45,7 +45,7 @@ impl Store {
             Store::Pg(url) => {
                 let sep = if url.contains('?') { '&' } else { '?' };
                 let schema = format!("bench_{case}_{}", Uuid::now_v7().simple());
-                Arc::new(PgLog::connect(&format!("{url}{sep}schema={schema}")).unwrap())
+                Arc::new(block(PgLog::connect(&format!("{url}{sep}schema={schema}"))).unwrap())
             }
         }
     }
@@ -133,9 +133,8 @@ fn durable_appends(log: &dyn EventLog, c: usize, n: usize) -> f64 {
     let (_, took) = on_threads(c, |w, _| {
         let session = Uuid::now_v7();
         for i in 0..n {
-            log.append(session, i as u64 + 1, vec![new_event(w + i)])
-                .unwrap();
-            log.barrier(Durability::Synced).unwrap();
+            block(log.append(session, i as u64 + 1, vec![new_event(w + i)])).unwrap();
+            block(log.barrier(Durability::Synced)).unwrap();
         }
     });
     (c * n) as f64 / took.as_secs_f64()
@@ -151,10 +150,10 @@ fn fill(log: &dyn EventLog) -> Vec<Uuid> {
     let rest: Vec<NewEvent> = (0..EVENTS - 1).map(new_event).collect();
     let sessions: Vec<Uuid> = (0..SESSIONS).map(|_| Uuid::now_v7()).collect();
     for &session in &sessions {
-        log.append(session, 1, vec![first.clone()]).unwrap();
-        log.append(session, 2, rest.clone()).unwrap();
+        block(log.append(session, 1, vec![first.clone()])).unwrap();
+        block(log.append(session, 2, rest.clone())).unwrap();
     }
-    log.barrier(Durability::Synced).unwrap();
+    block(log.barrier(Durability::Synced)).unwrap();
     sessions
 }
 
@@ -167,7 +166,7 @@ fn resume(log: &Arc<dyn EventLog>, sessions: &[Uuid], c: usize) -> Vec<Duration>
         let mut asked = start;
         let mine = sessions.iter().skip(w).step_by(c);
         mine.map(|&id| {
-            let loaded = Session::load(log.clone(), id).unwrap();
+            let loaded = block(Session::load(log.clone(), id)).unwrap();
             let done = Instant::now();
             assert_eq!(loaded.snapshot_seq(), 0, "no snapshot involved");
             assert_eq!(loaded.state().last_seq, EVENTS as u64);
@@ -296,7 +295,7 @@ fn main() {
     }
     println!("{head}{}", if both { " pg / sled |" } else { "" });
     println!("|---:|{}", "---:|".repeat(stores.len() + both as usize));
-    let rt = tokio::runtime::Runtime::new().unwrap();
+    let rt = mneme_e2e::bench::runtime();
     for c in CONCURRENCY {
         let rates: Vec<f64> = stores
             .iter()

@@ -102,9 +102,10 @@ pub async fn charging_model(steps: usize) -> (MockModel, Sink) {
 /// Starts a session of `spec` on `log`, says "go", and drives it with
 /// `runner` until it answers, which must be "done".
 pub async fn run_to_done(log: Arc<dyn EventLog>, runner: Runner, spec: replay::AgentSpec) {
-    let mut session = Session::create(log, spec).unwrap();
+    let mut session = Session::create(log, spec).await.unwrap();
     session
         .append(vec![replay::Event::UserMessage { text: "go".into() }], None)
+        .await
         .unwrap();
     let end = runner.drive(&mut session).await.unwrap();
     assert_eq!(end, runtime::TurnEnd::Answered("done".into()));
@@ -132,4 +133,17 @@ pub async fn agent_steps(log: Arc<dyn EventLog>, sessions: usize, steps: usize) 
         sessions * steps
     );
     rate
+}
+
+/// The benches' tokio runtime (multi-threaded, one worker per core), built
+/// once.
+pub fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RUNTIME.get_or_init(|| tokio::runtime::Runtime::new().expect("tokio runtime starts"))
+}
+
+/// Runs `work` (a call of the async log, say) on [`runtime`] and waits for
+/// it: for a bench's synchronous parts. Not within the runtime.
+pub fn block<F: std::future::Future>(work: F) -> F::Output {
+    runtime().block_on(work)
 }

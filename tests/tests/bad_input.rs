@@ -225,11 +225,7 @@ async fn an_unknown_session_on_postgres_is_named_and_leaves_no_lease() {
         );
     }
     let store = world.store.clone().unwrap();
-    let leftover = tokio::task::spawn_blocking(move || {
-        let log = pglog::PgLog::connect(&store).unwrap();
-        eventlog::EventLog::expired_leases(&log).unwrap()
-    })
-    .await
-    .unwrap();
+    let log = pglog::PgLog::connect(&store).await.unwrap();
+    let leftover = eventlog::EventLog::expired_leases(&log).await.unwrap();
     assert!(leftover.is_empty(), "{leftover:?}");
 }

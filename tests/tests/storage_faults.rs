@@ -61,9 +61,9 @@ fn event(n: u64) -> NewEvent {
     }
 }
 
-fn append_synced(log: &SledLog, session: uuid::Uuid, seq: u64) -> Result<(), LogError> {
-    log.append(session, seq, vec![event(seq)])?;
-    log.barrier(Durability::Synced)
+async fn append_synced(log: &SledLog, session: uuid::Uuid, seq: u64) -> Result<(), LogError> {
+    log.append(session, seq, vec![event(seq)]).await?;
+    log.barrier(Durability::Synced).await
 }
 
 /// Reopens in this process. sled's background threads may hold its file
@@ -80,19 +80,19 @@ fn reopen(data: &std::path::Path) -> SledLog {
     panic!("sled never released its lock on {}", data.display());
 }
 
-#[test]
-fn appends_on_a_full_disk_fail_cleanly_and_resume_once_space_returns() {
+#[tokio::test]
+async fn appends_on_a_full_disk_fail_cleanly_and_resume_once_space_returns() {
     let disk = SmallDisk::new("8m");
     let data = disk.mount.join("data");
     let session = uuid::Uuid::now_v7();
     let log = SledLog::open(&data).unwrap();
     for seq in 1..=50 {
-        append_synced(&log, session, seq).unwrap();
+        append_synced(&log, session, seq).await.unwrap();
     }
     let filler = disk.fill();
     let mut acknowledged = 50;
     let error = loop {
-        match append_synced(&log, session, acknowledged + 1) {
+        match append_synced(&log, session, acknowledged + 1).await {
             Ok(()) => acknowledged += 1,
             Err(e) => break e,
         }
@@ -108,21 +108,23 @@ fn appends_on_a_full_disk_fail_cleanly_and_resume_once_space_returns() {
         .unwrap_or_default();
     assert!(source.contains("No space left on device"), "{source}");
     assert_eq!(
-        log.head(session).unwrap().seq,
+        log.head(session).await.unwrap().seq,
         acknowledged,
         "a failed append leaves no trace"
     );
     assert_eq!(
-        log.read(session, 1, u64::MAX).unwrap().len() as u64,
+        log.read(session, 1, u64::MAX).await.unwrap().len() as u64,
         acknowledged
     );
 
     std::fs::remove_file(filler).unwrap();
-    append_synced(&log, session, acknowledged + 1).unwrap();
+    append_synced(&log, session, acknowledged + 1)
+        .await
+        .unwrap();
     drop(log);
     let log = reopen(&data);
     assert_eq!(
-        log.verify(session).unwrap(),
+        log.verify(session).await.unwrap(),
         acknowledged + 1,
         "nothing acknowledged was lost"
     );
