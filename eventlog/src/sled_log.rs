@@ -878,7 +878,7 @@ fn open_sled(dir: &Path) -> Result<sled::Db, LogError> {
 }
 
 /// sled's settings for the data directory `dir`: zstd compression and
-/// [`SEGMENT_BYTES`] segments for a new one; for one sled already created,
+/// 64 KiB segments for a new one; for one sled already created,
 /// the compression and segment size it was created with (sled refuses to
 /// open a directory with others), read from its `conf` file. Anything that
 /// opens a data directory's sled itself must open it with these.

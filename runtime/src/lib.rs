@@ -1,5 +1,21 @@
 //! The mneme runtime: wires the log, the fold and the tools into an agent
 //! loop that can be killed at any instant and continued from its log.
+//!
+//! A program that embeds mneme opens a store (`eventlog::SledLog`, or
+//! `pglog::PgLog`), makes a [`service::Service`] over it, creates or
+//! [loads](service::Service::load) a [`Session`], posts messages
+//! ([`service::Service::post_message`]) and drives turns with a [`Runner`]
+//! until they end ([`TurnEnd`]). Every change is an event appended to the
+//! log first; a process killed at any instant continues from the log, and a
+//! side effect that committed never runs again.
+//!
+//! Tools are HTTP endpoints, commands, or Rust types implementing
+//! `tools::Tool` that the agent declares with `kind = "native"` and the
+//! program hands the runner ([`Runner::parts_with_native`]); see
+//! `examples/embed.rs`. Model servers speak OpenAI's chat completions or
+//! Anthropic's Messages API ([`model::ModelClient`]). The daemon's HTTP API
+//! is described by the types of [`api`]; log events are `tracing` events of
+//! target `mneme` ([`text`]).
 
 pub mod agent;
 mod anthropic;
