@@ -770,34 +770,30 @@ fn open_chunk(session: Uuid, chunk: &[Stored]) -> Checked {
 }
 
 /// Scans `stored` and checks every record (decoding and hashing it: that
-/// dominates replay). Long scans hand chunks to helper threads while this
-/// thread keeps scanning, then helps; the result is in scan order.
+/// dominates replay). Long scans hand chunks to rayon's pool while this
+/// thread keeps scanning; the result is in scan order.
 fn scan_and_open(
     session: Uuid,
     stored: impl Iterator<Item = Result<Stored, LogError>>,
     long: bool,
 ) -> Checked {
-    let helpers = std::thread::available_parallelism().map_or(1, |n| n.get().min(8)) - 1;
-    if !long || helpers == 0 {
+    if !long || rayon::current_num_threads() < 2 {
         let stored: Vec<Stored> = stored.collect::<Result<_, _>>()?;
         return open_chunk(session, &stored);
     }
-    let (jobs, queue) = mpsc::channel::<(usize, Vec<Stored>)>();
-    let queue = Mutex::new(queue);
+    // This thread scans sled; each full chunk is checked on rayon's pool
+    // meanwhile.
     let (done, results) = mpsc::channel::<(usize, Checked)>();
-    let work = |done: mpsc::Sender<(usize, Checked)>| loop {
-        let job = queue.lock().expect("queue lock").recv();
-        let Ok((index, chunk)) = job else { break };
-        let _ = done.send((index, open_chunk(session, &chunk)));
-    };
-    let (chunks, scan_error) = std::thread::scope(|scope| {
-        for _ in 0..helpers {
-            let done = done.clone();
-            scope.spawn(move || work(done));
-        }
+    let (chunks, scan_error) = rayon::in_place_scope(|scope| {
         let mut chunks = 0;
         let mut chunk = Vec::with_capacity(OPEN_CHUNK);
         let mut scan_error = None;
+        let check = |index: usize, chunk: Vec<Stored>| {
+            let done = done.clone();
+            scope.spawn(move |_| {
+                let _ = done.send((index, open_chunk(session, &chunk)));
+            });
+        };
         for item in stored {
             match item {
                 Ok(record) => chunk.push(record),
@@ -807,19 +803,20 @@ fn scan_and_open(
                 }
             }
             if chunk.len() == OPEN_CHUNK {
-                let full = std::mem::replace(&mut chunk, Vec::with_capacity(OPEN_CHUNK));
-                let _ = jobs.send((chunks, full));
+                check(
+                    chunks,
+                    std::mem::replace(&mut chunk, Vec::with_capacity(OPEN_CHUNK)),
+                );
                 chunks += 1;
             }
         }
         if !chunk.is_empty() {
-            let _ = jobs.send((chunks, chunk));
+            check(chunks, chunk);
             chunks += 1;
         }
-        drop(jobs);
-        work(done);
         (chunks, scan_error)
     });
+    drop(done);
     if let Some(e) = scan_error {
         return Err(e);
     }

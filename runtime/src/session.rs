@@ -71,43 +71,19 @@ pub async fn read_events(
 /// Below this many records, decoding on one thread is faster.
 const PARALLEL_DECODE_MIN: usize = 2048;
 
-/// Decodes records into (seq, event), on every core for long logs.
+/// Decodes records into (seq, event), on every core (rayon's pool) for
+/// long logs, in seq order.
 fn decode_all(records: Vec<Record>) -> Result<Vec<(u64, Event)>, RuntimeError> {
-    // Each worker owns its chunk and frees it as it goes, while it is hot.
-    let decode_chunk = |chunk: Vec<Record>| -> Result<Vec<(u64, Event)>, RuntimeError> {
-        chunk
-            .into_iter()
-            .map(|r| decode(&r).map(|e| (r.envelope.seq, e)))
-            .collect()
-    };
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
-    if records.len() < PARALLEL_DECODE_MIN || threads == 1 {
-        return decode_chunk(records);
+    use rayon::prelude::*;
+    let decode_one = |r: Record| decode(&r).map(|e| (r.envelope.seq, e));
+    if records.len() < PARALLEL_DECODE_MIN {
+        return records.into_iter().map(decode_one).collect();
     }
-    let total = records.len();
-    let chunk_len = total.div_ceil(threads);
-    let mut rest = records;
-    let mut chunks = Vec::with_capacity(threads);
-    while rest.len() > chunk_len {
-        let tail = rest.split_off(chunk_len);
-        chunks.push(std::mem::replace(&mut rest, tail));
-    }
-    chunks.push(rest);
-    let parts: Vec<_> = std::thread::scope(|scope| {
-        let handles: Vec<_> = chunks
-            .into_iter()
-            .map(|chunk| scope.spawn(move || decode_chunk(chunk)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("decoding does not panic"))
-            .collect()
-    });
-    let mut events = Vec::with_capacity(total);
-    for part in parts {
-        events.extend(part?);
-    }
-    Ok(events)
+    records
+        .into_par_iter()
+        .with_min_len(PARALLEL_DECODE_MIN / 2)
+        .map(decode_one)
+        .collect()
 }
 
 /// Decodes `tail` and folds it into `state`: a long tail (decoded on every
