@@ -227,7 +227,7 @@ async fn health() -> Json<Health> {
 async fn metrics(State(daemon): State<Shared>) -> impl IntoResponse {
     let running = daemon.running.load(std::sync::atomic::Ordering::SeqCst);
     let text = daemon.metrics.render(&daemon.status_counts(), running);
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+    ([(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)], text)
 }
 
 /// This document: the API's contract, generated from the daemon's code.
@@ -748,8 +748,8 @@ impl Follow {
         }
         Some(
             self.daemon
-                .metrics
-                .durable_head(self.id)
+                .heads
+                .made_here(self.id)
                 .map_or(head, |d| d.min(head)),
         )
     }

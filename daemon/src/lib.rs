@@ -12,6 +12,7 @@
 //! deadline, pauses those turns with a SessionPaused, checkpoints and exits 0.
 
 mod api;
+mod heads;
 mod http;
 mod metrics;
 mod openapi;
@@ -20,6 +21,7 @@ pub mod token;
 pub use metrics::Metrics;
 
 use eventlog::{Durability, EventLog};
+use heads::DurableHeads;
 use runtime::error::RuntimeError;
 use runtime::lease::HeldLease;
 use runtime::pause::{self, PAUSED_ON_REQUEST};
@@ -114,8 +116,8 @@ pub(crate) struct Daemon {
     shutting_down: Arc<AtomicBool>,
     running: AtomicUsize,
     idle: Notify,
-    /// (session, seq) each time a session's records up to seq are durable.
-    pub(crate) heads: broadcast::Sender<(Uuid, u64)>,
+    /// Each session's durable head, for live streams.
+    pub(crate) heads: Arc<DurableHeads>,
     /// (session, text) as streamed replies arrive (never recorded as such:
     /// the whole reply is).
     pub(crate) deltas: broadcast::Sender<(Uuid, Arc<str>)>,
@@ -201,7 +203,7 @@ impl Daemon {
         service: Service,
         config: DaemonConfig,
         metrics: Arc<Metrics>,
-        heads: broadcast::Sender<(Uuid, u64)>,
+        heads: Arc<DurableHeads>,
     ) -> Daemon {
         let shutting_down = Arc::new(AtomicBool::new(false));
         let pause_requests: Arc<Mutex<HashSet<Uuid>>> = Arc::default();
@@ -588,11 +590,14 @@ pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), R
             config.listen
         )));
     }
-    let (heads, _) = broadcast::channel(4096);
-    let metrics = Arc::new(Metrics::new(heads.clone()));
+    let metrics = Arc::new(Metrics::new());
+    let heads = Arc::new(DurableHeads::new());
     let service = Service::new(log, config.durability)
         .snapshot_every(config.snapshot_every)
-        .observed_by(metrics.clone());
+        .observed_by(Arc::new(heads::Observers(vec![
+            metrics.clone(),
+            heads.clone(),
+        ])));
     let daemon = Arc::new(Daemon::new(service, config.clone(), metrics, heads));
     let cannot_listen = |source| RuntimeError::Listen {
         addr: config.listen,
@@ -653,9 +658,10 @@ pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), R
 /// store run: their appends arrive as durable heads.
 fn follow_other_daemons(daemon: &Arc<Daemon>) {
     let heads = daemon.heads.clone();
-    daemon.service.log().follow(Arc::new(move |session, seq| {
-        let _ = heads.send((session, seq));
-    }));
+    daemon
+        .service
+        .log()
+        .follow(Arc::new(move |session, seq| heads.announce(session, seq)));
 }
 
 /// Tells CLI processes where the daemon is and where its token lives. The
