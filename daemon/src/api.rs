@@ -25,7 +25,7 @@ use runtime::views;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::sync::Arc;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -105,7 +105,7 @@ pub(crate) fn operations() -> utoipa::openapi::OpenApi {
 
 /// The routes, with the bearer-token check on all but `/health`, and every
 /// error answered as JSON.
-pub(crate) fn router(daemon: Shared, stopped: watch::Receiver<bool>) -> Router {
+pub(crate) fn router(daemon: Shared, stopped: CancellationToken) -> Router {
     let (guarded, _) = guarded_routes().split_for_parts();
     let guarded = guarded.layer(axum::middleware::from_fn_with_state(
         daemon.clone(),
@@ -186,7 +186,7 @@ struct CallPath {
 #[derive(Clone)]
 struct AppState {
     daemon: Shared,
-    stopped: watch::Receiver<bool>,
+    stopped: CancellationToken,
 }
 
 impl axum::extract::FromRef<AppState> for Shared {
@@ -225,9 +225,9 @@ async fn health() -> Json<Health> {
 #[utoipa::path(get, path = "/metrics",
     responses((status = 200, description = "Prometheus text format 0.0.4", body = String, content_type = "text/plain")))]
 async fn metrics(State(daemon): State<Shared>) -> impl IntoResponse {
-    let running = daemon.running.load(std::sync::atomic::Ordering::SeqCst);
+    let running = daemon.turns.len();
     let text = daemon.metrics.render(&daemon.status_counts(), running);
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+    ([(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)], text)
 }
 
 /// This document: the API's contract, generated from the daemon's code.
@@ -670,11 +670,11 @@ async fn deltas(State(state): State<AppState>, Path(id): Path<Uuid>) -> Result<R
     let stopped = state.stopped.clone();
     let stream = futures_util::stream::unfold(
         (receiver, text, stopped),
-        move |(mut receiver, text, mut stopped)| async move {
+        move |(mut receiver, text, stopped)| async move {
             loop {
                 let next = tokio::select! {
                     next = receiver.recv() => next,
-                    _ = stopped.wait_for(|stopped| *stopped) => return None,
+                    () = stopped.cancelled() => return None,
                 };
                 let event = match next {
                     Ok((session, piece)) if session == id => {
@@ -729,7 +729,7 @@ struct Follow {
     /// The durable head known: events up to it are read.
     target: u64,
     heads: tokio::sync::broadcast::Receiver<(Uuid, u64)>,
-    stopped: watch::Receiver<bool>,
+    stopped: CancellationToken,
     /// Rows of the page read last that pass the filter.
     buffer: VecDeque<Value>,
     keep: Box<dyn Fn(&Value) -> bool + Send + Sync>,
@@ -748,8 +748,8 @@ impl Follow {
         }
         Some(
             self.daemon
-                .metrics
-                .durable_head(self.id)
+                .heads
+                .made_here(self.id)
                 .map_or(head, |d| d.min(head)),
         )
     }
@@ -825,7 +825,7 @@ impl Follow {
                 }
                 let head = tokio::select! {
                     head = f.heads.recv() => head,
-                    _ = f.stopped.wait_for(|stopped| *stopped) => return None,
+                    () = f.stopped.cancelled() => return None,
                     // Another daemon's announcement may be lost: look anyway.
                     _ = tokio::time::sleep_until(f.next_look) => {
                         f.next_look = tokio::time::Instant::now() + LOOK_AT_HEAD_EVERY;

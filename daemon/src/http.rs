@@ -27,8 +27,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 /// What a client may hold of the daemon.
 #[derive(Debug, Clone, Copy)]
@@ -44,7 +45,7 @@ pub(crate) struct Limits {
 /// The shortest time between two reports of the cap, or of failing accepts.
 const REPORT_EVERY: Duration = Duration::from_secs(60);
 
-/// Serves `app` on `listener` within `limits` until `stop` turns true; then
+/// Serves `app` on `listener` within `limits` until `stop` is cancelled; then
 /// stops accepting, lets the requests under way finish (live streams end on
 /// `stop` too), closes the connections waiting for a request and returns
 /// once every connection is closed.
@@ -52,14 +53,14 @@ pub(crate) async fn serve(
     listener: TcpListener,
     app: Router,
     limits: Limits,
-    mut stop: watch::Receiver<bool>,
+    stop: CancellationToken,
 ) {
     let connections = Arc::new(Connections::new(limits.max_connections));
     let mut accept_failed = Every::default();
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
-            _ = stop.wait_for(|stop| *stop) => break,
+            () = stop.cancelled() => break,
         };
         let stream = match accepted {
             Ok((stream, _)) => stream,
@@ -123,7 +124,7 @@ async fn serve_connection(
     stream: TcpStream,
     app: Router,
     limits: Limits,
-    mut stop: watch::Receiver<bool>,
+    stop: CancellationToken,
 ) {
     let io = hyper_util::rt::TokioIo::new(Watched {
         stream,
@@ -146,7 +147,7 @@ async fn serve_connection(
                 }
             }
             () = connection.changed.notified() => {}
-            _ = stop.wait_for(|stop| *stop), if !stopping => {
+            () = stop.cancelled(), if !stopping => {
                 stopping = true;
                 served.as_mut().graceful_shutdown();
                 if connection.is_quiet() {

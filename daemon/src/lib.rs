@@ -12,6 +12,7 @@
 //! deadline, pauses those turns with a SessionPaused, checkpoints and exits 0.
 
 mod api;
+mod heads;
 mod http;
 mod metrics;
 mod openapi;
@@ -20,6 +21,7 @@ pub mod token;
 pub use metrics::Metrics;
 
 use eventlog::{Durability, EventLog};
+use heads::DurableHeads;
 use runtime::error::RuntimeError;
 use runtime::lease::HeldLease;
 use runtime::pause::{self, PAUSED_ON_REQUEST};
@@ -29,10 +31,11 @@ use runtime::snapshot::Summary;
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{broadcast, Notify};
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 /// Reason recorded when a shutdown pauses a turn; such sessions are resumed
@@ -111,11 +114,13 @@ pub(crate) struct Daemon {
     /// The turns under way (each listens for pause requests made through
     /// other processes).
     listening: Arc<pause::Listening>,
-    shutting_down: Arc<AtomicBool>,
-    running: AtomicUsize,
-    idle: Notify,
-    /// (session, seq) each time a session's records up to seq are durable.
-    pub(crate) heads: broadcast::Sender<(Uuid, u64)>,
+    /// Cancelled on SIGTERM or ctrl-c: no new turns, running ones pause at
+    /// their next step, live streams end.
+    pub(crate) shutdown: CancellationToken,
+    /// The turn tasks; a shutdown waits for them.
+    pub(crate) turns: TaskTracker,
+    /// Each session's durable head, for live streams.
+    pub(crate) heads: Arc<DurableHeads>,
     /// (session, text) as streamed replies arrive (never recorded as such:
     /// the whole reply is).
     pub(crate) deltas: broadcast::Sender<(Uuid, Arc<str>)>,
@@ -201,28 +206,25 @@ impl Daemon {
         service: Service,
         config: DaemonConfig,
         metrics: Arc<Metrics>,
-        heads: broadcast::Sender<(Uuid, u64)>,
+        heads: Arc<DurableHeads>,
     ) -> Daemon {
-        let shutting_down = Arc::new(AtomicBool::new(false));
+        let shutdown = CancellationToken::new();
         let pause_requests: Arc<Mutex<HashSet<Uuid>>> = Arc::default();
         let listening: Arc<pause::Listening> = Arc::default();
         let stop = {
-            let shutting_down = shutting_down.clone();
+            let shutdown = shutdown.clone();
             let pause_requests = pause_requests.clone();
             let listening = listening.clone();
             let log = service.log().clone();
             Arc::new(move |id: Uuid| {
                 // A person's pause wins: recovery must not resume it.
                 let asked_here = pause_requests.lock().expect("pause lock").remove(&id);
-                let (shutting_down, listening, log) =
-                    (shutting_down.clone(), listening.clone(), log.clone());
+                let (shutdown, listening, log) = (shutdown.clone(), listening.clone(), log.clone());
                 Box::pin(async move {
                     if asked_here || listening.asked(log.as_ref(), id).await {
                         return Some(PAUSED_ON_REQUEST.to_string());
                     }
-                    shutting_down
-                        .load(Ordering::SeqCst)
-                        .then(|| SHUTDOWN_REASON.to_string())
+                    shutdown.is_cancelled().then(|| SHUTDOWN_REASON.to_string())
                 }) as runtime::runner::StopFuture
             })
         };
@@ -246,9 +248,8 @@ impl Daemon {
             statuses: Mutex::default(),
             pause_requests,
             listening,
-            shutting_down,
-            running: AtomicUsize::new(0),
-            idle: Notify::new(),
+            shutdown,
+            turns: TaskTracker::new(),
             heads,
             hot: Mutex::default(),
         }
@@ -280,7 +281,7 @@ impl Daemon {
     }
 
     pub(crate) fn is_shutting_down(&self) -> bool {
-        self.shutting_down.load(Ordering::SeqCst)
+        self.shutdown.is_cancelled()
     }
 
     /// Asks the running turn of `id` to pause at its next step boundary;
@@ -347,8 +348,6 @@ impl Daemon {
     ) -> Result<TurnEnd, RuntimeError> {
         let lock = self.lock_for(id);
         let _turn = lock.lock().await;
-        self.running.fetch_add(1, Ordering::SeqCst);
-        let _running = RunningGuard(&self);
         let lease = match self.hold(id).await {
             Ok(lease) => lease,
             Err(e) => return Err(refuse_start(id, start, e)),
@@ -416,14 +415,14 @@ impl Daemon {
         end
     }
 
-    /// Starts a turn in the background.
+    /// Starts a turn in the background, tracked: a shutdown waits for it.
     pub(crate) fn spawn_turn(
         self: &Arc<Self>,
         id: Uuid,
         start: TurnStart,
     ) -> tokio::task::JoinHandle<Result<TurnEnd, RuntimeError>> {
         let daemon = self.clone();
-        tokio::spawn(async move {
+        self.turns.spawn(async move {
             let result = daemon.clone().turn(id, start).await;
             match &result {
                 // Another daemon runs it: nothing went wrong here.
@@ -471,8 +470,11 @@ impl Daemon {
     /// hold (earlier versions took leases for those), once and quietly.
     async fn take_over_lapsed(self: Arc<Self>) {
         let every = (self.config.lease_ttl / 2).min(LOOK_FOR_LAPSED_LEASES);
-        while !self.is_shutting_down() {
-            tokio::time::sleep(every).await;
+        loop {
+            tokio::select! {
+                () = self.shutdown.cancelled() => return,
+                () = tokio::time::sleep(every) => {}
+            }
             let lapsed = match self.service.log().expired_leases().await {
                 Ok(lapsed) => lapsed,
                 Err(e) => {
@@ -526,22 +528,14 @@ impl Daemon {
     }
 
     /// Stops taking turns, lets running ones pause at a step boundary, and
-    /// waits for them up to the grace period.
+    /// waits for them up to what is `left` of the grace period.
     async fn drain(&self, left: Duration) {
-        self.shutting_down.store(true, Ordering::SeqCst);
-        let waiting = async {
-            while self.running.load(Ordering::SeqCst) > 0 {
-                let notified = self.idle.notified();
-                if self.running.load(Ordering::SeqCst) == 0 {
-                    break;
-                }
-                notified.await;
-            }
-        };
-        if tokio::time::timeout(left, waiting).await.is_err() {
+        self.shutdown.cancel();
+        self.turns.close();
+        if tokio::time::timeout(left, self.turns.wait()).await.is_err() {
             runtime::warn_line!(
                 "mneme serve: {} turns still running after {:?}; their calls resume on the next start",
-                self.running.load(Ordering::SeqCst),
+                self.turns.len(),
                 self.config.shutdown_grace
             );
         }
@@ -568,16 +562,6 @@ fn refuse_start(id: Uuid, start: TurnStart, error: eventlog::LogError) -> Runtim
     RuntimeError::Log(error)
 }
 
-struct RunningGuard<'a>(&'a Daemon);
-
-impl Drop for RunningGuard<'_> {
-    fn drop(&mut self) {
-        if self.0.running.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.0.idle.notify_waiters();
-        }
-    }
-}
-
 /// Runs the daemon on `log` until SIGTERM or ctrl-c; returns after a clean
 /// shutdown.
 pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), RuntimeError> {
@@ -588,11 +572,14 @@ pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), R
             config.listen
         )));
     }
-    let (heads, _) = broadcast::channel(4096);
-    let metrics = Arc::new(Metrics::new(heads.clone()));
+    let metrics = Arc::new(Metrics::new());
+    let heads = Arc::new(DurableHeads::new());
     let service = Service::new(log, config.durability)
         .snapshot_every(config.snapshot_every)
-        .observed_by(metrics.clone());
+        .observed_by(Arc::new(heads::Observers(vec![
+            metrics.clone(),
+            heads.clone(),
+        ])));
     let daemon = Arc::new(Daemon::new(service, config.clone(), metrics, heads));
     let cannot_listen = |source| RuntimeError::Listen {
         addr: config.listen,
@@ -618,25 +605,21 @@ pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), R
     tokio::spawn(daemon.clone().recover());
     tokio::spawn(daemon.clone().take_over_lapsed());
     follow_other_daemons(&daemon);
-    let (stop_http, http_stopped) = tokio::sync::watch::channel(false);
-    let app = api::router(daemon.clone(), http_stopped.clone());
-    let stopping = daemon.clone();
+    let app = api::router(daemon.clone(), daemon.shutdown.clone());
+    let shutdown = daemon.shutdown.clone();
     tokio::spawn(async move {
         signals.wait().await;
         runtime::log_line!("mneme serve: shutting down");
         // Turns pause at their next step; live streams end; no new turns.
-        stopping.shutting_down.store(true, Ordering::SeqCst);
-        let _ = stop_http.send(true);
+        shutdown.cancel();
     });
     // One deadline for the whole shutdown: open requests and running turns
     // share the grace period.
     let grace = config.shutdown_grace;
     let stopping_since = tokio::select! {
-        () = http::serve(listener, app, limits, http_stopped) => std::time::Instant::now(),
+        () = http::serve(listener, app, limits, daemon.shutdown.clone()) => std::time::Instant::now(),
         since = async {
-            while !daemon.is_shutting_down() {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            daemon.shutdown.cancelled().await;
             let since = std::time::Instant::now();
             tokio::time::sleep(grace).await;
             since
@@ -653,9 +636,10 @@ pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), R
 /// store run: their appends arrive as durable heads.
 fn follow_other_daemons(daemon: &Arc<Daemon>) {
     let heads = daemon.heads.clone();
-    daemon.service.log().follow(Arc::new(move |session, seq| {
-        let _ = heads.send((session, seq));
-    }));
+    daemon
+        .service
+        .log()
+        .follow(Arc::new(move |session, seq| heads.announce(session, seq)));
 }
 
 /// Tells CLI processes where the daemon is and where its token lives. The

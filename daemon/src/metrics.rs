@@ -1,227 +1,230 @@
-//! The daemon's metrics, in Prometheus text format.
+//! The daemon's metrics, in the Prometheus text format (0.0.4), kept and
+//! rendered by `prometheus-client`.
 
 use eventlog::Record;
+use prometheus_client::encoding::prometheus_text;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 use replay::Event;
 use runtime::session::SessionObserver;
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
-use tokio::sync::broadcast;
 use uuid::Uuid;
+
+/// The `Content-Type` of `/metrics`.
+pub(crate) const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 
 /// Upper bounds of the latency histograms, in seconds.
 const BUCKETS: [f64; 12] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0,
 ];
 
-/// A latency histogram with fixed buckets.
-#[derive(Default)]
-struct Histogram {
-    counts: [AtomicU64; BUCKETS.len()],
-    total: AtomicU64,
-    sum_micros: AtomicU64,
-}
-
-impl Histogram {
-    fn observe(&self, took: Duration) {
-        let seconds = took.as_secs_f64();
-        if let Some(i) = BUCKETS.iter().position(|&b| seconds <= b) {
-            self.counts[i].fetch_add(1, Ordering::Relaxed);
-        }
-        self.total.fetch_add(1, Ordering::Relaxed);
-        self.sum_micros
-            .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
-    }
-
-    fn render(&self, out: &mut String, name: &str, help: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        let mut cumulative = 0;
-        for (bound, count) in BUCKETS.iter().zip(&self.counts) {
-            cumulative += count.load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
-        }
-        let total = self.total.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {total}");
-        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {total}");
-    }
-}
-
-/// Counters and histograms of the daemon; also the observer that publishes
-/// each session's durable head to live event streams.
+/// Counters and histograms of the daemon, told what sessions append and
+/// make durable. (Counters are registered without their `_total`, which
+/// the encoder adds; help texts without their final period, likewise.)
 pub struct Metrics {
-    events_appended: AtomicU64,
-    prompt_tokens: AtomicU64,
-    cached_tokens: AtomicU64,
-    barriers: AtomicU64,
-    recovered: AtomicU64,
+    registry: Registry,
+    events_appended: Counter,
+    prompt_tokens: Counter,
+    cached_tokens: Counter,
+    flushes: Counter,
+    recovered: Counter,
     flush_latency: Histogram,
     model_latency: Histogram,
     first_token_latency: Histogram,
     tool_latency: Histogram,
-    heads: broadcast::Sender<(Uuid, u64)>,
-    /// The last seq made durable in this process, by session.
-    durable_heads: std::sync::Mutex<std::collections::HashMap<Uuid, u64>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics::new()
+    }
 }
 
 impl Metrics {
-    /// Metrics that publish durable heads on `heads`.
-    pub fn new(heads: broadcast::Sender<(Uuid, u64)>) -> Metrics {
-        Metrics {
-            events_appended: AtomicU64::new(0),
-            prompt_tokens: AtomicU64::new(0),
-            cached_tokens: AtomicU64::new(0),
-            barriers: AtomicU64::new(0),
-            recovered: AtomicU64::new(0),
-            flush_latency: Histogram::default(),
-            model_latency: Histogram::default(),
-            first_token_latency: Histogram::default(),
-            tool_latency: Histogram::default(),
-            heads,
-            durable_heads: Default::default(),
+    /// Every metric at zero.
+    pub fn new() -> Metrics {
+        let histogram = || Histogram::new(BUCKETS);
+        let metrics = Metrics {
+            registry: Registry::default(),
+            events_appended: Counter::default(),
+            prompt_tokens: Counter::default(),
+            cached_tokens: Counter::default(),
+            flushes: Counter::default(),
+            recovered: Counter::default(),
+            flush_latency: histogram(),
+            model_latency: histogram(),
+            first_token_latency: histogram(),
+            tool_latency: histogram(),
+        };
+        let mut registry = Registry::default();
+        for (name, help, counter) in [
+            (
+                "mneme_events_appended",
+                "Events appended to the log",
+                &metrics.events_appended,
+            ),
+            (
+                "mneme_flushes",
+                "Durability barriers that waited for the disk",
+                &metrics.flushes,
+            ),
+            (
+                "mneme_sessions_recovered",
+                "Sessions resumed by recovery on start",
+                &metrics.recovered,
+            ),
+            (
+                "mneme_prompt_tokens",
+                "Prompt tokens the model servers reported",
+                &metrics.prompt_tokens,
+            ),
+            (
+                "mneme_cached_prompt_tokens",
+                "Prompt tokens served from the servers' prefix caches",
+                &metrics.cached_tokens,
+            ),
+        ] {
+            registry.register(name, help, counter.clone());
         }
-    }
-
-    /// The last seq of `session` a barrier in this process made durable;
-    /// `None` if no turn ran here (then every record is durable: opening the
-    /// log checkpointed it).
-    pub fn durable_head(&self, session: Uuid) -> Option<u64> {
-        self.durable_heads
-            .lock()
-            .expect("heads")
-            .get(&session)
-            .copied()
+        for (name, help, histogram) in [
+            (
+                "mneme_flush_latency_seconds",
+                "Time a durability barrier took",
+                &metrics.flush_latency,
+            ),
+            (
+                "mneme_model_latency_seconds",
+                "Time from model request to reply",
+                &metrics.model_latency,
+            ),
+            (
+                "mneme_model_first_token_seconds",
+                "Time from model request to the first token of a streamed reply",
+                &metrics.first_token_latency,
+            ),
+            (
+                "mneme_tool_latency_seconds",
+                "Time a tool call ran",
+                &metrics.tool_latency,
+            ),
+        ] {
+            registry.register(name, help, histogram.clone());
+        }
+        Metrics {
+            registry,
+            ..metrics
+        }
     }
 
     /// One more session resumed by recovery.
     pub fn recovered(&self) {
-        self.recovered.fetch_add(1, Ordering::Relaxed);
+        self.recovered.inc();
     }
 
     /// Sessions resumed by recovery so far.
     pub fn recovered_count(&self) -> u64 {
-        self.recovered.load(Ordering::Relaxed)
+        self.recovered.get()
     }
 
-    /// The metrics in Prometheus text format.
-    pub fn render(
-        &self,
-        sessions: &std::collections::HashMap<String, usize>,
-        running_turns: usize,
-    ) -> String {
-        let mut out = String::new();
-        let counter = |out: &mut String, name: &str, help: &str, value: u64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
-            );
-        };
-        let _ = writeln!(
-            out,
-            "# HELP mneme_sessions Sessions by status.\n# TYPE mneme_sessions gauge"
-        );
-        let mut statuses: Vec<_> = sessions.iter().collect();
-        statuses.sort();
-        for (status, count) in statuses {
-            let _ = writeln!(out, "mneme_sessions{{status=\"{status}\"}} {count}");
+    /// The metrics in the Prometheus text format: the gauges of this moment
+    /// (sessions by status, turns running, the prefix cache's hit ratio),
+    /// then the counters and histograms.
+    pub fn render(&self, sessions: &HashMap<String, usize>, running_turns: usize) -> String {
+        let mut now = Registry::default();
+        let by_status = Family::<[(&'static str, String); 1], Gauge>::default();
+        for (status, count) in sessions {
+            by_status
+                .get_or_create(&[("status", status.clone())])
+                .set(*count as i64);
         }
-        let _ = writeln!(out, "# HELP mneme_turns_running Turns running now.\n# TYPE mneme_turns_running gauge\nmneme_turns_running {running_turns}");
-        counter(
-            &mut out,
-            "mneme_events_appended_total",
-            "Events appended to the log.",
-            self.events_appended.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut out,
-            "mneme_flushes_total",
-            "Durability barriers that waited for the disk.",
-            self.barriers.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut out,
-            "mneme_sessions_recovered_total",
-            "Sessions resumed by recovery on start.",
-            self.recovered_count(),
-        );
-        let prompt = self.prompt_tokens.load(Ordering::Relaxed);
-        let cached = self.cached_tokens.load(Ordering::Relaxed);
-        counter(
-            &mut out,
-            "mneme_prompt_tokens_total",
-            "Prompt tokens the model servers reported.",
-            prompt,
-        );
-        counter(
-            &mut out,
-            "mneme_cached_prompt_tokens_total",
-            "Prompt tokens served from the servers' prefix caches.",
-            cached,
-        );
-        let ratio = if prompt == 0 {
+        now.register("mneme_sessions", "Sessions by status", by_status);
+        let running = Gauge::<i64>::default();
+        running.set(running_turns as i64);
+        now.register("mneme_turns_running", "Turns running now", running);
+        let (prompt, cached) = (self.prompt_tokens.get(), self.cached_tokens.get());
+        let ratio = Gauge::<f64, AtomicU64>::default();
+        ratio.set(if prompt == 0 {
             0.0
         } else {
             cached as f64 / prompt as f64
-        };
-        let _ = writeln!(out, "# HELP mneme_prefix_cache_hit_ratio Cached share of prompt tokens since start.\n# TYPE mneme_prefix_cache_hit_ratio gauge\nmneme_prefix_cache_hit_ratio {ratio}");
-        self.flush_latency.render(
-            &mut out,
-            "mneme_flush_latency_seconds",
-            "Time a durability barrier took.",
+        });
+        now.register(
+            "mneme_prefix_cache_hit_ratio",
+            "Cached share of prompt tokens since start",
+            ratio,
         );
-        self.model_latency.render(
-            &mut out,
-            "mneme_model_latency_seconds",
-            "Time from model request to reply.",
-        );
-        self.first_token_latency.render(
-            &mut out,
-            "mneme_model_first_token_seconds",
-            "Time from model request to the first token of a streamed reply.",
-        );
-        self.tool_latency.render(
-            &mut out,
-            "mneme_tool_latency_seconds",
-            "Time a tool call ran.",
-        );
+        let mut out = String::new();
+        prometheus_text::encode(&mut out, &now).expect("a String takes any text");
+        prometheus_text::encode(&mut out, &self.registry).expect("a String takes any text");
         out
     }
 }
 
 impl SessionObserver for Metrics {
     fn appended(&self, records: &[Record], events: &[Event]) {
-        self.events_appended
-            .fetch_add(records.len() as u64, Ordering::Relaxed);
+        self.events_appended.inc_by(records.len() as u64);
         for event in events {
             match event {
                 Event::ModelReplied(reply) => {
                     self.model_latency
-                        .observe(Duration::from_millis(reply.latency_ms));
+                        .observe(Duration::from_millis(reply.latency_ms).as_secs_f64());
                     if reply.first_token_ms > 0 {
                         self.first_token_latency
-                            .observe(Duration::from_millis(reply.first_token_ms));
+                            .observe(Duration::from_millis(reply.first_token_ms).as_secs_f64());
                     }
-                    self.prompt_tokens
-                        .fetch_add(reply.usage.prompt_tokens, Ordering::Relaxed);
-                    self.cached_tokens
-                        .fetch_add(reply.usage.cached_tokens, Ordering::Relaxed);
+                    self.prompt_tokens.inc_by(reply.usage.prompt_tokens);
+                    self.cached_tokens.inc_by(reply.usage.cached_tokens);
                 }
                 Event::ToolFinished { duration_ms, .. } => self
                     .tool_latency
-                    .observe(Duration::from_millis(*duration_ms)),
+                    .observe(Duration::from_millis(*duration_ms).as_secs_f64()),
                 _ => {}
             }
         }
     }
 
-    fn durable(&self, session: Uuid, seq: u64, took: Duration) {
-        self.durable_heads
-            .lock()
-            .expect("heads")
-            .insert(session, seq);
-        self.barriers.fetch_add(1, Ordering::Relaxed);
-        self.flush_latency.observe(took);
-        // Nobody listening is fine.
-        let _ = self.heads.send((session, seq));
+    fn durable(&self, _session: Uuid, _seq: u64, took: Duration) {
+        self.flushes.inc();
+        self.flush_latency.observe(took.as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names, types and values the tests and dashboards read.
+    #[test]
+    fn renders_the_names_it_always_had() {
+        let metrics = Metrics::new();
+        metrics.recovered();
+        metrics.durable(Uuid::nil(), 3, Duration::from_millis(2));
+        let sessions = HashMap::from([("idle".to_string(), 2)]);
+        let text = metrics.render(&sessions, 1);
+        for line in [
+            "# TYPE mneme_sessions gauge",
+            "mneme_sessions{status=\"idle\"} 2",
+            "mneme_turns_running 1",
+            "# HELP mneme_events_appended_total Events appended to the log.",
+            "# TYPE mneme_events_appended_total counter",
+            "mneme_events_appended_total 0",
+            "mneme_flushes_total 1",
+            "mneme_sessions_recovered_total 1",
+            "mneme_prompt_tokens_total 0",
+            "mneme_cached_prompt_tokens_total 0",
+            "mneme_prefix_cache_hit_ratio 0.0",
+            "# TYPE mneme_flush_latency_seconds histogram",
+            "mneme_flush_latency_seconds_bucket{le=\"+Inf\"} 1",
+            "mneme_flush_latency_seconds_count 1",
+            "# TYPE mneme_tool_latency_seconds histogram",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+        assert!(!text.contains("# EOF"), "{text}");
     }
 }
