@@ -8,7 +8,7 @@
 
 use crate::crash;
 use crate::error::RuntimeError;
-use crate::model::{client_for, ModelClient, ModelError};
+use crate::model::{client_for, ModelCall, ModelClient, ModelError};
 use crate::session::Session;
 use eventlog::Durability;
 use replay::{
@@ -240,7 +240,11 @@ impl Runner {
             .clone()
             .map(|sink| Box::new(move |text: &str| sink(id, text)) as Box<crate::model::Deltas>);
         let reply = model
-            .complete(session.state(), &request, deltas.as_deref())
+            .complete(
+                ModelCall::next(session.state()),
+                &request,
+                deltas.as_deref(),
+            )
             .await;
         Ok(reply.map(|reply| (request, reply)))
     }
@@ -369,7 +373,10 @@ impl Runner {
         )?;
         let cause = session.state().last_seq;
         let request = replay::PreparedRequest::whole(request);
-        let reply = match model.complete(session.state(), &request, None).await {
+        let reply = match model
+            .complete(ModelCall::next(session.state()), &request, None)
+            .await
+        {
             Ok(reply) => reply,
             Err(error) => {
                 let outcome = SessionOutcome::Failed(format!("compacting the prompt: {error}"));
