@@ -11,7 +11,7 @@ use daemon::DAEMON_FILE;
 use runtime::agent::load_agent_file;
 use runtime::api::{
     self, Approve, CreateSession, Created, DecisionAnswer, PostMessage, ReplayView, Resolve,
-    Resume, SessionStatus, SessionSummary, TurnOutcome, Verified,
+    Resume, SessionSummary, TurnOutcome, Verified,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -91,28 +91,20 @@ impl Client {
         answer(path, self.call(request).await?).await
     }
 
-    /// Ids of the sessions whose status (with `paused-unattended` for a pause
-    /// no person has to end) `keep` accepts.
-    async fn session_ids(&self, keep: impl Fn(&str) -> bool) -> Result<Vec<Uuid>> {
+    /// Ids of the sessions whose row `keep` accepts.
+    async fn session_ids(&self, keep: impl Fn(&SessionSummary) -> bool) -> Result<Vec<Uuid>> {
         let rows: Vec<SessionSummary> = self.get("/sessions").await?;
         Ok(rows
             .into_iter()
-            .filter_map(|r| {
-                // Paused waiting for a person is not "pending work" for resume.
-                let status = match (r.status, r.waits_for_a_person) {
-                    (SessionStatus::Paused, Some(false)) => "paused-unattended",
-                    (status, _) => status.as_str(),
-                };
-                keep(status).then_some(r.session)
-            })
+            .filter_map(|r| keep(&r).then_some(r.session))
             .collect())
     }
 
-    /// `one` if given, else every session whose status `keep` accepts.
+    /// `one` if given, else every session whose row `keep` accepts.
     async fn this_or_every(
         &self,
         one: Option<Uuid>,
-        keep: impl Fn(&str) -> bool,
+        keep: impl Fn(&SessionSummary) -> bool,
     ) -> Result<Vec<Uuid>> {
         match one {
             Some(id) => Ok(vec![id]),
@@ -218,8 +210,9 @@ impl Client {
                 crate::commands::report_end(id, &end, a.json.json, streamed)
             }
             Command::Resume(a) => {
-                let pending =
-                    |status: &str| matches!(status, "running" | "failed" | "paused-unattended");
+                // The daemon says which sessions have pending work no
+                // person has to decide on.
+                let pending = |r: &SessionSummary| r.resumable == Some(true);
                 let ids = self.this_or_every(a.session, pending).await?;
                 let mut worst = ExitCode::SUCCESS;
                 for id in ids {

@@ -332,7 +332,9 @@ async fn get_session(
         summary: views::summary_of(&meta, &summary),
         answer: session.state().answer().map(String::from),
         running_on: log.lease(id).await?.map(|lease| lease.owner),
-        in_doubt: runtime::runner::in_doubt(&session)
+        in_doubt: session
+            .state()
+            .calls_in_doubt()
             .into_iter()
             .map(|(call_id, reason)| wire::InDoubtCall { call_id, reason })
             .collect(),

@@ -82,6 +82,40 @@ impl std::fmt::Display for Status {
     }
 }
 
+impl Status {
+    /// Whether a session of this status has pending work that no person
+    /// has to decide on (`waits_for_a_person`, see
+    /// [`SessionState::waits_for_a_person`]): it is running, failed, or
+    /// paused with nothing waiting for a person. The one answer to
+    /// "resumable", for a state and for a stored summary alike.
+    pub fn resumable(self, waits_for_a_person: bool) -> bool {
+        match self {
+            Status::Running | Status::Failed => true,
+            Status::Paused => !waits_for_a_person,
+            Status::Empty | Status::Idle | Status::Cancelled => false,
+        }
+    }
+}
+
+impl std::str::FromStr for Status {
+    type Err = String;
+
+    /// The status its [`Display`](std::fmt::Display) names.
+    fn from_str(s: &str) -> Result<Status, String> {
+        [
+            Status::Empty,
+            Status::Running,
+            Status::Idle,
+            Status::Paused,
+            Status::Failed,
+            Status::Cancelled,
+        ]
+        .into_iter()
+        .find(|status| status.to_string() == s)
+        .ok_or_else(|| format!("unknown status {s:?}"))
+    }
+}
+
 /// Sums across every model request of the session, all attempts included.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct Totals {
@@ -366,6 +400,52 @@ impl SessionState {
         }
     }
 
+    /// Calls of the latest reply in doubt, waiting for a person's
+    /// decision: their ids and why.
+    pub fn calls_in_doubt(&self) -> Vec<(String, String)> {
+        self.open_calls()
+            .iter()
+            .filter_map(|c| match &c.phase {
+                CallPhase::InDoubt(reason) => Some((c.call.id.clone(), reason.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Calls of the latest reply waiting for a person's approval: their ids
+    /// and tools.
+    pub fn calls_awaiting_approval(&self) -> Vec<(String, String)> {
+        self.open_calls()
+            .iter()
+            .filter(|c| c.phase == CallPhase::AwaitingApproval)
+            .map(|c| (c.call.id.clone(), c.call.name.clone()))
+            .collect()
+    }
+
+    /// Whether a call waits for a person: one in doubt (a decision) or one
+    /// waiting for an approval. The one answer to "which calls wait for a
+    /// person"; [`SessionState::calls_in_doubt`] and
+    /// [`SessionState::calls_awaiting_approval`] list them.
+    pub fn a_call_waits_for_a_person(&self) -> bool {
+        self.open_calls()
+            .iter()
+            .any(|c| matches!(c.phase, CallPhase::InDoubt(_) | CallPhase::AwaitingApproval))
+    }
+
+    /// Whether the session waits for a person: it is paused and a call waits
+    /// for one, or it spent a budget (only a resume that extends it
+    /// continues it, never recovery or a resume of every session).
+    pub fn waits_for_a_person(&self) -> bool {
+        self.status() == Status::Paused && (self.budget_paused || self.a_call_waits_for_a_person())
+    }
+
+    /// Whether the session has pending work that no person has to decide
+    /// on, so a resume of every session takes it up: see
+    /// [`Status::resumable`].
+    pub fn resumable(&self) -> bool {
+        self.status().resumable(self.waits_for_a_person())
+    }
+
     /// Seq of the latest reply, if the latest entry is a reply.
     pub fn latest_reply_seq(&self) -> Option<u64> {
         match self.entries.last() {
@@ -451,11 +531,7 @@ impl SessionState {
         if self.failed.is_some() {
             return Status::Failed;
         }
-        let in_doubt = self
-            .open_calls()
-            .iter()
-            .any(|c| matches!(c.phase, CallPhase::InDoubt(_) | CallPhase::AwaitingApproval));
-        if self.paused.is_some() || in_doubt {
+        if self.paused.is_some() || self.a_call_waits_for_a_person() {
             return Status::Paused;
         }
         match self.entries.last() {

@@ -445,6 +445,10 @@ pub struct SessionSummary {
     /// spent budget for `resume` with `extend`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waits_for_a_person: Option<bool>,
+    /// Whether it has pending work that no person has to decide on: what a
+    /// resume of every session takes up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumable: Option<bool>,
     /// Whether the token limit cut the last answer off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answer_cut_off: Option<bool>,

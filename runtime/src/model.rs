@@ -96,14 +96,32 @@ impl ModelError {
     }
 }
 
+/// Which model request of its session a [`ModelClient::complete`] is: all
+/// a client learns of the session besides the request itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelCall {
+    /// Model requests of the session answered before this one (every
+    /// attempt and compaction counted): this one's number, from 0.
+    pub index: u64,
+}
+
+impl ModelCall {
+    /// The next model request of the session in `state`.
+    pub fn next(state: &SessionState) -> ModelCall {
+        ModelCall {
+            index: state.totals.model_calls,
+        }
+    }
+}
+
 /// A source of model replies.
 #[async_trait]
 pub trait ModelClient: Send + Sync {
-    /// Sends `request` (built from `state`) and returns the reply; a
+    /// Sends `request` (the session's `call`-th) and returns the reply; a
     /// streamed reply's text goes to `deltas` as it arrives.
     async fn complete(
         &self,
-        state: &SessionState,
+        call: ModelCall,
         request: &PreparedRequest,
         deltas: Option<&Deltas>,
     ) -> Result<ModelReply, ModelError>;
@@ -373,7 +391,7 @@ fn snippet(text: &str) -> String {
 impl ModelClient for HttpModelClient {
     async fn complete(
         &self,
-        _state: &SessionState,
+        _call: ModelCall,
         request: &PreparedRequest,
         deltas: Option<&Deltas>,
     ) -> Result<ModelReply, ModelError> {
@@ -585,11 +603,11 @@ impl ScriptedClient {
 impl ModelClient for ScriptedClient {
     async fn complete(
         &self,
-        state: &SessionState,
+        call: ModelCall,
         request: &PreparedRequest,
         _deltas: Option<&Deltas>,
     ) -> Result<ModelReply, ModelError> {
-        let index = state.totals.model_calls as usize;
+        let index = call.index as usize;
         let scripted = self.replies.get(index).ok_or_else(|| ModelError::Script {
             path: self.path.clone(),
             reason: format!(

@@ -8,12 +8,11 @@
 
 use crate::crash;
 use crate::error::RuntimeError;
-use crate::model::{client_for, ModelClient, ModelError};
+use crate::model::{client_for, ModelCall, ModelClient, ModelError};
 use crate::session::Session;
 use eventlog::Durability;
 use replay::{
-    idempotency_key, plan, CallDecision, CallPhase, CallPlan, Event, NextStep, SessionOutcome,
-    ToolOutcome,
+    idempotency_key, plan, CallDecision, CallPlan, Event, NextStep, SessionOutcome, ToolOutcome,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -194,13 +193,17 @@ impl Runner {
                     self.fail_on_refused_record(session, step).await?
                 }
                 // A pause with calls in doubt is theirs: only a decision ends it.
-                NextStep::AwaitDecision | NextStep::Paused(_) if !in_doubt(session).is_empty() => {
-                    return Ok(TurnEnd::NeedsDecision(in_doubt(session)))
+                NextStep::AwaitDecision | NextStep::Paused(_)
+                    if !session.state().calls_in_doubt().is_empty() =>
+                {
+                    return Ok(TurnEnd::NeedsDecision(session.state().calls_in_doubt()))
                 }
                 NextStep::AwaitDecision | NextStep::Paused(_)
-                    if !awaiting_approval(session).is_empty() =>
+                    if !session.state().calls_awaiting_approval().is_empty() =>
                 {
-                    return Ok(TurnEnd::NeedsApproval(awaiting_approval(session)))
+                    return Ok(TurnEnd::NeedsApproval(
+                        session.state().calls_awaiting_approval(),
+                    ))
                 }
                 NextStep::AwaitDecision => return Ok(TurnEnd::NeedsDecision(Vec::new())),
                 NextStep::Paused(reason) if session.state().budget_paused => {
@@ -237,7 +240,11 @@ impl Runner {
             .clone()
             .map(|sink| Box::new(move |text: &str| sink(id, text)) as Box<crate::model::Deltas>);
         let reply = model
-            .complete(session.state(), &request, deltas.as_deref())
+            .complete(
+                ModelCall::next(session.state()),
+                &request,
+                deltas.as_deref(),
+            )
             .await;
         Ok(reply.map(|reply| (request, reply)))
     }
@@ -366,7 +373,10 @@ impl Runner {
         )?;
         let cause = session.state().last_seq;
         let request = replay::PreparedRequest::whole(request);
-        let reply = match model.complete(session.state(), &request, None).await {
+        let reply = match model
+            .complete(ModelCall::next(session.state()), &request, None)
+            .await
+        {
             Ok(reply) => reply,
             Err(error) => {
                 let outcome = SessionOutcome::Failed(format!("compacting the prompt: {error}"));
@@ -446,8 +456,8 @@ impl Runner {
         }
         // Pause for the calls that wait for a person once nothing else is
         // left to run.
-        let mut doubtful = in_doubt(session);
-        doubtful.extend(awaiting_approval(session));
+        let mut doubtful = session.state().calls_in_doubt();
+        doubtful.extend(session.state().calls_awaiting_approval());
         let runnable = plan(session.state())
             .calls
             .iter()
@@ -636,34 +646,4 @@ fn finish_event(
              so whether it took effect is unknown"
         ))),
     }
-}
-
-/// Calls of the latest reply that wait for a person, with the reason.
-/// Calls of the latest reply that wait for a person's approval, with their tool.
-pub fn awaiting_approval(session: &Session) -> Vec<(String, String)> {
-    session
-        .state()
-        .open_calls()
-        .iter()
-        .filter(|c| c.phase == CallPhase::AwaitingApproval)
-        .map(|c| (c.call.id.clone(), c.call.name.clone()))
-        .collect()
-}
-
-/// Whether any call waits for a person (a decision or an approval).
-pub fn waits_for_a_person(session: &Session) -> bool {
-    !in_doubt(session).is_empty() || !awaiting_approval(session).is_empty()
-}
-
-/// Calls of the latest reply that are in doubt, with the reason.
-pub fn in_doubt(session: &Session) -> Vec<(String, String)> {
-    session
-        .state()
-        .open_calls()
-        .iter()
-        .filter_map(|c| match &c.phase {
-            CallPhase::InDoubt(reason) => Some((c.call.id.clone(), reason.clone())),
-            _ => None,
-        })
-        .collect()
 }

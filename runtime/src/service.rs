@@ -2,7 +2,7 @@
 //! both obey the same rules and report the same data.
 
 use crate::error::RuntimeError;
-use crate::runner::{awaiting_approval, in_doubt, waits_for_a_person, Runner};
+use crate::runner::Runner;
 use crate::session::read_events;
 use crate::session::{Session, SessionObserver};
 use crate::snapshot::{self, Summary};
@@ -131,7 +131,7 @@ impl Service {
         let state = session.state();
         let stopped = state.paused.is_some() || state.failed.is_some();
         let budget_holds = state.budget_paused && !extend_budget;
-        if !stopped || budget_holds || waits_for_a_person(session) {
+        if !stopped || budget_holds || state.a_call_waits_for_a_person() {
             return Ok(false);
         }
         let event = Event::SessionResumed {
@@ -165,7 +165,7 @@ impl Service {
         self.decide(
             session,
             call_id,
-            in_doubt(session),
+            session.state().calls_in_doubt(),
             "is not in doubt",
             decision,
             by,
@@ -187,7 +187,7 @@ impl Service {
             approved,
             by: by.into(),
         };
-        let waiting = awaiting_approval(session);
+        let waiting = session.state().calls_awaiting_approval();
         self.decide(
             session,
             call_id,
@@ -222,7 +222,8 @@ impl Service {
                 reason: format!("call {call_id:?} {refusal} (waiting: {open})"),
             });
         }
-        let all_waiting = in_doubt(session).len() + awaiting_approval(session).len();
+        let all_waiting = session.state().calls_in_doubt().len()
+            + session.state().calls_awaiting_approval().len();
         let last = all_waiting == 1;
         let mut events = vec![decision];
         if last {
@@ -350,10 +351,7 @@ impl Service {
     pub async fn resumable(&self) -> Result<Vec<Uuid>, RuntimeError> {
         let mut out = Vec::new();
         for (meta, summary) in self.listing().await? {
-            let summary = summary?;
-            let pending = matches!(summary.status.as_str(), "running" | "failed")
-                || (summary.status == "paused" && !summary.waits_for_a_person);
-            if pending {
+            if summary?.resumable() {
                 out.push(meta.session);
             }
         }

@@ -146,16 +146,6 @@ pub struct Summary {
 impl Summary {
     /// The summary of `state`.
     pub fn of(state: &SessionState) -> Summary {
-        // A spent budget waits for a person too: only `resume --extend`
-        // continues it, never recovery or `resume --all`.
-        let waits = state.status() == Status::Paused
-            && (state.budget_paused
-                || state.open_calls().iter().any(|c| {
-                    matches!(
-                        c.phase,
-                        replay::CallPhase::InDoubt(_) | replay::CallPhase::AwaitingApproval
-                    )
-                }));
         let prompt_tokens_last = state
             .entries
             .iter()
@@ -179,10 +169,20 @@ impl Summary {
                 .map_or(String::new(), |s| s.name.clone()),
             status: state.status().to_string(),
             paused: state.paused.clone(),
-            waits_for_a_person: waits,
+            waits_for_a_person: state.waits_for_a_person(),
             totals: state.totals,
             answer_cut_off: state.answer().is_some() && crate::runner::last_reply_cut_off(state),
         }
+    }
+}
+
+impl Summary {
+    /// Whether the session has pending work that no person has to decide
+    /// on ([`replay::Status::resumable`]).
+    pub fn resumable(&self) -> bool {
+        self.status
+            .parse::<Status>()
+            .is_ok_and(|status| status.resumable(self.waits_for_a_person))
     }
 }
 
