@@ -148,11 +148,8 @@ impl Runner {
         match setup {
             Ok((model, toolbox)) => Ok(TurnParts { model, toolbox }),
             Err(error) => {
-                let outcome = SessionOutcome::Failed(error.to_string());
-                session
-                    .append(vec![Event::SessionFinished { outcome }], None)
+                self.record_failure(session, None, error.to_string())
                     .await?;
-                session.barrier(self.durability).await?;
                 Err(error)
             }
         }
@@ -249,6 +246,21 @@ impl Runner {
         Ok(reply.map(|reply| (request, reply)))
     }
 
+    /// Records that the turn failed, for `reason`, and makes it durable:
+    /// the session shows failed, and only an explicit resume runs it again.
+    async fn record_failure(
+        &self,
+        session: &mut Session,
+        cause: Option<u64>,
+        reason: String,
+    ) -> Result<(), RuntimeError> {
+        let outcome = SessionOutcome::Failed(reason);
+        session
+            .append(vec![Event::SessionFinished { outcome }], cause)
+            .await?;
+        session.barrier(self.durability).await
+    }
+
     /// A record the log refused for its size (an output or a reply past
     /// what one record holds) would be refused again on every retry: the
     /// turn is recorded as failed, so nothing (recovery, a takeover) runs
@@ -261,11 +273,8 @@ impl Runner {
         let Err(error @ RuntimeError::Log(eventlog::LogError::RecordTooLarge { .. })) = step else {
             return step;
         };
-        let outcome = SessionOutcome::Failed(error.to_string());
-        session
-            .append(vec![Event::SessionFinished { outcome }], None)
+        self.record_failure(session, None, error.to_string())
             .await?;
-        session.barrier(self.durability).await?;
         Err(error)
     }
 
@@ -295,11 +304,8 @@ impl Runner {
         let (request, mut reply) = match asked {
             Ok(asked) => asked,
             Err(error) => {
-                let outcome = SessionOutcome::Failed(error.to_string());
-                session
-                    .append(vec![Event::SessionFinished { outcome }], Some(cause))
+                self.record_failure(session, Some(cause), error.to_string())
                     .await?;
-                session.barrier(self.durability).await?;
                 return Err(error.into());
             }
         };
@@ -322,11 +328,8 @@ impl Runner {
                     .max_tokens
                     .map(|l| l.saturating_mul(2)),
             };
-            let outcome = SessionOutcome::Failed(error.to_string());
-            session
-                .append(vec![Event::SessionFinished { outcome }], Some(cause))
+            self.record_failure(session, Some(cause), error.to_string())
                 .await?;
-            session.barrier(self.durability).await?;
             return Err(error.into());
         }
         crash::point("model_reply_appended");
@@ -379,11 +382,12 @@ impl Runner {
         {
             Ok(reply) => reply,
             Err(error) => {
-                let outcome = SessionOutcome::Failed(format!("compacting the prompt: {error}"));
-                session
-                    .append(vec![Event::SessionFinished { outcome }], Some(cause))
-                    .await?;
-                session.barrier(self.durability).await?;
+                self.record_failure(
+                    session,
+                    Some(cause),
+                    format!("compacting the prompt: {error}"),
+                )
+                .await?;
                 return Err(error.into());
             }
         };
