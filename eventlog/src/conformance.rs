@@ -1,8 +1,8 @@
 //! The conformance suite every [`EventLog`] backend passes, so that no
 //! backend drifts from the contract: appends, conflicts, range reads,
 //! listing, durability across a reopen, corruption detection, chain
-//! verification, derived data, import, the record size limit, leases and
-//! fencing.
+//! verification, derived data, import, the record size limit, leases,
+//! pause requests and fencing.
 //!
 //! A backend's tests implement [`Backend`] and call
 //! [`conformance_tests!`](crate::conformance_tests) once, which writes one
@@ -54,6 +54,7 @@ macro_rules! conformance_tests {
             import_refuses_a_broken_chain_and_stores_nothing,
             a_record_over_the_size_limit_is_refused_and_nothing_is_stored,
             leases_exclude_other_owners_until_released_or_expired,
+            a_pause_request_is_for_one_holding_of_the_lease,
             a_taken_over_owner_is_fenced,
             appends_are_followed_across_handles,
             handles_sharing_a_store_see_each_others_appends,
@@ -595,6 +596,58 @@ pub async fn leases_exclude_other_owners_until_released_or_expired<B: Backend>(b
         "releasing a lease that was taken over leaves the new owner's alone"
     );
     assert!(log.expired_leases().await.unwrap().is_empty());
+}
+
+/// A pause request is kept with the live lease and heard once, by the
+/// holding it was made of: not by a later holding, even of the same owner,
+/// nor through another session's lease; without a live lease nothing is
+/// kept. On a shared store, any handle may ask.
+pub async fn a_pause_request_is_for_one_holding_of_the_lease<B: Backend>(b: &B) {
+    let store = b.create().await;
+    let log = b.open(&store).await.unwrap();
+    let asker = if b.shared() {
+        b.open(&store).await.unwrap()
+    } else {
+        log.clone()
+    };
+    let (s, other) = (Uuid::now_v7(), Uuid::now_v7());
+    let long = Duration::from_secs(60);
+    assert_eq!(
+        asker.request_pause(s).await.unwrap(),
+        None,
+        "nobody runs it"
+    );
+    let a = log.acquire_lease(s, "a", long).await.unwrap();
+    assert!(!log.take_pause_request(s, a.token).await.unwrap());
+    let asked = asker.request_pause(s).await.unwrap().unwrap();
+    assert_eq!((asked.owner.as_str(), asked.token), ("a", a.token));
+    assert!(!log.take_pause_request(s, a.token + 1).await.unwrap());
+    assert!(!log.take_pause_request(other, a.token).await.unwrap());
+    assert!(log.take_pause_request(s, a.token).await.unwrap());
+    assert!(
+        !log.take_pause_request(s, a.token).await.unwrap(),
+        "a request is heard once"
+    );
+
+    // One left over never pauses a later holding, even of the same owner.
+    asker.request_pause(s).await.unwrap().unwrap();
+    let again = log.acquire_lease(s, "a", long).await.unwrap();
+    assert!(!log.take_pause_request(s, again.token).await.unwrap());
+    asker.request_pause(s).await.unwrap().unwrap();
+    log.release_lease(&again).await.unwrap();
+    assert_eq!(asker.request_pause(s).await.unwrap(), None, "released");
+    let b1 = log.acquire_lease(s, "b", long).await.unwrap();
+    assert!(!log.take_pause_request(s, b1.token).await.unwrap());
+
+    // A lapsed lease is asked nothing.
+    log.release_lease(&b1).await.unwrap();
+    let short = log
+        .acquire_lease(s, "c", Duration::from_millis(200))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(asker.request_pause(s).await.unwrap(), None, "lapsed");
+    assert!(!log.take_pause_request(s, short.token).await.unwrap());
 }
 
 /// A writer whose lease was taken over cannot append; the new owner can; a

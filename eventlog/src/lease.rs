@@ -38,6 +38,8 @@ struct LocalLease {
     token: u64,
     expires_ms: i64,
     released: bool,
+    /// A pause was asked of this holding (its token) and not yet taken.
+    pause: bool,
 }
 
 impl LocalLeases {
@@ -51,6 +53,7 @@ impl LocalLeases {
             token: 0,
             expires_ms: 0,
             released: true,
+            pause: false,
         });
         let live = !entry.released && entry.expires_ms > now;
         if live && entry.owner != owner {
@@ -64,6 +67,7 @@ impl LocalLeases {
         entry.owner = owner.to_string();
         entry.expires_ms = now + ttl.as_millis() as i64;
         entry.released = false;
+        entry.pause = false;
         Ok(lease_of(session, entry))
     }
 
@@ -100,6 +104,31 @@ impl LocalLeases {
             .get(&session)
             .filter(|e| !e.released && e.expires_ms > now_ms())
             .map(|e| lease_of(session, e))
+    }
+
+    /// Asks the live holding of `session`'s lease to pause; returns that
+    /// lease, or `None` if nobody holds a live one.
+    pub fn request_pause(&self, session: Uuid) -> Option<Lease> {
+        let now = now_ms();
+        let mut leases = self.leases.lock().expect("lease lock poisoned");
+        let entry = leases
+            .get_mut(&session)
+            .filter(|e| !e.released && e.expires_ms > now)?;
+        entry.pause = true;
+        Some(lease_of(session, entry))
+    }
+
+    /// Whether a pause was asked of the holding of `session`'s lease with
+    /// `token`; takes the request.
+    pub fn take_pause_request(&self, session: Uuid, token: u64) -> bool {
+        let mut leases = self.leases.lock().expect("lease lock poisoned");
+        match leases.get_mut(&session) {
+            Some(entry) if entry.token == token && entry.pause => {
+                entry.pause = false;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Leases that lapsed without being released.

@@ -380,6 +380,18 @@ pub trait EventLog: Send + Sync {
     /// The live lease of `session` (held, not lapsed), if any: who runs it.
     async fn lease(&self, session: Uuid) -> Result<Option<Lease>, LogError>;
 
+    /// Asks whoever holds the live lease of `session` to pause its turn. The
+    /// request is kept with the lease and names that one holding of it (its
+    /// token): once the lease is released and granted again, or taken over,
+    /// it asks nothing of the new holder. Returns the lease asked, or `None`
+    /// (nothing kept) if nobody holds a live one.
+    async fn request_pause(&self, session: Uuid) -> Result<Option<Lease>, LogError>;
+
+    /// Whether a pause was asked of the holding of `session`'s lease whose
+    /// token is `token`. A request is taken by the call that sees it: the
+    /// next call answers false until another is made.
+    async fn take_pause_request(&self, session: Uuid, token: u64) -> Result<bool, LogError>;
+
     /// Asks to be told of appends made by other processes sharing this
     /// store. A store that one process owns has none to tell.
     fn follow(&self, _listener: AppendListener) {}

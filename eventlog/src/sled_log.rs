@@ -1178,6 +1178,16 @@ impl EventLog for SledLog {
         Ok(self.shared.leases.live(session))
     }
 
+    /// Kept with the lease, in memory: one process owns the store, and its
+    /// leases (and their tokens) do not outlive it.
+    async fn request_pause(&self, session: Uuid) -> Result<Option<Lease>, LogError> {
+        Ok(self.shared.leases.request_pause(session))
+    }
+
+    async fn take_pause_request(&self, session: Uuid, token: u64) -> Result<bool, LogError> {
+        Ok(self.shared.leases.take_pause_request(session, token))
+    }
+
     async fn read(&self, session: Uuid, from: u64, to: u64) -> Result<Vec<Record>, LogError> {
         self.read_bounded(session, from, to, usize::MAX).await
     }

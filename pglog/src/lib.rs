@@ -12,6 +12,9 @@
 //!   its appends carry the token and are refused once another owner took
 //!   the session over ([`LogError::Fenced`]); a writer without a lease is
 //!   refused while another owner's lease is live ([`LogError::LeaseHeld`]);
+//! - pause requests, kept in the lease's row (`pause_token`: the token of
+//!   the holding asked), so any process sharing the store can ask the one
+//!   running a turn to pause;
 //! - `follow`: appends by every process, announced after they commit and
 //!   heard through LISTEN/NOTIFY (best effort: a follower that missed one
 //!   catches up at the next).
@@ -769,6 +772,38 @@ impl EventLog for PgLog {
         Ok(rows.first().map(lease_of))
     }
 
+    async fn request_pause(&self, session: Uuid) -> Result<Option<Lease>, LogError> {
+        let db = self.db();
+        let rows = db
+            .query(
+                "ask for a pause",
+                &format!(
+                    "UPDATE mneme_leases SET pause_token = token \
+                     WHERE session = $1 AND NOT released AND expires_at > clock_timestamp() \
+                     RETURNING {LEASE_COLUMNS}"
+                ),
+                &[&session],
+            )
+            .await?;
+        Ok(rows.first().map(lease_of))
+    }
+
+    /// One statement, which writes only when a request is there: the turn
+    /// asks once a second.
+    async fn take_pause_request(&self, session: Uuid, token: u64) -> Result<bool, LogError> {
+        let db = self.db();
+        let token = token as i64;
+        let rows = db
+            .query(
+                "take a pause request",
+                "UPDATE mneme_leases SET pause_token = NULL \
+                 WHERE session = $1 AND token = $2 AND pause_token = $2 RETURNING 1",
+                &[&session, &token],
+            )
+            .await?;
+        Ok(!rows.is_empty())
+    }
+
     fn follow(&self, listener: AppendListener) {
         self.listeners
             .lock()
@@ -941,6 +976,57 @@ mod tests {
             matches!(err, LogError::SchemaTooNew { found: 999, .. }),
             "{err}"
         );
+    }
+
+    /// A store of version 1 (no pause requests) with a lease held and
+    /// appended under: the next connect adds the column, the holder goes on
+    /// appending (its connections ran `mneme_append` before the change) and
+    /// can be asked to pause.
+    #[tokio::test]
+    async fn a_version_1_store_migrates_with_its_leases_held() {
+        let url = Postgres.create().await;
+        let log = PgLog::connect(&url).await.unwrap();
+        let s = Uuid::now_v7();
+        let lease = log
+            .acquire_lease(s, "old", Duration::from_secs(60))
+            .await
+            .unwrap();
+        log.append(s, 1, vec![eventlog::conformance::event(1)])
+            .await
+            .unwrap();
+        log.db()
+            .query(
+                "back to version 1",
+                "ALTER TABLE mneme_leases DROP COLUMN pause_token",
+                &[],
+            )
+            .await
+            .unwrap();
+        log.db()
+            .query(
+                "back to version 1",
+                "DELETE FROM mneme_schema_version WHERE version = 2",
+                &[],
+            )
+            .await
+            .unwrap();
+        let newer = PgLog::connect(&url).await.unwrap();
+        let versions = newer
+            .db()
+            .query("read", "SELECT version FROM mneme_schema_version", &[])
+            .await
+            .unwrap();
+        assert_eq!(versions.len(), 2);
+        log.append(s, 2, vec![eventlog::conformance::event(2)])
+            .await
+            .unwrap();
+        let asked = newer.request_pause(s).await.unwrap().unwrap();
+        assert_eq!(asked.token, lease.token);
+        assert!(log.take_pause_request(s, lease.token).await.unwrap());
+        log.append(s, 3, vec![eventlog::conformance::event(3)])
+            .await
+            .unwrap();
+        assert_eq!(newer.verify(s).await.unwrap(), 3);
     }
 
     #[tokio::test]

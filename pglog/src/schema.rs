@@ -11,8 +11,10 @@ use uuid::Uuid;
 
 /// The schema versions this build knows, in order: each script runs once,
 /// in one transaction with the bump of `mneme_schema_version`.
-pub(crate) const MIGRATIONS: &[(i32, &str)] =
-    &[(1, include_str!("../migrations/001_event_log.sql"))];
+pub(crate) const MIGRATIONS: &[(i32, &str)] = &[
+    (1, include_str!("../migrations/001_event_log.sql")),
+    (2, include_str!("../migrations/002_pause_requests.sql")),
+];
 
 /// How long connecting to the server may take.
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

@@ -1,8 +1,9 @@
-//! Pauses asked for across processes that share a store. A request is left
-//! in the store, next to the session, naming the fencing token of the lease
-//! its turn runs under; the process running that turn (a daemon or the
-//! CLI) looks for it between steps, at most once a second. A request names
-//! one holding of the lease, so one left over never pauses a later turn.
+//! Pauses asked for across processes that share a store. A request is kept
+//! by the store with the session's lease ([`EventLog::request_pause`]),
+//! naming the holding of the lease the turn runs under; the process running
+//! that turn (a daemon or the CLI) looks for it between steps, at most once
+//! a second. A request names one holding of the lease, so one left over
+//! never pauses a later turn. It is not derived data: nothing rebuilds it.
 
 use eventlog::{EventLog, LogError};
 use std::collections::HashMap;
@@ -13,21 +14,13 @@ use uuid::Uuid;
 /// Why a turn paused at a person's request.
 pub const PAUSED_ON_REQUEST: &str = "paused on request";
 
-/// Name of the derived data that carries a pause request.
-const PAUSE_REQUEST: &str = "pause-request";
-
 /// How often a turn looks in the store for a pause request.
 const LOOK_EVERY: Duration = Duration::from_secs(1);
 
 /// Asks the turn running session `id` under a live lease, wherever it runs,
 /// to pause. Returns that lease's owner, or `None` if no turn runs.
 pub async fn ask(log: &dyn EventLog, id: Uuid) -> Result<Option<String>, LogError> {
-    let Some(lease) = log.lease(id).await? else {
-        return Ok(None);
-    };
-    log.put_derived(id, PAUSE_REQUEST, lease.token.to_string().as_bytes())
-        .await?;
-    Ok(Some(lease.owner))
+    Ok(log.request_pause(id).await?.map(|lease| lease.owner))
 }
 
 /// The turns of this process that listen for pause requests, each by the
@@ -76,15 +69,6 @@ impl Listening {
             turn.looked = Instant::now();
             turn.token
         };
-        let asked = log
-            .get_derived(id, PAUSE_REQUEST)
-            .await
-            .ok()
-            .flatten()
-            .is_some_and(|bytes| bytes == token.to_string().as_bytes());
-        if asked {
-            let _ = log.put_derived(id, PAUSE_REQUEST, b"").await;
-        }
-        asked
+        log.take_pause_request(id, token).await.unwrap_or(false)
     }
 }

@@ -20,6 +20,18 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 use tools::{CallContext, Tool, ToolError, Toolbox};
 
+/// Where every drive ends, however it ended: once the session is at rest
+/// (not running) and all it appended is durable, the summary a listing
+/// shows is written. The one place a turn writes it; a barrier only makes
+/// things durable. Derived data: if it is not written (an operation other
+/// than a turn brought the session to rest, a failure), a listing folds the
+/// session once and stores it.
+async fn come_to_rest(session: &Session) {
+    if session.state().status() != replay::Status::Running && session.is_durable() {
+        let _ = session.store_summary().await;
+    }
+}
+
 /// How a drive of a session ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TurnEnd {
@@ -158,6 +170,17 @@ impl Runner {
     /// [`Runner::drive`] with parts built earlier for this session's spec
     /// (a spec never changes, so they serve every turn of the session).
     pub async fn drive_with(
+        &self,
+        session: &mut Session,
+        parts: &TurnParts,
+    ) -> Result<TurnEnd, RuntimeError> {
+        let end = self.steps(session, parts).await;
+        come_to_rest(session).await;
+        end
+    }
+
+    /// The steps of a drive, until the plan says it cannot go on.
+    async fn steps(
         &self,
         session: &mut Session,
         parts: &TurnParts,
@@ -649,5 +672,45 @@ fn finish_event(
             "{error}; gave up after {attempt} attempts with the same idempotency key, \
              so whether it took effect is unknown"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::fresh_summary;
+    use eventlog::{EventLog, SledLog};
+
+    #[tokio::test]
+    async fn a_drive_that_comes_to_rest_writes_the_summary_and_one_mid_turn_does_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("script.json");
+        std::fs::write(&script, r#"{"replies": [{"content": "hello"}]}"#).unwrap();
+        let spec: replay::AgentSpec = toml::from_str(&format!(
+            "name = \"t\"\n[model]\nprovider = \"scripted\"\nscript = {:?}\n",
+            script.to_str().unwrap()
+        ))
+        .unwrap();
+        let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.path().join("data")).unwrap());
+        let mut session = Session::create(log.clone(), spec).await.unwrap();
+        session
+            .append(vec![Event::UserMessage { text: "hi".into() }], None)
+            .await
+            .unwrap();
+        session.barrier(Durability::Flushed).await.unwrap();
+        let id = session.id();
+        let head = log.head(id).await.unwrap().seq;
+        assert!(
+            fresh_summary(log.as_ref(), id, head).await.is_none(),
+            "a barrier writes no summary"
+        );
+        let runner = Runner::new(Durability::Flushed);
+        let end = runner.drive(&mut session).await.unwrap();
+        assert_eq!(end, TurnEnd::Answered("hello".into()));
+        let head = log.head(id).await.unwrap().seq;
+        let summary = fresh_summary(log.as_ref(), id, head)
+            .await
+            .expect("written as the turn came to rest");
+        assert_eq!(summary.status, "idle");
     }
 }

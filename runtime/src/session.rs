@@ -355,6 +355,18 @@ impl Session {
         });
     }
 
+    /// Whether every append this session accepted is covered by a barrier
+    /// of this process.
+    pub fn is_durable(&self) -> bool {
+        self.durable_seq >= self.state.last_seq
+    }
+
+    /// Writes the summary a listing shows of this session as it stands
+    /// (derived data: see [`crate::snapshot::store_summary`]).
+    pub(crate) async fn store_summary(&self) -> Result<(), eventlog::LogError> {
+        crate::snapshot::store_summary(self.log.as_ref(), self.id, &self.state).await
+    }
+
     /// Makes every accepted append at least as durable as `durability`.
     /// Costs nothing when nothing was appended since the last barrier.
     pub async fn barrier(&mut self, durability: Durability) -> Result<(), RuntimeError> {
@@ -364,11 +376,6 @@ impl Session {
         let started = std::time::Instant::now();
         self.log.barrier(durability).await?;
         self.durable_seq = self.state.last_seq;
-        // Derived data for listings, written when the session comes to rest
-        // (mid-turn, a listing folds instead): a failure only costs speed.
-        if self.state.status() != replay::Status::Running {
-            let _ = crate::snapshot::store_summary(self.log.as_ref(), self.id, &self.state).await;
-        }
         if let Some(observer) = &self.observer {
             observer.durable(self.id, self.durable_seq, started.elapsed());
         }

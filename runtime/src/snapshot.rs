@@ -325,9 +325,14 @@ mod tests {
         .await
         .unwrap();
         s.barrier(eventlog::Durability::Flushed).await.unwrap();
+        assert!(
+            fresh_summary(log.as_ref(), id, 4).await.is_none(),
+            "a barrier only makes things durable (the end of a turn writes it)"
+        );
+        store_summary(log.as_ref(), id, s.state()).await.unwrap();
         let summary = fresh_summary(log.as_ref(), id, 4)
             .await
-            .expect("written at rest");
+            .expect("describes the head");
         assert_eq!(
             (summary.status.as_str(), summary.agent.as_str()),
             ("paused", "t")
