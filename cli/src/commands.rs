@@ -1,16 +1,20 @@
-//! The commands: each opens the log, does one thing, prints, and returns an
-//! exit code.
+//! The commands: each is written once, against [`Sessions`] (the log
+//! opened here, or the daemon that holds the data directory), does one
+//! thing, prints, and returns an exit code.
 
-use crate::{Cli, Command, JsonFlag, EXIT_NEEDS_DECISION};
+use crate::local::Local;
+use crate::remote::Remote;
+use crate::sessions::{Sessions, Stream};
+use crate::{Cli, Command, EXIT_NEEDS_DECISION};
 use anyhow::{bail, Context, Result};
 use eventlog::{EventLog, SledLog};
 use pglog::PgLog;
 use runtime::agent::load_agent_file;
-use runtime::lease::HeldLease;
-use runtime::pause;
-use runtime::runner::StopCheck;
-use runtime::service::{self, Service};
-use runtime::{views, Session, TurnEnd};
+use runtime::api::{Approve, DecisionAnswer, Resolve, TurnOutcome};
+use runtime::service::Service;
+use runtime::{views, TurnEnd};
+use serde::Serialize;
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -27,45 +31,199 @@ pub async fn dispatch(cli: Cli, holder: &str) -> Result<ExitCode> {
     let snapshot_every = cli
         .snapshot_every
         .unwrap_or(runtime::snapshot::DEFAULT_EVERY);
-    match cli.command {
-        Command::Demo(args) => crate::demo::run(args.keep).await,
-        command => {
-            let log = match open_log(&cli.store, &data_dir, &command, holder).await? {
-                Opened::Log(log) => log,
-                Opened::Daemon(client) => return client.dispatch(command).await,
-            };
-            let ctx = Ctx {
-                service: Service::new(log, durability).snapshot_every(snapshot_every),
-                owner: runtime::lease::owner_name("cli"),
-                lease_ttl,
-            };
-            match command {
-                Command::Run(a) => ctx.run(a.agent, a.session, a.message, a.json).await,
-                Command::Resume(a) => ctx.resume(a.session, a.extend, a.json).await,
-                Command::Sessions(a) => ctx.sessions(a).await,
-                Command::Log(a) => {
-                    crate::timeline::print(&crate::timeline::rows(ctx.log(), a.session).await?, &a)
-                }
-                Command::Verify(a) => ctx.verify(a.session, a.json).await,
-                Command::Replay(a) => ctx.replay(a.session, a.raw, a.json.json).await,
-                Command::Resolve(a) => ctx.resolve(a).await,
-                Command::Approve(a) => ctx.approve(a).await,
-                Command::Export(a) => ctx.export(a).await,
-                Command::Import(a) => ctx.import(a).await,
-                Command::Serve(a) => {
-                    let log = ctx.service.log().clone();
+    let command = match cli.command {
+        Command::Demo(args) => return crate::demo::run(args.keep).await,
+        command => command,
+    };
+    let sessions: Box<dyn Sessions> =
+        match open_log(&cli.store, &data_dir, &command, holder).await? {
+            Opened::Daemon(remote) => Box::new(remote),
+            Opened::Log(log) => {
+                if let Command::Serve(a) = command {
                     let settings = ServeSettings {
                         data_dir: &data_dir,
                         durability,
                         snapshot_every,
                         lease_ttl,
                     };
-                    serve(log, settings, a).await
+                    return serve(log, settings, a).await;
                 }
-                Command::Demo(_) => unreachable!("handled above"),
+                let service = Service::new(log, durability).snapshot_every(snapshot_every);
+                let owner = runtime::lease::owner_name("cli");
+                Box::new(Local::new(service, owner, lease_ttl))
             }
+        };
+    run(sessions.as_ref(), command).await
+}
+
+/// Runs `command` on `sessions`.
+async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
+    match command {
+        Command::Run(a) => {
+            let id = match (a.session, a.agent) {
+                (Some(id), _) => id,
+                (None, Some(path)) => sessions.create(load_agent_file(&path)?).await?,
+                (None, None) => bail!(
+                    "mneme run needs --agent FILE to start a session, or --session ID to continue one"
+                ),
+            };
+            say!("session {id}");
+            let turn = |stream| sessions.post_message(id, a.message, stream);
+            let (outcome, streamed) = showing(a.json.json, turn).await;
+            report(&outcome?, a.json.json, streamed)
         }
+        Command::Resume(a) => {
+            let ids = match a.session {
+                Some(id) => vec![id],
+                // Those with pending work no person has to decide on.
+                None => (sessions.list().await?.into_iter())
+                    .filter_map(|row| (row.resumable == Some(true)).then_some(row.session))
+                    .collect(),
+            };
+            let mut worst = ExitCode::SUCCESS;
+            for id in ids {
+                say!("session {id}");
+                let turn = |stream| sessions.resume(id, a.extend, stream);
+                let (outcome, streamed) = showing(a.json.json, turn).await;
+                let code = report(&outcome?, a.json.json, streamed)?;
+                if code != ExitCode::SUCCESS {
+                    worst = code;
+                }
+            }
+            Ok(worst)
+        }
+        Command::Sessions(a) => {
+            let rows: Vec<_> = sessions.list().await?.iter().map(to_json).collect();
+            crate::render::sessions(&rows, a.json);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Log(a) => crate::timeline::print(&sessions.events(a.session).await?, &a),
+        Command::Verify(a) => {
+            let ids = match a.session {
+                Some(id) => vec![id],
+                None => sessions.ids().await?,
+            };
+            let mut results = Vec::with_capacity(ids.len());
+            for id in ids {
+                results.push(to_json(&sessions.verify(id).await?));
+            }
+            Ok(crate::render::verify(&results, a.json.json))
+        }
+        Command::Replay(a) => {
+            if a.raw {
+                use std::io::Write;
+                let body = sessions.next_request(a.session).await?;
+                std::io::stdout().write_all(&body)?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            let view = sessions.replay(a.session).await?;
+            crate::render::replay(&to_json(&view), a.json.json)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Resolve(a) => {
+            let go_on = !a.decision.no_resume;
+            let mut body = Resolve {
+                retry: false,
+                skip: None,
+                fail: None,
+                by: a.decision.by.clone(),
+                wait: go_on,
+                proceed: go_on,
+            };
+            match (a.retry, a.result, a.fail) {
+                (true, _, _) => body.retry = true,
+                (_, Some(result), None) => {
+                    body.skip = Some(
+                        serde_json::from_str(&result)
+                            .with_context(|| format!("--result is not JSON: {result:?}"))?,
+                    )
+                }
+                (_, _, Some(message)) => body.fail = Some(message),
+                _ => bail!("give one of --retry, --skip --result JSON, --fail MSG"),
+            }
+            let (id, call) = (a.session, a.call_id.as_str());
+            let recorded = || say!("session {id}: call {call} resolved");
+            let decide = |stream| sessions.resolve(id, call, body, &recorded, stream);
+            decided(
+                showing(a.decision.json.json || !go_on, decide).await,
+                a.decision.json.json,
+            )
+        }
+        Command::Approve(a) => {
+            let go_on = !a.decision.no_resume;
+            let body = Approve {
+                approved: !a.deny,
+                by: a.decision.by.clone(),
+                wait: go_on,
+                proceed: go_on,
+            };
+            let verb = if a.deny { "denied" } else { "approved" };
+            let (id, call) = (a.session, a.call_id.as_str());
+            let recorded = || say!("session {id}: call {call} {verb}");
+            let decide = |stream| sessions.approve(id, call, body, &recorded, stream);
+            decided(
+                showing(a.decision.json.json || !go_on, decide).await,
+                a.decision.json.json,
+            )
+        }
+        Command::Export(a) => {
+            let done = sessions.export(a.session, a.output.as_deref()).await?;
+            say!(
+                "exported {} records of {} sessions",
+                done.records,
+                done.sessions
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Import(a) => {
+            let done = sessions.import(a.input.as_deref()).await?;
+            say!(
+                "imported {} records into {} sessions ({} already held); every chain verifies",
+                done.records,
+                done.sessions.len(),
+                done.already_held
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Serve(_) | Command::Demo(_) => unreachable!("run before a store is chosen"),
     }
+}
+
+/// Runs `turn`, its streamed text shown on stdout as it comes unless
+/// `quiet` (`--json`); whether any was shown.
+async fn showing<T, F>(quiet: bool, turn: impl FnOnce(Stream) -> F) -> (Result<T>, bool)
+where
+    F: Future<Output = Result<T>>,
+{
+    let stream = (!quiet).then(|| Arc::new(StreamToStdout::default()));
+    let result = turn(stream.clone()).await;
+    let shown = stream.is_some_and(|s| s.finish());
+    (result, shown)
+}
+
+/// Reports how a decision went on: the continued turn's end, or nothing
+/// more when the session was not continued.
+fn decided((answer, streamed): (Result<DecisionAnswer>, bool), json: bool) -> Result<ExitCode> {
+    match answer? {
+        DecisionAnswer::Ended(outcome) => report(&outcome, json, streamed),
+        DecisionAnswer::Decided(_) => Ok(ExitCode::SUCCESS), // not continued
+    }
+}
+
+/// Prints how a turn ended and gives the exit code for it (see
+/// [`report_end`]).
+fn report(outcome: &TurnOutcome, json: bool, streamed: bool) -> Result<ExitCode> {
+    let end = outcome.end().with_context(|| {
+        format!(
+            "the daemon answered an unknown turn end: {}",
+            to_json(outcome)
+        )
+    })?;
+    report_end(outcome.session, &end, json, streamed)
+}
+
+fn to_json(value: &impl Serialize) -> serde_json::Value {
+    serde_json::to_value(value).expect("API types serialize")
 }
 
 /// Makes what this process knows to be secret (the daemon token in the
@@ -90,7 +248,7 @@ fn register_secrets(cli: &Cli) {
 /// Where a command's log is: opened here, or behind a running daemon.
 enum Opened {
     Log(Arc<dyn EventLog>),
-    Daemon(crate::client::Client),
+    Daemon(Remote),
 }
 
 /// Opens the sled log in `data_dir` on tokio's blocking pool: opening
@@ -120,8 +278,8 @@ async fn open_log(
     let log = match open_sled(data_dir, holder).await {
         Ok(log) => log,
         Err(eventlog::LogError::Locked { .. }) if !matches!(command, Command::Serve(_)) => {
-            if let Some(client) = crate::client::Client::discover(data_dir)? {
-                return Ok(Opened::Daemon(client));
+            if let Some(remote) = Remote::discover(data_dir)? {
+                return Ok(Opened::Daemon(remote));
             }
             open_sled(data_dir, holder).await?
         }
@@ -208,26 +366,6 @@ fn token(data_dir: &std::path::Path, file: Option<PathBuf>) -> Result<(String, O
     Ok((token, Some(path)))
 }
 
-/// Creates (or empties) `path` for an export, which holds every record:
-/// readable and writable by its owner only (0600), also when it existed
-/// (a device or a pipe is left as it is).
-fn private_output(path: &Path) -> Result<std::fs::File> {
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let context = || format!("creating {}", path.display());
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(context)?;
-    if file.metadata().with_context(context)?.is_file() {
-        file.set_permissions(std::fs::Permissions::from_mode(0o600))
-            .with_context(context)?;
-    }
-    Ok(file)
-}
-
 /// `$XDG_DATA_HOME/mneme`, else `~/.local/share/mneme`, else `./.mneme`.
 fn default_data_dir() -> PathBuf {
     if let Some(xdg) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
@@ -236,247 +374,6 @@ fn default_data_dir() -> PathBuf {
     match std::env::var_os("HOME").filter(|v| !v.is_empty()) {
         Some(home) => PathBuf::from(home).join(".local/share/mneme"),
         None => PathBuf::from(".mneme"),
-    }
-}
-
-struct Ctx {
-    service: Service,
-    /// This process as a lease owner.
-    owner: String,
-    lease_ttl: Duration,
-}
-
-impl Ctx {
-    fn log(&self) -> &dyn EventLog {
-        self.service.log().as_ref()
-    }
-
-    /// Takes session `id`'s lease for as long as the value lives: a daemon
-    /// or another CLI running it gets a clear refusal instead. A lease left
-    /// by a killed `mneme` of this host is waited out. No lease is taken
-    /// for a session that does not exist.
-    async fn hold(&self, id: Uuid) -> Result<HeldLease> {
-        self.service.ensure_exists(id).await?;
-        let log = self.service.log().clone();
-        Ok(HeldLease::acquire_after_exited(log, id, &self.owner, self.lease_ttl).await?)
-    }
-
-    async fn export(&self, a: crate::ExportArgs) -> Result<ExitCode> {
-        let ids = match a.session {
-            Some(id) => {
-                self.service.ensure_exists(id).await?;
-                vec![id]
-            }
-            None => self.session_ids().await?,
-        };
-        let mut out: Box<dyn std::io::Write + Send> = match &a.output {
-            Some(path) => Box::new(std::io::BufWriter::new(private_output(path)?)),
-            None => Box::new(std::io::BufWriter::new(std::io::stdout())),
-        };
-        let written = runtime::transfer::export(self.log(), &ids, &mut out).await?;
-        say!("exported {written} records of {} sessions", ids.len());
-        Ok(ExitCode::SUCCESS)
-    }
-
-    async fn import(&self, a: crate::ImportArgs) -> Result<ExitCode> {
-        let mut input: Box<dyn std::io::BufRead + Send> = match &a.input {
-            Some(path) => Box::new(std::io::BufReader::new(
-                std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?,
-            )),
-            None => Box::new(std::io::BufReader::new(std::io::stdin())),
-        };
-        let origin = a
-            .input
-            .as_ref()
-            .map_or("stdin".to_string(), |p| p.display().to_string());
-        let done = runtime::transfer::import(self.log(), &mut input)
-            .await
-            .with_context(|| format!("importing {origin}"))?;
-        self.log().barrier(eventlog::Durability::Synced).await?;
-        for id in &done.sessions {
-            self.log().verify(*id).await?;
-        }
-        say!(
-            "imported {} records into {} sessions ({} already held); every chain verifies",
-            done.records,
-            done.sessions.len(),
-            done.already_held
-        );
-        Ok(ExitCode::SUCCESS)
-    }
-
-    async fn session_ids(&self) -> Result<Vec<Uuid>> {
-        Ok(self
-            .log()
-            .sessions()
-            .await?
-            .into_iter()
-            .map(|m| m.session)
-            .collect())
-    }
-
-    async fn run(
-        &self,
-        agent: Option<PathBuf>,
-        id: Option<Uuid>,
-        message: String,
-        json: JsonFlag,
-    ) -> Result<ExitCode> {
-        let id = match (id, agent) {
-            (Some(id), _) => id,
-            (None, Some(path)) => self.service.create(load_agent_file(&path)?).await?.id(),
-            (None, None) => bail!(
-                "mneme run needs --agent FILE to start a session, or --session ID to continue one"
-            ),
-        };
-        say!("session {id}");
-        let lease = self.hold(id).await?;
-        let mut session = self.service.load(id).await?;
-        self.service.post_message(&mut session, message).await?;
-        self.drive_then_release(lease, &mut session, json.json, true)
-            .await
-    }
-
-    /// Drives the session to the end of its turn. A pause asked for through
-    /// a daemon sharing the store (addressed to `lease`) stops it between
-    /// steps, as it would a daemon's turn.
-    async fn drive(
-        &self,
-        session: &mut Session,
-        lease: &HeldLease,
-        json: bool,
-    ) -> Result<ExitCode> {
-        let listening = Arc::new(pause::Listening::default());
-        listening.start(session.id(), lease.token());
-        let log = self.service.log().clone();
-        let stop: StopCheck = Arc::new(move |id| {
-            let (listening, log) = (listening.clone(), log.clone());
-            Box::pin(async move {
-                listening
-                    .asked(log.as_ref(), id)
-                    .await
-                    .then(|| pause::PAUSED_ON_REQUEST.to_string())
-            })
-        });
-        let mut runner = self.service.runner().with_stop(stop);
-        let stream = Arc::new(StreamToStdout::default());
-        if !json {
-            let sink = stream.clone();
-            runner = runner.with_deltas(Arc::new(move |_, text| sink.show(text)));
-        }
-        let end = runner.drive(session).await;
-        let shown = stream.finish();
-        let end = end.with_context(|| format!("session {}", session.id()))?;
-        report_end(session.id(), &end, json, shown)
-    }
-
-    async fn resume(&self, id: Option<Uuid>, extend: bool, json: JsonFlag) -> Result<ExitCode> {
-        let ids = match id {
-            Some(id) => vec![id],
-            None => self.service.resumable().await?,
-        };
-        let mut worst = ExitCode::SUCCESS;
-        for id in ids {
-            let lease = self.hold(id).await?;
-            let mut session = self.service.load(id).await?;
-            self.service
-                .reopen(&mut session, "mneme resume", extend)
-                .await?;
-            say!("session {id}");
-            let code = self
-                .drive_then_release(lease, &mut session, json.json, true)
-                .await?;
-            if code != ExitCode::SUCCESS {
-                worst = code;
-            }
-        }
-        Ok(worst)
-    }
-
-    async fn sessions(&self, json: JsonFlag) -> Result<ExitCode> {
-        let mut rows = Vec::new();
-        for (meta, summary) in self.service.listing().await? {
-            rows.push(views::session_row(&meta, summary));
-        }
-        crate::render::sessions(&rows, json.json);
-        Ok(ExitCode::SUCCESS)
-    }
-
-    async fn verify(&self, id: Option<Uuid>, json: JsonFlag) -> Result<ExitCode> {
-        let ids = match id {
-            Some(id) => vec![id],
-            None => self.session_ids().await?,
-        };
-        let mut results: Vec<serde_json::Value> = Vec::with_capacity(ids.len());
-        for id in &ids {
-            results.push(views::verify(self.log(), *id).await);
-        }
-        Ok(crate::render::verify(&results, json.json))
-    }
-
-    async fn replay(&self, id: Uuid, raw: bool, json: bool) -> Result<ExitCode> {
-        let mut session = self.service.load(id).await?;
-        if raw {
-            use std::io::Write;
-            std::io::stdout().write_all(&session.next_request()?.to_vec())?;
-            return Ok(ExitCode::SUCCESS);
-        }
-        crate::render::replay(&views::replay(id, session.state()), json)?;
-        Ok(ExitCode::SUCCESS)
-    }
-
-    async fn approve(&self, a: crate::ApproveArgs) -> Result<ExitCode> {
-        let lease = self.hold(a.session).await?;
-        let mut session = self.service.load(a.session).await?;
-        let can_continue = self
-            .service
-            .decide_approval(&mut session, &a.call_id, !a.deny, &a.decision.by)
-            .await?;
-        let verb = if a.deny { "denied" } else { "approved" };
-        say!("session {}: call {} {verb}", a.session, a.call_id);
-        let go_on = can_continue && !a.decision.no_resume;
-        self.drive_then_release(lease, &mut session, a.decision.json.json, go_on)
-            .await
-    }
-
-    async fn resolve(&self, a: crate::ResolveArgs) -> Result<ExitCode> {
-        let lease = self.hold(a.session).await?;
-        let mut session = self.service.load(a.session).await?;
-        let resolution = service::resolution(a.retry, a.result.as_deref(), a.fail.as_deref())
-            .map_err(|e| anyhow::anyhow!(e))?;
-        let can_continue = self
-            .service
-            .resolve(&mut session, &a.call_id, resolution, &a.decision.by)
-            .await?;
-        say!("session {}: call {} resolved", a.session, a.call_id);
-        let go_on = can_continue && !a.decision.no_resume;
-        self.drive_then_release(lease, &mut session, a.decision.json.json, go_on)
-            .await
-    }
-
-    /// Drives the session (if `go_on`) to the end of its turn, then gives
-    /// its lease up. On an error the lease is dropped instead, and lapses at
-    /// once: a daemon sharing the store may take the session over.
-    async fn drive_then_release(
-        &self,
-        lease: HeldLease,
-        session: &mut Session,
-        json: bool,
-        go_on: bool,
-    ) -> Result<ExitCode> {
-        let code = if go_on {
-            match self.drive(session, &lease, json).await {
-                Ok(code) => code,
-                Err(e) => {
-                    lease.lapse().await;
-                    return Err(e);
-                }
-            }
-        } else {
-            ExitCode::SUCCESS
-        };
-        lease.release().await;
-        Ok(code)
     }
 }
 
@@ -518,7 +415,7 @@ impl StreamToStdout {
 
 /// Prints how a drive ended and gives the exit code for it; the answer is
 /// not printed again if it was `streamed` as it came.
-pub fn report_end(id: Uuid, end: &TurnEnd, json: bool, streamed: bool) -> Result<ExitCode> {
+fn report_end(id: Uuid, end: &TurnEnd, json: bool, streamed: bool) -> Result<ExitCode> {
     if json
         && matches!(
             end,

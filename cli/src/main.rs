@@ -11,10 +11,12 @@ macro_rules! say {
     };
 }
 
-mod client;
 mod commands;
 mod demo;
+mod local;
+mod remote;
 mod render;
+mod sessions;
 mod timeline;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};

@@ -93,6 +93,11 @@ fn to_json(value: impl serde::Serialize) -> Value {
 /// The result of checking one session's chain (and that every record
 /// decodes as an event this build knows).
 pub async fn verify(log: &dyn EventLog, session: Uuid) -> Value {
+    to_json(verified(log, session).await)
+}
+
+/// [`verify`], typed.
+pub async fn verified(log: &dyn EventLog, session: Uuid) -> Verified {
     let checked = match log.verify(session).await {
         Ok(n) => read_events(log, session)
             .await
@@ -107,27 +112,32 @@ pub async fn verify(log: &dyn EventLog, session: Uuid) -> Value {
                 .await
                 .map(|h| h.hash.to_hex())
                 .unwrap_or_default();
-            to_json(Verified {
+            Verified {
                 session,
                 ok: true,
                 events: Some(events),
                 head: Some(head),
                 error: None,
-            })
+            }
         }
-        Err(error) => to_json(Verified {
+        Err(error) => Verified {
             session,
             ok: false,
             events: None,
             head: None,
             error: Some(error),
-        }),
+        },
     }
 }
 
 /// The dry run: the next request exactly as it would be sent, its digest,
 /// and what resuming would do with each open call.
 pub fn replay(session: Uuid, state: &SessionState) -> Value {
+    to_json(replay_view(session, state))
+}
+
+/// [`replay`], typed.
+pub fn replay_view(session: Uuid, state: &SessionState) -> ReplayView {
     let plan = plan(state);
     let calls = plan
         .calls
@@ -146,7 +156,7 @@ pub fn replay(session: Uuid, state: &SessionState) -> Value {
     let request = body.as_deref().map_or(Value::Null, |b| {
         serde_json::from_slice(b).unwrap_or(Value::Null)
     });
-    to_json(ReplayView {
+    ReplayView {
         session,
         agent: state.spec.as_ref().map_or("", |s| s.name.as_str()).into(),
         events: state.last_seq,
@@ -156,7 +166,7 @@ pub fn replay(session: Uuid, state: &SessionState) -> Value {
         request_bytes: body.as_ref().map_or(0, Vec::len) as u64,
         request_digest: body.as_deref().map(replay::digest_hex),
         request,
-    })
+    }
 }
 
 /// A stored event with its envelope and hashes.

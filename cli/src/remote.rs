@@ -1,0 +1,305 @@
+//! [`Sessions`] beside a running daemon: sled admits one process per data
+//! directory, so while `mneme serve` holds it, commands go through the
+//! daemon's API (found from `mneme.daemon` in the data directory) and print
+//! what they would print reading the log directly (they are the same
+//! commands, in `commands.rs`). Requests and answers are the API's own
+//! types ([`runtime::api`]), the ones the daemon's handlers take and give.
+
+use crate::sessions::{Exported, Recorded, Sessions, Stream};
+use anyhow::{anyhow, bail, Context, Result};
+use daemon::DAEMON_FILE;
+use replay::AgentSpec;
+use runtime::api::{
+    self, Approve, CreateSession, Created, DecisionAnswer, PostMessage, ReplayView, Resolve,
+    Resume, SessionSummary, TurnOutcome, Verified,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+use std::path::Path;
+use uuid::Uuid;
+
+/// A client of the daemon that holds a data directory.
+pub struct Remote {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Remote {
+    /// The daemon named by `DATA_DIR/mneme.daemon`, if the file is there.
+    /// Its token comes from the file the daemon names, else `$MNEME_TOKEN`.
+    pub fn discover(data_dir: &Path) -> Result<Option<Remote>> {
+        let path = data_dir.join(DAEMON_FILE);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            return Ok(None);
+        };
+        let note: Value = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not JSON", path.display()))?;
+        let addr = note["addr"]
+            .as_str()
+            .with_context(|| format!("{} names no address", path.display()))?;
+        let token = match note["token_file"].as_str() {
+            Some(file) => std::fs::read_to_string(file)
+                .with_context(|| format!("reading the daemon's token from {file}"))?,
+            None => std::env::var("MNEME_TOKEN")
+                .context("the daemon's token is not in a file: set MNEME_TOKEN to it")?,
+        };
+        let token = daemon::token::trimmed(&token);
+        runtime::text::register_secret(token);
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(
+            reqwest::header::AUTHORIZATION,
+            format!("Bearer {token}").parse()?,
+        );
+        let http = reqwest::Client::builder()
+            .default_headers(headers)
+            .build()?;
+        Ok(Some(Remote {
+            base: format!("http://{addr}"),
+            http,
+        }))
+    }
+
+    async fn call(&self, request: reqwest::RequestBuilder) -> Result<reqwest::Response> {
+        let response = request.send().await.with_context(|| {
+            format!(
+                "the daemon at {} holds this data directory but does not answer",
+                self.base
+            )
+        })?;
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        let status = response.status();
+        let error = match response.json::<api::ApiError>().await {
+            Ok(api::ApiError { error }) => error,
+            Err(_) => status.to_string(),
+        };
+        Err(anyhow!("{error}"))
+    }
+
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        let response = self
+            .call(self.http.get(format!("{}{path}", self.base)))
+            .await?;
+        answer(path, response).await
+    }
+
+    async fn post<T: DeserializeOwned>(&self, path: &str, body: &impl Serialize) -> Result<T> {
+        let request = self.http.post(format!("{}{path}", self.base)).json(body);
+        answer(path, self.call(request).await?).await
+    }
+
+    /// Posts a person's decision on a call (`action`: `resolve` or
+    /// `approve`); the daemon records it and goes on as `body` asks.
+    async fn decide(
+        &self,
+        (session, call): (Uuid, &str),
+        action: &str,
+        body: &impl Serialize,
+        recorded: Recorded<'_>,
+        stream: Stream,
+    ) -> Result<DecisionAnswer> {
+        if matches!(call, "." | "..") {
+            // URL parsers treat these segments as directions, encoded or not.
+            bail!("session {session}: no call can be named {call:?}");
+        }
+        let path = format!("/sessions/{session}/calls/{}/{action}", path_segment(call));
+        let answer = self.post::<DecisionAnswer>(&path, body);
+        let answer = self.showing_deltas(session, stream, answer);
+        let answer = answer.await?;
+        recorded();
+        Ok(answer)
+    }
+
+    /// Runs `turn`, showing in `stream` the session's streamed text as the
+    /// daemon relays it (`/deltas`).
+    async fn showing_deltas<T>(
+        &self,
+        id: Uuid,
+        stream: Stream,
+        turn: impl std::future::Future<Output = T>,
+    ) -> T {
+        let Some(shown) = stream else {
+            return turn.await;
+        };
+        let url = format!("{}/sessions/{id}/deltas", self.base);
+        // Subscribed before the turn starts: nothing is missed.
+        let Ok(mut response) = self.http.get(url).send().await else {
+            return turn.await;
+        };
+        let heard = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = heard.clone();
+        let reader = tokio::spawn(async move {
+            let mut pending = String::new();
+            while let Ok(Some(bytes)) = response.chunk().await {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                pending.push_str(&String::from_utf8_lossy(&bytes));
+                while let Some(end) = pending.find('\n') {
+                    let line: String = pending.drain(..=end).collect();
+                    let text = line
+                        .trim_end()
+                        .strip_prefix("data:")
+                        .and_then(|d| serde_json::from_str::<Value>(d.trim()).ok());
+                    if let Some(text) = text.as_ref().and_then(|v| v["text"].as_str()) {
+                        shown.show(text);
+                    }
+                }
+            }
+        });
+        let result = turn.await;
+        // The relay runs on another connection: let it drain.
+        for _ in 0..10 {
+            let before = heard.load(std::sync::atomic::Ordering::SeqCst);
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            if heard.load(std::sync::atomic::Ordering::SeqCst) == before {
+                break;
+            }
+        }
+        reader.abort();
+        result
+    }
+}
+
+#[async_trait::async_trait]
+impl Sessions for Remote {
+    async fn create(&self, spec: AgentSpec) -> Result<Uuid> {
+        let create = CreateSession {
+            agent: None,
+            spec: Some(spec),
+        };
+        let created: Created = self.post("/sessions", &create).await?;
+        Ok(created.session)
+    }
+
+    async fn list(&self) -> Result<Vec<SessionSummary>> {
+        self.get("/sessions").await
+    }
+
+    async fn ids(&self) -> Result<Vec<Uuid>> {
+        Ok(self.list().await?.into_iter().map(|r| r.session).collect())
+    }
+
+    async fn events(&self, id: Uuid) -> Result<Vec<Value>> {
+        self.get(&format!("/sessions/{id}/events")).await
+    }
+
+    async fn verify(&self, id: Uuid) -> Result<Verified> {
+        self.get(&format!("/sessions/{id}/verify")).await
+    }
+
+    async fn replay(&self, id: Uuid) -> Result<ReplayView> {
+        self.get(&format!("/sessions/{id}/replay")).await
+    }
+
+    async fn next_request(&self, id: Uuid) -> Result<Vec<u8>> {
+        let request = self
+            .http
+            .get(format!("{}/sessions/{id}/request", self.base));
+        Ok(self.call(request).await?.bytes().await?.to_vec())
+    }
+
+    async fn post_message(&self, id: Uuid, text: String, stream: Stream) -> Result<TurnOutcome> {
+        let message = PostMessage { text, wait: true };
+        let path = format!("/sessions/{id}/messages");
+        let turn = self.post::<TurnOutcome>(&path, &message);
+        let outcome = self.showing_deltas(id, stream, turn).await;
+        outcome.with_context(|| format!("session {id}"))
+    }
+
+    async fn resume(&self, id: Uuid, extend: bool, stream: Stream) -> Result<TurnOutcome> {
+        let resume = Resume { wait: true, extend };
+        let path = format!("/sessions/{id}/resume");
+        let turn = self.post::<TurnOutcome>(&path, &resume);
+        self.showing_deltas(id, stream, turn).await
+    }
+
+    async fn resolve(
+        &self,
+        id: Uuid,
+        call: &str,
+        decision: Resolve,
+        recorded: Recorded<'_>,
+        stream: Stream,
+    ) -> Result<DecisionAnswer> {
+        let call = (id, call);
+        self.decide(call, "resolve", &decision, recorded, stream)
+            .await
+    }
+
+    async fn approve(
+        &self,
+        id: Uuid,
+        call: &str,
+        decision: Approve,
+        recorded: Recorded<'_>,
+        stream: Stream,
+    ) -> Result<DecisionAnswer> {
+        let call = (id, call);
+        self.decide(call, "approve", &decision, recorded, stream)
+            .await
+    }
+
+    async fn export(&self, _: Option<Uuid>, _: Option<&Path>) -> Result<Exported> {
+        Err(self.holds_the_store())
+    }
+
+    async fn import(&self, _: Option<&Path>) -> Result<runtime::transfer::Imported> {
+        Err(self.holds_the_store())
+    }
+}
+
+impl Remote {
+    /// The refusal of what needs the store itself (`export`, `import`).
+    fn holds_the_store(&self) -> anyhow::Error {
+        anyhow!(
+            "the data directory is held by the daemon at {}: stop it, then export or import",
+            self.base
+        )
+    }
+}
+/// `text` as one path segment: every byte but letters, digits and `-._~`
+/// percent-encoded, so a call id (typed by a person, or printed from a
+/// model's choice) can never be a path of its own (`../`), a query or a
+/// fragment.
+fn path_segment(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'~' => (b as char).to_string(),
+            b => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A successful answer's body, as the type the API gives for `path`.
+async fn answer<T: DeserializeOwned>(path: &str, response: reqwest::Response) -> Result<T> {
+    let body = response.bytes().await?;
+    serde_json::from_slice(&body).with_context(|| {
+        format!(
+            "the daemon answered {path} with what this client does not read: {}",
+            String::from_utf8_lossy(&body)
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_path_segment_cannot_climb_or_end_the_path() {
+        let hostile = "../../../sessions/0192/calls/call_0/approve?x#y";
+        let encoded = super::path_segment(hostile);
+        assert!(!encoded.contains(['/', '?', '#', '.']), "{encoded}");
+        assert_eq!(super::path_segment("call_1-a"), "call_1-a");
+        // As the client sends it: one segment, whatever the id.
+        for id in [hostile, "%2e%2e", "a/b", "...", "%2e"] {
+            let url = format!(
+                "http://h/sessions/s/calls/{}/approve",
+                super::path_segment(id)
+            );
+            let parsed = reqwest::Url::parse(&url).unwrap();
+            let segments: Vec<&str> = parsed.path_segments().unwrap().collect();
+            assert_eq!(segments.len(), 5, "{id:?} -> {parsed}");
+            assert_eq!(segments[4], "approve", "{id:?} -> {parsed}");
+        }
+    }
+}

@@ -1,0 +1,96 @@
+//! What the commands do to sessions, whoever holds the store: the log
+//! opened here ([`crate::local::Local`]) or the daemon that holds the data
+//! directory ([`crate::remote::Remote`]). Each command is written once
+//! against [`Sessions`] (in `commands.rs`), so it prints the same and
+//! exits the same either way; the answers are the API's own types
+//! ([`runtime::api`]), the ones the daemon's handlers give.
+
+use crate::commands::StreamToStdout;
+use anyhow::Result;
+use replay::AgentSpec;
+use runtime::api::{
+    Approve, DecisionAnswer, ReplayView, Resolve, SessionSummary, TurnOutcome, Verified,
+};
+use serde_json::Value;
+use std::path::Path;
+use std::sync::Arc;
+use uuid::Uuid;
+
+/// Where a turn's streamed text goes as it comes (none with `--json`).
+pub type Stream = Option<Arc<StreamToStdout>>;
+
+/// Called once a person's decision on a call is recorded, before the
+/// session goes on.
+pub type Recorded<'a> = &'a (dyn Fn() + Send + Sync);
+
+/// The sessions of one store, as the commands use them. A method that runs
+/// a turn runs it to its end (taking the session's lease for it, or asking
+/// the daemon that runs it) and tells how it ended.
+#[async_trait::async_trait]
+pub trait Sessions: Send + Sync {
+    /// Starts a session with `spec`.
+    async fn create(&self, spec: AgentSpec) -> Result<Uuid>;
+
+    /// Every session's row, in id order.
+    async fn list(&self) -> Result<Vec<SessionSummary>>;
+
+    /// Every session's id, in id order.
+    async fn ids(&self) -> Result<Vec<Uuid>>;
+
+    /// Session `id`'s events, as [`runtime::api::EventRecord`] objects.
+    async fn events(&self, id: Uuid) -> Result<Vec<Value>>;
+
+    /// Checks session `id`'s hash chain.
+    async fn verify(&self, id: Uuid) -> Result<Verified>;
+
+    /// The dry run of session `id`.
+    async fn replay(&self, id: Uuid) -> Result<ReplayView>;
+
+    /// The exact bytes of session `id`'s next model request.
+    async fn next_request(&self, id: Uuid) -> Result<Vec<u8>>;
+
+    /// Records a user message and runs the turn it starts.
+    async fn post_message(&self, id: Uuid, text: String, stream: Stream) -> Result<TurnOutcome>;
+
+    /// Continues session `id`'s pending work (`extend`: start a spent
+    /// budget of its turn again).
+    async fn resume(&self, id: Uuid, extend: bool, stream: Stream) -> Result<TurnOutcome>;
+
+    /// Records a decision on a call in doubt; then, as `decision` asks
+    /// (`continue`) and unless other calls still wait, runs the session on.
+    async fn resolve(
+        &self,
+        id: Uuid,
+        call: &str,
+        decision: Resolve,
+        recorded: Recorded<'_>,
+        stream: Stream,
+    ) -> Result<DecisionAnswer>;
+
+    /// Records an approval or a denial of a call; then goes on as
+    /// [`Sessions::resolve`] does.
+    async fn approve(
+        &self,
+        id: Uuid,
+        call: &str,
+        decision: Approve,
+        recorded: Recorded<'_>,
+        stream: Stream,
+    ) -> Result<DecisionAnswer>;
+
+    /// Writes session `session`'s records (default: every session's) as
+    /// JSON lines to `output` (default: stdout).
+    async fn export(&self, session: Option<Uuid>, output: Option<&Path>) -> Result<Exported>;
+
+    /// Reads JSON lines written by `export` from `input` (default: stdin)
+    /// into the store, and verifies every session it wrote to.
+    async fn import(&self, input: Option<&Path>) -> Result<runtime::transfer::Imported>;
+}
+
+/// What an export wrote.
+pub struct Exported {
+    /// Records written.
+    pub records: u64,
+    /// Sessions they belong to.
+    pub sessions: usize,
+}
