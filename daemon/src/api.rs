@@ -854,9 +854,11 @@ impl Follow {
 async fn verify(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Verified>, ApiError> {
     daemon.service.ensure_exists(id).await?;
-    Ok(Json(views::verify(daemon.service.log().as_ref(), id).await))
+    Ok(Json(
+        views::verified(daemon.service.log().as_ref(), id).await,
+    ))
 }
 
 /// Dry run: the rebuilt next request and the resume plan.
@@ -865,9 +867,9 @@ async fn verify(
 async fn replay_view(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ReplayView>, ApiError> {
     let session = daemon.service.load(id).await?;
-    Ok(Json(views::replay(id, session.state())))
+    Ok(Json(views::replay_view(id, session.state())))
 }
 
 /// The exact bytes of the session's next model request.

@@ -92,11 +92,6 @@ fn to_json(value: impl serde::Serialize) -> Value {
 
 /// The result of checking one session's chain (and that every record
 /// decodes as an event this build knows).
-pub async fn verify(log: &dyn EventLog, session: Uuid) -> Value {
-    to_json(verified(log, session).await)
-}
-
-/// [`verify`], typed.
 pub async fn verified(log: &dyn EventLog, session: Uuid) -> Verified {
     let checked = match log.verify(session).await {
         Ok(n) => read_events(log, session)
@@ -132,11 +127,6 @@ pub async fn verified(log: &dyn EventLog, session: Uuid) -> Verified {
 
 /// The dry run: the next request exactly as it would be sent, its digest,
 /// and what resuming would do with each open call.
-pub fn replay(session: Uuid, state: &SessionState) -> Value {
-    to_json(replay_view(session, state))
-}
-
-/// [`replay`], typed.
 pub fn replay_view(session: Uuid, state: &SessionState) -> ReplayView {
     let plan = plan(state);
     let calls = plan
