@@ -4,7 +4,7 @@
 
 use crate::local::Local;
 use crate::remote::Remote;
-use crate::sessions::{Sessions, Stream};
+use crate::sessions::{Decision, Sessions, Stream};
 use crate::{Cli, Command, EXIT_NEEDS_DECISION};
 use anyhow::{bail, Context, Result};
 use eventlog::{EventLog, SledLog};
@@ -141,13 +141,9 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
                 (_, _, Some(message)) => body.fail = Some(message),
                 _ => bail!("give one of --retry, --skip --result JSON, --fail MSG"),
             }
-            let (id, call) = (a.session, a.call_id.as_str());
-            let recorded = || say!("session {id}: call {call} resolved");
-            let decide = |stream| sessions.resolve(id, call, body, &recorded, stream);
-            decided(
-                showing(a.decision.json.json || !go_on, decide).await,
-                a.decision.json.json,
-            )
+            let call = (a.session, a.call_id.as_str());
+            let json = a.decision.json.json;
+            decide(sessions, call, Decision::Resolve(body), "resolved", json).await
         }
         Command::Approve(a) => {
             let go_on = !a.decision.no_resume;
@@ -158,13 +154,9 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
                 proceed: go_on,
             };
             let verb = if a.deny { "denied" } else { "approved" };
-            let (id, call) = (a.session, a.call_id.as_str());
-            let recorded = || say!("session {id}: call {call} {verb}");
-            let decide = |stream| sessions.approve(id, call, body, &recorded, stream);
-            decided(
-                showing(a.decision.json.json || !go_on, decide).await,
-                a.decision.json.json,
-            )
+            let call = (a.session, a.call_id.as_str());
+            let json = a.decision.json.json;
+            decide(sessions, call, Decision::Approve(body), verb, json).await
         }
         Command::Export(a) => {
             let done = sessions.export(a.session, a.output.as_deref()).await?;
@@ -201,9 +193,20 @@ where
     (result, shown)
 }
 
-/// Reports how a decision went on: the continued turn's end, or nothing
-/// more when the session was not continued.
-fn decided((answer, streamed): (Result<DecisionAnswer>, bool), json: bool) -> Result<ExitCode> {
+/// Records `decision` on `call`, says it was `done` once it is recorded,
+/// then reports how the session went on: the continued turn's end (its
+/// text streamed unless `json`), or nothing more when it was not continued.
+async fn decide(
+    sessions: &dyn Sessions,
+    (id, call): (Uuid, &str),
+    decision: Decision,
+    done: &str,
+    json: bool,
+) -> Result<ExitCode> {
+    let quiet = json || !decision.proceeds();
+    let recorded = || say!("session {id}: call {call} {done}");
+    let turn = |stream| sessions.decide(id, call, decision, &recorded, stream);
+    let (answer, streamed) = showing(quiet, turn).await;
     match answer? {
         DecisionAnswer::Ended(outcome) => report(&outcome, json, streamed),
         DecisionAnswer::Decided(_) => Ok(ExitCode::SUCCESS), // not continued

@@ -2,13 +2,11 @@
 //! the session's lease, through the same [`Service`] operations the
 //! daemon's handlers call.
 
-use crate::sessions::{Exported, Recorded, Sessions, Stream};
+use crate::sessions::{Decision, Exported, Recorded, Sessions, Stream};
 use anyhow::{Context, Result};
 use eventlog::EventLog;
 use replay::AgentSpec;
-use runtime::api::{
-    Approve, Decided, DecisionAnswer, ReplayView, Resolve, SessionSummary, TurnOutcome, Verified,
-};
+use runtime::api::{Decided, DecisionAnswer, ReplayView, SessionSummary, TurnOutcome, Verified};
 use runtime::lease::HeldLease;
 use runtime::pause;
 use runtime::runner::StopCheck;
@@ -106,7 +104,7 @@ impl Local {
 
     /// Records a decision on `call` (`record`) under the session's lease;
     /// then, if `proceed` and nothing else waits, runs the session on.
-    async fn decide<F>(
+    async fn record_then_go_on<F>(
         &self,
         id: Uuid,
         call: &str,
@@ -188,54 +186,39 @@ impl Sessions for Local {
         self.drive_then_release(lease, &mut session, stream).await
     }
 
-    async fn resolve(
+    async fn decide(
         &self,
         id: Uuid,
         call: &str,
-        decision: Resolve,
+        decision: Decision,
         recorded: Recorded<'_>,
         stream: Stream,
     ) -> Result<DecisionAnswer> {
-        let skip = decision.skip.as_ref().map(Value::to_string);
-        let resolution =
-            service::resolution(decision.retry, skip.as_deref(), decision.fail.as_deref())
-                .map_err(|e| anyhow::anyhow!(e))?;
-        let by = decision.by.as_str();
-        self.decide(
-            id,
-            call,
-            decision.proceed,
-            (recorded, stream),
-            |mut s| async {
-                let resolved = self.service.resolve(&mut s, call, resolution, by).await;
-                (s, resolved)
-            },
-        )
-        .await
-    }
-
-    async fn approve(
-        &self,
-        id: Uuid,
-        call: &str,
-        decision: Approve,
-        recorded: Recorded<'_>,
-        stream: Stream,
-    ) -> Result<DecisionAnswer> {
-        let (approved, by) = (decision.approved, decision.by.as_str());
-        self.decide(
-            id,
-            call,
-            decision.proceed,
-            (recorded, stream),
-            |mut s| async {
-                let decided = (self.service)
-                    .decide_approval(&mut s, call, approved, by)
-                    .await;
-                (s, decided)
-            },
-        )
-        .await
+        let context = (recorded, stream);
+        match decision {
+            Decision::Resolve(decision) => {
+                let skip = decision.skip.as_ref().map(Value::to_string);
+                let resolution =
+                    service::resolution(decision.retry, skip.as_deref(), decision.fail.as_deref())
+                        .map_err(|e| anyhow::anyhow!(e))?;
+                let by = decision.by.as_str();
+                self.record_then_go_on(id, call, decision.proceed, context, |mut s| async {
+                    let resolved = self.service.resolve(&mut s, call, resolution, by).await;
+                    (s, resolved)
+                })
+                .await
+            }
+            Decision::Approve(decision) => {
+                let (approved, by) = (decision.approved, decision.by.as_str());
+                self.record_then_go_on(id, call, decision.proceed, context, |mut s| async {
+                    let decided = (self.service)
+                        .decide_approval(&mut s, call, approved, by)
+                        .await;
+                    (s, decided)
+                })
+                .await
+            }
+        }
     }
 
     async fn export(&self, session: Option<Uuid>, output: Option<&Path>) -> Result<Exported> {

@@ -5,13 +5,13 @@
 //! commands, in `commands.rs`). Requests and answers are the API's own
 //! types ([`runtime::api`]), the ones the daemon's handlers take and give.
 
-use crate::sessions::{Exported, Recorded, Sessions, Stream};
+use crate::sessions::{Decision, Exported, Recorded, Sessions, Stream};
 use anyhow::{anyhow, bail, Context, Result};
 use daemon::DAEMON_FILE;
 use replay::AgentSpec;
 use runtime::api::{
-    self, Approve, CreateSession, Created, DecisionAnswer, PostMessage, ReplayView, Resolve,
-    Resume, SessionSummary, TurnOutcome, Verified,
+    self, CreateSession, Created, DecisionAnswer, PostMessage, ReplayView, Resume, SessionSummary,
+    TurnOutcome, Verified,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -92,7 +92,7 @@ impl Remote {
 
     /// Posts a person's decision on a call (`action`: `resolve` or
     /// `approve`); the daemon records it and goes on as `body` asks.
-    async fn decide(
+    async fn post_decision(
         &self,
         (session, call): (Uuid, &str),
         action: &str,
@@ -214,29 +214,16 @@ impl Sessions for Remote {
         self.showing_deltas(id, stream, turn).await
     }
 
-    async fn resolve(
+    async fn decide(
         &self,
         id: Uuid,
         call: &str,
-        decision: Resolve,
+        decision: Decision,
         recorded: Recorded<'_>,
         stream: Stream,
     ) -> Result<DecisionAnswer> {
-        let call = (id, call);
-        self.decide(call, "resolve", &decision, recorded, stream)
-            .await
-    }
-
-    async fn approve(
-        &self,
-        id: Uuid,
-        call: &str,
-        decision: Approve,
-        recorded: Recorded<'_>,
-        stream: Stream,
-    ) -> Result<DecisionAnswer> {
-        let call = (id, call);
-        self.decide(call, "approve", &decision, recorded, stream)
+        let action = decision.action();
+        self.post_decision((id, call), action, &decision, recorded, stream)
             .await
     }
 

@@ -16,6 +16,34 @@ use std::path::Path;
 use std::sync::Arc;
 use uuid::Uuid;
 
+/// A person's decision on one call, as the API takes it.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+pub enum Decision {
+    /// Settles a call in doubt (retry, skip with a result, fail).
+    Resolve(Resolve),
+    /// Approves or denies a call that waits for approval.
+    Approve(Approve),
+}
+
+impl Decision {
+    /// Whether the session is to go on once the decision is recorded.
+    pub fn proceeds(&self) -> bool {
+        match self {
+            Decision::Resolve(d) => d.proceed,
+            Decision::Approve(d) => d.proceed,
+        }
+    }
+
+    /// The API's name for this kind of decision (the last path segment).
+    pub fn action(&self) -> &'static str {
+        match self {
+            Decision::Resolve(_) => "resolve",
+            Decision::Approve(_) => "approve",
+        }
+    }
+}
+
 /// Where a turn's streamed text goes as it comes (none with `--json`).
 pub type Stream = Option<Arc<StreamToStdout>>;
 
@@ -56,24 +84,14 @@ pub trait Sessions: Send + Sync {
     /// budget of its turn again).
     async fn resume(&self, id: Uuid, extend: bool, stream: Stream) -> Result<TurnOutcome>;
 
-    /// Records a decision on a call in doubt; then, as `decision` asks
-    /// (`continue`) and unless other calls still wait, runs the session on.
-    async fn resolve(
+    /// Records `decision` on call `call` of session `id`; then, as the
+    /// decision asks (`continue`) and unless other calls still wait, runs
+    /// the session on.
+    async fn decide(
         &self,
         id: Uuid,
         call: &str,
-        decision: Resolve,
-        recorded: Recorded<'_>,
-        stream: Stream,
-    ) -> Result<DecisionAnswer>;
-
-    /// Records an approval or a denial of a call; then goes on as
-    /// [`Sessions::resolve`] does.
-    async fn approve(
-        &self,
-        id: Uuid,
-        call: &str,
-        decision: Approve,
+        decision: Decision,
         recorded: Recorded<'_>,
         stream: Stream,
     ) -> Result<DecisionAnswer>;
