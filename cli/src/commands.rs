@@ -10,6 +10,7 @@ use anyhow::{bail, Context, Result};
 use eventlog::{EventLog, SledLog};
 use pglog::PgLog;
 use runtime::agent::load_agent_file;
+use runtime::api::PostMessage;
 use runtime::api::{Approve, DecisionAnswer, Resolve, TurnOutcome};
 use runtime::service::Service;
 use runtime::{views, TurnEnd};
@@ -68,7 +69,12 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
                 ),
             };
             say!("session {id}");
-            let turn = |stream| sessions.post_message(id, a.message, stream);
+            let message = PostMessage {
+                text: a.message,
+                wait: true,
+                refresh_tools: a.refresh_tools,
+            };
+            let turn = |stream| sessions.post_message(id, message, stream);
             let (outcome, streamed) = showing(a.json.json, turn).await;
             report(&outcome?, a.json.json, streamed)
         }

@@ -6,7 +6,9 @@ use crate::sessions::{Decision, Exported, Recorded, Sessions, Stream};
 use anyhow::{Context, Result};
 use eventlog::EventLog;
 use replay::AgentSpec;
-use runtime::api::{Decided, DecisionAnswer, ReplayView, SessionSummary, TurnOutcome, Verified};
+use runtime::api::{
+    Decided, DecisionAnswer, PostMessage, ReplayView, SessionSummary, TurnOutcome, Verified,
+};
 use runtime::lease::HeldLease;
 use runtime::pause;
 use runtime::runner::StopCheck;
@@ -170,10 +172,20 @@ impl Sessions for Local {
         Ok(session.next_request()?.to_vec())
     }
 
-    async fn post_message(&self, id: Uuid, text: String, stream: Stream) -> Result<TurnOutcome> {
+    async fn post_message(
+        &self,
+        id: Uuid,
+        message: PostMessage,
+        stream: Stream,
+    ) -> Result<TurnOutcome> {
         let lease = self.hold(id).await?;
         let mut session = self.service.load(id).await?;
-        self.service.post_message(&mut session, text).await?;
+        if message.refresh_tools {
+            runtime::mcp::refresh(&mut session, "mneme run --refresh-tools").await?;
+        }
+        self.service
+            .post_message(&mut session, message.text)
+            .await?;
         self.drive_then_release(lease, &mut session, stream).await
     }
 

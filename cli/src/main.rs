@@ -174,6 +174,10 @@ struct RunArgs {
     /// Continue this session instead of starting a new one.
     #[arg(long)]
     session: Option<Uuid>,
+    /// Adopt the tools the session's MCP servers list now (recorded, with
+    /// what changed); without it a session keeps the tools it started with.
+    #[arg(long, requires = "session")]
+    refresh_tools: bool,
     /// The user's message.
     message: String,
     #[command(flatten)]

@@ -199,8 +199,16 @@ impl Sessions for Remote {
         Ok(self.call(request).await?.bytes().await?.to_vec())
     }
 
-    async fn post_message(&self, id: Uuid, text: String, stream: Stream) -> Result<TurnOutcome> {
-        let message = PostMessage { text, wait: true };
+    async fn post_message(
+        &self,
+        id: Uuid,
+        message: PostMessage,
+        stream: Stream,
+    ) -> Result<TurnOutcome> {
+        let message = PostMessage {
+            wait: true,
+            ..message
+        };
         let path = format!("/sessions/{id}/messages");
         let turn = self.post::<TurnOutcome>(&path, &message);
         let outcome = self.showing_deltas(id, stream, turn).await;

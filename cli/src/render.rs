@@ -114,5 +114,36 @@ pub fn replay(view: &Value, json: bool) -> Result<()> {
             text(c, "reason")
         );
     }
+    replay_tools(view, &empty);
     Ok(())
+}
+
+/// The session's tools with their effects, and MCP lists that changed.
+fn replay_tools(view: &Value, empty: &Vec<Value>) {
+    let tools = view["tools"].as_array().unwrap_or(empty);
+    if !tools.is_empty() {
+        println!();
+        line!("Tools:");
+    }
+    for t in tools {
+        let hints = match &t["annotations"] {
+            Value::Null => String::new(),
+            hints => format!(", server's annotations {hints}"),
+        };
+        line!(
+            "  {} ({}): {} (from {}){}",
+            text(t, "name"),
+            text(t, "kind"),
+            text(t, "effect"),
+            text(t, "effect_from"),
+            hints
+        );
+    }
+    for (server, changes) in view["mcp_changes"].as_object().into_iter().flatten() {
+        println!();
+        line!("MCP server {server} now lists other tools than the session pinned (not adopted; run --refresh-tools adopts them):");
+        for change in changes.as_array().unwrap_or(empty) {
+            line!("  {}", change.as_str().unwrap_or_default());
+        }
+    }
 }

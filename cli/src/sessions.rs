@@ -9,7 +9,8 @@ use crate::commands::StreamToStdout;
 use anyhow::Result;
 use replay::AgentSpec;
 use runtime::api::{
-    Approve, DecisionAnswer, ReplayView, Resolve, SessionSummary, TurnOutcome, Verified,
+    Approve, DecisionAnswer, PostMessage, ReplayView, Resolve, SessionSummary, TurnOutcome,
+    Verified,
 };
 use serde_json::Value;
 use std::path::Path;
@@ -78,7 +79,12 @@ pub trait Sessions: Send + Sync {
     async fn next_request(&self, id: Uuid) -> Result<Vec<u8>>;
 
     /// Records a user message and runs the turn it starts.
-    async fn post_message(&self, id: Uuid, text: String, stream: Stream) -> Result<TurnOutcome>;
+    async fn post_message(
+        &self,
+        id: Uuid,
+        message: PostMessage,
+        stream: Stream,
+    ) -> Result<TurnOutcome>;
 
     /// Continues session `id`'s pending work (`extend`: start a spent
     /// budget of its turn again).

@@ -233,5 +233,19 @@ fn summary(event: &Event) -> String {
         Event::SessionFinished {
             outcome: SessionOutcome::Failed(error),
         } => format!("failed: {error}"),
+        Event::McpToolsChanged { server, changes } => format!(
+            "MCP server {server} now lists other tools (not adopted): {}",
+            changes.join("; ")
+        ),
+        Event::McpToolsRefreshed {
+            server,
+            tools,
+            changes,
+            by,
+        } => format!(
+            "MCP server {server}: {} tools adopted by {by}: {}",
+            tools.len(),
+            changes.join("; ")
+        ),
     }
 }

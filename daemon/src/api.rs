@@ -369,7 +369,10 @@ async fn post_message(
     refuse_when_stopping(&daemon)?;
     daemon.service.ensure_exists(id).await?; // 404 before spawning
     let (seq_tx, seq_rx) = tokio::sync::oneshot::channel();
-    let turn = daemon.spawn_turn(id, TurnStart::Message(body.text, seq_tx));
+    let turn = daemon.spawn_turn(
+        id,
+        TurnStart::Message(body.text, body.refresh_tools, seq_tx),
+    );
     let seq = seq_rx.await.map_err(|_| {
         ApiError(
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -188,9 +188,11 @@ impl HotSessions {
 
 /// How a turn task starts.
 pub(crate) enum TurnStart {
-    /// A new user message.
+    /// A new user message, after adopting the MCP servers' current tools
+    /// when asked.
     Message(
         String,
+        bool,
         tokio::sync::oneshot::Sender<Result<u64, RuntimeError>>,
     ),
     /// Continue pending work (after a crash or a pause), as asked; with
@@ -373,16 +375,29 @@ impl Daemon {
         start: TurnStart,
     ) -> Result<TurnEnd, RuntimeError> {
         let hot = self.hot.lock().expect("hot sessions").take(id);
+        let refresh = matches!(start, TurnStart::Message(_, true, _));
         let (mut session, parts) = match hot {
-            Some(hot) if hot.session.is_current().await? => (hot.session, hot.parts),
+            Some(hot) if !refresh && hot.session.is_current().await? => (hot.session, hot.parts),
             _ => {
                 let mut session = self.service.load(id).await?;
+                if refresh {
+                    if let Err(e) = runtime::mcp::refresh(&mut session, "api").await {
+                        let reason = e.to_string();
+                        if let TurnStart::Message(_, _, seq) = start {
+                            let _ = seq.send(Err(e));
+                        }
+                        return Err(RuntimeError::InvalidRequest {
+                            session: id,
+                            reason,
+                        });
+                    }
+                }
                 let parts = Arc::new(self.runner.parts(&mut session).await?);
                 (session, parts)
             }
         };
         match start {
-            TurnStart::Message(text, seq) => {
+            TurnStart::Message(text, _, seq) => {
                 let posted = self.service.post_message(&mut session, text).await;
                 let failed = posted.as_ref().err().map(ToString::to_string);
                 let _ = seq.send(posted);
@@ -553,7 +568,7 @@ fn was_interrupted(summary: &Summary) -> bool {
 /// The error of a turn that could not start (its lease is held elsewhere);
 /// a message's poster is told the same.
 fn refuse_start(id: Uuid, start: TurnStart, error: eventlog::LogError) -> RuntimeError {
-    if let TurnStart::Message(_, poster) = start {
+    if let TurnStart::Message(_, _, poster) = start {
         let _ = poster.send(Err(RuntimeError::InvalidRequest {
             session: id,
             reason: error.to_string(),

@@ -117,6 +117,26 @@ pub enum Event {
         /// How.
         outcome: SessionOutcome,
     },
+    /// An MCP server now lists tools other than the ones the session
+    /// pinned. Reported only: the session goes on with what it pinned.
+    McpToolsChanged {
+        /// The server (its `[[mcp]]` name).
+        server: String,
+        /// What differs, one line each.
+        changes: Vec<String>,
+    },
+    /// The session adopted an MCP server's current tools on request
+    /// (`run --refresh-tools`): its prompts offer these from here on.
+    McpToolsRefreshed {
+        /// The server (its `[[mcp]]` name).
+        server: String,
+        /// The tools now pinned for it.
+        tools: Vec<crate::spec::ToolSpec>,
+        /// What differs from the ones pinned before, one line each.
+        changes: Vec<String>,
+        /// Who asked.
+        by: String,
+    },
 }
 
 /// What the model sent back for one request.
@@ -265,6 +285,8 @@ impl Event {
         "SessionPaused",
         "SessionResumed",
         "SessionFinished",
+        "McpToolsChanged",
+        "McpToolsRefreshed",
     ];
 
     /// The name of this kind of event, as stored in the envelope.
@@ -284,6 +306,8 @@ impl Event {
             Event::SessionPaused { .. } => "SessionPaused",
             Event::SessionResumed { .. } => "SessionResumed",
             Event::SessionFinished { .. } => "SessionFinished",
+            Event::McpToolsChanged { .. } => "McpToolsChanged",
+            Event::McpToolsRefreshed { .. } => "McpToolsRefreshed",
         }
     }
 

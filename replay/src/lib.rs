@@ -5,6 +5,7 @@
 
 pub mod anthropic;
 pub mod event;
+pub mod mcp;
 pub mod plan;
 pub mod prompt;
 pub mod spec;

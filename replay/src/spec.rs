@@ -42,6 +42,9 @@ pub enum ToolKind {
     /// `tools::Tool`), handed to the runner with the session's tools; the
     /// `mneme` binary has none to run.
     Native,
+    /// A tool of an MCP server (`[[mcp]]`), pinned from its `tools/list`
+    /// when the session started; never written in `[[tools]]`.
+    Mcp,
 }
 
 /// One tool the agent may call.
@@ -88,6 +91,9 @@ pub struct ToolSpec {
     /// the rest is dropped, and the model is told how much.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_output_bytes: Option<u64>,
+    /// The MCP server and tool it was pinned from (kind `mcp`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<crate::mcp::McpOrigin>,
 }
 
 fn empty_object_schema() -> serde_json::Value {
@@ -181,7 +187,11 @@ impl ToolSpec {
             ToolKind::Command if self.command.as_ref().is_none_or(|c| c.is_empty()) => {
                 Err(tool("kind = \"command\" needs a command".into()))
             }
-            ToolKind::Command | ToolKind::Native => Ok(()),
+            ToolKind::Mcp if self.mcp.is_none() => Err(tool(
+                "kind = \"mcp\" tools come from an [[mcp]] server's list, not from [[tools]]"
+                    .into(),
+            )),
+            ToolKind::Command | ToolKind::Native | ToolKind::Mcp => Ok(()),
         }
     }
 }
@@ -226,7 +236,7 @@ fn within(name: &str, value: Option<u64>, max: u64) -> Result<(), String> {
 /// Refuses a URL that is not `http://` or `https://` with a host, or that
 /// carries user information: specs are recorded in the log, and credentials
 /// must stay out of it.
-fn check_http_url(field: &str, text: &str) -> Result<(), String> {
+pub(crate) fn check_http_url(field: &str, text: &str) -> Result<(), String> {
     let refuse = |why: String| Err(format!("{field} {:?}: {why}", redact_url(text)));
     let url = match url::Url::parse(text) {
         Ok(url) => url,
@@ -520,6 +530,9 @@ pub struct AgentSpec {
     /// Budgets of a turn and bounds on a reply.
     #[serde(default, skip_serializing_if = "Limits::is_default")]
     pub limits: Limits,
+    /// MCP servers whose tools the session pins when it starts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mcp: Vec<crate::mcp::McpServerSpec>,
 }
 
 impl AgentSpec {
@@ -549,8 +562,52 @@ impl AgentSpec {
             if !seen.insert(tool.name.as_str()) {
                 return Err(format!("tool {:?} is defined twice", tool.name));
             }
+            if let Some(origin) = &tool.mcp {
+                if self.mcp_server(&origin.server).is_none() {
+                    return Err(format!(
+                        "tool {:?} comes from MCP server {:?}, which the spec does not declare",
+                        tool.name, origin.server
+                    ));
+                }
+            }
+        }
+        let mut servers = std::collections::HashSet::new();
+        for server in &self.mcp {
+            server.validate()?;
+            if !servers.insert(server.name.as_str()) {
+                return Err(format!("{} is declared twice", server.label()));
+            }
         }
         Ok(())
+    }
+
+    /// The MCP server called `name`, if the agent has it.
+    pub fn mcp_server(&self, name: &str) -> Option<&crate::mcp::McpServerSpec> {
+        self.mcp.iter().find(|s| s.name == name)
+    }
+
+    /// The tools pinned from MCP server `server`.
+    pub fn mcp_tools(&self, server: &str) -> Vec<&ToolSpec> {
+        self.tools
+            .iter()
+            .filter(|t| t.mcp.as_ref().is_some_and(|m| m.server == server))
+            .collect()
+    }
+
+    /// The spec with `server`'s pinned tools replaced by `tools` (where the
+    /// first of the old ones stood, else at the end).
+    pub fn with_mcp_tools(&self, server: &str, tools: &[ToolSpec]) -> AgentSpec {
+        let mut spec = self.clone();
+        let of_server = |t: &ToolSpec| t.mcp.as_ref().is_some_and(|m| m.server == server);
+        let at = spec
+            .tools
+            .iter()
+            .position(of_server)
+            .unwrap_or(spec.tools.len());
+        spec.tools.retain(|t| !of_server(t));
+        let at = at.min(spec.tools.len());
+        spec.tools.splice(at..at, tools.iter().cloned());
+        spec
     }
 
     /// The tool called `name`, if the agent has it.

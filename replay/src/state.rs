@@ -229,6 +229,10 @@ pub struct SessionState {
     /// Events the fold could not place (a tool event for an unknown call):
     /// `(seq, what)`. A healthy log has none.
     pub anomalies: Vec<(u64, String)>,
+    /// Per MCP server, how its current list differs from the pinned one,
+    /// as last recorded (absent or empty: no difference known).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub mcp_changes: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 impl SessionState {
@@ -373,6 +377,16 @@ impl SessionState {
                 self.paused = None;
                 self.failed = None;
                 self.cancelled = Some(by);
+            }
+            Event::McpToolsChanged { server, changes } => {
+                self.mcp_changes.insert(server, changes);
+            }
+            Event::McpToolsRefreshed { server, tools, .. } => {
+                self.spec = self
+                    .spec
+                    .take()
+                    .map(|spec| spec.with_mcp_tools(&server, &tools));
+                self.mcp_changes.remove(&server);
             }
         }
     }

@@ -18,6 +18,7 @@ fn tool(name: &str, kind: ToolKind, effect: Effect, honours: Option<bool>) -> To
         command: Some(vec!["true".into()]),
         env: Vec::new(),
         max_output_bytes: None,
+        mcp: None,
     }
 }
 
@@ -51,6 +52,7 @@ fn spec() -> AgentSpec {
             tool("lookup", ToolKind::Command, Effect::ReadOnly, None),
         ],
         limits: Limits::default(),
+        mcp: Vec::new(),
     }
 }
 
@@ -696,6 +698,16 @@ fn golden_bytes_of_every_event_kind() {
     all.push(Event::SessionFinished {
         outcome: SessionOutcome::Failed("f".into()),
     });
+    all.push(Event::McpToolsChanged {
+        server: "fs".into(),
+        changes: vec!["fs__a is new".into()],
+    });
+    all.push(Event::McpToolsRefreshed {
+        server: "fs".into(),
+        tools: vec![tool("fs__a", ToolKind::Command, Effect::ReadOnly, None)],
+        changes: vec!["fs__a is new".into()],
+        by: "me".into(),
+    });
     let text: String = all
         .iter()
         .map(|e| {
@@ -998,4 +1010,42 @@ fn cache_reads_and_writes_are_priced_apart_where_the_spec_says() {
     spec.model.cache_write_cost_per_mtok = Some(3.75);
     let expected = 0.1 * 3.0 + 0.6 * 0.3 + 0.3 * 3.75;
     assert!((cost(spec) - expected).abs() < 1e-9);
+}
+
+/// A changed MCP list is only reported; a refresh is adopted, and only
+/// from there on do prompts offer the new tools.
+#[test]
+fn a_refresh_changes_the_tools_offered_and_a_report_does_not() {
+    let mut events = vec![
+        Event::SessionStarted {
+            spec: Box::new(spec()),
+        },
+        Event::UserMessage { text: "hi".into() },
+    ];
+    let before = fold(&events);
+    let body = |state: &SessionState| next_request("s", state).unwrap();
+    events.push(Event::McpToolsChanged {
+        server: "fs".into(),
+        changes: vec!["fs__x is new".into()],
+    });
+    let reported = fold(&events);
+    assert_eq!(body(&reported), body(&before), "a report changes no prompt");
+    assert_eq!(reported.mcp_changes["fs"], ["fs__x is new"]);
+    let mut pinned = tool("fs__x", ToolKind::Mcp, Effect::ReadOnly, None);
+    pinned.mcp = Some(crate::mcp::McpOrigin {
+        server: "fs".into(),
+        tool: "x".into(),
+        effect_from: crate::mcp::EffectSource::Policy,
+        annotations: None,
+    });
+    events.push(Event::McpToolsRefreshed {
+        server: "fs".into(),
+        tools: vec![pinned],
+        changes: vec!["fs__x is new".into()],
+        by: "me".into(),
+    });
+    let refreshed = fold(&events);
+    assert!(refreshed.mcp_changes.is_empty());
+    let text = String::from_utf8(body(&refreshed)).unwrap();
+    assert!(text.contains("fs__x") && text.contains("charge"), "{text}");
 }

@@ -15,6 +15,9 @@ pub fn load_agent_file(path: &Path) -> Result<AgentSpec, RuntimeError> {
     };
     let text = std::fs::read_to_string(path).map_err(|e| error(format!("cannot read: {e}")))?;
     let mut spec: AgentSpec = toml::from_str(&text).map_err(|e| error(e.to_string()))?;
+    for (server, line) in spec.mcp.iter_mut().zip(mcp_header_lines(&text)) {
+        server.declared_at = Some(format!("{origin}:{line}"));
+    }
     spec.validate().map_err(error)?;
     if let Some(script) = &spec.model.script {
         let base = path.parent().unwrap_or(Path::new("."));
@@ -23,6 +26,14 @@ pub fn load_agent_file(path: &Path) -> Result<AgentSpec, RuntimeError> {
         spec.model.script = Some(absolute.display().to_string());
     }
     Ok(spec)
+}
+
+/// The line number of each `[[mcp]]` header of an agent file, in order.
+fn mcp_header_lines(text: &str) -> impl Iterator<Item = usize> + '_ {
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| line.trim_start().starts_with("[[mcp]]"))
+        .map(|(index, _)| index + 1)
 }
 
 #[cfg(test)]
@@ -71,6 +82,23 @@ parameters = { type = "object", properties = { customer = { type = "string" }, c
         let spec = load_agent_file(&path).unwrap();
         assert_eq!(spec.tools.len(), 3);
         assert!(!spec.tool("send_sms").unwrap().safe_to_rerun());
+    }
+
+    #[test]
+    fn an_mcp_server_is_named_with_its_file_and_line() {
+        let spec = load(
+            "name = \"x\"\n[model]\nprovider = \"scripted\"\nmodel = \"m\"\nscript = \"s.json\"\n\n[[mcp]]\nname = \"fs\"\ncommand = [\"true\"]\n[mcp.tools]\nread = \"read_only\"\n",
+        )
+        .unwrap();
+        let label = spec.mcp[0].label();
+        assert!(label.contains("agent.toml:7"), "{label}");
+        let err = load("name = \"x\"\n[model]\nprovider = \"scripted\"\nmodel = \"m\"\nscript = \"s.json\"\n[[mcp]]\nname = \"fs\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("agent.toml:6") && err.contains("exactly one of command"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -130,6 +130,10 @@ pub struct PostMessage {
     /// message is recorded (202).
     #[serde(default)]
     pub wait: bool,
+    /// First adopt the tools each MCP server lists now (recorded, with what
+    /// changed); without it the session keeps the tools it pinned.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub refresh_tools: bool,
 }
 
 /// A message recorded; its turn runs.
@@ -591,6 +595,38 @@ pub struct ReplayView {
     /// The next model request, if there is one.
     #[schema(value_type = Option<Object>)]
     pub request: Value,
+    /// The tools the session offers, with their effects and where each
+    /// effect came from.
+    #[serde(default)]
+    pub tools: Vec<ToolView>,
+    /// Per MCP server, what its list now differs in from the tools the
+    /// session pinned (recorded when a turn last started it); not adopted.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub mcp_changes: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+/// One tool of a session.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ToolView {
+    /// The name the model calls it by.
+    pub name: String,
+    /// `http`, `command`, `native` or `mcp`.
+    pub kind: String,
+    /// `read_only`, `idempotent` or `side_effect`.
+    pub effect: String,
+    /// What decided the effect: `agent file` (its `[[tools]]` entry), or
+    /// for an MCP tool `policy`, `annotation` or `server default`.
+    pub effect_from: String,
+    /// Whether a call interrupted mid-way may run again.
+    pub safe_to_rerun: bool,
+    /// The MCP server it comes from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp_server: Option<String>,
+    /// The MCP server's annotations of it, as listed (shown, not obeyed
+    /// unless the server is trusted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub annotations: Option<Value>,
 }
 
 #[cfg(test)]

@@ -23,6 +23,7 @@ pub mod api;
 pub mod crash;
 pub mod error;
 pub mod lease;
+pub mod mcp;
 pub mod model;
 pub mod pause;
 pub mod runner;

@@ -153,10 +153,22 @@ impl Runner {
         session: &mut Session,
         native: Vec<Arc<dyn Tool>>,
     ) -> Result<TurnParts, RuntimeError> {
-        let spec = session.spec()?;
-        let setup = client_for(spec)
+        let spec = session.spec()?.clone();
+        let setup = match client_for(&spec)
             .map_err(RuntimeError::from)
-            .and_then(|model| Ok((model, Toolbox::with_native(&spec.tools, native)?)));
+            .and_then(|model| Ok((model, Toolbox::for_agent(&spec, native)?)))
+        {
+            Ok((model, toolbox)) if !spec.mcp.is_empty() => match toolbox.check_mcp(&spec).await {
+                Ok(report) => crate::mcp::record_changes(session, report)
+                    .await
+                    .map(|()| (model, toolbox)),
+                Err(e) => Err(RuntimeError::Spec {
+                    origin: format!("session {}", session.id()),
+                    reason: e.to_string(),
+                }),
+            },
+            other => other,
+        };
         match setup {
             Ok((model, toolbox)) => Ok(TurnParts { model, toolbox }),
             Err(error) => {

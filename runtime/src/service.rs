@@ -78,8 +78,10 @@ impl Service {
         Ok(self.observe(Session::load(self.log.clone(), id).await?))
     }
 
-    /// Starts a session with `spec`; checks the spec first.
+    /// Starts a session with `spec`; checks the spec first, and pins the
+    /// tools of its MCP servers (see [`crate::mcp::pin`]).
     pub async fn create(&self, spec: AgentSpec) -> Result<Session, RuntimeError> {
+        let spec = crate::mcp::pin(spec, "request").await?;
         spec.validate().map_err(|reason| RuntimeError::Spec {
             origin: "request".into(),
             reason,

@@ -2,7 +2,8 @@
 //! shape for both, built here.
 
 use crate::api::{
-    EventRecord, PlannedCall, ReplayView, SessionStatus, SessionSummary, TurnOutcome, Verified,
+    EventRecord, PlannedCall, ReplayView, SessionStatus, SessionSummary, ToolView, TurnOutcome,
+    Verified,
 };
 use crate::runner::TurnEnd;
 use crate::session::read_events;
@@ -156,6 +157,29 @@ pub fn replay_view(session: Uuid, state: &SessionState) -> ReplayView {
         request_bytes: body.as_ref().map_or(0, Vec::len) as u64,
         request_digest: body.as_deref().map(replay::digest_hex),
         request,
+        tools: state
+            .spec
+            .iter()
+            .flat_map(|s| &s.tools)
+            .map(tool_view)
+            .collect(),
+        mcp_changes: state.mcp_changes.clone(),
+    }
+}
+
+fn tool_view(tool: &replay::ToolSpec) -> ToolView {
+    let kind = serde_json::to_value(tool.kind).unwrap_or_default();
+    ToolView {
+        name: tool.name.clone(),
+        kind: kind.as_str().unwrap_or_default().to_string(),
+        effect: tool.effect.to_string(),
+        effect_from: tool
+            .mcp
+            .as_ref()
+            .map_or("agent file".to_string(), |m| m.effect_from.to_string()),
+        safe_to_rerun: tool.safe_to_rerun(),
+        mcp_server: tool.mcp.as_ref().map(|m| m.server.clone()),
+        annotations: tool.mcp.as_ref().and_then(|m| m.annotations.clone()),
     }
 }
 

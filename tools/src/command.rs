@@ -78,7 +78,7 @@ impl CommandTool {
         let mut child = crate::spawn::spawn(self.command(ctx))
             .await
             .map_err(|e| failed(format!("cannot start {:?}: {e}", self.program)))?;
-        let _group = child.id().map(GroupKiller);
+        let _group = child.id().map(crate::spawn::GroupKiller);
         let (exited, exit_seen) = tokio::sync::watch::channel(false);
         let limit = usize::try_from(self.spec.max_output_bytes()).unwrap_or(usize::MAX);
         let stdout = child.stdout.take().expect("stdout is piped");
@@ -134,20 +134,6 @@ impl CommandTool {
     }
 }
 
-/// Kills a process group when dropped: when the call ends, times out or is
-/// abandoned, nothing it started keeps running.
-struct GroupKiller(u32);
-
-impl Drop for GroupKiller {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) has no memory-safety preconditions. The group id is
-        // the pid of our child, which cannot be reused while the group lives.
-        unsafe {
-            libc::kill(-(self.0 as i32), libc::SIGKILL);
-        }
-    }
-}
-
 #[async_trait]
 impl Tool for CommandTool {
     fn spec(&self) -> &ToolSpec {
@@ -179,6 +165,7 @@ mod tests {
             command: Some(command.iter().map(|s| s.to_string()).collect()),
             env: Vec::new(),
             max_output_bytes: None,
+            mcp: None,
         }
     }
 

@@ -7,6 +7,7 @@
 mod capture;
 mod command;
 mod http;
+pub mod mcp;
 mod spawn;
 
 pub use command::{CommandTool, BASE_ENV};
@@ -14,7 +15,8 @@ pub use http::HttpTool;
 pub use spawn::set_tool_umask;
 
 use async_trait::async_trait;
-use replay::spec::{ToolKind, ToolSpec};
+use replay::mcp::McpServerSpec;
+use replay::spec::{AgentSpec, ToolKind, ToolSpec};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -105,6 +107,7 @@ pub trait Tool: Send + Sync {
 #[derive(Clone, Default)]
 pub struct Toolbox {
     tools: HashMap<String, Arc<dyn Tool>>,
+    mcp: Vec<Arc<mcp::McpConnector>>,
 }
 
 impl Toolbox {
@@ -123,6 +126,24 @@ impl Toolbox {
         specs: &[ToolSpec],
         native: Vec<Arc<dyn Tool>>,
     ) -> Result<Toolbox, ToolError> {
+        Toolbox::build(specs, &[], native)
+    }
+
+    /// Every tool of `agent`: [`Toolbox::with_native`] for its own tools,
+    /// and its pinned MCP tools, whose servers start when first needed.
+    pub fn for_agent(agent: &AgentSpec, native: Vec<Arc<dyn Tool>>) -> Result<Toolbox, ToolError> {
+        Toolbox::build(&agent.tools, &agent.mcp, native)
+    }
+
+    fn build(
+        specs: &[ToolSpec],
+        servers: &[McpServerSpec],
+        native: Vec<Arc<dyn Tool>>,
+    ) -> Result<Toolbox, ToolError> {
+        let connectors: HashMap<&str, Arc<mcp::McpConnector>> = servers
+            .iter()
+            .map(|s| (s.name.as_str(), Arc::new(mcp::McpConnector::new(s.clone()))))
+            .collect();
         let mut given: HashMap<String, Arc<dyn Tool>> = HashMap::new();
         for tool in native {
             let spec = tool.spec();
@@ -152,10 +173,43 @@ impl Toolbox {
                     tool: spec.name.clone(),
                     reason: "kind = \"native\" is code of a program that embeds mneme, handed to its runner; this process has none".into(),
                 })?,
+                ToolKind::Mcp => {
+                    let server = spec.mcp.as_ref().map_or("", |m| m.server.as_str());
+                    let connector = connectors.get(server).ok_or_else(|| ToolError::Config {
+                        tool: spec.name.clone(),
+                        reason: format!("its MCP server {server:?} is not declared"),
+                    })?;
+                    Arc::new(mcp::McpTool::new(spec.clone(), connector.clone()))
+                }
             };
             tools.insert(spec.name.clone(), tool);
         }
-        Ok(Toolbox { tools })
+        let mcp = connectors.into_values().collect();
+        Ok(Toolbox { tools, mcp })
+    }
+
+    /// Starts every MCP server of the toolbox that `agent` has pinned tools
+    /// of, and says for each what its list now differs in from the pinned
+    /// one (empty: the same). Fails on a server that cannot start or list.
+    pub async fn check_mcp(
+        &self,
+        agent: &AgentSpec,
+    ) -> Result<Vec<(String, Vec<String>)>, mcp::McpError> {
+        let mut report = Vec::new();
+        for connector in &self.mcp {
+            let spec = connector.spec();
+            let pinned = agent.mcp_tools(&spec.name);
+            let server = connector.server().await?;
+            let listed = server.list_tools().await?;
+            let now = spec.pin(&listed).map_err(|reason| mcp::McpError {
+                server: spec.label(),
+                reason,
+            })?;
+            let changes = replay::mcp::tool_list_changes(&pinned, &now);
+            report.push((spec.name.clone(), changes));
+        }
+        report.sort();
+        Ok(report)
     }
 
     /// The tool called `name`.

@@ -81,3 +81,17 @@ pub(crate) async fn spawn(
         .map_err(|_| gone())?;
     answer.await.map_err(|_| gone())?
 }
+
+/// Kills a process group when dropped: when the call ends, times out or is
+/// abandoned (or an MCP server is stopped), nothing it started keeps running.
+pub(crate) struct GroupKiller(pub(crate) u32);
+
+impl Drop for GroupKiller {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) has no memory-safety preconditions. The group id is
+        // the pid of our child, which cannot be reused while the group lives.
+        unsafe {
+            libc::kill(-(self.0 as i32), libc::SIGKILL);
+        }
+    }
+}

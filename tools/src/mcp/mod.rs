@@ -1,0 +1,513 @@
+//! MCP servers as tools: a client of the Model Context Protocol over stdio
+//! and Streamable HTTP, and [`McpTool`], one pinned tool of a server.
+//!
+//! mneme's rules hold for MCP tools as for every tool: the effect is the
+//! agent file's (see `replay::mcp`), the idempotency key travels with each
+//! call (in `_meta` as `mneme/idempotency_key`, and over HTTP as the
+//! `Idempotency-Key` header), and a server that dies or times out mid-call
+//! leaves the outcome unknown. A server is started when a session's turn
+//! first needs it and stopped (its whole process group) when the toolbox
+//! that started it is dropped, or with mneme itself.
+
+mod http;
+mod stdio;
+
+use crate::capture::truncation_note;
+use crate::{CallContext, Tool, ToolError};
+use async_trait::async_trait;
+use replay::mcp::{ListedTool, McpServerSpec, MAX_LISTED_TOOLS};
+use replay::spec::ToolSpec;
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Protocol versions this client speaks, newest first: it asks for the
+/// first and accepts any of them in the answer.
+pub const PROTOCOL_VERSIONS: &[&str] = &["2025-06-18", "2025-03-26", "2024-11-05"];
+
+/// Why an MCP server could not be used.
+#[derive(Debug, thiserror::Error)]
+#[error("{server}: {reason}")]
+pub struct McpError {
+    /// The server, as the agent file names it (with its line where known).
+    pub server: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// The answer to one JSON-RPC request.
+pub(crate) type RpcResult = Result<Value, RpcError>;
+
+/// Why a request got no result.
+#[derive(Debug)]
+pub(crate) enum RpcError {
+    /// Never sent: the server was not reached.
+    NotSent(String),
+    /// Sent, but the server went away (or broke the protocol) before
+    /// answering: whatever it was asked may have happened.
+    Gone(String),
+    /// The server answered with a JSON-RPC error.
+    Server(String),
+    /// The server answered, but not as the protocol says.
+    Protocol(String),
+}
+
+impl std::fmt::Display for RpcError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RpcError::NotSent(why) | RpcError::Gone(why) | RpcError::Protocol(why) => {
+                f.write_str(why)
+            }
+            RpcError::Server(why) => write!(f, "the server answered with an error: {why}"),
+        }
+    }
+}
+
+/// The result or error of a JSON-RPC answer.
+pub(crate) fn answer_of(message: Value) -> RpcResult {
+    if let Some(error) = message.get("error") {
+        let text = error.get("message").and_then(Value::as_str).unwrap_or("");
+        let code = error.get("code").and_then(Value::as_i64).unwrap_or(0);
+        return Err(RpcError::Server(format!("{text} (code {code})")));
+    }
+    match message.get("result") {
+        Some(result) => Ok(result.clone()),
+        None => Err(RpcError::Protocol(
+            "an answer with neither result nor error".into(),
+        )),
+    }
+}
+
+/// The answer to a request the server sends us: `ping` is served; mneme
+/// offers no client capabilities (roots, sampling, elicitation), so every
+/// other method is not found.
+pub(crate) fn reply_to_server(id: &Value, method: &Value) -> Value {
+    match method.as_str() {
+        Some("ping") => json!({"jsonrpc": "2.0", "id": id, "result": {}}),
+        _ => json!({"jsonrpc": "2.0", "id": id,
+            "error": {"code": -32601, "message": "method not found: mneme offers no client capabilities"}}),
+    }
+}
+
+enum Transport {
+    Stdio(stdio::StdioServer),
+    Http(http::HttpServer),
+}
+
+/// A connected, initialized MCP server.
+pub struct McpServer {
+    spec: McpServerSpec,
+    transport: Transport,
+    next_id: AtomicU64,
+    /// The protocol version the server answered with.
+    protocol: String,
+}
+
+impl McpServer {
+    /// Starts (stdio) or reaches (HTTP) the server of `spec` and completes
+    /// the `initialize` handshake, within the spec's timeout.
+    pub async fn connect(spec: &McpServerSpec) -> Result<McpServer, McpError> {
+        let error = |reason: String| McpError {
+            server: spec.label(),
+            reason,
+        };
+        let transport = match spec.url {
+            Some(_) => Transport::Http(http::HttpServer::new(spec).map_err(error)?),
+            None => Transport::Stdio(stdio::StdioServer::start(spec).await.map_err(error)?),
+        };
+        let mut server = McpServer {
+            spec: spec.clone(),
+            transport,
+            next_id: AtomicU64::new(0),
+            protocol: String::new(),
+        };
+        let params = json!({
+            "protocolVersion": PROTOCOL_VERSIONS[0],
+            "capabilities": {},
+            "clientInfo": {"name": "mneme", "version": env!("CARGO_PKG_VERSION")},
+        });
+        let answer =
+            tokio::time::timeout(spec.timeout(), server.request("initialize", params, None))
+                .await
+                .map_err(|_| {
+                    server.failure(format!(
+                        "no answer to initialize within {} s",
+                        spec.timeout().as_secs()
+                    ))
+                })?
+                .map_err(|e| server.failure(format!("initialize: {e}")))?;
+        let version = answer
+            .get("protocolVersion")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if !PROTOCOL_VERSIONS.contains(&version) {
+            return Err(server.failure(format!(
+                "the server speaks MCP protocol version {version:?}; mneme speaks {}",
+                PROTOCOL_VERSIONS.join(", ")
+            )));
+        }
+        server.protocol = version.to_string();
+        if let Transport::Http(http) = &server.transport {
+            http.set_protocol(version);
+        }
+        server
+            .notify("notifications/initialized", json!({}))
+            .await
+            .map_err(|e| server.failure(format!("notifications/initialized: {e}")))?;
+        Ok(server)
+    }
+
+    /// The protocol version agreed on.
+    pub fn protocol_version(&self) -> &str {
+        &self.protocol
+    }
+
+    /// An error about this server, with the end of its stderr where it has one.
+    fn failure(&self, reason: String) -> McpError {
+        let stderr = match &self.transport {
+            Transport::Stdio(stdio) => stdio.stderr_tail(),
+            Transport::Http(_) => String::new(),
+        };
+        let reason = match stderr.is_empty() {
+            true => reason,
+            false => {
+                let tail: String = stderr
+                    .chars()
+                    .rev()
+                    .take(500)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect();
+                format!("{reason} (its stderr ends: {tail})")
+            }
+        };
+        McpError {
+            server: self.spec.label(),
+            reason,
+        }
+    }
+
+    /// Every tool the server lists (following pages), as it lists them.
+    pub async fn list_tools(&self) -> Result<Vec<ListedTool>, McpError> {
+        let mut tools = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let params = match &cursor {
+                Some(cursor) => json!({"cursor": cursor}),
+                None => json!({}),
+            };
+            let page = tokio::time::timeout(
+                self.spec.timeout(),
+                self.request("tools/list", params, None),
+            )
+            .await
+            .map_err(|_| self.failure("no answer to tools/list in time".into()))?
+            .map_err(|e| self.failure(format!("tools/list: {e}")))?;
+            let listed: Vec<ListedTool> = serde_json::from_value(
+                page.get("tools").cloned().unwrap_or(Value::Null),
+            )
+            .map_err(|e| self.failure(format!("tools/list answered a malformed list: {e}")))?;
+            tools.extend(listed);
+            if tools.len() > MAX_LISTED_TOOLS {
+                return Err(self.failure(format!("lists more than {MAX_LISTED_TOOLS} tools")));
+            }
+            cursor = page
+                .get("nextCursor")
+                .and_then(Value::as_str)
+                .map(String::from);
+            if cursor.is_none() {
+                return Ok(tools);
+            }
+        }
+    }
+
+    /// Whether the server can still be asked anything.
+    fn alive(&self) -> bool {
+        match &self.transport {
+            Transport::Stdio(stdio) => stdio.alive(),
+            Transport::Http(_) => true,
+        }
+    }
+
+    async fn request(&self, method: &str, params: Value, key: Option<&str>) -> RpcResult {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.request_with_id(id, method, params, key).await
+    }
+
+    async fn request_with_id(
+        &self,
+        id: u64,
+        method: &str,
+        params: Value,
+        key: Option<&str>,
+    ) -> RpcResult {
+        let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        match &self.transport {
+            Transport::Http(http) => http.post(&message, Some(id), key).await,
+            Transport::Stdio(stdio) => {
+                let answer = stdio
+                    .send(&message, Some(id))
+                    .await?
+                    .expect("a request waits");
+                answer
+                    .await
+                    .unwrap_or_else(|_| Err(RpcError::Gone("the server went away".into())))
+            }
+        }
+    }
+
+    async fn notify(&self, method: &str, params: Value) -> Result<(), RpcError> {
+        let message = json!({"jsonrpc": "2.0", "method": method, "params": params});
+        match &self.transport {
+            Transport::Http(http) => http.post(&message, None, None).await.map(|_| ()),
+            Transport::Stdio(stdio) => stdio.send(&message, None).await.map(|_| ()),
+        }
+    }
+
+    /// Calls `tool` (its name on the server) with `arguments`; on timeout
+    /// tells the server the request is cancelled.
+    async fn call_tool(
+        &self,
+        spec: &ToolSpec,
+        tool: &str,
+        arguments: Value,
+        key: &str,
+    ) -> Result<Value, ToolError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let params = json!({
+            "name": tool,
+            "arguments": arguments,
+            "_meta": {"mneme/idempotency_key": key},
+        });
+        let limit = spec.timeout();
+        match tokio::time::timeout(
+            limit,
+            self.request_with_id(id, "tools/call", params, Some(key)),
+        )
+        .await
+        {
+            Ok(Ok(result)) => Ok(result),
+            Ok(Err(e)) => Err(tool_error(spec, e, self)),
+            Err(_) => {
+                let cancel = json!({"requestId": id, "reason": "mneme: the call timed out"});
+                let _ = self.notify("notifications/cancelled", cancel).await;
+                Err(ToolError::Timeout {
+                    tool: spec.name.clone(),
+                    secs: limit.as_secs(),
+                })
+            }
+        }
+    }
+}
+
+fn tool_error(spec: &ToolSpec, error: RpcError, server: &McpServer) -> ToolError {
+    let tool = spec.name.clone();
+    let reason = match &error {
+        RpcError::Gone(_) => server.failure(error.to_string()).reason,
+        _ => error.to_string(),
+    };
+    match error {
+        RpcError::Gone(_) => ToolError::Interrupted { tool, reason },
+        RpcError::NotSent(_) | RpcError::Server(_) | RpcError::Protocol(_) => {
+            ToolError::Failed { tool, reason }
+        }
+    }
+}
+
+/// The tools a session pins from the server of `spec`: it is started,
+/// asked for its list, and stopped.
+pub async fn pin_tools(spec: &McpServerSpec) -> Result<Vec<ToolSpec>, McpError> {
+    let server = McpServer::connect(spec).await?;
+    let listed = server.list_tools().await?;
+    spec.pin(&listed).map_err(|reason| McpError {
+        server: spec.label(),
+        reason,
+    })
+}
+
+/// One server of a toolbox, started when a call first needs it and again
+/// after it died.
+pub(crate) struct McpConnector {
+    spec: McpServerSpec,
+    live: tokio::sync::Mutex<Option<Arc<McpServer>>>,
+}
+
+impl McpConnector {
+    pub(crate) fn new(spec: McpServerSpec) -> McpConnector {
+        McpConnector {
+            spec,
+            live: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The server's spec.
+    pub(crate) fn spec(&self) -> &McpServerSpec {
+        &self.spec
+    }
+
+    /// The running server, started if it is not.
+    pub(crate) async fn server(&self) -> Result<Arc<McpServer>, McpError> {
+        let mut live = self.live.lock().await;
+        if let Some(server) = live.as_ref().filter(|s| s.alive()) {
+            return Ok(server.clone());
+        }
+        let server = Arc::new(McpServer::connect(&self.spec).await?);
+        *live = Some(server.clone());
+        Ok(server)
+    }
+}
+
+/// One pinned tool of an MCP server.
+pub struct McpTool {
+    spec: ToolSpec,
+    connector: Arc<McpConnector>,
+}
+
+impl McpTool {
+    pub(crate) fn new(spec: ToolSpec, connector: Arc<McpConnector>) -> McpTool {
+        McpTool { spec, connector }
+    }
+}
+
+#[async_trait]
+impl Tool for McpTool {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn call(&self, ctx: &CallContext, args: &str) -> Result<String, ToolError> {
+        let arguments: Value = serde_json::from_str(args).map_err(|e| ToolError::BadArguments {
+            tool: self.spec.name.clone(),
+            reason: format!("not JSON: {e}"),
+        })?;
+        let on_server = self.spec.mcp.as_ref().map_or("", |m| m.tool.as_str());
+        let server = self
+            .connector
+            .server()
+            .await
+            .map_err(|e| ToolError::Failed {
+                tool: self.spec.name.clone(),
+                reason: e.to_string(),
+            })?;
+        let result = server
+            .call_tool(&self.spec, on_server, arguments, &ctx.idempotency_key)
+            .await?;
+        let limit = usize::try_from(self.spec.max_output_bytes()).unwrap_or(usize::MAX);
+        let (text, is_error) = render_result(&result);
+        let text = bounded(text, limit);
+        match is_error {
+            true => Err(ToolError::Failed {
+                tool: self.spec.name.clone(),
+                reason: text,
+            }),
+            false => Ok(text),
+        }
+    }
+}
+
+/// A `tools/call` result as the model and the log see it: the text of a
+/// result made only of text; its `structuredContent` where the rest is only
+/// text; else JSON of its content (binary content by type, size and
+/// SHA-256, never inline) and `structuredContent`. And whether the server
+/// marked it an error.
+pub(crate) fn render_result(result: &Value) -> (String, bool) {
+    let is_error = result.get("isError").and_then(Value::as_bool) == Some(true);
+    let blocks: Vec<Value> = result
+        .get("content")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let structured = result.get("structuredContent").filter(|v| !v.is_null());
+    let all_text = blocks.iter().all(|b| b.get("type") == Some(&json!("text")));
+    match (all_text, structured) {
+        // Text blocks beside structured content are its serialization
+        // (MCP asks servers to send both): the structured form is the result.
+        (true, Some(structured)) => return (structured.to_string(), is_error),
+        (true, None) => {
+            let texts: Vec<&str> = blocks
+                .iter()
+                .filter_map(|b| b.get("text").and_then(Value::as_str))
+                .collect();
+            return (texts.join("\n"), is_error);
+        }
+        (false, _) => {}
+    }
+    let content: Vec<Value> = blocks.iter().map(by_reference).collect();
+    let mut out = json!({ "content": content });
+    if let Some(structured) = structured {
+        out["structuredContent"] = structured.clone();
+    }
+    (out.to_string(), is_error)
+}
+
+/// A content block with any base64 payload (`data`, or an embedded
+/// resource's `blob`) replaced by its decoded size and SHA-256.
+fn by_reference(block: &Value) -> Value {
+    let mut block = block.clone();
+    replace_payload(&mut block, "data");
+    if let Some(resource) = block.get_mut("resource") {
+        replace_payload(resource, "blob");
+    }
+    block
+}
+
+fn replace_payload(holder: &mut Value, field: &str) {
+    let Some(object) = holder.as_object_mut() else {
+        return;
+    };
+    let Some(payload) = object.remove(field) else {
+        return;
+    };
+    let text = payload.as_str().unwrap_or_default();
+    // base64's length says the size without decoding: 3 bytes a 4 chars.
+    let padding = text.bytes().rev().take_while(|&b| b == b'=').count();
+    let bytes = (text.len() / 4 * 3).saturating_sub(padding);
+    object.insert("bytes".into(), json!(bytes));
+    object.insert("sha256".into(), json!(replay::digest_hex(text.as_bytes())));
+    object.insert(
+        "stored".into(),
+        json!("not kept: mneme records the size and the digest of the base64 text"),
+    );
+}
+
+fn bounded(text: String, limit: usize) -> String {
+    if text.len() <= limit {
+        return text;
+    }
+    let mut cut = limit;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let note = truncation_note(cut, text.len() as u64, true);
+    format!("{}{note}", &text[..cut])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_results_read_as_text_and_binary_goes_by_reference() {
+        let (text, error) = render_result(&json!({"content": [
+            {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}));
+        assert_eq!((text.as_str(), error), ("a\nb", false));
+        let (text, error) = render_result(&json!({"isError": true, "content": [
+            {"type": "text", "text": "no such file"}]}));
+        assert_eq!((text.as_str(), error), ("no such file", true));
+        let image = json!({"content": [{"type": "image", "mimeType": "image/png", "data": "aGVsbG8="}],
+            "structuredContent": {"ok": true}});
+        let (text, _) = render_result(&image);
+        let out: Value = serde_json::from_str(&text).unwrap();
+        let block = &out["content"][0];
+        assert_eq!(block["bytes"], 5);
+        assert!(block.get("data").is_none(), "{text}");
+        assert_eq!(out["structuredContent"]["ok"], true);
+    }
+
+    #[test]
+    fn a_long_result_is_cut_on_a_character_and_says_so() {
+        let out = bounded("é".repeat(10), 5);
+        assert!(out.starts_with("éé\n[mneme] output truncated"), "{out}");
+    }
+}
