@@ -284,12 +284,6 @@ impl McpServerSpec {
     /// server does not list, and a listed name unfit for a model (the
     /// reason, without the server's [`McpServerSpec::label`]).
     pub fn pin(&self, listed: &[ListedTool]) -> Result<Vec<ToolSpec>, String> {
-        if listed.len() > MAX_LISTED_TOOLS {
-            return Err(format!(
-                "the server lists {} tools; at most {MAX_LISTED_TOOLS} are taken",
-                listed.len()
-            ));
-        }
         for named in self.named_tools() {
             if !listed.iter().any(|t| t.name == named) {
                 let names: Vec<&str> = listed.iter().map(|t| t.name.as_str()).collect();
@@ -298,6 +292,18 @@ impl McpServerSpec {
                     names.join(", ")
                 ));
             }
+        }
+        self.pin_offered(listed)
+    }
+
+    /// [`McpServerSpec::pin`] without refusing a named tool the server does
+    /// not list: what a session started with compares a list to.
+    pub fn pin_offered(&self, listed: &[ListedTool]) -> Result<Vec<ToolSpec>, String> {
+        if listed.len() > MAX_LISTED_TOOLS {
+            return Err(format!(
+                "the server lists {} tools; at most {MAX_LISTED_TOOLS} are taken",
+                listed.len()
+            ));
         }
         listed
             .iter()

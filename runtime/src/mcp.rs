@@ -63,7 +63,7 @@ pub async fn refresh(
     let mut adopted = Vec::new();
     let mut events = Vec::new();
     for server in &spec.mcp {
-        let tools = tools::mcp::pin_tools(server)
+        let tools = tools::mcp::offered_tools(server)
             .await
             .map_err(|e| spec_error(&origin, e.to_string()))?;
         let changes = replay::mcp::tool_list_changes(&spec.mcp_tools(&server.name), &tools);

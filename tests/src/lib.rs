@@ -16,6 +16,7 @@ use tokio::sync::oneshot;
 pub mod bench;
 pub mod daemon;
 pub mod hostile;
+pub mod mcp;
 pub mod scenario;
 
 pub use runtime::sink::{Sink, SinkStats};

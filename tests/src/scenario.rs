@@ -25,6 +25,8 @@ pub struct Scenario {
     pub replies: Vec<MockReply>,
     /// How the model server misbehaves.
     pub fault: Fault,
+    /// Its tools are real MCP servers' instead of HTTP and command tools.
+    pub mcp: bool,
 }
 
 /// Parallel calls of every effect kind, a failing tool, an HTTP side effect
@@ -45,6 +47,7 @@ pub fn effects_scenario() -> Scenario {
             MockReply::answer("Charged, reserved, notified, emailed; the ledger was down."),
         ],
         fault: Fault::None,
+        mcp: false,
     }
 }
 
@@ -60,6 +63,37 @@ pub fn multi_turn_scenario() -> Scenario {
             MockReply::answer("Charged Ada."),
         ],
         fault: Fault::FailFirstTry,
+        mcp: false,
+    }
+}
+
+/// What server-memory's `create_entities` answers for the entity the MCP
+/// scenario creates (its `structuredContent`, as mneme records it).
+pub const REMEMBER_RESULT: &str =
+    "{\"entities\":[{\"entityType\":\"person\",\"name\":\"ada\",\"observations\":[\"met\"]}]}";
+
+/// Real MCP servers as tools: a side effect that ignores keys
+/// (server-memory's `create_entities`, the server's default effect), an
+/// idempotent write and a read-only read (server-filesystem, by policy).
+pub fn mcp_scenario() -> Scenario {
+    let entity =
+        json!({"entities": [{"name": "ada", "entityType": "person", "observations": ["met"]}]});
+    Scenario {
+        name: "mcp",
+        turns: vec!["Remember Ada, write her a note and read it back."],
+        replies: vec![
+            MockReply::calls(&[
+                ("mem__create_entities", entity),
+                (
+                    "fs__write_file",
+                    json!({"path": "note.txt", "content": "Ada: met"}),
+                ),
+            ]),
+            MockReply::calls(&[("fs__read_text_file", json!({"path": "note.txt"}))]),
+            MockReply::answer("Ada is remembered; her note reads: Ada: met."),
+        ],
+        fault: Fault::None,
+        mcp: true,
     }
 }
 
@@ -98,24 +132,10 @@ impl Scenario {
         let model = MockModel::start(self.replies.clone(), self.fault).await;
         let sink = Sink::start().await.unwrap();
         let effects = world.dir.path().join("notify-effects.log");
-        let notify = format!(
-            "cat >/dev/null; echo \"$MNEME_IDEMPOTENCY_KEY\" >> {}; echo '{NOTIFY_RESULT}'",
-            effects.display()
-        );
-        let tools = [
-            http_tool("charge", &sink.url("charge"), "side_effect"),
-            http_tool("reserve", &sink.url("reserve"), "idempotent"),
-            http_tool("email", &sink.url("email"), "side_effect"),
-            lookup_tool(),
-            command_tool("notify", &["sh", "-c", &notify], "side_effect", 10),
-            command_tool(
-                "ledger",
-                &["sh", "-c", "cat >/dev/null; echo 'ledger down' >&2; exit 1"],
-                "read_only",
-                10,
-            ),
-        ];
-        let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &tools));
+        let agent = match self.mcp {
+            true => mcp_agent(&world, &model),
+            false => effects_agent(&world, &model, &sink, &effects),
+        };
         Env {
             world,
             model,
@@ -124,6 +144,55 @@ impl Scenario {
             effects,
         }
     }
+}
+
+/// The MCP scenario's agent: server-memory keeps its graph in the world's
+/// `memory.jsonl`, server-filesystem may touch only the world's `notes/`.
+fn mcp_agent(world: &World, model: &MockModel) -> PathBuf {
+    let servers = crate::mcp::servers();
+    let notes = world.dir.path().join("notes");
+    std::fs::create_dir_all(&notes).unwrap();
+    let fs = crate::mcp::stdio_server(
+        "fs",
+        &servers.filesystem,
+        &[notes.to_str().unwrap()],
+        "tools = { write_file = \"idempotent\", read_text_file = \"read_only\" }\nexpose = [\"write_file\", \"read_text_file\"]\n",
+    );
+    let memory = crate::mcp::memory_server(
+        "mem",
+        &world.dir.path().join("memory.jsonl"),
+        "expose = [\"create_entities\", \"read_graph\"]\n",
+    );
+    let text = agent_toml(&model.base_url(), &[]) + &fs + &memory;
+    world.write("agent.toml", &text)
+}
+
+/// The effects scenario's agent: HTTP tools on `sink`, command tools, one
+/// of which logs each key it runs with to `effects`.
+fn effects_agent(
+    world: &World,
+    model: &MockModel,
+    sink: &Sink,
+    effects: &std::path::Path,
+) -> PathBuf {
+    let notify = format!(
+        "cat >/dev/null; echo \"$MNEME_IDEMPOTENCY_KEY\" >> {}; echo '{NOTIFY_RESULT}'",
+        effects.display()
+    );
+    let tools = [
+        http_tool("charge", &sink.url("charge"), "side_effect"),
+        http_tool("reserve", &sink.url("reserve"), "idempotent"),
+        http_tool("email", &sink.url("email"), "side_effect"),
+        lookup_tool(),
+        command_tool("notify", &["sh", "-c", &notify], "side_effect", 10),
+        command_tool(
+            "ledger",
+            &["sh", "-c", "cat >/dev/null; echo 'ledger down' >&2; exit 1"],
+            "read_only",
+            10,
+        ),
+    ];
+    world.write("agent.toml", &agent_toml(&model.base_url(), &tools))
 }
 
 /// Where a fault test keeps its logs.
@@ -307,16 +376,25 @@ async fn resolve_in_doubt(env: &Env, session: &str) -> Result<Option<String>, St
             .map_err(|e| format!("replay --json: {e}"))?;
     let keys = started_keys(&env.world, session).await;
     let effects = std::fs::read_to_string(&env.effects).unwrap_or_default();
+    let remembered =
+        std::fs::read_to_string(env.world.dir.path().join("memory.jsonl")).unwrap_or_default();
     for call in plan["calls"].as_array().into_iter().flatten() {
         if call["decision"] != "awaiting_decision" {
             continue;
         }
         let id = call["call_id"].as_str().unwrap();
-        let happened = keys
-            .get(id)
-            .is_some_and(|k| effects.lines().any(|l| l == k));
+        // What the world shows of the effect, and the result it gave.
+        let (happened, result) = match call["tool"].as_str() {
+            Some("mem__create_entities") => (remembered.contains("\"ada\""), REMEMBER_RESULT),
+            _ => {
+                let logged = keys
+                    .get(id)
+                    .is_some_and(|k| effects.lines().any(|l| l == k));
+                (logged, NOTIFY_RESULT)
+            }
+        };
         let decision: &[&str] = if happened {
-            &["--skip", "--result", NOTIFY_RESULT]
+            &["--skip", "--result", result]
         } else {
             &["--retry"]
         };
@@ -475,6 +553,25 @@ pub async fn violations(env: &Env, outcome: &Outcome, reference: &Reference) -> 
             reference.sink.hits_by_key.len()
         ),
     );
+    // An MCP side effect that ignores keys: one entity, created once (a
+    // second create_entities would answer differently, and the final
+    // transcript would show it).
+    let memory = std::fs::read_to_string(env.world.dir.path().join("memory.jsonl"));
+    if let Ok(memory) = memory {
+        let entities = memory
+            .lines()
+            .filter(|l| l.contains("\"name\":\"ada\""))
+            .count();
+        check(
+            entities == 1,
+            format!("server-memory holds {entities} entities ada"),
+        );
+        let note = std::fs::read_to_string(env.world.dir.path().join("notes/note.txt"));
+        check(
+            note.as_deref().ok() == Some("Ada: met"),
+            format!("the note written through MCP reads {note:?}"),
+        );
+    }
     let effects = std::fs::read_to_string(&env.effects).unwrap_or_default();
     let lines: Vec<&str> = effects.lines().collect();
     let distinct: BTreeSet<&&str> = lines.iter().collect();

@@ -55,7 +55,8 @@ impl Tally {
 /// the first resume; the invariants checked against an uncrashed sled run.
 async fn matrix(points: &[&str], store: Store) -> Tally {
     let full = std::env::var_os("MNEME_CRASH_FULL").is_some();
-    let scenarios = scenario::all();
+    let mut scenarios = scenario::all();
+    scenarios.push(scenario::mcp_scenario());
     let mut tally = Tally {
         scenarios: scenarios.len(),
         points: points.len(),

@@ -201,7 +201,7 @@ impl Toolbox {
             let pinned = agent.mcp_tools(&spec.name);
             let server = connector.server().await?;
             let listed = server.list_tools().await?;
-            let now = spec.pin(&listed).map_err(|reason| mcp::McpError {
+            let now = spec.pin_offered(&listed).map_err(|reason| mcp::McpError {
                 server: spec.label(),
                 reason,
             })?;

@@ -315,12 +315,23 @@ fn tool_error(spec: &ToolSpec, error: RpcError, server: &McpServer) -> ToolError
     }
 }
 
-/// The tools a session pins from the server of `spec`: it is started,
-/// asked for its list, and stopped.
+/// The tools a session pins from the server of `spec` when it starts: it
+/// is started, asked for its list, and stopped. Refuses a tool the spec
+/// names that the server does not list.
 pub async fn pin_tools(spec: &McpServerSpec) -> Result<Vec<ToolSpec>, McpError> {
-    let server = McpServer::connect(spec).await?;
-    let listed = server.list_tools().await?;
+    let listed = McpServer::connect(spec).await?.list_tools().await?;
     spec.pin(&listed).map_err(|reason| McpError {
+        server: spec.label(),
+        reason,
+    })
+}
+
+/// The tools the server of `spec` offers now, as a session would pin them;
+/// a tool the spec names that the server no longer lists is left out (a
+/// session's recorded spec cannot change, so this is no error).
+pub async fn offered_tools(spec: &McpServerSpec) -> Result<Vec<ToolSpec>, McpError> {
+    let listed = McpServer::connect(spec).await?.list_tools().await?;
+    spec.pin_offered(&listed).map_err(|reason| McpError {
         server: spec.label(),
         reason,
     })
