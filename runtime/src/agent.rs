@@ -82,6 +82,10 @@ parameters = { type = "object", properties = { customer = { type = "string" }, c
         let spec = load_agent_file(&path).unwrap();
         assert_eq!(spec.tools.len(), 3);
         assert!(!spec.tool("send_sms").unwrap().safe_to_rerun());
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mcp-notes.toml");
+        let spec = load_agent_file(&path).unwrap();
+        assert_eq!(spec.mcp[0].name, "fs");
+        assert!(spec.tools.is_empty(), "pinned only when a session starts");
     }
 
     #[test]

@@ -213,23 +213,23 @@ async fn everything() -> Everything {
         .local_addr()
         .unwrap()
         .port();
-    let child = std::process::Command::new("node")
-        .arg(&servers().everything)
-        .arg("streamableHttp")
-        .env("PORT", port.to_string())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("node runs");
+    let server = Everything {
+        child: std::process::Command::new("node")
+            .arg(&servers().everything)
+            .arg("streamableHttp")
+            .env("PORT", port.to_string())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("node runs"),
+        url: format!("http://127.0.0.1:{port}/mcp"),
+    };
     for _ in 0..200 {
         if tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .is_ok()
         {
-            return Everything {
-                child,
-                url: format!("http://127.0.0.1:{port}/mcp"),
-            };
+            return server;
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
@@ -348,7 +348,7 @@ async fn a_bad_mcp_entry_is_refused_at_run_with_its_file_line_and_reason() {
         ),
     ];
     for (entry, reason, line) in cases {
-        let path = world.write("agent.toml", &agent(&model, &[entry.clone()]));
+        let path = world.write("agent.toml", &agent(&model, std::slice::from_ref(&entry)));
         let out = world
             .run(&["run", "--agent", path.to_str().unwrap(), "hi"])
             .await;
@@ -554,4 +554,155 @@ async fn no_server_is_left_behind_when_mneme_is_killed() {
     }
     assert!(left.is_empty(), "left behind: {left:?}");
     assert!(Path::new(&marker).exists());
+}
+
+/// The daemon pins, runs and refreshes MCP tools the same way; a bad entry
+/// is refused when the session is created, naming the server.
+#[tokio::test]
+async fn the_daemon_runs_mcp_tools_and_refreshes_them_on_request() {
+    use mneme_e2e::daemon::DaemonProcess;
+    let world = World::new();
+    let notes = world.dir.path().join("notes");
+    std::fs::create_dir_all(&notes).unwrap();
+    let model = MockModel::start(
+        vec![
+            MockReply::calls(&[(
+                "fs__write_file",
+                json!({"path": "d.txt", "content": "daemon"}),
+            )]),
+            MockReply::answer("Written."),
+            MockReply::answer("Same tools."),
+        ],
+        Fault::None,
+    )
+    .await;
+    let fs = stdio_server(
+        "fs",
+        &servers().filesystem,
+        &[notes.to_str().unwrap()],
+        "[mcp.tools]\nwrite_file = \"idempotent\"\n",
+    );
+    let daemon = DaemonProcess::start(&world.dir.path().join("data"), &[]).await;
+    let id = daemon.create(&agent(&model, &[fs])).await;
+    let path = format!("/sessions/{id}/messages");
+    let (status, end) = daemon
+        .post(&path, &json!({"text": "write", "wait": true}))
+        .await;
+    assert_eq!(status, 200, "{end}");
+    assert_eq!(end["answer"], "Written.", "{end}");
+    assert_eq!(
+        std::fs::read_to_string(notes.join("d.txt")).unwrap(),
+        "daemon"
+    );
+    // Nothing changed: a refresh records nothing, and the turn goes on.
+    let (status, end) = daemon
+        .post(
+            &path,
+            &json!({"text": "again", "wait": true, "refresh_tools": true}),
+        )
+        .await;
+    assert_eq!(status, 200, "{end}");
+    let (_, replay) = daemon.get(&format!("/sessions/{id}/replay")).await;
+    let tools = replay["tools"].as_array().unwrap();
+    assert!(tools
+        .iter()
+        .any(|t| t["name"] == "fs__write_file" && t["effect"] == "idempotent"));
+    let (status, error) = daemon
+        .post(
+            "/sessions",
+            &json!({"spec": {"name": "x", "model": {"provider": "openai", "base_url": model.base_url(), "model": "m"},
+                "mcp": [{"name": "gone", "command": ["/nonexistent/server"]}]}}),
+        )
+        .await;
+    assert_eq!(status, 400, "{error}");
+    assert!(
+        error["error"].as_str().unwrap().contains("\"gone\""),
+        "{error}"
+    );
+    daemon.terminate().await;
+}
+
+/// A server that floods, hangs, dies mid-call, or asks the client things
+/// (`tests/fixtures/hostile-mcp.py`, speaking the protocol): each bounded,
+/// each a call whose outcome is unknown (a key-ignoring side effect goes in
+/// doubt, naming why), the cancellation sent on a timeout, and the server's
+/// own requests answered or refused.
+#[tokio::test]
+async fn a_hostile_mcp_server_is_bounded_and_its_broken_calls_are_in_doubt() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hostile-mcp.py");
+    let cases = [
+        ("flood", "over 1048576 bytes (max_message_bytes)"),
+        ("hang", "timed out after 2 s"),
+        ("die", "closed its stdout"),
+    ];
+    for (tool, reason) in cases {
+        let world = World::new();
+        let received = world.dir.path().join("received.jsonl");
+        let model = MockModel::start(
+            vec![
+                MockReply::calls(&[(&format!("bad__{tool}"), json!({}))]),
+                MockReply::answer("unreachable"),
+            ],
+            Fault::None,
+        )
+        .await;
+        let entry = format!(
+            "[[mcp]]\nname = \"bad\"\ncommand = [\"python3\", {:?}, {:?}]\ntimeout_secs = 2\nmax_message_bytes = 1048576\n",
+            fixture.display().to_string(),
+            received.display().to_string()
+        );
+        let path = world.write("agent.toml", &agent(&model, &[entry]));
+        let out = world
+            .run(&["run", "--agent", path.to_str().unwrap(), "go"])
+            .await;
+        assert_eq!(out.status.code(), Some(3), "{tool}: {}", stderr(&out));
+        let session = named_session(&out).unwrap();
+        let doubts = events_of(&world, &session, "ToolInDoubt").await;
+        let why = doubts[0]["reason"].as_str().unwrap();
+        assert!(why.contains(reason), "{tool}: {why}");
+        if tool == "hang" {
+            let lines = std::fs::read_to_string(&received).unwrap();
+            let messages: Vec<Value> = lines
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            let call = messages
+                .iter()
+                .find(|m| m["method"] == "tools/call")
+                .unwrap();
+            let cancel = messages
+                .iter()
+                .find(|m| m["method"] == "notifications/cancelled")
+                .expect("the timed-out call is cancelled");
+            assert_eq!(cancel["params"]["requestId"], call["id"]);
+        }
+    }
+    let world = World::new();
+    let received = world.dir.path().join("received.jsonl");
+    let model = MockModel::start(
+        vec![
+            MockReply::calls(&[("bad__ask", json!({}))]),
+            MockReply::answer("asked"),
+        ],
+        Fault::None,
+    )
+    .await;
+    let entry = format!(
+        "[[mcp]]\nname = \"bad\"\ncommand = [\"python3\", {:?}, {:?}]\n",
+        fixture.display().to_string(),
+        received.display().to_string()
+    );
+    let path = world.write("agent.toml", &agent(&model, &[entry]));
+    let out = world
+        .run(&["run", "--agent", path.to_str().unwrap(), "go"])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let finished = events_of(&world, &named_session(&out).unwrap(), "ToolFinished").await;
+    let answer: Value =
+        serde_json::from_str(finished[0]["outcome"]["Ok"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        answer,
+        json!({"ping": {}, "roots": -32601}),
+        "ping served, roots refused"
+    );
 }

@@ -17,6 +17,9 @@ pub(crate) struct HttpServer {
     headers: reqwest::header::HeaderMap,
     session: Mutex<Option<String>>,
     protocol: Mutex<Option<String>>,
+    /// The server forgot our session (HTTP 404 to a request carrying it):
+    /// a new connection must initialize again.
+    expired: std::sync::atomic::AtomicBool,
     max: usize,
 }
 
@@ -45,8 +48,14 @@ impl HttpServer {
             headers,
             session: Mutex::new(None),
             protocol: Mutex::new(None),
+            expired: std::sync::atomic::AtomicBool::new(false),
             max: usize::try_from(spec.max_message_bytes()).unwrap_or(usize::MAX),
         })
+    }
+
+    /// Whether the session the server gave is still good.
+    pub(crate) fn alive(&self) -> bool {
+        !self.expired.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// From now on every request carries `MCP-Protocol-Version: version`.
@@ -68,7 +77,9 @@ impl HttpServer {
             .headers(self.headers.clone())
             .header("Accept", "application/json, text/event-stream")
             .json(message);
-        if let Some(session) = self.session.lock().expect("session lock").clone() {
+        let session = self.session.lock().expect("session lock").clone();
+        let had_session = session.is_some();
+        if let Some(session) = session {
             request = request.header("Mcp-Session-Id", session);
         }
         if let Some(version) = self.protocol.lock().expect("protocol lock").clone() {
@@ -91,11 +102,17 @@ impl HttpServer {
         let Some(id) = id else {
             return Ok(Value::Null);
         };
-        if !status.is_success() {
-            return Err(RpcError::Protocol(format!(
-                "POST {} answered HTTP {status}",
-                self.url
-            )));
+        if status == reqwest::StatusCode::NOT_FOUND && had_session {
+            self.expired
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        let refused = format!("POST {} answered HTTP {status}", self.url);
+        match status.as_u16() {
+            200..=299 => {}
+            // The server says it did not take the request.
+            400..=499 => return Err(RpcError::Protocol(refused)),
+            // It may have acted before it failed.
+            _ => return Err(RpcError::Gone(refused)),
         }
         let event_stream = response
             .headers()

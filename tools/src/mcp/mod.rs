@@ -25,6 +25,9 @@ use std::sync::Arc;
 /// first and accepts any of them in the answer.
 pub const PROTOCOL_VERSIONS: &[&str] = &["2025-06-18", "2025-03-26", "2024-11-05"];
 
+/// Characters of the end of a server's stderr quoted in an error.
+const STDERR_QUOTED_CHARS: usize = 500;
+
 /// Why an MCP server could not be used.
 #[derive(Debug, thiserror::Error)]
 #[error("{server}: {reason}")]
@@ -168,19 +171,10 @@ impl McpServer {
             Transport::Stdio(stdio) => stdio.stderr_tail(),
             Transport::Http(_) => String::new(),
         };
-        let reason = match stderr.is_empty() {
-            true => reason,
-            false => {
-                let tail: String = stderr
-                    .chars()
-                    .rev()
-                    .take(500)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect();
-                format!("{reason} (its stderr ends: {tail})")
-            }
+        let reason = match stderr.char_indices().rev().nth(STDERR_QUOTED_CHARS) {
+            _ if stderr.is_empty() => reason,
+            Some((cut, _)) => format!("{reason} (its stderr ends: …{})", &stderr[cut..]),
+            None => format!("{reason} (its stderr ends: {stderr})"),
         };
         McpError {
             server: self.spec.label(),
@@ -226,7 +220,7 @@ impl McpServer {
     fn alive(&self) -> bool {
         match &self.transport {
             Transport::Stdio(stdio) => stdio.alive(),
-            Transport::Http(_) => true,
+            Transport::Http(http) => http.alive(),
         }
     }
 
