@@ -622,39 +622,46 @@ async fn the_daemon_runs_mcp_tools_and_refreshes_them_on_request() {
     daemon.terminate().await;
 }
 
-/// A server that floods, hangs, dies mid-call, or asks the client things
-/// (`tests/fixtures/hostile-mcp.py`, speaking the protocol): each bounded,
-/// each a call whose outcome is unknown (a key-ignoring side effect goes in
-/// doubt, naming why), the cancellation sent on a timeout, and the server's
-/// own requests answered or refused.
+/// A session of one call of the hostile server's `tool`
+/// (`tests/fixtures/hostile-mcp.py`, speaking the protocol); the world, the
+/// run's output and the file of every line the server received.
+async fn hostile_call(tool: &str) -> (World, std::process::Output, std::path::PathBuf) {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hostile-mcp.py");
+    let world = World::new();
+    let received = world.dir.path().join("received.jsonl");
+    let model = MockModel::start(
+        vec![
+            MockReply::calls(&[(&format!("bad__{tool}"), json!({}))]),
+            MockReply::answer("answered"),
+        ],
+        Fault::None,
+    )
+    .await;
+    let entry = format!(
+        "[[mcp]]\nname = \"bad\"\ncommand = [\"python3\", {:?}, {:?}]\ntimeout_secs = 2\nmax_message_bytes = 1048576\n[mcp.tools]\nask = \"read_only\"\n",
+        fixture.display().to_string(),
+        received.display().to_string()
+    );
+    let path = world.write("agent.toml", &agent(&model, &[entry]));
+    let out = world
+        .run(&["run", "--agent", path.to_str().unwrap(), "go"])
+        .await;
+    (world, out, received)
+}
+
+/// A server that floods, hangs, dies mid-call, or asks the client things:
+/// each bounded, each a call whose outcome is unknown (a key-ignoring side
+/// effect goes in doubt, naming why), the cancellation sent on a timeout,
+/// and the server's own requests answered or refused.
 #[tokio::test]
 async fn a_hostile_mcp_server_is_bounded_and_its_broken_calls_are_in_doubt() {
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hostile-mcp.py");
     let cases = [
         ("flood", "over 1048576 bytes (max_message_bytes)"),
         ("hang", "timed out after 2 s"),
         ("die", "closed its stdout"),
     ];
     for (tool, reason) in cases {
-        let world = World::new();
-        let received = world.dir.path().join("received.jsonl");
-        let model = MockModel::start(
-            vec![
-                MockReply::calls(&[(&format!("bad__{tool}"), json!({}))]),
-                MockReply::answer("unreachable"),
-            ],
-            Fault::None,
-        )
-        .await;
-        let entry = format!(
-            "[[mcp]]\nname = \"bad\"\ncommand = [\"python3\", {:?}, {:?}]\ntimeout_secs = 2\nmax_message_bytes = 1048576\n",
-            fixture.display().to_string(),
-            received.display().to_string()
-        );
-        let path = world.write("agent.toml", &agent(&model, &[entry]));
-        let out = world
-            .run(&["run", "--agent", path.to_str().unwrap(), "go"])
-            .await;
+        let (world, out, received) = hostile_call(tool).await;
         assert_eq!(out.status.code(), Some(3), "{tool}: {}", stderr(&out));
         let session = named_session(&out).unwrap();
         let doubts = events_of(&world, &session, "ToolInDoubt").await;
@@ -677,25 +684,7 @@ async fn a_hostile_mcp_server_is_bounded_and_its_broken_calls_are_in_doubt() {
             assert_eq!(cancel["params"]["requestId"], call["id"]);
         }
     }
-    let world = World::new();
-    let received = world.dir.path().join("received.jsonl");
-    let model = MockModel::start(
-        vec![
-            MockReply::calls(&[("bad__ask", json!({}))]),
-            MockReply::answer("asked"),
-        ],
-        Fault::None,
-    )
-    .await;
-    let entry = format!(
-        "[[mcp]]\nname = \"bad\"\ncommand = [\"python3\", {:?}, {:?}]\n",
-        fixture.display().to_string(),
-        received.display().to_string()
-    );
-    let path = world.write("agent.toml", &agent(&model, &[entry]));
-    let out = world
-        .run(&["run", "--agent", path.to_str().unwrap(), "go"])
-        .await;
+    let (world, out, _) = hostile_call("ask").await;
     assert!(out.status.success(), "{}", stderr(&out));
     let finished = events_of(&world, &named_session(&out).unwrap(), "ToolFinished").await;
     let answer: Value =
