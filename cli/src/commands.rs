@@ -115,6 +115,15 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
             }
             Ok(crate::render::verify(&results, a.json.json))
         }
+        Command::Blob(a) => {
+            let bytes = sessions.blob(a.session, &a.digest).await?;
+            match a.output {
+                Some(path) => std::fs::write(&path, bytes)
+                    .with_context(|| format!("writing {}", path.display()))?,
+                None => std::io::Write::write_all(&mut std::io::stdout(), &bytes)?,
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Replay(a) => {
             if a.raw {
                 use std::io::Write;

@@ -167,6 +167,10 @@ impl Sessions for Local {
         Ok(views::replay_view(id, session.state()))
     }
 
+    async fn blob(&self, id: Uuid, digest: &str) -> Result<Vec<u8>> {
+        Ok(self.service.blob(id, digest).await?)
+    }
+
     async fn next_request(&self, id: Uuid) -> Result<Vec<u8>> {
         let mut session = self.service.load(id).await?;
         Ok(session.next_request()?.to_vec())

@@ -87,6 +87,9 @@ enum Command {
     Verify(VerifyArgs),
     /// Dry run: the rebuilt prompt and the resume plan, running nothing.
     Replay(ReplayArgs),
+    /// Write the bytes of binary content a tool returned by reference (its
+    /// event records the SHA-256) to stdout or --output.
+    Blob(BlobArgs),
     /// Decide what to do with a tool call in doubt, then continue the session.
     Resolve(ResolveArgs),
     /// Approve (or deny) a tool call that waits for approval, then continue.
@@ -235,6 +238,17 @@ struct ReplayArgs {
     raw: bool,
     #[command(flatten)]
     json: JsonFlag,
+}
+
+#[derive(Args)]
+struct BlobArgs {
+    /// The session.
+    session: Uuid,
+    /// The blob's SHA-256 (hex), as `mneme log` shows it.
+    digest: String,
+    /// Write here instead of stdout.
+    #[arg(long)]
+    output: Option<PathBuf>,
 }
 
 /// What every decision on a call takes besides the decision itself.

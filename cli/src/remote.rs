@@ -192,6 +192,13 @@ impl Sessions for Remote {
         self.get(&format!("/sessions/{id}/replay")).await
     }
 
+    async fn blob(&self, id: Uuid, digest: &str) -> Result<Vec<u8>> {
+        let request = self
+            .http
+            .get(format!("{}/sessions/{id}/blobs/{digest}", self.base));
+        Ok(self.call(request).await?.bytes().await?.to_vec())
+    }
+
     async fn next_request(&self, id: Uuid) -> Result<Vec<u8>> {
         let request = self
             .http

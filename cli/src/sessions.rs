@@ -78,6 +78,10 @@ pub trait Sessions: Send + Sync {
     /// The exact bytes of session `id`'s next model request.
     async fn next_request(&self, id: Uuid) -> Result<Vec<u8>>;
 
+    /// The bytes of a blob the session keeps (binary content a tool
+    /// returned by reference), by its SHA-256.
+    async fn blob(&self, id: Uuid, digest: &str) -> Result<Vec<u8>>;
+
     /// Records a user message and runs the turn it starts.
     async fn post_message(
         &self,

@@ -45,7 +45,9 @@ impl IntoResponse for ApiError {
 impl From<RuntimeError> for ApiError {
     fn from(e: RuntimeError) -> ApiError {
         let status = match &e {
-            RuntimeError::NoSuchSession(_) => StatusCode::NOT_FOUND,
+            RuntimeError::NoSuchSession(_) | RuntimeError::NoSuchBlob { .. } => {
+                StatusCode::NOT_FOUND
+            }
             RuntimeError::InvalidRequest { .. }
             | RuntimeError::Log(
                 LogError::Conflict { .. } | LogError::LeaseHeld { .. } | LogError::Fenced { .. },
@@ -95,6 +97,7 @@ fn guarded_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(verify))
         .routes(routes!(replay_view))
         .routes(routes!(next_request))
+        .routes(routes!(blob))
 }
 
 /// The operations of every route, as [`router`] serves them, undressed:
@@ -170,6 +173,17 @@ async fn errors_as_json(State(limit): State<usize>, request: Request, next: Next
 struct SessionPath {
     /// The session's id.
     id: Uuid,
+}
+
+/// A blob of a session named in the path.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)] // read by axum as `Path<(Uuid, String)>`
+struct BlobPath {
+    /// The session's id.
+    id: Uuid,
+    /// The blob's SHA-256 (hex), as its event records it.
+    digest: String,
 }
 
 /// A call of a session named in the path.
@@ -873,6 +887,19 @@ async fn replay_view(
 ) -> Result<Json<ReplayView>, ApiError> {
     let session = daemon.service.load(id).await?;
     Ok(Json(views::replay_view(id, session.state())))
+}
+
+/// Binary content a tool returned by reference (an MCP server's image,
+/// say), by the SHA-256 its event records.
+#[utoipa::path(get, path = "/sessions/{id}/blobs/{digest}", params(BlobPath),
+    responses((status = 200, description = "The blob's bytes", body = Vec<u8>, content_type = "application/octet-stream"),
+        (status = 404, description = "No such session or blob", body = wire::ApiError)))]
+async fn blob(
+    State(daemon): State<Shared>,
+    Path((id, digest)): Path<(Uuid, String)>,
+) -> Result<Response, ApiError> {
+    let bytes = daemon.service.blob(id, &digest).await?;
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
 }
 
 /// The exact bytes of the session's next model request.

@@ -23,6 +23,15 @@ pub enum RuntimeError {
     /// No such session in the log.
     #[error("no session {0} in this store")]
     NoSuchSession(Uuid),
+    /// The session keeps no blob with this digest (never kept, lost in a
+    /// crash, or its bytes no longer match).
+    #[error("session {session} keeps no blob with SHA-256 {digest}")]
+    NoSuchBlob {
+        /// The session.
+        session: Uuid,
+        /// The digest asked for.
+        digest: String,
+    },
     /// The agent file or spec is unusable.
     #[error("agent spec {origin}: {reason}")]
     Spec {

@@ -20,6 +20,7 @@
 pub mod agent;
 mod anthropic;
 pub mod api;
+pub mod blobs;
 pub mod crash;
 pub mod error;
 pub mod lease;

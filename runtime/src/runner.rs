@@ -466,6 +466,7 @@ impl Runner {
                                 idempotency_key(session.id(), reply_seq, &plan.call_id)
                             }),
                             attempt: state.attempts + 1,
+                            blobs: Some(session.blobs()),
                         },
                         state.call.arguments.clone(),
                     )),

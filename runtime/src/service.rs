@@ -78,6 +78,18 @@ impl Service {
         Ok(self.observe(Session::load(self.log.clone(), id).await?))
     }
 
+    /// The blob of session `id` whose SHA-256 is `digest` (binary content a
+    /// tool returned by reference; see [`crate::blobs`]).
+    pub async fn blob(&self, id: Uuid, digest: &str) -> Result<Vec<u8>, RuntimeError> {
+        self.ensure_exists(id).await?;
+        crate::blobs::read(self.log.as_ref(), id, digest)
+            .await?
+            .ok_or_else(|| RuntimeError::NoSuchBlob {
+                session: id,
+                digest: digest.to_string(),
+            })
+    }
+
     /// Starts a session with `spec`; checks the spec first, and pins the
     /// tools of its MCP servers (see [`crate::mcp::pin`]).
     pub async fn create(&self, spec: AgentSpec) -> Result<Session, RuntimeError> {

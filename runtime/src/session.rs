@@ -274,6 +274,11 @@ impl Session {
             })
     }
 
+    /// Where this session's tool calls keep binary content.
+    pub fn blobs(&self) -> tools::Blobs {
+        crate::blobs::SessionBlobs::of(self.log.clone(), self.id)
+    }
+
     /// Appends `events` atomically after the last known seq and folds them,
     /// with every secret this process knows redacted from them first.
     /// Returns the seq of the first. Not durable until [`Session::barrier`].

@@ -286,8 +286,22 @@ async fn everything_over_streamable_http_gets_keys_in_meta_and_header_and_images
         .find(|b| b["type"] == "image")
         .unwrap();
     assert!(block["bytes"].as_u64().unwrap() > 50, "{block}");
-    assert_eq!(block["sha256"].as_str().unwrap().len(), 64);
     assert!(block.get("data").is_none(), "{block}");
+    assert_eq!(block["blob"], "kept", "{block}");
+    // Kept beside the log, by its digest: `mneme blob` gives the bytes.
+    let digest = block["sha256"].as_str().unwrap();
+    let png = world.run(&["blob", &session, digest]).await;
+    assert!(png.status.success(), "{}", stderr(&png));
+    assert_eq!(png.stdout.len() as u64, block["bytes"].as_u64().unwrap());
+    assert!(png.stdout.starts_with(b"\x89PNG"), "an image");
+    assert_eq!(replay::digest_hex(&png.stdout), digest);
+    let unknown = world.run(&["blob", &session, &"0".repeat(64)]).await;
+    assert_eq!(unknown.status.code(), Some(1));
+    assert!(
+        stderr(&unknown).contains("keeps no blob"),
+        "{}",
+        stderr(&unknown)
+    );
 
     // On the wire: the key in _meta and as a header, the session and the
     // protocol version the server gave, the header from the environment.
@@ -607,6 +621,13 @@ async fn the_daemon_runs_mcp_tools_and_refreshes_them_on_request() {
     assert!(tools
         .iter()
         .any(|t| t["name"] == "fs__write_file" && t["effect"] == "idempotent"));
+    let missing = format!("/sessions/{id}/blobs/{}", "0".repeat(64));
+    let (status, error) = daemon.get(&missing).await;
+    assert_eq!(status, 404, "{error}");
+    assert!(
+        error["error"].as_str().unwrap().contains("keeps no blob"),
+        "{error}"
+    );
     let (status, error) = daemon
         .post(
             "/sessions",

@@ -175,6 +175,7 @@ mod tests {
             call_id: "c1".into(),
             idempotency_key: "mneme-k1".into(),
             attempt: 1,
+            blobs: None,
         }
     }
 

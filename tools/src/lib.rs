@@ -34,6 +34,26 @@ pub struct CallContext {
     pub idempotency_key: String,
     /// 1 for the first run.
     pub attempt: u32,
+    /// Where binary content the tool returns is kept (by reference: its
+    /// bytes never go in an event); `None`: it is only described.
+    pub blobs: Option<Blobs>,
+}
+
+/// A [`BlobStore`] to hand a call.
+#[derive(Clone)]
+pub struct Blobs(pub Arc<dyn BlobStore>);
+
+impl std::fmt::Debug for Blobs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Blobs")
+    }
+}
+
+/// Keeps binary content beside the log, addressed by its SHA-256.
+#[async_trait]
+pub trait BlobStore: Send + Sync {
+    /// Keeps `bytes`, whose SHA-256 is `digest` (hex).
+    async fn keep(&self, digest: &str, bytes: &[u8]) -> Result<(), String>;
 }
 
 /// Why a call produced no output.

@@ -399,7 +399,8 @@ impl Tool for McpTool {
             .call_tool(&self.spec, on_server, arguments, &ctx.idempotency_key)
             .await?;
         let limit = usize::try_from(self.spec.max_output_bytes()).unwrap_or(usize::MAX);
-        let (text, is_error) = render_result(&result);
+        let kept = keep_payloads(&result, ctx.blobs.as_ref()).await;
+        let (text, is_error) = render_result(&result, &kept);
         let text = bounded(text, limit);
         match is_error {
             true => Err(ToolError::Failed {
@@ -411,12 +412,67 @@ impl Tool for McpTool {
     }
 }
 
+/// What became of each binary payload of a result, by its SHA-256.
+type Kept = std::collections::HashMap<String, String>;
+
+/// Keeps every binary payload of `result` in `blobs`; says for each
+/// whether it was kept (`kept`) or why not.
+async fn keep_payloads(result: &Value, blobs: Option<&crate::Blobs>) -> Kept {
+    let mut kept = Kept::new();
+    for payload in payloads(result) {
+        let status = match (decode(payload), blobs) {
+            (Err(why), _) => why,
+            (Ok(_), None) => "not kept: this program keeps no binary content".into(),
+            (Ok(bytes), Some(blobs)) => {
+                let digest = sha256_hex(&bytes);
+                match blobs.0.keep(&digest, &bytes).await {
+                    Ok(()) => "kept".into(),
+                    Err(why) => format!("not kept: {why}"),
+                }
+            }
+        };
+        kept.insert(digest_of(payload), status);
+    }
+    kept
+}
+
+/// The base64 payloads of a result's content blocks (`data`, and an
+/// embedded resource's `blob`).
+fn payloads(result: &Value) -> Vec<&str> {
+    let blocks = result.get("content").and_then(Value::as_array);
+    blocks
+        .into_iter()
+        .flatten()
+        .flat_map(|b| [b.get("data"), b.get("resource").and_then(|r| r.get("blob"))])
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect()
+}
+
+fn decode(payload: &str) -> Result<Vec<u8>, String> {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD
+        .decode(payload)
+        .map_err(|e| format!("not kept: not base64 ({e})"))
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+/// How a payload is known: the SHA-256 of its bytes, or of its text when
+/// it is not base64.
+fn digest_of(payload: &str) -> String {
+    decode(payload).map_or_else(|_| sha256_hex(payload.as_bytes()), |b| sha256_hex(&b))
+}
+
 /// A `tools/call` result as the model and the log see it: the text of a
 /// result made only of text; its `structuredContent` where the rest is only
-/// text; else JSON of its content (binary content by type, size and
-/// SHA-256, never inline) and `structuredContent`. And whether the server
-/// marked it an error.
-pub(crate) fn render_result(result: &Value) -> (String, bool) {
+/// text; else JSON of its content (binary content by type, size, SHA-256
+/// and whether it was kept, never inline) and `structuredContent`. And
+/// whether the server marked it an error.
+pub(crate) fn render_result(result: &Value, kept: &Kept) -> (String, bool) {
     let is_error = result.get("isError").and_then(Value::as_bool) == Some(true);
     let blocks: Vec<Value> = result
         .get("content")
@@ -438,7 +494,7 @@ pub(crate) fn render_result(result: &Value) -> (String, bool) {
         }
         (false, _) => {}
     }
-    let content: Vec<Value> = blocks.iter().map(by_reference).collect();
+    let content: Vec<Value> = blocks.iter().map(|b| by_reference(b, kept)).collect();
     let mut out = json!({ "content": content });
     if let Some(structured) = structured {
         out["structuredContent"] = structured.clone();
@@ -447,17 +503,17 @@ pub(crate) fn render_result(result: &Value) -> (String, bool) {
 }
 
 /// A content block with any base64 payload (`data`, or an embedded
-/// resource's `blob`) replaced by its decoded size and SHA-256.
-fn by_reference(block: &Value) -> Value {
+/// resource's `blob`) replaced by its size, SHA-256 and what became of it.
+fn by_reference(block: &Value, kept: &Kept) -> Value {
     let mut block = block.clone();
-    replace_payload(&mut block, "data");
+    replace_payload(&mut block, "data", kept);
     if let Some(resource) = block.get_mut("resource") {
-        replace_payload(resource, "blob");
+        replace_payload(resource, "blob", kept);
     }
     block
 }
 
-fn replace_payload(holder: &mut Value, field: &str) {
+fn replace_payload(holder: &mut Value, field: &str, kept: &Kept) {
     let Some(object) = holder.as_object_mut() else {
         return;
     };
@@ -465,15 +521,15 @@ fn replace_payload(holder: &mut Value, field: &str) {
         return;
     };
     let text = payload.as_str().unwrap_or_default();
-    // base64's length says the size without decoding: 3 bytes a 4 chars.
-    let padding = text.bytes().rev().take_while(|&b| b == b'=').count();
-    let bytes = (text.len() / 4 * 3).saturating_sub(padding);
-    object.insert("bytes".into(), json!(bytes));
-    object.insert("sha256".into(), json!(replay::digest_hex(text.as_bytes())));
-    object.insert(
-        "stored".into(),
-        json!("not kept: mneme records the size and the digest of the base64 text"),
-    );
+    let size = decode(text).map_or(text.len(), |bytes| bytes.len());
+    let digest = digest_of(text);
+    let status = kept
+        .get(&digest)
+        .cloned()
+        .unwrap_or_else(|| "not kept".into());
+    object.insert("bytes".into(), json!(size));
+    object.insert("sha256".into(), json!(digest));
+    object.insert("blob".into(), json!(status));
 }
 
 fn bounded(text: String, limit: usize) -> String {
@@ -494,18 +550,26 @@ mod tests {
 
     #[test]
     fn text_results_read_as_text_and_binary_goes_by_reference() {
-        let (text, error) = render_result(&json!({"content": [
-            {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}));
+        let (text, error) = render_result(
+            &json!({"content": [
+            {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}),
+            &Kept::new(),
+        );
         assert_eq!((text.as_str(), error), ("a\nb", false));
-        let (text, error) = render_result(&json!({"isError": true, "content": [
-            {"type": "text", "text": "no such file"}]}));
+        let (text, error) = render_result(
+            &json!({"isError": true, "content": [
+            {"type": "text", "text": "no such file"}]}),
+            &Kept::new(),
+        );
         assert_eq!((text.as_str(), error), ("no such file", true));
         let image = json!({"content": [{"type": "image", "mimeType": "image/png", "data": "aGVsbG8="}],
             "structuredContent": {"ok": true}});
-        let (text, _) = render_result(&image);
+        let (text, _) = render_result(&image, &Kept::new());
         let out: Value = serde_json::from_str(&text).unwrap();
         let block = &out["content"][0];
         assert_eq!(block["bytes"], 5);
+        assert_eq!(block["sha256"], sha256_hex(b"hello"));
+        assert_eq!(block["blob"], "not kept");
         assert!(block.get("data").is_none(), "{text}");
         assert_eq!(out["structuredContent"]["ok"], true);
     }
