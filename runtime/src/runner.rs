@@ -117,13 +117,9 @@ impl Runner {
     }
 
     async fn stop_requested(&self, session: &mut Session) -> Result<Option<String>, RuntimeError> {
-        let Some(stop) = &self.stop else {
+        let Some(reason) = self.stop_heard(session.id()).await else {
             return Ok(None);
         };
-        let Some(reason) = stop(session.id()).await else {
-            return Ok(None);
-        };
-        let reason = reason.to_string();
         let event = Event::SessionPaused {
             reason: reason.clone(),
             budget: false,
@@ -467,6 +463,7 @@ impl Runner {
                             }),
                             attempt: state.attempts + 1,
                             blobs: Some(session.blobs()),
+                            cancel: None,
                         },
                         state.call.arguments.clone(),
                     )),
@@ -492,7 +489,15 @@ impl Runner {
         while starts.peek().is_some() {
             let batch: Vec<_> = starts.by_ref().take(wave).collect();
             let _permits = self.permits(batch.len()).await;
-            self.start_and_run(session, batch, reply_seq).await?;
+            if let Some(reason) = self.start_and_run(session, batch, reply_seq).await? {
+                // Asked to stop while calls ran: the rest wait for the resume.
+                let event = Event::SessionPaused {
+                    reason,
+                    budget: false,
+                };
+                session.append(vec![event], Some(reply_seq)).await?;
+                return session.barrier(self.durability).await;
+            }
         }
         // Pause for the calls that wait for a person once nothing else is
         // left to run.
@@ -530,12 +535,16 @@ impl Runner {
         Some(permits.expect("the cap is never closed"))
     }
 
+    /// Starts `starts` (durably), runs them and records their outcomes.
+    /// Meanwhile it looks for a stop every [`LOOK_FOR_STOP`]: a person's
+    /// pause cancels the calls that can give up (MCP calls); the reason of
+    /// a stop heard is returned, for the turn to pause on.
     async fn start_and_run(
         &self,
         session: &mut Session,
         starts: Vec<(Arc<dyn Tool>, CallContext, String)>,
         reply_seq: u64,
-    ) -> Result<(), RuntimeError> {
+    ) -> Result<Option<String>, RuntimeError> {
         let events = starts
             .iter()
             .map(|(tool, ctx, args)| Event::ToolStarted {
@@ -553,7 +562,9 @@ impl Runner {
         crash::point("tool_started_durable");
         let mut running = JoinSet::new();
         let mut calls = HashMap::new();
-        for (i, (tool, ctx, args)) in starts.into_iter().enumerate() {
+        let (fire, cancel) = tools::Cancel::new();
+        for (i, (tool, mut ctx, args)) in starts.into_iter().enumerate() {
+            ctx.cancel = Some(cancel.clone());
             let call = (
                 first_seq + i as u64,
                 tool.clone(),
@@ -567,7 +578,23 @@ impl Runner {
             calls.insert(task.id(), call);
         }
         let mut retry = false;
-        while let Some(joined) = running.join_next_with_id().await {
+        let mut stopping: Option<String> = None;
+        let mut look = tokio::time::interval(LOOK_FOR_STOP);
+        look.tick().await;
+        loop {
+            let joined = tokio::select! {
+                joined = running.join_next_with_id() => match joined {
+                    Some(joined) => joined,
+                    None => break,
+                },
+                _ = look.tick(), if stopping.is_none() => {
+                    stopping = self.stop_heard(session.id()).await;
+                    if stopping.as_deref() == Some(crate::pause::PAUSED_ON_REQUEST) {
+                        let _ = fire.send(true);
+                    }
+                    continue;
+                }
+            };
             let (id, (result, took)) = match joined {
                 Ok(done) => done,
                 Err(e) => {
@@ -588,19 +615,30 @@ impl Runner {
                 calls.remove(&id).expect("every task is a call");
             crash::point("tool_returned");
             let ms = took.as_millis() as u64;
+            let cancelled = matches!(result, Err(ToolError::Cancelled { .. }));
             match finish_event(tool.as_ref(), call_id, attempt, result, ms) {
                 Some(event) => {
                     session.append(vec![event], Some(started_seq)).await?;
                     crash::point("tool_finished_appended");
                 }
+                // Given up on a pause: it runs again when the turn resumes.
+                None if cancelled => {}
                 None => retry = true,
             }
         }
-        if retry {
+        if retry && stopping.is_none() {
             // The plan re-runs the unfinished calls with their keys.
             tokio::time::sleep(RETRY_BACKOFF).await;
         }
-        Ok(())
+        Ok(stopping)
+    }
+
+    /// The reason of a stop asked for `id`, if any (nothing is recorded).
+    async fn stop_heard(&self, id: uuid::Uuid) -> Option<String> {
+        match &self.stop {
+            Some(stop) => stop(id).await,
+            None => None,
+        }
     }
 }
 
@@ -652,6 +690,8 @@ pub const COMPACT_AT: f64 = 0.8;
 /// How many times a call whose outcome is unknown is run, with the same
 /// idempotency key, before the model is told it failed.
 pub const MAX_TOOL_ATTEMPTS: u32 = 3;
+/// How often a turn with calls running looks for a stop.
+const LOOK_FOR_STOP: Duration = Duration::from_secs(1);
 const RETRY_BACKOFF: Duration = Duration::from_millis(200);
 
 /// The event that ends a call: its outcome; or doubt when the tool may have

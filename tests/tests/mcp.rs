@@ -716,3 +716,76 @@ async fn a_hostile_mcp_server_is_bounded_and_its_broken_calls_are_in_doubt() {
         "ping served, roots refused"
     );
 }
+
+/// A person's pause while an MCP call runs cancels it: the server is sent
+/// `notifications/cancelled`, the turn pauses at once, and the call follows
+/// its effect (a key-ignoring side effect is in doubt).
+#[tokio::test]
+async fn a_pause_cancels_a_running_mcp_call() {
+    use mneme_e2e::daemon::DaemonProcess;
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hostile-mcp.py");
+    let world = World::new();
+    let received = world.dir.path().join("received.jsonl");
+    let model = MockModel::start(
+        vec![
+            MockReply::calls(&[("bad__hang", json!({}))]),
+            MockReply::answer("never"),
+        ],
+        Fault::None,
+    )
+    .await;
+    let entry = format!(
+        "[[mcp]]\nname = \"bad\"\ncommand = [\"python3\", {:?}, {:?}]\ntimeout_secs = 120\n",
+        fixture.display().to_string(),
+        received.display().to_string()
+    );
+    let daemon = DaemonProcess::start(&world.dir.path().join("data"), &[]).await;
+    let id = daemon.create(&agent(&model, &[entry])).await;
+    let (status, _) = daemon
+        .post(&format!("/sessions/{id}/messages"), &json!({"text": "go"}))
+        .await;
+    assert_eq!(status, 202);
+    let called = || {
+        std::fs::read_to_string(&received)
+            .unwrap_or_default()
+            .contains("tools/call")
+    };
+    for _ in 0..100 {
+        if called() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(called(), "the call reached the server");
+    let asked = std::time::Instant::now();
+    let (status, body) = daemon
+        .post(&format!("/sessions/{id}/pause"), &json!({}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let mut session = Value::Null;
+    for _ in 0..100 {
+        session = daemon.get(&format!("/sessions/{id}")).await.1;
+        if session["status"] == "paused" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(session["status"], "paused", "{session}");
+    assert!(
+        asked.elapsed().as_secs() < 10,
+        "paused without waiting out the call"
+    );
+    let lines = std::fs::read_to_string(&received).unwrap();
+    let cancel: Value = lines
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|m| m["method"] == "notifications/cancelled")
+        .expect("the server is told");
+    assert_eq!(cancel["params"]["reason"], "mneme: the turn was paused");
+    daemon.terminate().await;
+    let doubts = events_of(&world, &id, "ToolInDoubt").await;
+    assert!(
+        doubts[0]["reason"].as_str().unwrap().contains("cancelled"),
+        "{doubts:?}"
+    );
+}

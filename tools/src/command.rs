@@ -176,6 +176,7 @@ mod tests {
             idempotency_key: "mneme-k1".into(),
             attempt: 1,
             blobs: None,
+            cancel: None,
         }
     }
 

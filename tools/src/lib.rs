@@ -37,6 +37,30 @@ pub struct CallContext {
     /// Where binary content the tool returns is kept (by reference: its
     /// bytes never go in an event); `None`: it is only described.
     pub blobs: Option<Blobs>,
+    /// Fires when the turn is paused by a person: a tool that can give up
+    /// (an MCP call, which tells its server) returns
+    /// [`ToolError::Cancelled`]; others run to their end.
+    pub cancel: Option<Cancel>,
+}
+
+/// A signal that the call should give up.
+#[derive(Debug, Clone)]
+pub struct Cancel(pub tokio::sync::watch::Receiver<bool>);
+
+impl Cancel {
+    /// A signal and the sender that fires it.
+    pub fn new() -> (tokio::sync::watch::Sender<bool>, Cancel) {
+        let (fire, signal) = tokio::sync::watch::channel(false);
+        (fire, Cancel(signal))
+    }
+
+    /// Returns once the signal fires (never, if its sender is gone unfired).
+    pub async fn cancelled(&self) {
+        let mut signal = self.0.clone();
+        if signal.wait_for(|fired| *fired).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 /// A [`BlobStore`] to hand a call.
@@ -84,6 +108,15 @@ pub enum ToolError {
         /// What broke.
         reason: String,
     },
+    /// It was given up when the turn was paused; whether it took effect
+    /// is unknown, and it is not retried before the turn resumes.
+    #[error("tool {tool} was cancelled: {reason}")]
+    Cancelled {
+        /// The tool.
+        tool: String,
+        /// Why.
+        reason: String,
+    },
     /// It ran and failed, or could not start.
     #[error("tool {tool} failed: {reason}")]
     Failed {
@@ -107,7 +140,7 @@ impl ToolError {
     pub fn outcome_unknown(&self) -> bool {
         matches!(
             self,
-            ToolError::Timeout { .. } | ToolError::Interrupted { .. }
+            ToolError::Timeout { .. } | ToolError::Interrupted { .. } | ToolError::Cancelled { .. }
         )
     }
 }

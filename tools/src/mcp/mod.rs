@@ -266,8 +266,9 @@ impl McpServer {
         spec: &ToolSpec,
         tool: &str,
         arguments: Value,
-        key: &str,
+        ctx: &CallContext,
     ) -> Result<Value, ToolError> {
+        let key = ctx.idempotency_key.as_str();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let params = json!({
             "name": tool,
@@ -275,23 +276,33 @@ impl McpServer {
             "_meta": {"mneme/idempotency_key": key},
         });
         let limit = spec.timeout();
-        match tokio::time::timeout(
+        let call = tokio::time::timeout(
             limit,
             self.request_with_id(id, "tools/call", params, Some(key)),
-        )
-        .await
-        {
-            Ok(Ok(result)) => Ok(result),
-            Ok(Err(e)) => Err(tool_error(spec, e, self)),
-            Err(_) => {
-                let cancel = json!({"requestId": id, "reason": "mneme: the call timed out"});
-                let _ = self.notify("notifications/cancelled", cancel).await;
-                Err(ToolError::Timeout {
+        );
+        let paused = async {
+            match &ctx.cancel {
+                Some(cancel) => cancel.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
+        let (why, error) = tokio::select! {
+            answered = call => match answered {
+                Ok(Ok(result)) => return Ok(result),
+                Ok(Err(e)) => return Err(tool_error(spec, e, self)),
+                Err(_) => ("mneme: the call timed out", ToolError::Timeout {
                     tool: spec.name.clone(),
                     secs: limit.as_secs(),
-                })
-            }
-        }
+                }),
+            },
+            () = paused => ("mneme: the turn was paused", ToolError::Cancelled {
+                tool: spec.name.clone(),
+                reason: "the turn was paused while it ran".into(),
+            }),
+        };
+        let cancel = json!({"requestId": id, "reason": why});
+        let _ = self.notify("notifications/cancelled", cancel).await;
+        Err(error)
     }
 }
 
@@ -396,7 +407,7 @@ impl Tool for McpTool {
                 reason: e.to_string(),
             })?;
         let result = server
-            .call_tool(&self.spec, on_server, arguments, &ctx.idempotency_key)
+            .call_tool(&self.spec, on_server, arguments, ctx)
             .await?;
         let limit = usize::try_from(self.spec.max_output_bytes()).unwrap_or(usize::MAX);
         let kept = keep_payloads(&result, ctx.blobs.as_ref()).await;
