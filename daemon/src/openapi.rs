@@ -161,6 +161,7 @@ mod tests {
             ("get", "/sessions/{id}/verify"),
             ("get", "/sessions/{id}/replay"),
             ("get", "/sessions/{id}/request"),
+            ("get", "/sessions/{id}/blobs/{digest}"),
         ]
         .iter()
         .map(|(m, p)| (m.to_string(), p.to_string()))
