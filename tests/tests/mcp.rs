@@ -29,11 +29,17 @@ async fn events_of(world: &World, session: &str, kind: &str) -> Vec<Value> {
         .collect()
 }
 
-#[tokio::test]
-async fn the_filesystem_server_writes_and_reads_with_the_effects_the_agent_file_gives() {
+/// A world with a `notes/` directory for server-filesystem to serve.
+fn world_with_notes() -> (World, std::path::PathBuf) {
     let world = World::new();
     let notes = world.dir.path().join("notes");
     std::fs::create_dir_all(&notes).unwrap();
+    (world, notes)
+}
+
+#[tokio::test]
+async fn the_filesystem_server_writes_and_reads_with_the_effects_the_agent_file_gives() {
+    let (world, notes) = world_with_notes();
     let model = MockModel::start(
         vec![
             MockReply::calls(&[(
@@ -575,9 +581,7 @@ async fn no_server_is_left_behind_when_mneme_is_killed() {
 #[tokio::test]
 async fn the_daemon_runs_mcp_tools_and_refreshes_them_on_request() {
     use mneme_e2e::daemon::DaemonProcess;
-    let world = World::new();
-    let notes = world.dir.path().join("notes");
-    std::fs::create_dir_all(&notes).unwrap();
+    let (world, notes) = world_with_notes();
     let model = MockModel::start(
         vec![
             MockReply::calls(&[(
@@ -643,11 +647,9 @@ async fn the_daemon_runs_mcp_tools_and_refreshes_them_on_request() {
     daemon.terminate().await;
 }
 
-/// A session of one call of the hostile server's `tool`
-/// (`tests/fixtures/hostile-mcp.py`, speaking the protocol); the world, the
-/// run's output and the file of every line the server received.
-async fn hostile_call(tool: &str) -> (World, std::process::Output, std::path::PathBuf) {
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hostile-mcp.py");
+/// A world, a model that calls the hostile server's `tool` once, and the
+/// file the server will write every line it receives to.
+async fn hostile_world(tool: &str) -> (World, MockModel, std::path::PathBuf) {
     let world = World::new();
     let received = world.dir.path().join("received.jsonl");
     let model = MockModel::start(
@@ -658,10 +660,28 @@ async fn hostile_call(tool: &str) -> (World, std::process::Output, std::path::Pa
         Fault::None,
     )
     .await;
-    let entry = format!(
-        "[[mcp]]\nname = \"bad\"\ncommand = [\"python3\", {:?}, {:?}]\ntimeout_secs = 2\nmax_message_bytes = 1048576\n[mcp.tools]\nask = \"read_only\"\n",
+    (world, model, received)
+}
+
+/// The `[[mcp]]` entry of the hostile server, named `bad`, logging to
+/// `received`, with `extra` settings.
+fn hostile_entry(received: &Path, extra: &str) -> String {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hostile-mcp.py");
+    format!(
+        "[[mcp]]\nname = \"bad\"\ncommand = [\"python3\", {:?}, {:?}]\n{extra}",
         fixture.display().to_string(),
         received.display().to_string()
+    )
+}
+
+/// A session of one call of the hostile server's `tool`
+/// (`tests/fixtures/hostile-mcp.py`, speaking the protocol); the world, the
+/// run's output and the file of every line the server received.
+async fn hostile_call(tool: &str) -> (World, std::process::Output, std::path::PathBuf) {
+    let (world, model, received) = hostile_world(tool).await;
+    let entry = hostile_entry(
+        &received,
+        "timeout_secs = 2\nmax_message_bytes = 1048576\n[mcp.tools]\nask = \"read_only\"\n",
     );
     let path = world.write("agent.toml", &agent(&model, &[entry]));
     let out = world
@@ -723,22 +743,8 @@ async fn a_hostile_mcp_server_is_bounded_and_its_broken_calls_are_in_doubt() {
 #[tokio::test]
 async fn a_pause_cancels_a_running_mcp_call() {
     use mneme_e2e::daemon::DaemonProcess;
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hostile-mcp.py");
-    let world = World::new();
-    let received = world.dir.path().join("received.jsonl");
-    let model = MockModel::start(
-        vec![
-            MockReply::calls(&[("bad__hang", json!({}))]),
-            MockReply::answer("never"),
-        ],
-        Fault::None,
-    )
-    .await;
-    let entry = format!(
-        "[[mcp]]\nname = \"bad\"\ncommand = [\"python3\", {:?}, {:?}]\ntimeout_secs = 120\n",
-        fixture.display().to_string(),
-        received.display().to_string()
-    );
+    let (world, model, received) = hostile_world("hang").await;
+    let entry = hostile_entry(&received, "timeout_secs = 120\n");
     let daemon = DaemonProcess::start(&world.dir.path().join("data"), &[]).await;
     let id = daemon.create(&agent(&model, &[entry])).await;
     let (status, _) = daemon
