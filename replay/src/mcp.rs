@@ -269,7 +269,7 @@ impl McpServerSpec {
             _ => {}
         }
         for (header, var) in &self.headers_env {
-            if reqwest_header_name(header).is_none() || var.is_empty() {
+            if !is_header_name(header) || var.is_empty() {
                 return Err(me(format!(
                     "headers_env {header:?} = {var:?}: a header name and the variable that holds its value"
                 )));
@@ -358,10 +358,11 @@ impl McpServerSpec {
     }
 }
 
-/// A header name is a non-empty token of visible ASCII without separators.
-fn reqwest_header_name(name: &str) -> Option<&str> {
+/// Whether `name` is an HTTP header name: a non-empty token of visible
+/// ASCII without separators.
+fn is_header_name(name: &str) -> bool {
     let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
-    (!name.is_empty() && name.bytes().all(token)).then_some(name)
+    !name.is_empty() && name.bytes().all(token)
 }
 
 /// The effect MCP annotations claim: read only, else idempotent, else none.
@@ -478,6 +479,8 @@ mod tests {
             "name = \"fs\"\ncommand = [\"x\"]\nurl = \"http://127.0.0.1:1/mcp\"\n",
             "name = \"a__b\"\ncommand = [\"x\"]\n",
             "name = \"fs\"\nurl = \"ftp://x/\"\n",
+            "name = \"fs\"\nurl = \"http://127.0.0.1:1/mcp\"\nheaders_env = { \"Bad Header\" = \"V\" }\n",
+            "name = \"fs\"\ncommand = [\"x\"]\nmax_message_bytes = 0\n",
         ] {
             assert!(server(bad).validate().is_err(), "{bad}");
         }
