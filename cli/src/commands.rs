@@ -115,6 +115,24 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
             }
             Ok(crate::render::verify(&results, a.json.json))
         }
+        Command::Fork(a) => {
+            let forked = sessions.fork(a.session, a.at).await?;
+            match a.json.json {
+                true => println!("{}", to_json(&forked)),
+                false => println!("{}", forked.session),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Diff(a) => {
+            let (left, right) = (sessions.events(a.a).await?, sessions.events(a.b).await?);
+            let (left, right) = (
+                crate::diff::events_of(&left)?,
+                crate::diff::events_of(&right)?,
+            );
+            let diff = crate::diff::diff((a.a, &left), (a.b, &right));
+            crate::diff::print(&diff, a.json.json);
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Blob(a) => {
             let bytes = sessions.blob(a.session, &a.digest).await?;
             match a.output {

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use eventlog::EventLog;
 use replay::AgentSpec;
 use runtime::api::{
-    Decided, DecisionAnswer, PostMessage, ReplayView, SessionSummary, TurnOutcome, Verified,
+    Decided, DecisionAnswer, Forked, PostMessage, ReplayView, SessionSummary, TurnOutcome, Verified,
 };
 use runtime::lease::HeldLease;
 use runtime::pause;
@@ -165,6 +165,15 @@ impl Sessions for Local {
     async fn replay(&self, id: Uuid) -> Result<ReplayView> {
         let session = self.service.load(id).await?;
         Ok(views::replay_view(id, session.state()))
+    }
+
+    async fn fork(&self, id: Uuid, at: u64) -> Result<Forked> {
+        let child = self.service.fork(id, at).await?;
+        Ok(Forked {
+            session: child.id(),
+            parent: id,
+            at,
+        })
     }
 
     async fn blob(&self, id: Uuid, digest: &str) -> Result<Vec<u8>> {

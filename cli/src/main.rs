@@ -13,6 +13,7 @@ macro_rules! say {
 
 mod commands;
 mod demo;
+mod diff;
 mod local;
 mod remote;
 mod render;
@@ -87,6 +88,12 @@ enum Command {
     Verify(VerifyArgs),
     /// Dry run: the rebuilt prompt and the resume plan, running nothing.
     Replay(ReplayArgs),
+    /// Start a new session holding another's first events (up to --at),
+    /// to run on from there.
+    Fork(ForkArgs),
+    /// Where two sessions (a session and its fork) hold the same events,
+    /// where they part, and what differs after.
+    Diff(DiffArgs),
     /// Write the bytes of binary content a tool returned by reference (its
     /// event records the SHA-256) to stdout or --output.
     Blob(BlobArgs),
@@ -236,6 +243,27 @@ struct ReplayArgs {
     /// Print only the exact bytes of the next model request.
     #[arg(long, conflicts_with = "json")]
     raw: bool,
+    #[command(flatten)]
+    json: JsonFlag,
+}
+
+#[derive(Args)]
+struct ForkArgs {
+    /// The session to fork.
+    session: Uuid,
+    /// The seq of its last event the fork holds.
+    #[arg(long)]
+    at: u64,
+    #[command(flatten)]
+    json: JsonFlag,
+}
+
+#[derive(Args)]
+struct DiffArgs {
+    /// One session.
+    a: Uuid,
+    /// The other.
+    b: Uuid,
     #[command(flatten)]
     json: JsonFlag,
 }

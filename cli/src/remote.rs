@@ -10,8 +10,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use daemon::DAEMON_FILE;
 use replay::AgentSpec;
 use runtime::api::{
-    self, CreateSession, Created, DecisionAnswer, PostMessage, ReplayView, Resume, SessionSummary,
-    TurnOutcome, Verified,
+    self, CreateSession, Created, DecisionAnswer, Fork, Forked, PostMessage, ReplayView, Resume,
+    SessionSummary, TurnOutcome, Verified,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -190,6 +190,11 @@ impl Sessions for Remote {
 
     async fn replay(&self, id: Uuid) -> Result<ReplayView> {
         self.get(&format!("/sessions/{id}/replay")).await
+    }
+
+    async fn fork(&self, id: Uuid, at: u64) -> Result<Forked> {
+        self.post(&format!("/sessions/{id}/fork"), &Fork { at })
+            .await
     }
 
     async fn blob(&self, id: Uuid, digest: &str) -> Result<Vec<u8>> {

@@ -9,7 +9,7 @@ use crate::commands::StreamToStdout;
 use anyhow::Result;
 use replay::AgentSpec;
 use runtime::api::{
-    Approve, DecisionAnswer, PostMessage, ReplayView, Resolve, SessionSummary, TurnOutcome,
+    Approve, DecisionAnswer, Forked, PostMessage, ReplayView, Resolve, SessionSummary, TurnOutcome,
     Verified,
 };
 use serde_json::Value;
@@ -77,6 +77,9 @@ pub trait Sessions: Send + Sync {
 
     /// The exact bytes of session `id`'s next model request.
     async fn next_request(&self, id: Uuid) -> Result<Vec<u8>>;
+
+    /// A new session holding session `id`'s events up to seq `at`.
+    async fn fork(&self, id: Uuid, at: u64) -> Result<Forked>;
 
     /// The bytes of a blob the session keeps (binary content a tool
     /// returned by reference), by its SHA-256.

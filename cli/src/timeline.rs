@@ -118,7 +118,7 @@ fn clip(text: &str, max: usize) -> String {
     format!("{clipped}…")
 }
 
-fn summary(event: &Event) -> String {
+pub(crate) fn summary(event: &Event) -> String {
     match event {
         Event::SessionForked { parent, at_seq } => format!("forked from {parent} at seq {at_seq}"),
         Event::SessionFinished {
