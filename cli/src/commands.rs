@@ -116,7 +116,8 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
             Ok(crate::render::verify(&results, a.json.json))
         }
         Command::Fork(a) => {
-            let forked = sessions.fork(a.session, a.at).await?;
+            let spec = a.agent.as_deref().map(load_agent_file).transpose()?;
+            let forked = sessions.fork(a.session, a.at, spec).await?;
             match a.json.json {
                 true => println!("{}", to_json(&forked)),
                 false => println!("{}", forked.session),

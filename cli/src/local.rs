@@ -167,8 +167,9 @@ impl Sessions for Local {
         Ok(views::replay_view(id, session.state()))
     }
 
-    async fn fork(&self, id: Uuid, at: u64) -> Result<Forked> {
-        let child = self.service.fork(id, at).await?;
+    async fn fork(&self, id: Uuid, at: u64, spec: Option<AgentSpec>) -> Result<Forked> {
+        let spec = spec.map(|spec| (spec, "mneme fork --agent"));
+        let child = self.service.fork(id, at, spec).await?;
         Ok(Forked {
             session: child.id(),
             parent: id,

@@ -254,6 +254,10 @@ struct ForkArgs {
     /// The seq of its last event the fork holds.
     #[arg(long)]
     at: u64,
+    /// Run the fork with this agent file from there on (another model,
+    /// prompt or tools); recorded in the fork.
+    #[arg(long)]
+    agent: Option<PathBuf>,
     #[command(flatten)]
     json: JsonFlag,
 }

@@ -192,8 +192,8 @@ impl Sessions for Remote {
         self.get(&format!("/sessions/{id}/replay")).await
     }
 
-    async fn fork(&self, id: Uuid, at: u64) -> Result<Forked> {
-        self.post(&format!("/sessions/{id}/fork"), &Fork { at })
+    async fn fork(&self, id: Uuid, at: u64, spec: Option<AgentSpec>) -> Result<Forked> {
+        self.post(&format!("/sessions/{id}/fork"), &Fork { at, spec })
             .await
     }
 

@@ -79,7 +79,8 @@ pub trait Sessions: Send + Sync {
     async fn next_request(&self, id: Uuid) -> Result<Vec<u8>>;
 
     /// A new session holding session `id`'s events up to seq `at`.
-    async fn fork(&self, id: Uuid, at: u64) -> Result<Forked>;
+    /// With `spec`, the fork runs with it from there on.
+    async fn fork(&self, id: Uuid, at: u64, spec: Option<AgentSpec>) -> Result<Forked>;
 
     /// The bytes of a blob the session keeps (binary content a tool
     /// returned by reference), by its SHA-256.

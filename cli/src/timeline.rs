@@ -233,6 +233,13 @@ pub(crate) fn summary(event: &Event) -> String {
         Event::SessionFinished {
             outcome: SessionOutcome::Failed(error),
         } => format!("failed: {error}"),
+        Event::SpecChanged { spec, by } => format!(
+            "from here on agent {} (provider {}, model {:?}, {} tools), by {by}",
+            spec.name,
+            spec.model.provider,
+            spec.model.model,
+            spec.tools.len()
+        ),
         Event::McpToolsChanged { server, changes } => format!(
             "MCP server {server} now lists other tools (not adopted): {}",
             changes.join("; ")

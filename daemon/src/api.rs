@@ -511,7 +511,8 @@ async fn fork(
     Path(id): Path<Uuid>,
     Json(body): Json<Fork>,
 ) -> Result<(StatusCode, Json<Forked>), ApiError> {
-    let child = daemon.service.fork(id, body.at).await?;
+    let spec = body.spec.map(|spec| (spec, "api"));
+    let child = daemon.service.fork(id, body.at, spec).await?;
     daemon.set_status(child.id(), child.state().status());
     let forked = Forked {
         session: child.id(),

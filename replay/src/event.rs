@@ -117,6 +117,14 @@ pub enum Event {
         /// How.
         outcome: SessionOutcome,
     },
+    /// The session runs with this spec from here on (a fork given another
+    /// agent: another model, prompt or tools).
+    SpecChanged {
+        /// The spec, as the session started it would have been recorded.
+        spec: Box<AgentSpec>,
+        /// Who asked.
+        by: String,
+    },
     /// An MCP server now lists tools other than the ones the session
     /// pinned. Reported only: the session goes on with what it pinned.
     McpToolsChanged {
@@ -287,6 +295,7 @@ impl Event {
         "SessionFinished",
         "McpToolsChanged",
         "McpToolsRefreshed",
+        "SpecChanged",
     ];
 
     /// The name of this kind of event, as stored in the envelope.
@@ -308,6 +317,7 @@ impl Event {
             Event::SessionFinished { .. } => "SessionFinished",
             Event::McpToolsChanged { .. } => "McpToolsChanged",
             Event::McpToolsRefreshed { .. } => "McpToolsRefreshed",
+            Event::SpecChanged { .. } => "SpecChanged",
         }
     }
 

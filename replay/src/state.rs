@@ -260,7 +260,9 @@ impl SessionState {
         self.last_seq = seq;
         match event {
             Event::SessionForked { parent, at_seq } => self.forked_from = Some((parent, at_seq)),
-            Event::SessionStarted { spec } => self.spec = Some(*spec),
+            Event::SessionStarted { spec } | Event::SpecChanged { spec, .. } => {
+                self.spec = Some(*spec)
+            }
             Event::UserMessage { text } => {
                 self.paused = None;
                 self.budget_paused = false;

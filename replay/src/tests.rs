@@ -698,6 +698,10 @@ fn golden_bytes_of_every_event_kind() {
     all.push(Event::SessionFinished {
         outcome: SessionOutcome::Failed("f".into()),
     });
+    all.push(Event::SpecChanged {
+        spec: Box::new(spec()),
+        by: "me".into(),
+    });
     all.push(Event::McpToolsChanged {
         server: "fs".into(),
         changes: vec!["fs__a is new".into()],

@@ -201,6 +201,11 @@ pub struct Cancelled {
 pub struct Fork {
     /// How many of the parent's events the fork holds.
     pub at: u64,
+    /// Run the fork with this agent spec from there on (another model,
+    /// say), as an agent file's TOML would read as JSON; recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub spec: Option<AgentSpec>,
 }
 
 /// A fork made.

@@ -93,16 +93,22 @@ impl Service {
     /// Starts a session with `spec`; checks the spec first, and pins the
     /// tools of its MCP servers (see [`crate::mcp::pin`]).
     pub async fn create(&self, spec: AgentSpec) -> Result<Session, RuntimeError> {
-        let spec = crate::mcp::pin(spec, "request").await?;
-        spec.validate().map_err(|reason| RuntimeError::Spec {
-            origin: "request".into(),
-            reason,
-        })?;
+        let spec = self.checked(spec).await?;
         let session =
             Session::create_observed(self.log.clone(), spec, self.observer.clone()).await?;
         let mut session = session.snapshot_every(self.snapshot_every);
         session.barrier(self.durability).await?;
         Ok(session)
+    }
+
+    /// `spec` checked, with its MCP tools pinned, as a session records it.
+    async fn checked(&self, spec: AgentSpec) -> Result<AgentSpec, RuntimeError> {
+        let spec = crate::mcp::pin(spec, "request").await?;
+        spec.validate().map_err(|reason| RuntimeError::Spec {
+            origin: "request".into(),
+            reason,
+        })?;
+        Ok(spec)
     }
 
     /// Records a user message, durable before anything else happens (the
@@ -264,8 +270,23 @@ impl Service {
 
     /// Starts a new session holding `parent`'s first `at_seq` events, after
     /// a first event that names them. Only at a point where no tool call is
-    /// under way, so the branch never shares a call with its parent.
-    pub async fn fork(&self, parent: Uuid, at_seq: u64) -> Result<Session, RuntimeError> {
+    /// under way, so the branch never shares a call with its parent. With
+    /// `spec`, the branch runs with it from there on (recorded as
+    /// `SpecChanged`, its MCP tools pinned as at a start), so one history
+    /// can be run on with another model or agent.
+    pub async fn fork(
+        &self,
+        parent: Uuid,
+        at_seq: u64,
+        spec: Option<(AgentSpec, &str)>,
+    ) -> Result<Session, RuntimeError> {
+        let spec = match spec {
+            None => None,
+            Some((spec, by)) => Some(Event::SpecChanged {
+                spec: Box::new(self.checked(spec).await?),
+                by: by.to_string(),
+            }),
+        };
         let events: Vec<Event> = read_events(self.log.as_ref(), parent)
             .await?
             .into_iter()
@@ -309,6 +330,7 @@ impl Service {
             self.observer.clone(),
         )
         .await?;
+        let events = events.into_iter().chain(spec).collect();
         child.append(events, Some(at_seq)).await?;
         child.barrier(self.durability).await?;
         Ok(child)

@@ -51,6 +51,32 @@ async fn a_fork_runs_on_from_its_seq_and_the_diff_shows_where_it_parted() {
         "{text}"
     );
 
+    // A branch on another model: recorded, and its requests name it.
+    let other = agent_toml(&model.base_url(), &[]).replace("test-model", "other-model");
+    let other = world.write("other.toml", &other);
+    let out = world
+        .run(&[
+            "fork",
+            &parent,
+            "--at",
+            "3",
+            "--agent",
+            other.to_str().unwrap(),
+        ])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let branch = stdout(&out).trim().to_string();
+    let out = world.run(&["run", "--session", &branch, "four"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let last: Value = serde_json::from_slice(model.bodies().last().unwrap()).unwrap();
+    assert_eq!(last["model"], "other-model");
+    let kinds = stdout(&world.run(&["log", "--json", &branch]).await);
+    assert!(kinds.contains("\"SpecChanged\""), "{kinds}");
+    let diff = stdout(&world.run(&["diff", &child, &branch, "--json"]).await);
+    let diff: Value = serde_json::from_str(diff.trim()).unwrap();
+    assert_eq!(diff["common_events"], 3, "{diff}");
+    assert_eq!(diff["b"]["after"][0]["kind"], "SpecChanged");
+
     // A fork needs an event to fork after, inside the session.
     for at in ["0", "99"] {
         let out = world.run(&["fork", &parent, "--at", at]).await;
