@@ -431,18 +431,16 @@ type Kept = std::collections::HashMap<String, String>;
 async fn keep_payloads(result: &Value, blobs: Option<&crate::Blobs>) -> Kept {
     let mut kept = Kept::new();
     for payload in payloads(result) {
-        let status = match (decode(payload), blobs) {
+        let (bytes, digest) = identify(payload);
+        let status = match (bytes, blobs) {
             (Err(why), _) => why,
             (Ok(_), None) => "not kept: this program keeps no binary content".into(),
-            (Ok(bytes), Some(blobs)) => {
-                let digest = sha256_hex(&bytes);
-                match blobs.0.keep(&digest, &bytes).await {
-                    Ok(()) => "kept".into(),
-                    Err(why) => format!("not kept: {why}"),
-                }
-            }
+            (Ok(bytes), Some(blobs)) => match blobs.0.keep(&digest, &bytes).await {
+                Ok(()) => "kept".into(),
+                Err(why) => format!("not kept: {why}"),
+            },
         };
-        kept.insert(digest_of(payload), status);
+        kept.insert(digest, status);
     }
     kept
 }
@@ -472,10 +470,15 @@ fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(sha2::Sha256::digest(bytes))
 }
 
-/// How a payload is known: the SHA-256 of its bytes, or of its text when
-/// it is not base64.
-fn digest_of(payload: &str) -> String {
-    decode(payload).map_or_else(|_| sha256_hex(payload.as_bytes()), |b| sha256_hex(&b))
+/// A payload's bytes (or why it has none) and how it is known: the SHA-256
+/// of its bytes, or of its text when it is not base64. Decoded once.
+fn identify(payload: &str) -> (Result<Vec<u8>, String>, String) {
+    let bytes = decode(payload);
+    let digest = match &bytes {
+        Ok(bytes) => sha256_hex(bytes),
+        Err(_) => sha256_hex(payload.as_bytes()),
+    };
+    (bytes, digest)
 }
 
 /// A `tools/call` result as the model and the log see it: the text of a
@@ -532,8 +535,8 @@ fn replace_payload(holder: &mut Value, field: &str, kept: &Kept) {
         return;
     };
     let text = payload.as_str().unwrap_or_default();
-    let size = decode(text).map_or(text.len(), |bytes| bytes.len());
-    let digest = digest_of(text);
+    let (bytes, digest) = identify(text);
+    let size = bytes.map_or(text.len(), |bytes| bytes.len());
     let status = kept
         .get(&digest)
         .cloned()
