@@ -34,6 +34,7 @@ pub async fn dispatch(cli: Cli, holder: &str) -> Result<ExitCode> {
         .unwrap_or(runtime::snapshot::DEFAULT_EVERY);
     let command = match cli.command {
         Command::Demo(args) => return crate::demo::run(args.keep).await,
+        Command::Ui(args) => return crate::ui::run(&data_dir, args).await,
         command => command,
     };
     let sessions: Box<dyn Sessions> =
@@ -125,12 +126,7 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Diff(a) => {
-            let (left, right) = (sessions.events(a.a).await?, sessions.events(a.b).await?);
-            let (left, right) = (
-                crate::diff::events_of(&left)?,
-                crate::diff::events_of(&right)?,
-            );
-            let diff = crate::diff::diff((a.a, &left), (a.b, &right));
+            let diff = sessions.diff(a.a, a.b).await?;
             crate::diff::print(&diff, a.json.json);
             Ok(ExitCode::SUCCESS)
         }
@@ -211,7 +207,9 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Command::Serve(_) | Command::Demo(_) => unreachable!("run before a store is chosen"),
+        Command::Serve(_) | Command::Demo(_) | Command::Ui(_) => {
+            unreachable!("run before a store is chosen")
+        }
     }
 }
 

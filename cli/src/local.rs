@@ -7,7 +7,8 @@ use anyhow::{Context, Result};
 use eventlog::EventLog;
 use replay::AgentSpec;
 use runtime::api::{
-    Decided, DecisionAnswer, Forked, PostMessage, ReplayView, SessionSummary, TurnOutcome, Verified,
+    Decided, DecisionAnswer, Forked, PostMessage, ReplayView, SessionDiff, SessionSummary,
+    TurnOutcome, Verified,
 };
 use runtime::lease::HeldLease;
 use runtime::pause;
@@ -175,6 +176,10 @@ impl Sessions for Local {
             parent: id,
             at,
         })
+    }
+
+    async fn diff(&self, a: Uuid, b: Uuid) -> Result<SessionDiff> {
+        Ok(runtime::diff::sessions(self.log(), a, b).await?)
     }
 
     async fn blob(&self, id: Uuid, digest: &str) -> Result<Vec<u8>> {

@@ -19,6 +19,7 @@ mod remote;
 mod render;
 mod sessions;
 mod timeline;
+mod ui;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::path::PathBuf;
@@ -114,6 +115,24 @@ enum Command {
     /// unfinished ones on start. Token: --token-file, else $MNEME_TOKEN,
     /// else a new one written to DATA_DIR/mneme.token (mode 0600).
     Serve(ServeArgs),
+    /// Sign a browser in to the web view of the daemon that holds the data
+    /// directory: prints a link with a one-time code (valid once, for two
+    /// minutes), the token never in it.
+    Ui(UiArgs),
+}
+
+#[derive(Args)]
+struct UiArgs {
+    /// Open the link in a browser ($BROWSER, else xdg-open).
+    #[arg(long)]
+    open: bool,
+    /// Print only the link.
+    #[arg(long)]
+    print_url: bool,
+    /// The name the browser acts as, recorded as who decided what it
+    /// decides (default: $USER).
+    #[arg(long = "as", value_name = "NAME")]
+    name: Option<String>,
 }
 
 #[derive(Args)]

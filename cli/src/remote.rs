@@ -11,7 +11,7 @@ use daemon::DAEMON_FILE;
 use replay::AgentSpec;
 use runtime::api::{
     self, CreateSession, Created, DecisionAnswer, Fork, Forked, PostMessage, ReplayView, Resume,
-    SessionSummary, TurnOutcome, Verified,
+    SessionDiff, SessionSummary, TurnOutcome, Verified,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -58,6 +58,19 @@ impl Remote {
             base: format!("http://{addr}"),
             http,
         }))
+    }
+
+    /// Where the daemon listens, as `http://ADDR`.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// A one-time code that signs a browser in to the web view as `name`.
+    pub async fn ui_code(&self, name: &str) -> Result<api::UiCode> {
+        let request = api::UiCodeRequest {
+            name: name.to_string(),
+        };
+        self.post("/ui/codes", &request).await
     }
 
     async fn call(&self, request: reqwest::RequestBuilder) -> Result<reqwest::Response> {
@@ -195,6 +208,10 @@ impl Sessions for Remote {
     async fn fork(&self, id: Uuid, at: u64, spec: Option<AgentSpec>) -> Result<Forked> {
         self.post(&format!("/sessions/{id}/fork"), &Fork { at, spec })
             .await
+    }
+
+    async fn diff(&self, a: Uuid, b: Uuid) -> Result<SessionDiff> {
+        self.get(&format!("/sessions/{a}/diff/{b}")).await
     }
 
     async fn blob(&self, id: Uuid, digest: &str) -> Result<Vec<u8>> {

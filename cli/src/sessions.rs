@@ -9,8 +9,8 @@ use crate::commands::StreamToStdout;
 use anyhow::Result;
 use replay::AgentSpec;
 use runtime::api::{
-    Approve, DecisionAnswer, Forked, PostMessage, ReplayView, Resolve, SessionSummary, TurnOutcome,
-    Verified,
+    Approve, DecisionAnswer, Forked, PostMessage, ReplayView, Resolve, SessionDiff, SessionSummary,
+    TurnOutcome, Verified,
 };
 use serde_json::Value;
 use std::path::Path;
@@ -81,6 +81,9 @@ pub trait Sessions: Send + Sync {
     /// A new session holding session `id`'s events up to seq `at`.
     /// With `spec`, the fork runs with it from there on.
     async fn fork(&self, id: Uuid, at: u64, spec: Option<AgentSpec>) -> Result<Forked>;
+
+    /// Sessions `a` and `b` compared.
+    async fn diff(&self, a: Uuid, b: Uuid) -> Result<SessionDiff>;
 
     /// The bytes of a blob the session keeps (binary content a tool
     /// returned by reference), by its SHA-256.

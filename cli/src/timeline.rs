@@ -3,10 +3,10 @@
 use crate::LogArgs;
 use anyhow::{bail, Result};
 use eventlog::EventLog;
-use replay::{Event, Resolution, SessionOutcome, ToolOutcome};
+use replay::Event;
 use runtime::session::read_events;
 use runtime::text::for_terminal;
-use runtime::views;
+use runtime::{describe, views};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -87,7 +87,7 @@ pub fn print(rows: &[Value], args: &LogArgs) -> Result<ExitCode> {
                 "#{:<5} {ts} {:<16} {}{caused}",
                 row["seq"].as_u64().unwrap_or(0),
                 event.kind(),
-                summary(&event)
+                describe::summary(&event)
             );
             println!("{}", for_terminal(&line));
         }
@@ -106,153 +106,5 @@ fn concerns_tool(event: &Event, tool: &str, tool_of_call: &HashMap<String, Strin
         | Event::ApprovalRequested { call_id }
         | Event::ApprovalDecided { call_id, .. } => call_is(call_id),
         _ => false,
-    }
-}
-
-fn clip(text: &str, max: usize) -> String {
-    let one_line = text.replace('\n', " ");
-    if one_line.chars().count() <= max {
-        return one_line;
-    }
-    let clipped: String = one_line.chars().take(max).collect();
-    format!("{clipped}…")
-}
-
-pub(crate) fn summary(event: &Event) -> String {
-    match event {
-        Event::SessionForked { parent, at_seq } => format!("forked from {parent} at seq {at_seq}"),
-        Event::SessionFinished {
-            outcome: SessionOutcome::Cancelled { by },
-        } => format!("cancelled by {by}"),
-        Event::SessionStarted { spec } => format!(
-            "agent {} (provider {}, model {:?}, {} tools)",
-            spec.name,
-            spec.model.provider,
-            spec.model.model,
-            spec.tools.len()
-        ),
-        Event::UserMessage { text } => format!("{:?}", clip(text, 100)),
-        Event::ModelReplied(r) => {
-            let calls: Vec<String> = r
-                .tool_calls
-                .iter()
-                .map(|c| format!("{}({}) {}", c.name, c.id, clip(&c.arguments, 60)))
-                .collect();
-            let what = match (&r.content, calls.is_empty()) {
-                (Some(text), true) => format!("answer {:?}", clip(text, 80)),
-                (_, false) => format!("calls {}", calls.join(", ")),
-                (None, true) => "empty reply".into(),
-            };
-            let what = match (&r.refused, r.cut_off()) {
-                (Some(why), _) => format!("{what}; REFUSED: {}", clip(why, 80)),
-                (None, true) => format!("{what}; CUT OFF by the token limit"),
-                (None, false) => what,
-            };
-            let prefix = r
-                .prefix_digest
-                .get(..12)
-                .map(|p| format!("; prefix {p}"))
-                .unwrap_or_default();
-            let first = match r.first_token_ms {
-                0 => String::new(),
-                ms => format!(" (first token {ms} ms)"),
-            };
-            format!(
-                "{what}; tokens {} in ({} cached{}) / {} out; {} ms{first}; finish {:?}{prefix}",
-                r.usage.prompt_tokens,
-                r.usage.cached_tokens,
-                match r.usage.cache_write_tokens {
-                    0 => String::new(),
-                    n => format!(", {n} written to the cache"),
-                },
-                r.usage.completion_tokens,
-                r.latency_ms,
-                r.finish_reason
-            )
-        }
-        Event::ToolStarted {
-            call_id,
-            tool,
-            args,
-            effect,
-            idempotency_key,
-            attempt,
-        } => {
-            format!(
-                "{tool}({call_id}) {effect} attempt {attempt} key {idempotency_key} args {}",
-                clip(args, 60)
-            )
-        }
-        Event::ToolFinished {
-            call_id,
-            outcome,
-            duration_ms,
-        } => match outcome {
-            ToolOutcome::Ok(out) => format!("{call_id} ok in {duration_ms} ms: {}", clip(out, 80)),
-            ToolOutcome::Err(err) => {
-                format!("{call_id} error in {duration_ms} ms: {}", clip(err, 80))
-            }
-        },
-        Event::ToolInDoubt { call_id, reason } => format!("{call_id}: {reason}"),
-        Event::ApprovalRequested { call_id } => format!("{call_id} waits for approval"),
-        Event::ContextCompacted {
-            entries,
-            covers,
-            summary,
-        } => format!(
-            "first {entries} entries (seqs {}-{}) summarized in the prompt: {:?}",
-            covers.0,
-            covers.1,
-            clip(summary, 80)
-        ),
-        Event::ApprovalDecided {
-            call_id,
-            approved,
-            by,
-        } => format!(
-            "{call_id} {} by {by}",
-            if *approved { "approved" } else { "denied" }
-        ),
-        Event::ToolResolved {
-            call_id,
-            resolution,
-            by,
-        } => {
-            let what = match resolution {
-                Resolution::Retry => "retry".to_string(),
-                Resolution::Skip(result) => format!("skip with result {}", clip(result, 60)),
-                Resolution::Fail(message) => format!("fail: {message}"),
-            };
-            format!("{call_id}: {what} (by {by})")
-        }
-        Event::SessionPaused { reason, .. } => reason.clone(),
-        Event::SessionResumed { by, extend_budget } => match extend_budget {
-            true => format!("by {by}, with the turn's budget started again"),
-            false => format!("by {by}"),
-        },
-        Event::SessionFinished {
-            outcome: SessionOutcome::Failed(error),
-        } => format!("failed: {error}"),
-        Event::SpecChanged { spec, by } => format!(
-            "from here on agent {} (provider {}, model {:?}, {} tools), by {by}",
-            spec.name,
-            spec.model.provider,
-            spec.model.model,
-            spec.tools.len()
-        ),
-        Event::McpToolsChanged { server, changes } => format!(
-            "MCP server {server} now lists other tools (not adopted): {}",
-            changes.join("; ")
-        ),
-        Event::McpToolsRefreshed {
-            server,
-            tools,
-            changes,
-            by,
-        } => format!(
-            "MCP server {server}: {} tools adopted by {by}: {}",
-            tools.len(),
-            changes.join("; ")
-        ),
     }
 }

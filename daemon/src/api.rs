@@ -3,19 +3,21 @@
 //! and the router is built from those annotations (`routes!`), so the
 //! document served at `/openapi.json` and the routes served are one list.
 
+use super::ui::{self, SignedIn};
 use super::{Daemon, TurnStart};
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use eventlog::LogError;
 use replay::AgentSpec;
 use runtime::api::{
     self as wire, Approve, Cancel, Cancelled, Created, Decided, EventRecord, EventsQuery, Fork,
     Forked, Health, ListQuery, MessageAccepted, PauseRequested, PostMessage, ReplayView, Resolve,
-    Resume, Resuming, SessionStatus, SessionSummary, SessionView, TurnOutcome, Verified,
+    Resume, Resuming, SessionDiff, SessionStatus, SessionSummary, SessionView, TurnOutcome,
+    Verified,
 };
 use runtime::error::RuntimeError;
 use runtime::runner::TurnEnd;
@@ -98,6 +100,8 @@ fn guarded_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(replay_view))
         .routes(routes!(next_request))
         .routes(routes!(blob))
+        .routes(routes!(diff))
+        .routes(routes!(ui_code))
 }
 
 /// The operations of every route, as [`router`] serves them, undressed:
@@ -106,8 +110,9 @@ pub(crate) fn operations() -> utoipa::openapi::OpenApi {
     open_routes().merge(guarded_routes()).into_openapi()
 }
 
-/// The routes, with the bearer-token check on all but `/health`, and every
-/// error answered as JSON.
+/// The routes, with the bearer-token check (or a signed-in browser's
+/// cookie) on all but `/health`, every error answered as JSON; and the web
+/// view's pages (`/ui/`, not part of the API).
 pub(crate) fn router(daemon: Shared, stopped: CancellationToken) -> Router {
     let (guarded, _) = guarded_routes().split_for_parts();
     let guarded = guarded.layer(axum::middleware::from_fn_with_state(
@@ -116,28 +121,34 @@ pub(crate) fn router(daemon: Shared, stopped: CancellationToken) -> Router {
     ));
     let (open, _) = open_routes().split_for_parts();
     let limit = daemon.config.max_body_bytes;
+    let sign_ins = daemon.sign_ins.clone();
     open.merge(guarded)
+        .with_state(AppState { daemon, stopped })
+        .merge(ui::routes(sign_ins))
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn_with_state(limit, errors_as_json))
-        .with_state(AppState { daemon, stopped })
 }
 
 /// The most of a non-JSON error's text kept as its reason.
 const ERROR_TEXT_BYTES: usize = 4096;
 
 /// Answers every error as `{"error": REASON}`. The handlers' own errors are
-/// JSON already; axum's rejections (a body too large, a wrong content type,
+/// JSON already (or, for the web view's pages, HTML); axum's rejections (a body too large, a wrong content type,
 /// bad JSON, a bad path or query) are text, which becomes the reason, and
 /// those without any (no such route, a wrong method) name what was asked.
 async fn errors_as_json(State(limit): State<usize>, request: Request, next: Next) -> Response {
     let asked = format!("{} {}", request.method(), request.uri().path());
     let response = next.run(request).await;
     let status = response.status();
-    let is_json = response
+    let is_own = response
         .headers()
         .get(header::CONTENT_TYPE)
-        .is_some_and(|t| t.as_bytes().starts_with(b"application/json"));
-    if is_json || !(status.is_client_error() || status.is_server_error()) {
+        .is_some_and(|t| {
+            [&b"application/json"[..], b"text/html"]
+                .iter()
+                .any(|own| t.as_bytes().starts_with(own))
+        });
+    if is_own || !(status.is_client_error() || status.is_server_error()) {
         return response;
     }
     let (mut parts, body) = response.into_parts();
@@ -209,20 +220,38 @@ impl axum::extract::FromRef<AppState> for Shared {
     }
 }
 
-async fn require_token(State(daemon): State<Shared>, request: Request, next: Next) -> Response {
+/// Admits a request that carries the bearer token, or the cookie of a
+/// browser signed in to the web view (which then acts as its signed-in
+/// name, and may change something only from the view itself).
+async fn require_token(State(daemon): State<Shared>, mut request: Request, next: Next) -> Response {
     let admitted = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|given| daemon.bearer.admits(given));
-    if !admitted {
+    if admitted {
+        return next.run(request).await;
+    }
+    let Some(signed_in) = daemon.sign_ins.who(request.headers()) else {
         return ApiError(
             StatusCode::UNAUTHORIZED,
-            "missing or wrong bearer token (Authorization: Bearer <token>)".into(),
+            "missing or wrong bearer token (Authorization: Bearer <token>), and no web view sign-in (run `mneme ui`)".into(),
         )
         .into_response();
+    };
+    if let Some(why) = ui::cross_site_refusal(request.method(), request.headers()) {
+        return ApiError(StatusCode::FORBIDDEN, why).into_response();
     }
+    request.extensions_mut().insert(signed_in);
     next.run(request).await
+}
+
+/// Who a request acts as: a signed-in browser's name, else the `by` it
+/// gives.
+fn who(signed_in: &Option<Extension<SignedIn>>, by: &str) -> String {
+    signed_in
+        .as_ref()
+        .map_or_else(|| by.to_string(), |Extension(s)| s.0.clone())
 }
 
 /// Liveness; no token needed.
@@ -429,12 +458,13 @@ async fn finished(
 async fn resume(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
+    signed_in: Option<Extension<SignedIn>>,
     body: Option<Json<Resume>>,
 ) -> Result<Response, ApiError> {
     refuse_when_stopping(&daemon)?;
     daemon.service.ensure_exists(id).await?; // 404 before spawning
     let body = body.map(|Json(b)| b).unwrap_or_default();
-    let turn = daemon.spawn_turn(id, TurnStart::Resume("api", body.extend));
+    let turn = daemon.spawn_turn(id, TurnStart::Resume(who(&signed_in, "api"), body.extend));
     if !body.wait {
         let resuming = Resuming {
             session: id,
@@ -484,15 +514,17 @@ async fn pause(
 async fn cancel(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
+    signed_in: Option<Extension<SignedIn>>,
     Json(body): Json<Cancel>,
 ) -> Result<Json<Cancelled>, ApiError> {
+    let by = who(&signed_in, &body.by);
     daemon.service.ensure_exists(id).await?;
     if !daemon.request_pause(id) {
         daemon.wait_for_turn_elsewhere(id).await?;
     }
     under_lease(&daemon, id, |mut session| async {
         daemon.withdraw_pause(id);
-        let cancelled = daemon.service.cancel(&mut session, &body.by).await;
+        let cancelled = daemon.service.cancel(&mut session, &by).await;
         (session, cancelled)
     })
     .await?;
@@ -509,9 +541,11 @@ async fn cancel(
 async fn fork(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
+    signed_in: Option<Extension<SignedIn>>,
     Json(body): Json<Fork>,
 ) -> Result<(StatusCode, Json<Forked>), ApiError> {
-    let spec = body.spec.map(|spec| (spec, "api"));
+    let by = who(&signed_in, "api");
+    let spec = body.spec.map(|spec| (spec, by.as_str()));
     let child = daemon.service.fork(id, body.at, spec).await?;
     daemon.set_status(child.id(), child.state().status());
     let forked = Forked {
@@ -534,20 +568,30 @@ async fn fork(
 async fn resolve(
     State(daemon): State<Shared>,
     Path((id, call)): Path<(Uuid, String)>,
+    signed_in: Option<Extension<SignedIn>>,
     Json(body): Json<Resolve>,
 ) -> Result<Response, ApiError> {
     refuse_when_stopping(&daemon)?;
+    let by = who(&signed_in, &body.by);
     let skip = body.skip.as_ref().map(Value::to_string);
     let resolution = service::resolution(body.retry, skip.as_deref(), body.fail.as_deref())
         .map_err(bad_request)?;
     let can_continue = under_lease(&daemon, id, |mut session| async {
         let resolved = (daemon.service)
-            .resolve(&mut session, &call, resolution, &body.by)
+            .resolve(&mut session, &call, resolution, &by)
             .await;
         (session, resolved)
     })
     .await?;
-    continue_after_decision(&daemon, id, &call, can_continue && body.proceed, body.wait).await
+    continue_after_decision(
+        &daemon,
+        id,
+        &call,
+        can_continue && body.proceed,
+        body.wait,
+        by,
+    )
+    .await
 }
 
 /// Approves or denies a call that waits for approval; `by` names who
@@ -562,17 +606,27 @@ async fn resolve(
 async fn approve(
     State(daemon): State<Shared>,
     Path((id, call)): Path<(Uuid, String)>,
+    signed_in: Option<Extension<SignedIn>>,
     Json(body): Json<Approve>,
 ) -> Result<Response, ApiError> {
     refuse_when_stopping(&daemon)?;
+    let by = who(&signed_in, &body.by);
     let can_continue = under_lease(&daemon, id, |mut session| async {
         let decided = (daemon.service)
-            .decide_approval(&mut session, &call, body.approved, &body.by)
+            .decide_approval(&mut session, &call, body.approved, &by)
             .await;
         (session, decided)
     })
     .await?;
-    continue_after_decision(&daemon, id, &call, can_continue && body.proceed, body.wait).await
+    continue_after_decision(
+        &daemon,
+        id,
+        &call,
+        can_continue && body.proceed,
+        body.wait,
+        by,
+    )
+    .await
 }
 
 /// Records a person's say on session `id` (`record`) while no turn runs it
@@ -606,6 +660,7 @@ async fn continue_after_decision(
     call: &str,
     can_continue: bool,
     wait: bool,
+    by: String,
 ) -> Result<Response, ApiError> {
     let decided = |continuing| Decided {
         session: id,
@@ -615,7 +670,7 @@ async fn continue_after_decision(
     if !can_continue {
         return Ok(Json(decided(false)).into_response());
     }
-    let turn = daemon.spawn_turn(id, TurnStart::Resume("api", false));
+    let turn = daemon.spawn_turn(id, TurnStart::Resume(by, false));
     if !wait {
         return Ok((StatusCode::ACCEPTED, Json(decided(true))).into_response());
     }
@@ -644,6 +699,7 @@ async fn events(
     if head == 0 {
         return Err(RuntimeError::NoSuchSession(id).into());
     }
+    let until = q.until.unwrap_or(u64::MAX);
     let mut stream = Follow {
         daemon,
         id,
@@ -661,6 +717,9 @@ async fn events(
         next_look: tokio::time::Instant::now() + LOOK_AT_HEAD_EVERY,
     };
     stream.target = stream.durable_head().await.unwrap_or(head);
+    if !q.follow {
+        stream.target = stream.target.min(until);
+    }
     if !q.follow {
         return Ok((
             [(header::CONTENT_TYPE, "application/json")],
@@ -901,6 +960,72 @@ async fn blob(
 ) -> Result<Response, ApiError> {
     let bytes = daemon.service.blob(id, &digest).await?;
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
+}
+
+/// Two sessions of the path.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)] // read by axum as `Path<(Uuid, Uuid)>`
+struct PairPath {
+    /// The first session.
+    id: Uuid,
+    /// The session to compare it with (its fork, say).
+    other: Uuid,
+}
+
+/// The two sessions compared: how many events of history they hold alike,
+/// then each side's events from where it parts, answer, tool calls, tokens
+/// and cost (what `mneme diff` prints).
+#[utoipa::path(get, path = "/sessions/{id}/diff/{other}", params(PairPath),
+    responses((status = 200, description = "The comparison", body = SessionDiff)))]
+async fn diff(
+    State(daemon): State<Shared>,
+    Path((id, other)): Path<(Uuid, Uuid)>,
+) -> Result<Json<SessionDiff>, ApiError> {
+    Ok(Json(
+        runtime::diff::sessions(&**daemon.service.log(), id, other).await?,
+    ))
+}
+
+/// A one-time code that signs a browser in to the web view as `name`
+/// (`mneme ui` asks for it): valid once, for two minutes. Only a holder of
+/// the token may ask; a signed-in browser may not.
+#[utoipa::path(post, path = "/ui/codes", request_body = wire::UiCodeRequest,
+    responses(
+        (status = 201, description = "The code, as a sign-in link", body = wire::UiCode),
+        (status = 403, description = "Asked by a signed-in browser", body = wire::ApiError)))]
+async fn ui_code(
+    State(daemon): State<Shared>,
+    signed_in: Option<Extension<SignedIn>>,
+    Json(body): Json<wire::UiCodeRequest>,
+) -> Result<(StatusCode, Json<wire::UiCode>), ApiError> {
+    if signed_in.is_some() {
+        return Err(ApiError(
+            StatusCode::FORBIDDEN,
+            "a browser signed in to the web view cannot issue sign-in codes".into(),
+        ));
+    }
+    let name = body.name.trim();
+    let fits = |c: char| c.is_alphanumeric() || " .-_@".contains(c);
+    if name.is_empty() || name.chars().count() > ui::MAX_NAME_CHARS || !name.chars().all(fits) {
+        return Err(bad_request(format!(
+            "name {name:?}: 1 to {} letters, digits, spaces or .-_@",
+            ui::MAX_NAME_CHARS
+        )));
+    }
+    let code = daemon.sign_ins.issue(name).map_err(|e| {
+        ApiError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("random source: {e}"),
+        )
+    })?;
+    Ok((
+        StatusCode::CREATED,
+        Json(wire::UiCode {
+            login: format!("/ui/login?code={code}"),
+            expires_in_secs: ui::CODE_VALID.as_secs(),
+        }),
+    ))
 }
 
 /// The exact bytes of the session's next model request.

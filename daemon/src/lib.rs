@@ -17,6 +17,7 @@ mod http;
 mod metrics;
 mod openapi;
 pub mod token;
+mod ui;
 
 pub use metrics::Metrics;
 
@@ -128,6 +129,8 @@ pub(crate) struct Daemon {
     hot: Mutex<HotSessions>,
     /// What requests must carry in `Authorization`.
     bearer: token::Expected,
+    /// Browsers signed in to the web view, and codes that sign one in.
+    pub(crate) sign_ins: Arc<ui::SignIns>,
 }
 
 /// Bytes of hot sessions (folded state and rendered prompt, estimated)
@@ -197,7 +200,7 @@ pub(crate) enum TurnStart {
     ),
     /// Continue pending work (after a crash or a pause), as asked; with
     /// true, a spent budget of the turn starts again.
-    Resume(&'static str, bool),
+    Resume(String, bool),
     /// Continue a session that stopped mid-turn when its daemon died;
     /// counted as recovered once this daemon holds its lease.
     Recover(&'static str),
@@ -237,6 +240,7 @@ impl Daemon {
         });
         Daemon {
             bearer: token::Expected::new(&config.token),
+            sign_ins: Arc::default(),
             runner: service
                 .runner()
                 .with_stop(stop)
@@ -417,7 +421,9 @@ impl Daemon {
                 }
             }
             TurnStart::Resume(by, extend_budget) => {
-                self.service.reopen(&mut session, by, extend_budget).await?;
+                self.service
+                    .reopen(&mut session, &by, extend_budget)
+                    .await?;
             }
         }
         self.set_status(id, session.state().status());

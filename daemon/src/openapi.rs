@@ -162,6 +162,8 @@ mod tests {
             ("get", "/sessions/{id}/replay"),
             ("get", "/sessions/{id}/request"),
             ("get", "/sessions/{id}/blobs/{digest}"),
+            ("get", "/sessions/{id}/diff/{other}"),
+            ("post", "/ui/codes"),
         ]
         .iter()
         .map(|(m, p)| (m.to_string(), p.to_string()))

@@ -512,6 +512,9 @@ pub struct EventsQuery {
     pub kind: Option<String>,
     /// Only events after this seq.
     pub after: Option<u64>,
+    /// Only events up to this seq (without `follow`): with `after`, one
+    /// page of a long session.
+    pub until: Option<u64>,
     /// Keep the stream open as Server-Sent Events: history, then each new
     /// event once it is durable.
     #[serde(default)]
@@ -536,6 +539,9 @@ pub struct EventRecord {
     pub schema: u16,
     /// The event's kind.
     pub kind: String,
+    /// What happened, in one line for people (long texts clipped).
+    #[serde(default)]
+    pub summary: String,
     /// The previous record's hash (hex).
     pub prev_hash: String,
     /// This record's hash (hex).
@@ -543,6 +549,71 @@ pub struct EventRecord {
     /// The event.
     #[schema(value_type = Object)]
     pub event: Value,
+}
+
+/// Who a web view sign-in code is for.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UiCodeRequest {
+    /// The name the signed-in browser acts as (recorded as `by` of what it
+    /// decides): letters, digits, spaces and `.-_@`, at most 64 characters.
+    pub name: String,
+}
+
+/// A one-time code that signs a browser in to the web view.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct UiCode {
+    /// Where to send the browser: `/ui/login?code=…` on this daemon.
+    pub login: String,
+    /// Seconds the code stays valid; it works once.
+    pub expires_in_secs: u64,
+}
+
+/// Two sessions compared: how many events of history they hold alike,
+/// then each side from where it parts.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SessionDiff {
+    /// Events of history both hold alike, from the first (a fork's
+    /// `SessionForked` not counted).
+    pub common_events: u64,
+    /// The first session.
+    pub a: DiffSide,
+    /// The second session.
+    pub b: DiffSide,
+}
+
+/// One session of a diff.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct DiffSide {
+    /// The session.
+    pub session: Uuid,
+    /// Events in its log.
+    pub events: u64,
+    /// The seq of its first event after the common ones (none: nothing after).
+    pub diverges_at_seq: Option<u64>,
+    /// Its events after the common ones.
+    pub after: Vec<DiffEvent>,
+    /// Its answer, if its last reply is one.
+    pub answer: Option<String>,
+    /// Its tool calls after the common events: `tool args`.
+    pub tool_calls: Vec<String>,
+    /// Prompt tokens, whole session.
+    pub prompt_tokens: u64,
+    /// Completion tokens, whole session.
+    pub completion_tokens: u64,
+    /// Cost, whole session.
+    pub cost: f64,
+}
+
+/// An event of one side of a diff.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct DiffEvent {
+    /// Its seq.
+    pub seq: u64,
+    /// Its kind.
+    pub kind: String,
+    /// What happened, in one line.
+    pub summary: String,
 }
 
 /// The result of checking a session's hash chain.

@@ -22,6 +22,8 @@ mod anthropic;
 pub mod api;
 pub mod blobs;
 pub mod crash;
+pub mod describe;
+pub mod diff;
 pub mod error;
 pub mod lease;
 pub mod mcp;

@@ -194,6 +194,7 @@ pub fn record(record: &Record, event: &Event) -> Value {
         caused_by: e.caused_by,
         schema: e.schema,
         kind: e.kind.clone(),
+        summary: crate::describe::summary(event),
         prev_hash: e.prev_hash.to_hex(),
         hash: record.hash.to_hex(),
         event: to_json(event),

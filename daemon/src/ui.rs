@@ -1,0 +1,318 @@
+//! The web view at `/ui/`: its pages (embedded in the binary: one HTML
+//! page, one script, one style sheet, no build step, nothing fetched from
+//! elsewhere), and signing a browser in without putting the token in a URL.
+//!
+//! `mneme ui` asks the daemon (with the bearer token) for a one-time code
+//! and prints `/ui/login?code=…`. Opening it within [`CODE_VALID`] trades
+//! the code, once, for a cookie (`HttpOnly`, `SameSite=Strict`) that signs
+//! the browser in as the name the code was issued to, for
+//! [`SIGNED_IN_FOR`]. The API takes that cookie where it takes the token;
+//! a request that changes something must also carry the `x-mneme-ui`
+//! header, which a page of another site cannot set without the daemon's
+//! consent (it gives none), and an `Origin`, if sent, naming this daemon.
+//! Sign-ins live in the daemon's memory: a restart signs everyone out.
+
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::get;
+use axum::Router;
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a one-time code may wait to be used.
+pub const CODE_VALID: Duration = Duration::from_secs(120);
+/// How long a sign-in lasts.
+pub const SIGNED_IN_FOR: Duration = Duration::from_secs(12 * 3600);
+/// Codes not yet used, at most: issuing one more forgets the oldest.
+const MAX_CODES: usize = 64;
+/// Browsers signed in at once, at most: one more signs the oldest out.
+const MAX_SIGNED_IN: usize = 256;
+/// The cookie that carries a sign-in.
+const COOKIE: &str = "mneme_ui";
+/// The header a browser's changing request must carry.
+pub(crate) const ACTION_HEADER: &str = "x-mneme-ui";
+/// The longest name a code may be issued to.
+pub const MAX_NAME_CHARS: usize = 64;
+
+/// Who a signed-in browser acts as: the name recorded as `by` for what it
+/// decides.
+#[derive(Debug, Clone)]
+pub(crate) struct SignedIn(pub(crate) String);
+
+/// One-time codes and the sign-ins they were traded for, each kept as the
+/// SHA-256 of its secret.
+#[derive(Default)]
+pub(crate) struct SignIns {
+    codes: Mutex<Expiring>,
+    browsers: Mutex<Expiring>,
+}
+
+/// Names by secret digest, each with when it lapses.
+#[derive(Default)]
+struct Expiring(HashMap<[u8; 32], (String, Instant)>);
+
+impl Expiring {
+    /// Keeps `digest` for `name` until `lasting` from now, forgetting
+    /// lapsed entries, and the one lapsing soonest if `cap` are kept.
+    fn insert(&mut self, digest: [u8; 32], name: &str, lasting: Duration, cap: usize) {
+        let now = Instant::now();
+        self.0.retain(|_, (_, until)| *until > now);
+        if self.0.len() >= cap {
+            if let Some(oldest) = self.0.iter().min_by_key(|(_, (_, t))| *t).map(|(k, _)| *k) {
+                self.0.remove(&oldest);
+            }
+        }
+        self.0.insert(digest, (name.to_string(), now + lasting));
+    }
+
+    /// The name kept for `digest`, unless lapsed.
+    fn get(&self, digest: &[u8; 32]) -> Option<String> {
+        let (name, until) = self.0.get(digest)?;
+        (*until > Instant::now()).then(|| name.clone())
+    }
+}
+
+fn digest(secret: &str) -> [u8; 32] {
+    Sha256::digest(secret.as_bytes()).into()
+}
+
+/// 32 bytes from the kernel's random source, as hex.
+fn random_secret() -> std::io::Result<String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+impl SignIns {
+    /// A new one-time code that signs a browser in as `name`; valid once,
+    /// for [`CODE_VALID`].
+    pub(crate) fn issue(&self, name: &str) -> std::io::Result<String> {
+        let code = random_secret()?;
+        let mut codes = self.codes.lock().expect("codes lock");
+        codes.insert(digest(&code), name, CODE_VALID, MAX_CODES);
+        Ok(code)
+    }
+
+    /// Trades `code` for a sign-in cookie's value and the name: once; a
+    /// used, lapsed or unknown code gets nothing.
+    fn redeem(&self, code: &str) -> Option<(String, String)> {
+        let name = {
+            let mut codes = self.codes.lock().expect("codes lock");
+            let name = codes.get(&digest(code))?;
+            codes.0.remove(&digest(code));
+            name
+        };
+        let cookie = random_secret().ok()?;
+        let mut browsers = self.browsers.lock().expect("sign-ins lock");
+        browsers.insert(digest(&cookie), &name, SIGNED_IN_FOR, MAX_SIGNED_IN);
+        Some((cookie, name))
+    }
+
+    /// Who the request's sign-in cookie signs in, if it carries a live one.
+    pub(crate) fn who(&self, headers: &HeaderMap) -> Option<SignedIn> {
+        let value = cookie(headers, COOKIE)?;
+        let browsers = self.browsers.lock().expect("sign-ins lock");
+        browsers.get(&digest(value)).map(SignedIn)
+    }
+}
+
+/// The value of cookie `name` in the request's `Cookie` headers.
+fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(key, _)| *key == name)
+        .map(|(_, value)| value)
+}
+
+/// Why a signed-in browser's request may not change anything, if it may
+/// not: a safe method always may; others need the [`ACTION_HEADER`], and an
+/// `Origin` (when sent) that is this daemon's own address.
+pub(crate) fn cross_site_refusal(method: &Method, headers: &HeaderMap) -> Option<String> {
+    if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
+        return None;
+    }
+    if !headers.contains_key(ACTION_HEADER) {
+        return Some(format!(
+            "a signed-in browser's {method} must carry the {ACTION_HEADER} header (the web view sends it; other sites cannot)"
+        ));
+    }
+    let origin = headers.get(header::ORIGIN)?.to_str().unwrap_or("");
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
+    let same = origin
+        .strip_prefix("http://")
+        .is_some_and(|rest| rest == host);
+    (!same).then(|| format!("request from origin {origin:?}, not this daemon ({host})"))
+}
+
+/// The web view's pages and its sign-in; no token needed to load them (they
+/// hold no data: everything shown comes through the API).
+pub(crate) fn routes(sign_ins: Arc<SignIns>) -> Router {
+    Router::new()
+        .route("/ui", get(|| async { Redirect::permanent("/ui/") }))
+        .route("/ui/", get(|| asset("text/html; charset=utf-8", INDEX)))
+        .route(
+            "/ui/app.js",
+            get(|| asset("text/javascript; charset=utf-8", SCRIPT)),
+        )
+        .route(
+            "/ui/app.css",
+            get(|| asset("text/css; charset=utf-8", STYLE)),
+        )
+        .route("/ui/login", get(login))
+        .route("/ui/me", get(me))
+        .with_state(sign_ins)
+}
+
+const INDEX: &str = include_str!("../ui/index.html");
+const SCRIPT: &str = include_str!("../ui/app.js");
+const STYLE: &str = include_str!("../ui/app.css");
+
+/// What every page of the view is served with: nothing but this daemon may
+/// be fetched, run or framed.
+const POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+async fn asset(content_type: &'static str, body: &'static str) -> Response {
+    let mut response = body.into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    guard(headers);
+    response
+}
+
+/// The headers that keep a page of the view to itself.
+fn guard(headers: &mut HeaderMap) {
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(POLICY),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+}
+
+/// The one-time code of a sign-in link.
+#[derive(serde::Deserialize)]
+struct LoginQuery {
+    code: Option<String>,
+}
+
+/// `/ui/login?code=…`: a live code signs the browser in and goes to the
+/// view; any other is refused, saying how to get a new one.
+async fn login(State(sign_ins): State<Arc<SignIns>>, Query(q): Query<LoginQuery>) -> Response {
+    let Some((cookie, _name)) = q.code.as_deref().and_then(|code| sign_ins.redeem(code)) else {
+        let mut response = (
+            StatusCode::UNAUTHORIZED,
+            [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+            REFUSED,
+        )
+            .into_response();
+        guard(response.headers_mut());
+        return response;
+    };
+    let mut response = Redirect::to("/ui/").into_response();
+    let set = format!(
+        "{COOKIE}={cookie}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
+        SIGNED_IN_FOR.as_secs()
+    );
+    let headers = response.headers_mut();
+    headers.insert(
+        header::SET_COOKIE,
+        HeaderValue::from_str(&set).expect("a hex cookie is a valid header"),
+    );
+    guard(headers);
+    response
+}
+
+/// `/ui/me`: the name the browser is signed in as, or 401.
+async fn me(State(sign_ins): State<Arc<SignIns>>, headers: HeaderMap) -> Response {
+    match sign_ins.who(&headers) {
+        Some(SignedIn(name)) => axum::Json(serde_json::json!({ "name": name })).into_response(),
+        None => (
+            StatusCode::UNAUTHORIZED,
+            axum::Json(serde_json::json!({ "error": "not signed in: run `mneme ui`" })),
+        )
+            .into_response(),
+    }
+}
+
+const REFUSED: &str = "<!doctype html><meta charset=utf-8><title>mneme: sign-in refused</title>\
+<h1>This sign-in link does not work</h1>\
+<p>It was used already, or it is older than two minutes. Run <code>mneme ui</code> for a new one.</p>";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_cookie(value: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::COOKIE,
+            HeaderValue::from_str(&format!("other=1; {COOKIE}={value}")).unwrap(),
+        );
+        headers
+    }
+
+    #[test]
+    fn a_code_signs_in_once() {
+        let sign_ins = SignIns::default();
+        let code = sign_ins.issue("ada").unwrap();
+        let (cookie, name) = sign_ins.redeem(&code).unwrap();
+        assert_eq!(name, "ada");
+        assert!(sign_ins.redeem(&code).is_none(), "a second use is refused");
+        assert_eq!(sign_ins.who(&with_cookie(&cookie)).unwrap().0, "ada");
+        assert!(sign_ins.who(&with_cookie("forged")).is_none());
+        assert!(sign_ins.redeem("unknown").is_none());
+    }
+
+    #[test]
+    fn the_oldest_code_makes_room() {
+        let sign_ins = SignIns::default();
+        let first = sign_ins.issue("a").unwrap();
+        for _ in 0..MAX_CODES {
+            sign_ins.issue("b").unwrap();
+        }
+        assert!(sign_ins.redeem(&first).is_none());
+        assert_eq!(sign_ins.codes.lock().unwrap().0.len(), MAX_CODES);
+    }
+
+    #[test]
+    fn changes_from_other_sites_are_refused() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::HOST, HeaderValue::from_static("127.0.0.1:7878"));
+        assert!(cross_site_refusal(&Method::GET, &headers).is_none());
+        assert!(cross_site_refusal(&Method::POST, &headers)
+            .unwrap()
+            .contains(ACTION_HEADER));
+        headers.insert(ACTION_HEADER, HeaderValue::from_static("1"));
+        assert!(cross_site_refusal(&Method::POST, &headers).is_none());
+        headers.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://evil.example"),
+        );
+        assert!(cross_site_refusal(&Method::POST, &headers)
+            .unwrap()
+            .contains("evil.example"));
+        headers.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://127.0.0.1:7878"),
+        );
+        assert!(cross_site_refusal(&Method::POST, &headers).is_none());
+    }
+}
