@@ -14,6 +14,7 @@ use tokio::process::Command;
 use tokio::sync::oneshot;
 
 pub mod bench;
+pub mod browser;
 pub mod daemon;
 pub mod hostile;
 pub mod mcp;

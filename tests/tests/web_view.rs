@@ -1,0 +1,332 @@
+//! The web view in a real browser (headless Chromium, installed by
+//! `scripts/chromium.sh` if missing) against a real daemon: sign in with
+//! `mneme ui`'s one-time link (a second use refused), find a session, open
+//! it, see a tool call with its key and effect, approve it from the page and
+//! watch the session go on to its answer, fork it and open the diff; a page
+//! of another origin cannot act for the signed-in browser. Screenshots of
+//! each page go to `target/ui-screenshots/`.
+
+use mneme_e2e::browser::{Browser, Page};
+use mneme_e2e::daemon::{DaemonProcess, TOKEN};
+use mneme_e2e::*;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// Runs a browser step off the async workers (the test's model server and
+/// sink run on them).
+fn blocking<T>(step: impl FnOnce() -> Result<T, String>) -> T {
+    tokio::task::block_in_place(step).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn screenshot(page: &Page, name: &str) {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/ui-screenshots");
+    blocking(|| page.screenshot(&dir.join(format!("{name}.png"))));
+}
+
+/// Installs Debian's Chromium if this machine has none.
+fn install_chromium() {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/chromium.sh");
+    let status = tokio::task::block_in_place(|| std::process::Command::new(&script).status());
+    assert!(status.unwrap().success(), "{} failed", script.display());
+}
+
+/// The link `mneme ui --print-url --as NAME` prints.
+async fn sign_in_link(world: &World, name: &str) -> String {
+    let out = world
+        .mneme()
+        .env("MNEME_TOKEN", TOKEN)
+        .args(["ui", "--print-url", "--as", name])
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let url = stdout(&out).trim().to_string();
+    assert!(url.contains("/ui/login?code="), "{url}");
+    assert!(!url.contains(TOKEN), "the token stays out of the link");
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_signs_in_finds_a_session_approves_its_call_and_compares_a_fork() {
+    let world = World::new();
+    let sink = Sink::start().await.unwrap();
+    let model = MockModel::start(
+        vec![
+            MockReply::calls(&[("refund", json!({"n": 7}))]),
+            MockReply::answer("Refunded."),
+        ],
+        Fault::None,
+    )
+    .await;
+    let tool = format!(
+        "{}requires_approval = true\n",
+        http_tool("refund", &sink.url("refund"), "side_effect")
+    );
+    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let id = daemon.create(&agent_toml(&model.base_url(), &[tool])).await;
+    daemon.create(&agent_toml(&model.base_url(), &[])).await;
+    let (_, end) = daemon
+        .post(
+            &format!("/sessions/{id}/messages"),
+            &json!({"text": "refund order 7", "wait": true}),
+        )
+        .await;
+    assert_eq!(end["awaiting_approval"][0]["call_id"], "call_0_0", "{end}");
+
+    let link = sign_in_link(&world, "ada").await;
+    install_chromium();
+    let browser = blocking(Browser::start);
+    let page = blocking(|| browser.new_page());
+
+    // Sign in: the link leads to the sessions, with a cookie scripts cannot
+    // read and other sites do not get.
+    blocking(|| page.goto(&link));
+    blocking(|| {
+        page.wait_for(
+            &format!("document.querySelector('#sessions a[href=\"#/s/{id}\"]')"),
+            WAIT,
+        )
+    });
+    blocking(|| {
+        page.wait_for(
+            "document.getElementById('who').textContent.includes('ada')",
+            WAIT,
+        )
+    });
+    let cookies = blocking(|| page.cookies());
+    let cookie = cookies
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "mneme_ui")
+        .unwrap_or_else(|| panic!("no sign-in cookie: {cookies}"))
+        .clone();
+    assert_eq!(cookie["httpOnly"], true, "{cookie}");
+    assert_eq!(cookie["sameSite"], "Strict", "{cookie}");
+    assert_eq!(
+        blocking(|| page.eval("document.cookie")),
+        "",
+        "scripts cannot read it"
+    );
+    let waiting = blocking(|| page.eval("document.querySelectorAll('#sessions tr.waits').length"));
+    assert_eq!(waiting, 1, "the session waiting for a person stands out");
+    screenshot(&page, "1-sessions");
+
+    // The link works once.
+    let second = blocking(|| browser.new_page());
+    blocking(|| second.goto(&link));
+    let refused = blocking(|| second.eval("document.body.innerText"));
+    assert!(
+        refused.as_str().unwrap().contains("does not work"),
+        "{refused}"
+    );
+    screenshot(&second, "2-link-used-twice");
+
+    // Find the session by a prefix of its id.
+    blocking(|| {
+        page.eval(&format!(
+            "const f = document.getElementById('find'); f.value = '{}'; \
+             f.dispatchEvent(new KeyboardEvent('keydown', {{key: 'Enter', bubbles: true}})); true",
+            &id[id.len() - 12..]
+        ))
+    });
+    blocking(|| {
+        page.wait_for(
+            "document.querySelectorAll('#sessions tbody tr').length === 1",
+            WAIT,
+        )
+    });
+    blocking(|| page.click(&format!("#sessions a[href=\"#/s/{id}\"]")));
+
+    // The session: its tool call with its key and effect, waiting for approval.
+    blocking(|| page.wait_for("document.querySelector('#waiting .approve')", WAIT));
+    blocking(|| page.wait_for("document.querySelector('#verified.ok')", WAIT));
+    let card = blocking(|| {
+        page.eval("(() => { const c = document.querySelector('.call[data-call=\"call_0_0\"]'); \
+                   return { tool: c.querySelector('.tool').textContent, status: c.querySelector('.call-status').textContent, \
+                            effect: c.querySelector('.effect-declared').textContent }; })()")
+    });
+    assert_eq!(card["tool"], "refund", "{card}");
+    assert_eq!(card["effect"], "side_effect", "{card}");
+    assert!(
+        card["status"]
+            .as_str()
+            .unwrap()
+            .contains("Waits for approval"),
+        "{card}"
+    );
+    screenshot(&page, "3-session-waiting");
+
+    // A page of another origin cannot act for the signed-in browser.
+    let forged = cross_site_cancel(&daemon, &id).await;
+    let attacker = blocking(|| browser.new_page());
+    blocking(|| attacker.goto(&forged.url));
+    blocking(|| attacker.wait_for("document.title === 'sent'", WAIT));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, view) = daemon.get(&format!("/sessions/{id}")).await;
+    assert_ne!(
+        view["status"], "cancelled",
+        "a cross-site form cancelled it"
+    );
+
+    // Approve from the page: the call runs once and the session answers.
+    blocking(|| page.click("#waiting .approve"));
+    blocking(|| {
+        page.wait_for("document.querySelector('.facts') && document.querySelector('.facts').innerText.includes('Refunded.')", WAIT)
+    });
+    assert_eq!(sink.stats().path("refund").effects, 1);
+    let (_, records) = daemon.get(&format!("/sessions/{id}/events")).await;
+    let decided = find_event(&records, "ApprovalDecided");
+    assert_eq!(decided["by"], "ada", "recorded with the signed-in name");
+    blocking(|| {
+        page.wait_for("document.querySelector('.call[data-call=\"call_0_0\"] .duration').textContent.endsWith('ms')", WAIT)
+    });
+    let key = started_key(&daemon, &id).await;
+    let attempt = blocking(|| {
+        page.eval("(() => { const c = document.querySelector('.call[data-call=\"call_0_0\"]'); \
+                   return { key: c.querySelector('.key').textContent, effect: c.querySelector('.effect').textContent, \
+                            status: c.querySelector('.call-status').textContent }; })()")
+    });
+    assert_eq!(attempt["key"], key.as_str(), "{attempt}");
+    assert_eq!(attempt["effect"], "side_effect", "{attempt}");
+    assert!(
+        attempt["status"]
+            .as_str()
+            .unwrap()
+            .contains("Approved by ada"),
+        "{attempt}"
+    );
+    screenshot(&page, "4-session-answered");
+
+    // By keyboard: j moves to the first event, Enter shows its payload.
+    press(&page, "j");
+    press(&page, "Enter");
+    let payload = blocking(|| {
+        page.wait_for("document.activeElement.id === 'e1' && document.querySelector('#e1 pre.payload') && document.querySelector('#e1 pre.payload').textContent", WAIT)
+    });
+    assert!(
+        payload.as_str().unwrap().contains("\"SessionStarted\""),
+        "{payload}"
+    );
+
+    // Fork at the user's message and compare the fork with its parent.
+    blocking(|| page.click("#e2 .fork"));
+    blocking(|| page.wait_for("document.getElementById('diff-link')", WAIT));
+    screenshot(&page, "5-fork");
+    blocking(|| page.click("#diff-link"));
+    let common = blocking(|| {
+        page.wait_for(
+            "document.getElementById('common') && document.getElementById('common').textContent",
+            WAIT,
+        )
+    });
+    assert!(
+        common.as_str().unwrap().contains("same first 2 events"),
+        "{common}"
+    );
+    let differs =
+        blocking(|| page.eval("document.querySelectorAll('#comparison .differs').length"));
+    assert!(
+        differs.as_u64().unwrap() >= 1,
+        "the answers differ: {differs}"
+    );
+    screenshot(&page, "6-diff");
+
+    // Nothing was fetched from anywhere but the daemon.
+    let fetched = blocking(|| {
+        page.eval(
+            "performance.getEntriesByType('resource').map(e => e.name).concat([location.href])",
+        )
+    });
+    for url in fetched.as_array().unwrap() {
+        assert!(
+            url.as_str().unwrap().starts_with(&daemon.base),
+            "fetched from elsewhere: {url}"
+        );
+    }
+    // The page ran without a script error.
+    let errors: Vec<Value> = page
+        .take_events()
+        .into_iter()
+        .filter(|e| {
+            e["method"] == "Runtime.exceptionThrown"
+                || (e["method"] == "Runtime.consoleAPICalled" && e["params"]["type"] == "error")
+        })
+        .collect();
+    assert!(errors.is_empty(), "{errors:?}");
+    drop(page);
+    drop(browser);
+    assert!(daemon.terminate().await.success());
+}
+
+/// Presses `key` as a person would (a key down and up through the browser's
+/// input, not a script's synthetic event).
+fn press(page: &Page, key: &str) {
+    for kind in ["keyDown", "keyUp"] {
+        let text = if key.len() == 1 { key } else { "" };
+        let code = if key == "Enter" {
+            13
+        } else {
+            key.to_ascii_uppercase().as_bytes()[0] as u32
+        };
+        blocking(|| {
+            page.call(
+                "Input.dispatchKeyEvent",
+                json!({"type": kind, "key": key, "text": text, "windowsVirtualKeyCode": code}),
+            )
+        });
+    }
+}
+
+/// The idempotency key the log records for the first call.
+async fn started_key(daemon: &DaemonProcess, id: &str) -> String {
+    let (_, records) = daemon.get(&format!("/sessions/{id}/events")).await;
+    find_event(&records, "ToolStarted")["idempotency_key"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// The fields of the first event of `kind` in an `/events` answer.
+fn find_event(records: &Value, kind: &str) -> Value {
+    records
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["kind"] == kind)
+        .map(|r| r["event"][kind].clone())
+        .unwrap_or_else(|| panic!("no {kind} in {records}"))
+}
+
+/// A page on another port of this host (same site, another origin) whose
+/// form posts a cancel of session `id` to the daemon as soon as it loads.
+struct Forged {
+    url: String,
+    _server: tokio::sync::oneshot::Sender<()>,
+}
+
+async fn cross_site_cancel(daemon: &DaemonProcess, id: &str) -> Forged {
+    let html = format!(
+        "<!doctype html><title>forging</title><iframe name=sink></iframe>\
+         <form id=f method=POST enctype=text/plain target=sink action=\"{}/sessions/{id}/cancel\">\
+         <input name='{{\"by\":\"attacker\",\"x\":\"' value='\"}}'></form>\
+         <script>document.getElementById('f').submit(); setTimeout(() => document.title = 'sent', 800);</script>",
+        daemon.base
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/", listener.local_addr().unwrap());
+    let app = axum::Router::new().route(
+        "/",
+        axum::routing::get(move || {
+            let html = html.clone();
+            async move { axum::response::Html(html) }
+        }),
+    );
+    Forged {
+        url,
+        _server: serve_until_dropped(listener, app),
+    }
+}
