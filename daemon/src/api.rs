@@ -381,6 +381,12 @@ async fn get_session(
             .into_iter()
             .map(|(call_id, reason)| wire::InDoubtCall { call_id, reason })
             .collect(),
+        awaiting_approval: session
+            .state()
+            .calls_awaiting_approval()
+            .into_iter()
+            .map(|(call_id, tool)| wire::AwaitingCall { call_id, tool })
+            .collect(),
     }))
 }
 

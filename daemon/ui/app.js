@@ -152,8 +152,7 @@ function refilter(name, value) {
 // ---- one session ---------------------------------------------------------
 
 async function sessionPage(id, query) {
-  const [view, verified, replay] = await Promise.all([
-    api(`/sessions/${id}`), api(`/sessions/${id}/verify`), api(`/sessions/${id}/replay`)]);
+  const view = await api(`/sessions/${id}`);
   const head = view.events;
   const last = Math.max(0, head - PAGE);
   const after = query.has("after") ? Math.min(Math.max(0, Number(query.get("after")) || 0), last) : last;
@@ -164,10 +163,10 @@ async function sessionPage(id, query) {
   for (const record of records) addRecord(timeline, record, context);
   show(
     el("h1", {}, "Session ", el("span", { class: "mono" }, id)),
-    el("div", { class: "toolbar" }, badge(view.status, view.waits_for_a_person), verifyBadge(verified),
-      actions(id, view)),
+    el("div", { class: "toolbar" }, badge(view.status, view.waits_for_a_person),
+      el("span", { class: "badge", id: "verified" }, "verifying the chain…"), actions(id, view)),
     facts(view),
-    waitingPanel(id, replay),
+    waitingPanel(id, view),
     el("h2", {}, "Timeline ", el("span", { id: "live" })),
     pager(id, after, head),
     timeline,
@@ -178,6 +177,11 @@ async function sessionPage(id, query) {
     if (row) { row.focus(); row.scrollIntoView({ block: "center" }); }
   }
   if (until >= head) follow(id, head, timeline, context);
+  // The chain's check reads every record: it fills its badge when done.
+  api(`/sessions/${id}/verify`).then((v) => {
+    const node = document.getElementById("verified");
+    if (node) node.replaceWith(verifyBadge(v));
+  }, failed);
 }
 
 function verifyBadge(v) {
@@ -227,14 +231,15 @@ function actions(id, view) {
   ];
 }
 
-function waitingPanel(id, replay) {
-  const open = replay.calls.filter((c) => ["awaiting_approval", "needs_approval", "in_doubt", "awaiting_decision"].includes(c.decision));
+function waitingPanel(id, view) {
+  const open = view.awaiting_approval.map((c) => ({ ...c, approval: true, reason: "waits for approval" }))
+    .concat(view.in_doubt.map((c) => ({ ...c, tool: "in doubt" })));
   if (!open.length) return null;
   return el("section", { class: "panel waits", id: "waiting", "aria-label": "Calls that wait for a person" },
     el("h2", {}, "Waiting for a person"),
     open.map((call) => el("div", { class: "waiting-call", "data-call": call.call_id },
       el("p", {}, el("strong", {}, call.tool), " ", el("span", { class: "mono" }, call.call_id), ": ", call.reason),
-      call.decision.includes("approval") ? approvalButtons(id, call) : doubtButtons(id, call))));
+      call.approval ? approvalButtons(id, call) : doubtButtons(id, call))));
 }
 
 function decide(id, call, action, body) {

@@ -502,6 +502,9 @@ pub struct SessionView {
     pub running_on: Option<String>,
     /// Calls in doubt, waiting for a person's decision.
     pub in_doubt: Vec<InDoubtCall>,
+    /// Calls waiting for a person's approval.
+    #[serde(default)]
+    pub awaiting_approval: Vec<AwaitingCall>,
 }
 
 /// Which events to read.

@@ -2,7 +2,8 @@
 //! `scripts/chromium.sh` if missing) against a real daemon: sign in with
 //! `mneme ui`'s one-time link (a second use refused), find a session, open
 //! it, see a tool call with its key and effect, approve it from the page and
-//! watch the session go on to its answer, fork it and open the diff; a page
+//! watch the session go on to its answer, see a turn started elsewhere
+//! arrive live, use it by keyboard, fork it and open the diff; a page
 //! of another origin cannot act for the signed-in browser. Screenshots of
 //! each page go to `target/ui-screenshots/`.
 
@@ -57,6 +58,7 @@ async fn a_person_signs_in_finds_a_session_approves_its_call_and_compares_a_fork
         vec![
             MockReply::calls(&[("refund", json!({"n": 7}))]),
             MockReply::answer("Refunded."),
+            MockReply::answer("Anything else?"),
         ],
         Fault::None,
     )
@@ -211,6 +213,16 @@ async fn a_person_signs_in_finds_a_session_approves_its_call_and_compares_a_fork
         payload.as_str().unwrap().contains("\"SessionStarted\""),
         "{payload}"
     );
+
+    // Live: a turn started elsewhere shows on the open page as it is recorded.
+    let (status, _) = daemon
+        .post(
+            &format!("/sessions/{id}/messages"),
+            &json!({"text": "thanks", "wait": true}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    blocking(|| page.wait_for("document.getElementById('timeline').innerText.includes('Anything else?')", WAIT));
 
     // Fork at the user's message and compare the fork with its parent.
     blocking(|| page.click("#e2 .fork"));
