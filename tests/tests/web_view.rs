@@ -22,7 +22,9 @@ fn blocking<T>(step: impl FnOnce() -> Result<T, String>) -> T {
     tokio::task::block_in_place(step).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// Writes a screenshot of `page`, without the passing note at its foot.
 fn screenshot(page: &Page, name: &str) {
+    blocking(|| page.eval("document.getElementById('note').textContent = ''"));
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/ui-screenshots");
     blocking(|| page.screenshot(&dir.join(format!("{name}.png"))));
 }
@@ -222,7 +224,12 @@ async fn a_person_signs_in_finds_a_session_approves_its_call_and_compares_a_fork
         )
         .await;
     assert_eq!(status, 200);
-    blocking(|| page.wait_for("document.getElementById('timeline').innerText.includes('Anything else?')", WAIT));
+    blocking(|| {
+        page.wait_for(
+            "document.getElementById('timeline').innerText.includes('Anything else?')",
+            WAIT,
+        )
+    });
 
     // Fork at the user's message and compare the fork with its parent.
     blocking(|| page.click("#e2 .fork"));
