@@ -24,7 +24,7 @@ fn blocking<T>(step: impl FnOnce() -> Result<T, String>) -> T {
 
 /// Writes a screenshot of `page`, without the passing note at its foot.
 fn screenshot(page: &Page, name: &str) {
-    blocking(|| page.eval("document.getElementById('note').textContent = ''"));
+    blocking(|| page.eval("(n => n && (n.textContent = ''))(document.getElementById('note'))"));
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/ui-screenshots");
     blocking(|| page.screenshot(&dir.join(format!("{name}.png"))));
 }
