@@ -12,7 +12,7 @@ const KINDS = ["SessionForked", "SessionStarted", "UserMessage", "ModelReplied",
 const CALL_KINDS = new Set(["ToolStarted", "ToolFinished", "ToolInDoubt",
   "ToolResolved", "ApprovalRequested", "ApprovalDecided"]);
 
-let live = null; // the EventSource of the page shown, if any
+let live = []; // the event streams of the page shown
 
 // ---- the API -------------------------------------------------------------
 
@@ -170,6 +170,7 @@ async function sessionPage(id, query) {
     el("h2", {}, "Timeline ", el("span", { id: "live" })),
     pager(id, after, head),
     timeline,
+    el("div", { id: "arriving", class: "panel arriving", hidden: true, "aria-live": "polite" }),
     pager(id, after, head));
   const focus = Number(query.get("seq"));
   if (focus) {
@@ -422,16 +423,24 @@ async function forkAt(id, seq) {
   } catch (error) { failed(error); }
 }
 
-// Follows new events as they become durable (the API's stream).
+// Follows new events as they become durable (the API's stream), and a
+// streamed reply's text as it arrives (shown until the reply is recorded).
 function follow(id, head, timeline, context) {
   const badgeNode = document.getElementById("live");
+  const arriving = document.getElementById("arriving");
   const source = new EventSource(`/sessions/${id}/events?follow=true&after=${head}`);
-  live = source;
+  const deltas = new EventSource(`/sessions/${id}/deltas`);
+  live = [source, deltas];
+  deltas.addEventListener("delta", (message) => {
+    arriving.hidden = false;
+    arriving.textContent += JSON.parse(message.data).text;
+  });
   badgeNode.textContent = "· live";
   badgeNode.className = "live";
   const onEvent = (message) => {
     const record = JSON.parse(message.data);
     addRecord(timeline, record, context);
+    if (record.kind === "ModelReplied") { arriving.textContent = ""; arriving.hidden = true; }
     if (["SessionFinished", "SessionPaused", "ApprovalRequested", "ToolInDoubt"].includes(record.kind)
       || (record.kind === "ModelReplied" && !unwrap(record)[1].tool_calls.length)) {
       scheduleRefresh();
@@ -477,7 +486,8 @@ async function diffPage(a, b) {
 // ---- routing and keys ------------------------------------------------------
 
 async function route() {
-  if (live) { live.close(); live = null; }
+  for (const source of live) source.close();
+  live = [];
   const [path, search] = location.hash.replace(/^#/, "").split("?");
   const query = new URLSearchParams(search || "");
   const parts = (path || "/").split("/").filter(Boolean);

@@ -349,3 +349,60 @@ async fn cross_site_cancel(daemon: &DaemonProcess, id: &str) -> Forged {
         _server: serve_until_dropped(listener, app),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_reply_shows_on_the_page_as_it_arrives() {
+    let world = World::new();
+    let gate = std::sync::Arc::new(tokio::sync::Notify::new());
+    let opened = gate.clone();
+    let model = mneme_e2e::hostile::HostileModel::start(move |_, _, _| {
+        mneme_e2e::hostile::Answer::Stream {
+            events: mneme_e2e::hostile::streamed_text(&["First words, ", "then the rest."], "stop"),
+            gate: Some(opened.clone()),
+            then_stall: false,
+        }
+    })
+    .await;
+    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let agent = agent_toml(&model.base_url(), &[])
+        .replace("timeout_secs = 10\n", "timeout_secs = 10\nstream = true\n");
+    let id = daemon.create(&agent).await;
+    let link = sign_in_link(&world, "ada").await;
+    install_chromium();
+    let browser = blocking(Browser::start);
+    let page = blocking(|| browser.new_page());
+    blocking(|| page.goto(&link));
+    blocking(|| page.wait_for("document.getElementById('sessions')", WAIT));
+    blocking(|| page.eval(&format!("location.hash = '#/s/{id}'")));
+    blocking(|| {
+        page.wait_for(
+            "document.getElementById('live').textContent.includes('live')",
+            WAIT,
+        )
+    });
+
+    let (status, _) = daemon
+        .post(&format!("/sessions/{id}/messages"), &json!({"text": "go"}))
+        .await;
+    assert_eq!(status, 202);
+    // The first words show while the server still holds the rest.
+    let shown = blocking(|| {
+        page.wait_for(
+            "(a => !a.hidden && a.textContent)(document.getElementById('arriving'))",
+            WAIT,
+        )
+    });
+    assert!(
+        "First words, ".starts_with(shown.as_str().unwrap()),
+        "{shown}"
+    );
+    screenshot(&page, "7-streaming");
+    gate.notify_one();
+    // Once recorded, the reply is an event and the arriving text goes.
+    blocking(|| {
+        page.wait_for("document.getElementById('timeline').innerText.includes('then the rest.') && document.getElementById('arriving').hidden", WAIT)
+    });
+    drop(page);
+    drop(browser);
+    assert!(daemon.terminate().await.success());
+}
