@@ -577,26 +577,20 @@ async fn resolve(
     signed_in: Option<Extension<SignedIn>>,
     Json(body): Json<Resolve>,
 ) -> Result<Response, ApiError> {
-    refuse_when_stopping(&daemon)?;
-    let by = who(&signed_in, &body.by);
     let skip = body.skip.as_ref().map(Value::to_string);
     let resolution = service::resolution(body.retry, skip.as_deref(), body.fail.as_deref())
         .map_err(bad_request)?;
-    let can_continue = under_lease(&daemon, id, |mut session| async {
-        let resolved = (daemon.service)
-            .resolve(&mut session, &call, resolution, &by)
-            .await;
-        (session, resolved)
+    let by = who(&signed_in, &body.by);
+    let next = (body.proceed, body.wait);
+    decide(&daemon, id, &call, by, next, |mut session, by| {
+        let (daemon, call) = (&daemon, &call);
+        async move {
+            let resolved = (daemon.service)
+                .resolve(&mut session, call, resolution, &by)
+                .await;
+            (session, resolved)
+        }
     })
-    .await?;
-    continue_after_decision(
-        &daemon,
-        id,
-        &call,
-        can_continue && body.proceed,
-        body.wait,
-        by,
-    )
     .await
 }
 
@@ -615,23 +609,17 @@ async fn approve(
     signed_in: Option<Extension<SignedIn>>,
     Json(body): Json<Approve>,
 ) -> Result<Response, ApiError> {
-    refuse_when_stopping(&daemon)?;
     let by = who(&signed_in, &body.by);
-    let can_continue = under_lease(&daemon, id, |mut session| async {
-        let decided = (daemon.service)
-            .decide_approval(&mut session, &call, body.approved, &by)
-            .await;
-        (session, decided)
+    let next = (body.proceed, body.wait);
+    decide(&daemon, id, &call, by, next, |mut session, by| {
+        let (daemon, call) = (&daemon, &call);
+        async move {
+            let decided = (daemon.service)
+                .decide_approval(&mut session, call, body.approved, &by)
+                .await;
+            (session, decided)
+        }
     })
-    .await?;
-    continue_after_decision(
-        &daemon,
-        id,
-        &call,
-        can_continue && body.proceed,
-        body.wait,
-        by,
-    )
     .await
 }
 
@@ -657,6 +645,28 @@ where
     lease.release().await;
     daemon.set_status(id, session.state().status());
     Ok(recorded)
+}
+
+/// Records a person's decision on call `call` of session `id` as `by`
+/// (`record`, under the session's lease), then continues the session if
+/// `next.0` asks and nothing else waits, answering at once or, if `next.1`
+/// asks, when the continued turn ends.
+async fn decide<F>(
+    daemon: &Shared,
+    id: Uuid,
+    call: &str,
+    by: String,
+    next: (bool, bool),
+    record: impl FnOnce(Session, String) -> F,
+) -> Result<Response, ApiError>
+where
+    F: std::future::Future<Output = (Session, Result<bool, RuntimeError>)>,
+{
+    refuse_when_stopping(daemon)?;
+    let recorded_by = by.clone();
+    let can_continue = under_lease(daemon, id, |session| record(session, recorded_by)).await?;
+    let (proceed, wait) = next;
+    continue_after_decision(daemon, id, call, can_continue && proceed, wait, by).await
 }
 
 /// After a person's decision: continue the session if nothing else waits.

@@ -5,7 +5,7 @@
 //! disk; default `target/bench-data`).
 
 use eventlog::{Durability, EventLog, SledLog};
-use mneme_e2e::bench::{agent_steps, bench_dir, bench_spec, block, to_new_event};
+use mneme_e2e::bench::{agent_steps, bench_dir, bench_spec, block, daemon_address, to_new_event};
 use replay::{Event, ModelReply};
 use std::path::Path;
 use std::sync::Arc;
@@ -55,17 +55,7 @@ fn daemon_memory(dir: &Path, sessions: usize) -> (u64, Duration) {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let note = dir.join("mneme.daemon");
-    let addr = loop {
-        if let Some(addr) = std::fs::read_to_string(&note)
-            .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-            .and_then(|v| v["addr"].as_str().map(String::from))
-        {
-            break addr;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let addr = daemon_address(dir);
     let wanted = format!("mneme_sessions{{status=\"idle\"}} {sessions}");
     loop {
         let metrics = http_get(&format!("http://{addr}/metrics"));

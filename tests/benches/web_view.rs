@@ -9,7 +9,7 @@
 //! `MNEME_BENCH_DIR` the disk).
 
 use eventlog::{Durability, EventLog, SledLog};
-use mneme_e2e::bench::{bench_dir, bench_spec, block, new_event, to_new_event};
+use mneme_e2e::bench::{bench_dir, bench_spec, block, daemon_address, new_event, to_new_event};
 use mneme_e2e::browser::Browser;
 use mneme_e2e::mneme_bin;
 use runtime::Session;
@@ -62,17 +62,7 @@ fn serve(dir: &Path) -> (std::process::Child, String) {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let note = dir.join("mneme.daemon");
-    let addr = loop {
-        if let Some(addr) = std::fs::read_to_string(&note)
-            .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-            .and_then(|v| v["addr"].as_str().map(String::from))
-        {
-            break addr;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let addr = daemon_address(dir);
     (child, format!("http://{addr}"))
 }
 

@@ -20,6 +20,22 @@ pub fn bench_dir(name: &str) -> PathBuf {
     dir
 }
 
+/// The address (`IP:PORT`) of the daemon started on `dir`, once its note
+/// (`mneme.daemon`) says where it listens.
+pub fn daemon_address(dir: &Path) -> String {
+    let note = dir.join("mneme.daemon");
+    loop {
+        if let Some(addr) = std::fs::read_to_string(&note)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v["addr"].as_str().map(String::from))
+        {
+            return addr;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// An agent whose one tool, `charge`, is a side-effecting HTTP call; its
 /// turns may take as many steps as a benchmark runs.
 pub fn bench_spec(model_url: &str, tool_url: &str) -> replay::AgentSpec {

@@ -421,6 +421,15 @@ pub fn http_tool(name: &str, url: &str, effect: &str) -> String {
     format!("name = \"{name}\"\ndescription = \"{name}\"\nkind = \"http\"\nurl = \"{url}\"\neffect = \"{effect}\"\nparameters = {{ type = \"object\", properties = {{ n = {{ type = \"integer\" }} }} }}\n")
 }
 
+/// A TOML tool table for `refund`, a side-effecting HTTP tool on `sink`
+/// whose calls wait for a person's approval.
+pub fn refund_needing_approval(sink: &Sink) -> String {
+    format!(
+        "{}requires_approval = true\n",
+        http_tool("refund", &sink.url("refund"), "side_effect")
+    )
+}
+
 /// A TOML tool table for a command tool.
 pub fn command_tool(name: &str, command: &[&str], effect: &str, timeout_secs: u64) -> String {
     let words: Vec<String> = command.iter().map(|w| format!("{w:?}")).collect();

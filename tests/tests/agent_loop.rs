@@ -261,10 +261,7 @@ async fn a_tool_that_requires_approval_waits_for_a_person() {
         Fault::None,
     )
     .await;
-    let tool = format!(
-        "{}requires_approval = true\n",
-        http_tool("refund", &sink.url("refund"), "side_effect")
-    );
+    let tool = refund_needing_approval(&sink);
     let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[tool]));
     let mut sessions = Vec::new();
     for _ in 0..2 {

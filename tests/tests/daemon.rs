@@ -567,10 +567,7 @@ async fn decisions_can_be_recorded_without_continuing_and_idle_sessions_cannot_b
         Fault::None,
     )
     .await;
-    let tool = format!(
-        "{}requires_approval = true\n",
-        http_tool("refund", &sink.url("refund"), "side_effect")
-    );
+    let tool = refund_needing_approval(&sink);
     let daemon = DaemonProcess::start(&world.data(), &[]).await;
     let id = daemon.create(&agent_toml(&model.base_url(), &[tool])).await;
     let (_, end) = daemon

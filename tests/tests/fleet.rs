@@ -195,10 +195,7 @@ async fn a_daemon_fenced_out_of_a_session_still_records_a_decision_on_it() {
         "read_only",
         10,
     );
-    let refund = format!(
-        "{}requires_approval = true\n",
-        http_tool("refund", &sink.url("refund"), "side_effect")
-    );
+    let refund = refund_needing_approval(&sink);
     let agent = agent_toml(&model.base_url(), &[slow_lookup, refund]);
     let fenced = daemon_on(&world, "a", &store).await;
     let survivor = daemon_on(&world, "b", &store).await;

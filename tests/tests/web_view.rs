@@ -65,10 +65,7 @@ async fn a_person_signs_in_finds_a_session_approves_its_call_and_compares_a_fork
         Fault::None,
     )
     .await;
-    let tool = format!(
-        "{}requires_approval = true\n",
-        http_tool("refund", &sink.url("refund"), "side_effect")
-    );
+    let tool = refund_needing_approval(&sink);
     let daemon = DaemonProcess::start(&world.data(), &[]).await;
     let id = daemon.create(&agent_toml(&model.base_url(), &[tool])).await;
     daemon.create(&agent_toml(&model.base_url(), &[])).await;
