@@ -9,13 +9,40 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 
+/// A place on the write path where a fault test may kill the process, by
+/// its name in `MNEME_CRASH_AT`. Points are constants of the crate that
+/// reaches them, so a call site cannot name a point nobody lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CrashPoint(&'static str);
+
+impl CrashPoint {
+    /// The point called `name` (lowercase, `_`-separated).
+    pub const fn named(name: &'static str) -> CrashPoint {
+        CrashPoint(name)
+    }
+
+    /// Its name, as `MNEME_CRASH_AT` takes it.
+    pub const fn name(self) -> &'static str {
+        self.0
+    }
+}
+
+impl std::fmt::Display for CrashPoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+/// An append is in the write-ahead file but not yet in sled.
+pub const LOG_WAL_WRITTEN: CrashPoint = CrashPoint::named("log_wal_written");
+/// A checkpoint made sled durable but has not emptied the write-ahead file.
+pub const LOG_CHECKPOINT_SYNCED: CrashPoint = CrashPoint::named("log_checkpoint_synced");
+
 /// The log's crash points.
-pub const POINTS: &[&str] = &[
-    // An append is in the write-ahead file but not yet in sled.
-    "log_wal_written",
-    // A checkpoint made sled durable but has not emptied the write-ahead file.
-    "log_checkpoint_synced",
-];
+pub const POINTS: &[CrashPoint] = &[LOG_WAL_WRITTEN, LOG_CHECKPOINT_SYNCED];
+
+/// What a process killed at a crash point says on stderr, before the name.
+pub const REACHED: &str = "mneme: crash point ";
 
 struct Armed {
     name: String,
@@ -41,14 +68,15 @@ fn armed() -> Option<&'static Armed> {
         .as_ref()
 }
 
-/// Kills the process here if this point is armed and due.
-pub fn point(name: &str) {
+/// Kills the process here if this point is armed and due, saying so on
+/// stderr first (`mneme: crash point NAME reached: …`).
+pub fn point(point: CrashPoint) {
     let Some(armed) = armed() else { return };
-    if armed.name != name {
+    if armed.name != point.name() {
         return;
     }
     if armed.seen.fetch_add(1, Ordering::Relaxed) + 1 == armed.occurrence {
-        eprintln!("mneme: crash point {name} reached: killing this process");
+        eprintln!("{REACHED}{point} reached: killing this process");
         // SAFETY: kill(2) on our own pid has no memory-safety preconditions.
         unsafe {
             libc::kill(libc::getpid(), libc::SIGKILL);

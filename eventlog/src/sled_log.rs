@@ -412,7 +412,7 @@ impl Writer {
             .map_err(io(shared.dir.join("blobs")))?;
         let anchor = shared.dir.join(ANCHOR_FILE);
         self.totals.store(&anchor).map_err(io(anchor))?;
-        crate::crash::point("log_checkpoint_synced");
+        crate::crash::point(crate::crash::LOG_CHECKPOINT_SYNCED);
         self.wal
             .truncate()
             .map_err(io(self.wal.path().to_path_buf()))
@@ -514,7 +514,7 @@ impl Writer {
             path: self.wal.path().display().to_string(),
             source,
         })?;
-        crate::crash::point("log_wal_written");
+        crate::crash::point(crate::crash::LOG_WAL_WRITTEN);
         // Plain inserts, not a sled batch: a batch forces sled to write and
         // sync its buffer on every append. Atomicity comes from the
         // write-ahead file; recovery repairs a meta that lags its records.

@@ -205,7 +205,7 @@ impl Runner {
             match plan.next {
                 NextStep::Nothing => {
                     session.barrier(self.durability).await?;
-                    crash::point("turn_answered");
+                    crash::point(crash::TURN_ANSWERED);
                     let answer = session.state().answer().unwrap_or_default().to_string();
                     return Ok(match last_reply_cut_off(session.state()) {
                         true => TurnEnd::CutOffAnswer(answer),
@@ -316,7 +316,7 @@ impl Runner {
     ) -> Result<(), RuntimeError> {
         session.barrier(self.durability).await?;
         self.compact_if_needed(session, model).await?;
-        crash::point("before_model_call");
+        crash::point(crash::BEFORE_MODEL_CALL);
         let cause = session.state().last_seq;
         let asked = match self.request_reply(session, model).await? {
             // The server says the prompt exceeds its context: summarize all
@@ -340,7 +340,7 @@ impl Runner {
                 return Err(error.into());
             }
         };
-        crash::point("model_replied_before_append");
+        crash::point(crash::MODEL_REPLIED_BEFORE_APPEND);
         reply.request_digest = request.digest.clone();
         reply.request_bytes = request.len() as u64;
         reply.prefix_digest = session.prefix_digest();
@@ -363,7 +363,7 @@ impl Runner {
                 .await?;
             return Err(error.into());
         }
-        crash::point("model_reply_appended");
+        crash::point(crash::MODEL_REPLY_APPENDED);
         Ok(())
     }
 
@@ -516,7 +516,7 @@ impl Runner {
             };
             session.append(vec![event], Some(reply_seq)).await?;
             session.barrier(self.durability).await?;
-            crash::point("in_doubt_appended");
+            crash::point(crash::IN_DOUBT_APPENDED);
         }
         Ok(())
     }
@@ -557,9 +557,9 @@ impl Runner {
             })
             .collect();
         let first_seq = session.append(events, Some(reply_seq)).await?;
-        crash::point("tool_started_appended");
+        crash::point(crash::TOOL_STARTED_APPENDED);
         session.barrier(self.durability).await?;
-        crash::point("tool_started_durable");
+        crash::point(crash::TOOL_STARTED_DURABLE);
         let mut running = JoinSet::new();
         let mut calls = HashMap::new();
         let (fire, cancel) = tools::Cancel::new();
@@ -613,13 +613,13 @@ impl Runner {
             };
             let (started_seq, tool, call_id, attempt) =
                 calls.remove(&id).expect("every task is a call");
-            crash::point("tool_returned");
+            crash::point(crash::TOOL_RETURNED);
             let ms = took.as_millis() as u64;
             let cancelled = matches!(result, Err(ToolError::Cancelled { .. }));
             match finish_event(tool.as_ref(), call_id, attempt, result, ms) {
                 Some(event) => {
                     session.append(vec![event], Some(started_seq)).await?;
-                    crash::point("tool_finished_appended");
+                    crash::point(crash::TOOL_FINISHED_APPENDED);
                 }
                 // Given up on a pause: it runs again when the turn resumes.
                 None if cancelled => {}

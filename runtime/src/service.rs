@@ -132,9 +132,9 @@ impl Service {
         let seq = session
             .append(vec![Event::UserMessage { text }], None)
             .await?;
-        crate::crash::point("user_message_appended");
+        crate::crash::point(crate::crash::USER_MESSAGE_APPENDED);
         session.barrier(self.durability).await?;
-        crate::crash::point("user_message_durable");
+        crate::crash::point(crate::crash::USER_MESSAGE_DURABLE);
         Ok(seq)
     }
 
@@ -254,7 +254,7 @@ impl Service {
         }
         session.append(events, None).await?;
         session.barrier(self.durability).await?;
-        crate::crash::point("decision_appended");
+        crate::crash::point(crate::crash::DECISION_APPENDED);
         Ok(last)
     }
 

@@ -2,9 +2,10 @@
 //! it again with crashes, and check the contract's invariants between the two.
 
 use crate::{
-    agent_toml, command_tool, http_tool, lookup_tool, named_session, rebuilt_request, stderr,
-    stdout, Fault, MockModel, MockReply, Sink, SinkStats, World,
+    agent_toml, command_tool, http_tool, lookup_tool, named_session, rebuilt_request,
+    refund_needing_approval, stderr, stdout, Fault, MockModel, MockReply, Sink, SinkStats, World,
 };
+use runtime::crash::{self, CrashPoint};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -25,9 +26,53 @@ pub struct Scenario {
     pub replies: Vec<MockReply>,
     /// How the model server misbehaves.
     pub fault: Fault,
-    /// Its tools are real MCP servers' instead of HTTP and command tools.
-    pub mcp: bool,
+    /// Its agent's tools.
+    pub tools: Tools,
+    /// The crash points its runs must reach.
+    pub points: Vec<Reach>,
 }
+
+/// The tools of a scenario's agent.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Tools {
+    /// HTTP tools of each effect on the sink, command tools (one ignores
+    /// keys, one fails).
+    Effects,
+    /// Real MCP servers' tools.
+    Mcp,
+    /// `refund`, a side effect on the sink that waits for approval.
+    Approval,
+}
+
+/// A crash point a scenario must reach, and the point a run must crash at
+/// first when it is reached only on the way back from a crash (a call in
+/// doubt is recorded by the resume after a crash mid-call).
+#[derive(Clone, Copy, Debug)]
+pub struct Reach {
+    /// The point.
+    pub point: CrashPoint,
+    /// The crash that must come first, if any.
+    pub after: Option<CrashPoint>,
+}
+
+/// Every crash point of the write path, but those in `not`; those in
+/// `after_a_crash` are reached after a crash at `tool_started_durable`.
+fn reaching(not: &[CrashPoint], after_a_crash: &[CrashPoint]) -> Vec<Reach> {
+    runtime::crash::all_points()
+        .into_iter()
+        .filter(|p| !not.contains(p))
+        .map(|point| Reach {
+            point,
+            after: after_a_crash
+                .contains(&point)
+                .then_some(crash::TOOL_STARTED_DURABLE),
+        })
+        .collect()
+}
+
+/// Points reached only by the resume after a crash mid-call of a side
+/// effect that ignores keys, and the decision on it.
+const AFTER_A_CRASH: &[CrashPoint] = &[crash::IN_DOUBT_APPENDED, crash::DECISION_APPENDED];
 
 /// Parallel calls of every effect kind, a failing tool, an HTTP side effect
 /// in a second reply.
@@ -47,7 +92,8 @@ pub fn effects_scenario() -> Scenario {
             MockReply::answer("Charged, reserved, notified, emailed; the ledger was down."),
         ],
         fault: Fault::None,
-        mcp: false,
+        tools: Tools::Effects,
+        points: reaching(&[], AFTER_A_CRASH),
     }
 }
 
@@ -63,7 +109,9 @@ pub fn multi_turn_scenario() -> Scenario {
             MockReply::answer("Charged Ada."),
         ],
         fault: Fault::FailFirstTry,
-        mcp: false,
+        tools: Tools::Effects,
+        // Its tools honour keys or only read: no call is ever in doubt.
+        points: reaching(AFTER_A_CRASH, &[]),
     }
 }
 
@@ -93,11 +141,30 @@ pub fn mcp_scenario() -> Scenario {
             MockReply::answer("Ada is remembered; her note reads: Ada: met."),
         ],
         fault: Fault::None,
-        mcp: true,
+        tools: Tools::Mcp,
+        points: reaching(&[], AFTER_A_CRASH),
     }
 }
 
-/// The scenarios fault tests run.
+/// A side effect that waits for a person's approval (`mneme approve`).
+pub fn approval_scenario() -> Scenario {
+    Scenario {
+        name: "approval",
+        turns: vec!["Refund order 7."],
+        replies: vec![
+            MockReply::calls(&[("refund", json!({"n": 7}))]),
+            MockReply::answer("Refunded order 7."),
+        ],
+        fault: Fault::None,
+        tools: Tools::Approval,
+        // Its one call honours keys: never in doubt. The decision is the
+        // approval, reached without a crash first.
+        points: reaching(&[crash::IN_DOUBT_APPENDED], &[]),
+    }
+}
+
+/// The scenarios the soak runs (the crash matrix adds the MCP and approval
+/// scenarios).
 pub fn all() -> Vec<Scenario> {
     vec![effects_scenario(), multi_turn_scenario()]
 }
@@ -132,9 +199,13 @@ impl Scenario {
         let model = MockModel::start(self.replies.clone(), self.fault).await;
         let sink = Sink::start().await.unwrap();
         let effects = world.dir.path().join("notify-effects.log");
-        let agent = match self.mcp {
-            true => mcp_agent(&world, &model),
-            false => effects_agent(&world, &model, &sink, &effects),
+        let agent = match self.tools {
+            Tools::Mcp => mcp_agent(&world, &model),
+            Tools::Effects => effects_agent(&world, &model, &sink, &effects),
+            Tools::Approval => world.write(
+                "agent.toml",
+                &agent_toml(&model.base_url(), &[refund_needing_approval(&sink)]),
+            ),
         };
         Env {
             world,
@@ -222,6 +293,10 @@ pub struct Outcome {
     pub answers: Vec<String>,
     /// Processes that died at a crash point or by SIGKILL.
     pub crashes: usize,
+    /// The crash points processes died at.
+    pub points: BTreeSet<String>,
+    /// Whether a `mneme run` of it died (not only the operator's commands).
+    pub run_crashed: bool,
 }
 
 /// How a run is disturbed.
@@ -265,11 +340,17 @@ async fn output(
 /// Runs every turn of `scenario` in `env`, disturbed by `faults`, and
 /// brings the session to its end the way an operator would: `mneme resume`
 /// after a crash, `mneme resolve` for calls in doubt (skip when the effect is
-/// on record, retry when it is not).
+/// on record, retry when it is not), `mneme approve` for calls that wait
+/// for approval; the nested crash is armed on each of those until one dies.
 pub async fn run(scenario: &Scenario, env: &Env, faults: &Faults) -> Result<Outcome, String> {
     let mut session = None::<String>;
     let mut answers = Vec::new();
-    let mut crashes = 0;
+    let mut operator = Operator {
+        env,
+        nested: faults.nested.clone(),
+        deaths: Deaths::default(),
+    };
+    let mut run_crashed = false;
     for turn in &scenario.turns {
         let mut command = env.world.mneme();
         match &session {
@@ -277,19 +358,22 @@ pub async fn run(scenario: &Scenario, env: &Env, faults: &Faults) -> Result<Outc
             Some(id) => command.args(["run", "--session", id, turn]),
         };
         let out = output(command, faults.crash_at.as_deref(), faults.kill_after_ms).await;
+        run_crashed |= operator.deaths.note(&out);
         let id = match &session {
             Some(id) => id.clone(),
             None => {
                 let Some(id) = named_session(&out) else {
                     // Killed before it named the session: start over, undisturbed,
                     // as a user would.
-                    crashes += 1;
-                    return Box::pin(run(scenario, env, &Faults::default()))
-                        .await
-                        .map(|o| Outcome {
-                            crashes: o.crashes + crashes,
-                            ..o
-                        });
+                    let again = Box::pin(run(scenario, env, &Faults::default())).await?;
+                    let mut deaths = operator.deaths;
+                    deaths.points.extend(again.points);
+                    return Ok(Outcome {
+                        crashes: again.crashes + deaths.count,
+                        points: deaths.points,
+                        run_crashed,
+                        ..again
+                    });
                 };
                 session = Some(id.clone());
                 id
@@ -297,11 +381,7 @@ pub async fn run(scenario: &Scenario, env: &Env, faults: &Faults) -> Result<Outc
         };
         let mut answer = match out.status.code() {
             Some(0) => stdout(&out).trim().to_string(),
-            Some(3) => settle(env, &id, None, &mut crashes).await?,
-            _ => {
-                crashes += 1;
-                settle(env, &id, faults.nested.as_deref(), &mut crashes).await?
-            }
+            _ => operator.settle(&id).await?,
         };
         // A process that died before it recorded the message (say, while
         // opening the log) never took the turn: the user sends it again.
@@ -316,7 +396,7 @@ pub async fn run(scenario: &Scenario, env: &Env, faults: &Faults) -> Result<Outc
             let out = output(again, None, None).await;
             answer = match out.status.code() {
                 Some(0) => stdout(&out).trim().to_string(),
-                Some(3) => settle(env, &id, None, &mut crashes).await?,
+                Some(3) => operator.settle(&id).await?,
                 code => {
                     return Err(format!(
                         "sending turn {turn:?} again exited {code:?}: {}",
@@ -330,86 +410,136 @@ pub async fn run(scenario: &Scenario, env: &Env, faults: &Faults) -> Result<Outc
     Ok(Outcome {
         session: session.unwrap_or_default(),
         answers,
-        crashes,
+        crashes: operator.deaths.count,
+        points: operator.deaths.points,
+        run_crashed,
     })
 }
 
-/// Resumes and resolves until the session answers.
-async fn settle(
-    env: &Env,
-    session: &str,
-    mut nested: Option<&str>,
-    crashes: &mut usize,
-) -> Result<String, String> {
-    for _ in 0..20 {
-        let mut command = env.world.mneme();
-        command.args(["resume", session]);
-        let out = output(command, nested.take(), None).await;
-        match out.status.code() {
-            Some(0) => return Ok(stdout(&out).trim().to_string()),
-            Some(3) => {
-                if let Some(answer) = resolve_in_doubt(env, session).await? {
-                    return Ok(answer);
-                }
-            }
-            // Like an operator, try again when the directory is still held
-            // a moment after the killed process (its last tools may be
-            // exiting); every invariant is still checked at the end.
-            // On PostgreSQL: the killed process's lease, until it lapses.
-            Some(1)
-                if stderr(&out).contains("in use by another process")
-                    || stderr(&out).contains("is leased to") =>
-            {
-                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-            }
-            Some(code) => return Err(format!("resume exited {code}: {}", stderr(&out))),
-            None => *crashes += 1,
-        }
-    }
-    Err("the session never finished".into())
+/// The processes of a run that died, and the crash points they died at.
+#[derive(Default)]
+struct Deaths {
+    count: usize,
+    points: BTreeSet<String>,
 }
 
-/// Decides every call in doubt; returns the answer if the session finished.
-async fn resolve_in_doubt(env: &Env, session: &str) -> Result<Option<String>, String> {
-    let plan: Value =
-        serde_json::from_str(stdout(&env.world.run(&["replay", "--json", session]).await).trim())
-            .map_err(|e| format!("replay --json: {e}"))?;
-    let keys = started_keys(&env.world, session).await;
-    let effects = std::fs::read_to_string(&env.effects).unwrap_or_default();
-    let remembered =
-        std::fs::read_to_string(env.world.dir.path().join("memory.jsonl")).unwrap_or_default();
-    for call in plan["calls"].as_array().into_iter().flatten() {
-        if call["decision"] != "awaiting_decision" {
-            continue;
+impl Deaths {
+    /// Notes `out`'s process if it died; whether it did.
+    fn note(&mut self, out: &Output) -> bool {
+        if out.status.code().is_some() {
+            return false;
         }
-        let id = call["call_id"].as_str().unwrap();
-        // What the world shows of the effect, and the result it gave.
-        let (happened, result) = match call["tool"].as_str() {
-            Some("mem__create_entities") => (remembered.contains("\"ada\""), REMEMBER_RESULT),
-            _ => {
-                let logged = keys
-                    .get(id)
-                    .is_some_and(|k| effects.lines().any(|l| l == k));
-                (logged, NOTIFY_RESULT)
+        self.count += 1;
+        let said = stderr(out);
+        if let Some(at) = said.find(eventlog::crash::REACHED) {
+            let rest = &said[at + eventlog::crash::REACHED.len()..];
+            if let Some(name) = rest.split_whitespace().next() {
+                self.points.insert(name.to_string());
             }
-        };
-        let decision: &[&str] = if happened {
-            &["--skip", "--result", result]
-        } else {
-            &["--retry"]
-        };
-        let mut args = vec!["resolve", session, id];
-        args.extend_from_slice(decision);
-        let out = env.world.run(&args).await;
-        match out.status.code() {
-            Some(0) if !stdout(&out).trim().is_empty() => {
-                return Ok(Some(stdout(&out).trim().to_string()))
-            }
-            Some(0) | Some(3) => {}
-            _ => return Err(format!("resolve failed: {}", stderr(&out))),
         }
+        true
     }
-    Ok(None)
+}
+
+/// What a person does to bring a session to its end after a crash.
+struct Operator<'a> {
+    env: &'a Env,
+    /// `MNEME_CRASH_AT` for the operator's commands, until one dies.
+    nested: Option<String>,
+    deaths: Deaths,
+}
+
+impl Operator<'_> {
+    /// Runs `mneme ARGS` with the nested crash armed, if it still is.
+    async fn mneme(&mut self, args: &[&str]) -> Output {
+        let mut command = self.env.world.mneme();
+        command.args(args);
+        let out = output(command, self.nested.as_deref(), None).await;
+        if self.deaths.note(&out) {
+            self.nested = None;
+        }
+        out
+    }
+
+    /// Resumes and decides until the session answers.
+    async fn settle(&mut self, session: &str) -> Result<String, String> {
+        for _ in 0..20 {
+            let out = self.mneme(&["resume", session]).await;
+            match out.status.code() {
+                Some(0) => return Ok(stdout(&out).trim().to_string()),
+                Some(3) => {
+                    if let Some(answer) = self.decide(session).await? {
+                        return Ok(answer);
+                    }
+                }
+                // Like an operator, try again when the directory is still held
+                // a moment after the killed process (its last tools may be
+                // exiting); every invariant is still checked at the end.
+                // On PostgreSQL: the killed process's lease, until it lapses.
+                Some(1)
+                    if stderr(&out).contains("in use by another process")
+                        || stderr(&out).contains("is leased to") =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                }
+                Some(code) => return Err(format!("resume exited {code}: {}", stderr(&out))),
+                None => {}
+            }
+        }
+        Err("the session never finished".into())
+    }
+
+    /// Decides every call that waits for a person: approves those waiting
+    /// for approval, resolves those in doubt by what the world shows of
+    /// their effect. Returns the answer if the session finished.
+    async fn decide(&mut self, session: &str) -> Result<Option<String>, String> {
+        let env = self.env;
+        let plan: Value = serde_json::from_str(
+            stdout(&env.world.run(&["replay", "--json", session]).await).trim(),
+        )
+        .map_err(|e| format!("replay --json: {e}"))?;
+        let keys = started_keys(&env.world, session).await;
+        let effects = std::fs::read_to_string(&env.effects).unwrap_or_default();
+        let remembered =
+            std::fs::read_to_string(env.world.dir.path().join("memory.jsonl")).unwrap_or_default();
+        for call in plan["calls"].as_array().into_iter().flatten() {
+            let id = call["call_id"].as_str().unwrap();
+            let mut args = match call["decision"].as_str() {
+                Some("awaiting_approval") => vec!["approve", session, id],
+                Some("awaiting_decision") => vec!["resolve", session, id],
+                _ => continue,
+            };
+            if args[0] == "resolve" {
+                // What the world shows of the effect, and the result it gave.
+                let (happened, result) = match call["tool"].as_str() {
+                    Some("mem__create_entities") => {
+                        (remembered.contains("\"ada\""), REMEMBER_RESULT)
+                    }
+                    _ => {
+                        let logged = keys
+                            .get(id)
+                            .is_some_and(|k| effects.lines().any(|l| l == k));
+                        (logged, NOTIFY_RESULT)
+                    }
+                };
+                match happened {
+                    true => args.extend_from_slice(&["--skip", "--result", result]),
+                    false => args.push("--retry"),
+                }
+            }
+            let out = self.mneme(&args).await;
+            match out.status.code() {
+                Some(0) if !stdout(&out).trim().is_empty() => {
+                    return Ok(Some(stdout(&out).trim().to_string()))
+                }
+                Some(0) | Some(3) => {}
+                // Died mid-decision: the next resume shows what was recorded.
+                None => return Ok(None),
+                _ => return Err(format!("{} failed: {}", args[0], stderr(&out))),
+            }
+        }
+        Ok(None)
+    }
 }
 
 /// Idempotency key of each call, from its ToolStarted events.

@@ -1,11 +1,15 @@
-//! The exhaustive crash test: every scenario, every crash point of the write
-//! path, every occurrence of it, with a second crash during the resume; then
-//! the contract's invariants against an uncrashed run.
+//! The exhaustive crash test: every scenario, every crash point it declares,
+//! every occurrence of it, with a second crash armed on the operator's
+//! commands after it (resume, resolve, approve); then the contract's
+//! invariants against an uncrashed run, and every declared point reached (a
+//! point a run never reaches would otherwise count as done).
 //!
 //! CI runs the nested crash at the same point as the first; set
 //! `MNEME_CRASH_FULL=1` to try every point for the nested crash too.
 
-use mneme_e2e::scenario::{self, Faults, Store};
+use mneme_e2e::scenario::{self, Faults, Reach, Scenario, Store};
+use runtime::crash::CrashPoint;
+use std::collections::BTreeSet;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_crash_point_of_every_scenario_resumes_to_the_uncrashed_result() {
@@ -28,15 +32,20 @@ struct Tally {
     points: usize,
     runs: usize,
     crashes: usize,
+    /// (scenario, point) pairs the scenarios declare, and those reached.
+    declared: usize,
+    reached: usize,
     violations: Vec<String>,
 }
 
 impl Tally {
     fn check(&self, name: &str) {
         scenario::report(&format!(
-            "{name}: scenarios {}, crash points {}, runs {}, crashes {}, violations {}",
+            "{name}: scenarios {}, crash points {}, declared points reached {}/{}, runs {}, crashes {}, violations {}",
             self.scenarios,
             self.points,
+            self.reached,
+            self.declared,
             self.runs,
             self.crashes,
             self.violations.len()
@@ -51,12 +60,13 @@ impl Tally {
     }
 }
 
-/// Every scenario × every point × every occurrence, with a nested crash in
-/// the first resume; the invariants checked against an uncrashed sled run.
-async fn matrix(points: &[&str], store: Store) -> Tally {
-    let full = std::env::var_os("MNEME_CRASH_FULL").is_some();
+/// Every scenario × every point it declares × every occurrence, with a
+/// nested crash armed on the operator's commands after it; the invariants
+/// checked against an uncrashed sled run, and every declared point reached.
+async fn matrix(points: &[CrashPoint], store: Store) -> Tally {
     let mut scenarios = scenario::all();
     scenarios.push(scenario::mcp_scenario());
+    scenarios.push(scenario::approval_scenario());
     let mut tally = Tally {
         scenarios: scenarios.len(),
         points: points.len(),
@@ -64,42 +74,78 @@ async fn matrix(points: &[&str], store: Store) -> Tally {
     };
     for sc in &scenarios {
         let reference = Box::pin(scenario::reference(sc)).await;
-        for point in points {
-            for n in 1.. {
-                let nested: Vec<String> = if full {
-                    points.iter().map(|p| format!("{p}:1")).collect()
-                } else {
-                    vec![format!("{point}:1")]
-                };
-                let mut reached = false;
-                for nested in nested {
-                    let env = sc.env_on(store).await;
-                    let faults = Faults {
-                        crash_at: Some(format!("{point}:{n}")),
-                        nested: Some(nested.clone()),
-                        kill_after_ms: None,
-                    };
-                    let outcome = Box::pin(scenario::run(sc, &env, &faults)).await;
-                    tally.runs += 1;
-                    let what = format!("{} {point}:{n} then {nested}", sc.name);
-                    let outcome = match outcome {
-                        Ok(outcome) => outcome,
-                        Err(e) => {
-                            tally.violations.push(format!("{what}: {e}"));
-                            continue;
-                        }
-                    };
-                    reached |= outcome.crashes > 0;
-                    tally.crashes += outcome.crashes;
-                    for v in Box::pin(scenario::violations(&env, &outcome, &reference)).await {
-                        tally.violations.push(format!("{what}: {v}"));
-                    }
-                }
-                if !reached {
-                    break; // the point is reached fewer than n times
-                }
+        let declared: Vec<Reach> = (sc.points.iter())
+            .filter(|r| points.contains(&r.point))
+            .copied()
+            .collect();
+        let mut reached = BTreeSet::new();
+        for reach in &declared {
+            Box::pin(crash_at_every_occurrence(
+                sc, store, &reference, *reach, points, &mut tally, &mut reached,
+            ))
+            .await;
+        }
+        tally.declared += declared.len();
+        for reach in &declared {
+            match reached.contains(reach.point.name()) {
+                true => tally.reached += 1,
+                false => tally.violations.push(format!(
+                    "{}: declared crash point {} never reached",
+                    sc.name, reach.point
+                )),
             }
         }
     }
     tally
+}
+
+/// Crashes runs of `sc` at each occurrence of `reach`'s point (or of the
+/// crash that must come first), until the runs no longer reach it; notes
+/// the points the processes died at in `reached`.
+async fn crash_at_every_occurrence(
+    sc: &Scenario,
+    store: Store,
+    reference: &scenario::Reference,
+    reach: Reach,
+    points: &[CrashPoint],
+    tally: &mut Tally,
+    reached: &mut BTreeSet<String>,
+) {
+    let full = std::env::var_os("MNEME_CRASH_FULL").is_some();
+    let first = reach.after.unwrap_or(reach.point);
+    for n in 1.. {
+        let nested: Vec<String> = if full && reach.after.is_none() {
+            points.iter().map(|p| format!("{p}:1")).collect()
+        } else {
+            vec![format!("{}:1", reach.point)]
+        };
+        let mut run_crashed = false;
+        for nested in nested {
+            let env = sc.env_on(store).await;
+            let faults = Faults {
+                crash_at: Some(format!("{first}:{n}")),
+                nested: Some(nested.clone()),
+                kill_after_ms: None,
+            };
+            let outcome = Box::pin(scenario::run(sc, &env, &faults)).await;
+            tally.runs += 1;
+            let what = format!("{} {first}:{n} then {nested}", sc.name);
+            let outcome = match outcome {
+                Ok(outcome) => outcome,
+                Err(e) => {
+                    tally.violations.push(format!("{what}: {e}"));
+                    continue;
+                }
+            };
+            run_crashed |= outcome.run_crashed;
+            tally.crashes += outcome.crashes;
+            reached.extend(outcome.points.iter().cloned());
+            for v in Box::pin(scenario::violations(&env, &outcome, reference)).await {
+                tally.violations.push(format!("{what}: {v}"));
+            }
+        }
+        if !run_crashed {
+            break; // the runs reach the point fewer than n times
+        }
+    }
 }
