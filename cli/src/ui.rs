@@ -30,16 +30,23 @@ pub async fn run(data_dir: &Path, args: UiArgs) -> Result<ExitCode> {
     }
     println!("{url}");
     if args.open {
-        open(&url)?;
+        open(data_dir, &url)?;
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// Opens `url` with `$BROWSER`, else `xdg-open`.
-fn open(url: &str) -> Result<()> {
+/// Opens `url` with `$BROWSER`, else `xdg-open`, through a page in the data
+/// directory (the owner's alone) that forwards to it: a program's
+/// arguments are readable by every local user, the link is not for them.
+fn open(data_dir: &Path, url: &str) -> Result<()> {
+    let page = data_dir.join("ui-sign-in.html");
+    let html = format!(
+        "<!doctype html><meta charset=utf-8><meta name=referrer content=no-referrer><meta http-equiv=refresh content=\"0;url={url}\"><title>mneme: signing in</title>"
+    );
+    std::fs::write(&page, html).with_context(|| format!("writing {}", page.display()))?;
     let program = std::env::var("BROWSER").unwrap_or_else(|_| "xdg-open".to_string());
     std::process::Command::new(&program)
-        .arg(url)
+        .arg(&page)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

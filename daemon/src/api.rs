@@ -220,9 +220,9 @@ impl axum::extract::FromRef<AppState> for Shared {
     }
 }
 
-/// Admits a request that carries the bearer token, or the cookie of a
-/// browser signed in to the web view (which then acts as its signed-in
-/// name, and may change something only from the view itself).
+/// Admits a request that carries the bearer token, or a web view sign-in
+/// (its cookie and key; it then acts as its signed-in name, and may only
+/// look and decide, from the view itself).
 async fn require_token(State(daemon): State<Shared>, mut request: Request, next: Next) -> Response {
     let admitted = request
         .headers()
@@ -241,6 +241,14 @@ async fn require_token(State(daemon): State<Shared>, mut request: Request, next:
     };
     if let Some(why) = ui::cross_site_refusal(request.method(), request.headers()) {
         return ApiError(StatusCode::FORBIDDEN, why).into_response();
+    }
+    if !ui::view_may(request.method(), request.uri().path()) {
+        let asked = format!("{} {}", request.method(), request.uri().path());
+        return ApiError(
+            StatusCode::FORBIDDEN,
+            format!("{asked}: a web view sign-in may look and decide, not start sessions or send messages (they run tools): use the token"),
+        )
+        .into_response();
     }
     request.extensions_mut().insert(signed_in);
     next.run(request).await
@@ -381,12 +389,7 @@ async fn get_session(
             .into_iter()
             .map(|(call_id, reason)| wire::InDoubtCall { call_id, reason })
             .collect(),
-        awaiting_approval: session
-            .state()
-            .calls_awaiting_approval()
-            .into_iter()
-            .map(|(call_id, tool)| wire::AwaitingCall { call_id, tool })
-            .collect(),
+        waiting: views::waiting_calls(session.state()),
     }))
 }
 
@@ -550,6 +553,13 @@ async fn fork(
     signed_in: Option<Extension<SignedIn>>,
     Json(body): Json<Fork>,
 ) -> Result<(StatusCode, Json<Forked>), ApiError> {
+    if signed_in.is_some() && body.spec.is_some() {
+        return Err(ApiError(
+            StatusCode::FORBIDDEN,
+            "a web view sign-in cannot fork with another spec (its tools would run): use the token"
+                .into(),
+        ));
+    }
     let by = who(&signed_in, "api");
     let spec = body.spec.map(|spec| (spec, by.as_str()));
     let child = daemon.service.fork(id, body.at, spec).await?;
@@ -1012,15 +1022,8 @@ async fn diff(
         (status = 403, description = "Asked by a signed-in browser", body = wire::ApiError)))]
 async fn ui_code(
     State(daemon): State<Shared>,
-    signed_in: Option<Extension<SignedIn>>,
     Json(body): Json<wire::UiCodeRequest>,
 ) -> Result<(StatusCode, Json<wire::UiCode>), ApiError> {
-    if signed_in.is_some() {
-        return Err(ApiError(
-            StatusCode::FORBIDDEN,
-            "a browser signed in to the web view cannot issue sign-in codes".into(),
-        ));
-    }
     let name = body.name.trim();
     let fits = |c: char| c.is_alphanumeric() || " .-_@".contains(c);
     if name.is_empty() || name.chars().count() > ui::MAX_NAME_CHARS || !name.chars().all(fits) {

@@ -4,13 +4,19 @@
 //!
 //! `mneme ui` asks the daemon (with the bearer token) for a one-time code
 //! and prints `/ui/login?code=…`. Opening it within [`CODE_VALID`] trades
-//! the code, once, for a cookie (`HttpOnly`, `SameSite=Strict`) that signs
-//! the browser in as the name the code was issued to, for
-//! [`SIGNED_IN_FOR`]. The API takes that cookie where it takes the token;
-//! a request that changes something must also carry the `x-mneme-ui`
-//! header, which a page of another site cannot set without the daemon's
-//! consent (it gives none), and an `Origin`, if sent, naming this daemon.
-//! Sign-ins live in the daemon's memory: a restart signs everyone out.
+//! the code, once, for a sign-in as the name the code was issued to, for
+//! [`SIGNED_IN_FOR`], in two halves: a cookie (`HttpOnly`,
+//! `SameSite=Strict`) and a key handed to the view's script in the
+//! redirect's fragment, which the script keeps in the origin's storage and
+//! sends as the `x-mneme-ui` header. The API takes the two together where
+//! it takes the token, neither alone: browsers send a cookie to every port
+//! of a host (a server on another port of 127.0.0.1 gets it), but storage
+//! and fragments stay with this origin, and a page of another origin
+//! cannot set the header without the daemon's consent (it gives none). A
+//! change must also come with an `Origin`, if sent, naming this daemon, and
+//! be one the view makes ([`view_may`]): a sign-in cannot start sessions or
+//! send messages (which run tools), only look and decide. Sign-ins live in
+//! the daemon's memory: a restart signs everyone out.
 
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
@@ -46,18 +52,24 @@ pub(crate) struct SignedIn(pub(crate) String);
 /// SHA-256 of its secret.
 #[derive(Default)]
 pub(crate) struct SignIns {
-    codes: Mutex<Expiring>,
-    browsers: Mutex<Expiring>,
+    codes: Mutex<Expiring<String>>,
+    /// (name, digest of the key the script sends) by cookie digest.
+    browsers: Mutex<Expiring<(String, [u8; 32])>>,
 }
 
-/// Names by secret digest, each with when it lapses.
-#[derive(Default)]
-struct Expiring(HashMap<[u8; 32], (String, Instant)>);
+/// Values by secret digest, each with when it lapses.
+struct Expiring<T>(HashMap<[u8; 32], (T, Instant)>);
 
-impl Expiring {
-    /// Keeps `digest` for `name` until `lasting` from now, forgetting
+impl<T> Default for Expiring<T> {
+    fn default() -> Self {
+        Expiring(HashMap::new())
+    }
+}
+
+impl<T: Clone> Expiring<T> {
+    /// Keeps `value` under `digest` until `lasting` from now, forgetting
     /// lapsed entries, and the one lapsing soonest if `cap` are kept.
-    fn insert(&mut self, digest: [u8; 32], name: &str, lasting: Duration, cap: usize) {
+    fn insert(&mut self, digest: [u8; 32], value: T, lasting: Duration, cap: usize) {
         let now = Instant::now();
         self.0.retain(|_, (_, until)| *until > now);
         if self.0.len() >= cap {
@@ -65,13 +77,13 @@ impl Expiring {
                 self.0.remove(&oldest);
             }
         }
-        self.0.insert(digest, (name.to_string(), now + lasting));
+        self.0.insert(digest, (value, now + lasting));
     }
 
-    /// The name kept for `digest`, unless lapsed.
-    fn get(&self, digest: &[u8; 32]) -> Option<String> {
-        let (name, until) = self.0.get(digest)?;
-        (*until > Instant::now()).then(|| name.clone())
+    /// The value kept under `digest`, unless lapsed.
+    fn get(&self, digest: &[u8; 32]) -> Option<T> {
+        let (value, until) = self.0.get(digest)?;
+        (*until > Instant::now()).then(|| value.clone())
     }
 }
 
@@ -93,12 +105,12 @@ impl SignIns {
     pub(crate) fn issue(&self, name: &str) -> std::io::Result<String> {
         let code = random_secret()?;
         let mut codes = self.codes.lock().expect("codes lock");
-        codes.insert(digest(&code), name, CODE_VALID, MAX_CODES);
+        codes.insert(digest(&code), name.to_string(), CODE_VALID, MAX_CODES);
         Ok(code)
     }
 
-    /// Trades `code` for a sign-in cookie's value and the name: once; a
-    /// used, lapsed or unknown code gets nothing.
+    /// Trades `code` for a sign-in: (the cookie's value, the script's key),
+    /// once; a used, lapsed or unknown code gets nothing.
     fn redeem(&self, code: &str) -> Option<(String, String)> {
         let name = {
             let mut codes = self.codes.lock().expect("codes lock");
@@ -106,43 +118,68 @@ impl SignIns {
             codes.0.remove(&digest(code));
             name
         };
-        let cookie = random_secret().ok()?;
+        let (cookie, key) = (random_secret().ok()?, random_secret().ok()?);
         let mut browsers = self.browsers.lock().expect("sign-ins lock");
-        browsers.insert(digest(&cookie), &name, SIGNED_IN_FOR, MAX_SIGNED_IN);
-        Some((cookie, name))
+        let signed_in = (name, digest(&key));
+        browsers.insert(digest(&cookie), signed_in, SIGNED_IN_FOR, MAX_SIGNED_IN);
+        Some((cookie, key))
     }
 
-    /// Who the request's sign-in cookie signs in, if it carries a live one.
+    /// Who the request signs in as, if it carries a live sign-in: a cookie
+    /// of one, and its key in the [`ACTION_HEADER`] (digests compared in
+    /// constant time). Of several cookies of that name (another port's
+    /// page may set one), the one that signs in counts.
     pub(crate) fn who(&self, headers: &HeaderMap) -> Option<SignedIn> {
-        let value = cookie(headers, COOKIE)?;
+        let key: [u8; 32] = digest(headers.get(ACTION_HEADER)?.to_str().ok()?);
         let browsers = self.browsers.lock().expect("sign-ins lock");
-        browsers.get(&digest(value)).map(SignedIn)
+        cookies(headers, COOKIE)
+            .filter_map(|value| browsers.get(&digest(value)))
+            .find(|(_, expected)| same(expected, &key))
+            .map(|(name, _)| SignedIn(name))
     }
 }
 
-/// The value of cookie `name` in the request's `Cookie` headers.
-fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+/// Whether two digests are equal, in time that does not depend on where
+/// they differ.
+fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The values of cookie `name` in the request's `Cookie` headers.
+fn cookies<'a>(headers: &'a HeaderMap, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(key, _)| *key == name)
+        .filter(move |(key, _)| *key == name)
         .map(|(_, value)| value)
 }
 
+/// Whether the view makes this request: looking (any GET), and the
+/// decisions a person takes on a session (pause, resume, cancel, fork,
+/// resolve, approve). Starting sessions and sending messages run tools;
+/// they need the token.
+pub(crate) fn view_may(method: &Method, path: &str) -> bool {
+    if matches!(*method, Method::GET | Method::HEAD) {
+        return true;
+    }
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    *method == Method::POST
+        && match parts.as_slice() {
+            ["sessions", _, action] => ["pause", "resume", "cancel", "fork"].contains(action),
+            ["sessions", _, "calls", _, action] => ["resolve", "approve"].contains(action),
+            _ => false,
+        }
+}
+
 /// Why a signed-in browser's request may not change anything, if it may
-/// not: a safe method always may; others need the [`ACTION_HEADER`], and an
-/// `Origin` (when sent) that is this daemon's own address.
+/// not: a safe method always may; others need an `Origin` (when sent) that
+/// is this daemon's own address.
 pub(crate) fn cross_site_refusal(method: &Method, headers: &HeaderMap) -> Option<String> {
     if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
         return None;
-    }
-    if !headers.contains_key(ACTION_HEADER) {
-        return Some(format!(
-            "a signed-in browser's {method} must carry the {ACTION_HEADER} header (the web view sends it; other sites cannot)"
-        ));
     }
     let origin = headers.get(header::ORIGIN)?.to_str().unwrap_or("");
     let host = headers
@@ -216,7 +253,7 @@ struct LoginQuery {
 /// `/ui/login?code=…`: a live code signs the browser in and goes to the
 /// view; any other is refused, saying how to get a new one.
 async fn login(State(sign_ins): State<Arc<SignIns>>, Query(q): Query<LoginQuery>) -> Response {
-    let Some((cookie, _name)) = q.code.as_deref().and_then(|code| sign_ins.redeem(code)) else {
+    let Some((cookie, key)) = q.code.as_deref().and_then(|code| sign_ins.redeem(code)) else {
         let mut response = (
             StatusCode::UNAUTHORIZED,
             [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
@@ -226,7 +263,9 @@ async fn login(State(sign_ins): State<Arc<SignIns>>, Query(q): Query<LoginQuery>
         guard(response.headers_mut());
         return response;
     };
-    let mut response = Redirect::to("/ui/").into_response();
+    // The key goes in the fragment: browsers keep it from servers, and the
+    // script moves it into this origin's storage and out of the address.
+    let mut response = Redirect::to(&format!("/ui/#signin={key}")).into_response();
     let set = format!(
         "{COOKIE}={cookie}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
         SIGNED_IN_FOR.as_secs()
@@ -260,25 +299,48 @@ const REFUSED: &str = "<!doctype html><meta charset=utf-8><title>mneme: sign-in 
 mod tests {
     use super::*;
 
-    fn with_cookie(value: &str) -> HeaderMap {
+    fn signed(cookies: &str, key: &str) -> HeaderMap {
         let mut headers = HeaderMap::new();
-        headers.insert(
-            header::COOKIE,
-            HeaderValue::from_str(&format!("other=1; {COOKIE}={value}")).unwrap(),
-        );
+        headers.insert(header::COOKIE, HeaderValue::from_str(cookies).unwrap());
+        headers.insert(ACTION_HEADER, HeaderValue::from_str(key).unwrap());
         headers
     }
 
     #[test]
-    fn a_code_signs_in_once() {
+    fn a_code_signs_in_once_with_a_cookie_and_a_key_together() {
         let sign_ins = SignIns::default();
         let code = sign_ins.issue("ada").unwrap();
-        let (cookie, name) = sign_ins.redeem(&code).unwrap();
-        assert_eq!(name, "ada");
+        let (cookie, key) = sign_ins.redeem(&code).unwrap();
         assert!(sign_ins.redeem(&code).is_none(), "a second use is refused");
-        assert_eq!(sign_ins.who(&with_cookie(&cookie)).unwrap().0, "ada");
-        assert!(sign_ins.who(&with_cookie("forged")).is_none());
+        let with = |c: &str, k: &str| sign_ins.who(&signed(c, k)).map(|s| s.0);
+        assert_eq!(
+            with(&format!("other=1; {COOKIE}={cookie}"), &key).unwrap(),
+            "ada"
+        );
+        assert!(
+            with(&format!("{COOKIE}={cookie}"), "forged").is_none(),
+            "the cookie alone"
+        );
+        assert!(
+            with(&format!("{COOKIE}=forged"), &key).is_none(),
+            "the key alone"
+        );
+        let tossed = format!("{COOKIE}=junk; {COOKIE}={cookie}");
+        assert_eq!(with(&tossed, &key).unwrap(), "ada", "a tossed cookie first");
         assert!(sign_ins.redeem("unknown").is_none());
+    }
+
+    #[test]
+    fn a_sign_in_may_look_and_decide_but_not_start_or_send() {
+        assert!(view_may(&Method::GET, "/sessions"));
+        assert!(!view_may(&Method::POST, "/sessions/x/approve"));
+        assert!(view_may(&Method::POST, "/sessions/x/calls/c/approve"));
+        assert!(view_may(&Method::POST, "/sessions/x/pause"));
+        assert!(view_may(&Method::POST, "/sessions/x/fork"));
+        assert!(!view_may(&Method::POST, "/sessions"));
+        assert!(!view_may(&Method::POST, "/sessions/x/messages"));
+        assert!(!view_may(&Method::POST, "/ui/codes"));
+        assert!(!view_may(&Method::DELETE, "/sessions/x"));
     }
 
     #[test]
@@ -297,10 +359,6 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert(header::HOST, HeaderValue::from_static("127.0.0.1:7878"));
         assert!(cross_site_refusal(&Method::GET, &headers).is_none());
-        assert!(cross_site_refusal(&Method::POST, &headers)
-            .unwrap()
-            .contains(ACTION_HEADER));
-        headers.insert(ACTION_HEADER, HeaderValue::from_static("1"));
         assert!(cross_site_refusal(&Method::POST, &headers).is_none());
         headers.insert(
             header::ORIGIN,

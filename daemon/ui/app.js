@@ -1,8 +1,23 @@
 // mneme's web view: framework-free, everything through the daemon's own API
-// (same origin, the sign-in cookie), every text from a session put on the
-// page as text (textContent), never as markup: what models and tools wrote
-// is untrusted.
+// (same origin: the sign-in cookie, and the sign-in's key in the x-mneme-ui
+// header), every text from a session put on the page as text (textContent,
+// controls shown escaped), never as markup: what models and tools wrote is
+// untrusted.
 "use strict";
+
+const KEY = "mneme-ui-key"; // where this origin keeps the sign-in's key
+
+// A sign-in arrives as #signin=KEY: keep the key, take it out of the address.
+(function takeKey() {
+  const match = location.hash.match(/^#signin=([0-9a-f]{64})$/);
+  if (!match) return;
+  localStorage.setItem(KEY, match[1]);
+  history.replaceState(null, "", "/ui/#/");
+})();
+
+function headers() {
+  return { "x-mneme-ui": localStorage.getItem(KEY) || "none" };
+}
 
 const PAGE = 200; // events on a page of the timeline
 const KINDS = ["SessionForked", "SessionStarted", "UserMessage", "ModelReplied",
@@ -13,6 +28,7 @@ const CALL_KINDS = new Set(["ToolStarted", "ToolFinished", "ToolInDoubt",
   "ToolResolved", "ApprovalRequested", "ApprovalDecided"]);
 
 let live = []; // the event streams of the page shown
+let shown = 0; // which rendering of a page is current: older ones stop
 
 // ---- the API -------------------------------------------------------------
 
@@ -21,7 +37,7 @@ class ApiError extends Error {
 }
 
 async function api(path, body) {
-  const init = { credentials: "same-origin", headers: { "x-mneme-ui": "1" } };
+  const init = { credentials: "same-origin", headers: headers() };
   if (body !== undefined) {
     init.method = "POST";
     init.headers["content-type"] = "application/json";
@@ -40,18 +56,24 @@ async function api(path, body) {
 
 // ---- building the page ---------------------------------------------------
 
+// Text from a session, with controls and bidi overrides shown escaped (they
+// could make text read other than it is stored).
+function visible(text) {
+  return String(text).replace(/[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u200e\u200f\u202a-\u202e\u2066-\u2069]/g,
+    (c) => `\\u{${c.codePointAt(0).toString(16)}}`);
+}
+
 // An element: attributes (on* as listeners), then children (strings as text).
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
   for (const [key, value] of Object.entries(attrs || {})) {
     if (value === undefined || value === null || value === false) continue;
     if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
-    else if (key === "text") node.textContent = value;
     else node.setAttribute(key, value === true ? "" : value);
   }
   for (const child of children.flat(Infinity)) {
     if (child === undefined || child === null || child === false) continue;
-    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    node.append(child instanceof Node ? child : document.createTextNode(visible(child)));
   }
   return node;
 }
@@ -63,8 +85,8 @@ function show(...nodes) {
 
 function note(text) {
   const box = document.getElementById("note");
-  box.textContent = text;
-  if (text) setTimeout(() => { if (box.textContent === text) box.textContent = ""; }, 6000);
+  box.textContent = visible(text);
+  if (text) setTimeout(() => { if (box.textContent === visible(text)) box.textContent = ""; }, 6000);
 }
 
 function failed(error) {
@@ -96,8 +118,9 @@ function sessionLink(id) {
 
 // ---- the sessions --------------------------------------------------------
 
-async function sessionsPage(query) {
+async function sessionsPage(query, current) {
   const rows = await api("/sessions");
+  if (current !== shown) return;
   const filter = {
     status: query.get("status") || "",
     agent: query.get("agent") || "",
@@ -151,20 +174,22 @@ function refilter(name, value) {
 
 // ---- one session ---------------------------------------------------------
 
-async function sessionPage(id, query) {
+async function sessionPage(id, query, current) {
   const view = await api(`/sessions/${id}`);
   const head = view.events;
   const last = Math.max(0, head - PAGE);
-  const after = query.has("after") ? Math.min(Math.max(0, Number(query.get("after")) || 0), last) : last;
+  const after = query.has("after") ? Math.min(Math.max(0, Math.floor(Number(query.get("after"))) || 0), last) : last;
   const until = after + PAGE;
   const records = await api(`/sessions/${id}/events?after=${after}&until=${until}`);
+  if (current !== shown) return; // another page was asked for meanwhile
   const timeline = el("ol", { class: "timeline", id: "timeline", "aria-label": "Events" });
-  const context = { id, calls: new Map(), lastReply: null, compacted: false, toolOf: new Map(), effectOf: new Map() };
+  const context = { id, calls: new Map(), lastReply: null, compacted: false, toolOf: new Map(),
+    effectOf: new Map(), lastSeq: after };
   for (const record of records) addRecord(timeline, record, context);
+  const verifying = el("span", { class: "badge", id: "verified" }, "verifying the chain…");
   show(
     el("h1", {}, "Session ", el("span", { class: "mono" }, id)),
-    el("div", { class: "toolbar" }, badge(view.status, view.waits_for_a_person),
-      el("span", { class: "badge", id: "verified" }, "verifying the chain…"), actions(id, view)),
+    el("div", { class: "toolbar" }, badge(view.status, view.waits_for_a_person), verifying, actions(id, view)),
     facts(view),
     waitingPanel(id, view),
     el("h2", {}, "Timeline ", el("span", { id: "live" })),
@@ -177,11 +202,10 @@ async function sessionPage(id, query) {
     const row = document.getElementById(`e${focus}`);
     if (row) { row.focus(); row.scrollIntoView({ block: "center" }); }
   }
-  if (until >= head) follow(id, head, timeline, context);
+  if (until >= head) follow(id, timeline, context, current);
   // The chain's check reads every record: it fills its badge when done.
   api(`/sessions/${id}/verify`).then((v) => {
-    const node = document.getElementById("verified");
-    if (node) node.replaceWith(verifyBadge(v));
+    if (verifying.isConnected) verifying.replaceWith(verifyBadge(v));
   }, failed);
 }
 
@@ -227,27 +251,28 @@ function actions(id, view) {
     } }, "Cancel"),
     el("label", {}, "Compare with ", el("input", {
       id: "compare", placeholder: "session id", size: 12,
-      onkeydown: (e) => { if (e.key === "Enter" && e.target.value.trim()) location.hash = `#/diff/${id}/${e.target.value.trim()}`; },
+      onkeydown: (e) => { if (e.key === "Enter" && e.target.value.trim()) location.hash = `#/diff/${id}/${encodeURIComponent(e.target.value.trim())}`; },
     })),
   ];
 }
 
 function waitingPanel(id, view) {
-  const open = view.awaiting_approval.map((c) => ({ ...c, approval: true, reason: "waits for approval" }))
-    .concat(view.in_doubt.map((c) => ({ ...c, tool: "in doubt" })));
-  if (!open.length) return null;
+  if (!view.waiting.length) return null;
   return el("section", { class: "panel waits", id: "waiting", "aria-label": "Calls that wait for a person" },
     el("h2", {}, "Waiting for a person"),
-    open.map((call) => el("div", { class: "waiting-call", "data-call": call.call_id },
-      el("p", {}, el("strong", {}, call.tool), " ", el("span", { class: "mono" }, call.call_id), ": ", call.reason),
-      call.approval ? approvalButtons(id, call) : doubtButtons(id, call))));
+    view.waiting.map((call) => el("div", { class: "waiting-call", "data-call": call.call_id },
+      el("p", {}, el("strong", {}, call.tool), " ", el("code", { class: "call-id" }, clip(call.call_id, 64)),
+        ` ${call.waits_for === "approval" ? "waits for approval" : `is in doubt: ${clip(call.reason, 300)}`}`),
+      el("pre", { class: "arguments", "aria-label": "Arguments" }, clip(call.arguments, 2000)),
+      call.waits_for === "approval" ? approvalButtons(id, call) : doubtButtons(id, call))));
 }
 
 function decide(id, call, action, body) {
   return async () => {
     try {
-      await api(`/sessions/${id}/calls/${encodeURIComponent(call.call_id)}/${action}`, { by: "", ...body });
-      note(`Recorded for ${call.call_id}; the session goes on.`);
+      const answer = await api(`/sessions/${id}/calls/${encodeURIComponent(call.call_id)}/${action}`, { by: "", ...body });
+      const going = answer && (answer.continuing || answer.status);
+      note(`Recorded for ${clip(call.call_id, 64)}${going ? "; the session goes on." : "."}`);
       setTimeout(route, 300);
     } catch (error) { failed(error); }
   };
@@ -280,15 +305,15 @@ function pager(id, after, head) {
   const jump = el("input", { type: "number", min: 1, max: head, size: 7, placeholder: "seq", "aria-label": "Go to seq",
     onkeydown: (e) => {
       if (e.key !== "Enter") return;
-      const seq = Number(e.target.value);
+      const seq = Math.floor(Number(e.target.value));
       if (seq >= 1) location.hash = `#/s/${id}?after=${Math.max(0, seq - 1 - PAGE / 2)}&seq=${seq}`;
     } });
   return el("nav", { class: "pager", "aria-label": "Pages of events" },
     el("a", { href: to(0), "aria-disabled": first ? "true" : null, class: "page-first" }, "« first"),
-    el("a", { href: to(Math.max(0, after - PAGE)), class: "page-prev" }, "‹ earlier"),
+    el("a", { href: to(Math.max(0, after - PAGE)), "aria-disabled": first ? "true" : null, class: "page-prev" }, "‹ earlier"),
     el("span", {}, `events ${fmt.n(Math.min(head, after + 1))}–${fmt.n(Math.min(head, after + PAGE))} of ${fmt.n(head)}`),
-    el("a", { href: to(Math.min(lastStart, after + PAGE)), class: "page-next" }, "later ›"),
-    el("a", { href: to(lastStart), class: "page-last" }, "last »"),
+    el("a", { href: to(Math.min(lastStart, after + PAGE)), "aria-disabled": after >= lastStart ? "true" : null, class: "page-next" }, "later ›"),
+    el("a", { href: to(lastStart), "aria-disabled": after >= lastStart ? "true" : null, class: "page-last" }, "last »"),
     jump);
 }
 
@@ -303,6 +328,7 @@ function unwrap(record) {
 // Adds one record to the timeline: a tool call's events gather in one card
 // (its attempts, effect, key, duration, result) where the call first shows.
 function addRecord(timeline, record, context) {
+  context.lastSeq = Math.max(context.lastSeq, record.seq);
   const [kind, fields] = unwrap(record);
   learn(kind, fields, context);
   const row = eventRow(record, kind, fields, context);
@@ -341,25 +367,34 @@ function callCard(callId, tool, effectOf) {
     node,
     add(kind, f, record) {
       if (kind === "ToolStarted") {
-        head.querySelector(".tool").textContent = f.tool;
+        head.querySelector(".tool").textContent = visible(f.tool);
+        head.querySelector(".effect-declared").textContent = visible(f.effect);
         current = el("tr", { class: "attempt" }, el("td", {}, String(f.attempt)), el("td", { class: "effect" }, String(f.effect)),
           el("td", { class: "mono key" }, f.idempotency_key), el("td", { class: "duration" }, "running…"), el("td", { class: "result" }, ""));
         attempts.append(current);
-      } else if (kind === "ToolFinished" && current) {
-        const [ok, text] = "Ok" in f.outcome ? ["ok", f.outcome.Ok] : ["error", f.outcome.Err];
+      } else if (kind === "ToolFinished" && !current) {
+        attempts.append(el("tr", { class: "attempt" }, el("td", { colspan: 3 }, "started on an earlier page"),
+          el("td", { class: "duration" }, `${f.duration_ms} ms`), el("td", { class: "result" }, outcomeText(f))));
+      } else if (kind === "ToolFinished") {
         current.querySelector(".duration").textContent = `${f.duration_ms} ms`;
-        current.querySelector(".result").textContent = `${ok}: ${clip(text, 160)}`;
+        current.querySelector(".result").textContent = outcomeText(f);
       } else if (kind === "ToolInDoubt") {
-        status.textContent = `In doubt (#${record.seq}): ${f.reason}`;
+        status.textContent = visible(`In doubt (#${record.seq}): ${clip(f.reason, 300)}`);
       } else if (kind === "ApprovalRequested") {
         status.textContent = `Waits for approval (#${record.seq})`;
       } else if (kind === "ApprovalDecided") {
-        status.textContent = `${f.approved ? "Approved" : "Denied"} by ${f.by} (#${record.seq})`;
+        status.textContent = visible(`${f.approved ? "Approved" : "Denied"} by ${f.by} (#${record.seq})`);
       } else if (kind === "ToolResolved") {
-        status.textContent = `Resolved by ${f.by} (#${record.seq}): ${JSON.stringify(f.resolution)}`;
+        status.textContent = visible(`Resolved by ${f.by} (#${record.seq}): ${clip(JSON.stringify(f.resolution), 300)}`);
       }
     },
   };
+}
+
+// A finished call's outcome, clipped.
+function outcomeText(f) {
+  const [ok, text] = "Ok" in f.outcome ? ["ok", f.outcome.Ok] : ["error", f.outcome.Err];
+  return visible(`${ok}: ${clip(text, 160)}`);
 }
 
 function clip(text, n) {
@@ -423,22 +458,64 @@ async function forkAt(id, seq) {
   } catch (error) { failed(error); }
 }
 
-// Follows new events as they become durable (the API's stream), and a
-// streamed reply's text as it arrives (shown until the reply is recorded).
-function follow(id, head, timeline, context) {
+// Reads Server-Sent Events from `path` (with the sign-in's key, which an
+// EventSource cannot send), calling `on(name, data)` for each, until
+// `stop()`; a broken stream is opened again after a second from `path()`.
+function stream(path, on, onState) {
+  const control = { stopped: false, abort: null };
+  const frame = (text) => {
+    let name = "message";
+    const data = [];
+    for (const line of text.split("\n")) {
+      if (line.startsWith("event:")) name = line.slice(6).trim();
+      else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+    }
+    if (data.length) on(name, data.join("\n"));
+  };
+  const open = async () => {
+    while (!control.stopped) {
+      const abort = new AbortController();
+      control.abort = abort;
+      try {
+        const response = await fetch(path(), { credentials: "same-origin", headers: headers(), signal: abort.signal });
+        if (response.status === 401) { onState("signed out"); return; }
+        onState("live");
+        const reader = response.body.getReader();
+        const decoder = new TextDecoder();
+        let buffer = "";
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          buffer += decoder.decode(value, { stream: true }).replace(/\r\n?/g, "\n");
+          let end;
+          while ((end = buffer.indexOf("\n\n")) >= 0) {
+            frame(buffer.slice(0, end));
+            buffer = buffer.slice(end + 2);
+          }
+        }
+      } catch (_) { /* broken or stopped */ }
+      if (control.stopped) return;
+      onState("reconnecting");
+      await new Promise((resolve) => setTimeout(resolve, 1000));
+    }
+  };
+  open();
+  return { stop() { control.stopped = true; if (control.abort) control.abort.abort(); } };
+}
+
+// Follows new events as they become durable (the API's stream, from the
+// last event shown, never showing one twice), and a streamed reply's text
+// as it arrives (shown until the reply is recorded).
+function follow(id, timeline, context, current) {
   const badgeNode = document.getElementById("live");
   const arriving = document.getElementById("arriving");
-  const source = new EventSource(`/sessions/${id}/events?follow=true&after=${head}`);
-  const deltas = new EventSource(`/sessions/${id}/deltas`);
-  live = [source, deltas];
-  deltas.addEventListener("delta", (message) => {
-    arriving.hidden = false;
-    arriving.textContent += JSON.parse(message.data).text;
-  });
-  badgeNode.textContent = "· live";
-  badgeNode.className = "live";
-  const onEvent = (message) => {
-    const record = JSON.parse(message.data);
+  const state = (what) => {
+    badgeNode.textContent = `· ${what}`;
+    badgeNode.className = what === "live" ? "live" : "";
+  };
+  const onEvent = (_, data) => {
+    const record = JSON.parse(data);
+    if (record.seq <= context.lastSeq || current !== shown) return;
     addRecord(timeline, record, context);
     if (record.kind === "ModelReplied") { arriving.textContent = ""; arriving.hidden = true; }
     if (["SessionFinished", "SessionPaused", "ApprovalRequested", "ToolInDoubt"].includes(record.kind)
@@ -446,9 +523,15 @@ function follow(id, head, timeline, context) {
       scheduleRefresh();
     }
   };
-  for (const kind of KINDS) source.addEventListener(kind, onEvent);
-  source.onerror = () => { badgeNode.textContent = "· reconnecting"; };
-  source.onopen = () => { badgeNode.textContent = "· live"; };
+  const onDelta = (name, data) => {
+    if (name !== "delta") return;
+    arriving.hidden = false;
+    arriving.textContent += visible(JSON.parse(data).text);
+  };
+  live = [
+    stream(() => `/sessions/${id}/events?follow=true&after=${context.lastSeq}`, onEvent, state),
+    stream(() => `/sessions/${id}/deltas`, onDelta, () => {}),
+  ];
 }
 
 let refreshTimer = null;
@@ -459,8 +542,9 @@ function scheduleRefresh() {
 
 // ---- two sessions compared -----------------------------------------------
 
-async function diffPage(a, b) {
+async function diffPage(a, b, current) {
   const d = await api(`/sessions/${a}/diff/${b}`);
+  if (current !== shown) return;
   const side = (name, s) => el("section", { class: "side", "aria-label": `Session ${name}` },
     el("h2", {}, `${name}: `, sessionLink(s.session)),
     el("p", {}, s.diverges_at_seq ? `goes on from seq ${s.diverges_at_seq} with ${s.after.length} events` : "nothing after the common events"),
@@ -486,25 +570,27 @@ async function diffPage(a, b) {
 // ---- routing and keys ------------------------------------------------------
 
 async function route() {
-  for (const source of live) source.close();
+  for (const source of live) source.stop();
   live = [];
+  const current = ++shown;
   const [path, search] = location.hash.replace(/^#/, "").split("?");
   const query = new URLSearchParams(search || "");
   const parts = (path || "/").split("/").filter(Boolean);
+  const uuid = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
   try {
-    if (parts[0] === "s" && parts[1]) {
-      await sessionPage(parts[1], query);
-      if (query.get("forked_from")) {
-        const from = query.get("forked_from");
+    if (parts[0] === "s" && uuid.test(parts[1] || "")) {
+      await sessionPage(parts[1], query, current);
+      const from = query.get("forked_from");
+      if (from && uuid.test(from) && current === shown) {
         document.querySelector("h1").after(el("p", { class: "panel", id: "forked" }, "A fork of ", sessionLink(from), ". ",
           el("a", { href: `#/diff/${from}/${parts[1]}`, id: "diff-link" }, "Compare it with its parent")));
       }
-    } else if (parts[0] === "diff" && parts[1] && parts[2]) {
-      await diffPage(parts[1], parts[2]);
+    } else if (parts[0] === "diff" && uuid.test(parts[1] || "") && uuid.test(parts[2] || "")) {
+      await diffPage(parts[1], parts[2], current);
     } else {
-      await sessionsPage(query);
+      await sessionsPage(query, current);
     }
-  } catch (error) { failed(error); }
+  } catch (error) { if (current === shown) failed(error); }
 }
 
 function moveFocus(step) {
@@ -517,13 +603,14 @@ function moveFocus(step) {
 }
 
 function onKey(e) {
-  const typing = ["INPUT", "TEXTAREA", "SELECT"].includes(e.target.tagName);
-  if (typing || e.ctrlKey || e.metaKey || e.altKey) return;
+  const typing = ["INPUT", "TEXTAREA", "SELECT", "BUTTON", "A"].includes(e.target.tagName);
+  if (typing || e.target.isContentEditable || e.ctrlKey || e.metaKey || e.altKey) return;
+  if (e.key === "Enter" && !e.target.classList.contains("event")) return;
   const click = (selector) => { const a = document.querySelector(selector); if (a) a.click(); };
   const actions = {
     "j": () => moveFocus(1),
     "k": () => moveFocus(-1),
-    "Enter": () => { const b = e.target.querySelector && e.target.querySelector(".payload-toggle"); if (b && e.target.classList.contains("event")) b.click(); },
+    "Enter": () => e.target.querySelector(".payload-toggle").click(),
     "/": () => { const f = document.getElementById("find"); if (f) f.focus(); else location.hash = "#/"; },
     "[": () => click(".page-prev"),
     "]": () => click(".page-next"),
@@ -542,7 +629,7 @@ function toggleHelp() {
 async function whoAmI() {
   try {
     const me = await api("/ui/me");
-    document.getElementById("who").textContent = `signed in as ${me.name}`;
+    document.getElementById("who").textContent = visible(`signed in as ${me.name}`);
   } catch (_) { /* the page says so */ }
 }
 

@@ -502,9 +502,25 @@ pub struct SessionView {
     pub running_on: Option<String>,
     /// Calls in doubt, waiting for a person's decision.
     pub in_doubt: Vec<InDoubtCall>,
-    /// Calls waiting for a person's approval.
+    /// Every call that waits for a person, with what the model asked for.
     #[serde(default)]
-    pub awaiting_approval: Vec<AwaitingCall>,
+    pub waiting: Vec<WaitingCall>,
+}
+
+/// A call that waits for a person: an approval, or a decision on a call in
+/// doubt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct WaitingCall {
+    /// The call (the model's id for it).
+    pub call_id: String,
+    /// Its tool.
+    pub tool: String,
+    /// Its arguments, exactly as the model sent them.
+    pub arguments: String,
+    /// `approval` or `decision`.
+    pub waits_for: String,
+    /// Why.
+    pub reason: String,
 }
 
 /// Which events to read.

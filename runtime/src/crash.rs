@@ -9,7 +9,8 @@ pub const USER_MESSAGE_DURABLE: CrashPoint = CrashPoint::named("user_message_dur
 /// A model request is about to be sent.
 pub const BEFORE_MODEL_CALL: CrashPoint = CrashPoint::named("before_model_call");
 /// The model answered; its reply is not appended.
-pub const MODEL_REPLIED_BEFORE_APPEND: CrashPoint = CrashPoint::named("model_replied_before_append");
+pub const MODEL_REPLIED_BEFORE_APPEND: CrashPoint =
+    CrashPoint::named("model_replied_before_append");
 /// The model's reply is appended.
 pub const MODEL_REPLY_APPENDED: CrashPoint = CrashPoint::named("model_reply_appended");
 /// A call's ToolStarted is appended, not yet durable.

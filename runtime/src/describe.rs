@@ -91,7 +91,7 @@ pub fn summary(event: &Event) -> String {
                 format!("{call_id} error in {duration_ms} ms: {}", clip(err, 80))
             }
         },
-        Event::ToolInDoubt { call_id, reason } => format!("{call_id}: {reason}"),
+        Event::ToolInDoubt { call_id, reason } => format!("{call_id}: {}", clip(reason, 200)),
         Event::ApprovalRequested { call_id } => format!("{call_id} waits for approval"),
         Event::ContextCompacted {
             entries,
@@ -119,18 +119,18 @@ pub fn summary(event: &Event) -> String {
             let what = match resolution {
                 Resolution::Retry => "retry".to_string(),
                 Resolution::Skip(result) => format!("skip with result {}", clip(result, 60)),
-                Resolution::Fail(message) => format!("fail: {message}"),
+                Resolution::Fail(message) => format!("fail: {}", clip(message, 200)),
             };
             format!("{call_id}: {what} (by {by})")
         }
-        Event::SessionPaused { reason, .. } => reason.clone(),
+        Event::SessionPaused { reason, .. } => clip(reason, 200),
         Event::SessionResumed { by, extend_budget } => match extend_budget {
             true => format!("by {by}, with the turn's budget started again"),
             false => format!("by {by}"),
         },
         Event::SessionFinished {
             outcome: SessionOutcome::Failed(error),
-        } => format!("failed: {error}"),
+        } => format!("failed: {}", clip(error, 200)),
         Event::SpecChanged { spec, by } => format!(
             "from here on agent {} (provider {}, model {:?}, {} tools), by {by}",
             spec.name,
@@ -140,7 +140,7 @@ pub fn summary(event: &Event) -> String {
         ),
         Event::McpToolsChanged { server, changes } => format!(
             "MCP server {server} now lists other tools (not adopted): {}",
-            changes.join("; ")
+            clip(&changes.join("; "), 200)
         ),
         Event::McpToolsRefreshed {
             server,
@@ -150,7 +150,7 @@ pub fn summary(event: &Event) -> String {
         } => format!(
             "MCP server {server}: {} tools adopted by {by}: {}",
             tools.len(),
-            changes.join("; ")
+            clip(&changes.join("; "), 200)
         ),
     }
 }

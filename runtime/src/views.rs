@@ -3,7 +3,7 @@
 
 use crate::api::{
     EventRecord, PlannedCall, ReplayView, SessionStatus, SessionSummary, ToolView, TurnOutcome,
-    Verified,
+    Verified, WaitingCall,
 };
 use crate::runner::TurnEnd;
 use crate::session::read_events;
@@ -181,6 +181,32 @@ fn tool_view(tool: &replay::ToolSpec) -> ToolView {
         mcp_server: tool.mcp.as_ref().map(|m| m.server.clone()),
         annotations: tool.mcp.as_ref().and_then(|m| m.annotations.clone()),
     }
+}
+
+/// Every call of `state` that waits for a person, with its arguments.
+pub fn waiting_calls(state: &SessionState) -> Vec<WaitingCall> {
+    let in_doubt = state.calls_in_doubt();
+    let awaiting = state.calls_awaiting_approval();
+    let waits = |id: &str| {
+        if let Some((_, reason)) = in_doubt.iter().find(|(d, _)| d == id) {
+            return Some(("decision", reason.clone()));
+        }
+        (awaiting.iter().any(|(a, _)| a == id)).then(|| ("approval", "waits for approval".into()))
+    };
+    state
+        .open_calls()
+        .iter()
+        .filter_map(|c| {
+            let (waits_for, reason) = waits(&c.call.id)?;
+            Some(WaitingCall {
+                call_id: c.call.id.clone(),
+                tool: c.call.name.clone(),
+                arguments: c.call.arguments.clone(),
+                waits_for: waits_for.into(),
+                reason,
+            })
+        })
+        .collect()
 }
 
 /// A stored event with its envelope and hashes.

@@ -81,7 +81,13 @@ async fn matrix(points: &[CrashPoint], store: Store) -> Tally {
         let mut reached = BTreeSet::new();
         for reach in &declared {
             Box::pin(crash_at_every_occurrence(
-                sc, store, &reference, *reach, points, &mut tally, &mut reached,
+                sc,
+                store,
+                &reference,
+                *reach,
+                points,
+                &mut tally,
+                &mut reached,
             ))
             .await;
         }

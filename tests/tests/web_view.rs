@@ -16,6 +16,11 @@ use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(20);
 
+/// A user message that would be markup, and would read backwards, if a page
+/// took it for anything but text.
+const HOSTILE_MESSAGE: &str =
+    "refund order 7 <img src=x onerror=\"document.title='pwned'\"> \u{202e}7 redro";
+
 /// Runs a browser step off the async workers (the test's model server and
 /// sink run on them).
 fn blocking<T>(step: impl FnOnce() -> Result<T, String>) -> T {
@@ -72,7 +77,7 @@ async fn a_person_signs_in_finds_a_session_approves_its_call_and_compares_a_fork
     let (_, end) = daemon
         .post(
             &format!("/sessions/{id}/messages"),
-            &json!({"text": "refund order 7", "wait": true}),
+            &json!({"text": HOSTILE_MESSAGE, "wait": true}),
         )
         .await;
     assert_eq!(end["awaiting_approval"][0]["call_id"], "call_0_0", "{end}");
@@ -112,6 +117,11 @@ async fn a_person_signs_in_finds_a_session_approves_its_call_and_compares_a_fork
         "",
         "scripts cannot read it"
     );
+    let address = blocking(|| page.eval("location.href"));
+    assert!(!address.as_str().unwrap().contains("signin"), "{address}");
+    let key = blocking(|| page.eval("localStorage.getItem('mneme-ui-key')"));
+    let key = key.as_str().unwrap().to_string();
+    signed_in_browser_is_no_token(&daemon, cookie["value"].as_str().unwrap(), &key, &id).await;
     let waiting = blocking(|| page.eval("document.querySelectorAll('#sessions tr.waits').length"));
     assert_eq!(waiting, 1, "the session waiting for a person stands out");
     screenshot(&page, "1-sessions");
@@ -158,6 +168,19 @@ async fn a_person_signs_in_finds_a_session_approves_its_call_and_compares_a_fork
             .unwrap()
             .contains("Waits for approval"),
         "{card}"
+    );
+    let hostile = blocking(|| {
+        page.eval(
+            "({ images: document.querySelectorAll('main img').length, title: document.title, \
+                   text: document.getElementById('e2').innerText })",
+        )
+    });
+    assert_eq!(hostile["images"], 0, "{hostile}");
+    assert_ne!(hostile["title"], "pwned", "{hostile}");
+    let text = hostile["text"].as_str().unwrap();
+    assert!(
+        text.contains("<img src=x") && text.contains("\\u{202e}"),
+        "{hostile}"
     );
     screenshot(&page, "3-session-waiting");
 
@@ -276,6 +299,52 @@ async fn a_person_signs_in_finds_a_session_approves_its_call_and_compares_a_fork
     drop(page);
     drop(browser);
     assert!(daemon.terminate().await.success());
+}
+
+/// What the sign-in's halves let a client do, from outside the browser: the
+/// cookie alone (what a server on another port of the host gets) nothing;
+/// with the key, look and decide, but not start sessions or send messages.
+async fn signed_in_browser_is_no_token(daemon: &DaemonProcess, cookie: &str, key: &str, id: &str) {
+    let client = reqwest::Client::new();
+    let ask = |method: reqwest::Method, path: String, key: Option<&str>| {
+        let mut request = client
+            .request(method, daemon.url(&path))
+            .header("cookie", format!("mneme_ui={cookie}"))
+            .header("content-type", "application/json")
+            .body("{\"text\": \"hi\", \"agent\": \"x\"}");
+        if let Some(key) = key {
+            request = request.header("x-mneme-ui", key);
+        }
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    use reqwest::Method;
+    assert_eq!(
+        ask(Method::GET, "/sessions".into(), None).await,
+        401,
+        "the cookie alone"
+    );
+    let forged = "0".repeat(64);
+    assert_eq!(
+        ask(Method::GET, "/sessions".into(), Some(&forged)).await,
+        401
+    );
+    assert_eq!(ask(Method::GET, "/sessions".into(), Some(key)).await, 200);
+    assert_eq!(
+        ask(Method::POST, "/sessions".into(), Some(key)).await,
+        403,
+        "no new sessions"
+    );
+    let message = format!("/sessions/{id}/messages");
+    assert_eq!(
+        ask(Method::POST, message, Some(key)).await,
+        403,
+        "no messages"
+    );
+    assert_eq!(
+        ask(Method::POST, "/ui/codes".into(), Some(key)).await,
+        403,
+        "no codes"
+    );
 }
 
 /// Presses `key` as a person would (a key down and up through the browser's
@@ -401,5 +470,51 @@ async fn a_streamed_reply_shows_on_the_page_as_it_arrives() {
     });
     drop(page);
     drop(browser);
+    assert!(daemon.terminate().await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ui_open_keeps_the_link_off_command_lines() {
+    let world = World::new();
+    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let seen = world.dir.path().join("browser-args");
+    let browser = world.write(
+        "browser.sh",
+        &format!("#!/bin/sh\necho \"$@\" > {}\n", seen.display()),
+    );
+    std::fs::set_permissions(
+        &browser,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let out = world
+        .mneme()
+        .env("MNEME_TOKEN", TOKEN)
+        .env("BROWSER", &browser)
+        .args(["ui", "--open", "--print-url"])
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let link = stdout(&out).trim().to_string();
+    let code = link.split("code=").nth(1).unwrap();
+    let mut args = String::new();
+    for _ in 0..50 {
+        args = std::fs::read_to_string(&seen).unwrap_or_default();
+        if !args.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        !args.contains(code),
+        "the code is on the browser's command line: {args}"
+    );
+    let page = PathBuf::from(args.trim());
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains(&link), "{html}");
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&page).unwrap().permissions());
+    assert_eq!(mode & 0o077, 0, "the page is its owner's alone: {mode:o}");
     assert!(daemon.terminate().await.success());
 }
