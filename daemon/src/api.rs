@@ -725,6 +725,11 @@ async fn events(
     if head == 0 {
         return Err(RuntimeError::NoSuchSession(id).into());
     }
+    if q.follow && q.until.is_some() {
+        return Err(bad_request(
+            "until= pages the log; a followed stream has no end: give one or the other",
+        ));
+    }
     let until = q.until.unwrap_or(u64::MAX);
     let mut stream = Follow {
         daemon,
@@ -742,10 +747,7 @@ async fn events(
         }),
         next_look: tokio::time::Instant::now() + LOOK_AT_HEAD_EVERY,
     };
-    stream.target = stream.durable_head().await.unwrap_or(head);
-    if !q.follow {
-        stream.target = stream.target.min(until);
-    }
+    stream.target = stream.durable_head().await.unwrap_or(head).min(until);
     if !q.follow {
         return Ok((
             [(header::CONTENT_TYPE, "application/json")],

@@ -82,6 +82,22 @@ async fn a_person_signs_in_finds_a_session_approves_its_call_and_compares_a_fork
         .await;
     assert_eq!(end["awaiting_approval"][0]["call_id"], "call_0_0", "{end}");
 
+    // A page of the log, as the view reads it; a followed stream has no end.
+    let (_, page_of) = daemon
+        .get(&format!("/sessions/{id}/events?after=1&until=3"))
+        .await;
+    let seqs: Vec<&Value> = page_of
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| &r["seq"])
+        .collect();
+    assert_eq!(seqs, [2, 3], "{page_of}");
+    let (status, _) = daemon
+        .get(&format!("/sessions/{id}/events?follow=true&until=3"))
+        .await;
+    assert_eq!(status, 400);
+
     let link = sign_in_link(&world, "ada").await;
     install_chromium();
     let browser = blocking(Browser::start);
