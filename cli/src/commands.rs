@@ -62,21 +62,27 @@ pub async fn dispatch(cli: Cli, holder: &str) -> Result<ExitCode> {
 async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
     match command {
         Command::Run(a) => {
-            let id = match (a.session, a.agent) {
-                (Some(id), _) => id,
-                (None, Some(path)) => sessions.create(load_agent_file(&path)?).await?,
+            let (outcome, streamed) = match (a.session, a.agent) {
+                (Some(id), _) => {
+                    say!("session {id}");
+                    let message = PostMessage {
+                        text: a.message,
+                        wait: true,
+                        refresh_tools: a.refresh_tools,
+                    };
+                    showing(a.json.json, |s| sessions.post_message(id, message, s)).await
+                }
+                (None, Some(path)) => {
+                    // The start and the message are one append.
+                    let spec = load_agent_file(&path)?;
+                    let id = sessions.create(spec, Some(a.message)).await?;
+                    say!("session {id}");
+                    showing(a.json.json, |s| sessions.resume(id, false, s)).await
+                }
                 (None, None) => bail!(
                     "mneme run needs --agent FILE to start a session, or --session ID to continue one"
                 ),
             };
-            say!("session {id}");
-            let message = PostMessage {
-                text: a.message,
-                wait: true,
-                refresh_tools: a.refresh_tools,
-            };
-            let turn = |stream| sessions.post_message(id, message, stream);
-            let (outcome, streamed) = showing(a.json.json, turn).await;
             report(&outcome?, a.json.json, streamed)
         }
         Command::Resume(a) => {

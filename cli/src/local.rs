@@ -138,8 +138,12 @@ impl Local {
 
 #[async_trait::async_trait]
 impl Sessions for Local {
-    async fn create(&self, spec: AgentSpec) -> Result<Uuid> {
-        Ok(self.service.create(spec).await?.id())
+    async fn create(&self, spec: AgentSpec, first_message: Option<String>) -> Result<Uuid> {
+        let session = match first_message {
+            Some(text) => self.service.start(spec, text).await?,
+            None => self.service.create(spec).await?,
+        };
+        Ok(session.id())
     }
 
     async fn list(&self) -> Result<Vec<SessionSummary>> {

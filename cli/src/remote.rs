@@ -176,10 +176,11 @@ impl Remote {
 
 #[async_trait::async_trait]
 impl Sessions for Remote {
-    async fn create(&self, spec: AgentSpec) -> Result<Uuid> {
+    async fn create(&self, spec: AgentSpec, first_message: Option<String>) -> Result<Uuid> {
         let create = CreateSession {
             agent: None,
             spec: Some(spec),
+            first_message,
         };
         let created: Created = self.post("/sessions", &create).await?;
         Ok(created.session)

@@ -57,8 +57,9 @@ pub type Recorded<'a> = &'a (dyn Fn() + Send + Sync);
 /// the daemon that runs it) and tells how it ended.
 #[async_trait::async_trait]
 pub trait Sessions: Send + Sync {
-    /// Starts a session with `spec`.
-    async fn create(&self, spec: AgentSpec) -> Result<Uuid>;
+    /// Starts a session with `spec`, with its first user message in the
+    /// same append if given (its turn then runs on a `resume`).
+    async fn create(&self, spec: AgentSpec, first_message: Option<String>) -> Result<Uuid>;
 
     /// Every session's row, in id order.
     async fn list(&self) -> Result<Vec<SessionSummary>>;

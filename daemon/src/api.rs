@@ -54,7 +54,7 @@ impl From<RuntimeError> for ApiError {
             | RuntimeError::Log(
                 LogError::Conflict { .. } | LogError::LeaseHeld { .. } | LogError::Fenced { .. },
             ) => StatusCode::CONFLICT,
-            RuntimeError::Spec { .. } => StatusCode::BAD_REQUEST,
+            RuntimeError::Spec { .. } | RuntimeError::NotStarted { .. } => StatusCode::BAD_REQUEST,
             RuntimeError::Model(_) => StatusCode::BAD_GATEWAY,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
@@ -322,13 +322,17 @@ async fn create_session(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|t| t.contains("toml"));
-    let spec = if toml_body {
-        toml::from_str::<AgentSpec>(&body)
-            .map_err(|e| bad_request(format!("agent spec (TOML): {e}")))?
+    let (spec, first_message) = if toml_body {
+        let spec = toml::from_str::<AgentSpec>(&body)
+            .map_err(|e| bad_request(format!("agent spec (TOML): {e}")))?;
+        (spec, None)
     } else {
         spec_from_json(&daemon, &body)?
     };
-    let session = daemon.service.create(spec).await?;
+    let session = match first_message {
+        Some(text) => daemon.service.start(spec, text).await?,
+        None => daemon.service.create(spec).await?,
+    };
     daemon.set_status(session.id(), session.state().status());
     Ok((
         StatusCode::CREATED,
@@ -338,10 +342,11 @@ async fn create_session(
     ))
 }
 
-fn spec_from_json(daemon: &Daemon, body: &str) -> Result<AgentSpec, ApiError> {
+/// The spec and first message of a JSON request to create a session.
+fn spec_from_json(daemon: &Daemon, body: &str) -> Result<(AgentSpec, Option<String>), ApiError> {
     let create: wire::CreateSession =
         serde_json::from_str(body).map_err(|e| bad_request(format!("request body: {e}")))?;
-    match (create.agent, create.spec) {
+    let spec = match (create.agent, create.spec) {
         (Some(name), None) => {
             let Some(dir) = &daemon.config.agents_dir else {
                 return Err(bad_request(
@@ -364,7 +369,8 @@ fn spec_from_json(daemon: &Daemon, body: &str) -> Result<AgentSpec, ApiError> {
         _ => Err(bad_request(
             "give exactly one of \"agent\" (a name) or \"spec\" (an agent spec)",
         )),
-    }
+    }?;
+    Ok((spec, create.first_message))
 }
 
 /// A session's status, usage, answer, calls in doubt, and `running_on`:

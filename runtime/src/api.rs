@@ -111,6 +111,11 @@ pub struct CreateSession {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub spec: Option<AgentSpec>,
+    /// The first user message, recorded in the same append as the start (a
+    /// crash leaves both or neither). Its turn runs on
+    /// `POST /sessions/{id}/resume`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_message: Option<String>,
 }
 
 /// A session just created.

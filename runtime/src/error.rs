@@ -51,6 +51,12 @@ pub enum RuntimeError {
         /// Why.
         reason: String,
     },
+    /// A new session's first message cannot be taken; nothing was recorded.
+    #[error("the session was not started: {reason}")]
+    NotStarted {
+        /// Why.
+        reason: String,
+    },
     /// A tool could not be set up.
     #[error(transparent)]
     Tool(#[from] tools::ToolError),

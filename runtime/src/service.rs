@@ -93,11 +93,40 @@ impl Service {
     /// Starts a session with `spec`; checks the spec first, and pins the
     /// tools of its MCP servers (see [`crate::mcp::pin`]).
     pub async fn create(&self, spec: AgentSpec) -> Result<Session, RuntimeError> {
+        self.begin(spec, None).await
+    }
+
+    /// Starts a session with `spec` and its first user message in one
+    /// append: a crash leaves both or neither, never a session without its
+    /// message. The turn runs on the next drive (a resume).
+    pub async fn start(&self, spec: AgentSpec, text: String) -> Result<Session, RuntimeError> {
+        self.begin(spec, Some(text)).await
+    }
+
+    async fn begin(&self, spec: AgentSpec, text: Option<String>) -> Result<Session, RuntimeError> {
         let spec = self.checked(spec).await?;
+        let mut first = vec![Event::SessionStarted {
+            spec: Box::new(spec),
+        }];
+        if let Some(text) = &text {
+            let started = SessionState::fold([(1, first[0].clone())]);
+            if let Some(reason) = past_the_window(&started, text) {
+                return Err(RuntimeError::NotStarted { reason });
+            }
+            first.push(Event::UserMessage { text: text.clone() });
+        }
+        let first = first.into_iter().map(|e| (e, None)).collect();
         let session =
-            Session::create_observed(self.log.clone(), spec, self.observer.clone()).await?;
+            Session::create_observed_with(self.log.clone(), first, self.observer.clone()).await?;
         let mut session = session.snapshot_every(self.snapshot_every);
+        let message = text.is_some();
+        if message {
+            crate::crash::point(crate::crash::USER_MESSAGE_APPENDED);
+        }
         session.barrier(self.durability).await?;
+        if message {
+            crate::crash::point(crate::crash::USER_MESSAGE_DURABLE);
+        }
         Ok(session)
     }
 
@@ -128,7 +157,10 @@ impl Service {
                 ),
             });
         }
-        refuse_past_the_window(session, &text)?;
+        if let Some(reason) = past_the_window(session.state(), &text) {
+            let session = session.id();
+            return Err(RuntimeError::InvalidRequest { session, reason });
+        }
         let seq = session
             .append(vec![Event::UserMessage { text }], None)
             .await?;
@@ -324,14 +356,12 @@ impl Service {
                 "cannot fork at seq {at_seq}: a tool call is under way there"
             )));
         }
-        let mut child = Session::create_observed_with(
-            self.log.clone(),
-            vec![Event::SessionForked { parent, at_seq }],
-            self.observer.clone(),
-        )
-        .await?;
-        let events = events.into_iter().chain(spec).collect();
-        child.append(events, Some(at_seq)).await?;
+        // Its first event and the history it holds are one append.
+        let forked = (Event::SessionForked { parent, at_seq }, None);
+        let history = events.into_iter().chain(spec).map(|e| (e, Some(at_seq)));
+        let first = std::iter::once(forked).chain(history).collect();
+        let mut child =
+            Session::create_observed_with(self.log.clone(), first, self.observer.clone()).await?;
         child.barrier(self.durability).await?;
         Ok(child)
     }
@@ -395,27 +425,20 @@ impl Service {
     }
 }
 
-/// Refuses a message that alone would not fit in the model's context
-/// window (by the session's own bytes per token, see
+/// Why a message cannot be taken, if it alone would not fit in the model's
+/// context window (by the session's own bytes per token, see
 /// [`SessionState::bytes_per_token`]): the newest entries are never
 /// compacted, so once recorded it would make every later request fail.
-fn refuse_past_the_window(session: &Session, text: &str) -> Result<(), RuntimeError> {
-    let state = session.state();
-    let Some(window) = state.spec.as_ref().and_then(|s| s.model.context_window) else {
-        return Ok(());
-    };
+fn past_the_window(state: &SessionState, text: &str) -> Option<String> {
+    let window = state.spec.as_ref().and_then(|s| s.model.context_window)?;
     let bytes = serde_json::to_string(text).map_or(text.len(), |t| t.len()) as u64;
     let tokens = (bytes as f64 / state.bytes_per_token()).ceil() as u64;
-    if tokens <= window {
-        return Ok(());
-    }
-    Err(RuntimeError::InvalidRequest {
-        session: session.id(),
-        reason: format!(
+    (tokens > window).then(|| {
+        format!(
             "the message is {} bytes, about {tokens} tokens, more than the model's context \
              window of {window} tokens (context_window): it was not recorded; send it in parts",
             text.len()
-        ),
+        )
     })
 }
 

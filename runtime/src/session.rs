@@ -122,20 +122,17 @@ impl Session {
         spec: AgentSpec,
         observer: Option<Arc<dyn SessionObserver>>,
     ) -> Result<Session, RuntimeError> {
-        Session::create_observed_with(
-            log,
-            vec![Event::SessionStarted {
-                spec: Box::new(spec),
-            }],
-            observer,
-        )
-        .await
+        let start = Event::SessionStarted {
+            spec: Box::new(spec),
+        };
+        Session::create_observed_with(log, vec![(start, None)], observer).await
     }
 
-    /// Starts a new session whose first events are `first`.
+    /// Starts a new session whose first events are `first` (each with its
+    /// cause), in one append.
     pub async fn create_observed_with(
         log: Arc<dyn EventLog>,
-        first: Vec<Event>,
+        first: Vec<(Event, Option<u64>)>,
         observer: Option<Arc<dyn SessionObserver>>,
     ) -> Result<Session, RuntimeError> {
         let mut session = Session {
@@ -149,7 +146,7 @@ impl Session {
             snapshot_seq: 0,
             prompt: PromptCache::default(),
         };
-        session.append(first, None).await?;
+        session.append_caused(first).await?;
         Ok(session)
     }
 
@@ -287,10 +284,19 @@ impl Session {
         events: Vec<Event>,
         caused_by: Option<u64>,
     ) -> Result<u64, RuntimeError> {
+        let events = events.into_iter().map(|e| (e, caused_by)).collect();
+        self.append_caused(events).await
+    }
+
+    /// [`Session::append`], each event with its own cause.
+    pub async fn append_caused(
+        &mut self,
+        events: Vec<(Event, Option<u64>)>,
+    ) -> Result<u64, RuntimeError> {
         let first = self.state.last_seq + 1;
         let (events, new): (Vec<Event>, Vec<NewEvent>) = events
             .into_iter()
-            .map(|e| {
+            .map(|(e, caused_by)| {
                 let (event, payload) = crate::text::redact_event(e);
                 let new = NewEvent {
                     kind: event.kind().to_string(),
