@@ -51,7 +51,7 @@ impl Local {
     async fn hold(&self, id: Uuid) -> Result<HeldLease> {
         self.service.ensure_exists(id).await?;
         let log = self.service.log().clone();
-        Ok(HeldLease::acquire_after_exited(log, id, &self.owner, self.lease_ttl).await?)
+        Ok(HeldLease::acquire_taking_over_exited(log, id, &self.owner, self.lease_ttl).await?)
     }
 
     /// Drives the session to the end of its turn. A pause asked for through

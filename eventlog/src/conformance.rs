@@ -56,6 +56,7 @@ macro_rules! conformance_tests {
             leases_exclude_other_owners_until_released_or_expired,
             a_pause_request_is_for_one_holding_of_the_lease,
             a_taken_over_owner_is_fenced,
+            a_live_lease_of_a_gone_holder_is_taken_over_at_once,
             appends_are_followed_across_handles,
             handles_sharing_a_store_see_each_others_appends,
             any_mix_of_good_and_stale_appends_keeps_exactly_the_accepted,
@@ -697,6 +698,33 @@ pub async fn a_taken_over_owner_is_fenced<B: Backend>(b: &B) {
     new.release_lease(&lease).await.unwrap();
     third.append(s, 3, vec![event(4)]).await.unwrap();
     assert_eq!(kinds(new.as_ref(), s).await, vec!["K1", "K3", "K4"]);
+}
+
+/// A live lease is taken over at once when named exactly (owner and
+/// token), with a greater token that fences the old holding; a take-over
+/// naming a holding that changed meanwhile is refused.
+pub async fn a_live_lease_of_a_gone_holder_is_taken_over_at_once<B: Backend>(b: &B) {
+    let store = b.create().await;
+    let log = b.open(&store).await.unwrap();
+    let s = Uuid::now_v7();
+    let long = Duration::from_secs(60);
+    let gone = log.acquire_lease(s, "gone", long).await.unwrap();
+    log.append(s, 1, vec![event(1)]).await.unwrap();
+    let taken = log.take_over_lease(&gone, "heir", long).await.unwrap();
+    assert_eq!(taken.owner, "heir");
+    assert!(taken.token > gone.token);
+    assert_eq!(log.lease(s).await.unwrap(), Some(taken.clone()));
+    assert!(matches!(
+        log.renew_lease(&gone, long).await.unwrap_err(),
+        LogError::Fenced { .. }
+    ));
+    // The holding named is no longer the lease: refused, the heir keeps it.
+    match log.take_over_lease(&gone, "late", long).await.unwrap_err() {
+        LogError::LeaseHeld { owner, .. } => assert_eq!(owner, "heir"),
+        other => panic!("{other}"),
+    }
+    log.append(s, 2, vec![event(2)]).await.unwrap();
+    assert_eq!(kinds(log.as_ref(), s).await, vec!["K1", "K2"]);
 }
 
 /// A handle told to follow hears of appends made through another handle.

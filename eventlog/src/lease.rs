@@ -71,6 +71,31 @@ impl LocalLeases {
         Ok(lease_of(session, entry))
     }
 
+    /// Grants `owner` the lease `held` names if it is still that holding
+    /// (see [`crate::EventLog::take_over_lease`]).
+    pub fn take_over(&self, held: &Lease, owner: &str, ttl: Duration) -> Result<Lease, LogError> {
+        let mut leases = self.leases.lock().expect("lease lock poisoned");
+        match leases.get_mut(&held.session) {
+            Some(entry) if entry.token == held.token && entry.owner == held.owner => {
+                entry.token += 1;
+                entry.owner = owner.to_string();
+                entry.expires_ms = now_ms() + ttl.as_millis() as i64;
+                entry.released = false;
+                entry.pause = false;
+                Ok(lease_of(held.session, entry))
+            }
+            entry => {
+                let (owner, expires_ms) =
+                    entry.map_or((String::new(), 0), |e| (e.owner.clone(), e.expires_ms));
+                Err(LogError::LeaseHeld {
+                    session: held.session,
+                    owner,
+                    expires_ms,
+                })
+            }
+        }
+    }
+
     /// Extends `lease` if it is still the session's current one.
     pub fn renew(&self, lease: &Lease, ttl: Duration) -> Result<Lease, LogError> {
         let mut leases = self.leases.lock().expect("lease lock poisoned");

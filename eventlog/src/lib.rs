@@ -366,6 +366,18 @@ pub trait EventLog: Send + Sync {
         ttl: Duration,
     ) -> Result<Lease, LogError>;
 
+    /// Grants `owner` the lease of `session` that `held` names, live or not,
+    /// provided it is still exactly that holding (same owner, same token):
+    /// for a holder known to be gone (a process of this host that exited),
+    /// whose lease need not be waited out. The new token fences `held`.
+    /// [`LogError::LeaseHeld`] if the lease changed hands meanwhile.
+    async fn take_over_lease(
+        &self,
+        held: &Lease,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Lease, LogError>;
+
     /// Extends `lease` by `ttl` from now; [`LogError::Fenced`] if it was
     /// taken over meanwhile.
     async fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<Lease, LogError>;

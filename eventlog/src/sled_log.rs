@@ -1157,6 +1157,15 @@ impl EventLog for SledLog {
         self.shared.leases.acquire(session, owner, ttl)
     }
 
+    async fn take_over_lease(
+        &self,
+        held: &Lease,
+        owner: &str,
+        ttl: std::time::Duration,
+    ) -> Result<Lease, LogError> {
+        self.shared.leases.take_over(held, owner, ttl)
+    }
+
     async fn renew_lease(
         &self,
         lease: &Lease,

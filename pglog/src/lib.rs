@@ -694,6 +694,36 @@ impl EventLog for PgLog {
         Ok(lease)
     }
 
+    async fn take_over_lease(
+        &self,
+        held: &Lease,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Lease, LogError> {
+        let db = self.db();
+        let (session, token, ttl) = (held.session, held.token as i64, ttl_ms(ttl));
+        let rows = db
+            .query(
+                "take over lease",
+                &format!(
+                    "UPDATE mneme_leases SET token = token + 1, owner = $3, \
+                       expires_at = clock_timestamp() + $4 * interval '1 millisecond', released = false \
+                     WHERE session = $1 AND token = $2 AND owner = $5 \
+                     RETURNING {LEASE_COLUMNS}"
+                ),
+                &[&session, &token, &owner, &(ttl as f64), &held.owner],
+            )
+            .await?;
+        let Some(lease) = rows.first().map(lease_of) else {
+            return Err(self.lease_held(session).await?);
+        };
+        self.held
+            .lock()
+            .expect("lease lock poisoned")
+            .insert(session, lease.token);
+        Ok(lease)
+    }
+
     async fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<Lease, LogError> {
         let db = self.db();
         let (session, token, ttl) = (lease.session, lease.token as i64, ttl_ms(ttl));

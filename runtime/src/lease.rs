@@ -9,42 +9,53 @@
 
 use eventlog::{EventLog, Lease, LogError};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use uuid::Uuid;
 
 /// How long a lease lasts unless renewed, by default.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(15);
 
-/// How long past its expiry a lapsing lease is still waited for: the
-/// store's clock may run behind this host's.
-const LAPSE_MARGIN: Duration = Duration::from_secs(2);
+/// How many times a lease that keeps changing hands is looked at again
+/// before giving up.
+const TAKE_OVER_TRIES: usize = 20;
 
-/// This process's name as a lease owner: host, pid and a random part, so a
-/// restarted process with the same pid is another owner.
+/// This process's name as a lease owner: host, pid, a random part, this
+/// boot's id and the process's start time, so that a process of this host
+/// can tell that the owner is gone, even when its pid was given to a
+/// process started later.
 pub fn owner_name(role: &str) -> String {
     let nonce = Uuid::now_v7().simple().to_string();
+    let pid = std::process::id();
     format!(
-        "{role}@{}:{}:{}",
+        "{role}@{}:{pid}:{}:{}:{}",
         host_name(),
-        std::process::id(),
-        &nonce[24..]
+        &nonce[24..],
+        boot_id(),
+        start_ticks(&pid.to_string()).unwrap_or(0)
     )
 }
 
-/// True only when `owner` (an [`owner_name`]) names a process on this host
-/// that is no longer running: its lease can only lapse, never be renewed.
-/// False whenever that cannot be told (another host, a foreign name).
+/// True only when `owner` (an [`owner_name`]) names a process of this host,
+/// since this boot, that is no longer running (gone, a zombie, or its pid
+/// now a later process's): its lease can only lapse, never be renewed.
+/// False whenever that cannot be told (another host or boot, a foreign
+/// name).
 pub fn owner_has_exited(owner: &str) -> bool {
-    let mut parts = owner.split_once('@').map_or("", |(_, at)| at).split(':');
-    let (Some(host), Some(pid), Some(_nonce), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return false;
+    let parts: Vec<&str> = owner
+        .split_once('@')
+        .map_or("", |(_, at)| at)
+        .split(':')
+        .collect();
+    let (host, pid, started) = match parts.as_slice() {
+        [host, pid, _nonce] => (*host, *pid, None),
+        [host, pid, _nonce, boot, started] if *boot == boot_id() => (*host, *pid, Some(*started)),
+        _ => return false,
     };
     host == host_name()
         && pid.parse::<u32>().is_ok_and(|pid| pid > 0)
         && std::path::Path::new("/proc/self").exists()
-        && process_has_exited(pid)
+        && (process_has_exited(pid)
+            || started.is_some_and(|s| start_ticks(pid).is_some_and(|now| now.to_string() != s)))
 }
 
 /// Whether process `pid` is gone, or dead and waiting to be reaped.
@@ -52,11 +63,28 @@ fn process_has_exited(pid: &str) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return true;
     };
-    // `PID (NAME) STATE …`; NAME may hold spaces and parentheses.
-    let state = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.trim_start().chars().next());
-    matches!(state, Some('Z' | 'X'))
+    matches!(stat_fields(&stat).first(), Some(&("Z" | "X")))
+}
+
+/// When process `pid` started, in clock ticks since boot (`/proc`'s
+/// `starttime`).
+fn start_ticks(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_fields(&stat).get(19)?.parse().ok()
+}
+
+/// The fields of a `/proc/PID/stat` line after the command's name, from
+/// the state on: `PID (NAME) STATE …`, where NAME may hold spaces and
+/// parentheses.
+fn stat_fields(stat: &str) -> Vec<&str> {
+    stat.rsplit_once(')')
+        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect())
+}
+
+/// The first part of this boot's id (`/proc/sys/kernel/random/boot_id`).
+fn boot_id() -> String {
+    let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    id.trim().chars().take(8).collect()
 }
 
 fn host_name() -> String {
@@ -86,50 +114,71 @@ impl HeldLease {
         owner: &str,
         ttl: Duration,
     ) -> Result<HeldLease, LogError> {
-        let lease = Arc::new(Mutex::new(log.acquire_lease(session, owner, ttl).await?));
+        let lease = log.acquire_lease(session, owner, ttl).await?;
+        Ok(HeldLease::holding(log, lease, ttl))
+    }
+
+    /// Holds `lease`, renewing it in the background.
+    fn holding(log: Arc<dyn EventLog>, lease: Lease, ttl: Duration) -> HeldLease {
+        let lease = Arc::new(Mutex::new(lease));
         let renewer = tokio::spawn(renew(log.clone(), lease.clone(), ttl));
-        Ok(HeldLease {
+        HeldLease {
             log,
             lease,
             renewer,
             released: false,
-        })
+        }
     }
 
     /// Like [`HeldLease::acquire`], except that a lease held by a process of
-    /// this host that has exited (see [`owner_has_exited`]) is waited out: it
-    /// can only lapse. Gives up with [`LogError::LeaseHeld`] if it has not
-    /// lapsed by its expiry (or one `ttl`, whichever is later: the store's
-    /// clock may be behind this host's) and a little more.
-    pub async fn acquire_after_exited(
+    /// this host that has exited (see [`owner_has_exited`]) is taken over at
+    /// once: it could only lapse. Its new token fences that holding.
+    pub async fn acquire_taking_over_exited(
         log: Arc<dyn EventLog>,
         session: Uuid,
         owner: &str,
         ttl: Duration,
     ) -> Result<HeldLease, LogError> {
-        let mut waiting_until = None;
-        loop {
-            let (holder, expires_ms) =
-                match HeldLease::acquire(log.clone(), session, owner, ttl).await {
-                    Err(LogError::LeaseHeld {
-                        owner, expires_ms, ..
-                    }) if owner_has_exited(&owner) => (owner, expires_ms),
-                    acquired => return acquired,
-                };
-            let left = eventlog::time_left(expires_ms);
-            let until = *waiting_until.get_or_insert_with(|| {
-                crate::log_line!("mneme: session {session} is leased to {holder}, which has exited; waiting {left:.1?} for the lease to lapse");
-                Instant::now() + left.max(ttl) + LAPSE_MARGIN
-            });
-            if Instant::now() > until {
-                return Err(LogError::LeaseHeld {
-                    session,
+        let mut refusal = None;
+        for _ in 0..TAKE_OVER_TRIES {
+            match HeldLease::acquire(log.clone(), session, owner, ttl).await {
+                Err(LogError::LeaseHeld {
                     owner: holder,
                     expires_ms,
-                });
+                    ..
+                }) if owner_has_exited(&holder) => {
+                    let held_by = |owner: &str| LogError::LeaseHeld {
+                        session,
+                        owner: owner.to_string(),
+                        expires_ms,
+                    };
+                    // Taken over only while it is still the exited holder's.
+                    let Some(held) = log.lease(session).await? else {
+                        continue; // released meanwhile
+                    };
+                    if held.owner != holder {
+                        refusal = Some(held_by(&held.owner));
+                        continue;
+                    }
+                    match log.take_over_lease(&held, owner, ttl).await {
+                        Ok(lease) => {
+                            crate::log_line!(
+                                "mneme: session {session} was leased to {holder}, which has exited: taken over"
+                            );
+                            return Ok(HeldLease::holding(log, lease, ttl));
+                        }
+                        Err(e @ LogError::LeaseHeld { .. }) => refusal = Some(e),
+                        Err(e) => return Err(e),
+                    }
+                }
+                acquired => return acquired,
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        Err(refusal.unwrap_or(LogError::LeaseHeld {
+            session,
+            owner: "owners that keep changing".into(),
+            expires_ms: 0,
+        }))
     }
 
     /// The lease's fencing token.
@@ -247,6 +296,20 @@ mod tests {
             child.try_wait().unwrap().is_some(),
             "it was a zombie until now"
         );
+    }
+
+    #[test]
+    fn a_pid_given_to_a_later_process_has_exited() {
+        let me = owner_name("cli");
+        let (head, started) = me.rsplit_once(':').unwrap();
+        assert!(!owner_has_exited(&me));
+        assert!(
+            owner_has_exited(&format!("{head}:{}", started.parse::<u64>().unwrap() - 1)),
+            "this pid, started at another time: another process"
+        );
+        let (_, boot) = head.rsplit_once(':').unwrap();
+        let other_boot = me.replace(&format!(":{boot}:"), ":00000000:");
+        assert!(!owner_has_exited(&other_boot), "another boot: cannot tell");
     }
 
     #[test]

@@ -331,19 +331,28 @@ async fn command_tool_without_key_support_ends_in_doubt_and_resolve_continues() 
 
 /// On PostgreSQL a killed `mneme run` leaves its lease behind, live until
 /// it lapses. The next `mneme resume` on this host sees that its holder has
-/// exited and waits the lease out instead of refusing.
+/// exited and takes the lease over at once (a minute's lease here: waiting
+/// it out would show).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn resume_right_after_a_sigkill_on_postgres_waits_out_the_dead_lease() {
+async fn resume_right_after_a_sigkill_on_postgres_takes_the_dead_lease_over() {
+    let lease = std::time::Duration::from_secs(60);
     let s = setup_in(World {
-        lease_ttl_ms: 5_000,
+        lease_ttl_ms: lease.as_millis() as u64,
         ..World::on_postgres()
     })
     .await;
     let session = s.killed_while_emailing().await;
 
+    let started = std::time::Instant::now();
     let out = s.resume_ok(&session).await;
+    let took = started.elapsed();
+    println!("resume after a same-host SIGKILL on PostgreSQL: {took:?}");
     assert!(
-        stderr(&out).contains("which has exited; waiting"),
+        took < lease / 2,
+        "the dead holder's lease was waited out: {took:?}"
+    );
+    assert!(
+        stderr(&out).contains("which has exited: taken over"),
         "{}",
         stderr(&out)
     );
