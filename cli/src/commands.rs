@@ -11,8 +11,9 @@ use eventlog::{EventLog, SledLog};
 use pglog::PgLog;
 use runtime::agent::load_agent_file;
 use runtime::api::PostMessage;
-use runtime::api::{Approve, DecisionAnswer, Resolve, TurnOutcome};
+use runtime::api::{Approve, DecisionAnswer, Resolve, TurnOutcome, Verified};
 use runtime::service::Service;
+use runtime::signing::{HeadKey, HeadSigner};
 use runtime::{views, TurnEnd};
 use serde::Serialize;
 use std::future::Future;
@@ -35,14 +36,22 @@ pub async fn dispatch(cli: Cli, holder: &str) -> Result<ExitCode> {
     let command = match cli.command {
         Command::Demo(args) => return crate::demo::run(args.keep).await,
         Command::Ui(args) => return crate::ui::run(&data_dir, args).await,
+        Command::Keygen(args) => return keygen(&data_dir, &args.out),
         command => command,
     };
+    let signer = cli
+        .signing_key
+        .as_deref()
+        .map(HeadSigner::load)
+        .transpose()?
+        .map(Arc::new);
     let sessions: Box<dyn Sessions> =
         match open_log(&cli.store, &data_dir, &command, holder).await? {
             Opened::Daemon(remote) => Box::new(remote),
             Opened::Log(log) => {
                 if let Command::Serve(a) = command {
                     let settings = ServeSettings {
+                        signer,
                         data_dir: &data_dir,
                         durability,
                         snapshot_every,
@@ -50,7 +59,9 @@ pub async fn dispatch(cli: Cli, holder: &str) -> Result<ExitCode> {
                     };
                     return serve(log, settings, a).await;
                 }
-                let service = Service::new(log, durability).snapshot_every(snapshot_every);
+                let service = Service::new(log, durability)
+                    .snapshot_every(snapshot_every)
+                    .signed_by(signer);
                 let owner = runtime::lease::owner_name("cli");
                 Box::new(Local::new(service, owner, lease_ttl))
             }
@@ -116,9 +127,14 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
                 Some(id) => vec![id],
                 None => sessions.ids().await?,
             };
+            let key = a.key.as_deref().map(HeadKey::parse).transpose()?;
             let mut results = Vec::with_capacity(ids.len());
             for id in ids {
-                results.push(to_json(&sessions.verify(id).await?));
+                let mut verified = sessions.verify(id).await?;
+                if let (Some(key), true) = (&key, verified.ok) {
+                    signed_heads(sessions, key, &mut verified).await?;
+                }
+                results.push(to_json(&verified));
             }
             Ok(crate::render::verify(&results, a.json.json))
         }
@@ -213,10 +229,60 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Command::Serve(_) | Command::Demo(_) | Command::Ui(_) => {
+        Command::Serve(_) | Command::Demo(_) | Command::Ui(_) | Command::Keygen(_) => {
             unreachable!("run before a store is chosen")
         }
     }
+}
+
+/// Checks session `verified.session`'s signed heads with `key`, marking
+/// it failed (with why) if one does not check out or there is none.
+async fn signed_heads(
+    sessions: &dyn Sessions,
+    key: &HeadKey,
+    verified: &mut Verified,
+) -> Result<()> {
+    let id = verified.session;
+    let records: Vec<(u64, String, replay::Event)> = (sessions.events(id).await?.iter())
+        .map(|row| {
+            let seq = row["seq"].as_u64().context("a row without a seq")?;
+            let event = serde_json::from_value(row["event"].clone())
+                .with_context(|| format!("seq {seq}: an event this build does not read"))?;
+            Ok((
+                seq,
+                row["hash"].as_str().unwrap_or_default().to_string(),
+                event,
+            ))
+        })
+        .collect::<Result<_>>()?;
+    match key.check(id, &records) {
+        Ok((heads, last)) => {
+            verified.signed = Some(format!(
+                "{heads} signed heads check out, the last for seq {last}"
+            ))
+        }
+        Err(why) => {
+            verified.ok = false;
+            verified.error = Some(format!("signed heads: {why}"));
+        }
+    }
+    Ok(())
+}
+
+/// `mneme keygen --out FILE`: a new signing key, kept outside the data
+/// directory; prints its public key.
+fn keygen(data_dir: &Path, out: &Path) -> Result<ExitCode> {
+    let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    if absolute(out).starts_with(absolute(data_dir)) {
+        bail!(
+            "{}: the signing key must be kept outside the data directory ({}): whoever can rewrite the store must not hold it",
+            out.display(),
+            data_dir.display()
+        );
+    }
+    let signer = HeadSigner::generate(out)?;
+    println!("{}", signer.public_hex());
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Runs `turn`, its streamed text shown on stdout as it comes unless
@@ -338,6 +404,7 @@ async fn open_log(
 
 /// What `serve` takes from the global options.
 struct ServeSettings<'a> {
+    signer: Option<Arc<HeadSigner>>,
     data_dir: &'a Path,
     durability: eventlog::Durability,
     snapshot_every: u64,
@@ -370,6 +437,7 @@ async fn serve(
         max_connections: a.max_connections,
         owner: runtime::lease::owner_name("daemon"),
         lease_ttl: settings.lease_ttl,
+        signer: settings.signer,
     };
     daemon::serve(log, config).await?;
     Ok(ExitCode::SUCCESS)

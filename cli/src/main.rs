@@ -60,6 +60,11 @@ struct Cli {
         global = true
     )]
     durability: eventlog::Durability,
+    /// Sign each session's head at the end of each turn with the ed25519
+    /// key in this file (see `mneme keygen`; keep it outside the data
+    /// directory): `mneme verify --key PUB` then tells a rewritten history.
+    #[arg(long, env = "MNEME_SIGNING_KEY", global = true)]
+    signing_key: Option<PathBuf>,
     /// Snapshot a session's state every N events (0: never). Default: every
     /// 1000 events for agents with a context window (their state stays
     /// small), never otherwise. Snapshots only make resume faster.
@@ -115,10 +120,21 @@ enum Command {
     /// unfinished ones on start. Token: --token-file, else $MNEME_TOKEN,
     /// else a new one written to DATA_DIR/mneme.token (mode 0600).
     Serve(ServeArgs),
+    /// Write a new ed25519 signing key to FILE (outside the data directory,
+    /// readable by its owner only) and print its public key, for
+    /// `--signing-key FILE` and `mneme verify --key PUB`.
+    Keygen(KeygenArgs),
     /// Sign a browser in to the web view of the daemon that holds the data
     /// directory: prints a link with a one-time code (valid once, for two
     /// minutes), the token never in it.
     Ui(UiArgs),
+}
+
+#[derive(Args)]
+struct KeygenArgs {
+    /// Where to write the key (never overwritten).
+    #[arg(long)]
+    out: PathBuf,
 }
 
 #[derive(Args)]
@@ -251,6 +267,11 @@ struct LogArgs {
 struct VerifyArgs {
     /// Only this session (default: every session).
     session: Option<Uuid>,
+    /// Also check every signed head against this public key (hex, or a file
+    /// holding it): each must be its, and match the record it names; a
+    /// session without one fails.
+    #[arg(long)]
+    key: Option<String>,
     #[command(flatten)]
     json: JsonFlag,
 }

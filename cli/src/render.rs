@@ -60,10 +60,14 @@ pub fn verify(results: &[Value], json: bool) -> ExitCode {
         match (json, ok) {
             (true, _) => println!("{r}"),
             (false, true) => line!(
-                "ok    {}  {} events, head {}",
+                "ok    {}  {} events, head {}{}",
                 text(r, "session"),
                 r["events"].as_u64().unwrap_or(0),
-                text(r, "head").get(..16).unwrap_or("")
+                text(r, "head").get(..16).unwrap_or(""),
+                r["signed"]
+                    .as_str()
+                    .map(|s| format!("; {s}"))
+                    .unwrap_or_default()
             ),
             (false, false) => line!("FAIL  {}  {}", text(r, "session"), text(r, "error")),
         }

@@ -101,6 +101,8 @@ pub struct DaemonConfig {
     /// How long a session's lease lasts unless renewed: how soon another
     /// daemon takes over the sessions of one that died.
     pub lease_ttl: Duration,
+    /// Signs each session's head at the end of each turn, if given.
+    pub signer: Option<Arc<runtime::signing::HeadSigner>>,
 }
 
 /// What the daemon shares between requests and turns.
@@ -597,6 +599,7 @@ pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), R
     let heads = Arc::new(DurableHeads::new());
     let service = Service::new(log, config.durability)
         .snapshot_every(config.snapshot_every)
+        .signed_by(config.signer.clone())
         .observed_by(Arc::new(heads::Observers(vec![
             metrics.clone(),
             heads.clone(),

@@ -20,10 +20,6 @@ function headers() {
 }
 
 const PAGE = 200; // events on a page of the timeline
-const KINDS = ["SessionForked", "SessionStarted", "UserMessage", "ModelReplied",
-  "ToolStarted", "ToolFinished", "ToolInDoubt", "ToolResolved", "ApprovalRequested",
-  "ApprovalDecided", "ContextCompacted", "SessionPaused", "SessionResumed",
-  "SessionFinished", "McpToolsChanged", "McpToolsRefreshed", "SpecChanged"];
 const CALL_KINDS = new Set(["ToolStarted", "ToolFinished", "ToolInDoubt",
   "ToolResolved", "ApprovalRequested", "ApprovalDecided"]);
 

@@ -10,6 +10,21 @@ pub const EVENT_SCHEMA: u16 = 1;
 /// One thing that happened in a session. Immutable once appended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Event {
+    /// A signed statement that this session's record `seq` had hash `hash`
+    /// at `at_ms`: made with a key kept outside the store, so a history
+    /// rewritten and chained again no longer matches it.
+    HeadSigned {
+        /// The seq of the record signed for.
+        seq: u64,
+        /// Its hash (hex).
+        hash: String,
+        /// When it was signed (milliseconds since the Unix epoch).
+        at_ms: i64,
+        /// The ed25519 public key that signed (hex).
+        key: String,
+        /// The signature (hex) of `runtime::signing::statement`.
+        signature: String,
+    },
     /// This session began as a copy of another's first `at_seq` events,
     /// which follow this event.
     SessionForked {
@@ -296,6 +311,7 @@ impl Event {
         "McpToolsChanged",
         "McpToolsRefreshed",
         "SpecChanged",
+        "HeadSigned",
     ];
 
     /// The name of this kind of event, as stored in the envelope.
@@ -314,6 +330,7 @@ impl Event {
             Event::ContextCompacted { .. } => "ContextCompacted",
             Event::SessionPaused { .. } => "SessionPaused",
             Event::SessionResumed { .. } => "SessionResumed",
+            Event::HeadSigned { .. } => "HeadSigned",
             Event::SessionFinished { .. } => "SessionFinished",
             Event::McpToolsChanged { .. } => "McpToolsChanged",
             Event::McpToolsRefreshed { .. } => "McpToolsRefreshed",

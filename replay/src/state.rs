@@ -383,6 +383,8 @@ impl SessionState {
             Event::McpToolsChanged { server, changes } => {
                 self.mcp_changes.insert(server, changes);
             }
+            // A signature vouches for the log; it changes no state.
+            Event::HeadSigned { .. } => {}
             Event::McpToolsRefreshed { server, tools, .. } => {
                 self.spec = self
                     .spec

@@ -712,6 +712,13 @@ fn golden_bytes_of_every_event_kind() {
         changes: vec!["fs__a is new".into()],
         by: "me".into(),
     });
+    all.push(Event::HeadSigned {
+        seq: 3,
+        hash: "ab".repeat(32),
+        at_ms: 1_764_547_200_000,
+        key: "cd".repeat(32),
+        signature: "ef".repeat(64),
+    });
     let text: String = all
         .iter()
         .map(|e| {

@@ -653,6 +653,10 @@ pub struct Verified {
     /// The head's hash (hex), when ok.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub head: Option<String>,
+    /// What the signed heads say, when checked against a key
+    /// (`mneme verify --key`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signed: Option<String>,
     /// What is wrong, when not ok.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,

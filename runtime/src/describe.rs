@@ -19,6 +19,11 @@ fn clip(text: &str, max: usize) -> String {
 pub fn summary(event: &Event) -> String {
     match event {
         Event::SessionForked { parent, at_seq } => format!("forked from {parent} at seq {at_seq}"),
+        Event::HeadSigned { seq, hash, key, .. } => format!(
+            "head #{seq} {} signed by key {}",
+            clip(hash, 12),
+            clip(key, 12)
+        ),
         Event::SessionFinished {
             outcome: SessionOutcome::Cancelled { by },
         } => format!("cancelled by {by}"),

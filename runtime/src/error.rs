@@ -57,6 +57,9 @@ pub enum RuntimeError {
         /// Why.
         reason: String,
     },
+    /// A signing key or a public key is unusable.
+    #[error("{0}")]
+    Signing(String),
     /// A tool could not be set up.
     #[error(transparent)]
     Tool(#[from] tools::ToolError),

@@ -32,6 +32,7 @@ pub mod pause;
 pub mod runner;
 pub mod service;
 pub mod session;
+pub mod signing;
 pub mod sink;
 pub mod snapshot;
 mod sse;

@@ -64,6 +64,8 @@ pub struct Runner {
     calls: Option<(Arc<tokio::sync::Semaphore>, u32)>,
     /// Where streamed replies' text goes as it arrives.
     deltas: Option<DeltaSink>,
+    /// Signs each session's head at the end of each turn.
+    signer: Option<Arc<crate::signing::HeadSigner>>,
 }
 
 /// What a session's turns run with: its model client and its tools.
@@ -91,7 +93,15 @@ impl Runner {
             stop: None,
             calls: None,
             deltas: None,
+            signer: None,
         }
+    }
+
+    /// Signs each session's head with `signer` at the end of each turn (a
+    /// `HeadSigned` record, durable like the rest).
+    pub fn with_signer(mut self, signer: Arc<crate::signing::HeadSigner>) -> Runner {
+        self.signer = Some(signer);
+        self
     }
 
     /// Hands the text of streamed replies to `sink` as it arrives (it is
@@ -183,8 +193,23 @@ impl Runner {
         parts: &TurnParts,
     ) -> Result<TurnEnd, RuntimeError> {
         let end = self.steps(session, parts).await;
+        if end.is_ok() {
+            self.sign_head(session).await?;
+        }
         come_to_rest(session).await;
         end
+    }
+
+    /// Appends a signed statement of the session's head, if this runner
+    /// signs.
+    async fn sign_head(&self, session: &mut Session) -> Result<(), RuntimeError> {
+        let Some(signer) = &self.signer else {
+            return Ok(());
+        };
+        let (seq, hash) = session.head();
+        let signed = signer.sign(session.id(), seq, &hash.to_hex());
+        session.append(vec![signed], None).await?;
+        session.barrier(self.durability).await
     }
 
     /// The steps of a drive, until the plan says it cannot go on.

@@ -19,6 +19,7 @@ pub struct Service {
     durability: Durability,
     observer: Option<Arc<dyn SessionObserver>>,
     snapshot_every: u64,
+    signer: Option<Arc<crate::signing::HeadSigner>>,
 }
 
 impl Service {
@@ -29,7 +30,15 @@ impl Service {
             durability,
             observer: None,
             snapshot_every: snapshot::DEFAULT_EVERY,
+            signer: None,
         }
+    }
+
+    /// Signs each session's head at the end of each turn its runners drive
+    /// (see [`crate::signing`]).
+    pub fn signed_by(mut self, signer: Option<Arc<crate::signing::HeadSigner>>) -> Service {
+        self.signer = signer;
+        self
     }
 
     /// Reports every session's appends and barriers to `observer`.
@@ -197,7 +206,11 @@ impl Service {
 
     /// A runner with this service's durability.
     pub fn runner(&self) -> Runner {
-        Runner::new(self.durability)
+        let runner = Runner::new(self.durability);
+        match &self.signer {
+            Some(signer) => runner.with_signer(signer.clone()),
+            None => runner,
+        }
     }
 
     /// Records a person's decision on a call in doubt. Returns whether the

@@ -270,6 +270,10 @@ impl Session {
                 reason: "the log has no SessionStarted event".into(),
             })
     }
+    /// The seq and hash of the last record this session appended or read.
+    pub fn head(&self) -> (u64, eventlog::Hash) {
+        (self.state.last_seq, self.last_hash)
+    }
 
     /// Where this session's tool calls keep binary content.
     pub fn blobs(&self) -> tools::Blobs {

@@ -114,6 +114,7 @@ pub async fn verified(log: &dyn EventLog, session: Uuid) -> Verified {
                 events: Some(events),
                 head: Some(head),
                 error: None,
+                signed: None,
             }
         }
         Err(error) => Verified {
@@ -122,6 +123,7 @@ pub async fn verified(log: &dyn EventLog, session: Uuid) -> Verified {
             events: None,
             head: None,
             error: Some(error),
+            signed: None,
         },
     }
 }

@@ -111,6 +111,7 @@ fn run_child(dir: &str) {
             idle_timeout: Duration::from_secs(daemon::DEFAULT_IDLE_TIMEOUT_SECS),
             max_connections: daemon::DEFAULT_MAX_CONNECTIONS,
             owner: runtime::lease::owner_name("bench"),
+            signer: None,
             lease_ttl: runtime::lease::DEFAULT_TTL,
         };
         daemon::serve(log, config).await.unwrap();

@@ -401,3 +401,134 @@ async fn forged_frames_inside_a_torn_last_record_are_not_taken_for_whole_ones() 
         "the forged frames follow the format byte for byte, all but the salt"
     );
 }
+
+/// Hex digits to bytes.
+fn unhex(text: &str) -> Vec<u8> {
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// A history rewritten and chained again, as someone with write access to
+/// the store can: record 2's message replaced, every later record sealed
+/// anew with its link to the one before. Written to `into` as an export.
+fn rechained(export: &str, into: &std::path::Path) {
+    let mut prev = None;
+    let mut out = String::new();
+    for line in export.lines() {
+        let mut row: serde_json::Value = serde_json::from_str(line).unwrap();
+        let (session, seq) = (
+            row["session"].as_str().unwrap(),
+            row["seq"].as_u64().unwrap(),
+        );
+        let record = Record::open(
+            session.parse().unwrap(),
+            seq,
+            &unhex(row["sealed"].as_str().unwrap()),
+        )
+        .unwrap();
+        let mut envelope = record.envelope;
+        if seq == 2 {
+            let forged = replay::Event::UserMessage {
+                text: "forged".into(),
+            };
+            envelope.payload = forged.encode();
+        }
+        envelope.prev_hash = prev.unwrap_or(envelope.prev_hash);
+        let (record, sealed) = Record::seal(envelope).unwrap();
+        row["prev_hash"] = json!(record.envelope.prev_hash.to_hex());
+        row["hash"] = json!(record.hash.to_hex());
+        row["sealed"] = json!(sealed
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>());
+        prev = Some(record.hash);
+        out.push_str(&format!("{row}\n"));
+    }
+    std::fs::write(into, out).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_history_chained_again_passes_verify_but_not_its_signed_heads() {
+    let world = World::new();
+    let keys = tempfile::tempdir().unwrap();
+    let key = keys.path().join("signing.key");
+    // The key stays outside the data directory.
+    let inside = world.data().join("signing.key");
+    let out = world
+        .run(&["keygen", "--out", inside.to_str().unwrap()])
+        .await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("outside the data directory"));
+    let out = world.run(&["keygen", "--out", key.to_str().unwrap()]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let public = stdout(&out).trim().to_string();
+    let other = keys.path().join("other.key");
+    let other_public = stdout(
+        &world
+            .run(&["keygen", "--out", other.to_str().unwrap()])
+            .await,
+    )
+    .trim()
+    .to_string();
+
+    let model = MockModel::start(vec![MockReply::answer("Hello.")], Fault::None).await;
+    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[]));
+    let out = world
+        .mneme()
+        .args([
+            "--signing-key",
+            key.to_str().unwrap(),
+            "run",
+            "--agent",
+            agent.to_str().unwrap(),
+            "hi",
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let session = session_id(&out);
+    let out = world.run(&["verify", &session, "--key", &public]).await;
+    assert!(out.status.success(), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("1 signed heads check out"),
+        "{}",
+        stdout(&out)
+    );
+    let out = world
+        .run(&["verify", &session, "--key", &other_public])
+        .await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stdout(&out).contains("another key"), "{}", stdout(&out));
+
+    // Rewritten and chained again: the chain holds, the signed head does not.
+    let export = world.dir.path().join("export.jsonl");
+    let out = world.run(&["export", "-o", export.to_str().unwrap()]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let forged = World::new();
+    let forged_export = forged.dir.path().join("forged.jsonl");
+    rechained(&std::fs::read_to_string(&export).unwrap(), &forged_export);
+    let out = forged
+        .run(&["import", forged_export.to_str().unwrap()])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = forged.run(&["verify", &session]).await;
+    assert!(
+        out.status.success(),
+        "the chain alone is fooled: {}",
+        stdout(&out)
+    );
+    let out = forged.run(&["verify", &session, "--key", &public]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stdout(&out).contains("rewritten"), "{}", stdout(&out));
+    // A session never signed is not vouched for.
+    let unsigned = world
+        .run(&["run", "--agent", agent.to_str().unwrap(), "again"])
+        .await;
+    let unsigned = session_id(&unsigned);
+    let out = world.run(&["verify", &unsigned, "--key", &public]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stdout(&out).contains("no head signed"), "{}", stdout(&out));
+}
