@@ -869,9 +869,29 @@ fn open_sled(dir: &Path) -> Result<sled::Db, LogError> {
             {
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
+            Ok(db) => {
+                sync_conf(dir)?;
+                return Ok(db);
+            }
             other => return other,
         }
     }
+}
+
+/// Makes sled's `conf` file durable, with its directory entry. sled writes
+/// it in two writes (the settings, then their checksum) and never syncs
+/// it: a power cut between them, even long after, left a file whose
+/// checksum was missing, and sled then refuses the whole directory (found
+/// by the power-cut tests).
+fn sync_conf(dir: &Path) -> Result<(), LogError> {
+    let path = dir.join("conf");
+    let synced = File::open(&path)
+        .and_then(|f| f.sync_all())
+        .and_then(|()| File::open(dir)?.sync_all());
+    synced.map_err(|source| LogError::Io {
+        path: path.display().to_string(),
+        source,
+    })
 }
 
 /// sled's settings for the data directory `dir`: zstd compression and

@@ -18,6 +18,7 @@ pub mod browser;
 pub mod daemon;
 pub mod hostile;
 pub mod mcp;
+pub mod powercut;
 pub mod scenario;
 
 pub use runtime::sink::{Sink, SinkStats};

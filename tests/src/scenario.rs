@@ -1,6 +1,7 @@
 //! Scripted scenarios for fault tests: run one uncrashed for reference, run
 //! it again with crashes, and check the contract's invariants between the two.
 
+use crate::powercut::PowerCut;
 use crate::{
     agent_toml, command_tool, http_tool, lookup_tool, named_session, rebuilt_request,
     refund_needing_approval, stderr, stdout, Fault, MockModel, MockReply, Sink, SinkStats, World,
@@ -343,12 +344,24 @@ async fn output(
 /// on record, retry when it is not), `mneme approve` for calls that wait
 /// for approval; the nested crash is armed on each of those until one dies.
 pub async fn run(scenario: &Scenario, env: &Env, faults: &Faults) -> Result<Outcome, String> {
+    run_with(scenario, env, faults, None).await
+}
+
+/// [`run`], with the power cut after every process that dies, before the
+/// next command (`tests/tests/power_cut.rs`).
+pub async fn run_with(
+    scenario: &Scenario,
+    env: &Env,
+    faults: &Faults,
+    power_cut: Option<&PowerCut>,
+) -> Result<Outcome, String> {
     let mut session = None::<String>;
     let mut answers = Vec::new();
     let mut operator = Operator {
         env,
         nested: faults.nested.clone(),
         deaths: Deaths::default(),
+        power_cut,
     };
     let mut run_crashed = false;
     for turn in &scenario.turns {
@@ -357,15 +370,19 @@ pub async fn run(scenario: &Scenario, env: &Env, faults: &Faults) -> Result<Outc
             None => command.args(["run", "--agent", env.agent.to_str().unwrap(), turn]),
             Some(id) => command.args(["run", "--session", id, turn]),
         };
+        if let Some(cut) = power_cut {
+            cut.configure(&mut command);
+        }
         let out = output(command, faults.crash_at.as_deref(), faults.kill_after_ms).await;
-        run_crashed |= operator.deaths.note(&out);
+        run_crashed |= operator.note(&out);
         let id = match &session {
             Some(id) => id.clone(),
             None => {
                 let Some(id) = named_session(&out) else {
                     // Killed before it named the session: start over, undisturbed,
                     // as a user would.
-                    let again = Box::pin(run(scenario, env, &Faults::default())).await?;
+                    let again =
+                        Box::pin(run_with(scenario, env, &Faults::default(), power_cut)).await?;
                     let mut deaths = operator.deaths;
                     deaths.points.extend(again.points);
                     return Ok(Outcome {
@@ -393,6 +410,9 @@ pub async fn run(scenario: &Scenario, env: &Env, faults: &Faults) -> Result<Outc
         if recorded <= answers.len() {
             let mut again = env.world.mneme();
             again.args(["run", "--session", &id, turn]);
+            if let Some(cut) = power_cut {
+                cut.configure(&mut again);
+            }
             let out = output(again, None, None).await;
             answer = match out.status.code() {
                 Some(0) => stdout(&out).trim().to_string(),
@@ -447,15 +467,30 @@ struct Operator<'a> {
     /// `MNEME_CRASH_AT` for the operator's commands, until one dies.
     nested: Option<String>,
     deaths: Deaths,
+    /// The power cut after each death, if any.
+    power_cut: Option<&'a PowerCut>,
 }
 
 impl Operator<'_> {
+    /// Notes `out`'s process if it died, cutting the power after it if
+    /// asked; whether it died.
+    fn note(&mut self, out: &Output) -> bool {
+        let died = self.deaths.note(out);
+        if let (true, Some(cut)) = (died, self.power_cut) {
+            cut.after_death(&self.env.world);
+        }
+        died
+    }
+
     /// Runs `mneme ARGS` with the nested crash armed, if it still is.
     async fn mneme(&mut self, args: &[&str]) -> Output {
         let mut command = self.env.world.mneme();
         command.args(args);
+        if let Some(cut) = self.power_cut {
+            cut.configure(&mut command);
+        }
         let out = output(command, self.nested.as_deref(), None).await;
-        if self.deaths.note(&out) {
+        if self.note(&out) {
             self.nested = None;
         }
         out
