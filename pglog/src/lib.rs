@@ -272,6 +272,24 @@ impl PgLog {
         db.lease(session).await
     }
 
+    /// The lease a grant's `rows` return, now held by this handle (its
+    /// appends carry the token); [`LogError::LeaseHeld`] naming the holder
+    /// if the grant was refused.
+    async fn granted(
+        &self,
+        session: Uuid,
+        rows: &[tokio_postgres::Row],
+    ) -> Result<Lease, LogError> {
+        let Some(lease) = rows.first().map(lease_of) else {
+            return Err(self.lease_held(session).await?);
+        };
+        self.held
+            .lock()
+            .expect("lease lock poisoned")
+            .insert(session, lease.token);
+        Ok(lease)
+    }
+
     async fn lease_held(&self, session: Uuid) -> Result<LogError, LogError> {
         let lease = self.current_lease(session).await?;
         Ok(match lease {
@@ -684,14 +702,7 @@ impl EventLog for PgLog {
                 &[&session, &owner, &(ttl as f64)],
             )
             .await?;
-        let Some(lease) = rows.first().map(lease_of) else {
-            return Err(self.lease_held(session).await?);
-        };
-        self.held
-            .lock()
-            .expect("lease lock poisoned")
-            .insert(session, lease.token);
-        Ok(lease)
+        self.granted(session, &rows).await
     }
 
     async fn take_over_lease(
@@ -714,14 +725,7 @@ impl EventLog for PgLog {
                 &[&session, &token, &owner, &(ttl as f64), &held.owner],
             )
             .await?;
-        let Some(lease) = rows.first().map(lease_of) else {
-            return Err(self.lease_held(session).await?);
-        };
-        self.held
-            .lock()
-            .expect("lease lock poisoned")
-            .insert(session, lease.token);
-        Ok(lease)
+        self.granted(session, &rows).await
     }
 
     async fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<Lease, LogError> {

@@ -515,3 +515,25 @@ pub fn assert_billed_once(sink: &Sink, sessions: usize) {
         "one key per side-effecting call, every retry reused it"
     );
 }
+
+/// xorshift64*: small, fast, and reproducible from its seed (the random
+/// instants of the soak and power-cut tests).
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next number.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+/// The number in variable `name`, if set; a test knob.
+pub fn env_number(name: &str) -> Option<u64> {
+    std::env::var(name).ok().map(|v| {
+        v.parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number"))
+    })
+}

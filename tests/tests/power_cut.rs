@@ -16,28 +16,9 @@
 
 use mneme_e2e::powercut::{self, PowerCut, Shim};
 use mneme_e2e::scenario::{self, Faults, Scenario};
-use mneme_e2e::{named_session, stderr, stdout, World};
+use mneme_e2e::{env_number, named_session, stderr, stdout, Rng, World};
 use runtime::crash::{self, CrashPoint};
 use std::time::Instant;
-
-/// xorshift64*: small, fast, and reproducible from its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-}
-
-fn env_number(name: &str) -> Option<u64> {
-    std::env::var(name).ok().map(|v| {
-        v.parse()
-            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number"))
-    })
-}
 
 fn seed(name: &str) -> u64 {
     let seed = env_number("MNEME_POWERCUT_SEED").unwrap_or_else(|| {
@@ -128,11 +109,11 @@ async fn power_cuts_lose_nothing_a_synced_barrier_acknowledged() {
     }
     let mut killed_at_random = 0;
     // From here on, cuts keep a random part of the unsynced writes.
-    cut.randomize(Some(rng.next()));
+    cut.randomize(Some(rng.next_u64()));
     for i in 0..runs {
-        let pick = (rng.next() % scenarios.len() as u64) as usize;
+        let pick = (rng.next_u64() % scenarios.len() as u64) as usize;
         let (sc, (reference, window)) = (&scenarios[pick], &references[pick]);
-        let kill_after_ms = rng.next() % window;
+        let kill_after_ms = rng.next_u64() % window;
         let env = sc.env().await;
         let faults = Faults {
             kill_after_ms: Some(kill_after_ms),
@@ -292,11 +273,11 @@ async fn power_cuts_under_flushed_lose_records_but_corrupt_nothing() {
     }
     let mut unfinished = Vec::new();
     for i in 0..runs {
-        let pick = (rng.next() % scenarios.len() as u64) as usize;
+        let pick = (rng.next_u64() % scenarios.len() as u64) as usize;
         let sc = &scenarios[pick];
-        let kill_after_ms = rng.next() % windows[pick];
+        let kill_after_ms = rng.next_u64() % windows[pick];
         // Every other run, the cuts keep a random part of the unsynced writes.
-        cut.randomize((i % 2 == 1).then(|| rng.next()));
+        cut.randomize((i % 2 == 1).then(|| rng.next_u64()));
         let env = sc.env().await;
         let faults = Faults {
             kill_after_ms: Some(kill_after_ms),

@@ -6,26 +6,8 @@
 //! `MNEME_SOAK_SEED` the seed; a failure prints the seed that reproduces it.
 
 use mneme_e2e::scenario::{self, Faults, Store};
+use mneme_e2e::{env_number, Rng};
 use std::time::Instant;
-
-/// xorshift64*: small, fast, and reproducible from its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-}
-
-fn env_number(name: &str) -> Option<u64> {
-    std::env::var(name).ok().map(|v| {
-        v.parse()
-            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number"))
-    })
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_sigkills_never_lose_or_repeat_anything() {
@@ -71,9 +53,9 @@ async fn soak(name: &str, store: Store, runs: u64) {
     }
     let mut crashes = 0;
     for i in 0..runs {
-        let pick = (rng.next() % scenarios.len() as u64) as usize;
+        let pick = (rng.next_u64() % scenarios.len() as u64) as usize;
         let (sc, (reference, window_ms)) = (&scenarios[pick], &references[pick]);
-        let kill_after_ms = rng.next() % window_ms;
+        let kill_after_ms = rng.next_u64() % window_ms;
         let env = sc.env_on(store).await;
         let faults = Faults {
             kill_after_ms: Some(kill_after_ms),
