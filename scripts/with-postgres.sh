@@ -8,7 +8,11 @@
 # throwaway self-signed certificate; plain connections allowed too), exports
 # its address as MNEME_TEST_PG and the certificate's path as
 # MNEME_TEST_PG_CA, runs the command, then stops the cluster and removes the
-# directory. The command's exit status is the script's.
+# directory. The command's exit status is the script's. For a test that stops
+# and starts the server itself (on a cluster of its own: run this script
+# around a command that waits), it also exports MNEME_TEST_PG_CTL (pg_ctl on
+# the cluster, as the server's user) and MNEME_TEST_PG_OPTIONS (the server's
+# options, for `$MNEME_TEST_PG_CTL -o "$MNEME_TEST_PG_OPTIONS" start`).
 set -euo pipefail
 export PATH="$PATH:/usr/sbin:/sbin"
 
@@ -67,15 +71,18 @@ printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digital
   && openssl x509 -req -in "$dir/server.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" \
       -CAcreateserial -days 2 -extfile "$dir/server.ext" -out "$dir/server.crt"; } >/dev/null 2>&1 \
     || { echo "with-postgres: openssl could not make the test certificates" >&2; exit 1; }
+options="-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=300 -c ssl=on -c ssl_cert_file=$dir/server.crt -c ssl_key_file=$dir/server.key"
 chmod 600 "$dir/server.key"
 chmod 644 "$dir/server.crt" "$dir/ca.crt"
 [ ${#as_pg[@]} -eq 0 ] || chown postgres "$dir/server.key" "$dir/server.crt"
 "${as_pg[@]}" "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
-    -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=300 -c ssl=on -c ssl_cert_file=$dir/server.crt -c ssl_key_file=$dir/server.key" start >/dev/null \
+    -o "$options" start >/dev/null \
     || { cat "$dir/server.log" >&2; exit 1; }
 
 export MNEME_TEST_PG="postgres://mneme@127.0.0.1:$port/postgres"
 export MNEME_TEST_PG_CA="$dir/ca.crt"
+export MNEME_TEST_PG_CTL="${as_pg[*]} $bin/pg_ctl -D $dir/data -l $dir/server.log -w -t 60"
+export MNEME_TEST_PG_OPTIONS="$options"
 echo "with-postgres: PostgreSQL $("$bin/postgres" --version | awk '{print $3}') at $MNEME_TEST_PG" >&2
 # The command runs in the background so that a signal to this script stops
 # the cluster at once (bash runs traps only between foreground commands).

@@ -532,3 +532,47 @@ async fn a_history_chained_again_passes_verify_but_not_its_signed_heads() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stdout(&out).contains("no head signed"), "{}", stdout(&out));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_signs_each_turn_and_verify_through_it_checks_the_heads() {
+    let world = World::new();
+    let keys = tempfile::tempdir().unwrap();
+    let key = keys.path().join("signing.key");
+    let out = world.run(&["keygen", "--out", key.to_str().unwrap()]).await;
+    let public = stdout(&out).trim().to_string();
+    let model = MockModel::start(
+        vec![MockReply::answer("Hello."), MockReply::answer("Again.")],
+        Fault::None,
+    )
+    .await;
+    let daemon = mneme_e2e::daemon::DaemonProcess::start(
+        &world.data(),
+        &["--signing-key", key.to_str().unwrap()],
+    )
+    .await;
+    let id = daemon.create(&agent_toml(&model.base_url(), &[])).await;
+    for text in ["one", "two"] {
+        let (status, _) = daemon
+            .post(
+                &format!("/sessions/{id}/messages"),
+                &json!({"text": text, "wait": true}),
+            )
+            .await;
+        assert_eq!(status, 200);
+    }
+    // Through the daemon that holds the data directory.
+    let out = world
+        .mneme()
+        .env("MNEME_TOKEN", mneme_e2e::daemon::TOKEN)
+        .args(["verify", &id, "--key", &public])
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("2 signed heads check out"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(daemon.terminate().await.success());
+}
