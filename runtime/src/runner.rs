@@ -64,9 +64,13 @@ pub struct Runner {
     calls: Option<(Arc<tokio::sync::Semaphore>, u32)>,
     /// Where streamed replies' text goes as it arrives.
     deltas: Option<DeltaSink>,
-    /// Signs each session's head at the end of each turn.
-    signer: Option<Arc<crate::signing::HeadSigner>>,
+    /// Signs each session's head at the end of each turn, and within a
+    /// turn once this many events were appended since the last signed head.
+    signer: Option<(Arc<crate::signing::HeadSigner>, u64)>,
 }
+
+/// Events a long turn appends between two signed heads, by default.
+pub const SIGN_EVERY: u64 = 1000;
 
 /// What a session's turns run with: its model client and its tools.
 pub struct TurnParts {
@@ -97,10 +101,11 @@ impl Runner {
         }
     }
 
-    /// Signs each session's head with `signer` at the end of each turn (a
-    /// `HeadSigned` record, durable like the rest).
-    pub fn with_signer(mut self, signer: Arc<crate::signing::HeadSigner>) -> Runner {
-        self.signer = Some(signer);
+    /// Signs each session's head with `signer` (a `HeadSigned` record,
+    /// durable like the rest) at the end of each turn, and at checkpoints
+    /// within a long one: every `every` events ([`SIGN_EVERY`] by default).
+    pub fn with_signer(mut self, signer: Arc<crate::signing::HeadSigner>, every: u64) -> Runner {
+        self.signer = Some((signer, every.max(1)));
         self
     }
 
@@ -203,7 +208,7 @@ impl Runner {
     /// Appends a signed statement of the session's head, if this runner
     /// signs.
     async fn sign_head(&self, session: &mut Session) -> Result<(), RuntimeError> {
-        let Some(signer) = &self.signer else {
+        let Some((signer, _)) = &self.signer else {
             return Ok(());
         };
         let (seq, hash) = session.head();
@@ -219,7 +224,14 @@ impl Runner {
         parts: &TurnParts,
     ) -> Result<TurnEnd, RuntimeError> {
         let (model, toolbox) = (&parts.model, &parts.toolbox);
+        let mut signed_at = session.head().0;
         loop {
+            if let Some((_, every)) = &self.signer {
+                if session.head().0 >= signed_at + every {
+                    self.sign_head(session).await?;
+                    signed_at = session.head().0;
+                }
+            }
             let plan = plan(session.state());
             let working = matches!(plan.next, NextStep::CallModel | NextStep::RunTools);
             if working {
@@ -758,6 +770,47 @@ mod tests {
     use super::*;
     use crate::snapshot::fresh_summary;
     use eventlog::{EventLog, SledLog};
+
+    #[tokio::test]
+    async fn a_long_turn_is_signed_at_checkpoints_and_at_its_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("script.json");
+        let call = r#"{"tool_calls": [{"name": "echo", "arguments": {}}]}"#;
+        std::fs::write(
+            &script,
+            format!(r#"{{"replies": [{call}, {call}, {call}, {{"content": "done"}}]}}"#),
+        )
+        .unwrap();
+        let spec: replay::AgentSpec = toml::from_str(&format!(
+            "name = \"t\"\n[model]\nprovider = \"scripted\"\nscript = {:?}\n\
+             [[tools]]\nname = \"echo\"\nkind = \"command\"\ncommand = [\"sh\", \"-c\", \"echo 1\"]\neffect = \"read_only\"\n",
+            script.to_str().unwrap()
+        ))
+        .unwrap();
+        let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.path().join("data")).unwrap());
+        let mut session = Session::create(log.clone(), spec).await.unwrap();
+        session
+            .append(vec![Event::UserMessage { text: "go".into() }], None)
+            .await
+            .unwrap();
+        let signer = crate::signing::HeadSigner::generate(&dir.path().join("key")).unwrap();
+        let runner = Runner::new(Durability::Flushed).with_signer(Arc::new(signer), 4);
+        let end = runner.drive(&mut session).await.unwrap();
+        assert_eq!(end, TurnEnd::Answered("done".into()));
+        let records = crate::session::read_events(log.as_ref(), session.id())
+            .await
+            .unwrap();
+        let signed: Vec<u64> = (records.iter())
+            .filter_map(|(_, e)| match e {
+                Event::HeadSigned { seq, .. } => Some(*seq),
+                _ => None,
+            })
+            .collect();
+        // From seq 2, a step at a time (a reply; a call's start and finish):
+        // at seq 6 four events were appended (signed, as seq 7); at 12 five
+        // more since 7; the answer at 14 ends the turn.
+        assert_eq!(signed, [6, 12, 14]);
+    }
 
     #[tokio::test]
     async fn a_drive_that_comes_to_rest_writes_the_summary_and_one_mid_turn_does_not() {

@@ -208,7 +208,7 @@ impl Service {
     pub fn runner(&self) -> Runner {
         let runner = Runner::new(self.durability);
         match &self.signer {
-            Some(signer) => runner.with_signer(signer.clone()),
+            Some(signer) => runner.with_signer(signer.clone(), crate::runner::SIGN_EVERY),
             None => runner,
         }
     }

@@ -5,7 +5,8 @@
 //! signed with a key kept outside the data directory (`mneme keygen`) says
 //! "session S's record N had hash H at time T"; a rewritten history no
 //! longer matches it, and nobody without the key can sign the new one.
-//! Heads are signed at the end of each turn, as records of their own
+//! Heads are signed at the end of each turn and every 1,000 events within
+//! a long one (`runner::SIGN_EVERY`), as records of their own
 //! (`HeadSigned`), so they travel with the log (export, import, PostgreSQL).
 
 use crate::error::RuntimeError;
