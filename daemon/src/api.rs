@@ -713,16 +713,32 @@ async fn continue_after_decision(
 /// The log as JSON (an array), or with `follow=true` as Server-Sent
 /// Events: history first, then each new event once it is durable. Either
 /// way the log is read a page of [`PAGE`] records at a time, so a client
-/// costs one page of memory however long the session is.
+/// costs one page of memory however long the session is. Each event's SSE
+/// `id` is its seq; a `Last-Event-ID` header (a reconnecting EventSource
+/// sends it) starts the stream after that seq, as `after` does.
 #[utoipa::path(get, path = "/sessions/{id}/events", params(SessionPath, EventsQuery),
     responses((status = 200,
-        description = "The audit trail; with `follow=true`, Server-Sent Events named by each event's kind, their data an `EventRecord`",
+        description = "The audit trail; with `follow=true`, Server-Sent Events named by each event's kind, with the seq as their id and an `EventRecord` as their data",
         content((Vec<EventRecord> = "application/json"), (String = "text/event-stream")))))]
 async fn events(
     State(state): State<AppState>,
     Path(id): Path<Uuid>,
     Query(q): Query<EventsQuery>,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    // A browser's EventSource reconnects with the id of the last event it
+    // had: the stream goes on after it, losing and repeating nothing.
+    let resumed = headers
+        .get("last-event-id")
+        .map(|v| {
+            v.to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .ok_or_else(|| {
+                    bad_request("Last-Event-ID: expected the seq of an event (a number)")
+                })
+        })
+        .transpose()?;
     let daemon = state.daemon.clone();
     let kinds: Option<Vec<String>> = q.kind.map(|k| k.split(',').map(String::from).collect());
     // Subscribe before reading the head, so nothing falls in between.
@@ -740,7 +756,7 @@ async fn events(
     let mut stream = Follow {
         daemon,
         id,
-        next: q.after.unwrap_or(0) + 1,
+        next: resumed.or(q.after).unwrap_or(0) + 1,
         // Only durable events: a turn's latest appends wait for their barrier.
         target: 0,
         heads,
@@ -930,6 +946,7 @@ impl Follow {
                 if let Some(row) = f.buffer.pop_front() {
                     let event = SseEvent::default()
                         .event(row["kind"].as_str().unwrap_or("event"))
+                        .id(row["seq"].to_string())
                         .data(row.to_string());
                     return Some((Ok(event), f));
                 }

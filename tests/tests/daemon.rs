@@ -661,3 +661,43 @@ async fn a_hot_session_changed_between_turns_is_loaded_again() {
     assert_eq!(verified["ok"], true, "{verified}");
     daemon.kill().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_stream_resumes_after_the_last_event_id_it_had() {
+    let world = World::new();
+    let model = MockModel::start(vec![MockReply::answer("one")], Fault::None).await;
+    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let id = daemon.create(&agent_toml(&model.base_url(), &[])).await;
+    let (status, _) = daemon
+        .post(
+            &format!("/sessions/{id}/messages"),
+            &json!({"text": "go", "wait": true}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    // Each frame's id is its seq; a reconnect from id 2 goes on at 3.
+    let response = daemon
+        .http
+        .get(daemon.url(&format!("/sessions/{id}/events?follow=true")))
+        .header("last-event-id", "2")
+        .send()
+        .await
+        .unwrap();
+    let mut stream = response.bytes_stream();
+    let mut seen = String::new();
+    mneme_e2e::daemon::read_until(&mut stream, &mut seen, "id: 3").await;
+    assert!(
+        !seen.contains("id: 1\n") && !seen.contains("id: 2\n"),
+        "{seen}"
+    );
+    assert!(seen.contains("event: ModelReplied"), "{seen}");
+    let refused = daemon
+        .http
+        .get(daemon.url(&format!("/sessions/{id}/events?follow=true")))
+        .header("last-event-id", "x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+    assert!(daemon.terminate().await.success());
+}
