@@ -402,94 +402,48 @@ static void after_write(int fd, const char *path, ssize_t r) {
 
 #define LEAVE() pthread_mutex_unlock(&lock)
 
+/* One write-like call on `fd`: journals what the bytes at `offset` (an
+ * expression that may use `path_`, the file's path) held before `len`
+ * bytes go there, makes the call, notes what it wrote, and returns its
+ * result with its errno. */
+#define JOURNALED_WRITE(fd, offset, len, call)                                          \
+    do {                                                                                \
+        ENTER();                                                                        \
+        char path_[PATH_MAX];                                                           \
+        int tracked_ = fd_path((fd), path_, 0);                                         \
+        if (tracked_)                                                                   \
+            before_write(path_, (offset), (len));                                       \
+        ssize_t r_ = (call);                                                            \
+        int e_ = errno;                                                                 \
+        if (tracked_)                                                                   \
+            after_write((fd), path_, r_);                                               \
+        LEAVE();                                                                        \
+        errno = e_;                                                                     \
+        return r_;                                                                      \
+    } while (0)
+
 ssize_t write(int fd, const void *data, size_t n) {
-    ENTER();
-    char path[PATH_MAX];
-    int tracked = fd_path(fd, path, 0);
-    if (tracked)
-        before_write(path, current_offset(fd, path), n);
-    ssize_t r = real_write(fd, data, n);
-    int e = errno;
-    if (tracked)
-        after_write(fd, path, r);
-    LEAVE();
-    errno = e;
-    return r;
+    JOURNALED_WRITE(fd, current_offset(fd, path_), n, real_write(fd, data, n));
 }
 
 ssize_t pwrite(int fd, const void *data, size_t n, off_t off) {
-    ENTER();
-    char path[PATH_MAX];
-    int tracked = fd_path(fd, path, 0);
-    if (tracked)
-        before_write(path, (uint64_t)off, n);
-    ssize_t r = real_pwrite(fd, data, n, off);
-    int e = errno;
-    if (tracked)
-        after_write(fd, path, r);
-    LEAVE();
-    errno = e;
-    return r;
+    JOURNALED_WRITE(fd, (uint64_t)off, n, real_pwrite(fd, data, n, off));
 }
 
 ssize_t pwrite64(int fd, const void *data, size_t n, off64_t off) {
-    ENTER();
-    char path[PATH_MAX];
-    int tracked = fd_path(fd, path, 0);
-    if (tracked)
-        before_write(path, (uint64_t)off, n);
-    ssize_t r = real_pwrite64(fd, data, n, off);
-    int e = errno;
-    if (tracked)
-        after_write(fd, path, r);
-    LEAVE();
-    errno = e;
-    return r;
+    JOURNALED_WRITE(fd, (uint64_t)off, n, real_pwrite64(fd, data, n, off));
 }
 
 ssize_t writev(int fd, const struct iovec *iov, int cnt) {
-    ENTER();
-    char path[PATH_MAX];
-    int tracked = fd_path(fd, path, 0);
-    if (tracked)
-        before_write(path, current_offset(fd, path), iov_len(iov, cnt));
-    ssize_t r = real_writev(fd, iov, cnt);
-    int e = errno;
-    if (tracked)
-        after_write(fd, path, r);
-    LEAVE();
-    errno = e;
-    return r;
+    JOURNALED_WRITE(fd, current_offset(fd, path_), iov_len(iov, cnt), real_writev(fd, iov, cnt));
 }
 
 ssize_t pwritev(int fd, const struct iovec *iov, int cnt, off_t off) {
-    ENTER();
-    char path[PATH_MAX];
-    int tracked = fd_path(fd, path, 0);
-    if (tracked)
-        before_write(path, (uint64_t)off, iov_len(iov, cnt));
-    ssize_t r = real_pwritev(fd, iov, cnt, off);
-    int e = errno;
-    if (tracked)
-        after_write(fd, path, r);
-    LEAVE();
-    errno = e;
-    return r;
+    JOURNALED_WRITE(fd, (uint64_t)off, iov_len(iov, cnt), real_pwritev(fd, iov, cnt, off));
 }
 
 ssize_t pwritev64(int fd, const struct iovec *iov, int cnt, off64_t off) {
-    ENTER();
-    char path[PATH_MAX];
-    int tracked = fd_path(fd, path, 0);
-    if (tracked)
-        before_write(path, (uint64_t)off, iov_len(iov, cnt));
-    ssize_t r = real_pwritev64(fd, iov, cnt, off);
-    int e = errno;
-    if (tracked)
-        after_write(fd, path, r);
-    LEAVE();
-    errno = e;
-    return r;
+    JOURNALED_WRITE(fd, (uint64_t)off, iov_len(iov, cnt), real_pwritev64(fd, iov, cnt, off));
 }
 
 int ftruncate(int fd, off_t len) {
