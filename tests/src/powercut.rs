@@ -472,6 +472,19 @@ pub struct Tally {
     pub problems: Vec<String>,
 }
 
+impl Tally {
+    /// What the cuts dropped, as the summary lines say it: `cuts N (M
+    /// dropping store writes), writes dropped W (bytes B), unsynced writes
+    /// kept K (torn T)`.
+    pub fn cuts_line(&self) -> String {
+        let d = &self.dropped;
+        format!(
+            "cuts {} ({} dropping store writes), writes dropped {} (bytes {}), unsynced writes kept {} (torn {})",
+            self.cuts, self.cuts_dropping, d.writes, d.bytes, d.survived, d.torn
+        )
+    }
+}
+
 impl PowerCut {
     /// A new tally, the driver's commands at `durability`.
     pub fn new(durability: Option<&'static str>) -> PowerCut {

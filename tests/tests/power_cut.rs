@@ -138,14 +138,9 @@ async fn power_cuts_lose_nothing_a_synced_barrier_acknowledged() {
     let tally = cut.tally.lock().unwrap();
     violations.extend(tally.problems.iter().cloned());
     scenario::report(&format!(
-        "power cut (synced): seed {seed}, runs {total_runs} ({} at crash points, {runs} at random instants), processes killed {processes} ({killed_at_random} at random), cuts {} ({} dropping store writes), writes dropped {} (bytes {}), unsynced writes kept {} (torn {}), files unmade {}, renames undone {}, events lost {} (none acknowledged), violations {}",
+        "power cut (synced): seed {seed}, runs {total_runs} ({} at crash points, {runs} at random instants), processes killed {processes} ({killed_at_random} at random), {}, files unmade {}, renames undone {}, events lost {} (none acknowledged), violations {}",
         sc.points.len(),
-        tally.cuts,
-        tally.cuts_dropping,
-        tally.dropped.writes,
-        tally.dropped.bytes,
-        tally.dropped.survived,
-        tally.dropped.torn,
+        tally.cuts_line(),
         tally.dropped.created,
         tally.dropped.renames,
         tally.events_lost,
@@ -294,13 +289,8 @@ async fn power_cuts_under_flushed_lose_records_but_corrupt_nothing() {
     }
     let tally = cut.tally.lock().unwrap();
     scenario::report(&format!(
-        "power cut (flushed): seed {seed}, runs {runs}, cuts {} ({} dropping store writes), writes dropped {} (bytes {}), unsynced writes kept {} (torn {}), events lost {}, sessions not brought to an end {}, corruption {}",
-        tally.cuts,
-        tally.cuts_dropping,
-        tally.dropped.writes,
-        tally.dropped.bytes,
-        tally.dropped.survived,
-        tally.dropped.torn,
+        "power cut (flushed): seed {seed}, runs {runs}, {}, events lost {}, sessions not brought to an end {}, corruption {}",
+        tally.cuts_line(),
         tally.events_lost,
         unfinished.len(),
         tally.problems.len()
