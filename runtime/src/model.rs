@@ -534,7 +534,7 @@ fn parse_reply(url: &str, text: &str) -> Result<ModelReply, ModelError> {
 pub const MAX_SCRIPT_BYTES: u64 = 16 << 20;
 
 /// Reads a regular file of at most `limit` bytes as text.
-fn read_small_file(path: &str, limit: u64) -> Result<String, String> {
+pub(crate) fn read_small_file(path: &str, limit: u64) -> Result<String, String> {
     use std::io::Read;
     let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
     let meta = file.metadata().map_err(|e| e.to_string())?;

@@ -15,6 +15,15 @@ use replay::Event;
 use std::path::Path;
 use uuid::Uuid;
 
+/// The most of a key file read: a key is 64 hex digits and a line end.
+const MAX_KEY_FILE_BYTES: u64 = 4096;
+
+/// The text of key file `path`, a regular file of at most
+/// [`MAX_KEY_FILE_BYTES`].
+fn read_key_file(path: &Path) -> Result<String, String> {
+    crate::model::read_small_file(&path.display().to_string(), MAX_KEY_FILE_BYTES)
+}
+
 /// The bytes a head's signature covers.
 pub fn statement(session: Uuid, seq: u64, hash: &str, at_ms: i64) -> Vec<u8> {
     format!("mneme signed head v1\n{session}\n{seq}\n{hash}\n{at_ms}\n").into_bytes()
@@ -76,7 +85,7 @@ impl HeadSigner {
                 ),
             ));
         }
-        let text = std::fs::read_to_string(path).map_err(|e| error(path, e))?;
+        let text = read_key_file(path).map_err(|e| error(path, e))?;
         let seed: [u8; 32] = hex::decode(text.trim())
             .ok()
             .and_then(|b| b.try_into().ok())
@@ -112,7 +121,7 @@ impl HeadKey {
     /// The key `given` names: 64 hex digits, or a file holding them.
     pub fn parse(given: &str) -> Result<HeadKey, RuntimeError> {
         let text = match Path::new(given).is_file() {
-            true => std::fs::read_to_string(given)
+            true => read_key_file(Path::new(given))
                 .map_err(|e| RuntimeError::Signing(format!("public key {given}: {e}")))?,
             false => given.to_string(),
         };
@@ -216,5 +225,12 @@ mod tests {
                 .public_hex(),
             signer.public_hex()
         );
+        let big = dir.path().join("big");
+        std::fs::write(&big, "a".repeat(5000)).unwrap();
+        let refused = HeadKey::parse(big.to_str().unwrap())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(refused.contains("larger than 4096 bytes"), "{refused}");
     }
 }

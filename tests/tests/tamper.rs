@@ -497,6 +497,14 @@ async fn a_history_chained_again_passes_verify_but_not_its_signed_heads() {
         "{}",
         stdout(&out)
     );
+    // A device named as the key is never read: refused as a key.
+    let out = world.run(&["verify", &session, "--key", "/dev/zero"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("\"/dev/zero\": not 64 hex digits"),
+        "{}",
+        stderr(&out)
+    );
     let out = world
         .run(&["verify", &session, "--key", &other_public])
         .await;
