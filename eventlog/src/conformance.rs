@@ -50,6 +50,7 @@ macro_rules! conformance_tests {
             a_tampered_record_is_refused_by_read_and_verify,
             a_missing_record_is_refused_by_read_bounded_read_and_verify,
             derived_data_is_kept_per_session_and_name,
+            a_key_is_kept_once_per_session_until_destroyed,
             import_copies_records_byte_for_byte,
             import_refuses_a_broken_chain_and_stores_nothing,
             a_record_over_the_size_limit_is_refused_and_nothing_is_stored,
@@ -417,6 +418,25 @@ pub async fn derived_data_is_kept_per_session_and_name<B: Backend>(b: &B) {
         log.get_derived_many("snapshot", &[t, s, t]).await.unwrap(),
         vec![None, Some(b"three".to_vec()), None]
     );
+}
+
+/// The first key put for a session is the one kept, across handles, until
+/// it is destroyed; destroying it again, or another session's, is harmless.
+pub async fn a_key_is_kept_once_per_session_until_destroyed<B: Backend>(b: &B) {
+    let store = b.create().await;
+    let log = b.open(&store).await.unwrap();
+    let (s, t) = (Uuid::now_v7(), Uuid::now_v7());
+    assert_eq!(log.get_key(s).await.unwrap(), None);
+    assert_eq!(log.put_key(s, b"first").await.unwrap(), b"first");
+    assert_eq!(log.put_key(s, b"second").await.unwrap(), b"first");
+    assert_eq!(log.put_key(t, b"other").await.unwrap(), b"other");
+    drop(log);
+    let log = b.open(&store).await.unwrap();
+    assert_eq!(log.get_key(s).await.unwrap().as_deref(), Some(&b"first"[..]));
+    log.destroy_key(s).await.unwrap();
+    log.destroy_key(s).await.unwrap();
+    assert_eq!(log.get_key(s).await.unwrap(), None);
+    assert_eq!(log.get_key(t).await.unwrap().as_deref(), Some(&b"other"[..]));
 }
 
 /// Records imported from another store read back identical (same hashes,

@@ -19,11 +19,13 @@
 pub mod conformance;
 pub mod crash;
 mod envelope;
+mod keys;
 mod lease;
 mod sled_log;
 mod wal;
 
 pub use envelope::{Envelope, Hash, NewEvent, Record, MAX_RECORD_BYTES, RECORD_FORMAT};
+pub use keys::KEYS_DIR;
 pub use lease::{Lease, LocalLeases};
 pub use sled_log::{sled_config, SledLog, Totals};
 pub use wal::TornTail;
@@ -249,6 +251,14 @@ pub enum LogError {
         /// [`MAX_RECORD_BYTES`].
         limit: u64,
     },
+    /// A session's records are encrypted at rest and cannot be read here.
+    #[error("session {session}: its records are encrypted at rest, and {reason}")]
+    Encrypted {
+        /// The session.
+        session: Uuid,
+        /// Why they cannot be read (no master key, the wrong one).
+        reason: String,
+    },
     /// An event could not be encoded.
     #[error("cannot encode event of kind {kind}: {reason}")]
     Encode {
@@ -339,6 +349,24 @@ pub trait EventLog: Send + Sync {
         }
         Ok(out)
     }
+
+    /// The key kept for `session` by [`EventLog::put_key`], unless it was
+    /// destroyed. Keys are opaque bytes to the log (the caller wraps
+    /// them); they live beside the chain, not in it.
+    async fn get_key(&self, session: Uuid) -> Result<Option<Vec<u8>>, LogError>;
+
+    /// Keeps `key` for `session` unless a key is kept for it already, and
+    /// returns the key kept (of two racing callers, both get the winner's).
+    /// Durable when it returns, whatever the barriers: records written
+    /// under a key must never outlive it by accident.
+    async fn put_key(&self, session: Uuid, key: &[u8]) -> Result<Vec<u8>, LogError>;
+
+    /// Destroys the key of `session` for good: after it returns, no file
+    /// this store controls holds it (sled: the key file is overwritten
+    /// with zeros, synced and removed; PostgreSQL: the row is deleted and
+    /// the table vacuumed, though the server's write-ahead segments keep it
+    /// until they are recycled). Destroying a key not kept does nothing.
+    async fn destroy_key(&self, session: Uuid) -> Result<(), LogError>;
 
     /// Returns once everything appended before the call is at least as
     /// durable as `durability` says.

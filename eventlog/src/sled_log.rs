@@ -656,6 +656,17 @@ impl Shared {
         Ok(())
     }
 
+    fn keys(&self) -> crate::keys::KeyFiles {
+        crate::keys::KeyFiles::new(&self.dir)
+    }
+
+    fn key_io(&self, source: std::io::Error) -> LogError {
+        LogError::Io {
+            path: self.dir.join(crate::KEYS_DIR).display().to_string(),
+            source,
+        }
+    }
+
     fn storage(&self, source: sled::Error) -> LogError {
         LogError::Storage {
             dir: self.dir.display().to_string(),
@@ -1244,6 +1255,35 @@ impl EventLog for SledLog {
             .insert(derived_key(session, name), bytes)
             .map(drop)
             .map_err(|e| self.shared.storage(e))
+    }
+
+    /// On the blocking pool: a file read.
+    async fn get_key(&self, session: Uuid) -> Result<Option<Vec<u8>>, LogError> {
+        self.blocking(move |shared| shared.keys().get(session).map_err(|e| shared.key_io(e)))
+            .await
+    }
+
+    /// On the blocking pool: a file written and synced.
+    async fn put_key(&self, session: Uuid, key: &[u8]) -> Result<Vec<u8>, LogError> {
+        let key = key.to_vec();
+        self.blocking(move |shared| {
+            shared
+                .keys()
+                .put(session, &key)
+                .map_err(|e| shared.key_io(e))
+        })
+        .await
+    }
+
+    /// On the blocking pool: a file overwritten, synced and removed.
+    async fn destroy_key(&self, session: Uuid) -> Result<(), LogError> {
+        self.blocking(move |shared| {
+            shared
+                .keys()
+                .destroy(session)
+                .map_err(|e| shared.key_io(e))
+        })
+        .await
     }
 
     /// Inline: a point lookup in sled's page cache.

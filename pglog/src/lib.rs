@@ -621,6 +621,57 @@ impl EventLog for PgLog {
         .map(drop)
     }
 
+    async fn get_key(&self, session: Uuid) -> Result<Option<Vec<u8>>, LogError> {
+        let rows = self
+            .db()
+            .query(
+                "read a session key",
+                "SELECT wrapped FROM mneme_session_keys WHERE session = $1",
+                &[&session],
+            )
+            .await?;
+        Ok(rows.first().map(|row| row.get(0)))
+    }
+
+    /// One statement: an insert that finds a key returns it. One that lost
+    /// a race to a transaction its snapshot does not see reads again.
+    async fn put_key(&self, session: Uuid, key: &[u8]) -> Result<Vec<u8>, LogError> {
+        let key = key.to_vec();
+        let rows = self
+            .db()
+            .query(
+                "store a session key",
+                "WITH new AS (INSERT INTO mneme_session_keys (session, wrapped) VALUES ($1, $2) \
+                     ON CONFLICT (session) DO NOTHING RETURNING wrapped) \
+                 SELECT wrapped FROM new UNION ALL \
+                 SELECT wrapped FROM mneme_session_keys WHERE session = $1",
+                &[&session, &key],
+            )
+            .await?;
+        match rows.first() {
+            Some(row) => Ok(row.get(0)),
+            None => Ok(self.get_key(session).await?.unwrap_or(key)),
+        }
+    }
+
+    /// Deletes the row, then vacuums the table so the dead row's bytes are
+    /// reclaimed in the table's pages (the server's write-ahead segments
+    /// keep it until recycled).
+    async fn destroy_key(&self, session: Uuid) -> Result<(), LogError> {
+        let db = self.db();
+        db.query(
+            "destroy a session key",
+            "DELETE FROM mneme_session_keys WHERE session = $1",
+            &[&session],
+        )
+        .await?;
+        let client = db.client().await?;
+        client
+            .batch_execute("VACUUM mneme_session_keys")
+            .await
+            .map_err(db.fail("vacuum the session keys"))
+    }
+
     async fn get_derived(&self, session: Uuid, name: &str) -> Result<Option<Vec<u8>>, LogError> {
         let db = self.db();
         let name = name.to_string();

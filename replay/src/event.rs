@@ -140,6 +140,16 @@ pub enum Event {
         /// Who asked.
         by: String,
     },
+    /// The session's content was erased on request: its key was destroyed,
+    /// so the personal fields of every event (see
+    /// [`Event::personal_fields_mut`]) read as [`ERASED`] from here on.
+    /// Nothing runs in the session again.
+    SessionErased {
+        /// Why (a request, a retention window).
+        reason: String,
+        /// Who asked.
+        by: String,
+    },
     /// An MCP server now lists tools other than the ones the session
     /// pinned. Reported only: the session goes on with what it pinned.
     McpToolsChanged {
@@ -202,6 +212,9 @@ pub struct ModelReply {
 fn is_zero(n: &u64) -> bool {
     *n == 0
 }
+
+/// What a personal field of an erased session reads as.
+pub const ERASED: &str = "[erased]";
 
 /// The `finish_reason` of a reply the token limit cut off.
 pub const CUT_OFF: &str = "length";
@@ -312,6 +325,7 @@ impl Event {
         "McpToolsRefreshed",
         "SpecChanged",
         "HeadSigned",
+        "SessionErased",
     ];
 
     /// The name of this kind of event, as stored in the envelope.
@@ -335,6 +349,38 @@ impl Event {
             Event::McpToolsChanged { .. } => "McpToolsChanged",
             Event::McpToolsRefreshed { .. } => "McpToolsRefreshed",
             Event::SpecChanged { .. } => "SpecChanged",
+            Event::SessionErased { .. } => "SessionErased",
+        }
+    }
+
+    /// The fields of this event that hold what people and tools said: user
+    /// messages, the model's text and call arguments, tool results,
+    /// results given by a person, summaries, and failure messages (which
+    /// may quote a server). In a fixed order for each kind, so a list of
+    /// values taken from an event can be put back into its outline.
+    /// Everything else (kinds, ids, names, effects, idempotency keys,
+    /// tokens, times, the agent spec) is what operating a session needs.
+    pub fn personal_fields_mut(&mut self) -> Vec<&mut String> {
+        match self {
+            Event::UserMessage { text } => vec![text],
+            Event::ModelReplied(reply) => reply
+                .content
+                .iter_mut()
+                .chain(reply.tool_calls.iter_mut().map(|c| &mut c.arguments))
+                .collect(),
+            Event::ToolStarted { args, .. } => vec![args],
+            Event::ToolFinished { outcome, .. } => match outcome {
+                ToolOutcome::Ok(text) | ToolOutcome::Err(text) => vec![text],
+            },
+            Event::ToolResolved { resolution, .. } => match resolution {
+                Resolution::Skip(text) | Resolution::Fail(text) => vec![text],
+                Resolution::Retry => vec![],
+            },
+            Event::ContextCompacted { summary, .. } => vec![summary],
+            Event::SessionFinished {
+                outcome: SessionOutcome::Failed(error),
+            } => vec![error],
+            _ => vec![],
         }
     }
 

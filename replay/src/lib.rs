@@ -13,7 +13,7 @@ pub mod state;
 
 pub use event::{
     digest_hex, idempotency_key, DecodeError, Event, ModelReply, Resolution, SessionOutcome,
-    ToolCall, ToolOutcome, Usage, EVENT_SCHEMA,
+    ToolCall, ToolOutcome, Usage, ERASED, EVENT_SCHEMA,
 };
 pub use plan::{plan, CallDecision, CallPlan, NextStep, ResumePlan};
 pub use prompt::{

@@ -51,6 +51,8 @@ pub enum NextStep {
     Failed(String),
     /// Cancelled (by whom): nothing runs until a new user message.
     Cancelled(String),
+    /// Its content was erased (by whom): nothing runs in it again.
+    Erased(String),
     /// The next step would exceed a budget of the turn (`[limits]`): record
     /// a budget pause; only a resume that extends the budget continues.
     OverBudget(String),
@@ -76,7 +78,9 @@ pub fn plan(state: &SessionState) -> ResumePlan {
             decision: decide(state, c),
         })
         .collect();
-    let next = if let Some(by) = &state.cancelled {
+    let next = if let Some((by, _)) = &state.erased {
+        NextStep::Erased(by.clone())
+    } else if let Some(by) = &state.cancelled {
         NextStep::Cancelled(by.clone())
     } else if let Some(error) = &state.failed {
         NextStep::Failed(error.clone())

@@ -67,6 +67,8 @@ pub enum Status {
     Failed,
     /// Cancelled; a new user message reopens it.
     Cancelled,
+    /// Its content was erased; nothing runs in it again.
+    Erased,
 }
 
 impl std::fmt::Display for Status {
@@ -78,6 +80,7 @@ impl std::fmt::Display for Status {
             Status::Paused => "paused",
             Status::Failed => "failed",
             Status::Cancelled => "cancelled",
+            Status::Erased => "erased",
         })
     }
 }
@@ -92,7 +95,7 @@ impl Status {
         match self {
             Status::Running | Status::Failed => true,
             Status::Paused => !waits_for_a_person,
-            Status::Empty | Status::Idle | Status::Cancelled => false,
+            Status::Empty | Status::Idle | Status::Cancelled | Status::Erased => false,
         }
     }
 }
@@ -109,6 +112,7 @@ impl std::str::FromStr for Status {
             Status::Paused,
             Status::Failed,
             Status::Cancelled,
+            Status::Erased,
         ]
         .into_iter()
         .find(|status| status.to_string() == s)
@@ -215,6 +219,9 @@ pub struct SessionState {
     pub failed: Option<String>,
     /// Who cancelled the session; cleared by a new user message.
     pub cancelled: Option<String>,
+    /// Who erased the session's content, and why: for good.
+    #[serde(default)]
+    pub erased: Option<(String, String)>,
     /// The session and seq this one was forked from.
     pub forked_from: Option<(uuid::Uuid, u64)>,
     /// How many entries (from the start of the conversation) a summary
@@ -383,6 +390,7 @@ impl SessionState {
             Event::McpToolsChanged { server, changes } => {
                 self.mcp_changes.insert(server, changes);
             }
+            Event::SessionErased { reason, by } => self.erased = Some((by, reason)),
             // A signature vouches for the log; it changes no state.
             Event::HeadSigned { .. } => {}
             Event::McpToolsRefreshed { server, tools, .. } => {
@@ -542,6 +550,9 @@ impl SessionState {
     pub fn status(&self) -> Status {
         if self.spec.is_none() {
             return Status::Empty;
+        }
+        if self.erased.is_some() {
+            return Status::Erased;
         }
         if self.cancelled.is_some() {
             return Status::Cancelled;

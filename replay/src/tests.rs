@@ -586,6 +586,53 @@ fn a_cancelled_session_runs_nothing_until_a_new_message() {
 }
 
 #[test]
+fn an_erased_session_runs_nothing_ever_again() {
+    let mut events = story()[..3].to_vec();
+    events.push(Event::SessionErased {
+        reason: "asked".into(),
+        by: "dpo".into(),
+    });
+    events.push(Event::UserMessage {
+        text: "again".into(),
+    });
+    let state = fold(&events);
+    assert_eq!(state.status(), Status::Erased);
+    assert_eq!(plan(&state).next, NextStep::Erased("dpo".into()));
+    assert!(!state.status().resumable(false));
+}
+
+/// Taking the personal fields out of every event of a story and putting
+/// them back gives the story; what is left outside holds none of them.
+#[test]
+fn personal_fields_come_out_and_go_back_in_order() {
+    let mut all = story();
+    all.push(Event::ToolResolved {
+        call_id: "c9".into(),
+        resolution: Resolution::Skip("{\"secret\":1}".into()),
+        by: "me".into(),
+    });
+    all.push(Event::SessionFinished {
+        outcome: SessionOutcome::Failed("server said: secret".into()),
+    });
+    for event in all {
+        let mut outline = event.clone();
+        let taken: Vec<String> = outline
+            .personal_fields_mut()
+            .into_iter()
+            .map(|field| std::mem::replace(field, ERASED.into()))
+            .collect();
+        let encoded = String::from_utf8_lossy(&outline.encode()).into_owned();
+        for value in taken.iter().filter(|v| v.len() > 3) {
+            assert!(!encoded.contains(value.as_str()), "{value} left in {outline:?}");
+        }
+        for (field, value) in outline.personal_fields_mut().into_iter().zip(taken) {
+            *field = value;
+        }
+        assert_eq!(outline, event);
+    }
+}
+
+#[test]
 fn kv_bytes_per_token_match_the_seed() {
     let mha_7b = KvShape {
         layers: 32,
@@ -718,6 +765,10 @@ fn golden_bytes_of_every_event_kind() {
         at_ms: 1_764_547_200_000,
         key: "cd".repeat(32),
         signature: "ef".repeat(64),
+    });
+    all.push(Event::SessionErased {
+        reason: "asked".into(),
+        by: "dpo".into(),
     });
     let text: String = all
         .iter()
