@@ -432,11 +432,17 @@ pub async fn a_key_is_kept_once_per_session_until_destroyed<B: Backend>(b: &B) {
     assert_eq!(log.put_key(t, b"other").await.unwrap(), b"other");
     drop(log);
     let log = b.open(&store).await.unwrap();
-    assert_eq!(log.get_key(s).await.unwrap().as_deref(), Some(&b"first"[..]));
+    assert_eq!(
+        log.get_key(s).await.unwrap().as_deref(),
+        Some(&b"first"[..])
+    );
     log.destroy_key(s).await.unwrap();
     log.destroy_key(s).await.unwrap();
     assert_eq!(log.get_key(s).await.unwrap(), None);
-    assert_eq!(log.get_key(t).await.unwrap().as_deref(), Some(&b"other"[..]));
+    assert_eq!(
+        log.get_key(t).await.unwrap().as_deref(),
+        Some(&b"other"[..])
+    );
 }
 
 /// Records imported from another store read back identical (same hashes,

@@ -1277,13 +1277,8 @@ impl EventLog for SledLog {
 
     /// On the blocking pool: a file overwritten, synced and removed.
     async fn destroy_key(&self, session: Uuid) -> Result<(), LogError> {
-        self.blocking(move |shared| {
-            shared
-                .keys()
-                .destroy(session)
-                .map_err(|e| shared.key_io(e))
-        })
-        .await
+        self.blocking(move |shared| shared.keys().destroy(session).map_err(|e| shared.key_io(e)))
+            .await
     }
 
     /// Inline: a point lookup in sled's page cache.

@@ -623,7 +623,10 @@ fn personal_fields_come_out_and_go_back_in_order() {
             .collect();
         let encoded = String::from_utf8_lossy(&outline.encode()).into_owned();
         for value in taken.iter().filter(|v| v.len() > 3) {
-            assert!(!encoded.contains(value.as_str()), "{value} left in {outline:?}");
+            assert!(
+                !encoded.contains(value.as_str()),
+                "{value} left in {outline:?}"
+            );
         }
         for (field, value) in outline.personal_fields_mut().into_iter().zip(taken) {
             *field = value;

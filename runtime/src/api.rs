@@ -34,6 +34,8 @@ pub enum SessionStatus {
     Failed,
     /// Cancelled; a new user message reopens it.
     Cancelled,
+    /// Its content was erased; nothing runs in it again.
+    Erased,
     /// Its log could not be read (only in a listing, with the error).
     Unreadable,
 }
@@ -48,6 +50,7 @@ impl SessionStatus {
             SessionStatus::Paused => "paused",
             SessionStatus::Failed => "failed",
             SessionStatus::Cancelled => "cancelled",
+            SessionStatus::Erased => "erased",
             SessionStatus::Unreadable => "unreadable",
         }
     }
@@ -77,6 +80,7 @@ impl From<replay::Status> for SessionStatus {
             replay::Status::Paused => SessionStatus::Paused,
             replay::Status::Failed => SessionStatus::Failed,
             replay::Status::Cancelled => SessionStatus::Cancelled,
+            replay::Status::Erased => SessionStatus::Erased,
         }
     }
 }

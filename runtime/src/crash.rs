@@ -27,6 +27,8 @@ pub const IN_DOUBT_APPENDED: CrashPoint = CrashPoint::named("in_doubt_appended")
 pub const DECISION_APPENDED: CrashPoint = CrashPoint::named("decision_appended");
 /// A turn's answer is durable.
 pub const TURN_ANSWERED: CrashPoint = CrashPoint::named("turn_answered");
+/// An erasure is recorded and durable; the session's key is not destroyed.
+pub const ERASE_RECORDED: CrashPoint = CrashPoint::named("erase_recorded");
 
 /// The agent loop's crash points, in the order a turn reaches them.
 pub const POINTS: &[CrashPoint] = &[
@@ -42,6 +44,7 @@ pub const POINTS: &[CrashPoint] = &[
     IN_DOUBT_APPENDED,
     DECISION_APPENDED,
     TURN_ANSWERED,
+    ERASE_RECORDED,
 ];
 
 /// Every crash point of the write path: the agent loop's and the log's.

@@ -27,6 +27,9 @@ pub fn summary(event: &Event) -> String {
         Event::SessionFinished {
             outcome: SessionOutcome::Cancelled { by },
         } => format!("cancelled by {by}"),
+        Event::SessionErased { reason, by } => {
+            format!("content erased by {by}: {:?}", clip(reason, 80))
+        }
         Event::SessionStarted { spec } => format!(
             "agent {} (provider {}, model {:?}, {} tools)",
             spec.name,

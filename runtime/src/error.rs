@@ -60,6 +60,19 @@ pub enum RuntimeError {
     /// A signing key or a public key is unusable.
     #[error("{0}")]
     Signing(String),
+    /// A master key is unusable.
+    #[error("{0}")]
+    MasterKey(String),
+    /// The session's content was erased: nothing runs in it again.
+    #[error("session {session} was erased by {by} ({reason}): its content is gone, and nothing runs in it again")]
+    Erased {
+        /// The session.
+        session: Uuid,
+        /// Who erased it.
+        by: String,
+        /// Why.
+        reason: String,
+    },
     /// A tool could not be set up.
     #[error(transparent)]
     Tool(#[from] tools::ToolError),

@@ -286,6 +286,7 @@ impl Runner {
                 }
                 NextStep::Failed(error) => return Ok(TurnEnd::Failed(error)),
                 NextStep::Cancelled(by) => return Ok(TurnEnd::Cancelled(by)),
+                NextStep::Erased(_) => return Err(crate::service::erased(session)),
             }
         }
     }

@@ -156,6 +156,7 @@ impl Service {
         session: &mut Session,
         text: String,
     ) -> Result<u64, RuntimeError> {
+        refuse_erased(session)?;
         let status = session.state().status();
         if !matches!(status, Status::Idle | Status::Failed | Status::Cancelled) {
             let id = session.id();
@@ -189,6 +190,7 @@ impl Service {
         by: &str,
         extend_budget: bool,
     ) -> Result<bool, RuntimeError> {
+        refuse_erased(session)?;
         let state = session.state();
         let stopped = state.paused.is_some() || state.failed.is_some();
         let budget_holds = state.budget_paused && !extend_budget;
@@ -313,6 +315,56 @@ impl Service {
         session.barrier(self.durability).await
     }
 
+    /// Erases the content of `session` for good: records who asked and why
+    /// (`SessionErased`, durable), then destroys the session's key, so the
+    /// personal fields of every event it holds read as erased from then on
+    /// and its derived data as absent. The session is consumed: the state
+    /// in memory is the last copy of its content. The caller holds the
+    /// session's lease (no turn runs). Erasing an erased session finishes
+    /// what a crash may have interrupted (its key destroyed). Refused for a
+    /// session written without encryption (no master key when it began):
+    /// its content is in the clear in its records, and records are never
+    /// rewritten.
+    pub async fn erase(
+        &self,
+        mut session: Session,
+        reason: &str,
+        by: &str,
+    ) -> Result<(), RuntimeError> {
+        let id = session.id();
+        if session.state().erased.is_none() {
+            if self.log.get_key(id).await?.is_none() {
+                return Err(RuntimeError::InvalidRequest {
+                    session: id,
+                    reason: "it was written without encryption (mneme had no --master-key when it began), so its content cannot be erased: records are never rewritten".into(),
+                });
+            }
+            let event = Event::SessionErased {
+                reason: reason.into(),
+                by: by.into(),
+            };
+            session.append(vec![event], None).await?;
+            session.barrier(self.durability).await?;
+            crate::crash::point(crate::crash::ERASE_RECORDED);
+        }
+        drop(session);
+        self.log.destroy_key(id).await?;
+        Ok(())
+    }
+
+    /// Sessions last changed before `idle_since_ms` (milliseconds since
+    /// the Unix epoch) whose content can still be erased: encrypted, and
+    /// not erased with their key destroyed.
+    pub async fn idle_since(&self, idle_since_ms: i64) -> Result<Vec<Uuid>, RuntimeError> {
+        let mut idle = Vec::new();
+        for meta in self.log.sessions().await? {
+            if meta.updated_ms < idle_since_ms && self.log.get_key(meta.session).await?.is_some() {
+                idle.push(meta.session);
+            }
+        }
+        Ok(idle)
+    }
+
     /// Starts a new session holding `parent`'s first `at_seq` events, after
     /// a first event that names them. Only at a point where no tool call is
     /// under way, so the branch never shares a call with its parent. With
@@ -332,16 +384,24 @@ impl Service {
                 by: by.to_string(),
             }),
         };
-        let events: Vec<Event> = read_events(self.log.as_ref(), parent)
-            .await?
-            .into_iter()
-            .take_while(|(record, _)| record.envelope.seq <= at_seq)
-            .map(|(_, event)| event)
-            .collect();
+        let all = read_events(self.log.as_ref(), parent).await?;
         let refuse = |reason: String| RuntimeError::InvalidRequest {
             session: parent,
             reason,
         };
+        if all
+            .iter()
+            .any(|(_, e)| matches!(e, Event::SessionErased { .. }))
+        {
+            return Err(refuse(
+                "it was erased: its content is gone, there is nothing to fork".into(),
+            ));
+        }
+        let events: Vec<Event> = all
+            .into_iter()
+            .take_while(|(record, _)| record.envelope.seq <= at_seq)
+            .map(|(_, event)| event)
+            .collect();
         if at_seq == 0 {
             return Err(refuse(
                 "cannot fork at seq 0: give the seq of an event (1 or more) to fork after".into(),
@@ -473,5 +533,22 @@ pub fn resolution(
             .map_err(|e| format!("the result is not JSON ({e}): {result:?}")),
         (false, None, Some(message)) => Ok(Resolution::Fail(message.into())),
         _ => Err("give exactly one of: retry, skip with a JSON result, fail with a message".into()),
+    }
+}
+
+/// The refusal of anything that would run erased `session`.
+pub fn erased(session: &Session) -> RuntimeError {
+    let (by, reason) = session.state().erased.clone().unwrap_or_default();
+    RuntimeError::Erased {
+        session: session.id(),
+        by,
+        reason,
+    }
+}
+
+fn refuse_erased(session: &Session) -> Result<(), RuntimeError> {
+    match session.state().erased {
+        Some(_) => Err(erased(session)),
+        None => Ok(()),
     }
 }

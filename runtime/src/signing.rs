@@ -15,15 +15,6 @@ use replay::Event;
 use std::path::Path;
 use uuid::Uuid;
 
-/// The most of a key file read: a key is 64 hex digits and a line end.
-const MAX_KEY_FILE_BYTES: u64 = 4096;
-
-/// The text of key file `path`, a regular file of at most
-/// [`MAX_KEY_FILE_BYTES`].
-fn read_key_file(path: &Path) -> Result<String, String> {
-    crate::model::read_small_file(&path.display().to_string(), MAX_KEY_FILE_BYTES)
-}
-
 /// The bytes a head's signature covers.
 pub fn statement(session: Uuid, seq: u64, hash: &str, at_ms: i64) -> Vec<u8> {
     format!("mneme signed head v1\n{session}\n{seq}\n{hash}\n{at_ms}\n").into_bytes()
@@ -48,20 +39,7 @@ impl HeadSigner {
     /// A new key from the kernel's random source, written (hex) to `path`,
     /// which must not exist, readable by its owner only.
     pub fn generate(path: &Path) -> Result<HeadSigner, RuntimeError> {
-        use std::io::{Read, Write};
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut seed = [0u8; 32];
-        std::fs::File::open("/dev/urandom")
-            .and_then(|mut f| f.read_exact(&mut seed))
-            .map_err(|e| error(path, format!("random source: {e}")))?;
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(|e| error(path, e))?;
-        writeln!(file, "{}", hex::encode(seed)).map_err(|e| error(path, e))?;
-        file.sync_all().map_err(|e| error(path, e))?;
+        let seed = crate::secret::generate(path).map_err(|e| error(path, e))?;
         Ok(HeadSigner {
             key: SigningKey::from_bytes(&seed),
         })
@@ -70,26 +48,7 @@ impl HeadSigner {
     /// The key in `path` (as [`HeadSigner::generate`] writes it); refused
     /// if its group or others can read it.
     pub fn load(path: &Path) -> Result<HeadSigner, RuntimeError> {
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(path)
-            .map_err(|e| error(path, e))?
-            .permissions()
-            .mode();
-        if mode & 0o077 != 0 {
-            return Err(error(
-                path,
-                format!(
-                    "mode {:04o}: others can read it; `chmod 600 {}`",
-                    mode & 0o777,
-                    path.display()
-                ),
-            ));
-        }
-        let text = read_key_file(path).map_err(|e| error(path, e))?;
-        let seed: [u8; 32] = hex::decode(text.trim())
-            .ok()
-            .and_then(|b| b.try_into().ok())
-            .ok_or_else(|| error(path, "not 64 hex digits (write one with `mneme keygen`)"))?;
+        let seed = crate::secret::load(path, "mneme keygen").map_err(|e| error(path, e))?;
         Ok(HeadSigner {
             key: SigningKey::from_bytes(&seed),
         })
@@ -121,7 +80,7 @@ impl HeadKey {
     /// The key `given` names: 64 hex digits, or a file holding them.
     pub fn parse(given: &str) -> Result<HeadKey, RuntimeError> {
         let text = match Path::new(given).is_file() {
-            true => read_key_file(Path::new(given))
+            true => crate::secret::read_key_file(Path::new(given))
                 .map_err(|e| RuntimeError::Signing(format!("public key {given}: {e}")))?,
             false => given.to_string(),
         };

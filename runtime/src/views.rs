@@ -276,6 +276,7 @@ fn describe_next(next: &NextStep) -> String {
         }
         NextStep::Failed(error) => format!("failed: {error} (mneme resume tries again)"),
         NextStep::Cancelled(by) => format!("cancelled by {by}: nothing runs until a new message"),
+        NextStep::Erased(by) => format!("erased by {by}: nothing runs in it again"),
     }
 }
 

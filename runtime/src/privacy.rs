@@ -1,0 +1,674 @@
+//! Encryption at rest, one key per session, so that a session's content
+//! can be erased (crypto-shredding) while its chain still verifies.
+//!
+//! [`SealedLog`] wraps a store. Given a [`MasterKey`], it gives each new
+//! session a random key of its own, kept in the store's key store wrapped
+//! by the master key (which lives outside the data directory). Every event
+//! with personal fields ([`replay::Event::personal_fields_mut`]) is stored
+//! as an *outline* (the event with those fields set to [`replay::ERASED`])
+//! and the fields themselves, encrypted (XChaCha20-Poly1305, bound to the
+//! session, seq and kind). The record's hash covers both, so the chain
+//! proves what was there without showing it. Derived data of the session
+//! (snapshots, summaries, blobs) is encrypted under the same key.
+//!
+//! Reading through a `SealedLog` gives back the events as written. Once
+//! the session's key is destroyed ([`EventLog::destroy_key`]), it gives
+//! the outlines: the session's shape (kinds, times, tools, effects,
+//! idempotency keys, tokens) with its content erased, and its derived data
+//! reads as absent. Sessions written without a master key, or before one
+//! was given, are stored and read as they always were.
+
+use crate::error::RuntimeError;
+use chacha20poly1305::aead::{Aead, KeyInit, Payload};
+use chacha20poly1305::{XChaCha20Poly1305, XNonce};
+use eventlog::{
+    AppendListener, Durability, EventLog, Head, Lease, LogError, NewEvent, Record, SessionMeta,
+};
+use replay::Event;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use uuid::Uuid;
+
+/// The bit of an envelope's `schema` that marks a sealed payload (an
+/// outline and encrypted fields); the other bits are the event schema.
+pub const SEALED_SCHEMA: u16 = 0x8000;
+
+/// The first bytes of encrypted derived data.
+const DERIVED_MAGIC: &[u8; 4] = b"mnx1";
+
+/// The format byte of a wrapped session key.
+const WRAPPED_FORMAT: u8 = 1;
+
+const NONCE_LEN: usize = 24;
+
+/// The key that wraps every session key of a store. Kept outside the data
+/// directory, so that a copy of the directory alone reads nothing, and so
+/// that a destroyed session key cannot come back from a backup of the
+/// key store without it.
+pub struct MasterKey(XChaCha20Poly1305);
+
+impl std::fmt::Debug for MasterKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MasterKey(..)")
+    }
+}
+
+fn key_error(path: &Path, reason: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::MasterKey(format!("master key {}: {reason}", path.display()))
+}
+
+impl MasterKey {
+    /// A new master key from the kernel's random source, written (hex) to
+    /// `path`, which must not exist, readable by its owner only.
+    pub fn generate(path: &Path) -> Result<MasterKey, RuntimeError> {
+        let secret = crate::secret::generate(path).map_err(|e| key_error(path, e))?;
+        Ok(MasterKey::from_bytes(&secret))
+    }
+
+    /// The master key in `path` (as [`MasterKey::generate`] writes it);
+    /// refused if its group or others can read it, or if it lies inside
+    /// `data_dir` (a copy of the directory would carry its own key).
+    pub fn load(path: &Path, data_dir: Option<&Path>) -> Result<MasterKey, RuntimeError> {
+        if let Some(dir) = data_dir {
+            let inside = |p: &Path| p.canonicalize().ok();
+            if let (Some(file), Some(dir)) = (inside(path), inside(dir)) {
+                if file.starts_with(&dir) {
+                    return Err(key_error(
+                        path,
+                        format!("it lies inside the data directory {}: keep it elsewhere, or a copy of the directory carries the key to all its content", dir.display()),
+                    ));
+                }
+            }
+        }
+        let secret =
+            crate::secret::load(path, "mneme keygen --master").map_err(|e| key_error(path, e))?;
+        Ok(MasterKey::from_bytes(&secret))
+    }
+
+    fn from_bytes(secret: &[u8; 32]) -> MasterKey {
+        MasterKey(XChaCha20Poly1305::new(secret.into()))
+    }
+
+    fn wrap(&self, session: Uuid, key: &[u8; 32]) -> Result<Vec<u8>, LogError> {
+        let mut wrapped = vec![WRAPPED_FORMAT];
+        wrapped.extend(encrypt(&self.0, key, &wrap_aad(session), session)?);
+        Ok(wrapped)
+    }
+
+    fn unwrap(&self, session: Uuid, wrapped: &[u8]) -> Result<XChaCha20Poly1305, LogError> {
+        let refused = |reason: &str| LogError::Encrypted {
+            session,
+            reason: reason.into(),
+        };
+        let Some((&WRAPPED_FORMAT, sealed)) = wrapped.split_first() else {
+            return Err(refused("its key is in an unknown format"));
+        };
+        let key = decrypt(&self.0, sealed, &wrap_aad(session)).ok_or_else(|| {
+            refused("the master key given is not the one its key was wrapped with")
+        })?;
+        let key: [u8; 32] = key
+            .try_into()
+            .map_err(|_| refused("its key has the wrong length"))?;
+        Ok(XChaCha20Poly1305::new(&key.into()))
+    }
+}
+
+fn wrap_aad(session: Uuid) -> Vec<u8> {
+    [b"mneme session key ".as_slice(), session.as_bytes()].concat()
+}
+
+fn record_aad(session: Uuid, seq: u64, kind: &str) -> Vec<u8> {
+    [
+        session.as_bytes().as_slice(),
+        &seq.to_be_bytes(),
+        kind.as_bytes(),
+    ]
+    .concat()
+}
+
+fn derived_aad(session: Uuid, name: &str) -> Vec<u8> {
+    [session.as_bytes().as_slice(), b"derived ", name.as_bytes()].concat()
+}
+
+/// `nonce ‖ ciphertext` of `plain`, with a random nonce.
+fn encrypt(
+    cipher: &XChaCha20Poly1305,
+    plain: &[u8],
+    aad: &[u8],
+    session: Uuid,
+) -> Result<Vec<u8>, LogError> {
+    let nonce = crate::secret::random::<NONCE_LEN>().map_err(|e| LogError::Encrypted {
+        session,
+        reason: format!("no nonce from the random source: {e}"),
+    })?;
+    let sealed = cipher
+        .encrypt(XNonce::from_slice(&nonce), Payload { msg: plain, aad })
+        .map_err(|_| LogError::Encrypted {
+            session,
+            reason: "encryption failed".into(),
+        })?;
+    Ok([nonce.as_slice(), &sealed].concat())
+}
+
+/// The plaintext of `nonce ‖ ciphertext`, if it opens with `cipher`.
+fn decrypt(cipher: &XChaCha20Poly1305, sealed: &[u8], aad: &[u8]) -> Option<Vec<u8>> {
+    if sealed.len() < NONCE_LEN {
+        return None;
+    }
+    let (nonce, ciphertext) = sealed.split_at(NONCE_LEN);
+    cipher
+        .decrypt(
+            XNonce::from_slice(nonce),
+            Payload {
+                msg: ciphertext,
+                aad,
+            },
+        )
+        .ok()
+}
+
+/// A sealed payload: the event's outline, and its personal fields,
+/// encrypted.
+#[derive(Serialize, Deserialize)]
+struct Sealed {
+    #[serde(with = "serde_bytes")]
+    outline: Vec<u8>,
+    #[serde(with = "serde_bytes")]
+    fields: Vec<u8>,
+}
+
+/// A session's key as this process knows it.
+#[derive(Clone)]
+enum SessionKey {
+    /// Written without encryption, or its key was destroyed.
+    None,
+    /// Its key.
+    Some(Arc<XChaCha20Poly1305>),
+}
+
+/// A store whose sessions are encrypted at rest, each under its own key:
+/// see the [module documentation](self). Everything but the payloads of
+/// records and derived data passes through to the store it wraps.
+pub struct SealedLog {
+    inner: Arc<dyn EventLog>,
+    master: Option<MasterKey>,
+    keys: Mutex<HashMap<Uuid, SessionKey>>,
+}
+
+impl SealedLog {
+    /// `inner`, with new sessions encrypted under keys wrapped by `master`
+    /// (none: new sessions are written in the clear; encrypted ones cannot
+    /// be read).
+    pub fn new(inner: Arc<dyn EventLog>, master: Option<MasterKey>) -> SealedLog {
+        SealedLog {
+            inner,
+            master,
+            keys: Mutex::default(),
+        }
+    }
+
+    /// The store underneath, whose records are as stored (encrypted):
+    /// what an export carries.
+    pub fn raw(&self) -> &Arc<dyn EventLog> {
+        &self.inner
+    }
+
+    fn cached(&self, session: Uuid) -> Option<SessionKey> {
+        self.keys.lock().expect("keys lock").get(&session).cloned()
+    }
+
+    fn remember(&self, session: Uuid, key: SessionKey) -> SessionKey {
+        self.keys
+            .lock()
+            .expect("keys lock")
+            .insert(session, key.clone());
+        key
+    }
+
+    /// The key of `session`: `None` if it keeps none (written in the
+    /// clear, or erased); an error if it keeps one this process cannot
+    /// unwrap.
+    async fn key(&self, session: Uuid) -> Result<SessionKey, LogError> {
+        if let Some(key) = self.cached(session) {
+            return Ok(key);
+        }
+        let Some(wrapped) = self.inner.get_key(session).await? else {
+            return Ok(self.remember(session, SessionKey::None));
+        };
+        let master = self.master.as_ref().ok_or_else(|| LogError::Encrypted {
+            session,
+            reason: "this process was not given the master key (--master-key)".into(),
+        })?;
+        let cipher = master.unwrap(session, &wrapped)?;
+        Ok(self.remember(session, SessionKey::Some(Arc::new(cipher))))
+    }
+
+    /// The key appends to `session` from `expected_seq` on are sealed with:
+    /// a new one for a new session (seq 1) when a master key was given.
+    async fn key_for_append(
+        &self,
+        session: Uuid,
+        expected_seq: u64,
+    ) -> Result<SessionKey, LogError> {
+        match (&self.master, expected_seq) {
+            (Some(master), 1) if self.cached(session).is_none() => {
+                let fresh = crate::secret::random::<32>().map_err(|e| LogError::Encrypted {
+                    session,
+                    reason: format!("no key from the random source: {e}"),
+                })?;
+                let kept = self
+                    .inner
+                    .put_key(session, &master.wrap(session, &fresh)?)
+                    .await?;
+                let cipher = master.unwrap(session, &kept)?;
+                Ok(self.remember(session, SessionKey::Some(Arc::new(cipher))))
+            }
+            (Some(_), _) => self.key(session).await,
+            (None, _) => Ok(SessionKey::None),
+        }
+    }
+
+    /// `event`, to be stored at `seq`, as an outline and its personal
+    /// fields encrypted; unchanged if it has none.
+    fn seal(
+        cipher: &XChaCha20Poly1305,
+        session: Uuid,
+        seq: u64,
+        event: NewEvent,
+    ) -> Result<NewEvent, LogError> {
+        let refused = |reason: String| LogError::Encode {
+            kind: event.kind.clone(),
+            reason,
+        };
+        let mut outline = Event::decode(event.schema, &event.payload)
+            .map_err(|e| refused(format!("cannot seal it: {e}")))?;
+        let fields: Vec<String> = outline
+            .personal_fields_mut()
+            .into_iter()
+            .map(|field| std::mem::replace(field, replay::ERASED.into()))
+            .collect();
+        if fields.is_empty() {
+            return Ok(event);
+        }
+        let plain = rmp_serde::to_vec(&fields).map_err(|e| refused(e.to_string()))?;
+        let sealed = Sealed {
+            outline: outline.encode(),
+            fields: encrypt(
+                cipher,
+                &plain,
+                &record_aad(session, seq, &event.kind),
+                session,
+            )?,
+        };
+        Ok(NewEvent {
+            schema: event.schema | SEALED_SCHEMA,
+            payload: rmp_serde::to_vec_named(&sealed).map_err(|e| refused(e.to_string()))?,
+            ..event
+        })
+    }
+
+    /// `record` as its event was written, or as its outline if `key` is
+    /// none (erased).
+    fn open(key: &SessionKey, mut record: Record) -> Result<Record, LogError> {
+        let envelope = &mut record.envelope;
+        if envelope.schema & SEALED_SCHEMA == 0 {
+            return Ok(record);
+        }
+        let corrupt = |reason: &str| LogError::Corrupt {
+            session: envelope.session,
+            seq: envelope.seq,
+            reason: format!("sealed payload: {reason}"),
+        };
+        let schema = envelope.schema & !SEALED_SCHEMA;
+        let sealed: Sealed =
+            rmp_serde::from_slice(&envelope.payload).map_err(|_| corrupt("does not decode"))?;
+        let payload = match key {
+            SessionKey::None => sealed.outline,
+            SessionKey::Some(cipher) => {
+                let aad = record_aad(envelope.session, envelope.seq, &envelope.kind);
+                let plain = decrypt(cipher, &sealed.fields, &aad)
+                    .ok_or_else(|| corrupt("its fields do not open with the session's key"))?;
+                let fields: Vec<String> =
+                    rmp_serde::from_slice(&plain).map_err(|_| corrupt("fields do not decode"))?;
+                let mut event = Event::decode(schema, &sealed.outline)
+                    .map_err(|_| corrupt("outline does not decode"))?;
+                let slots = event.personal_fields_mut();
+                if slots.len() != fields.len() {
+                    return Err(corrupt("its fields do not fit its outline"));
+                }
+                for (slot, value) in slots.into_iter().zip(fields) {
+                    *slot = value;
+                }
+                event.encode()
+            }
+        };
+        envelope.schema = schema;
+        envelope.payload = payload;
+        Ok(record)
+    }
+
+    async fn open_all(&self, session: Uuid, records: Vec<Record>) -> Result<Vec<Record>, LogError> {
+        if records
+            .iter()
+            .all(|r| r.envelope.schema & SEALED_SCHEMA == 0)
+        {
+            return Ok(records);
+        }
+        let key = self.key(session).await?;
+        records
+            .into_iter()
+            .map(|record| Self::open(&key, record))
+            .collect()
+    }
+
+    async fn open_derived(
+        &self,
+        session: Uuid,
+        name: &str,
+        bytes: Option<Vec<u8>>,
+    ) -> Result<Option<Vec<u8>>, LogError> {
+        let Some(bytes) = bytes else { return Ok(None) };
+        let Some(sealed) = bytes.strip_prefix(DERIVED_MAGIC.as_slice()) else {
+            return Ok(Some(bytes));
+        };
+        // Derived data is optional: what cannot be opened (erased, or no
+        // master key here) is as good as absent.
+        Ok(match self.key(session).await {
+            Ok(SessionKey::Some(cipher)) => decrypt(&cipher, sealed, &derived_aad(session, name)),
+            _ => None,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl EventLog for SealedLog {
+    async fn append(
+        &self,
+        session: Uuid,
+        expected_seq: u64,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<Record>, LogError> {
+        let key = self.key_for_append(session, expected_seq).await?;
+        let SessionKey::Some(cipher) = &key else {
+            return self.inner.append(session, expected_seq, events).await;
+        };
+        let sealed = events
+            .into_iter()
+            .zip(expected_seq..)
+            .map(|(event, seq)| Self::seal(cipher, session, seq, event))
+            .collect::<Result<Vec<_>, _>>()?;
+        let records = self.inner.append(session, expected_seq, sealed).await?;
+        records
+            .into_iter()
+            .map(|record| Self::open(&key, record))
+            .collect()
+    }
+
+    async fn read(&self, session: Uuid, from: u64, to: u64) -> Result<Vec<Record>, LogError> {
+        let records = self.inner.read(session, from, to).await?;
+        self.open_all(session, records).await
+    }
+
+    async fn read_bounded(
+        &self,
+        session: Uuid,
+        from: u64,
+        to: u64,
+        max_bytes: usize,
+    ) -> Result<Vec<Record>, LogError> {
+        let records = self
+            .inner
+            .read_bounded(session, from, to, max_bytes)
+            .await?;
+        self.open_all(session, records).await
+    }
+
+    async fn head(&self, session: Uuid) -> Result<Head, LogError> {
+        self.inner.head(session).await
+    }
+
+    async fn sessions(&self) -> Result<Vec<SessionMeta>, LogError> {
+        self.inner.sessions().await
+    }
+
+    async fn meta(&self, session: Uuid) -> Result<Option<SessionMeta>, LogError> {
+        self.inner.meta(session).await
+    }
+
+    async fn put_derived(&self, session: Uuid, name: &str, bytes: &[u8]) -> Result<(), LogError> {
+        match self.key(session).await? {
+            SessionKey::None => self.inner.put_derived(session, name, bytes).await,
+            SessionKey::Some(cipher) => {
+                let sealed = encrypt(&cipher, bytes, &derived_aad(session, name), session)?;
+                let stored = [DERIVED_MAGIC.as_slice(), &sealed].concat();
+                self.inner.put_derived(session, name, &stored).await
+            }
+        }
+    }
+
+    async fn get_derived(&self, session: Uuid, name: &str) -> Result<Option<Vec<u8>>, LogError> {
+        let bytes = self.inner.get_derived(session, name).await?;
+        self.open_derived(session, name, bytes).await
+    }
+
+    async fn get_derived_many(
+        &self,
+        name: &str,
+        sessions: &[Uuid],
+    ) -> Result<Vec<Option<Vec<u8>>>, LogError> {
+        let found = self.inner.get_derived_many(name, sessions).await?;
+        let mut out = Vec::with_capacity(found.len());
+        for (session, bytes) in sessions.iter().zip(found) {
+            out.push(self.open_derived(*session, name, bytes).await?);
+        }
+        Ok(out)
+    }
+
+    async fn get_key(&self, session: Uuid) -> Result<Option<Vec<u8>>, LogError> {
+        self.inner.get_key(session).await
+    }
+
+    async fn put_key(&self, session: Uuid, key: &[u8]) -> Result<Vec<u8>, LogError> {
+        self.keys.lock().expect("keys lock").remove(&session);
+        self.inner.put_key(session, key).await
+    }
+
+    async fn destroy_key(&self, session: Uuid) -> Result<(), LogError> {
+        self.remember(session, SessionKey::None);
+        self.inner.destroy_key(session).await
+    }
+
+    async fn barrier(&self, durability: Durability) -> Result<(), LogError> {
+        self.inner.barrier(durability).await
+    }
+
+    async fn import(&self, session: Uuid, sealed: Vec<Vec<u8>>) -> Result<Head, LogError> {
+        self.inner.import(session, sealed).await
+    }
+
+    async fn acquire_lease(
+        &self,
+        session: Uuid,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Lease, LogError> {
+        self.inner.acquire_lease(session, owner, ttl).await
+    }
+
+    async fn take_over_lease(
+        &self,
+        held: &Lease,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Lease, LogError> {
+        self.inner.take_over_lease(held, owner, ttl).await
+    }
+
+    async fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<Lease, LogError> {
+        self.inner.renew_lease(lease, ttl).await
+    }
+
+    async fn release_lease(&self, lease: &Lease) -> Result<(), LogError> {
+        self.inner.release_lease(lease).await
+    }
+
+    async fn expired_leases(&self) -> Result<Vec<Lease>, LogError> {
+        self.inner.expired_leases().await
+    }
+
+    async fn lease(&self, session: Uuid) -> Result<Option<Lease>, LogError> {
+        self.inner.lease(session).await
+    }
+
+    async fn request_pause(&self, session: Uuid) -> Result<Option<Lease>, LogError> {
+        self.inner.request_pause(session).await
+    }
+
+    async fn take_pause_request(&self, session: Uuid, token: u64) -> Result<bool, LogError> {
+        self.inner.take_pause_request(session, token).await
+    }
+
+    fn follow(&self, listener: AppendListener) {
+        self.inner.follow(listener)
+    }
+
+    async fn verify(&self, session: Uuid) -> Result<u64, LogError> {
+        self.inner.verify(session).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use eventlog::SledLog;
+
+    const SECRET: &str = "a planted secret: 4111 1111 1111 1111";
+
+    fn master() -> MasterKey {
+        MasterKey::from_bytes(&[7; 32])
+    }
+
+    fn events() -> Vec<NewEvent> {
+        let event = |e: Event| NewEvent {
+            kind: e.kind().into(),
+            schema: replay::EVENT_SCHEMA,
+            caused_by: None,
+            payload: e.encode(),
+        };
+        vec![
+            event(Event::UserMessage {
+                text: SECRET.into(),
+            }),
+            event(Event::ApprovalRequested {
+                call_id: "c1".into(),
+            }),
+        ]
+    }
+
+    fn decoded(records: &[Record]) -> Vec<Event> {
+        records
+            .iter()
+            .map(|r| crate::session::decode(r).unwrap())
+            .collect()
+    }
+
+    fn holds_secret(records: &[Record]) -> bool {
+        records
+            .iter()
+            .any(|r| String::from_utf8_lossy(&r.envelope.payload).contains(SECRET))
+    }
+
+    #[tokio::test]
+    async fn content_is_stored_encrypted_and_reads_as_erased_once_the_key_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let raw: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.path()).unwrap());
+        let log = SealedLog::new(raw.clone(), Some(master()));
+        let id = Uuid::now_v7();
+        log.append(id, 1, events()).await.unwrap();
+        log.put_derived(id, "snapshot", SECRET.as_bytes())
+            .await
+            .unwrap();
+
+        let stored = raw.read(id, 1, 2).await.unwrap();
+        assert!(!holds_secret(&stored));
+        assert_eq!(stored[0].envelope.schema, replay::EVENT_SCHEMA | SEALED_SCHEMA);
+        assert_eq!(stored[1].envelope.schema, replay::EVENT_SCHEMA, "nothing to seal");
+        let derived = raw.get_derived(id, "snapshot").await.unwrap().unwrap();
+        assert!(!String::from_utf8_lossy(&derived).contains(SECRET));
+
+        let read = log.read(id, 1, 2).await.unwrap();
+        let original: Vec<Event> = events()
+            .iter()
+            .map(|e| Event::decode(e.schema, &e.payload).unwrap())
+            .collect();
+        assert_eq!(decoded(&read), original);
+        assert_eq!(read[0].hash, stored[0].hash, "the hash is the stored one");
+        assert_eq!(
+            log.get_derived(id, "snapshot").await.unwrap().as_deref(),
+            Some(SECRET.as_bytes())
+        );
+
+        // Another process, without the master key, is told why it cannot read.
+        let keyless = SealedLog::new(raw.clone(), None);
+        let err = keyless.read(id, 1, 2).await.unwrap_err();
+        assert!(err.to_string().contains("--master-key"), "{err}");
+
+        log.destroy_key(id).await.unwrap();
+        for reader in [&log, &SealedLog::new(raw.clone(), Some(master()))] {
+            let erased = decoded(&reader.read(id, 1, 2).await.unwrap());
+            assert_eq!(
+                erased[0],
+                Event::UserMessage {
+                    text: replay::ERASED.into()
+                }
+            );
+            assert_eq!(erased[1], original[1]);
+            assert_eq!(reader.get_derived(id, "snapshot").await.unwrap(), None);
+        }
+        assert_eq!(log.verify(id).await.unwrap(), 2, "the chain still holds");
+    }
+
+    #[tokio::test]
+    async fn without_a_master_key_sessions_are_written_as_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let raw: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.path()).unwrap());
+        let id = Uuid::now_v7();
+        SealedLog::new(raw.clone(), None)
+            .append(id, 1, events())
+            .await
+            .unwrap();
+        assert!(holds_secret(&raw.read(id, 1, 2).await.unwrap()));
+        assert_eq!(raw.get_key(id).await.unwrap(), None);
+        // A master key given later leaves an older session in the clear.
+        let later = SealedLog::new(raw.clone(), Some(master()));
+        later.append(id, 3, events()).await.unwrap();
+        assert!(holds_secret(&raw.read(id, 3, 4).await.unwrap()));
+    }
+
+    #[tokio::test]
+    async fn a_record_moved_to_another_seq_does_not_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let raw: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.path()).unwrap());
+        let log = SealedLog::new(raw.clone(), Some(master()));
+        let id = Uuid::now_v7();
+        log.append(id, 1, events()).await.unwrap();
+        let mut record = raw.read(id, 1, 1).await.unwrap().remove(0);
+        record.envelope.seq = 2;
+        let key = log.key(id).await.unwrap();
+        let err = SealedLog::open(&key, record).unwrap_err();
+        assert!(err.to_string().contains("do not open"), "{err}");
+    }
+
+    #[test]
+    fn a_master_key_inside_the_data_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("master.key");
+        MasterKey::generate(&path).unwrap();
+        MasterKey::load(&path, None).unwrap();
+        let err = MasterKey::load(&path, Some(dir.path())).unwrap_err();
+        assert!(err.to_string().contains("inside the data directory"), "{err}");
+    }
+}
