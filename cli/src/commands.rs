@@ -11,8 +11,11 @@ use eventlog::{EventLog, SledLog};
 use pglog::PgLog;
 use runtime::agent::load_agent_file;
 use runtime::api::PostMessage;
-use runtime::api::{Approve, DecisionAnswer, Resolve, TurnOutcome, Verified};
+use runtime::api::{
+    Approve, DecisionAnswer, Erase, Resolve, SessionStatus, TurnOutcome, Verified,
+};
 use runtime::service::Service;
+use runtime::privacy::{MasterKey, SealedLog};
 use runtime::signing::{HeadKey, HeadSigner};
 use runtime::{views, TurnEnd};
 use serde::Serialize;
@@ -36,7 +39,7 @@ pub async fn dispatch(cli: Cli, holder: &str) -> Result<ExitCode> {
     let command = match cli.command {
         Command::Demo(args) => return crate::demo::run(args.keep).await,
         Command::Ui(args) => return crate::ui::run(&data_dir, args).await,
-        Command::Keygen(args) => return keygen(&data_dir, &args.out),
+        Command::Keygen(args) => return keygen(&data_dir, &args.out, args.master),
         command => command,
     };
     let signer = cli
@@ -45,10 +48,16 @@ pub async fn dispatch(cli: Cli, holder: &str) -> Result<ExitCode> {
         .map(HeadSigner::load)
         .transpose()?
         .map(Arc::new);
+    let master = cli
+        .master_key
+        .as_deref()
+        .map(|path| MasterKey::load(path, Some(&data_dir)))
+        .transpose()?;
     let sessions: Box<dyn Sessions> =
         match open_log(&cli.store, &data_dir, &command, holder).await? {
             Opened::Daemon(remote) => Box::new(remote),
-            Opened::Log(log) => {
+            Opened::Log(raw) => {
+                let log: Arc<dyn EventLog> = Arc::new(SealedLog::new(raw.clone(), master));
                 if let Command::Serve(a) = command {
                     let settings = ServeSettings {
                         signer,
@@ -63,7 +72,7 @@ pub async fn dispatch(cli: Cli, holder: &str) -> Result<ExitCode> {
                     .snapshot_every(snapshot_every)
                     .signed_by(signer);
                 let owner = runtime::lease::owner_name("cli");
-                Box::new(Local::new(service, owner, lease_ttl))
+                Box::new(Local::new(service, raw, owner, lease_ttl))
             }
         };
     run(sessions.as_ref(), command).await
@@ -138,6 +147,7 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
             }
             Ok(crate::render::verify(&results, a.json.json))
         }
+        Command::Erase(a) => erase(sessions, a).await,
         Command::Fork(a) => {
             let spec = a.agent.as_deref().map(load_agent_file).transpose()?;
             let forked = sessions.fork(a.session, a.at, spec).await?;
@@ -271,18 +281,63 @@ async fn signed_heads(
 
 /// `mneme keygen --out FILE`: a new signing key, kept outside the data
 /// directory; prints its public key.
-fn keygen(data_dir: &Path, out: &Path) -> Result<ExitCode> {
+fn keygen(data_dir: &Path, out: &Path, master: bool) -> Result<ExitCode> {
     let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let (what, why) = match master {
+        true => ("master key", "a copy of the directory must not carry the key to its content"),
+        false => ("signing key", "whoever can rewrite the store must not hold it"),
+    };
     if absolute(out).starts_with(absolute(data_dir)) {
         bail!(
-            "{}: the signing key must be kept outside the data directory ({}): whoever can rewrite the store must not hold it",
+            "{}: the {what} must be kept outside the data directory ({}): {why}",
             out.display(),
             data_dir.display()
         );
     }
+    if master {
+        MasterKey::generate(out)?;
+        say!("master key written to {}: pass it as --master-key (or $MNEME_MASTER_KEY); without it, sessions written with it cannot be read", out.display());
+        return Ok(ExitCode::SUCCESS);
+    }
     let signer = HeadSigner::generate(out)?;
     println!("{}", signer.public_hex());
     Ok(ExitCode::SUCCESS)
+}
+
+/// Erases the session `a` names, or every session idle longer than its
+/// window (those that cannot be erased are named, and fail the command).
+async fn erase(sessions: &dyn Sessions, a: crate::EraseArgs) -> Result<ExitCode> {
+    let (ids, reason) = match (a.session, a.idle_for) {
+        (Some(id), _) => (vec![id], a.reason.unwrap_or_default()),
+        (None, Some(window)) => {
+            let since = runtime::text::now_ms() - window.as_millis() as i64;
+            let idle = sessions.list().await?.into_iter().filter(|row| {
+                let last = chrono::DateTime::parse_from_rfc3339(&row.last_activity);
+                row.status != SessionStatus::Erased
+                    && last.is_ok_and(|t| t.timestamp_millis() < since)
+            });
+            let reason = a.reason.unwrap_or_else(|| {
+                format!("retention: idle longer than {}", runtime::text::window(window))
+            });
+            (idle.map(|row| row.session).collect(), reason)
+        }
+        (None, None) => bail!("mneme erase needs a session, or --idle-for WINDOW"),
+    };
+    let mut code = ExitCode::SUCCESS;
+    for id in ids {
+        let request = Erase {
+            reason: reason.clone(),
+            by: a.by.clone(),
+        };
+        match sessions.erase(id, request).await {
+            Ok(_) => say!("session {id}: erased"),
+            Err(e) => {
+                runtime::warn_line!("mneme: session {id}: not erased: {e:#}");
+                code = ExitCode::FAILURE;
+            }
+        }
+    }
+    Ok(code)
 }
 
 /// Runs `turn`, its streamed text shown on stdout as it comes unless
@@ -438,6 +493,7 @@ async fn serve(
         owner: runtime::lease::owner_name("daemon"),
         lease_ttl: settings.lease_ttl,
         signer: settings.signer,
+        retain: a.retain,
     };
     daemon::serve(log, config).await?;
     Ok(ExitCode::SUCCESS)

@@ -24,6 +24,9 @@ use uuid::Uuid;
 /// The sessions of a log this process opened.
 pub struct Local {
     service: Service,
+    /// The store under the service's log, as stored (encrypted): what
+    /// export and import carry.
+    raw: Arc<dyn EventLog>,
     /// This process as a lease owner.
     owner: String,
     lease_ttl: Duration,
@@ -32,9 +35,15 @@ pub struct Local {
 impl Local {
     /// The sessions of `service`'s log; leases taken as `owner` last
     /// `lease_ttl` unless renewed.
-    pub fn new(service: Service, owner: String, lease_ttl: Duration) -> Local {
+    pub fn new(
+        service: Service,
+        raw: Arc<dyn EventLog>,
+        owner: String,
+        lease_ttl: Duration,
+    ) -> Local {
         Local {
             service,
+            raw,
             owner,
             lease_ttl,
         }
@@ -172,6 +181,19 @@ impl Sessions for Local {
         Ok(views::replay_view(id, session.state()))
     }
 
+    async fn erase(&self, id: Uuid, erase: runtime::api::Erase) -> Result<runtime::api::Erased> {
+        let lease = self.hold(id).await?;
+        let mut session = self.service.load(id).await?;
+        let erased = self.service.erase(&mut session, &erase.reason, &erase.by).await;
+        drop(session);
+        lease.release().await;
+        erased?;
+        Ok(runtime::api::Erased {
+            session: id,
+            status: runtime::api::SessionStatus::Erased,
+        })
+    }
+
     async fn fork(&self, id: Uuid, at: u64, spec: Option<AgentSpec>) -> Result<Forked> {
         let spec = spec.map(|spec| (spec, "mneme fork --agent"));
         let child = self.service.fork(id, at, spec).await?;
@@ -268,7 +290,7 @@ impl Sessions for Local {
             Some(path) => Box::new(std::io::BufWriter::new(private_output(path)?)),
             None => Box::new(std::io::BufWriter::new(std::io::stdout())),
         };
-        let records = runtime::transfer::export(self.log(), &ids, &mut out).await?;
+        let records = runtime::transfer::export(self.raw.as_ref(), &ids, &mut out).await?;
         Ok(Exported {
             records,
             sessions: ids.len(),
@@ -283,7 +305,7 @@ impl Sessions for Local {
             None => Box::new(std::io::BufReader::new(std::io::stdin())),
         };
         let origin = input.map_or("stdin".to_string(), |p| p.display().to_string());
-        let done = runtime::transfer::import(self.log(), &mut reader)
+        let done = runtime::transfer::import(self.raw.as_ref(), &mut reader)
             .await
             .with_context(|| format!("importing {origin}"))?;
         self.log().barrier(eventlog::Durability::Synced).await?;

@@ -65,6 +65,12 @@ struct Cli {
     /// directory): `mneme verify --key PUB` then tells a rewritten history.
     #[arg(long, env = "MNEME_SIGNING_KEY", global = true)]
     signing_key: Option<PathBuf>,
+    /// Encrypt new sessions at rest, each under a key of its own wrapped
+    /// by the master key in this file (see `mneme keygen --master`; keep
+    /// it outside the data directory), so `mneme erase` can destroy their
+    /// content. Needed to read sessions written with it.
+    #[arg(long, env = "MNEME_MASTER_KEY", global = true)]
+    master_key: Option<PathBuf>,
     /// Snapshot a session's state every N events (0: never). Default: every
     /// 1000 events for agents with a context window (their state stays
     /// small), never otherwise. Snapshots only make resume faster.
@@ -124,6 +130,10 @@ enum Command {
     /// readable by its owner only) and print its public key, for
     /// `--signing-key FILE` and `mneme verify --key PUB`.
     Keygen(KeygenArgs),
+    /// Erase a session's content for good (its key is destroyed): its
+    /// shape stays and its chain still verifies; nothing runs in it again.
+    /// With --idle-for instead of a session: every session idle that long.
+    Erase(EraseArgs),
     /// Sign a browser in to the web view of the daemon that holds the data
     /// directory: prints a link with a one-time code (valid once, for two
     /// minutes), the token never in it.
@@ -135,6 +145,27 @@ struct KeygenArgs {
     /// Where to write the key (never overwritten).
     #[arg(long)]
     out: PathBuf,
+    /// Write a master key for `--master-key` (encryption at rest) instead
+    /// of a signing key.
+    #[arg(long)]
+    master: bool,
+}
+
+#[derive(Args)]
+struct EraseArgs {
+    /// The session to erase.
+    #[arg(required_unless_present = "idle_for", conflicts_with = "idle_for")]
+    session: Option<Uuid>,
+    /// Erase every session idle longer than this (`30d`, `12h`): a
+    /// retention sweep, for a schedule (`mneme serve --retain` runs one).
+    #[arg(long, value_parser = runtime::text::parse_window)]
+    idle_for: Option<std::time::Duration>,
+    /// Why (recorded). Default for --idle-for: the retention window.
+    #[arg(long, required_unless_present = "idle_for")]
+    reason: Option<String>,
+    /// Who asks (recorded in the log).
+    #[arg(long, env = "USER", default_value = "unknown")]
+    by: String,
 }
 
 #[derive(Args)]
@@ -167,6 +198,11 @@ struct ServeArgs {
     /// Directory of agent files that sessions can be created from by name.
     #[arg(long)]
     agents: Option<PathBuf>,
+    /// Erase sessions idle longer than this (`30d`, `12h`), checked about
+    /// every tenth of it (at most hourly). Needs sessions written with
+    /// --master-key.
+    #[arg(long, value_parser = runtime::text::parse_window)]
+    retain: Option<std::time::Duration>,
     /// Seconds a shutdown waits for running turns to reach a step boundary.
     #[arg(long, default_value_t = 10)]
     shutdown_grace: u64,

@@ -206,6 +206,12 @@ impl Sessions for Remote {
         self.get(&format!("/sessions/{id}/replay")).await
     }
 
+    async fn erase(&self, id: Uuid, erase: runtime::api::Erase) -> Result<runtime::api::Erased> {
+        let path = format!("/sessions/{id}");
+        let request = self.http.delete(format!("{}{path}", self.base)).json(&erase);
+        answer(&path, self.call(request).await?).await
+    }
+
     async fn fork(&self, id: Uuid, at: u64, spec: Option<AgentSpec>) -> Result<Forked> {
         self.post(&format!("/sessions/{id}/fork"), &Fork { at, spec })
             .await

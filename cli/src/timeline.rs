@@ -16,20 +16,10 @@ fn parse_since(text: &str) -> Result<i64> {
     if let Ok(t) = chrono::DateTime::parse_from_rfc3339(text) {
         return Ok(t.timestamp_millis());
     }
-    let mut chars = text.chars();
-    let unit = chars.next_back();
-    let number = chars.as_str();
-    let seconds = match unit {
-        Some('s') => 1,
-        Some('m') => 60,
-        Some('h') => 3600,
-        Some('d') => 86400,
-        _ => bail!("--since {text:?}: expected RFC 3339 (2026-11-29T19:00:00Z) or an age such as 10m, 2h, 1d"),
-    };
-    let Ok(n) = number.parse::<i64>() else {
-        bail!("--since {text:?}: {number:?} is not a whole number");
-    };
-    Ok(chrono::Utc::now().timestamp_millis() - n * seconds * 1000)
+    match runtime::text::parse_window(text) {
+        Ok(age) => Ok(runtime::text::now_ms() - age.as_millis() as i64),
+        Err(_) => bail!("--since {text:?}: expected RFC 3339 (2026-11-29T19:00:00Z) or an age such as 10m, 2h, 1d"),
+    }
 }
 
 /// Reads a session's events from the log as rows (the `--json` shape).

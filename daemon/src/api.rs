@@ -14,7 +14,8 @@ use axum::{Extension, Json, Router};
 use eventlog::LogError;
 use replay::AgentSpec;
 use runtime::api::{
-    self as wire, Approve, Cancel, Cancelled, Created, Decided, EventRecord, EventsQuery, Fork,
+    self as wire, Approve, Cancel, Cancelled, Created, Decided, Erase, Erased, EventRecord,
+    EventsQuery, Fork,
     Forked, Health, ListQuery, MessageAccepted, PauseRequested, PostMessage, ReplayView, Resolve,
     Resume, Resuming, SessionDiff, SessionStatus, SessionSummary, SessionView, TurnOutcome,
     Verified,
@@ -36,7 +37,7 @@ use uuid::Uuid;
 type Shared = Arc<Daemon>;
 
 /// An error as the API reports it: a status and a message naming what.
-pub(crate) struct ApiError(StatusCode, String);
+pub(crate) struct ApiError(pub(crate) StatusCode, pub(crate) String);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -51,6 +52,7 @@ impl From<RuntimeError> for ApiError {
                 StatusCode::NOT_FOUND
             }
             RuntimeError::InvalidRequest { .. }
+            | RuntimeError::Erased { .. }
             | RuntimeError::Log(
                 LogError::Conflict { .. } | LogError::LeaseHeld { .. } | LogError::Fenced { .. },
             ) => StatusCode::CONFLICT,
@@ -86,7 +88,7 @@ fn guarded_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(metrics))
         .routes(routes!(openapi))
         .routes(routes!(list_sessions, create_session))
-        .routes(routes!(get_session))
+        .routes(routes!(get_session, erase_session))
         .routes(routes!(post_message))
         .routes(routes!(resume))
         .routes(routes!(pause))
@@ -547,6 +549,43 @@ async fn cancel(
         session: id,
         status: SessionStatus::Cancelled,
     }))
+}
+
+/// Erases the session's content for good (a running turn stops at its
+/// next step first): records who asked and why, then destroys the
+/// session's key. Its shape (events, kinds, times, tools, keys, tokens)
+/// stays, and its chain still verifies.
+#[utoipa::path(delete, path = "/sessions/{id}", params(SessionPath), request_body = Erase,
+    responses(
+        (status = 200, description = "Erased", body = Erased),
+        (status = 409, description = "Written without encryption, or held by another daemon", body = wire::ApiError)))]
+async fn erase_session(
+    State(daemon): State<Shared>,
+    Path(id): Path<Uuid>,
+    Json(body): Json<Erase>,
+) -> Result<Json<Erased>, ApiError> {
+    erase(&daemon, id, &body.reason, &body.by).await?;
+    Ok(Json(Erased {
+        session: id,
+        status: SessionStatus::Erased,
+    }))
+}
+
+/// Stops a running turn of session `id`, then erases it under its lease,
+/// and forgets every copy of its state this daemon keeps.
+pub(crate) async fn erase(daemon: &Shared, id: Uuid, reason: &str, by: &str) -> Result<(), ApiError> {
+    daemon.service.ensure_exists(id).await?;
+    if !daemon.request_pause(id) {
+        daemon.wait_for_turn_elsewhere(id).await?;
+    }
+    let erased = under_lease(daemon, id, |mut session| async {
+        daemon.withdraw_pause(id);
+        let erased = daemon.service.erase(&mut session, reason, by).await;
+        (session, erased)
+    })
+    .await;
+    daemon.forget(id);
+    erased
 }
 
 /// A new session holding this one's first `at` events; its first event

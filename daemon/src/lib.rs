@@ -103,6 +103,8 @@ pub struct DaemonConfig {
     pub lease_ttl: Duration,
     /// Signs each session's head at the end of each turn, if given.
     pub signer: Option<Arc<runtime::signing::HeadSigner>>,
+    /// Erase sessions idle longer than this (retention), if given.
+    pub retain: Option<Duration>,
 }
 
 /// What the daemon shares between requests and turns.
@@ -491,6 +493,39 @@ impl Daemon {
     /// daemon died or was cut off) and that were interrupted mid-turn; clears
     /// lapsed leases of sessions at rest, and of sessions the store does not
     /// hold (earlier versions took leases for those), once and quietly.
+    /// Erases, from now on and about every tenth of `window` (at most
+    /// hourly), the sessions idle longer than `window`.
+    async fn retain(self: Arc<Self>, window: Duration) {
+        let every = (window / 10).clamp(Duration::from_secs(1), Duration::from_secs(3600));
+        let reason = format!("retention: idle longer than {}", runtime::text::window(window));
+        loop {
+            let since = runtime::text::now_ms() - window.as_millis() as i64;
+            match self.service.idle_since(since).await {
+                Ok(idle) => {
+                    for id in idle {
+                        if self.is_shutting_down() || self.is_running(id) {
+                            continue;
+                        }
+                        match api::erase(&self, id, &reason, "mneme retention").await {
+                            Ok(()) => runtime::log_line!("mneme serve: erased session {id} ({reason})"),
+                            Err(e) => runtime::warn_line!("mneme serve: cannot erase session {id}: {}", e.1),
+                        }
+                    }
+                }
+                Err(e) => runtime::warn_line!("mneme serve: cannot look for idle sessions: {e}"),
+            }
+            tokio::select! {
+                () = self.shutdown.cancelled() => return,
+                () = tokio::time::sleep(every) => {}
+            }
+        }
+    }
+
+    /// Forgets every copy of session `id`'s state this daemon keeps.
+    pub(crate) fn forget(&self, id: Uuid) {
+        self.hot.lock().expect("hot sessions").take(id);
+    }
+
     async fn take_over_lapsed(self: Arc<Self>) {
         let every = (self.config.lease_ttl / 2).min(LOOK_FOR_LAPSED_LEASES);
         loop {
@@ -628,6 +663,9 @@ pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), R
     }
     tokio::spawn(daemon.clone().recover());
     tokio::spawn(daemon.clone().take_over_lapsed());
+    if let Some(window) = config.retain {
+        tokio::spawn(daemon.clone().retain(window));
+    }
     follow_other_daemons(&daemon);
     let app = api::router(daemon.clone(), daemon.shutdown.clone());
     let shutdown = daemon.shutdown.clone();

@@ -195,6 +195,24 @@ pub struct Cancel {
     pub by: String,
 }
 
+/// `DELETE /sessions/{id}`'s body: erase the session's content.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Erase {
+    /// Why (recorded): a person's request, a retention window.
+    pub reason: String,
+    /// Who asks (recorded).
+    pub by: String,
+}
+
+/// A session whose content was erased.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Erased {
+    /// The session.
+    pub session: Uuid,
+    /// Always `erased`.
+    pub status: SessionStatus,
+}
+
 /// A session cancelled.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Cancelled {

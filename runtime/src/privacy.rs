@@ -594,8 +594,15 @@ mod tests {
 
         let stored = raw.read(id, 1, 2).await.unwrap();
         assert!(!holds_secret(&stored));
-        assert_eq!(stored[0].envelope.schema, replay::EVENT_SCHEMA | SEALED_SCHEMA);
-        assert_eq!(stored[1].envelope.schema, replay::EVENT_SCHEMA, "nothing to seal");
+        assert_eq!(
+            stored[0].envelope.schema,
+            replay::EVENT_SCHEMA | SEALED_SCHEMA
+        );
+        assert_eq!(
+            stored[1].envelope.schema,
+            replay::EVENT_SCHEMA,
+            "nothing to seal"
+        );
         let derived = raw.get_derived(id, "snapshot").await.unwrap().unwrap();
         assert!(!String::from_utf8_lossy(&derived).contains(SECRET));
 
@@ -669,6 +676,9 @@ mod tests {
         MasterKey::generate(&path).unwrap();
         MasterKey::load(&path, None).unwrap();
         let err = MasterKey::load(&path, Some(dir.path())).unwrap_err();
-        assert!(err.to_string().contains("inside the data directory"), "{err}");
+        assert!(
+            err.to_string().contains("inside the data directory"),
+            "{err}"
+        );
     }
 }

@@ -318,8 +318,9 @@ impl Service {
     /// Erases the content of `session` for good: records who asked and why
     /// (`SessionErased`, durable), then destroys the session's key, so the
     /// personal fields of every event it holds read as erased from then on
-    /// and its derived data as absent. The session is consumed: the state
-    /// in memory is the last copy of its content. The caller holds the
+    /// and its derived data as absent. The state in memory is the last copy
+    /// of its content: the caller drops `session` (and any copy of its
+    /// state) once this returns. The caller holds the
     /// session's lease (no turn runs). Erasing an erased session finishes
     /// what a crash may have interrupted (its key destroyed). Refused for a
     /// session written without encryption (no master key when it began):
@@ -327,7 +328,7 @@ impl Service {
     /// rewritten.
     pub async fn erase(
         &self,
-        mut session: Session,
+        session: &mut Session,
         reason: &str,
         by: &str,
     ) -> Result<(), RuntimeError> {
@@ -347,7 +348,6 @@ impl Service {
             session.barrier(self.durability).await?;
             crate::crash::point(crate::crash::ERASE_RECORDED);
         }
-        drop(session);
         self.log.destroy_key(id).await?;
         Ok(())
     }

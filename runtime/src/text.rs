@@ -253,9 +253,55 @@ fn is_dangerous(c: char) -> bool {
         || matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200E}' | '\u{200F}')
 }
 
+/// Milliseconds since the Unix epoch, now.
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// A window of time as people write it: a whole number and a unit, `s`,
+/// `m`, `h` or `d` (`30d`, `12h`, `90s`).
+pub fn parse_window(text: &str) -> Result<std::time::Duration, String> {
+    let refuse = || format!("{text:?}: expected a whole number and a unit (s, m, h or d), such as 30d");
+    let unit = text.chars().last().ok_or_else(refuse)?;
+    let seconds = match unit {
+        's' => 1,
+        'm' => 60,
+        'h' => 3600,
+        'd' => 86_400,
+        _ => return Err(refuse()),
+    };
+    let count: u64 = text[..text.len() - 1].parse().map_err(|_| refuse())?;
+    match count.checked_mul(seconds) {
+        Some(0) | None => Err(refuse()),
+        Some(total) => Ok(std::time::Duration::from_secs(total)),
+    }
+}
+
+/// `window` as [`parse_window`] reads it, in its largest whole unit.
+pub fn window(window: std::time::Duration) -> String {
+    let seconds = window.as_secs();
+    [(86_400, "d"), (3600, "h"), (60, "m")]
+        .into_iter()
+        .find(|(unit, _)| seconds >= *unit && seconds.is_multiple_of(*unit))
+        .map_or(format!("{seconds}s"), |(unit, name)| format!("{}{name}", seconds / unit))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn windows_read_and_print_in_whole_units() {
+        for (text, seconds) in [("30d", 2_592_000), ("12h", 43_200), ("90s", 90), ("5m", 300)] {
+            let parsed = parse_window(text).unwrap();
+            assert_eq!(parsed.as_secs(), seconds);
+            assert_eq!(window(parsed), text);
+        }
+        for bad in ["", "30", "d", "0d", "-1d", "1.5h", "3w"] {
+            let err = parse_window(bad).unwrap_err();
+            assert!(err.contains("such as 30d"), "{bad}: {err}");
+        }
+    }
 
     #[test]
     fn escapes_what_a_terminal_would_obey() {

@@ -7,6 +7,12 @@
 //! to the one before, and refuses a line whose readable fields disagree with
 //! its sealed bytes, naming the line. Records the target already holds,
 //! identical, are skipped, so an interrupted import can simply run again.
+//!
+//! A session encrypted at rest ([`crate::privacy`]) exports as it is
+//! stored: records with encrypted fields, and a line with its key as the
+//! store keeps it (wrapped by the master key) before its records. So the
+//! target reads it with the same master key, and erasing it there works.
+//! An erased session has no key left: it exports as its shape.
 
 use eventlog::{EventLog, LogError, Record};
 use serde::{Deserialize, Serialize};
@@ -42,6 +48,16 @@ pub struct Line {
     pub sealed: String,
 }
 
+/// One exported session key, wrapped by the store's master key.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyLine {
+    /// The session.
+    pub session: Uuid,
+    /// Its key as the store keeps it (hex).
+    pub wrapped_key: String,
+}
+
 /// Everything that can go wrong in a transfer, naming where.
 #[derive(Debug, thiserror::Error)]
 pub enum TransferError {
@@ -69,6 +85,14 @@ pub async fn export(
 ) -> Result<u64, TransferError> {
     let mut written = 0;
     for &session in sessions {
+        if let Some(wrapped) = log.get_key(session).await? {
+            let line = KeyLine {
+                session,
+                wrapped_key: hex::encode(wrapped),
+            };
+            serde_json::to_writer(&mut *out, &line).map_err(std::io::Error::from)?;
+            out.write_all(b"\n")?;
+        }
         let head = log.head(session).await?.seq;
         let mut from = 1;
         while from <= head {
@@ -142,6 +166,22 @@ pub async fn import(
     for (n, text) in input.lines().enumerate() {
         let (line_no, text) = (n + 1, text?);
         if text.trim().is_empty() {
+            continue;
+        }
+        if let Ok(key) = serde_json::from_str::<KeyLine>(&text) {
+            let wrapped = hex::decode(&key.wrapped_key).map_err(|_| TransferError::BadLine {
+                line: line_no,
+                reason: "`wrapped_key` is not hex".into(),
+            })?;
+            if log.put_key(key.session, &wrapped).await? != wrapped {
+                return Err(TransferError::BadLine {
+                    line: line_no,
+                    reason: format!(
+                        "session {}: this store keeps another key for it",
+                        key.session
+                    ),
+                });
+            }
             continue;
         }
         let (session, pending) = match parse_line(line_no, &text) {
