@@ -11,11 +11,9 @@ use eventlog::{EventLog, SledLog};
 use pglog::PgLog;
 use runtime::agent::load_agent_file;
 use runtime::api::PostMessage;
-use runtime::api::{
-    Approve, DecisionAnswer, Erase, Resolve, SessionStatus, TurnOutcome, Verified,
-};
-use runtime::service::Service;
+use runtime::api::{Approve, DecisionAnswer, Erase, Resolve, SessionStatus, TurnOutcome, Verified};
 use runtime::privacy::{MasterKey, SealedLog};
+use runtime::service::Service;
 use runtime::signing::{HeadKey, HeadSigner};
 use runtime::{views, TurnEnd};
 use serde::Serialize;
@@ -284,8 +282,14 @@ async fn signed_heads(
 fn keygen(data_dir: &Path, out: &Path, master: bool) -> Result<ExitCode> {
     let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
     let (what, why) = match master {
-        true => ("master key", "a copy of the directory must not carry the key to its content"),
-        false => ("signing key", "whoever can rewrite the store must not hold it"),
+        true => (
+            "master key",
+            "a copy of the directory must not carry the key to its content",
+        ),
+        false => (
+            "signing key",
+            "whoever can rewrite the store must not hold it",
+        ),
     };
     if absolute(out).starts_with(absolute(data_dir)) {
         bail!(
@@ -317,7 +321,10 @@ async fn erase(sessions: &dyn Sessions, a: crate::EraseArgs) -> Result<ExitCode>
                     && last.is_ok_and(|t| t.timestamp_millis() < since)
             });
             let reason = a.reason.unwrap_or_else(|| {
-                format!("retention: idle longer than {}", runtime::text::window(window))
+                format!(
+                    "retention: idle longer than {}",
+                    runtime::text::window(window)
+                )
             });
             (idle.map(|row| row.session).collect(), reason)
         }

@@ -184,7 +184,10 @@ impl Sessions for Local {
     async fn erase(&self, id: Uuid, erase: runtime::api::Erase) -> Result<runtime::api::Erased> {
         let lease = self.hold(id).await?;
         let mut session = self.service.load(id).await?;
-        let erased = self.service.erase(&mut session, &erase.reason, &erase.by).await;
+        let erased = self
+            .service
+            .erase(&mut session, &erase.reason, &erase.by)
+            .await;
         drop(session);
         lease.release().await;
         erased?;

@@ -208,7 +208,10 @@ impl Sessions for Remote {
 
     async fn erase(&self, id: Uuid, erase: runtime::api::Erase) -> Result<runtime::api::Erased> {
         let path = format!("/sessions/{id}");
-        let request = self.http.delete(format!("{}{path}", self.base)).json(&erase);
+        let request = self
+            .http
+            .delete(format!("{}{path}", self.base))
+            .json(&erase);
         answer(&path, self.call(request).await?).await
     }
 

@@ -15,10 +15,9 @@ use eventlog::LogError;
 use replay::AgentSpec;
 use runtime::api::{
     self as wire, Approve, Cancel, Cancelled, Created, Decided, Erase, Erased, EventRecord,
-    EventsQuery, Fork,
-    Forked, Health, ListQuery, MessageAccepted, PauseRequested, PostMessage, ReplayView, Resolve,
-    Resume, Resuming, SessionDiff, SessionStatus, SessionSummary, SessionView, TurnOutcome,
-    Verified,
+    EventsQuery, Fork, Forked, Health, ListQuery, MessageAccepted, PauseRequested, PostMessage,
+    ReplayView, Resolve, Resume, Resuming, SessionDiff, SessionStatus, SessionSummary, SessionView,
+    TurnOutcome, Verified,
 };
 use runtime::error::RuntimeError;
 use runtime::runner::TurnEnd;
@@ -573,7 +572,12 @@ async fn erase_session(
 
 /// Stops a running turn of session `id`, then erases it under its lease,
 /// and forgets every copy of its state this daemon keeps.
-pub(crate) async fn erase(daemon: &Shared, id: Uuid, reason: &str, by: &str) -> Result<(), ApiError> {
+pub(crate) async fn erase(
+    daemon: &Shared,
+    id: Uuid,
+    reason: &str,
+    by: &str,
+) -> Result<(), ApiError> {
     daemon.service.ensure_exists(id).await?;
     if !daemon.request_pause(id) {
         daemon.wait_for_turn_elsewhere(id).await?;

@@ -497,7 +497,10 @@ impl Daemon {
     /// hourly), the sessions idle longer than `window`.
     async fn retain(self: Arc<Self>, window: Duration) {
         let every = (window / 10).clamp(Duration::from_secs(1), Duration::from_secs(3600));
-        let reason = format!("retention: idle longer than {}", runtime::text::window(window));
+        let reason = format!(
+            "retention: idle longer than {}",
+            runtime::text::window(window)
+        );
         loop {
             let since = runtime::text::now_ms() - window.as_millis() as i64;
             match self.service.idle_since(since).await {
@@ -507,8 +510,13 @@ impl Daemon {
                             continue;
                         }
                         match api::erase(&self, id, &reason, "mneme retention").await {
-                            Ok(()) => runtime::log_line!("mneme serve: erased session {id} ({reason})"),
-                            Err(e) => runtime::warn_line!("mneme serve: cannot erase session {id}: {}", e.1),
+                            Ok(()) => {
+                                runtime::log_line!("mneme serve: erased session {id} ({reason})")
+                            }
+                            Err(e) => runtime::warn_line!(
+                                "mneme serve: cannot erase session {id}: {}",
+                                e.1
+                            ),
                         }
                     }
                 }

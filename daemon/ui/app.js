@@ -239,6 +239,9 @@ function actions(id, view) {
     } catch (error) { failed(error); }
   };
   const running = view.status === "running";
+  if (view.status === "erased") {
+    return [el("span", { class: "erased-note" }, "Its content was erased: nothing runs in it again.")];
+  }
   return [
     el("button", { type: "button", id: "pause", disabled: !running, onclick: post("pause", {}, () => "Pause asked for: the turn stops at its next step.") }, "Pause"),
     el("button", { type: "button", id: "resume", disabled: running, onclick: post("resume", {}, () => "Resuming.") }, "Resume"),

@@ -261,7 +261,8 @@ pub fn now_ms() -> i64 {
 /// A window of time as people write it: a whole number and a unit, `s`,
 /// `m`, `h` or `d` (`30d`, `12h`, `90s`).
 pub fn parse_window(text: &str) -> Result<std::time::Duration, String> {
-    let refuse = || format!("{text:?}: expected a whole number and a unit (s, m, h or d), such as 30d");
+    let refuse =
+        || format!("{text:?}: expected a whole number and a unit (s, m, h or d), such as 30d");
     let unit = text.chars().last().ok_or_else(refuse)?;
     let seconds = match unit {
         's' => 1,
@@ -283,7 +284,9 @@ pub fn window(window: std::time::Duration) -> String {
     [(86_400, "d"), (3600, "h"), (60, "m")]
         .into_iter()
         .find(|(unit, _)| seconds >= *unit && seconds.is_multiple_of(*unit))
-        .map_or(format!("{seconds}s"), |(unit, name)| format!("{}{name}", seconds / unit))
+        .map_or(format!("{seconds}s"), |(unit, name)| {
+            format!("{}{name}", seconds / unit)
+        })
 }
 
 #[cfg(test)]
@@ -292,7 +295,12 @@ mod tests {
 
     #[test]
     fn windows_read_and_print_in_whole_units() {
-        for (text, seconds) in [("30d", 2_592_000), ("12h", 43_200), ("90s", 90), ("5m", 300)] {
+        for (text, seconds) in [
+            ("30d", 2_592_000),
+            ("12h", 43_200),
+            ("90s", 90),
+            ("5m", 300),
+        ] {
             let parsed = parse_window(text).unwrap();
             assert_eq!(parsed.as_secs(), seconds);
             assert_eq!(window(parsed), text);

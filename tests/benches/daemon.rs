@@ -112,6 +112,7 @@ fn run_child(dir: &str) {
             max_connections: daemon::DEFAULT_MAX_CONNECTIONS,
             owner: runtime::lease::owner_name("bench"),
             signer: None,
+            retain: None,
             lease_ttl: runtime::lease::DEFAULT_TTL,
         };
         daemon::serve(log, config).await.unwrap();

@@ -81,7 +81,10 @@ impl Private {
     async fn wrapped_key(&self, session: &str) -> String {
         let out = self.run_ok(&["export", session]).await;
         let line: Value = serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
-        line["wrapped_key"].as_str().expect("a key line first").to_string()
+        line["wrapped_key"]
+            .as_str()
+            .expect("a key line first")
+            .to_string()
     }
 
     async fn log_text(&self, session: &str) -> String {
@@ -127,11 +130,24 @@ fn holding<'a>(places: &'a [(String, Vec<u8>)], needle: &[u8]) -> Vec<&'a str> {
 
 fn assert_shape_left(log: &str) {
     assert!(log.contains("[erased]"), "{log}");
-    for kind in ["SessionStarted", "UserMessage", "ModelReplied", "ToolStarted", "ToolFinished", "SessionErased"] {
+    for kind in [
+        "SessionStarted",
+        "UserMessage",
+        "ModelReplied",
+        "ToolStarted",
+        "ToolFinished",
+        "SessionErased",
+    ] {
         assert!(log.contains(kind), "{kind} missing from the shape: {log}");
     }
-    assert!(log.contains("lookup") && log.contains("mneme-"), "tool and idempotency key stay: {log}");
-    assert!(log.contains("by dpo") && log.contains("asked on 2026-11-30"), "{log}");
+    assert!(
+        log.contains("lookup") && log.contains("mneme-"),
+        "tool and idempotency key stay: {log}"
+    );
+    assert!(
+        log.contains("by dpo") && log.contains("asked on 2026-11-30"),
+        "{log}"
+    );
     for planted in PLANTED {
         assert!(!log.contains(planted), "{planted} still shown: {log}");
     }
@@ -139,7 +155,14 @@ fn assert_shape_left(log: &str) {
 
 async fn erase(private: &Private, session: &str) {
     let out = private
-        .run(&["erase", session, "--reason", "asked on 2026-11-30", "--by", "dpo"])
+        .run(&[
+            "erase",
+            session,
+            "--reason",
+            "asked on 2026-11-30",
+            "--by",
+            "dpo",
+        ])
         .await;
     assert!(out.status.success(), "{}", stderr(&out));
 }
@@ -150,22 +173,36 @@ async fn erased_content_and_its_key_are_in_no_file_and_the_shape_and_chain_remai
     let session = private.planted_session().await;
     let before = private.log_text(&session).await;
     for planted in PLANTED {
-        assert!(before.contains(planted), "{planted} readable with the key: {before}");
+        assert!(
+            before.contains(planted),
+            "{planted} readable with the key: {before}"
+        );
     }
     // Encrypted at rest: no marker in any file, nor in any value of sled.
     let places = every_byte(&private.world.data());
     for planted in PLANTED {
-        assert_eq!(holding(&places, planted.as_bytes()), Vec::<&str>::new(), "{planted}");
+        assert_eq!(
+            holding(&places, planted.as_bytes()),
+            Vec::<&str>::new(),
+            "{planted}"
+        );
     }
     let wrapped = hex::decode(private.wrapped_key(&session).await).unwrap();
-    assert!(!holding(&places, &wrapped).is_empty(), "the key is kept in the data directory");
+    assert!(
+        !holding(&places, &wrapped).is_empty(),
+        "the key is kept in the data directory"
+    );
 
     erase(&private, &session).await;
 
     let after = private.log_text(&session).await;
     assert_shape_left(&after);
     let places = every_byte(&private.world.data());
-    assert_eq!(holding(&places, &wrapped), Vec::<&str>::new(), "the key is destroyed");
+    assert_eq!(
+        holding(&places, &wrapped),
+        Vec::<&str>::new(),
+        "the key is destroyed"
+    );
     private.run_ok(&["verify", &session]).await;
     let listed = stdout(&private.run_ok(&["sessions", "--json"]).await);
     assert!(listed.contains("\"erased\""), "{listed}");
@@ -178,7 +215,11 @@ async fn erased_content_and_its_key_are_in_no_file_and_the_shape_and_chain_remai
     ] {
         let out = private.run(&args).await;
         assert!(!out.status.success(), "{args:?} ran");
-        assert!(stderr(&out).contains("erased"), "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("erased"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
     }
     // An export carries the shape, and no key.
     let export = stdout(&private.run_ok(&["export", &session]).await);
@@ -213,7 +254,11 @@ async fn a_session_written_without_a_master_key_is_found_and_cannot_be_erased() 
         .run(&["erase", &session, "--reason", "asked", "--by", "dpo"])
         .await;
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("written without encryption"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("written without encryption"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -223,7 +268,14 @@ async fn a_crash_after_the_erasure_is_recorded_leaves_it_erased_and_erase_finish
     let wrapped = hex::decode(private.wrapped_key(&session).await).unwrap();
     let out = private
         .mneme()
-        .args(["erase", &session, "--reason", "asked on 2026-11-30", "--by", "dpo"])
+        .args([
+            "erase",
+            &session,
+            "--reason",
+            "asked on 2026-11-30",
+            "--by",
+            "dpo",
+        ])
         .env("MNEME_CRASH_AT", "erase_recorded")
         .output()
         .await
@@ -251,20 +303,30 @@ async fn erasure_on_postgres_leaves_nothing_in_a_dump() {
     let wrapped = private.wrapped_key(&session).await;
     let dump = || {
         let ctl = std::env::var("MNEME_TEST_PG_CTL").expect("MNEME_TEST_PG_CTL");
-        let pg_ctl = ctl.split_whitespace().find(|w| w.ends_with("/pg_ctl")).unwrap();
+        let pg_ctl = ctl
+            .split_whitespace()
+            .find(|w| w.ends_with("/pg_ctl"))
+            .unwrap();
         let server = std::env::var("MNEME_TEST_PG").unwrap();
         let out = std::process::Command::new(pg_ctl.replace("/pg_ctl", "/pg_dump"))
             .args(["--data-only", &server])
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let before = dump();
     assert!(before.contains(&wrapped), "pg_dump shows the key table");
     for planted in PLANTED {
         assert!(!before.contains(planted), "{planted} in the clear");
-        assert!(!before.contains(&hex::encode(planted)), "{planted} in the clear (bytea)");
+        assert!(
+            !before.contains(&hex::encode(planted)),
+            "{planted} in the clear (bytea)"
+        );
     }
     erase(&private, &session).await;
     assert_shape_left(&private.log_text(&session).await);
@@ -279,10 +341,20 @@ async fn retention_erases_idle_sessions_from_the_command_line_and_the_daemon() {
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     let fresh = private.planted_session().await;
     let out = private.run_ok(&["erase", "--idle-for", "1s"]).await;
-    assert!(stderr(&out).contains(&format!("session {old}: erased")), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("session {old}: erased")),
+        "{}",
+        stderr(&out)
+    );
     let kinds = private.kinds(&fresh).await;
-    assert!(!kinds.contains(&"\"SessionErased\"".to_string()), "{kinds:?}");
-    assert!(private.log_text(&old).await.contains("retention: idle longer than 1s"));
+    assert!(
+        !kinds.contains(&"\"SessionErased\"".to_string()),
+        "{kinds:?}"
+    );
+    assert!(private
+        .log_text(&old)
+        .await
+        .contains("retention: idle longer than 1s"));
 
     // The daemon sweeps on its own.
     let mut command = DaemonProcess::command(&private.world.data(), &["--retain", "2s"]);
@@ -300,6 +372,9 @@ async fn retention_erases_idle_sessions_from_the_command_line_and_the_daemon() {
     }
     let (_, events) = daemon.get(&format!("/sessions/{fresh}/events")).await;
     let text = events.to_string();
-    assert!(text.contains("mneme retention") && !text.contains(ANSWER), "{text}");
+    assert!(
+        text.contains("mneme retention") && !text.contains(ANSWER),
+        "{text}"
+    );
     daemon.terminate().await;
 }
