@@ -149,6 +149,7 @@ mod tests {
             ("get", "/sessions"),
             ("post", "/sessions"),
             ("get", "/sessions/{id}"),
+            ("delete", "/sessions/{id}"),
             ("post", "/sessions/{id}/messages"),
             ("post", "/sessions/{id}/resume"),
             ("post", "/sessions/{id}/pause"),
