@@ -67,6 +67,12 @@ fn main() {
     println!("encryption at rest, {events} events of about 1 KiB, median of {RUNS} runs:");
     println!("| | sled | sled + master key | ratio |");
     println!("|---|---:|---:|---:|");
-    println!("| appends/s (one event each, buffered) | {pa:.0} | {sa:.0} | {:.2}x |", sa / pa);
-    println!("| read + decode the session | {pr:.1} ms | {sr:.1} ms | {:.2}x |", sr / pr);
+    println!(
+        "| appends/s (one event each, buffered) | {pa:.0} | {sa:.0} | {:.2}x |",
+        sa / pa
+    );
+    println!(
+        "| read + decode the session | {pr:.1} ms | {sr:.1} ms | {:.2}x |",
+        sr / pr
+    );
 }
