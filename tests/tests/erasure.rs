@@ -296,6 +296,35 @@ async fn a_crash_after_the_erasure_is_recorded_leaves_it_erased_and_erase_finish
     assert_eq!(erasures, 1, "recorded once: {kinds:?}");
 }
 
+/// An export carries the encrypted records and the wrapped key: imported
+/// elsewhere (with the same master key), the session reads as before, and
+/// erasing it there works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exported_session_imported_elsewhere_reads_and_erases_there() {
+    let source = Private::new(World::new()).await;
+    let session = source.planted_session().await;
+    let export = source.world.dir.path().join("export.jsonl");
+    source
+        .run_ok(&["export", &session, "-o", export.to_str().unwrap()])
+        .await;
+    let text = std::fs::read_to_string(&export).unwrap();
+    for planted in PLANTED {
+        assert!(!text.contains(planted), "{planted} in the clear in the export");
+    }
+    let target = Private {
+        world: World::new(),
+        key: source.key.clone(),
+    };
+    target.run_ok(&["import", export.to_str().unwrap()]).await;
+    let log = target.log_text(&session).await;
+    for planted in PLANTED {
+        assert!(log.contains(planted), "{planted} not readable after import: {log}");
+    }
+    erase(&target, &session).await;
+    assert_shape_left(&target.log_text(&session).await);
+    assert!(source.log_text(&session).await.contains(MESSAGE), "the source keeps its own");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn erasure_on_postgres_leaves_nothing_in_a_dump() {
     let private = Private::new(World::on_postgres()).await;
@@ -376,5 +405,60 @@ async fn retention_erases_idle_sessions_from_the_command_line_and_the_daemon() {
         text.contains("mneme retention") && !text.contains(ANSWER),
         "{text}"
     );
+    daemon.terminate().await;
+}
+
+/// A session erased while its turn runs: the turn stops at its next step
+/// (the model is not asked again), then the session is erased.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_erased_while_its_turn_runs_is_stopped_first() {
+    let private = Private::new(World::new()).await;
+    let model = MockModel::start(
+        vec![
+            MockReply::calls(&[("slow", json!({ "card": ARGUMENT }))]),
+            MockReply::answer(ANSWER),
+        ],
+        Fault::None,
+    )
+    .await;
+    let started = private.world.dir.path().join("started");
+    let slow = format!("cat >/dev/null; touch {}; sleep 2; echo 1", started.display());
+    let tools = [command_tool("slow", &["sh", "-c", &slow], "read_only", 10)];
+    let mut command = DaemonProcess::command(&private.world.data(), &[]);
+    command.env("MNEME_MASTER_KEY", &private.key);
+    let daemon = DaemonProcess::launch(command, &private.world.data()).await;
+    let id = daemon
+        .create(&agent_toml(&model.base_url(), &tools))
+        .await;
+    let (code, _) = daemon
+        .post(&format!("/sessions/{id}/messages"), &json!({ "text": MESSAGE }))
+        .await;
+    assert!(code < 300, "{code}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !started.exists() {
+        assert!(std::time::Instant::now() < deadline, "the tool never started");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let response = daemon
+        .http
+        .delete(daemon.url(&format!("/sessions/{id}")))
+        .json(&json!({ "reason": "asked on 2026-11-30", "by": "dpo" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["status"], "erased", "{body}");
+    let (_, view) = daemon.get(&format!("/sessions/{id}")).await;
+    assert_eq!(view["status"], "erased", "{view}");
+    let (_, events) = daemon.get(&format!("/sessions/{id}/events")).await;
+    let text = events.to_string();
+    assert!(text.contains("SessionErased") && !text.contains(MESSAGE), "{text}");
+    assert_eq!(model.bodies().len(), 1, "the model was asked again");
+    let (code, refused) = daemon
+        .post(&format!("/sessions/{id}/resume"), &json!({}))
+        .await;
+    assert_eq!(code, 409, "{refused}");
+    assert!(refused["error"].to_string().contains("erased"), "{refused}");
     daemon.terminate().await;
 }
