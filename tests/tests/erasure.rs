@@ -309,7 +309,10 @@ async fn an_exported_session_imported_elsewhere_reads_and_erases_there() {
         .await;
     let text = std::fs::read_to_string(&export).unwrap();
     for planted in PLANTED {
-        assert!(!text.contains(planted), "{planted} in the clear in the export");
+        assert!(
+            !text.contains(planted),
+            "{planted} in the clear in the export"
+        );
     }
     let target = Private {
         world: World::new(),
@@ -318,11 +321,17 @@ async fn an_exported_session_imported_elsewhere_reads_and_erases_there() {
     target.run_ok(&["import", export.to_str().unwrap()]).await;
     let log = target.log_text(&session).await;
     for planted in PLANTED {
-        assert!(log.contains(planted), "{planted} not readable after import: {log}");
+        assert!(
+            log.contains(planted),
+            "{planted} not readable after import: {log}"
+        );
     }
     erase(&target, &session).await;
     assert_shape_left(&target.log_text(&session).await);
-    assert!(source.log_text(&session).await.contains(MESSAGE), "the source keeps its own");
+    assert!(
+        source.log_text(&session).await.contains(MESSAGE),
+        "the source keeps its own"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -422,21 +431,28 @@ async fn a_session_erased_while_its_turn_runs_is_stopped_first() {
     )
     .await;
     let started = private.world.dir.path().join("started");
-    let slow = format!("cat >/dev/null; touch {}; sleep 2; echo 1", started.display());
+    let slow = format!(
+        "cat >/dev/null; touch {}; sleep 2; echo 1",
+        started.display()
+    );
     let tools = [command_tool("slow", &["sh", "-c", &slow], "read_only", 10)];
     let mut command = DaemonProcess::command(&private.world.data(), &[]);
     command.env("MNEME_MASTER_KEY", &private.key);
     let daemon = DaemonProcess::launch(command, &private.world.data()).await;
-    let id = daemon
-        .create(&agent_toml(&model.base_url(), &tools))
-        .await;
+    let id = daemon.create(&agent_toml(&model.base_url(), &tools)).await;
     let (code, _) = daemon
-        .post(&format!("/sessions/{id}/messages"), &json!({ "text": MESSAGE }))
+        .post(
+            &format!("/sessions/{id}/messages"),
+            &json!({ "text": MESSAGE }),
+        )
         .await;
     assert!(code < 300, "{code}");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while !started.exists() {
-        assert!(std::time::Instant::now() < deadline, "the tool never started");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the tool never started"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     let response = daemon
@@ -453,7 +469,10 @@ async fn a_session_erased_while_its_turn_runs_is_stopped_first() {
     assert_eq!(view["status"], "erased", "{view}");
     let (_, events) = daemon.get(&format!("/sessions/{id}/events")).await;
     let text = events.to_string();
-    assert!(text.contains("SessionErased") && !text.contains(MESSAGE), "{text}");
+    assert!(
+        text.contains("SessionErased") && !text.contains(MESSAGE),
+        "{text}"
+    );
     assert_eq!(model.bodies().len(), 1, "the model was asked again");
     let (code, refused) = daemon
         .post(&format!("/sessions/{id}/resume"), &json!({}))
