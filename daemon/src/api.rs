@@ -479,6 +479,7 @@ async fn resume(
 ) -> Result<Response, ApiError> {
     refuse_when_stopping(&daemon)?;
     daemon.service.ensure_exists(id).await?; // 404 before spawning
+    daemon.service.refuse_if_erased(id).await?; // 409
     let body = body.map(|Json(b)| b).unwrap_or_default();
     let turn = daemon.spawn_turn(id, TurnStart::Resume(who(&signed_in, "api"), body.extend));
     if !body.wait {

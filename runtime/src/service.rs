@@ -445,6 +445,15 @@ impl Service {
         self.summary_at(meta.session, meta.events).await
     }
 
+    /// Refuses session `id` by name if its content was erased: nothing may
+    /// be started for it.
+    pub async fn refuse_if_erased(&self, id: Uuid) -> Result<(), RuntimeError> {
+        if self.current_summary(id).await?.status != Status::Erased.to_string() {
+            return Ok(());
+        }
+        refuse_erased(&self.load(id).await?)
+    }
+
     /// The summary of session `id` as its log stands now.
     pub async fn current_summary(&self, id: Uuid) -> Result<Summary, RuntimeError> {
         self.summary_at(id, self.log.head(id).await?.seq).await
