@@ -164,7 +164,9 @@ fn a_turn_is_opened_by_a_message_or_a_resume() {
         extend_budget: false,
     });
     assert_eq!(fold(&events).turn_opened, opened(10, true, 2));
-    events.push(Event::UserMessage { text: "more".into() });
+    events.push(Event::UserMessage {
+        text: "more".into(),
+    });
     assert_eq!(fold(&events).turn_opened, opened(11, false, 10));
 }
 
