@@ -52,7 +52,17 @@ pub async fn dispatch(cli: Cli, holder: &str) -> Result<ExitCode> {
         .as_deref()
         .map(|path| MasterKey::load(path, Some(&data_dir)))
         .transpose()?;
-    let tracer = tracer(cli.otlp_endpoint.as_deref(), cli.otlp_content)?;
+    // Only commands that run turns here trace.
+    let turns = matches!(
+        command,
+        Command::Run(_)
+            | Command::Resume(_)
+            | Command::Resolve(_)
+            | Command::Approve(_)
+            | Command::Serve(_)
+    );
+    let endpoint = cli.otlp_endpoint.as_deref().filter(|_| turns);
+    let tracer = tracer(endpoint, cli.otlp_content)?;
     let outcome = async {
         let sessions: Box<dyn Sessions> =
             match open_log(&cli.store, &data_dir, &command, holder).await? {

@@ -103,7 +103,7 @@ pub struct Tracer {
 impl std::fmt::Debug for Tracer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tracer")
-            .field("url", &self.url)
+            .field("url", &replay::spec::redact_url(&self.url))
             .field("content", &self.content)
             .finish_non_exhaustive()
     }
@@ -133,6 +133,7 @@ impl Tracer {
         let exporter = Exporter {
             client,
             url: url.clone(),
+            shown: replay::spec::redact_url(&url),
             dropped: dropped.clone(),
             warned: None,
             lost_since_warning: 0,
@@ -715,6 +716,8 @@ fn error_type(error: &RuntimeError) -> &'static str {
 struct Exporter {
     client: reqwest::Client,
     url: String,
+    /// `url` as warnings show it (without credentials).
+    shown: String,
     dropped: Arc<AtomicU64>,
     /// When a failure was last warned about.
     warned: Option<Instant>,
@@ -783,7 +786,7 @@ impl Exporter {
         self.warned = Some(Instant::now());
         crate::warn_line!(
             "mneme: warning: traces not exported to {}: {reason} ({} spans lost; warned at most once a minute)",
-            self.url,
+            self.shown,
             std::mem::take(&mut self.lost_since_warning)
         );
     }
