@@ -868,8 +868,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_full_queue_drops_and_counts_and_a_dead_collector_is_no_error() {
-        // Nothing listens on port 9 of loopback (discard): refused at once.
-        let mut config = OtlpConfig::new("http://127.0.0.1:9");
+        // A port nothing listens on any more: refused at once.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap();
+        let mut config = OtlpConfig::new(format!("http://{closed}"));
         config.queue = 2;
         let tracer = Tracer::start(config).unwrap();
         for _ in 0..10 {
