@@ -683,7 +683,12 @@ impl TurnTrace {
         attributes.push(text("mneme.turn.outcome", outcome));
         if let Some((kind, message)) = error {
             attributes.push(text("error.type", kind));
-            span.status = error_status(clip(&message));
+            // A reason may quote what a server or tool said: content.
+            let message = match self.tracer.content {
+                true => clip(&message),
+                false => format!("the turn failed ({kind}); `mneme log` says why"),
+            };
+            span.status = error_status(message);
         }
         if self.tracer.content {
             if let Some(input) = self.input.take() {

@@ -405,6 +405,27 @@ async fn a_turn_is_one_trace_of_its_model_calls_and_tool_runs_without_content() 
     }
     let services = collector.received.lock().unwrap().services.clone();
     assert!(!services.is_empty() && services.iter().all(|s| s == "mneme"));
+
+    // A failed turn says so, and of what kind, but not the reason (a
+    // server's text may quote what was said): the log keeps it.
+    let out = world
+        .mneme()
+        .args(["--otlp-endpoint", &collector.endpoint()])
+        .args(["run", "--session", &session.to_string(), "again"])
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success(), "the model has no third reply");
+    let spans = collector.spans();
+    let failed = spans
+        .iter()
+        .find(|s| s.name == "invoke_agent test-agent" && s.span_id != turn.span_id)
+        .expect("the second turn's span");
+    assert_eq!(text(failed, "mneme.turn.outcome"), "failed");
+    assert_eq!(text(failed, "error.type"), "model");
+    assert_eq!(status(failed), Code::Error);
+    let reason = failed.status.clone().unwrap().message;
+    assert!(!reason.contains("scripted"), "{reason}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -469,6 +490,11 @@ async fn content_is_exported_when_asked_clipped() {
     assert_eq!(text(second, "mneme.turn.outcome"), "failed");
     assert_eq!(status(second), Code::Error);
     assert_eq!(text(second, "error.type"), "model");
+    let reason = second.status.clone().unwrap().message;
+    assert!(
+        reason.contains("no scripted reply"),
+        "with content: {reason}"
+    );
     let input = text(second, "gen_ai.input.messages");
     assert!(input.len() < 4096 + 200, "{} bytes", input.len());
     assert!(input.contains("more bytes]") && !input.contains("tail-3b9a"));
