@@ -15,6 +15,7 @@ use runtime::api::{Approve, DecisionAnswer, Erase, Resolve, SessionStatus, TurnO
 use runtime::privacy::{MasterKey, SealedLog};
 use runtime::service::Service;
 use runtime::signing::{HeadKey, HeadSigner};
+use runtime::telemetry::{self, OtlpConfig, Tracer};
 use runtime::{views, TurnEnd};
 use serde::Serialize;
 use std::future::Future;
@@ -51,29 +52,61 @@ pub async fn dispatch(cli: Cli, holder: &str) -> Result<ExitCode> {
         .as_deref()
         .map(|path| MasterKey::load(path, Some(&data_dir)))
         .transpose()?;
-    let sessions: Box<dyn Sessions> =
-        match open_log(&cli.store, &data_dir, &command, holder).await? {
-            Opened::Daemon(remote) => Box::new(remote),
-            Opened::Log(raw) => {
-                let log: Arc<dyn EventLog> = Arc::new(SealedLog::new(raw.clone(), master));
-                if let Command::Serve(a) = command {
-                    let settings = ServeSettings {
-                        signer,
-                        data_dir: &data_dir,
-                        durability,
-                        snapshot_every,
-                        lease_ttl,
-                    };
-                    return serve(log, settings, a).await;
+    // Only commands that run turns here trace.
+    let turns = matches!(
+        command,
+        Command::Run(_)
+            | Command::Resume(_)
+            | Command::Resolve(_)
+            | Command::Approve(_)
+            | Command::Serve(_)
+    );
+    let endpoint = cli.otlp_endpoint.as_deref().filter(|_| turns);
+    let tracer = tracer(endpoint, cli.otlp_content)?;
+    let outcome = async {
+        let sessions: Box<dyn Sessions> =
+            match open_log(&cli.store, &data_dir, &command, holder).await? {
+                Opened::Daemon(remote) => Box::new(remote),
+                Opened::Log(raw) => {
+                    let log: Arc<dyn EventLog> = Arc::new(SealedLog::new(raw.clone(), master));
+                    if let Command::Serve(a) = command {
+                        let settings = ServeSettings {
+                            signer,
+                            tracer: tracer.clone(),
+                            data_dir: &data_dir,
+                            durability,
+                            snapshot_every,
+                            lease_ttl,
+                        };
+                        return serve(log, settings, a).await;
+                    }
+                    let service = Service::new(log, durability)
+                        .snapshot_every(snapshot_every)
+                        .signed_by(signer)
+                        .traced_by(tracer.clone());
+                    let owner = runtime::lease::owner_name("cli");
+                    Box::new(Local::new(service, raw, owner, lease_ttl))
                 }
-                let service = Service::new(log, durability)
-                    .snapshot_every(snapshot_every)
-                    .signed_by(signer);
-                let owner = runtime::lease::owner_name("cli");
-                Box::new(Local::new(service, raw, owner, lease_ttl))
-            }
-        };
-    run(sessions.as_ref(), command).await
+            };
+        run(sessions.as_ref(), command).await
+    }
+    .await;
+    if let Some(tracer) = tracer {
+        // The last turns' spans, before the process ends: at most this long.
+        tracer.flush(telemetry::DEFAULT_TIMEOUT).await;
+    }
+    outcome
+}
+
+/// The exporter of turns' traces, if `--otlp-endpoint` names a collector.
+fn tracer(endpoint: Option<&str>, content: bool) -> Result<Option<Arc<Tracer>>> {
+    let Some(endpoint) = endpoint.filter(|e| !e.trim().is_empty()) else {
+        return Ok(None);
+    };
+    let mut config = OtlpConfig::new(endpoint);
+    config.content = content;
+    let tracer = Tracer::start(config).map_err(|e| anyhow::anyhow!("--otlp-endpoint: {e}"))?;
+    Ok(Some(tracer))
 }
 
 /// Runs `command` on `sessions`.
@@ -467,6 +500,7 @@ async fn open_log(
 /// What `serve` takes from the global options.
 struct ServeSettings<'a> {
     signer: Option<Arc<HeadSigner>>,
+    tracer: Option<Arc<Tracer>>,
     data_dir: &'a Path,
     durability: eventlog::Durability,
     snapshot_every: u64,
@@ -501,6 +535,7 @@ async fn serve(
         lease_ttl: settings.lease_ttl,
         signer: settings.signer,
         retain: a.retain,
+        tracer: settings.tracer,
     };
     daemon::serve(log, config).await?;
     Ok(ExitCode::SUCCESS)

@@ -71,6 +71,17 @@ struct Cli {
     /// content. Needed to read sessions written with it.
     #[arg(long, env = "MNEME_MASTER_KEY", global = true)]
     master_key: Option<PathBuf>,
+    /// Send a trace of each turn this process runs (`run`, `resume`, the
+    /// daemon's) to an OpenTelemetry collector: OTLP over HTTP, protobuf,
+    /// POSTed to URL/v1/traces. Spans follow the GenAI semantic
+    /// conventions; a collector that is down costs a warning, never a turn.
+    #[arg(long, env = "MNEME_OTLP_ENDPOINT", global = true, value_name = "URL")]
+    otlp_endpoint: Option<String>,
+    /// Put messages, tool arguments and results in the traces (each
+    /// clipped to 4 KiB). Off by default: spans carry names, ids, tokens,
+    /// timings and outcomes only.
+    #[arg(long, env = "MNEME_OTLP_CONTENT", global = true)]
+    otlp_content: bool,
     /// Snapshot a session's state every N events (0: never). Default: every
     /// 1000 events for agents with a context window (their state stays
     /// small), never otherwise. Snapshots only make resume faster.

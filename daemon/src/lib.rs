@@ -105,6 +105,8 @@ pub struct DaemonConfig {
     pub signer: Option<Arc<runtime::signing::HeadSigner>>,
     /// Erase sessions idle longer than this (retention), if given.
     pub retain: Option<Duration>,
+    /// Traces each turn in the OpenTelemetry format, if given.
+    pub tracer: Option<Arc<runtime::telemetry::Tracer>>,
 }
 
 /// What the daemon shares between requests and turns.
@@ -643,6 +645,7 @@ pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), R
     let service = Service::new(log, config.durability)
         .snapshot_every(config.snapshot_every)
         .signed_by(config.signer.clone())
+        .traced_by(config.tracer.clone())
         .observed_by(Arc::new(heads::Observers(vec![
             metrics.clone(),
             heads.clone(),

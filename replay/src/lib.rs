@@ -22,8 +22,8 @@ pub use prompt::{
 };
 pub use spec::{AgentSpec, Effect, KvShape, Limits, ModelSpec, ToolKind, ToolSpec};
 pub use state::{
-    CallPhase, CallState, Entry, SessionState, Status, Totals, TurnSpend, FALLBACK_BYTES_PER_TOKEN,
-    STATE_FORMAT,
+    CallPhase, CallState, Entry, SessionState, Status, Totals, TurnOpened, TurnSpend,
+    FALLBACK_BYTES_PER_TOKEN, STATE_FORMAT,
 };
 
 #[cfg(test)]

@@ -162,6 +162,31 @@ pub struct TurnSpend {
     pub cost: f64,
 }
 
+/// The events that opened the current turn and the turn before it: a
+/// user's message, or a resume (`SessionResumed`: after a pause, a failure,
+/// a person's decision). A turn resumed after a crash has no event of its
+/// own: it continues the turn its crashed process was in. (Traces are named
+/// after these seqs, so a later process can point at an earlier turn's.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TurnOpened {
+    /// Seq of the event that opened the current turn (0: none yet).
+    pub seq: u64,
+    /// Whether it was a `SessionResumed` (else a `UserMessage`).
+    pub resumed: bool,
+    /// Seq of the event that opened the turn before (0: none).
+    pub previous: u64,
+}
+
+impl TurnOpened {
+    fn next(self, seq: u64, resumed: bool) -> TurnOpened {
+        TurnOpened {
+            seq,
+            resumed,
+            previous: self.seq,
+        }
+    }
+}
+
 impl Totals {
     fn add(&mut self, usage: &Usage, spec: Option<&AgentSpec>) {
         self.model_calls += 1;
@@ -188,7 +213,7 @@ pub const FALLBACK_BYTES_PER_TOKEN: u64 = 3;
 
 /// Version of the encoded state in snapshots; a snapshot of another version
 /// is ignored (the log is folded instead).
-pub const STATE_FORMAT: u16 = 5;
+pub const STATE_FORMAT: u16 = 6;
 
 /// The folded state of a session.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -210,6 +235,9 @@ pub struct SessionState {
     /// What the current turn has spent.
     #[serde(default)]
     pub turn: TurnSpend,
+    /// Which events opened the current turn and the one before it.
+    #[serde(default)]
+    pub turn_opened: TurnOpened,
     /// Replies in a row refused because the token limit cut them off in
     /// the middle of their tool calls (the next request allows twice the
     /// tokens once; a second in a row fails the turn).
@@ -276,6 +304,7 @@ impl SessionState {
                 self.failed = None;
                 self.cancelled = None;
                 self.turn = TurnSpend::default();
+                self.turn_opened = self.turn_opened.next(seq, false);
                 self.cut_off_in_a_row = 0;
                 self.entries.push(Entry::User(text));
                 self.entry_seqs.push(seq);
@@ -373,6 +402,7 @@ impl SessionState {
                 self.budget_paused = false;
                 self.failed = None;
                 self.cut_off_in_a_row = 0;
+                self.turn_opened = self.turn_opened.next(seq, true);
                 if extend_budget {
                     self.turn = TurnSpend::default();
                 }

@@ -146,6 +146,31 @@ fn prompt_matches_golden_file() {
 }
 
 #[test]
+fn a_turn_is_opened_by_a_message_or_a_resume() {
+    let mut events = story();
+    let state = fold(&events);
+    let opened = |seq, resumed, previous| TurnOpened {
+        seq,
+        resumed,
+        previous,
+    };
+    assert_eq!(state.turn_opened, opened(2, false, 0));
+    events.push(Event::SessionPaused {
+        reason: "asked".into(),
+        budget: false,
+    });
+    events.push(Event::SessionResumed {
+        by: "ada".into(),
+        extend_budget: false,
+    });
+    assert_eq!(fold(&events).turn_opened, opened(10, true, 2));
+    events.push(Event::UserMessage {
+        text: "more".into(),
+    });
+    assert_eq!(fold(&events).turn_opened, opened(11, false, 10));
+}
+
+#[test]
 fn tool_results_follow_call_order_not_completion_order() {
     let state = fold(&story()[..7]);
     let msgs = messages(&state);

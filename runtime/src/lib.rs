@@ -15,7 +15,8 @@
 //! `examples/embed.rs`. Model servers speak OpenAI's chat completions or
 //! Anthropic's Messages API ([`model::ModelClient`]). The daemon's HTTP API
 //! is described by the types of [`api`]; log events are `tracing` events of
-//! target `mneme` ([`text`]).
+//! target `mneme` ([`text`]); turns can be traced in the OpenTelemetry format
+//! ([`telemetry`]).
 
 pub mod agent;
 mod anthropic;
@@ -38,6 +39,7 @@ pub mod signing;
 pub mod sink;
 pub mod snapshot;
 mod sse;
+pub mod telemetry;
 pub mod text;
 pub mod transfer;
 pub mod views;

@@ -67,6 +67,8 @@ pub struct Runner {
     /// Signs each session's head at the end of each turn, and within a
     /// turn once this many events were appended since the last signed head.
     signer: Option<(Arc<crate::signing::HeadSigner>, u64)>,
+    /// Traces each drive (see [`crate::telemetry`]).
+    tracer: Option<Arc<crate::telemetry::Tracer>>,
 }
 
 /// Events a long turn appends between two signed heads, by default.
@@ -98,7 +100,15 @@ impl Runner {
             calls: None,
             deltas: None,
             signer: None,
+            tracer: None,
         }
+    }
+
+    /// Traces each drive with `tracer`: a span for the turn, one for each
+    /// model reply and one for each tool run, from the events it appends.
+    pub fn with_tracer(mut self, tracer: Arc<crate::telemetry::Tracer>) -> Runner {
+        self.tracer = Some(tracer);
+        self
     }
 
     /// Signs each session's head with `signer` (a `HeadSigned` record,
@@ -146,8 +156,11 @@ impl Runner {
 
     /// Runs `session` until it is answered, paused or failed.
     pub async fn drive(&self, session: &mut Session) -> Result<TurnEnd, RuntimeError> {
+        // The turn starts here, before its parts record what changed in
+        // its MCP servers' tools.
+        let start = session.head().0;
         let parts = self.parts(session).await?;
-        self.drive_with(session, &parts).await
+        self.drive_from(session, &parts, start).await
     }
 
     /// The model client and the tools `session`'s spec asks for. Failing
@@ -197,11 +210,33 @@ impl Runner {
         session: &mut Session,
         parts: &TurnParts,
     ) -> Result<TurnEnd, RuntimeError> {
-        let end = self.steps(session, parts).await;
-        if end.is_ok() {
-            self.sign_head(session).await?;
+        let start = session.head().0;
+        self.drive_from(session, parts, start).await
+    }
+
+    /// A drive of a turn that started with the log at `start` (for its trace).
+    async fn drive_from(
+        &self,
+        session: &mut Session,
+        parts: &TurnParts,
+        start: u64,
+    ) -> Result<TurnEnd, RuntimeError> {
+        if let Some(tracer) = &self.tracer {
+            let trace = tracer.begin(session.id(), session.state(), start);
+            session.traced_by(Some(trace));
         }
-        come_to_rest(session).await;
+        let mut end = self.steps(session, parts).await;
+        let signed = match &end {
+            Ok(_) => self.sign_head(session).await,
+            Err(_) => Ok(()),
+        };
+        match signed {
+            Ok(()) => come_to_rest(session).await,
+            Err(error) => end = Err(error),
+        }
+        if let Some(trace) = session.traced_by(None) {
+            trace.end(end.as_ref(), session.state());
+        }
         end
     }
 

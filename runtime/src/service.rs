@@ -20,6 +20,7 @@ pub struct Service {
     observer: Option<Arc<dyn SessionObserver>>,
     snapshot_every: u64,
     signer: Option<Arc<crate::signing::HeadSigner>>,
+    tracer: Option<Arc<crate::telemetry::Tracer>>,
 }
 
 impl Service {
@@ -31,7 +32,14 @@ impl Service {
             observer: None,
             snapshot_every: snapshot::DEFAULT_EVERY,
             signer: None,
+            tracer: None,
         }
+    }
+
+    /// Traces each turn its runners drive (see [`crate::telemetry`]).
+    pub fn traced_by(mut self, tracer: Option<Arc<crate::telemetry::Tracer>>) -> Service {
+        self.tracer = tracer;
+        self
     }
 
     /// Signs each session's head at the end of each turn its runners drive
@@ -208,11 +216,14 @@ impl Service {
 
     /// A runner with this service's durability.
     pub fn runner(&self) -> Runner {
-        let runner = Runner::new(self.durability);
-        match &self.signer {
-            Some(signer) => runner.with_signer(signer.clone(), crate::runner::SIGN_EVERY),
-            None => runner,
+        let mut runner = Runner::new(self.durability);
+        if let Some(signer) = &self.signer {
+            runner = runner.with_signer(signer.clone(), crate::runner::SIGN_EVERY);
         }
+        if let Some(tracer) = &self.tracer {
+            runner = runner.with_tracer(tracer.clone());
+        }
+        runner
     }
 
     /// Records a person's decision on a call in doubt. Returns whether the

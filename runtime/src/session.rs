@@ -23,6 +23,8 @@ pub struct Session {
     snapshot_seq: u64,
     /// The rendered prompt so far, extended rather than rebuilt.
     prompt: PromptCache,
+    /// The trace of the drive under way, fed what it appends.
+    trace: Option<crate::telemetry::TurnTrace>,
 }
 
 /// The prompt rendered so far, and the last request built from it.
@@ -145,6 +147,7 @@ impl Session {
             snapshot_every: crate::snapshot::DEFAULT_EVERY,
             snapshot_seq: 0,
             prompt: PromptCache::default(),
+            trace: None,
         };
         session.append_caused(first).await?;
         Ok(session)
@@ -188,6 +191,7 @@ impl Session {
             snapshot_every: crate::snapshot::DEFAULT_EVERY,
             snapshot_seq,
             prompt: PromptCache::default(),
+            trace: None,
         })
     }
 
@@ -206,6 +210,15 @@ impl Session {
     pub fn observed_by(mut self, observer: Arc<dyn SessionObserver>) -> Session {
         self.observer = Some(observer);
         self
+    }
+
+    /// Feeds what this session appends to `trace` from now on, or stops
+    /// (`None`); returns the trace it fed before.
+    pub(crate) fn traced_by(
+        &mut self,
+        trace: Option<crate::telemetry::TurnTrace>,
+    ) -> Option<crate::telemetry::TurnTrace> {
+        std::mem::replace(&mut self.trace, trace)
     }
 
     /// The session's id.
@@ -314,6 +327,9 @@ impl Session {
         let records = self.log.append(self.id, first, new).await?;
         if let Some(observer) = &self.observer {
             observer.appended(&records, &events);
+        }
+        if let Some(trace) = &mut self.trace {
+            trace.appended(&records, &events);
         }
         let pausing = events
             .iter()

@@ -113,6 +113,7 @@ fn run_child(dir: &str) {
             owner: runtime::lease::owner_name("bench"),
             signer: None,
             retain: None,
+            tracer: None,
             lease_ttl: runtime::lease::DEFAULT_TTL,
         };
         daemon::serve(log, config).await.unwrap();
