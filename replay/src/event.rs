@@ -68,6 +68,10 @@ pub enum Event {
         outcome: ToolOutcome,
         /// How long it ran.
         duration_ms: u64,
+        /// The outcome is what the tool's check answered for an attempt
+        /// interrupted in flight (it had applied), not what a run returned.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        settled_by_check: bool,
     },
     /// A call started but its outcome is unknown and it is unsafe to run again.
     ToolInDoubt {
@@ -149,6 +153,21 @@ pub enum Event {
         reason: String,
         /// Who asked.
         by: String,
+    },
+    /// The tool's check was asked whether an attempt interrupted in
+    /// flight had applied (see `ToolSpec::check`). Applied: a
+    /// `ToolFinished` settled by the check follows in the same append.
+    /// Not applied: the call runs again with the same key. Unknown: it is
+    /// in doubt, as without a check.
+    ToolChecked {
+        /// The model's id of the call.
+        call_id: String,
+        /// The attempt checked.
+        attempt: u32,
+        /// What the check answered.
+        answer: CheckAnswer,
+        /// How long the check took.
+        duration_ms: u64,
     },
     /// An MCP server now lists tools other than the ones the session
     /// pinned. Reported only: the session goes on with what it pinned.
@@ -267,6 +286,17 @@ pub enum ToolOutcome {
     Err(String),
 }
 
+/// What a tool's check answered about an interrupted attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CheckAnswer {
+    /// Its effect happened (the result is the call's outcome).
+    Applied,
+    /// Its effect did not happen: the call may run again with its key.
+    NotApplied,
+    /// The check could not tell (why): the call is in doubt.
+    Unknown(String),
+}
+
 /// A person's decision on a call in doubt.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Resolution {
@@ -326,6 +356,7 @@ impl Event {
         "SpecChanged",
         "HeadSigned",
         "SessionErased",
+        "ToolChecked",
     ];
 
     /// The name of this kind of event, as stored in the envelope.
@@ -350,6 +381,7 @@ impl Event {
             Event::McpToolsRefreshed { .. } => "McpToolsRefreshed",
             Event::SpecChanged { .. } => "SpecChanged",
             Event::SessionErased { .. } => "SessionErased",
+            Event::ToolChecked { .. } => "ToolChecked",
         }
     }
 
@@ -377,6 +409,10 @@ impl Event {
                 Resolution::Retry => vec![],
             },
             Event::ContextCompacted { summary, .. } => vec![summary],
+            Event::ToolChecked {
+                answer: CheckAnswer::Unknown(why),
+                ..
+            } => vec![why],
             Event::SessionFinished {
                 outcome: SessionOutcome::Failed(error),
             } => vec![error],

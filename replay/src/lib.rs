@@ -12,15 +12,15 @@ pub mod spec;
 pub mod state;
 
 pub use event::{
-    digest_hex, idempotency_key, DecodeError, Event, ModelReply, Resolution, SessionOutcome,
-    ToolCall, ToolOutcome, Usage, ERASED, EVENT_SCHEMA,
+    digest_hex, idempotency_key, CheckAnswer, DecodeError, Event, ModelReply, Resolution,
+    SessionOutcome, ToolCall, ToolOutcome, Usage, ERASED, EVENT_SCHEMA,
 };
 pub use plan::{plan, CallDecision, CallPlan, NextStep, ResumePlan};
 pub use prompt::{
     compaction_request, messages, next_request, next_request_incremental, request_body, Message,
     PreparedRequest, RenderedPrefix,
 };
-pub use spec::{AgentSpec, Effect, KvShape, Limits, ModelSpec, ToolKind, ToolSpec};
+pub use spec::{AgentSpec, Effect, HttpCheck, KvShape, Limits, ModelSpec, ToolKind, ToolSpec};
 pub use state::{
     CallPhase, CallState, Entry, SessionState, Status, Totals, TurnOpened, TurnSpend,
     FALLBACK_BYTES_PER_TOKEN, STATE_FORMAT,

@@ -354,6 +354,8 @@ impl McpServerSpec {
                 effect_from,
                 annotations: listed.annotations.clone(),
             }),
+            check: None,
+            check_command: None,
         })
     }
 }

@@ -1,5 +1,6 @@
 //! The resume plan: what a process must do next, decided from the state alone.
 
+use crate::event::CheckAnswer;
 use crate::state::{CallPhase, CallState, SessionState};
 
 /// What to do with one call of the latest reply.
@@ -21,6 +22,10 @@ pub enum CallDecision {
     NeedsApproval,
     /// Approval was requested: a person must approve or deny it.
     AwaitingApproval,
+    /// It started but did not finish, a re-run could repeat a side effect,
+    /// and its tool declares a check: ask the check whether it applied,
+    /// and record the answer.
+    Check,
 }
 
 /// The plan for one call.
@@ -108,6 +113,7 @@ pub fn plan(state: &SessionState) -> ResumePlan {
                 | CallDecision::Rerun
                 | CallDecision::InDoubt(_)
                 | CallDecision::NeedsApproval
+                | CallDecision::Check
         )
     }) {
         NextStep::RunTools
@@ -168,6 +174,15 @@ fn decide(state: &SessionState, call: &CallState) -> CallDecision {
         CallPhase::Finished(_) => CallDecision::Reuse,
         CallPhase::RetryApproved => CallDecision::Rerun,
         CallPhase::InDoubt(reason) => CallDecision::AwaitingDecision(reason.clone()),
+        CallPhase::Started if spec.is_some_and(|s| !s.safe_to_rerun() && s.has_check()) => {
+            CallDecision::Check
+        }
+        CallPhase::Checked(CheckAnswer::NotApplied) => CallDecision::Rerun,
+        CallPhase::Checked(CheckAnswer::Applied) => CallDecision::Check,
+        CallPhase::Checked(CheckAnswer::Unknown(why)) => CallDecision::InDoubt(format!(
+            "attempt {attempts} of {tool} started but never finished, and its check could not \
+             tell whether it applied ({why}); running it again could repeat its effect"
+        )),
         CallPhase::Started => match spec {
             Some(spec) if spec.safe_to_rerun() => CallDecision::Rerun,
             Some(spec) => CallDecision::InDoubt(format!(

@@ -511,7 +511,9 @@ pub fn result_text(call: &CallState) -> String {
         CallPhase::Finished(ToolOutcome::Ok(output)) => output.clone(),
         CallPhase::Finished(ToolOutcome::Err(error)) => format!("error: {error}"),
         CallPhase::Pending => NOT_RUN_RESULT.to_string(),
-        CallPhase::Started | CallPhase::RetryApproved => INTERRUPTED_RESULT.to_string(),
+        CallPhase::Started | CallPhase::RetryApproved | CallPhase::Checked(_) => {
+            INTERRUPTED_RESULT.to_string()
+        }
         CallPhase::InDoubt(_) => IN_DOUBT_RESULT.to_string(),
         CallPhase::AwaitingApproval => AWAITING_APPROVAL_RESULT.to_string(),
     }

@@ -94,6 +94,27 @@ pub struct ToolSpec {
     /// The MCP server and tool it was pinned from (kind `mcp`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mcp: Option<crate::mcp::McpOrigin>,
+    /// An HTTP request that tells whether a call's effect happened, for a
+    /// call interrupted in flight (`{key}` and `{args.NAME}` are filled in).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check: Option<HttpCheck>,
+    /// A program that tells whether a call's effect happened (exit 0 with
+    /// the result on stdout: applied; exit 3: not applied), with the same
+    /// placeholders, environment and input as the call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check_command: Option<Vec<String>>,
+}
+
+/// An HTTP check: answers 200 with `{"applied": true, "result": ...}` or
+/// `{"applied": false}`; 404 means not applied; anything else, unknown.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpCheck {
+    /// HTTP method (default GET).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    /// URL, with placeholders.
+    pub url: String,
 }
 
 fn empty_object_schema() -> serde_json::Value {
@@ -123,6 +144,11 @@ impl ToolSpec {
     pub fn honours_key(&self) -> bool {
         self.honours_idempotency_key
             .unwrap_or(self.kind == ToolKind::Http)
+    }
+
+    /// Whether the tool declares a check (`check` or `check_command`).
+    pub fn has_check(&self) -> bool {
+        self.check.is_some() || self.check_command.is_some()
     }
 
     /// Whether an unfinished call of this tool may run again after a crash.
@@ -168,6 +194,7 @@ impl ToolSpec {
                 "env names {bad:?}, which is not a variable name"
             )));
         }
+        self.validate_check().map_err(tool)?;
         match self.kind {
             ToolKind::Http => {
                 let url = self.url.as_deref().unwrap_or("");
@@ -192,6 +219,31 @@ impl ToolSpec {
                     .into(),
             )),
             ToolKind::Command | ToolKind::Native | ToolKind::Mcp => Ok(()),
+        }
+    }
+}
+
+impl ToolSpec {
+    fn validate_check(&self) -> Result<(), String> {
+        match (&self.check, &self.check_command) {
+            (Some(_), Some(_)) => Err("give check or check_command, not both".into()),
+            (Some(check), None) => {
+                // The placeholders are filled in per call; the rest must
+                // be a URL a tool may call.
+                check_http_url("check.url", &check.url.replace(['{', '}'], ""))?;
+                let method = check.method.as_deref().unwrap_or("GET");
+                match HTTP_METHODS.contains(&method) {
+                    true => Ok(()),
+                    false => Err(format!(
+                        "check.method {method:?} is not one of {}",
+                        HTTP_METHODS.join(", ")
+                    )),
+                }
+            }
+            (None, Some(command)) if command.is_empty() => {
+                Err("check_command is empty: give a program and its arguments".into())
+            }
+            _ => Ok(()),
         }
     }
 }

@@ -19,6 +19,9 @@ pub enum CallPhase {
     RetryApproved,
     /// Waits for a person to approve it.
     AwaitingApproval,
+    /// Its check answered: not applied (it runs again with its key), or
+    /// could not tell (why; it goes in doubt).
+    Checked(crate::event::CheckAnswer),
 }
 
 /// One tool call of a reply, with its history.
@@ -352,6 +355,9 @@ impl SessionState {
             Event::ToolFinished {
                 call_id, outcome, ..
             } => self.update_call(seq, &call_id, |c| c.phase = CallPhase::Finished(outcome)),
+            Event::ToolChecked {
+                call_id, answer, ..
+            } => self.update_call(seq, &call_id, |c| c.phase = CallPhase::Checked(answer)),
             Event::ToolInDoubt { call_id, reason } => {
                 self.update_call(seq, &call_id, |c| c.phase = CallPhase::InDoubt(reason))
             }

@@ -19,6 +19,8 @@ fn tool(name: &str, kind: ToolKind, effect: Effect, honours: Option<bool>) -> To
         env: Vec::new(),
         max_output_bytes: None,
         mcp: None,
+        check: None,
+        check_command: None,
     }
 }
 
@@ -96,6 +98,7 @@ fn finished(id: &str, out: &str) -> Event {
         call_id: id.into(),
         outcome: ToolOutcome::Ok(out.into()),
         duration_ms: 1,
+        settled_by_check: false,
     }
 }
 
@@ -245,6 +248,67 @@ fn in_doubt_call_waits_then_resolution_finishes_it() {
     let state = fold(&events);
     assert_eq!(plan(&state).next, NextStep::CallModel);
     assert_eq!(state.status(), Status::Running);
+}
+
+/// A key-ignoring side effect with a check: interrupted, it is checked
+/// (not put in doubt); not applied, it runs again with its key; unknown,
+/// it is in doubt; applied, its settled outcome is reused.
+#[test]
+fn an_interrupted_call_with_a_check_is_checked_before_anything_else() {
+    let mut with_check = spec();
+    let email = with_check
+        .tools
+        .iter_mut()
+        .find(|t| t.name == "email")
+        .unwrap();
+    email.check_command = Some(vec!["./sent.sh".into(), "{key}".into()]);
+    let mut events = vec![
+        Event::SessionStarted {
+            spec: Box::new(with_check),
+        },
+        story()[1].clone(),
+        reply(None, vec![call("c2", "email")]),
+        started("c2", "email", Effect::SideEffect),
+    ];
+    assert_eq!(plan(&fold(&events)).calls[0].decision, CallDecision::Check);
+    let checked = |answer| Event::ToolChecked {
+        call_id: "c2".into(),
+        attempt: 1,
+        answer,
+        duration_ms: 4,
+    };
+    let mut not_applied = events.clone();
+    not_applied.push(checked(CheckAnswer::NotApplied));
+    assert_eq!(
+        plan(&fold(&not_applied)).calls[0].decision,
+        CallDecision::Rerun
+    );
+    not_applied.push(started("c2", "email", Effect::SideEffect));
+    assert_eq!(
+        plan(&fold(&not_applied)).calls[0].decision,
+        CallDecision::Check,
+        "the second attempt is checked again"
+    );
+    let mut unknown = events.clone();
+    unknown.push(checked(CheckAnswer::Unknown("503".into())));
+    match &plan(&fold(&unknown)).calls[0].decision {
+        CallDecision::InDoubt(why) => assert!(why.contains("503"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    events.push(checked(CheckAnswer::Applied));
+    events.push(Event::ToolFinished {
+        call_id: "c2".into(),
+        outcome: ToolOutcome::Ok("{\"sent\":true}".into()),
+        duration_ms: 4,
+        settled_by_check: true,
+    });
+    let state = fold(&events);
+    assert_eq!(plan(&state).calls[0].decision, CallDecision::Reuse);
+    assert_eq!(plan(&state).next, NextStep::CallModel);
+    assert_eq!(
+        messages(&state).last().unwrap().content.as_deref(),
+        Some("{\"sent\":true}")
+    );
 }
 
 #[test]
@@ -741,6 +805,7 @@ fn golden_bytes_of_every_event_kind() {
         call_id: "c9".into(),
         outcome: ToolOutcome::Err("boom".into()),
         duration_ms: 9,
+        settled_by_check: false,
     });
     all.push(Event::SessionForked {
         parent: uuid::Uuid::from_u128(7),
@@ -793,6 +858,18 @@ fn golden_bytes_of_every_event_kind() {
         at_ms: 1_764_547_200_000,
         key: "cd".repeat(32),
         signature: "ef".repeat(64),
+    });
+    all.push(Event::ToolChecked {
+        call_id: "c9".into(),
+        attempt: 2,
+        answer: CheckAnswer::Unknown("answered 503".into()),
+        duration_ms: 7,
+    });
+    all.push(Event::ToolFinished {
+        call_id: "c9".into(),
+        outcome: ToolOutcome::Ok("{}".into()),
+        duration_ms: 7,
+        settled_by_check: true,
     });
     all.push(Event::SessionErased {
         reason: "asked".into(),
@@ -866,6 +943,7 @@ fn arbitrary_log() -> impl Strategy<Value = Vec<Event>> {
                         ToolOutcome::Err("e".into())
                     },
                     duration_ms: 1,
+                    settled_by_check: false,
                 },
                 6 => Event::ToolInDoubt {
                     call_id: id,

@@ -1,7 +1,7 @@
 //! Events described for people: the one-line summaries the CLI's timeline,
 //! `mneme diff` and the web view show.
 
-use replay::{Event, Resolution, SessionOutcome, ToolOutcome};
+use replay::{CheckAnswer, Event, Resolution, SessionOutcome, ToolOutcome};
 
 /// `text` on one line, cut to `max` characters (with `…` when cut).
 fn clip(text: &str, max: usize) -> String {
@@ -93,12 +93,37 @@ pub fn summary(event: &Event) -> String {
             call_id,
             outcome,
             duration_ms,
-        } => match outcome {
-            ToolOutcome::Ok(out) => format!("{call_id} ok in {duration_ms} ms: {}", clip(out, 80)),
-            ToolOutcome::Err(err) => {
-                format!("{call_id} error in {duration_ms} ms: {}", clip(err, 80))
+            settled_by_check,
+        } => {
+            let how = match settled_by_check {
+                true => " (settled by its check)",
+                false => "",
+            };
+            match outcome {
+                ToolOutcome::Ok(out) => {
+                    format!("{call_id} ok in {duration_ms} ms{how}: {}", clip(out, 80))
+                }
+                ToolOutcome::Err(err) => {
+                    format!(
+                        "{call_id} error in {duration_ms} ms{how}: {}",
+                        clip(err, 80)
+                    )
+                }
             }
-        },
+        }
+        Event::ToolChecked {
+            call_id,
+            attempt,
+            answer,
+            duration_ms,
+        } => {
+            let answer = match answer {
+                CheckAnswer::Applied => "applied".to_string(),
+                CheckAnswer::NotApplied => "not applied: it runs again with its key".into(),
+                CheckAnswer::Unknown(why) => format!("unknown ({}): in doubt", clip(why, 120)),
+            };
+            format!("{call_id} attempt {attempt} checked in {duration_ms} ms: {answer}")
+        }
         Event::ToolInDoubt { call_id, reason } => format!("{call_id}: {}", clip(reason, 200)),
         Event::ApprovalRequested { call_id } => format!("{call_id} waits for approval"),
         Event::ContextCompacted {

@@ -12,12 +12,14 @@ use crate::model::{client_for, ModelCall, ModelClient, ModelError};
 use crate::session::Session;
 use eventlog::Durability;
 use replay::{
-    idempotency_key, plan, CallDecision, CallPlan, Event, NextStep, SessionOutcome, ToolOutcome,
+    idempotency_key, plan, CallDecision, CallPlan, CheckAnswer, Event, NextStep, SessionOutcome,
+    ToolOutcome,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
+use tools::check::Checked;
 use tools::{CallContext, Tool, ToolError, Toolbox};
 
 /// Where every drive ends, however it ended: once the session is at rest
@@ -516,6 +518,18 @@ impl Runner {
         let mut settled: Vec<Event> = Vec::new();
         let mut starts: Vec<(Arc<dyn Tool>, CallContext, String)> = Vec::new();
         for (plan, state) in calls.iter().zip(session.state().open_calls()) {
+            let context = |attempt| CallContext {
+                session: session.id(),
+                call_id: plan.call_id.clone(),
+                // The key recorded at the first start wins.
+                idempotency_key: state
+                    .idempotency_key
+                    .clone()
+                    .unwrap_or_else(|| idempotency_key(session.id(), reply_seq, &plan.call_id)),
+                attempt,
+                blobs: Some(session.blobs()),
+                cancel: None,
+            };
             match &plan.decision {
                 CallDecision::InDoubt(reason) => settled.push(Event::ToolInDoubt {
                     call_id: plan.call_id.clone(),
@@ -524,26 +538,24 @@ impl Runner {
                 CallDecision::NeedsApproval => settled.push(Event::ApprovalRequested {
                     call_id: plan.call_id.clone(),
                 }),
+                CallDecision::Check => {
+                    let ctx = context(state.attempts);
+                    let started = std::time::Instant::now();
+                    let answer = toolbox.check(&plan.tool, &ctx, &state.call.arguments).await;
+                    let duration_ms = started.elapsed().as_millis() as u64;
+                    settled.extend(checked(&ctx, answer, duration_ms));
+                }
                 CallDecision::Run | CallDecision::Rerun => match toolbox.get(&plan.tool) {
                     Some(tool) => starts.push((
                         tool.clone(),
-                        CallContext {
-                            session: session.id(),
-                            call_id: plan.call_id.clone(),
-                            // The key recorded at the first start wins.
-                            idempotency_key: state.idempotency_key.clone().unwrap_or_else(|| {
-                                idempotency_key(session.id(), reply_seq, &plan.call_id)
-                            }),
-                            attempt: state.attempts + 1,
-                            blobs: Some(session.blobs()),
-                            cancel: None,
-                        },
+                        context(state.attempts + 1),
                         state.call.arguments.clone(),
                     )),
                     None => settled.push(Event::ToolFinished {
                         call_id: plan.call_id.clone(),
                         outcome: ToolOutcome::Err(format!("no tool named {:?}", plan.tool)),
                         duration_ms: 0,
+                        settled_by_check: false,
                     }),
                 },
                 CallDecision::Reuse
@@ -716,6 +728,33 @@ impl Runner {
 }
 
 /// Whether the last entry is a reply the token limit cut off.
+/// The events that record what the check of call `ctx`'s attempt
+/// answered (no answer: the tool has no check here, which is unknown).
+fn checked(ctx: &CallContext, answer: Option<Checked>, duration_ms: u64) -> Vec<Event> {
+    let answer =
+        answer.unwrap_or_else(|| Checked::Unknown("this process has no check for the tool".into()));
+    let (answer, result) = match answer {
+        Checked::Applied(result) => (CheckAnswer::Applied, Some(result)),
+        Checked::NotApplied => (CheckAnswer::NotApplied, None),
+        // Bounded by its sources: a status line, the end of stderr.
+        Checked::Unknown(why) => (CheckAnswer::Unknown(why), None),
+    };
+    let call_id = ctx.call_id.clone();
+    let check = Event::ToolChecked {
+        call_id: call_id.clone(),
+        attempt: ctx.attempt,
+        answer,
+        duration_ms,
+    };
+    let settled = result.map(|result| Event::ToolFinished {
+        call_id,
+        outcome: ToolOutcome::Ok(result),
+        duration_ms,
+        settled_by_check: true,
+    });
+    std::iter::once(check).chain(settled).collect()
+}
+
 pub fn last_reply_cut_off(state: &replay::SessionState) -> bool {
     matches!(state.entries.last(), Some(replay::Entry::Reply { reply, .. }) if reply.cut_off())
 }
@@ -781,12 +820,14 @@ fn finish_event(
         call_id: call_id.clone(),
         outcome: ToolOutcome::Err(message),
         duration_ms,
+        settled_by_check: false,
     };
     match result {
         Ok(output) => Some(Event::ToolFinished {
             call_id,
             outcome: ToolOutcome::Ok(output),
             duration_ms,
+            settled_by_check: false,
         }),
         Err(error) if !error.outcome_unknown() => Some(failed(error.to_string())),
         Err(error) if !tool.spec().safe_to_rerun() => Some(Event::ToolInDoubt {

@@ -496,6 +496,7 @@ impl TurnTrace {
                     call_id,
                     outcome,
                     duration_ms,
+                    ..
                 } => {
                     let run = self.running.remove(call_id).unwrap_or_else(|| Running {
                         // Settled without running (no such tool): its own event.

@@ -259,6 +259,11 @@ fn describe_decision(decision: &CallDecision) -> (&'static str, String) {
             "awaiting_approval",
             "waits for a person's approval (mneme approve)".into(),
         ),
+        CallDecision::Check => (
+            "check",
+            "started, not finished, unsafe to run again: its tool's check is asked whether it applied"
+                .into(),
+        ),
     }
 }
 

@@ -449,6 +449,7 @@ fn prompt_rebuild() {
                 call_id: format!("call_{turn}"),
                 outcome: ToolOutcome::Ok("{\"ok\":true}".into()),
                 duration_ms: 1,
+                settled_by_check: false,
             },
         ] {
             seq += 1;

@@ -96,6 +96,7 @@ pub fn event(i: usize) -> replay::Event {
             call_id: format!("call_{}", i - 2),
             outcome: replay::ToolOutcome::Ok(text),
             duration_ms: 3,
+            settled_by_check: false,
         },
     }
 }

@@ -20,6 +20,16 @@ const STDERR_TAIL_CHARS: usize = 500;
 /// Bytes of stderr's end kept (enough for [`STDERR_TAIL_CHARS`] characters).
 const STDERR_TAIL_BYTES: usize = 4 * STDERR_TAIL_CHARS;
 
+/// How a program ran to its exit.
+pub(crate) struct Ran {
+    /// How it exited.
+    pub(crate) status: std::process::ExitStatus,
+    /// Its stdout as a call returns it (JSON where it parses, clipped).
+    pub(crate) output: String,
+    /// The end of its stderr.
+    pub(crate) stderr_tail: String,
+}
+
 /// A tool that runs a program.
 pub struct CommandTool {
     spec: ToolSpec,
@@ -71,6 +81,20 @@ impl CommandTool {
     }
 
     async fn run(&self, ctx: &CallContext, input: &str) -> Result<String, ToolError> {
+        let ran = self.execute(ctx, input).await?;
+        if !ran.status.success() {
+            return Err(ToolError::Failed {
+                tool: self.spec.name.clone(),
+                reason: format!("{} ({})", ran.status, ran.stderr_tail),
+            });
+        }
+        Ok(ran.output)
+    }
+
+    /// Runs the program to its exit: how it exited, its output as a call
+    /// returns it, and the end of its stderr. Killed by a signal, it was
+    /// interrupted.
+    pub(crate) async fn execute(&self, ctx: &CallContext, input: &str) -> Result<Ran, ToolError> {
         let failed = |reason: String| ToolError::Failed {
             tool: self.spec.name.clone(),
             reason,
@@ -114,23 +138,26 @@ impl CommandTool {
                 reason: format!("killed by signal {signal}"),
             });
         }
-        if !status.success() {
-            let stderr = err.text(Keep::Tail(STDERR_TAIL_BYTES));
-            let tail: String = stderr
-                .trim()
-                .chars()
-                .rev()
-                .take(STDERR_TAIL_CHARS)
-                .collect();
-            let tail: String = tail.chars().rev().collect();
-            return Err(failed(format!("{status} ({tail})")));
-        }
+        let stderr = err.text(Keep::Tail(STDERR_TAIL_BYTES));
+        let tail: String = stderr
+            .trim()
+            .chars()
+            .rev()
+            .take(STDERR_TAIL_CHARS)
+            .collect();
         let text = out.text(Keep::Head(limit));
-        if out.truncated() {
-            let note = truncation_note(text.len(), out.total, true);
-            return Ok(serde_json::Value::String(text + &note).to_string());
-        }
-        Ok(json_or_text(text.trim_end()).to_string())
+        let output = match out.truncated() {
+            true => {
+                let note = truncation_note(text.len(), out.total, true);
+                serde_json::Value::String(text + &note).to_string()
+            }
+            false => json_or_text(text.trim_end()).to_string(),
+        };
+        Ok(Ran {
+            status,
+            output,
+            stderr_tail: tail.chars().rev().collect(),
+        })
     }
 }
 
@@ -166,6 +193,8 @@ mod tests {
             env: Vec::new(),
             max_output_bytes: None,
             mcp: None,
+            check: None,
+            check_command: None,
         }
     }
 

@@ -5,6 +5,7 @@
 //! write-ahead rules around a call are the runtime's business.
 
 mod capture;
+pub mod check;
 mod command;
 mod http;
 pub mod mcp;
@@ -160,6 +161,8 @@ pub trait Tool: Send + Sync {
 #[derive(Clone, Default)]
 pub struct Toolbox {
     tools: HashMap<String, Arc<dyn Tool>>,
+    /// The HTTP client of HTTP tools and checks.
+    client: reqwest::Client,
     mcp: Vec<Arc<mcp::McpConnector>>,
 }
 
@@ -238,7 +241,7 @@ impl Toolbox {
             tools.insert(spec.name.clone(), tool);
         }
         let mcp = connectors.into_values().collect();
-        Ok(Toolbox { tools, mcp })
+        Ok(Toolbox { tools, client, mcp })
     }
 
     /// Starts every MCP server of the toolbox that `agent` has pinned tools
@@ -268,6 +271,13 @@ impl Toolbox {
     /// The tool called `name`.
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
         self.tools.get(name)
+    }
+
+    /// Asks tool `name`'s check whether the call `ctx` with `args` took
+    /// effect (see [`check`]); `None` if it has no check or no such tool.
+    pub async fn check(&self, name: &str, ctx: &CallContext, args: &str) -> Option<check::Checked> {
+        let tool = self.get(name)?;
+        check::check(tool.spec(), ctx, args, &self.client).await
     }
 }
 
