@@ -43,6 +43,9 @@ pub enum Tools {
     Mcp,
     /// `refund`, a side effect on the sink that waits for approval.
     Approval,
+    /// `notify`, a command side effect that ignores keys, with a check
+    /// that looks for its key among the effects.
+    Checked,
 }
 
 /// A crash point a scenario must reach, and the point a run must crash at
@@ -116,6 +119,24 @@ pub fn multi_turn_scenario() -> Scenario {
     }
 }
 
+/// A key-ignoring side effect with a check: whatever the crash, its
+/// effect happens exactly once and no person is ever asked.
+pub fn checked_scenario() -> Scenario {
+    Scenario {
+        name: "checked",
+        turns: vec!["Notify customer 1, then look them up."],
+        replies: vec![
+            MockReply::calls(&[("notify", json!({"n": 1}))]),
+            MockReply::calls(&[("lookup", json!({"n": 2}))]),
+            MockReply::answer("Notified customer 1, who is Ada."),
+        ],
+        fault: Fault::None,
+        tools: Tools::Checked,
+        // The check settles every interrupted call: nothing is in doubt.
+        points: reaching(AFTER_A_CRASH, &[]),
+    }
+}
+
 /// What server-memory's `create_entities` answers for the entity the MCP
 /// scenario creates (its `structuredContent`, as mneme records it).
 pub const REMEMBER_RESULT: &str =
@@ -182,6 +203,9 @@ pub struct Env {
     pub agent: PathBuf,
     /// One line per effect of the command tool that ignores keys.
     pub effects: PathBuf,
+    /// Every interrupted call is settled by its check: no call may ever
+    /// be in doubt, and the key-ignoring effect happens exactly once.
+    pub no_person: bool,
 }
 
 impl Scenario {
@@ -202,7 +226,8 @@ impl Scenario {
         let effects = world.dir.path().join("notify-effects.log");
         let agent = match self.tools {
             Tools::Mcp => mcp_agent(&world, &model),
-            Tools::Effects => effects_agent(&world, &model, &sink, &effects),
+            Tools::Effects => effects_agent(&world, &model, &sink, &effects, false),
+            Tools::Checked => effects_agent(&world, &model, &sink, &effects, true),
             Tools::Approval => world.write(
                 "agent.toml",
                 &agent_toml(&model.base_url(), &[refund_needing_approval(&sink)]),
@@ -214,6 +239,7 @@ impl Scenario {
             sink,
             agent,
             effects,
+            no_person: self.tools == Tools::Checked,
         }
     }
 }
@@ -240,23 +266,34 @@ fn mcp_agent(world: &World, model: &MockModel) -> PathBuf {
 }
 
 /// The effects scenario's agent: HTTP tools on `sink`, command tools, one
-/// of which logs each key it runs with to `effects`.
+/// of which logs each key it runs with to `effects` (`checked`: with a
+/// check that finds the key there).
 fn effects_agent(
     world: &World,
     model: &MockModel,
     sink: &Sink,
     effects: &std::path::Path,
+    checked: bool,
 ) -> PathBuf {
     let notify = format!(
         "cat >/dev/null; echo \"$MNEME_IDEMPOTENCY_KEY\" >> {}; echo '{NOTIFY_RESULT}'",
         effects.display()
     );
+    let mut notify_tool = command_tool("notify", &["sh", "-c", &notify], "side_effect", 10);
+    if checked {
+        let check = format!(
+            "grep -qxF \"$1\" {} || exit 3; echo '{NOTIFY_RESULT}'",
+            effects.display()
+        );
+        let words = serde_json::json!(["sh", "-c", check, "check", "{key}"]);
+        notify_tool.push_str(&format!("check_command = {words}\n"));
+    }
     let tools = [
         http_tool("charge", &sink.url("charge"), "side_effect"),
         http_tool("reserve", &sink.url("reserve"), "idempotent"),
         http_tool("email", &sink.url("email"), "side_effect"),
         lookup_tool(),
-        command_tool("notify", &["sh", "-c", &notify], "side_effect", 10),
+        notify_tool,
         command_tool(
             "ledger",
             &["sh", "-c", "cat >/dev/null; echo 'ledger down' >&2; exit 1"],
@@ -744,6 +781,12 @@ pub async fn violations(env: &Env, outcome: &Outcome, reference: &Reference) -> 
         lines.len() == distinct.len(),
         format!("a key-ignoring side effect ran twice: {lines:?}"),
     );
+    if env.no_person {
+        check(
+            lines.len() == 1,
+            format!("the checked side effect ran {} times", lines.len()),
+        );
+    }
     // (d) the chain verifies.
     let verify = env.world.run(&["verify", session]).await;
     check(
@@ -753,6 +796,12 @@ pub async fn violations(env: &Env, outcome: &Outcome, reference: &Reference) -> 
     // (e) nothing lost or duplicated: every call has exactly one outcome.
     let events = log_events(&env.world, session).await;
     let kinds = count_kinds(&events);
+    if env.no_person {
+        check(
+            !kinds.contains_key("ToolInDoubt") && !kinds.contains_key("ToolResolved"),
+            format!("a call went in doubt despite its check: {kinds:?}"),
+        );
+    }
     for kind in ["UserMessage", "ModelReplied"] {
         check(
             kinds.get(kind) == reference.kinds.get(kind),

@@ -67,6 +67,7 @@ async fn matrix(points: &[CrashPoint], store: Store) -> Tally {
     let mut scenarios = scenario::all();
     scenarios.push(scenario::mcp_scenario());
     scenarios.push(scenario::approval_scenario());
+    scenarios.push(scenario::checked_scenario());
     let mut tally = Tally {
         scenarios: scenarios.len(),
         points: points.len(),
