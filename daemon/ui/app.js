@@ -21,7 +21,7 @@ function headers() {
 
 const PAGE = 200; // events on a page of the timeline
 const CALL_KINDS = new Set(["ToolStarted", "ToolFinished", "ToolInDoubt",
-  "ToolResolved", "ApprovalRequested", "ApprovalDecided"]);
+  "ToolResolved", "ApprovalRequested", "ApprovalDecided", "ToolChecked"]);
 
 let live = []; // the event streams of the page shown
 let shown = 0; // which rendering of a page is current: older ones stop
@@ -377,6 +377,12 @@ function callCard(callId, tool, effectOf) {
       } else if (kind === "ToolFinished") {
         current.querySelector(".duration").textContent = `${f.duration_ms} ms`;
         current.querySelector(".result").textContent = outcomeText(f);
+        if (f.settled_by_check) current.classList.add("settled-by-check");
+      } else if (kind === "ToolChecked") {
+        const answer = f.answer === "Applied" ? "applied: its answer is the result"
+          : f.answer === "NotApplied" ? "not applied: it runs again with its key"
+            : `could not tell (${clip(f.answer.Unknown, 200)})`;
+        status.textContent = visible(`Attempt ${f.attempt} interrupted; its check answered ${answer} (#${record.seq})`);
       } else if (kind === "ToolInDoubt") {
         status.textContent = visible(`In doubt (#${record.seq}): ${clip(f.reason, 300)}`);
       } else if (kind === "ApprovalRequested") {
