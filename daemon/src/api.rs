@@ -535,12 +535,7 @@ async fn cancel(
     Json(body): Json<Cancel>,
 ) -> Result<Json<Cancelled>, ApiError> {
     let by = who(&signed_in, &body.by);
-    daemon.service.ensure_exists(id).await?;
-    if !daemon.request_pause(id) {
-        daemon.wait_for_turn_elsewhere(id).await?;
-    }
-    under_lease(&daemon, id, |mut session| async {
-        daemon.withdraw_pause(id);
+    after_stopping(&daemon, id, |mut session| async {
         let cancelled = daemon.service.cancel(&mut session, &by).await;
         (session, cancelled)
     })
@@ -579,12 +574,7 @@ pub(crate) async fn erase(
     reason: &str,
     by: &str,
 ) -> Result<(), ApiError> {
-    daemon.service.ensure_exists(id).await?;
-    if !daemon.request_pause(id) {
-        daemon.wait_for_turn_elsewhere(id).await?;
-    }
-    let erased = under_lease(daemon, id, |mut session| async {
-        daemon.withdraw_pause(id);
+    let erased = after_stopping(daemon, id, |mut session| async {
         let erased = daemon.service.erase(&mut session, reason, by).await;
         (session, erased)
     })
@@ -687,6 +677,28 @@ async fn approve(
 /// here and under its lease, so the append carries this daemon's current
 /// fencing token; a turn running elsewhere gets a 409 naming its daemon.
 /// A session the store does not hold is refused before any lease is taken.
+/// Stops a running turn of session `id` (here: at its next step; on
+/// another daemon: waited out), then records what `record` does under the
+/// session's lease.
+async fn after_stopping<T, F>(
+    daemon: &Shared,
+    id: Uuid,
+    record: impl FnOnce(Session) -> F,
+) -> Result<T, ApiError>
+where
+    F: std::future::Future<Output = (Session, Result<T, RuntimeError>)>,
+{
+    daemon.service.ensure_exists(id).await?;
+    if !daemon.request_pause(id) {
+        daemon.wait_for_turn_elsewhere(id).await?;
+    }
+    under_lease(daemon, id, |session| {
+        daemon.withdraw_pause(id);
+        record(session)
+    })
+    .await
+}
+
 async fn under_lease<T, F>(
     daemon: &Shared,
     id: Uuid,

@@ -95,6 +95,16 @@ async fn crash_then_resume(world: &World, agent: &std::path::Path, at: &str) -> 
     (session, stdout(&out))
 }
 
+/// After the resume: exactly one charge was applied; the session's log
+/// (JSON lines) and its ToolChecked and ToolFinished events.
+async fn charged_once(payments: &Payments, world: &World, session: &str) -> (String, Vec<Value>) {
+    let charges = payments.charges.lock().unwrap().clone();
+    assert_eq!(charges.values().sum::<usize>(), 1, "{charges:?}");
+    let log = stdout(&world.run(&["log", session, "--json"]).await);
+    let events = checked_events(&log);
+    (log, events)
+}
+
 fn checked_events(log: &str) -> Vec<Value> {
     log.lines()
         .map(|line| serde_json::from_str::<Value>(line).unwrap())
@@ -108,14 +118,7 @@ async fn a_charge_interrupted_after_it_applied_is_settled_by_the_check() {
     let (world, model, agent) = charging_world(&base).await;
     let (session, answer) = crash_then_resume(&world, &agent, "tool_returned").await;
     assert!(answer.contains("Charged."), "{answer}");
-    let charges = payments.charges.lock().unwrap().clone();
-    assert_eq!(
-        charges.values().collect::<Vec<_>>(),
-        vec![&1],
-        "{charges:?}"
-    );
-    let log = stdout(&world.run(&["log", &session, "--json"]).await);
-    let events = checked_events(&log);
+    let (log, events) = charged_once(&payments, &world, &session).await;
     assert_eq!(events.len(), 2, "{log}");
     let checked = &events[0]["event"]["ToolChecked"];
     assert_eq!(
@@ -124,7 +127,14 @@ async fn a_charge_interrupted_after_it_applied_is_settled_by_the_check() {
     );
     let finished = &events[1]["event"]["ToolFinished"];
     assert_eq!(finished["settled_by_check"], true, "{finished}");
-    let key = charges.keys().next().unwrap();
+    let key = payments
+        .charges
+        .lock()
+        .unwrap()
+        .keys()
+        .next()
+        .unwrap()
+        .clone();
     assert!(finished["outcome"]["Ok"]
         .as_str()
         .unwrap()
@@ -143,14 +153,7 @@ async fn a_charge_interrupted_before_it_applied_runs_again_with_its_key() {
     let (world, _model, agent) = charging_world(&base).await;
     let (session, answer) = crash_then_resume(&world, &agent, "tool_started_durable").await;
     assert!(answer.contains("Charged."), "{answer}");
-    let charges = payments.charges.lock().unwrap().clone();
-    assert_eq!(
-        charges.values().collect::<Vec<_>>(),
-        vec![&1],
-        "{charges:?}"
-    );
-    let log = stdout(&world.run(&["log", &session, "--json"]).await);
-    let events = checked_events(&log);
+    let (log, events) = charged_once(&payments, &world, &session).await;
     assert_eq!(
         events[0]["event"]["ToolChecked"]["answer"], "NotApplied",
         "{log}"
