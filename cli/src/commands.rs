@@ -243,10 +243,15 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
             let body = Approve {
                 approved: !a.deny,
                 by: a.decision.by.clone(),
+                args: a.edit_args.clone(),
                 wait: go_on,
                 proceed: go_on,
             };
-            let verb = if a.deny { "denied" } else { "approved" };
+            let verb = match (a.deny, &a.edit_args) {
+                (true, _) => "denied",
+                (false, Some(_)) => "approved with edited arguments",
+                (false, None) => "approved",
+            };
             let call = (a.session, a.call_id.as_str());
             let json = a.decision.json.json;
             decide(sessions, call, Decision::Approve(body), verb, json).await

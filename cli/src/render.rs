@@ -34,9 +34,13 @@ pub fn sessions(rows: &[Value], json: bool) {
         "CACHE"
     );
     for r in rows {
-        let note = match r["answer_cut_off"].as_bool() {
-            Some(true) => "answer cut off by the token limit",
-            _ => "",
+        let note = match (
+            r["answer_cut_off"].as_bool(),
+            r["approval_expires_at"].as_str(),
+        ) {
+            (Some(true), _) => "answer cut off by the token limit".to_string(),
+            (_, Some(at)) => format!("approval expires {at}"),
+            _ => String::new(),
         };
         let row = format!(
             "{:<36}  {:<16}  {:<7}  {:>7}  {:<24}  {:>5.1}%  {note}",

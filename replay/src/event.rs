@@ -89,8 +89,15 @@ pub enum Event {
     ApprovalRequested {
         /// The model's id of the call.
         call_id: String,
+        /// When the wait ends, in milliseconds since the Unix epoch: the
+        /// request's time plus the tool's `approval_timeout` (absent: no
+        /// limit). Past it, the call is denied as [`EXPIRED`] the next time
+        /// the session is looked at.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expires_at_ms: Option<i64>,
     },
-    /// A person approved or denied a call.
+    /// A person approved or denied a call (or mneme denied it, its approval
+    /// having expired).
     ApprovalDecided {
         /// The model's id of the call.
         call_id: String,
@@ -98,6 +105,13 @@ pub enum Event {
         approved: bool,
         /// Who decided.
         by: String,
+        /// Why it was denied, when mneme says: [`EXPIRED`].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        /// Arguments the person approved in place of the model's (a JSON
+        /// text): the tool runs with these, and the model is told.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        args: Option<String>,
     },
     /// The prompt's oldest entries were replaced by a summary (the log keeps
     /// them all; only the prompt is compacted).
@@ -212,6 +226,13 @@ pub struct ModelReply {
 fn is_zero(n: &u64) -> bool {
     *n == 0
 }
+
+/// The reason of a denial mneme records when a call's approval was not
+/// given before its deadline (`approval_timeout`).
+pub const EXPIRED: &str = "expired";
+
+/// Who an expired approval is denied by.
+pub const EXPIRY_BY: &str = "mneme";
 
 /// What a personal field of an erased session reads as.
 pub const ERASED: &str = "[erased]";
@@ -355,8 +376,8 @@ impl Event {
 
     /// The fields of this event that hold what people and tools said: user
     /// messages, the model's text and call arguments, tool results,
-    /// results given by a person, summaries, and failure messages (which
-    /// may quote a server). In a fixed order for each kind, so a list of
+    /// arguments and results given by a person, summaries, and failure
+    /// messages (which may quote a server). In a fixed order for each kind, so a list of
     /// values taken from an event can be put back into its outline.
     /// Everything else (kinds, ids, names, effects, idempotency keys,
     /// tokens, times, the agent spec) is what operating a session needs.
@@ -369,6 +390,9 @@ impl Event {
                 .chain(reply.tool_calls.iter_mut().map(|c| &mut c.arguments))
                 .collect(),
             Event::ToolStarted { args, .. } => vec![args],
+            Event::ApprovalDecided {
+                args: Some(args), ..
+            } => vec![args],
             Event::ToolFinished { outcome, .. } => match outcome {
                 ToolOutcome::Ok(text) | ToolOutcome::Err(text) => vec![text],
             },

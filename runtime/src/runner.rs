@@ -523,6 +523,16 @@ impl Runner {
                 }),
                 CallDecision::NeedsApproval => settled.push(Event::ApprovalRequested {
                     call_id: plan.call_id.clone(),
+                    // The wait ends at the request's time plus the tool's
+                    // approval_timeout, recorded so it is one fact for
+                    // every process that looks.
+                    expires_at_ms: (session.spec()?.tool(&plan.tool))
+                        .and_then(|t| t.approval_timeout())
+                        .map(|timeout| {
+                            crate::text::now_ms().saturating_add(
+                                i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX),
+                            )
+                        }),
                 }),
                 CallDecision::Run | CallDecision::Rerun => match toolbox.get(&plan.tool) {
                     Some(tool) => starts.push((
@@ -538,7 +548,8 @@ impl Runner {
                             blobs: Some(session.blobs()),
                             cancel: None,
                         },
-                        state.call.arguments.clone(),
+                        // A person's edited arguments, where they gave some.
+                        state.arguments().to_string(),
                     )),
                     None => settled.push(Event::ToolFinished {
                         call_id: plan.call_id.clone(),
