@@ -138,8 +138,16 @@ fn replay_tools(view: &Value, empty: &Vec<Value>) {
             Value::Null => String::new(),
             hints => format!(", server's annotations {hints}"),
         };
+        let approval = match (
+            t["requires_approval"].as_bool(),
+            t["approval_timeout"].as_str(),
+        ) {
+            (Some(true), Some(timeout)) => format!(", requires approval (expires after {timeout})"),
+            (Some(true), None) => ", requires approval".to_string(),
+            _ => String::new(),
+        };
         line!(
-            "  {} ({}): {} (from {}){}",
+            "  {} ({}): {} (from {}){approval}{}",
             text(t, "name"),
             text(t, "kind"),
             text(t, "effect"),

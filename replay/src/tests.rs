@@ -798,6 +798,13 @@ fn personal_fields_come_out_and_go_back_in_order() {
     all.push(Event::SessionFinished {
         outcome: SessionOutcome::Failed("server said: secret".into()),
     });
+    all.push(Event::ApprovalDecided {
+        call_id: "c9".into(),
+        approved: true,
+        by: "me".into(),
+        reason: None,
+        args: Some("{\"card\":\"secret\"}".into()),
+    });
     for event in all {
         let mut outline = event.clone();
         let taken: Vec<String> = outline

@@ -762,6 +762,13 @@ pub struct ToolView {
     pub effect_from: String,
     /// Whether a call interrupted mid-way may run again.
     pub safe_to_rerun: bool,
+    /// Whether each call waits for a person's approval (`requires_approval`,
+    /// or for an MCP tool a trusted `destructiveHint` no policy overrides).
+    #[serde(default)]
+    pub requires_approval: bool,
+    /// How long a call waits for approval before it is denied as expired.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_timeout: Option<String>,
     /// The MCP server it comes from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mcp_server: Option<String>,

@@ -182,6 +182,8 @@ fn tool_view(tool: &replay::ToolSpec) -> ToolView {
             .as_ref()
             .map_or("agent file".to_string(), |m| m.effect_from.to_string()),
         safe_to_rerun: tool.safe_to_rerun(),
+        requires_approval: tool.requires_approval,
+        approval_timeout: tool.approval_timeout.clone(),
         mcp_server: tool.mcp.as_ref().map(|m| m.server.clone()),
         annotations: tool.mcp.as_ref().and_then(|m| m.annotations.clone()),
     }

@@ -391,4 +391,20 @@ async fn a_crash_right_after_an_edited_approval_resumes_with_the_edited_argument
             .starts_with("(arguments edited by ada: {\"n\":5})\n"),
         "{told:?}"
     );
+    // Every request equals an uncrashed run's, byte for byte.
+    let (calm, calm_sink) = (World::new(), Sink::start().await.unwrap());
+    let calm_model = refund_model().await;
+    let other = waiting_session(&calm, &calm_model, &calm_sink, "").await;
+    let edit = [
+        "approve",
+        &other,
+        "call_0_0",
+        "--edit-args",
+        r#"{"n": 5}"#,
+        "--by",
+        "ada",
+    ];
+    let out = calm.run(&edit).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(model.bodies(), calm_model.bodies());
 }
