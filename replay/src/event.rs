@@ -3,9 +3,11 @@
 use crate::spec::{AgentSpec, Effect};
 use serde::{Deserialize, Serialize};
 
-/// Version of the event schema this build writes. Older versions are read;
-/// newer ones are refused with [`DecodeError::UnknownSchema`].
-pub const EVENT_SCHEMA: u16 = 1;
+/// The newest version of the event schema this build writes (each event
+/// is written with the version it needs: [`Event::schema`]). Older
+/// versions are read; newer ones are refused with
+/// [`DecodeError::UnknownSchema`].
+pub const EVENT_SCHEMA: u16 = 2;
 
 /// One thing that happened in a session. Immutable once appended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -405,6 +407,23 @@ impl Event {
                 outcome: SessionOutcome::Failed(error),
             } => vec![error],
             _ => vec![],
+        }
+    }
+
+    /// The schema version this event is written with: 2 when it uses a
+    /// field version 2 added (an approval's deadline, the reason of a
+    /// denial, a person's edited arguments), else 1. A build that reads
+    /// only version 1 then refuses such an event by name instead of
+    /// misreading it (it would run a call with the model's arguments where
+    /// a person gave others); every other event stays readable by it.
+    pub fn schema(&self) -> u16 {
+        match self {
+            Event::ApprovalRequested {
+                expires_at_ms: Some(_),
+                ..
+            } => 2,
+            Event::ApprovalDecided { reason, args, .. } if reason.is_some() || args.is_some() => 2,
+            _ => 1,
         }
     }
 

@@ -736,6 +736,47 @@ fn an_approval_expires_at_its_deadline_and_the_model_is_told_why() {
 }
 
 #[test]
+fn only_events_using_the_newer_fields_are_written_as_version_2() {
+    // An older build refuses these by name rather than misreading them.
+    let mut newer = waiting_for_approval().split_off(3);
+    newer.push(Event::ApprovalDecided {
+        call_id: "c1".into(),
+        approved: true,
+        by: "ada".into(),
+        reason: None,
+        args: Some("{}".into()),
+    });
+    newer.push(Event::ApprovalDecided {
+        call_id: "c1".into(),
+        approved: false,
+        by: EXPIRY_BY.into(),
+        reason: Some(EXPIRED.into()),
+        args: None,
+    });
+    assert!(newer.iter().all(|e| e.schema() == 2), "{newer:?}");
+    let mut older = story();
+    older.push(Event::ApprovalRequested {
+        call_id: "c1".into(),
+        expires_at_ms: None,
+    });
+    older.push(Event::ApprovalDecided {
+        call_id: "c1".into(),
+        approved: true,
+        by: "ops".into(),
+        reason: None,
+        args: None,
+    });
+    assert!(older.iter().all(|e| e.schema() == 1), "{older:?}");
+    for event in newer.iter().chain(&older) {
+        assert!(event.schema() <= EVENT_SCHEMA);
+        assert_eq!(
+            &Event::decode(event.schema(), &event.encode()).unwrap(),
+            event
+        );
+    }
+}
+
+#[test]
 fn an_approval_timeout_is_a_window_and_needs_requires_approval() {
     let mut s = spec();
     s.tools[0].approval_timeout = Some("24h".into());

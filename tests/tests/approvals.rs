@@ -48,6 +48,16 @@ async fn events(world: &World, session: &str) -> Vec<(u64, String, Value)> {
         .collect()
 }
 
+/// The schema version the first `kind` event of a session was written with.
+async fn schema_of(world: &World, session: &str, kind: &str) -> u64 {
+    let out = world.run(&["log", "--json", session]).await;
+    (stdout(&out).lines())
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|r| r["kind"] == kind)
+        .and_then(|r| r["schema"].as_u64())
+        .unwrap_or_else(|| panic!("no {kind}"))
+}
+
 fn the<'a>(events: &'a [(u64, String, Value)], kind: &str) -> &'a Value {
     let found = events.iter().find(|(_, k, _)| k == kind);
     &found.unwrap_or_else(|| panic!("no {kind} in {events:?}")).2
@@ -124,6 +134,10 @@ async fn an_edited_approval_runs_the_persons_arguments_once_and_the_model_is_tol
     let reply = the(&log, "ModelReplied");
     assert_eq!(reply["tool_calls"][0]["arguments"], r#"{"n":1}"#, "{reply}");
     assert_eq!(the(&log, "ToolStarted")["args"], r#"{"n":2}"#);
+    // Written as version 2 (an older build refuses it by name rather than
+    // run the model's arguments); the rest stays version 1.
+    assert_eq!(schema_of(&world, &id, "ApprovalDecided").await, 2);
+    assert_eq!(schema_of(&world, &id, "ApprovalRequested").await, 1);
     let text = stdout(&world.run(&["log", &id, "--kind", "ApprovalDecided"]).await);
     assert!(
         text.contains(r#"call_0_0 approved with edited arguments by ada: {"n":2}"#),
