@@ -661,7 +661,7 @@ fn report_end(id: Uuid, end: &TurnEnd, json: bool, streamed: bool) -> Result<Exi
             say!("mneme: session {id} paused: tool calls wait for approval");
             for (call, tool) in calls {
                 say!("  {call}: {tool} requires approval");
-                say!("    mneme approve {id} {call} [--deny]");
+                say!("    mneme approve {id} {call} [--deny | --edit-args JSON]");
             }
             Ok(ExitCode::from(EXIT_NEEDS_DECISION))
         }
