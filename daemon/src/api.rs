@@ -662,7 +662,7 @@ async fn resolve(
     responses(
         (status = 200, description = "Recorded, not continued; or with `wait`, the continued turn's end", body = wire::DecisionAnswer),
         (status = 202, description = "Recorded; the session continues", body = Decided),
-        (status = 400, description = "The edited arguments are not JSON", body = wire::ApiError),
+        (status = 400, description = "The edited arguments are not JSON, or come with a denial", body = wire::ApiError),
         (status = 409, description = "The call does not wait for approval (or its approval expired; or the edited arguments exceed the session's bound), or another daemon holds the session", body = wire::ApiError),
         (status = 503, description = "The daemon is shutting down", body = wire::ApiError)))]
 async fn approve(
@@ -672,8 +672,13 @@ async fn approve(
     Json(body): Json<Approve>,
 ) -> Result<Response, ApiError> {
     if let Some(args) = &body.args {
-        // Not JSON: refused before anything is looked up. The session's own
-        // bound is checked where it is recorded.
+        // Not JSON, or with a denial: refused before anything is looked
+        // up. The session's own bound is checked where it is recorded.
+        if !body.approved {
+            return Err(bad_request(format!(
+                "call {call:?}: edited arguments are for an approval, not a denial"
+            )));
+        }
         let most = replay::spec::MAX_RESPONSE_BYTES_LIMIT;
         service::edited_arguments(&call, args, most).map_err(bad_request)?;
     }

@@ -322,6 +322,13 @@ async fn the_daemon_expires_an_approval_on_its_own_and_takes_edited_arguments() 
         error["error"].as_str().unwrap().contains("call_0_0"),
         "{error}"
     );
+    let (status, error) = daemon
+        .post(
+            &approve,
+            &json!({"approved": false, "by": "ada", "args": "{}"}),
+        )
+        .await;
+    assert_eq!(status, 400, "{error}");
     let (status, end) = daemon
         .post(
             &approve,
