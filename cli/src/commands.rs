@@ -243,10 +243,15 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
             let body = Approve {
                 approved: !a.deny,
                 by: a.decision.by.clone(),
+                args: a.edit_args.clone(),
                 wait: go_on,
                 proceed: go_on,
             };
-            let verb = if a.deny { "denied" } else { "approved" };
+            let verb = match (a.deny, &a.edit_args) {
+                (true, _) => "denied",
+                (false, Some(_)) => "approved with edited arguments",
+                (false, None) => "approved",
+            };
             let call = (a.session, a.call_id.as_str());
             let json = a.decision.json.json;
             decide(sessions, call, Decision::Approve(body), verb, json).await
@@ -656,7 +661,7 @@ fn report_end(id: Uuid, end: &TurnEnd, json: bool, streamed: bool) -> Result<Exi
             say!("mneme: session {id} paused: tool calls wait for approval");
             for (call, tool) in calls {
                 say!("  {call}: {tool} requires approval");
-                say!("    mneme approve {id} {call} [--deny]");
+                say!("    mneme approve {id} {call} [--deny | --edit-args JSON]");
             }
             Ok(ExitCode::from(EXIT_NEEDS_DECISION))
         }

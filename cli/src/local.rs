@@ -270,9 +270,10 @@ impl Sessions for Local {
             }
             Decision::Approve(decision) => {
                 let (approved, by) = (decision.approved, decision.by.as_str());
+                let args = decision.args.as_deref();
                 self.record_then_go_on(id, call, decision.proceed, context, |mut s| async {
                     let decided = (self.service)
-                        .decide_approval(&mut s, call, approved, by)
+                        .decide_approval(&mut s, call, approved, by, args)
                         .await;
                     (s, decided)
                 })

@@ -415,6 +415,11 @@ struct ApproveArgs {
     /// Deny it: the tool never runs and the model is told.
     #[arg(long)]
     deny: bool,
+    /// Approve it with these arguments (JSON) instead of the model's: the
+    /// tool runs with them, recorded with who changed them, and the model
+    /// is told.
+    #[arg(long, value_name = "JSON", conflicts_with = "deny")]
+    edit_args: Option<String>,
     #[command(flatten)]
     decision: Decision,
 }

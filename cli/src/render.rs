@@ -34,9 +34,13 @@ pub fn sessions(rows: &[Value], json: bool) {
         "CACHE"
     );
     for r in rows {
-        let note = match r["answer_cut_off"].as_bool() {
-            Some(true) => "answer cut off by the token limit",
-            _ => "",
+        let note = match (
+            r["answer_cut_off"].as_bool(),
+            r["approval_expires_at"].as_str(),
+        ) {
+            (Some(true), _) => "answer cut off by the token limit".to_string(),
+            (_, Some(at)) => format!("approval expires {at}"),
+            _ => String::new(),
         };
         let row = format!(
             "{:<36}  {:<16}  {:<7}  {:>7}  {:<24}  {:>5.1}%  {note}",
@@ -134,8 +138,16 @@ fn replay_tools(view: &Value, empty: &Vec<Value>) {
             Value::Null => String::new(),
             hints => format!(", server's annotations {hints}"),
         };
+        let approval = match (
+            t["requires_approval"].as_bool(),
+            t["approval_timeout"].as_str(),
+        ) {
+            (Some(true), Some(timeout)) => format!(", requires approval (expires after {timeout})"),
+            (Some(true), None) => ", requires approval".to_string(),
+            _ => String::new(),
+        };
         line!(
-            "  {} ({}): {} (from {}){}",
+            "  {} ({}): {} (from {}){approval}{}",
             text(t, "name"),
             text(t, "kind"),
             text(t, "effect"),

@@ -93,7 +93,7 @@ fn concerns_tool(event: &Event, tool: &str, tool_of_call: &HashMap<String, Strin
         Event::ToolFinished { call_id, .. }
         | Event::ToolInDoubt { call_id, .. }
         | Event::ToolResolved { call_id, .. }
-        | Event::ApprovalRequested { call_id }
+        | Event::ApprovalRequested { call_id, .. }
         | Event::ApprovalDecided { call_id, .. } => call_is(call_id),
         _ => false,
     }

@@ -645,13 +645,15 @@ async fn resolve(
 }
 
 /// Approves or denies a call that waits for approval; `by` names who
-/// decides. The session then continues unless other calls still wait or
-/// `continue` is false.
+/// decides; `args` (with an approval) gives the arguments the tool runs
+/// with instead of the model's. The session then continues unless other
+/// calls still wait or `continue` is false.
 #[utoipa::path(post, path = "/sessions/{id}/calls/{call}/approve", params(CallPath), request_body = Approve,
     responses(
         (status = 200, description = "Recorded, not continued; or with `wait`, the continued turn's end", body = wire::DecisionAnswer),
         (status = 202, description = "Recorded; the session continues", body = Decided),
-        (status = 409, description = "The call does not wait for approval, or another daemon holds the session", body = wire::ApiError),
+        (status = 400, description = "The edited arguments are not JSON, or come with a denial", body = wire::ApiError),
+        (status = 409, description = "The call does not wait for approval (or its approval expired; or the edited arguments exceed the session's bound), or another daemon holds the session", body = wire::ApiError),
         (status = 503, description = "The daemon is shutting down", body = wire::ApiError)))]
 async fn approve(
     State(daemon): State<Shared>,
@@ -659,13 +661,25 @@ async fn approve(
     signed_in: Option<Extension<SignedIn>>,
     Json(body): Json<Approve>,
 ) -> Result<Response, ApiError> {
+    if let Some(args) = &body.args {
+        // Not JSON, or with a denial: refused before anything is looked
+        // up. The session's own bound is checked where it is recorded.
+        if !body.approved {
+            return Err(bad_request(format!(
+                "call {call:?}: edited arguments are for an approval, not a denial"
+            )));
+        }
+        let most = replay::spec::MAX_RESPONSE_BYTES_LIMIT;
+        service::edited_arguments(&call, args, most).map_err(bad_request)?;
+    }
     let by = who(&signed_in, &body.by);
     let next = (body.proceed, body.wait);
     decide(&daemon, id, &call, by, next, |mut session, by| {
         let (daemon, call) = (&daemon, &call);
         async move {
+            let args = body.args.as_deref();
             let decided = (daemon.service)
-                .decide_approval(&mut session, call, body.approved, &by)
+                .decide_approval(&mut session, call, body.approved, &by, args)
                 .await;
             (session, decided)
         }
@@ -716,6 +730,7 @@ where
     let recorded = recorded?;
     lease.release().await;
     daemon.set_status(id, session.state().status());
+    daemon.note_deadline(id, session.state());
     Ok(recorded)
 }
 

@@ -47,6 +47,14 @@ pub const SHUTDOWN_REASON: &str = "daemon shutting down";
 /// over at once (a shutdown, a failed turn) is taken over within it.
 const LOOK_FOR_LAPSED_LEASES: Duration = Duration::from_secs(1);
 
+/// How often the daemon looks for approvals past their deadline.
+const LOOK_FOR_EXPIRED_APPROVALS: Duration = Duration::from_secs(1);
+
+/// How often it reads every session's deadline from the store (its own
+/// turns and decisions tell it theirs at once; this finds those of other
+/// daemons sharing the store).
+const READ_APPROVAL_DEADLINES: Duration = Duration::from_secs(60);
+
 /// Seconds a client has to send a request's head, by default.
 pub const DEFAULT_HEADER_TIMEOUT_SECS: u64 = 10;
 
@@ -137,6 +145,9 @@ pub(crate) struct Daemon {
     bearer: token::Expected,
     /// Browsers signed in to the web view, and codes that sign one in.
     pub(crate) sign_ins: Arc<ui::SignIns>,
+    /// Sessions with calls waiting for approval, and the earliest deadline
+    /// (milliseconds since the Unix epoch) of those that have one.
+    deadlines: Mutex<HashMap<Uuid, i64>>,
 }
 
 /// Bytes of hot sessions (folded state and rendered prompt, estimated)
@@ -210,6 +221,9 @@ pub(crate) enum TurnStart {
     /// Continue a session that stopped mid-turn when its daemon died;
     /// counted as recovered once this daemon holds its lease.
     Recover(&'static str),
+    /// Deny the calls whose approval expired, and go on if nothing else
+    /// waits for a person.
+    Expire,
 }
 
 impl Daemon {
@@ -264,7 +278,22 @@ impl Daemon {
             turns: TaskTracker::new(),
             heads,
             hot: Mutex::default(),
+            deadlines: Mutex::default(),
         }
+    }
+
+    /// Notes when `id`'s wait for approval ends, as `state` says (or that
+    /// nothing of it waits with a deadline).
+    pub(crate) fn note_deadline(&self, id: Uuid, state: &replay::SessionState) {
+        self.set_deadline(id, state.approval_deadline_ms());
+    }
+
+    fn set_deadline(&self, id: Uuid, at: Option<i64>) {
+        let mut deadlines = self.deadlines.lock().expect("deadlines");
+        match at {
+            Some(at) => deadlines.insert(id, at),
+            None => deadlines.remove(&id),
+        };
     }
 
     fn lock_for(&self, id: Uuid) -> Arc<tokio::sync::Mutex<()>> {
@@ -431,10 +460,32 @@ impl Daemon {
                     .reopen(&mut session, &by, extend_budget)
                     .await?;
             }
+            TurnStart::Expire => {
+                let now = runtime::text::now_ms();
+                let expired = self.service.expire_approvals(&mut session, now).await?;
+                let goes_on = session.state().status() == replay::Status::Running;
+                if !goes_on {
+                    // Nothing expired (a person decided meanwhile), or other
+                    // calls still wait: nothing runs.
+                    self.note_deadline(id, session.state());
+                    self.set_status(id, session.state().status());
+                    let reason = format!("{} approvals expired", expired.len());
+                    self.hot
+                        .lock()
+                        .expect("hot sessions")
+                        .put(id, session, parts);
+                    return Ok(TurnEnd::Paused(reason));
+                }
+                runtime::log_line!(
+                    "mneme serve: session {id}: the approval of {} expired; the turn goes on",
+                    expired.join(", ")
+                );
+            }
         }
         self.set_status(id, session.state().status());
         let end = self.runner.drive_with(&mut session, &parts).await;
         self.set_status(id, session.state().status());
+        self.note_deadline(id, session.state());
         self.hot
             .lock()
             .expect("hot sessions")
@@ -483,6 +534,7 @@ impl Daemon {
                 }
             };
             self.set_status(meta.session, &summary.status);
+            self.set_deadline(meta.session, summary.approval_expires_ms);
             if was_interrupted(&summary) {
                 recovered += 1;
                 self.spawn_turn(meta.session, TurnStart::Recover("daemon recovery"));
@@ -527,6 +579,49 @@ impl Daemon {
             tokio::select! {
                 () = self.shutdown.cancelled() => return,
                 () = tokio::time::sleep(every) => {}
+            }
+        }
+    }
+
+    /// About once a second: each session whose wait for approval passed
+    /// its deadline gets a turn that denies the call as expired and goes
+    /// on (`TurnStart::Expire`). Deadlines are noted by this daemon's turns
+    /// and decisions, read at recovery, and read again from every
+    /// session's summary every [`READ_APPROVAL_DEADLINES`] (for those other
+    /// daemons sharing the store recorded).
+    async fn expire_approvals(self: Arc<Self>) {
+        let mut read_at = tokio::time::Instant::now();
+        loop {
+            tokio::select! {
+                () = self.shutdown.cancelled() => return,
+                () = tokio::time::sleep(LOOK_FOR_EXPIRED_APPROVALS) => {}
+            }
+            if read_at.elapsed() >= READ_APPROVAL_DEADLINES {
+                read_at = tokio::time::Instant::now();
+                match self.service.listing().await {
+                    Ok(listing) => {
+                        let read = listing.into_iter().filter_map(|(meta, summary)| {
+                            Some((meta.session, summary.ok()?.approval_expires_ms?))
+                        });
+                        *self.deadlines.lock().expect("deadlines") = read.collect();
+                    }
+                    Err(e) => runtime::warn_line!(
+                        "mneme serve: cannot read the deadlines of approvals: {e}"
+                    ),
+                }
+            }
+            let now = runtime::text::now_ms();
+            let due: Vec<Uuid> = (self.deadlines.lock().expect("deadlines").iter())
+                .filter(|(_, at)| **at <= now)
+                .map(|(id, _)| *id)
+                .collect();
+            for id in due {
+                if self.is_shutting_down() || self.is_running(id) {
+                    continue;
+                }
+                // Noted again by the turn if something still waits.
+                self.set_deadline(id, None);
+                self.spawn_turn(id, TurnStart::Expire);
             }
         }
     }
@@ -674,6 +769,7 @@ pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), R
     }
     tokio::spawn(daemon.clone().recover());
     tokio::spawn(daemon.clone().take_over_lapsed());
+    tokio::spawn(daemon.clone().expire_approvals());
     if let Some(window) = config.retain {
         tokio::spawn(daemon.clone().retain(window));
     }

@@ -261,9 +261,10 @@ function waitingPanel(id, view) {
     el("h2", {}, "Waiting for a person"),
     view.waiting.map((call) => el("div", { class: "waiting-call", "data-call": call.call_id },
       el("p", {}, el("strong", {}, call.tool), " ", el("code", { class: "call-id" }, clip(call.call_id, 64)),
-        ` ${call.waits_for === "approval" ? "waits for approval" : `is in doubt: ${clip(call.reason, 300)}`}`),
-      el("pre", { class: "arguments", "aria-label": "Arguments" }, clip(call.arguments, 2000)),
-      call.waits_for === "approval" ? approvalButtons(id, call) : doubtButtons(id, call))));
+        ` ${call.waits_for === "approval" ? "waits for approval" : `is in doubt: ${clip(call.reason, 300)}`}`,
+        call.expires_at ? el("span", { class: "expires" }, ` until ${call.expires_at} (then it is denied as expired)`) : null),
+      call.waits_for === "approval" ? approvalButtons(id, call)
+        : [el("pre", { class: "arguments", "aria-label": "Arguments" }, clip(call.arguments, 2000)), doubtButtons(id, call)])));
 }
 
 function decide(id, call, action, body) {
@@ -277,10 +278,23 @@ function decide(id, call, action, body) {
   };
 }
 
+// The call's arguments, editable: approved as they are, or (changed) with
+// the person's, which the tool then runs with (recorded with their name).
 function approvalButtons(id, call) {
-  return el("div", { class: "toolbar" },
-    el("button", { type: "button", class: "primary approve", onclick: decide(id, call, "approve", { approved: true }) }, "Approve"),
-    el("button", { type: "button", class: "danger deny", onclick: decide(id, call, "approve", { approved: false }) }, "Deny"));
+  const args = el("textarea", { class: "edit-args", rows: 4, spellcheck: "false", "aria-label": "Arguments" });
+  args.value = call.arguments;
+  const approve = async () => {
+    const edited = args.value !== call.arguments;
+    if (edited) {
+      try { JSON.parse(args.value); } catch (_) { note("The arguments must be JSON."); return; }
+    }
+    await decide(id, call, "approve", edited ? { approved: true, args: args.value } : { approved: true })();
+  };
+  return el("div", { class: "approval" },
+    el("label", {}, "Arguments (edit them to approve the call with yours)", args),
+    el("div", { class: "toolbar" },
+      el("button", { type: "button", class: "primary approve", onclick: approve }, "Approve"),
+      el("button", { type: "button", class: "danger deny", onclick: decide(id, call, "approve", { approved: false }) }, "Deny")));
 }
 
 function doubtButtons(id, call) {
@@ -358,9 +372,10 @@ function callCard(callId, tool, effectOf) {
     el("span", { class: "badge effect-declared" }, (tool && effectOf.get(tool)) || "effect unknown"), " ",
     el("span", { class: "mono" }, callId));
   const status = el("p", { class: "call-status" });
+  const edited = el("pre", { class: "edited-args", "aria-label": "Edited arguments", hidden: true });
   const node = el("div", { class: "call", "data-call": callId }, head, el("table", {},
     el("thead", {}, el("tr", {}, ["Attempt", "Effect", "Idempotency key", "Duration", "Result"].map((h) => el("th", {}, h)))),
-    attempts), status);
+    attempts), status, edited);
   let current = null;
   return {
     node,
@@ -386,7 +401,15 @@ function callCard(callId, tool, effectOf) {
       } else if (kind === "ToolInDoubt") {
         status.textContent = visible(`In doubt (#${record.seq}): ${clip(f.reason, 300)}`);
       } else if (kind === "ApprovalRequested") {
-        status.textContent = `Waits for approval (#${record.seq})`;
+        const until = f.expires_at_ms ? ` until ${new Date(f.expires_at_ms).toISOString()}` : "";
+        status.textContent = `Waits for approval${until} (#${record.seq})`;
+      } else if (kind === "ApprovalDecided" && !f.approved && f.reason === "expired") {
+        status.textContent = visible(`Expired (#${record.seq}): nobody approved it in time, denied by ${f.by}`);
+        status.classList.add("expired");
+      } else if (kind === "ApprovalDecided" && f.approved && f.args) {
+        status.textContent = visible(`Approved with edited arguments by ${f.by} (#${record.seq}):`);
+        edited.textContent = visible(clip(f.args, 2000));
+        edited.hidden = false;
       } else if (kind === "ApprovalDecided") {
         status.textContent = visible(`${f.approved ? "Approved" : "Denied"} by ${f.by} (#${record.seq})`);
       } else if (kind === "ToolResolved") {
@@ -523,7 +546,7 @@ function follow(id, timeline, context, current) {
     if (record.seq <= context.lastSeq || current !== shown) return;
     addRecord(timeline, record, context);
     if (record.kind === "ModelReplied") { arriving.textContent = ""; arriving.hidden = true; }
-    if (["SessionFinished", "SessionPaused", "ApprovalRequested", "ToolInDoubt"].includes(record.kind)
+    if (["SessionFinished", "SessionPaused", "ApprovalRequested", "ApprovalDecided", "ToolInDoubt"].includes(record.kind)
       || (record.kind === "ModelReplied" && !unwrap(record)[1].tool_calls.length)) {
       scheduleRefresh();
     }

@@ -3,9 +3,11 @@
 use crate::spec::{AgentSpec, Effect};
 use serde::{Deserialize, Serialize};
 
-/// Version of the event schema this build writes. Older versions are read;
-/// newer ones are refused with [`DecodeError::UnknownSchema`].
-pub const EVENT_SCHEMA: u16 = 1;
+/// The newest version of the event schema this build writes (each event
+/// is written with the version it needs: [`Event::schema`]). Older
+/// versions are read; newer ones are refused with
+/// [`DecodeError::UnknownSchema`].
+pub const EVENT_SCHEMA: u16 = 2;
 
 /// One thing that happened in a session. Immutable once appended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -93,8 +95,15 @@ pub enum Event {
     ApprovalRequested {
         /// The model's id of the call.
         call_id: String,
+        /// When the wait ends, in milliseconds since the Unix epoch: the
+        /// request's time plus the tool's `approval_timeout` (absent: no
+        /// limit). Past it, the call is denied as [`EXPIRED`] the next time
+        /// the session is looked at.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expires_at_ms: Option<i64>,
     },
-    /// A person approved or denied a call.
+    /// A person approved or denied a call (or mneme denied it, its approval
+    /// having expired).
     ApprovalDecided {
         /// The model's id of the call.
         call_id: String,
@@ -102,6 +111,13 @@ pub enum Event {
         approved: bool,
         /// Who decided.
         by: String,
+        /// Why it was denied, when mneme says: [`EXPIRED`].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+        /// Arguments the person approved in place of the model's (a JSON
+        /// text): the tool runs with these, and the model is told.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        args: Option<String>,
     },
     /// The prompt's oldest entries were replaced by a summary (the log keeps
     /// them all; only the prompt is compacted).
@@ -231,6 +247,13 @@ pub struct ModelReply {
 fn is_zero(n: &u64) -> bool {
     *n == 0
 }
+
+/// The reason of a denial mneme records when a call's approval was not
+/// given before its deadline (`approval_timeout`).
+pub const EXPIRED: &str = "expired";
+
+/// Who an expired approval is denied by.
+pub const EXPIRY_BY: &str = "mneme";
 
 /// What a personal field of an erased session reads as.
 pub const ERASED: &str = "[erased]";
@@ -387,8 +410,8 @@ impl Event {
 
     /// The fields of this event that hold what people and tools said: user
     /// messages, the model's text and call arguments, tool results,
-    /// results given by a person, summaries, and failure messages (which
-    /// may quote a server). In a fixed order for each kind, so a list of
+    /// arguments and results given by a person, summaries, and failure
+    /// messages (which may quote a server). In a fixed order for each kind, so a list of
     /// values taken from an event can be put back into its outline.
     /// Everything else (kinds, ids, names, effects, idempotency keys,
     /// tokens, times, the agent spec) is what operating a session needs.
@@ -401,6 +424,9 @@ impl Event {
                 .chain(reply.tool_calls.iter_mut().map(|c| &mut c.arguments))
                 .collect(),
             Event::ToolStarted { args, .. } => vec![args],
+            Event::ApprovalDecided {
+                args: Some(args), ..
+            } => vec![args],
             Event::ToolFinished { outcome, .. } => match outcome {
                 ToolOutcome::Ok(text) | ToolOutcome::Err(text) => vec![text],
             },
@@ -417,6 +443,23 @@ impl Event {
                 outcome: SessionOutcome::Failed(error),
             } => vec![error],
             _ => vec![],
+        }
+    }
+
+    /// The schema version this event is written with: 2 when it uses a
+    /// field version 2 added (an approval's deadline, the reason of a
+    /// denial, a person's edited arguments), else 1. A build that reads
+    /// only version 1 then refuses such an event by name instead of
+    /// misreading it (it would run a call with the model's arguments where
+    /// a person gave others); every other event stays readable by it.
+    pub fn schema(&self) -> u16 {
+        match self {
+            Event::ApprovalRequested {
+                expires_at_ms: Some(_),
+                ..
+            } => 2,
+            Event::ApprovalDecided { reason, args, .. } if reason.is_some() || args.is_some() => 2,
+            _ => 1,
         }
     }
 

@@ -13,7 +13,7 @@ pub mod state;
 
 pub use event::{
     digest_hex, idempotency_key, CheckAnswer, DecodeError, Event, ModelReply, Resolution,
-    SessionOutcome, ToolCall, ToolOutcome, Usage, ERASED, EVENT_SCHEMA,
+    SessionOutcome, ToolCall, ToolOutcome, Usage, ERASED, EVENT_SCHEMA, EXPIRED, EXPIRY_BY,
 };
 pub use plan::{plan, CallDecision, CallPlan, NextStep, ResumePlan};
 pub use prompt::{
@@ -22,7 +22,7 @@ pub use prompt::{
 };
 pub use spec::{AgentSpec, Effect, HttpCheck, KvShape, Limits, ModelSpec, ToolKind, ToolSpec};
 pub use state::{
-    CallPhase, CallState, Entry, SessionState, Status, Totals, TurnOpened, TurnSpend,
+    CallPhase, CallState, EditedArgs, Entry, SessionState, Status, Totals, TurnOpened, TurnSpend,
     FALLBACK_BYTES_PER_TOKEN, STATE_FORMAT,
 };
 

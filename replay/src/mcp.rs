@@ -53,7 +53,8 @@ pub struct McpServerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_secs: Option<u64>,
     /// Let the server's annotations (`readOnlyHint`, `idempotentHint`) set
-    /// the effect of a tool no policy names.
+    /// the effect of a tool no policy names, and `destructiveHint` make
+    /// its calls wait for approval.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub trust_annotations: bool,
     /// Only these tools are offered (the server's names); default all.
@@ -122,6 +123,10 @@ pub struct McpToolSettings {
     /// Each call waits for a person's approval.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub requires_approval: bool,
+    /// How long a call waits for approval before it is denied as expired
+    /// (`24h`; only with `requires_approval`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_timeout: Option<String>,
     /// Overrides the server's timeout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_secs: Option<u64>,
@@ -268,6 +273,24 @@ impl McpServerSpec {
             }
             _ => {}
         }
+        if let McpTools::Policies(policies) = &self.tools {
+            for (tool, policy) in policies {
+                let McpToolPolicy::Table(settings) = policy else {
+                    continue;
+                };
+                let Some(window) = &settings.approval_timeout else {
+                    continue;
+                };
+                let tool = |reason: String| me(format!("[mcp.tools] {tool:?}: {reason}"));
+                crate::spec::parse_window(window)
+                    .map_err(|e| tool(format!("approval_timeout {e}")))?;
+                if !settings.requires_approval {
+                    return Err(tool(
+                        "approval_timeout is given, but not requires_approval = true".into(),
+                    ));
+                }
+            }
+        }
         for (header, var) in &self.headers_env {
             if !is_header_name(header) || var.is_empty() {
                 return Err(me(format!(
@@ -320,7 +343,13 @@ impl McpServerSpec {
                 listed.name
             ));
         }
-        let policy = self.policy(&listed.name).unwrap_or_default();
+        let named = self.policy(&listed.name);
+        // A destructive tool no policy names waits for a person, when the
+        // server's annotations are trusted.
+        let destructive = self.trust_annotations
+            && named.is_none()
+            && hint(listed.annotations.as_ref(), "destructiveHint") == Some(true);
+        let policy = named.unwrap_or_default();
         let hinted = self
             .trust_annotations
             .then(|| effect_from_annotations(listed.annotations.as_ref()))
@@ -342,7 +371,8 @@ impl McpServerSpec {
                     .unwrap_or(self.honours_idempotency_key),
             ),
             timeout_secs: policy.timeout_secs.or(self.timeout_secs),
-            requires_approval: policy.requires_approval,
+            requires_approval: policy.requires_approval || destructive,
+            approval_timeout: policy.approval_timeout,
             method: None,
             url: None,
             command: None,
@@ -367,9 +397,14 @@ fn is_header_name(name: &str) -> bool {
     !name.is_empty() && name.bytes().all(token)
 }
 
+/// A boolean hint of MCP annotations (`readOnlyHint`, `destructiveHint`).
+fn hint(annotations: Option<&serde_json::Value>, key: &str) -> Option<bool> {
+    annotations?.get(key)?.as_bool()
+}
+
 /// The effect MCP annotations claim: read only, else idempotent, else none.
 fn effect_from_annotations(annotations: Option<&serde_json::Value>) -> Option<Effect> {
-    let hint = |key: &str| annotations?.get(key)?.as_bool();
+    let hint = |key: &str| hint(annotations, key);
     match (hint("readOnlyHint"), hint("idempotentHint")) {
         (Some(true), _) => Some(Effect::ReadOnly),
         (_, Some(true)) => Some(Effect::Idempotent),
@@ -454,6 +489,46 @@ mod tests {
         let peek = trusting.pin(&tools).unwrap().remove(2);
         assert_eq!(peek.effect, Effect::ReadOnly);
         assert_eq!(peek.mcp.unwrap().effect_from, EffectSource::Annotation);
+    }
+
+    #[test]
+    fn a_destructive_tool_waits_for_approval_when_annotations_are_trusted_and_no_policy_names_it() {
+        let destructive = Some(serde_json::json!({"destructiveHint": true}));
+        let tools = [
+            listed("delete", destructive.clone()),
+            listed("wipe", destructive),
+            listed("write", Some(serde_json::json!({"destructiveHint": false}))),
+        ];
+        let approval = |spec: &McpServerSpec| -> Vec<bool> {
+            let pinned = spec.pin(&tools).unwrap();
+            pinned.iter().map(|t| t.requires_approval).collect()
+        };
+        // Untrusted: shown, never obeyed.
+        let plain = server("name = \"fs\"\ncommand = [\"x\"]\n");
+        assert_eq!(approval(&plain), [false, false, false]);
+        // Trusted: a destructive tool waits for a person, unless a policy
+        // names it (the policy decides, here: no approval).
+        let trusting = server(
+            "name = \"fs\"\ncommand = [\"x\"]\ntrust_annotations = true\n[tools]\nwipe = { effect = \"side_effect\" }\n",
+        );
+        assert_eq!(approval(&trusting), [true, false, false]);
+        // A policy may give a timeout, with approval only.
+        let timed = server(
+            "name = \"fs\"\ncommand = [\"x\"]\n[tools]\nwipe = { requires_approval = true, approval_timeout = \"24h\" }\n",
+        );
+        timed.validate().unwrap();
+        let wipe = timed.pin(&tools).unwrap().remove(1);
+        assert_eq!(wipe.approval_timeout.as_deref(), Some("24h"));
+        for bad in [
+            "approval_timeout = \"24h\"",
+            "requires_approval = true, approval_timeout = \"1w\"",
+        ] {
+            let spec = server(&format!(
+                "name = \"fs\"\ncommand = [\"x\"]\n[tools]\nwipe = {{ {bad} }}\n"
+            ));
+            let err = spec.validate().unwrap_err();
+            assert!(err.contains("approval_timeout"), "{bad}: {err}");
+        }
     }
 
     #[test]

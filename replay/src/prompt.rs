@@ -505,8 +505,27 @@ fn wire_arguments(arguments: &str) -> String {
 /// The key under which arguments that are not JSON are sent back.
 pub const UNPARSED_ARGUMENTS: &str = "mneme_unparsed_arguments";
 
-/// The text the model sees as a call's result.
+/// The text the model sees as a call's result. A call a person approved
+/// with other arguments keeps the model's arguments in the request (it is
+/// what the model said, and an entry once sent never changes); its result
+/// starts with a note of the arguments it ran with, and who gave them:
+/// `(arguments edited by NAME: {...})`, then a new line.
 pub fn result_text(call: &CallState) -> String {
+    let result = outcome_text(call);
+    match &call.edited {
+        Some(edited) => format!(
+            "{EDITED_PREFIX} {}: {})\n{result}",
+            edited.by, edited.arguments
+        ),
+        None => result,
+    }
+}
+
+/// What the result of a call a person approved with other arguments
+/// starts with (then who, and the arguments).
+pub const EDITED_PREFIX: &str = "(arguments edited by";
+
+fn outcome_text(call: &CallState) -> String {
     match &call.phase {
         CallPhase::Finished(ToolOutcome::Ok(output)) => output.clone(),
         CallPhase::Finished(ToolOutcome::Err(error)) => format!("error: {error}"),

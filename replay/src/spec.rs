@@ -73,6 +73,11 @@ pub struct ToolSpec {
     /// Whether each call waits for a person's approval before it runs.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub requires_approval: bool,
+    /// How long a call waits for approval (`24h`, `90s`: see
+    /// [`parse_window`]); past it, the call is denied as expired and the
+    /// model told. Only with `requires_approval`. Default: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_timeout: Option<String>,
     /// HTTP method (HTTP tools; default POST).
     #[serde(default)]
     pub method: Option<String>,
@@ -161,6 +166,12 @@ impl ToolSpec {
         std::time::Duration::from_secs(self.timeout_secs.unwrap_or(DEFAULT_TOOL_TIMEOUT_SECS))
     }
 
+    /// How long a call waits for approval before it is denied as expired
+    /// (`approval_timeout`), if the tool sets a limit.
+    pub fn approval_timeout(&self) -> Option<std::time::Duration> {
+        parse_window(self.approval_timeout.as_deref()?).ok()
+    }
+
     /// Bytes of a call's output kept.
     pub fn max_output_bytes(&self) -> u64 {
         self.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT_BYTES)
@@ -189,6 +200,15 @@ impl ToolSpec {
             MAX_OUTPUT_BYTES_LIMIT,
         )
         .map_err(tool)?;
+        if let Some(window) = &self.approval_timeout {
+            parse_window(window).map_err(|e| tool(format!("approval_timeout {e}")))?;
+            if !self.requires_approval {
+                return Err(tool(
+                    "approval_timeout is given, but the tool does not set requires_approval = true"
+                        .into(),
+                ));
+            }
+        }
         if let Some(bad) = self.env.iter().find(|v| !is_env_name(v)) {
             return Err(tool(format!(
                 "env names {bad:?}, which is not a variable name"
@@ -246,6 +266,37 @@ impl ToolSpec {
             _ => Ok(()),
         }
     }
+}
+
+/// A window of time as people write it: a whole number and a unit, `s`,
+/// `m`, `h` or `d` (`30d`, `12h`, `90s`).
+pub fn parse_window(text: &str) -> Result<std::time::Duration, String> {
+    let refuse =
+        || format!("{text:?}: expected a whole number and a unit (s, m, h or d), such as 30d");
+    let unit = text.chars().last().ok_or_else(refuse)?;
+    let seconds = match unit {
+        's' => 1,
+        'm' => 60,
+        'h' => 3600,
+        'd' => 86_400,
+        _ => return Err(refuse()),
+    };
+    let count: u64 = text[..text.len() - 1].parse().map_err(|_| refuse())?;
+    match count.checked_mul(seconds) {
+        Some(0) | None => Err(refuse()),
+        Some(total) => Ok(std::time::Duration::from_secs(total)),
+    }
+}
+
+/// `window` as [`parse_window`] reads it, in its largest whole unit.
+pub fn window(window: std::time::Duration) -> String {
+    let seconds = window.as_secs();
+    [(86_400, "d"), (3600, "h"), (60, "m")]
+        .into_iter()
+        .find(|(unit, _)| seconds >= *unit && seconds.is_multiple_of(*unit))
+        .map_or(format!("{seconds}s"), |(unit, name)| {
+            format!("{}{name}", seconds / unit)
+        })
 }
 
 /// Whether `name` is 1 to 64 ASCII letters, digits, `_` or `-`, not

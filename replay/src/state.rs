@@ -1,6 +1,8 @@
 //! The fold: a session's state is a function of its events, nothing else.
 
-use crate::event::{Event, ModelReply, Resolution, SessionOutcome, ToolCall, ToolOutcome, Usage};
+use crate::event::{
+    Event, ModelReply, Resolution, SessionOutcome, ToolCall, ToolOutcome, Usage, EXPIRED,
+};
 use crate::spec::AgentSpec;
 use serde::{Deserialize, Serialize};
 
@@ -37,6 +39,40 @@ pub struct CallState {
     pub approved: bool,
     /// Where it stands.
     pub phase: CallPhase,
+    /// The arguments a person approved it with in place of the model's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edited: Option<EditedArgs>,
+    /// When its wait for approval ends (milliseconds since the Unix epoch),
+    /// if its tool sets `approval_timeout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_expires_at_ms: Option<i64>,
+}
+
+/// Arguments a person gave a call when approving it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EditedArgs {
+    /// The arguments (a JSON text) the tool runs with.
+    pub arguments: String,
+    /// Who gave them.
+    pub by: String,
+}
+
+impl CallState {
+    /// The arguments the tool runs with: a person's, where they edited the
+    /// call when approving it, else the model's.
+    pub fn arguments(&self) -> &str {
+        match &self.edited {
+            Some(edited) => &edited.arguments,
+            None => &self.call.arguments,
+        }
+    }
+
+    /// Whether it waits for approval and its deadline is at or before
+    /// `now_ms` (milliseconds since the Unix epoch).
+    pub fn approval_expired(&self, now_ms: i64) -> bool {
+        self.phase == CallPhase::AwaitingApproval
+            && self.approval_expires_at_ms.is_some_and(|at| at <= now_ms)
+    }
 }
 
 /// One entry of the conversation, in prompt order.
@@ -216,7 +252,7 @@ pub const FALLBACK_BYTES_PER_TOKEN: u64 = 3;
 
 /// Version of the encoded state in snapshots; a snapshot of another version
 /// is ignored (the log is folded instead).
-pub const STATE_FORMAT: u16 = 6;
+pub const STATE_FORMAT: u16 = 7;
 
 /// The folded state of a session.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -334,6 +370,8 @@ impl SessionState {
                         attempts: 0,
                         approved: false,
                         phase: CallPhase::Pending,
+                        edited: None,
+                        approval_expires_at_ms: None,
                     })
                     .collect();
                 self.entries.push(Entry::Reply {
@@ -372,20 +410,33 @@ impl SessionState {
                     Resolution::Fail(message) => CallPhase::Finished(ToolOutcome::Err(message)),
                 }
             }),
-            Event::ApprovalRequested { call_id } => {
-                self.update_call(seq, &call_id, |c| c.phase = CallPhase::AwaitingApproval)
-            }
+            Event::ApprovalRequested {
+                call_id,
+                expires_at_ms,
+            } => self.update_call(seq, &call_id, |c| {
+                c.phase = CallPhase::AwaitingApproval;
+                c.approval_expires_at_ms = expires_at_ms;
+            }),
             Event::ApprovalDecided {
                 call_id,
                 approved,
                 by,
-            } => self.update_call(seq, &call_id, |c| {
-                c.approved = approved;
-                c.phase = match approved {
-                    true => CallPhase::Pending,
-                    false => CallPhase::Finished(ToolOutcome::Err(format!("denied by {by}"))),
-                }
-            }),
+                reason,
+                args,
+            } => {
+                let denial = self.denial(&call_id, &by, reason.as_deref());
+                self.update_call(seq, &call_id, |c| {
+                    c.approved = approved;
+                    c.phase = match approved {
+                        true => CallPhase::Pending,
+                        false => CallPhase::Finished(ToolOutcome::Err(denial)),
+                    };
+                    c.edited = match (approved, args) {
+                        (true, Some(arguments)) => Some(EditedArgs { arguments, by }),
+                        _ => None,
+                    };
+                })
+            }
             Event::ContextCompacted {
                 entries, summary, ..
             } => {
@@ -439,6 +490,27 @@ impl SessionState {
         }
     }
 
+    /// What the model is told of a denied call: who denied it, or that its
+    /// approval expired (after the tool's `approval_timeout`).
+    fn denial(&self, call_id: &str, by: &str, reason: Option<&str>) -> String {
+        match reason {
+            None => format!("denied by {by}"),
+            Some(EXPIRED) => {
+                let tool = (self.open_calls().iter())
+                    .find(|c| c.call.id == call_id)
+                    .and_then(|c| self.spec.as_ref()?.tool(&c.call.name));
+                match tool.and_then(|t| t.approval_timeout()) {
+                    Some(timeout) => format!(
+                        "denied ({EXPIRED} after {}: nobody approved it in time)",
+                        crate::spec::window(timeout)
+                    ),
+                    None => format!("denied ({EXPIRED}: nobody approved it in time)"),
+                }
+            }
+            Some(reason) => format!("denied by {by} ({reason})"),
+        }
+    }
+
     /// Tool events always belong to the latest reply: a new model request is
     /// only made once every call of the previous reply has an outcome.
     fn update_call(&mut self, seq: u64, call_id: &str, change: impl FnOnce(&mut CallState)) {
@@ -482,6 +554,27 @@ impl SessionState {
             .filter(|c| c.phase == CallPhase::AwaitingApproval)
             .map(|c| (c.call.id.clone(), c.call.name.clone()))
             .collect()
+    }
+
+    /// Calls of the latest reply waiting for approval whose deadline is at
+    /// or before `now_ms` (milliseconds since the Unix epoch): what an
+    /// expiry denies.
+    pub fn approvals_expired(&self, now_ms: i64) -> Vec<String> {
+        self.open_calls()
+            .iter()
+            .filter(|c| c.approval_expired(now_ms))
+            .map(|c| c.call.id.clone())
+            .collect()
+    }
+
+    /// The earliest deadline of the calls waiting for approval, if any has
+    /// one (milliseconds since the Unix epoch).
+    pub fn approval_deadline_ms(&self) -> Option<i64> {
+        self.open_calls()
+            .iter()
+            .filter(|c| c.phase == CallPhase::AwaitingApproval)
+            .filter_map(|c| c.approval_expires_at_ms)
+            .min()
     }
 
     /// Whether a call waits for a person: one in doubt (a decision) or one

@@ -13,6 +13,7 @@ fn tool(name: &str, kind: ToolKind, effect: Effect, honours: Option<bool>) -> To
         honours_idempotency_key: honours,
         timeout_secs: None,
         requires_approval: false,
+        approval_timeout: None,
         method: None,
         url: Some("http://127.0.0.1:9/x".into()),
         command: Some(vec!["true".into()]),
@@ -629,6 +630,7 @@ fn calls_needing_approval_wait_then_run_or_are_denied() {
     assert_eq!(p.calls[1].decision, CallDecision::Run);
     events.push(Event::ApprovalRequested {
         call_id: "c1".into(),
+        expires_at_ms: None,
     });
     events.push(started("c2", "lookup", Effect::ReadOnly));
     events.push(finished("c2", "{}"));
@@ -644,12 +646,16 @@ fn calls_needing_approval_wait_then_run_or_are_denied() {
         call_id: "c1".into(),
         approved: true,
         by: "ops".into(),
+        reason: None,
+        args: None,
     });
     assert_eq!(plan(&fold(&approved)).calls[0].decision, CallDecision::Run);
     events.push(Event::ApprovalDecided {
         call_id: "c1".into(),
         approved: false,
         by: "ops".into(),
+        reason: None,
+        args: None,
     });
     let denied = fold(&events);
     assert_eq!(plan(&denied).next, NextStep::CallModel);
@@ -657,6 +663,200 @@ fn calls_needing_approval_wait_then_run_or_are_denied() {
         messages(&denied)[3].content.as_deref(),
         Some("error: denied by ops")
     );
+}
+
+/// A log where `charge` (requiring approval, with a timeout of 2s) was
+/// called as `c1` with `{"x":1}` and waits for approval until 5000 ms.
+fn waiting_for_approval() -> Vec<Event> {
+    let mut spec = spec();
+    spec.tools[0].requires_approval = true; // charge
+    spec.tools[0].approval_timeout = Some("2s".into());
+    let mut charge = call("c1", "charge");
+    charge.arguments = r#"{"x":1}"#.into();
+    vec![
+        Event::SessionStarted {
+            spec: Box::new(spec),
+        },
+        Event::UserMessage {
+            text: "refund".into(),
+        },
+        reply(None, vec![charge]),
+        Event::ApprovalRequested {
+            call_id: "c1".into(),
+            expires_at_ms: Some(5000),
+        },
+    ]
+}
+
+#[test]
+fn an_edited_approval_runs_the_persons_arguments_and_the_model_is_told() {
+    let mut events = waiting_for_approval();
+    events.push(Event::ApprovalDecided {
+        call_id: "c1".into(),
+        approved: true,
+        by: "ada".into(),
+        reason: None,
+        args: Some(r#"{"x":2}"#.into()),
+    });
+    let state = fold(&events);
+    let call = &state.open_calls()[0];
+    assert_eq!(call.arguments(), r#"{"x":2}"#, "the tool runs with these");
+    assert_eq!(call.call.arguments, r#"{"x":1}"#, "the model's stay");
+    assert_eq!(
+        call.edited,
+        Some(EditedArgs {
+            arguments: r#"{"x":2}"#.into(),
+            by: "ada".into()
+        })
+    );
+    assert_eq!(plan(&state).calls[0].decision, CallDecision::Run);
+    events.push(Event::ToolStarted {
+        call_id: "c1".into(),
+        tool: "charge".into(),
+        args: r#"{"x":2}"#.into(),
+        effect: Effect::SideEffect,
+        idempotency_key: "k".into(),
+        attempt: 1,
+    });
+    events.push(finished("c1", r#"{"ok":true}"#));
+    let state = fold(&events);
+    assert_eq!(plan(&state).next, NextStep::CallModel);
+    let msgs = messages(&state);
+    // The request keeps the call as the model made it; its result says
+    // who changed the arguments, and to what.
+    let calls = msgs[2].tool_calls.as_ref().unwrap();
+    assert_eq!(calls[0].function.arguments, r#"{"x":1}"#);
+    assert_eq!(
+        msgs[3].content.as_deref(),
+        Some("(arguments edited by ada: {\"x\":2})\n{\"ok\":true}")
+    );
+    // Byte for byte the same from the stored encoding, from a snapshot,
+    // and built incrementally.
+    let body = next_request("s", &state).unwrap();
+    let decoded: Vec<Event> = (events.iter())
+        .map(|e| Event::decode(EVENT_SCHEMA, &e.encode()).unwrap())
+        .collect();
+    assert_eq!(next_request("s", &fold(&decoded)).unwrap(), body);
+    let snapshot = SessionState::decode(&fold(&events[..5]).encode()).unwrap();
+    let mut resumed = snapshot;
+    for (i, e) in events.iter().enumerate().skip(5) {
+        resumed.apply(i as u64 + 1, e.clone());
+    }
+    assert_eq!(next_request("s", &resumed).unwrap(), body);
+    let mut prefix = RenderedPrefix::default();
+    let built = next_request_incremental("s", &state, &mut prefix).unwrap();
+    assert_eq!(built.to_vec(), body);
+    // Anthropic's request tells it too.
+    let mut anthropic = events.clone();
+    if let Event::SessionStarted { spec } = &mut anthropic[0] {
+        spec.model.provider = "anthropic".into();
+    }
+    let body = String::from_utf8(next_request("s", &fold(&anthropic)).unwrap()).unwrap();
+    assert!(body.contains("(arguments edited by ada:"), "{body}");
+    // A denial with arguments keeps none of them.
+    let mut denied = waiting_for_approval();
+    denied.push(Event::ApprovalDecided {
+        call_id: "c1".into(),
+        approved: false,
+        by: "ada".into(),
+        reason: None,
+        args: Some("{}".into()),
+    });
+    assert_eq!(fold(&denied).open_calls()[0].edited, None);
+}
+
+#[test]
+fn an_approval_expires_at_its_deadline_and_the_model_is_told_why() {
+    let mut events = waiting_for_approval();
+    let state = fold(&events);
+    assert_eq!(state.open_calls()[0].approval_expires_at_ms, Some(5000));
+    assert_eq!(state.approval_deadline_ms(), Some(5000));
+    assert!(state.approvals_expired(4999).is_empty());
+    assert_eq!(state.approvals_expired(5000), ["c1"]);
+    assert!(state.waits_for_a_person(), "until something records it");
+    events.push(Event::ApprovalDecided {
+        call_id: "c1".into(),
+        approved: false,
+        by: EXPIRY_BY.into(),
+        reason: Some(EXPIRED.into()),
+        args: None,
+    });
+    let state = fold(&events);
+    assert!(state.approvals_expired(i64::MAX).is_empty());
+    assert_eq!(state.approval_deadline_ms(), None);
+    assert_eq!(plan(&state).next, NextStep::CallModel);
+    assert_eq!(
+        messages(&state)[3].content.as_deref(),
+        Some("error: denied (expired after 2s: nobody approved it in time)")
+    );
+    // Without a timeout in the spec (an older log), it still says why.
+    if let Event::SessionStarted { spec } = &mut events[0] {
+        spec.tools[0].approval_timeout = None;
+    }
+    assert_eq!(
+        messages(&fold(&events))[3].content.as_deref(),
+        Some("error: denied (expired: nobody approved it in time)")
+    );
+}
+
+#[test]
+fn only_events_using_the_newer_fields_are_written_as_version_2() {
+    // An older build refuses these by name rather than misreading them.
+    let mut newer = waiting_for_approval().split_off(3);
+    newer.push(Event::ApprovalDecided {
+        call_id: "c1".into(),
+        approved: true,
+        by: "ada".into(),
+        reason: None,
+        args: Some("{}".into()),
+    });
+    newer.push(Event::ApprovalDecided {
+        call_id: "c1".into(),
+        approved: false,
+        by: EXPIRY_BY.into(),
+        reason: Some(EXPIRED.into()),
+        args: None,
+    });
+    assert!(newer.iter().all(|e| e.schema() == 2), "{newer:?}");
+    let mut older = story();
+    older.push(Event::ApprovalRequested {
+        call_id: "c1".into(),
+        expires_at_ms: None,
+    });
+    older.push(Event::ApprovalDecided {
+        call_id: "c1".into(),
+        approved: true,
+        by: "ops".into(),
+        reason: None,
+        args: None,
+    });
+    assert!(older.iter().all(|e| e.schema() == 1), "{older:?}");
+    for event in newer.iter().chain(&older) {
+        assert!(event.schema() <= EVENT_SCHEMA);
+        assert_eq!(
+            &Event::decode(event.schema(), &event.encode()).unwrap(),
+            event
+        );
+    }
+}
+
+#[test]
+fn an_approval_timeout_is_a_window_and_needs_requires_approval() {
+    let mut s = spec();
+    s.tools[0].approval_timeout = Some("24h".into());
+    let err = s.validate().unwrap_err();
+    assert!(err.contains("requires_approval"), "{err}");
+    s.tools[0].requires_approval = true;
+    assert!(s.validate().is_ok());
+    assert_eq!(
+        s.tools[0].approval_timeout(),
+        Some(std::time::Duration::from_secs(86_400))
+    );
+    for bad in ["24", "0h", "1w", ""] {
+        s.tools[0].approval_timeout = Some(bad.into());
+        let err = s.validate().unwrap_err();
+        assert!(err.contains("approval_timeout"), "{bad}: {err}");
+    }
 }
 
 #[test]
@@ -702,6 +902,13 @@ fn personal_fields_come_out_and_go_back_in_order() {
     });
     all.push(Event::SessionFinished {
         outcome: SessionOutcome::Failed("server said: secret".into()),
+    });
+    all.push(Event::ApprovalDecided {
+        call_id: "c9".into(),
+        approved: true,
+        by: "me".into(),
+        reason: None,
+        args: Some("{\"card\":\"secret\"}".into()),
     });
     for event in all {
         let mut outline = event.clone();
@@ -821,11 +1028,14 @@ fn golden_bytes_of_every_event_kind() {
     });
     all.push(Event::ApprovalRequested {
         call_id: "c8".into(),
+        expires_at_ms: None,
     });
     all.push(Event::ApprovalDecided {
         call_id: "c8".into(),
         approved: false,
         by: "ops".into(),
+        reason: None,
+        args: None,
     });
     all.push(Event::SessionPaused {
         reason: "r".into(),
@@ -875,6 +1085,25 @@ fn golden_bytes_of_every_event_kind() {
         reason: "asked".into(),
         by: "dpo".into(),
     });
+    // Encodings added later, each after every line before it.
+    all.push(Event::ApprovalRequested {
+        call_id: "c7".into(),
+        expires_at_ms: Some(1_764_633_600_000),
+    });
+    all.push(Event::ApprovalDecided {
+        call_id: "c7".into(),
+        approved: true,
+        by: "ada".into(),
+        reason: None,
+        args: Some(r#"{"cents":100}"#.into()),
+    });
+    all.push(Event::ApprovalDecided {
+        call_id: "c7".into(),
+        approved: false,
+        by: "mneme".into(),
+        reason: Some("expired".into()),
+        args: None,
+    });
     let text: String = all
         .iter()
         .map(|e| {
@@ -905,7 +1134,7 @@ fn golden_bytes_of_every_event_kind() {
 /// Builds a plausible log from random choices: tool events name calls of
 /// the latest reply most of the time, and garbage otherwise.
 fn arbitrary_log() -> impl Strategy<Value = Vec<Event>> {
-    proptest::collection::vec((0u8..10, 0usize..4, any::<bool>()), 0..60).prop_map(|ops| {
+    proptest::collection::vec((0u8..12, 0usize..4, any::<bool>()), 0..60).prop_map(|ops| {
         let names = ["charge", "email", "lookup", "nope"];
         let mut events = vec![Event::SessionStarted {
             spec: Box::new(spec()),
@@ -962,6 +1191,17 @@ fn arbitrary_log() -> impl Strategy<Value = Vec<Event>> {
                     entries: (i / 3) as u64,
                     covers: (2, i as u64),
                     summary: format!("summary {i}"),
+                },
+                10 => Event::ApprovalRequested {
+                    call_id: id,
+                    expires_at_ms: flag.then_some(i as i64),
+                },
+                11 => Event::ApprovalDecided {
+                    call_id: id,
+                    approved: pick != 3,
+                    by: "p".into(),
+                    reason: (pick == 3 && flag).then(|| EXPIRED.into()),
+                    args: (pick == 1).then(|| format!(r#"{{"edited":{i}}}"#)),
                 },
                 _ => {
                     if flag {

@@ -284,6 +284,13 @@ pub struct Approve {
     pub approved: bool,
     /// Who decides (recorded).
     pub by: String,
+    /// With an approval: the arguments the tool runs with instead of the
+    /// model's, as a JSON text (e.g. `"{\"cents\": 100}"`). Recorded with
+    /// who gave them; the model's reply keeps its own, and the call's
+    /// result tells the model. Must be JSON, no longer than the model's
+    /// `max_response_bytes` (else 400, nothing recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args: Option<String>,
     /// Answer when the continued turn ends.
     #[serde(default)]
     pub wait: bool,
@@ -488,6 +495,11 @@ pub struct SessionSummary {
     /// Whether the token limit cut the last answer off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answer_cut_off: Option<bool>,
+    /// When the first wait for approval ends (UTC, RFC 3339 with
+    /// milliseconds), if a call waits for approval of a tool with
+    /// `approval_timeout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_expires_at: Option<String>,
     /// Prompt tokens of the latest model request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_tokens_last: Option<u64>,
@@ -548,6 +560,11 @@ pub struct WaitingCall {
     pub waits_for: String,
     /// Why.
     pub reason: String,
+    /// When an approval's wait ends (UTC, RFC 3339 with milliseconds), if
+    /// its tool sets `approval_timeout`: past it, the call is denied as
+    /// expired and the model told.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
 }
 
 /// Which events to read.
@@ -745,6 +762,13 @@ pub struct ToolView {
     pub effect_from: String,
     /// Whether a call interrupted mid-way may run again.
     pub safe_to_rerun: bool,
+    /// Whether each call waits for a person's approval (`requires_approval`,
+    /// or for an MCP tool a trusted `destructiveHint` no policy overrides).
+    #[serde(default)]
+    pub requires_approval: bool,
+    /// How long a call waits for approval before it is denied as expired.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_timeout: Option<String>,
     /// The MCP server it comes from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mcp_server: Option<String>,

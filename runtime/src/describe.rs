@@ -125,7 +125,16 @@ pub fn summary(event: &Event) -> String {
             format!("{call_id} attempt {attempt} checked in {duration_ms} ms: {answer}")
         }
         Event::ToolInDoubt { call_id, reason } => format!("{call_id}: {}", clip(reason, 200)),
-        Event::ApprovalRequested { call_id } => format!("{call_id} waits for approval"),
+        Event::ApprovalRequested {
+            call_id,
+            expires_at_ms,
+        } => match expires_at_ms {
+            Some(at) => format!(
+                "{call_id} waits for approval until {}",
+                crate::views::format_time(*at)
+            ),
+            None => format!("{call_id} waits for approval"),
+        },
         Event::ContextCompacted {
             entries,
             covers,
@@ -140,10 +149,20 @@ pub fn summary(event: &Event) -> String {
             call_id,
             approved,
             by,
-        } => format!(
-            "{call_id} {} by {by}",
-            if *approved { "approved" } else { "denied" }
-        ),
+            reason,
+            args,
+        } => match (approved, reason.as_deref(), args) {
+            (false, Some(replay::EXPIRED), _) => {
+                format!("{call_id} denied by {by}: its approval expired")
+            }
+            (false, Some(reason), _) => format!("{call_id} denied by {by}: {}", clip(reason, 200)),
+            (false, None, _) => format!("{call_id} denied by {by}"),
+            (true, _, Some(args)) => format!(
+                "{call_id} approved with edited arguments by {by}: {}",
+                clip(args, 200)
+            ),
+            (true, _, None) => format!("{call_id} approved by {by}"),
+        },
         Event::ToolResolved {
             call_id,
             resolution,

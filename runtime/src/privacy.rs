@@ -564,6 +564,7 @@ mod tests {
             }),
             event(Event::ApprovalRequested {
                 call_id: "c1".into(),
+                expires_at_ms: None,
             }),
         ]
     }

@@ -537,11 +537,21 @@ impl Runner {
                 }),
                 CallDecision::NeedsApproval => settled.push(Event::ApprovalRequested {
                     call_id: plan.call_id.clone(),
+                    // The wait ends at the request's time plus the tool's
+                    // approval_timeout, recorded so it is one fact for
+                    // every process that looks.
+                    expires_at_ms: (session.spec()?.tool(&plan.tool))
+                        .and_then(|t| t.approval_timeout())
+                        .map(|timeout| {
+                            crate::text::now_ms().saturating_add(
+                                i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX),
+                            )
+                        }),
                 }),
                 CallDecision::Check => {
                     let ctx = context(state.attempts);
                     let started = std::time::Instant::now();
-                    let answer = toolbox.check(&plan.tool, &ctx, &state.call.arguments).await;
+                    let answer = toolbox.check(&plan.tool, &ctx, state.arguments()).await;
                     let duration_ms = started.elapsed().as_millis() as u64;
                     settled.extend(checked(&ctx, answer, duration_ms));
                 }
@@ -549,7 +559,8 @@ impl Runner {
                     Some(tool) => starts.push((
                         tool.clone(),
                         context(state.attempts + 1),
-                        state.call.arguments.clone(),
+                        // A person's edited arguments, where they gave some.
+                        state.arguments().to_string(),
                     )),
                     None => settled.push(Event::ToolFinished {
                         call_id: plan.call_id.clone(),

@@ -191,7 +191,8 @@ impl Service {
     /// Makes a paused or failed session runnable again, unless a person
     /// must first decide on calls in doubt, or it spent a budget of its turn
     /// and `extend_budget` is not given (which starts the budget again).
-    /// Returns whether it appended.
+    /// Calls whose approval expired are denied first (see
+    /// [`Service::expire_approvals`]). Returns whether it appended.
     pub async fn reopen(
         &self,
         session: &mut Session,
@@ -199,11 +200,17 @@ impl Service {
         extend_budget: bool,
     ) -> Result<bool, RuntimeError> {
         refuse_erased(session)?;
+        // Approvals past their deadline are denied first: the turn then
+        // goes on if nothing else waits.
+        let expired = !self
+            .expire_approvals(session, crate::text::now_ms())
+            .await?
+            .is_empty();
         let state = session.state();
         let stopped = state.paused.is_some() || state.failed.is_some();
         let budget_holds = state.budget_paused && !extend_budget;
         if !stopped || budget_holds || state.a_call_waits_for_a_person() {
-            return Ok(false);
+            return Ok(expired);
         }
         let event = Event::SessionResumed {
             by: by.into(),
@@ -251,19 +258,51 @@ impl Service {
         .await
     }
 
-    /// Records a person's approval or denial of a call waiting for one.
-    /// Returns whether the session can continue (nothing else waits).
+    /// Records a person's approval or denial of a call waiting for one; an
+    /// approval may give the arguments the tool runs with instead of the
+    /// model's (`args`, a JSON text, bounded like a model's reply: see
+    /// [`edited_arguments`]). Refused, recording nothing, once the call's
+    /// approval expired. Returns whether the session can continue (nothing
+    /// else waits).
     pub async fn decide_approval(
         &self,
         session: &mut Session,
         call_id: &str,
         approved: bool,
         by: &str,
+        args: Option<&str>,
     ) -> Result<bool, RuntimeError> {
+        let refuse = |reason: String| RuntimeError::InvalidRequest {
+            session: session.id(),
+            reason,
+        };
+        let call = (session.state().open_calls().iter()).find(|c| c.call.id == call_id);
+        if let Some(call) = call.filter(|c| c.approval_expired(crate::text::now_ms())) {
+            let at = call.approval_expires_at_ms.unwrap_or_default();
+            return Err(refuse(format!(
+                "the approval of call {call_id:?} expired at {} (approval_timeout), so it can no \
+                 longer be decided on: resuming the session records it as denied and tells the model",
+                crate::views::format_time(at)
+            )));
+        }
+        let args = match (args, approved) {
+            (None, _) => None,
+            (Some(_), false) => {
+                return Err(refuse(format!(
+                    "call {call_id:?}: edited arguments are for an approval, not a denial"
+                )))
+            }
+            (Some(args), true) => {
+                let limit = session.spec()?.model.max_response_bytes();
+                Some(edited_arguments(call_id, args, limit).map_err(refuse)?)
+            }
+        };
         let decision = Event::ApprovalDecided {
             call_id: call_id.into(),
             approved,
             by: by.into(),
+            reason: None,
+            args,
         };
         let waiting = session.state().calls_awaiting_approval();
         self.decide(
@@ -275,6 +314,43 @@ impl Service {
             by,
         )
         .await
+    }
+
+    /// Denies, as expired, every call of `session` whose approval was due at
+    /// or before `now_ms` (milliseconds since the Unix epoch; see
+    /// `approval_timeout`), recorded by mneme with the reason
+    /// [`replay::EXPIRED`]; when nothing else then waits for a person, the
+    /// session is resumed in the same append, so its turn goes on and tells
+    /// the model. Returns the calls it denied. The caller holds the lease.
+    pub async fn expire_approvals(
+        &self,
+        session: &mut Session,
+        now_ms: i64,
+    ) -> Result<Vec<String>, RuntimeError> {
+        let expired = session.state().approvals_expired(now_ms);
+        if expired.is_empty() || session.state().erased.is_some() {
+            return Ok(Vec::new());
+        }
+        let mut events: Vec<Event> = (expired.iter())
+            .map(|call_id| Event::ApprovalDecided {
+                call_id: call_id.clone(),
+                approved: false,
+                by: replay::EXPIRY_BY.into(),
+                reason: Some(replay::EXPIRED.into()),
+                args: None,
+            })
+            .collect();
+        let waiting = session.state().calls_in_doubt().len()
+            + session.state().calls_awaiting_approval().len();
+        if waiting == expired.len() {
+            events.push(Event::SessionResumed {
+                by: replay::EXPIRY_BY.into(),
+                extend_budget: false,
+            });
+        }
+        session.append(events, None).await?;
+        session.barrier(self.durability).await?;
+        Ok(expired)
     }
 
     /// Records `decision` on `call_id`, one of `waiting`; resumes the session
@@ -554,6 +630,25 @@ pub fn resolution(
         (false, None, Some(message)) => Ok(Resolution::Fail(message.into())),
         _ => Err("give exactly one of: retry, skip with a JSON result, fail with a message".into()),
     }
+}
+
+/// The arguments a person gave call `call_id` when approving it, as they
+/// are recorded: valid JSON (else refused, naming the call), in compact
+/// form, and no longer than a model's reply may be (`limit`: the spec's
+/// `max_response_bytes`), so they fit where the model's would.
+pub fn edited_arguments(call_id: &str, args: &str, limit: u64) -> Result<String, String> {
+    let value: serde_json::Value = serde_json::from_str(args).map_err(|e| {
+        format!("call {call_id:?}: the edited arguments are not JSON ({e}); nothing was recorded")
+    })?;
+    let args = value.to_string();
+    if args.len() as u64 > limit {
+        return Err(format!(
+            "call {call_id:?}: the edited arguments are {} bytes, more than a model's reply may \
+             hold ({limit} bytes, max_response_bytes); nothing was recorded",
+            args.len()
+        ));
+    }
+    Ok(args)
 }
 
 /// The refusal of anything that would run erased `session`.

@@ -2,7 +2,7 @@
 
 use crate::error::RuntimeError;
 use eventlog::{Durability, EventLog, NewEvent, Record};
-use replay::{AgentSpec, Event, SessionState, EVENT_SCHEMA};
+use replay::{AgentSpec, Event, SessionState};
 use std::sync::Arc;
 use uuid::Uuid;
 
@@ -317,7 +317,7 @@ impl Session {
                 let (event, payload) = crate::text::redact_event(e);
                 let new = NewEvent {
                     kind: event.kind().to_string(),
-                    schema: EVENT_SCHEMA,
+                    schema: event.schema(),
                     caused_by,
                     payload,
                 };

@@ -51,6 +51,8 @@ pub struct Hold {
 #[derive(Default)]
 struct Inner {
     stats: SinkStats,
+    /// Every request's body per path, in order (JSON where it parses).
+    bodies: HashMap<String, Vec<serde_json::Value>>,
     answers: HashMap<String, serde_json::Value>,
     holds: HashMap<String, (oneshot::Sender<()>, oneshot::Receiver<()>)>,
 }
@@ -97,6 +99,13 @@ impl Sink {
         self.inner.lock().expect("sink lock").stats.clone()
     }
 
+    /// The body of every request `path` received, in order, duplicates
+    /// included (JSON where it parses, else the text).
+    pub fn bodies(&self, path: &str) -> Vec<serde_json::Value> {
+        let inner = self.inner.lock().expect("sink lock");
+        inner.bodies.get(path).cloned().unwrap_or_default()
+    }
+
     /// Holds the response of the next new effect on `path`.
     pub fn hold(&self, path: &str) -> Hold {
         let (applied_tx, applied) = oneshot::channel();
@@ -127,6 +136,13 @@ async fn effect(
     let (answer, hold) = {
         let mut inner = inner.lock().expect("sink lock");
         let inner = &mut *inner;
+        let request = serde_json::from_str::<serde_json::Value>(&body)
+            .unwrap_or(serde_json::Value::String(body));
+        inner
+            .bodies
+            .entry(path.clone())
+            .or_default()
+            .push(request.clone());
         let counts = inner.stats.paths.entry(path.clone()).or_default();
         counts.hits += 1;
         if let Some(key) = &key {
@@ -140,7 +156,7 @@ async fn effect(
             "ok": true,
             "path": path,
             "effect": counts.effects,
-            "request": serde_json::from_str::<serde_json::Value>(&body).unwrap_or(serde_json::Value::String(body)),
+            "request": request,
         });
         if let Some(key) = key {
             inner.answers.insert(key, answer.clone());

@@ -141,6 +141,10 @@ pub struct Summary {
     /// Whether the token limit cut the last answer off.
     #[serde(default)]
     pub answer_cut_off: bool,
+    /// The earliest deadline of the calls waiting for approval
+    /// (milliseconds since the Unix epoch), if any has one.
+    #[serde(default)]
+    pub approval_expires_ms: Option<i64>,
 }
 
 impl Summary {
@@ -172,17 +176,25 @@ impl Summary {
             waits_for_a_person: state.waits_for_a_person(),
             totals: state.totals,
             answer_cut_off: state.answer().is_some() && crate::runner::last_reply_cut_off(state),
+            approval_expires_ms: state.approval_deadline_ms(),
         }
     }
 }
 
 impl Summary {
     /// Whether the session has pending work that no person has to decide
-    /// on ([`replay::Status::resumable`]).
+    /// on ([`replay::Status::resumable`]), or a call whose approval expired
+    /// (a resume records it as denied and goes on).
     pub fn resumable(&self) -> bool {
         self.status
             .parse::<Status>()
             .is_ok_and(|status| status.resumable(self.waits_for_a_person))
+            || self.approval_expired(crate::text::now_ms())
+    }
+
+    /// Whether a call's wait for approval ended at or before `now_ms`.
+    pub fn approval_expired(&self, now_ms: i64) -> bool {
+        self.approval_expires_ms.is_some_and(|at| at <= now_ms)
     }
 }
 

@@ -258,36 +258,9 @@ pub fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
 
-/// A window of time as people write it: a whole number and a unit, `s`,
-/// `m`, `h` or `d` (`30d`, `12h`, `90s`).
-pub fn parse_window(text: &str) -> Result<std::time::Duration, String> {
-    let refuse =
-        || format!("{text:?}: expected a whole number and a unit (s, m, h or d), such as 30d");
-    let unit = text.chars().last().ok_or_else(refuse)?;
-    let seconds = match unit {
-        's' => 1,
-        'm' => 60,
-        'h' => 3600,
-        'd' => 86_400,
-        _ => return Err(refuse()),
-    };
-    let count: u64 = text[..text.len() - 1].parse().map_err(|_| refuse())?;
-    match count.checked_mul(seconds) {
-        Some(0) | None => Err(refuse()),
-        Some(total) => Ok(std::time::Duration::from_secs(total)),
-    }
-}
-
-/// `window` as [`parse_window`] reads it, in its largest whole unit.
-pub fn window(window: std::time::Duration) -> String {
-    let seconds = window.as_secs();
-    [(86_400, "d"), (3600, "h"), (60, "m")]
-        .into_iter()
-        .find(|(unit, _)| seconds >= *unit && seconds.is_multiple_of(*unit))
-        .map_or(format!("{seconds}s"), |(unit, name)| {
-            format!("{}{name}", seconds / unit)
-        })
-}
+/// Windows of time as people write them (`30d`, `12h`, `90s`): defined
+/// with the agent spec, which checks a tool's `approval_timeout`.
+pub use replay::spec::{parse_window, window};
 
 #[cfg(test)]
 mod tests {

@@ -39,6 +39,7 @@ pub fn summary_of(meta: &SessionMeta, summary: &Summary) -> SessionSummary {
         waits_for_a_person: Some(summary.waits_for_a_person),
         resumable: Some(summary.resumable()),
         answer_cut_off: Some(summary.answer_cut_off),
+        approval_expires_at: summary.approval_expires_ms.map(format_time),
         prompt_tokens_last: Some(summary.prompt_tokens_last),
         kv_bytes_last: summary.kv_bytes_last,
         context_window: summary.context_window,
@@ -73,6 +74,7 @@ pub fn row_of(meta: &SessionMeta, summary: Result<Summary, crate::RuntimeError>)
             waits_for_a_person: None,
             resumable: None,
             answer_cut_off: None,
+            approval_expires_at: None,
             prompt_tokens_last: None,
             kv_bytes_last: None,
             context_window: None,
@@ -180,6 +182,8 @@ fn tool_view(tool: &replay::ToolSpec) -> ToolView {
             .as_ref()
             .map_or("agent file".to_string(), |m| m.effect_from.to_string()),
         safe_to_rerun: tool.safe_to_rerun(),
+        requires_approval: tool.requires_approval,
+        approval_timeout: tool.approval_timeout.clone(),
         mcp_server: tool.mcp.as_ref().map(|m| m.server.clone()),
         annotations: tool.mcp.as_ref().and_then(|m| m.annotations.clone()),
     }
@@ -206,6 +210,10 @@ pub fn waiting_calls(state: &SessionState) -> Vec<WaitingCall> {
                 arguments: c.call.arguments.clone(),
                 waits_for: waits_for.into(),
                 reason,
+                expires_at: (waits_for == "approval")
+                    .then_some(c.approval_expires_at_ms)
+                    .flatten()
+                    .map(format_time),
             })
         })
         .collect()

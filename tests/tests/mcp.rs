@@ -129,7 +129,7 @@ async fn trusted_annotations_set_the_effects_no_policy_names() {
     let memory = memory_server(
         "mem",
         &world.dir.path().join("memory.jsonl"),
-        "trust_annotations = true\n[mcp.tools]\nread_graph = \"side_effect\"\n",
+        "trust_annotations = true\n[mcp.tools]\nread_graph = \"side_effect\"\ndelete_relations = \"idempotent\"\n",
     );
     let path = world.write("agent.toml", &agent(&model, &[memory]));
     let out = world
@@ -161,6 +161,26 @@ async fn trusted_annotations_set_the_effects_no_policy_names() {
         "\"side_effect\" \"server default\""
     );
     assert_eq!(effect("mem__read_graph"), "\"side_effect\" \"policy\"");
+    // destructiveHint: each call waits for approval, unless a policy names
+    // the tool (then the policy decides).
+    let approval = |name: &str| {
+        let tools = view["tools"].as_array().unwrap();
+        tools.iter().find(|t| t["name"] == name).unwrap()["requires_approval"].clone()
+    };
+    assert_eq!(approval("mem__delete_entities"), true);
+    assert_eq!(approval("mem__create_entities"), false);
+    assert_eq!(
+        approval("mem__delete_relations"),
+        false,
+        "a policy names it"
+    );
+    let text = stdout(&world.run(&["replay", &named_session(&out).unwrap()]).await);
+    assert!(
+        text.contains(
+            "mem__delete_entities (mcp): idempotent (from annotation), requires approval,"
+        ),
+        "{text}"
+    );
 }
 
 /// A recording proxy in front of a real Streamable HTTP server: every

@@ -82,7 +82,9 @@ async fn a_model_chosen_call_id_cannot_decide_another_sessions_call() {
     let attacker_id = session_id(&out);
     let printed = stderr(&out);
     assert!(
-        printed.contains(&format!("mneme approve {attacker_id} call_0 [--deny]")),
+        printed.contains(&format!(
+            "mneme approve {attacker_id} call_0 [--deny | --edit-args JSON]"
+        )),
         "the printed command names a normalised id: {printed}"
     );
     assert!(!printed.contains("../"), "{printed}");

@@ -4,7 +4,8 @@
 //! it, see a tool call with its key and effect, approve it from the page and
 //! watch the session go on to its answer, see a turn started elsewhere
 //! arrive live, use it by keyboard, fork it and open the diff; a page
-//! of another origin cannot act for the signed-in browser. Screenshots of
+//! of another origin cannot act for the signed-in browser; approve a call
+//! with edited arguments, and see one whose approval expired. Screenshots of
 //! each page go to `target/ui-screenshots/`.
 
 use mneme_e2e::browser::{Browser, Page};
@@ -484,6 +485,96 @@ async fn a_streamed_reply_shows_on_the_page_as_it_arrives() {
     blocking(|| {
         page.wait_for("document.getElementById('timeline').innerText.includes('then the rest.') && document.getElementById('arriving').hidden", WAIT)
     });
+    drop(page);
+    drop(browser);
+    assert!(daemon.terminate().await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_call_is_approved_with_edited_arguments_and_an_expired_one_says_so() {
+    let world = World::new();
+    let sink = Sink::start().await.unwrap();
+    let model = MockModel::start(
+        vec![
+            MockReply::calls(&[("refund", json!({"n": 7}))]),
+            MockReply::answer("Refunded."),
+        ],
+        Fault::None,
+    )
+    .await;
+    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let agent = |extra: &str| {
+        let tool = format!("{}{extra}", refund_needing_approval(&sink));
+        agent_toml(&model.base_url(), &[tool])
+    };
+    let edited = daemon.create(&agent("")).await;
+    let expiring = daemon.create(&agent("approval_timeout = \"1s\"\n")).await;
+    for id in [&edited, &expiring] {
+        let (_, end) = daemon
+            .post(
+                &format!("/sessions/{id}/messages"),
+                &json!({"text": "refund ada", "wait": true}),
+            )
+            .await;
+        assert_eq!(end["awaiting_approval"][0]["call_id"], "call_0_0", "{end}");
+    }
+    let link = sign_in_link(&world, "ada").await;
+    install_chromium();
+    let browser = blocking(Browser::start);
+    let page = blocking(|| browser.new_page());
+    blocking(|| page.goto(&link));
+    blocking(|| page.wait_for("document.getElementById('sessions')", WAIT));
+
+    // The waiting call's arguments, editable; approved with the person's.
+    blocking(|| page.eval(&format!("location.hash = '#/s/{edited}'")));
+    let shown = blocking(|| {
+        page.wait_for(
+            "(t => t && t.value)(document.querySelector('#waiting textarea.edit-args'))",
+            WAIT,
+        )
+    });
+    assert_eq!(shown, r#"{"n":7}"#);
+    blocking(|| {
+        page.eval("document.querySelector('#waiting textarea.edit-args').value = '{\"n\": 70}'")
+    });
+    blocking(|| page.click("#waiting .approve"));
+    let status = blocking(|| {
+        page.wait_for(
+            "(c => c && c.querySelector('.duration').textContent.endsWith('ms') && c.querySelector('.call-status').textContent.includes('edited') \
+               && [c.querySelector('.call-status').textContent, c.querySelector('.edited-args').textContent])\
+             (document.querySelector('.call[data-call=\"call_0_0\"]'))",
+            WAIT,
+        )
+    });
+    assert!(
+        status[0]
+            .as_str()
+            .unwrap()
+            .contains("Approved with edited arguments by ada"),
+        "{status}"
+    );
+    assert_eq!(status[1], r#"{"n":70}"#, "{status}");
+    assert_eq!(sink.bodies("refund"), [json!({"n": 70})]);
+    blocking(|| page.wait_for("!document.getElementById('waiting')", WAIT));
+    screenshot(&page, "8-edited-approval");
+
+    // Nobody approves the other: the daemon denies it as expired, and the
+    // page says so.
+    blocking(|| page.eval(&format!("location.hash = '#/s/{expiring}'")));
+    let expired = blocking(|| {
+        page.wait_for(
+            "(c => c && c.querySelector('.call-status').textContent.startsWith('Expired') && c.querySelector('.call-status').textContent)\
+             (document.querySelector('.call[data-call=\"call_0_0\"]'))",
+            WAIT,
+        )
+    });
+    assert!(expired.as_str().unwrap().contains("mneme"), "{expired}");
+    assert_eq!(
+        sink.stats().path("refund").hits,
+        1,
+        "the expired call never ran"
+    );
+    screenshot(&page, "9-expired-approval");
     drop(page);
     drop(browser);
     assert!(daemon.terminate().await.success());

@@ -187,6 +187,7 @@ mod tests {
             honours_idempotency_key: None,
             timeout_secs: Some(timeout),
             requires_approval: false,
+            approval_timeout: None,
             method: None,
             url: None,
             command: Some(command.iter().map(|s| s.to_string()).collect()),
