@@ -15,11 +15,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 /// Charges by idempotency key, each applied as often as it was asked
-/// (the API ignores keys); `check_status` answers the check when set.
+/// (the API ignores keys); `bad_answer` (status, body) answers the check
+/// when set.
 #[derive(Default)]
 struct Payments {
     charges: Mutex<BTreeMap<String, usize>>,
-    check_status: Mutex<Option<u16>>,
+    bad_answer: Mutex<Option<(u16, String)>>,
 }
 
 type Shared = Arc<Payments>;
@@ -33,17 +34,19 @@ async fn charge(State(p): State<Shared>, headers: axum::http::HeaderMap) -> Json
 async fn lookup(
     State(p): State<Shared>,
     Query(query): Query<HashMap<String, String>>,
-) -> (StatusCode, Json<Value>) {
-    if let Some(status) = *p.check_status.lock().unwrap() {
-        return (StatusCode::from_u16(status).unwrap(), Json(json!({})));
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if let Some((status, body)) = p.bad_answer.lock().unwrap().clone() {
+        return (StatusCode::from_u16(status).unwrap(), body).into_response();
     }
     let key = &query["key"];
     match p.charges.lock().unwrap().contains_key(key) {
         true => (
             StatusCode::OK,
             Json(json!({"applied": true, "result": {"charge": key, "found": "by check"}})),
-        ),
-        false => (StatusCode::NOT_FOUND, Json(json!({}))),
+        )
+            .into_response(),
+        false => (StatusCode::NOT_FOUND, Json(json!({}))).into_response(),
     }
 }
 
@@ -174,31 +177,41 @@ async fn a_charge_interrupted_before_it_applied_runs_again_with_its_key() {
     assert_eq!(key(&starts[0]), key(&starts[1]), "the same key");
 }
 
+/// A check that fails, answers garbage or answers without end cannot
+/// tell: the call is in doubt (a person decides), and the answer read is
+/// bounded by the tool's max_output_bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_check_that_cannot_tell_leaves_the_call_in_doubt() {
-    let (payments, base, _stop) = payments().await;
-    *payments.check_status.lock().unwrap() = Some(503);
-    let (world, _model, agent) = charging_world(&base).await;
-    let out = world
-        .run_crashing(
-            &["run", "--agent", agent.to_str().unwrap(), "charge ada"],
-            "tool_returned",
-        )
-        .await;
-    let session = session_id(&out);
-    let out = world.run(&["resume", &session]).await;
-    assert_eq!(
-        out.status.code(),
-        Some(3),
-        "waits for a person: {}",
-        stderr(&out)
+    let huge = format!(
+        "{{\"applied\":true,\"result\":\"{}\"}}",
+        "x".repeat(3 << 20)
     );
-    let log = stdout(&world.run(&["log", &session, "--json"]).await);
-    let events = checked_events(&log);
-    let answer = &events[0]["event"]["ToolChecked"]["answer"]["Unknown"];
-    assert!(answer.as_str().unwrap().contains("503"), "{log}");
-    assert!(log.contains("ToolInDoubt"), "{log}");
-    assert_eq!(payments.charges.lock().unwrap().values().sum::<usize>(), 1);
+    for (status, body, why) in [
+        (503, "{}".to_string(), "503"),
+        (200, "<html>yes</html>".to_string(), "not JSON"),
+        (200, "{\"applied\":\"maybe\"}".to_string(), "no boolean"),
+        (200, huge, "longer than the tool's max_output_bytes"),
+    ] {
+        let (payments, base, _stop) = payments().await;
+        *payments.bad_answer.lock().unwrap() = Some((status, body));
+        let (world, _model, agent) = charging_world(&base).await;
+        let out = world
+            .run_crashing(
+                &["run", "--agent", agent.to_str().unwrap(), "charge ada"],
+                "tool_returned",
+            )
+            .await;
+        let session = session_id(&out);
+        let out = world.run(&["resume", &session]).await;
+        assert_eq!(out.status.code(), Some(3), "{why}: {}", stderr(&out));
+        let log = stdout(&world.run(&["log", &session, "--json"]).await);
+        let events = checked_events(&log);
+        let answer = &events[0]["event"]["ToolChecked"]["answer"]["Unknown"];
+        assert!(answer.as_str().unwrap().contains(why), "{why}: {answer}");
+        assert!(log.len() < 1 << 20, "{why}: the answer was kept");
+        assert!(log.contains("ToolInDoubt"), "{log}");
+        assert_eq!(payments.charges.lock().unwrap().values().sum::<usize>(), 1);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
