@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 /// is written with the version it needs: [`Event::schema`]). Older
 /// versions are read; newer ones are refused with
 /// [`DecodeError::UnknownSchema`].
-pub const EVENT_SCHEMA: u16 = 2;
+pub const EVENT_SCHEMA: u16 = 3;
 
 /// One thing that happened in a session. Immutable once appended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -34,6 +34,11 @@ pub enum Event {
         parent: uuid::Uuid,
         /// The last seq of the parent it holds.
         at_seq: u64,
+        /// This session re-runs the parent's user messages on another spec
+        /// (`mneme rerun`; then `at_seq` is 0): its calls are answered
+        /// from the parent's record where one matches.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rerun: Option<crate::rerun::RerunOf>,
     },
     /// The session began with this agent spec.
     SessionStarted {
@@ -74,6 +79,10 @@ pub enum Event {
         /// interrupted in flight (it had applied), not what a run returned.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         settled_by_check: bool,
+        /// In a rerun, the call did not run: its outcome is the original's
+        /// record, or says it was not run.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rerun: Option<crate::rerun::RerunAnswer>,
     },
     /// A call started but its outcome is unknown and it is unsafe to run again.
     ToolInDoubt {
@@ -446,14 +455,19 @@ impl Event {
         }
     }
 
-    /// The schema version this event is written with: 2 when it uses a
-    /// field version 2 added (an approval's deadline, the reason of a
-    /// denial, a person's edited arguments), else 1. A build that reads
-    /// only version 1 then refuses such an event by name instead of
-    /// misreading it (it would run a call with the model's arguments where
-    /// a person gave others); every other event stays readable by it.
+    /// The schema version this event is written with: 3 when it uses a
+    /// field version 3 added (a rerun's link, a call a rerun answered from
+    /// the record or did not run); 2 when it uses a field version 2 added
+    /// (an approval's deadline, the reason of a denial, a person's edited
+    /// arguments), else 1. A build that reads only older versions then
+    /// refuses such an event by name instead of misreading it (it would run
+    /// a call with the model's arguments where a person gave others, or
+    /// resume a rerun with its side effects live); every other event stays
+    /// readable by it.
     pub fn schema(&self) -> u16 {
         match self {
+            Event::SessionForked { rerun: Some(_), .. }
+            | Event::ToolFinished { rerun: Some(_), .. } => 3,
             Event::ApprovalRequested {
                 expires_at_ms: Some(_),
                 ..
