@@ -251,8 +251,10 @@ impl Totals {
 pub const FALLBACK_BYTES_PER_TOKEN: u64 = 3;
 
 /// Version of the encoded state in snapshots; a snapshot of another version
-/// is ignored (the log is folded instead).
-pub const STATE_FORMAT: u16 = 7;
+/// is ignored (the log is folded instead). 8 added `rerun`: an older build
+/// must fold a rerun's log (and refuse its version-3 events) rather than
+/// take a snapshot that hides them and run its side effects live.
+pub const STATE_FORMAT: u16 = 8;
 
 /// The folded state of a session.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
