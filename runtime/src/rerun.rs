@@ -56,6 +56,10 @@ pub fn compare(original: (Uuid, &Events), rerun: (Uuid, &Events)) -> RerunReport
             "{answered} of the original's {} messages were answered",
             turns.len()
         )),
+        status if state.waits_for_a_person() => Some(format!(
+            "the rerun is {status}: its calls wait for a person (`mneme replay {}` lists them)",
+            rerun.0
+        )),
         status => Some(format!(
             "the rerun is {status}: `mneme resume {}` continues its turn",
             rerun.0
