@@ -56,6 +56,7 @@ pub async fn dispatch(cli: Cli, holder: &str) -> Result<ExitCode> {
     let turns = matches!(
         command,
         Command::Run(_)
+            | Command::Rerun(_)
             | Command::Resume(_)
             | Command::Resolve(_)
             | Command::Approve(_)
@@ -192,6 +193,18 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
             let diff = sessions.diff(a.a, a.b).await?;
             crate::diff::print(&diff, a.json.json);
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Rerun(a) => {
+            let spec = load_agent_file(&a.agent)?;
+            let started = |id: Uuid| say!("session {id}");
+            let report = sessions
+                .rerun(a.session, spec, a.live_tools, &started)
+                .await?;
+            crate::diff::print_rerun(&report, a.json.json);
+            Ok(match report.stopped {
+                None => ExitCode::SUCCESS,
+                Some(_) => ExitCode::FAILURE,
+            })
         }
         Command::Blob(a) => {
             let bytes = sessions.blob(a.session, &a.digest).await?;

@@ -2,13 +2,13 @@
 //! the session's lease, through the same [`Service`] operations the
 //! daemon's handlers call.
 
-use crate::sessions::{Decision, Exported, Recorded, Sessions, Stream};
+use crate::sessions::{Decision, Exported, Recorded, Sessions, Started, Stream};
 use anyhow::{Context, Result};
 use eventlog::EventLog;
 use replay::AgentSpec;
 use runtime::api::{
-    Decided, DecisionAnswer, Forked, PostMessage, ReplayView, SessionDiff, SessionSummary,
-    TurnOutcome, Verified,
+    Decided, DecisionAnswer, Forked, PostMessage, ReplayView, RerunReport, SessionDiff,
+    SessionStatus, SessionSummary, TurnOutcome, Verified,
 };
 use runtime::lease::HeldLease;
 use runtime::pause;
@@ -209,6 +209,40 @@ impl Sessions for Local {
 
     async fn diff(&self, a: Uuid, b: Uuid) -> Result<SessionDiff> {
         Ok(runtime::diff::sessions(self.log(), a, b).await?)
+    }
+
+    async fn rerun(
+        &self,
+        id: Uuid,
+        spec: AgentSpec,
+        live_tools: bool,
+        started: Started<'_>,
+    ) -> Result<RerunReport> {
+        let (mut session, rest) = self.service.start_rerun(id, spec, live_tools).await?;
+        started(session.id());
+        let lease = self.hold(session.id()).await?;
+        let mut rest = rest.into_iter();
+        let ended = loop {
+            match self.drive(&mut session, &lease, None).await {
+                Ok(outcome) if outcome.status == SessionStatus::Idle => {}
+                ended => break ended.map(|_| ()),
+            }
+            let Some(text) = rest.next() else {
+                break Ok(());
+            };
+            if let Err(e) = self.service.post_message(&mut session, text).await {
+                break Err(e.into());
+            }
+        };
+        match &ended {
+            Ok(()) => lease.release().await,
+            Err(_) => lease.lapse().await,
+        }
+        if let Err(e) = ended {
+            // The turn's failure is in the log: the report says where it stopped.
+            runtime::text::say(&format!("mneme: {e:#}"));
+        }
+        Ok(runtime::rerun::report(self.log(), id, session.id()).await?)
     }
 
     async fn blob(&self, id: Uuid, digest: &str) -> Result<Vec<u8>> {

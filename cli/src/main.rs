@@ -117,6 +117,12 @@ enum Command {
     /// Where two sessions (a session and its fork) hold the same events,
     /// where they part, and what differs after.
     Diff(DiffArgs),
+    /// Re-run a session's user messages on another agent in a new session
+    /// linked to it: calls matching a recorded one are answered from the
+    /// record; side effects with none run only with --live-tools. Prints
+    /// where the two sessions' requests first differ, both answers to each
+    /// message, tokens, cost and cache hit ratios.
+    Rerun(RerunArgs),
     /// Write the bytes of binary content a tool returned by reference (its
     /// event records the SHA-256) to stdout or --output.
     Blob(BlobArgs),
@@ -355,6 +361,22 @@ struct DiffArgs {
     a: Uuid,
     /// The other.
     b: Uuid,
+    #[command(flatten)]
+    json: JsonFlag,
+}
+
+#[derive(Args)]
+struct RerunArgs {
+    /// The recorded session to re-run.
+    session: Uuid,
+    /// The agent file to re-run it with (another model, prompt or tools).
+    #[arg(long)]
+    agent: PathBuf,
+    /// Run calls no record answers even when they have side effects (by
+    /// default only read-only tools run; the others are told they were not
+    /// run).
+    #[arg(long)]
+    live_tools: bool,
     #[command(flatten)]
     json: JsonFlag,
 }

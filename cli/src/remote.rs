@@ -274,6 +274,21 @@ impl Sessions for Remote {
             .await
     }
 
+    async fn rerun(
+        &self,
+        id: Uuid,
+        spec: AgentSpec,
+        live_tools: bool,
+        started: crate::sessions::Started<'_>,
+    ) -> Result<runtime::api::RerunReport> {
+        // The daemon runs every turn and answers once the rerun is done.
+        let body = runtime::api::Rerun { spec, live_tools };
+        let report: runtime::api::RerunReport =
+            self.post(&format!("/sessions/{id}/rerun"), &body).await?;
+        started(report.rerun.session);
+        Ok(report)
+    }
+
     async fn export(&self, _: Option<Uuid>, _: Option<&Path>) -> Result<Exported> {
         Err(self.holds_the_store())
     }

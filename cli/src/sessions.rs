@@ -9,8 +9,8 @@ use crate::commands::StreamToStdout;
 use anyhow::Result;
 use replay::AgentSpec;
 use runtime::api::{
-    Approve, DecisionAnswer, Forked, PostMessage, ReplayView, Resolve, SessionDiff, SessionSummary,
-    TurnOutcome, Verified,
+    Approve, DecisionAnswer, Forked, PostMessage, ReplayView, RerunReport, Resolve, SessionDiff,
+    SessionSummary, TurnOutcome, Verified,
 };
 use serde_json::Value;
 use std::path::Path;
@@ -52,6 +52,9 @@ pub type Stream = Option<Arc<StreamToStdout>>;
 /// session goes on.
 pub type Recorded<'a> = &'a (dyn Fn() + Send + Sync);
 
+/// Called with a new session's id as soon as it exists.
+pub type Started<'a> = &'a (dyn Fn(Uuid) + Send + Sync);
+
 /// The sessions of one store, as the commands use them. A method that runs
 /// a turn runs it to its end (taking the session's lease for it, or asking
 /// the daemon that runs it) and tells how it ended.
@@ -89,6 +92,17 @@ pub trait Sessions: Send + Sync {
 
     /// Sessions `a` and `b` compared.
     async fn diff(&self, a: Uuid, b: Uuid) -> Result<SessionDiff>;
+
+    /// Re-runs session `id`'s user messages on `spec` in a new session
+    /// linked to it (`started` is told its id as soon as it exists), one
+    /// turn each, until one does not end answered; then compares the two.
+    async fn rerun(
+        &self,
+        id: Uuid,
+        spec: AgentSpec,
+        live_tools: bool,
+        started: Started<'_>,
+    ) -> Result<RerunReport>;
 
     /// The bytes of a blob the session keeps (binary content a tool
     /// returned by reference), by its SHA-256.

@@ -93,6 +93,7 @@ fn guarded_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(pause))
         .routes(routes!(cancel))
         .routes(routes!(fork))
+        .routes(routes!(rerun))
         .routes(routes!(resolve))
         .routes(routes!(approve))
         .routes(routes!(events))
@@ -669,6 +670,41 @@ async fn fork(
         at: body.at,
     };
     Ok((StatusCode::CREATED, Json(forked)))
+}
+
+/// Re-runs this session's user messages on another spec in a new session
+/// linked to it (`mneme rerun`), one turn each, until one does not end
+/// answered; answers when it is done, with the two sessions compared.
+/// Calls that match a recorded one are answered from the record; others
+/// with side effects run only with `live_tools`.
+#[utoipa::path(post, path = "/sessions/{id}/rerun", params(SessionPath), request_body = wire::Rerun,
+    responses(
+        (status = 200, description = "The rerun ran (`stopped` says if a turn did not end answered)", body = wire::RerunReport),
+        (status = 503, description = "The daemon is shutting down", body = wire::ApiError)))]
+async fn rerun(
+    State(daemon): State<Shared>,
+    Path(id): Path<Uuid>,
+    Json(body): Json<wire::Rerun>,
+) -> Result<Json<wire::RerunReport>, ApiError> {
+    refuse_when_stopping(&daemon)?;
+    let (session, rest) = (daemon.service)
+        .start_rerun(id, body.spec, body.live_tools)
+        .await?;
+    let new = session.id();
+    daemon.set_status(new, session.state().status());
+    drop(session);
+    let mut end = finished(daemon.spawn_turn(new, TurnStart::Resume("api".into(), false))).await;
+    for text in rest {
+        if !matches!(end, Ok(TurnEnd::Answered(_) | TurnEnd::CutOffAnswer(_))) {
+            break;
+        }
+        let (seq_tx, _) = tokio::sync::oneshot::channel();
+        let start = TurnStart::Message(text, false, seq_tx);
+        end = finished(daemon.spawn_turn(new, start)).await;
+    }
+    // A turn that failed is in the log: the report says where it stopped.
+    let report = runtime::rerun::report(daemon.service.log().as_ref(), id, new).await?;
+    Ok(Json(report))
 }
 
 /// Decides on a call in doubt: exactly one of `retry`, `skip` (the

@@ -155,6 +155,7 @@ mod tests {
             ("post", "/sessions/{id}/pause"),
             ("post", "/sessions/{id}/cancel"),
             ("post", "/sessions/{id}/fork"),
+            ("post", "/sessions/{id}/rerun"),
             ("post", "/sessions/{id}/calls/{call}/resolve"),
             ("post", "/sessions/{id}/calls/{call}/approve"),
             ("get", "/sessions/{id}/events"),

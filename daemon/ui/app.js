@@ -193,6 +193,14 @@ async function sessionPage(id, query, current) {
     timeline,
     el("div", { id: "arriving", class: "panel arriving", hidden: true, "aria-live": "polite" }),
     pager(id, after, head));
+  const first = after === 0 ? records[0] : (await api(`/sessions/${id}/events?after=0&until=1`))[0];
+  const rerun = first && first.event && first.event.SessionForked && first.event.SessionForked.rerun;
+  if (rerun && current === shown) {
+    const from = first.event.SessionForked.parent;
+    document.querySelector("h1").after(el("p", { class: "panel", id: "rerun-of" }, "A rerun of ", sessionLink(from),
+      ` on another agent (its messages up to seq ${rerun.through_seq}; calls with no record ${rerun.live_tools ? "ran live" : "ran only if read-only"}). `,
+      el("a", { href: `#/diff/${from}/${id}`, id: "rerun-diff-link" }, "Compare it with its original")));
+  }
   const focus = Number(query.get("seq"));
   if (focus) {
     const row = document.getElementById(`e${focus}`);

@@ -34,6 +34,11 @@ pub enum Event {
         parent: uuid::Uuid,
         /// The last seq of the parent it holds.
         at_seq: u64,
+        /// This session re-runs the parent's user messages on another spec
+        /// (`mneme rerun`; then `at_seq` is 0): its calls are answered
+        /// from the parent's record where one matches.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rerun: Option<crate::rerun::RerunOf>,
     },
     /// The session began with this agent spec.
     SessionStarted {
@@ -74,6 +79,10 @@ pub enum Event {
         /// interrupted in flight (it had applied), not what a run returned.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         settled_by_check: bool,
+        /// In a rerun, the call did not run: its outcome is the original's
+        /// record, or says it was not run.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rerun: Option<crate::rerun::RerunAnswer>,
     },
     /// A call started but its outcome is unknown and it is unsafe to run again.
     ToolInDoubt {
@@ -469,13 +478,17 @@ impl Event {
     /// The schema version this event is written with: the lowest that
     /// holds what it uses. 2 added an approval's deadline, the reason of a
     /// denial and a person's edited arguments; 3 added messages that arrive
-    /// mid-turn (their two events, and a spec's `mid_turn_messages`). A
-    /// build that reads only older versions then refuses such an event by
-    /// name instead of misreading it (it would run a call with the model's
-    /// arguments where a person gave others, or drop a waiting message);
-    /// every other event stays readable by it.
+    /// mid-turn (their two events, and a spec's `mid_turn_messages`), a
+    /// rerun's link, and a call a rerun answered from the record or did not
+    /// run. A build that reads only older versions then refuses such an
+    /// event by name instead of misreading it (it would run a call with the
+    /// model's arguments where a person gave others, drop a waiting message,
+    /// or resume a rerun with its side effects live); every other event
+    /// stays readable by it.
     pub fn schema(&self) -> u16 {
         match self {
+            Event::SessionForked { rerun: Some(_), .. }
+            | Event::ToolFinished { rerun: Some(_), .. } => 3,
             Event::ApprovalRequested {
                 expires_at_ms: Some(_),
                 ..

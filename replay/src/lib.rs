@@ -8,6 +8,7 @@ pub mod event;
 pub mod mcp;
 pub mod plan;
 pub mod prompt;
+pub mod rerun;
 pub mod spec;
 pub mod state;
 
@@ -20,6 +21,7 @@ pub use prompt::{
     compaction_request, messages, next_request, next_request_incremental, request_body, Message,
     PreparedRequest, RenderedPrefix,
 };
+pub use rerun::{Record, RerunAnswer, RerunOf, RerunState};
 pub use spec::{AgentSpec, Effect, HttpCheck, KvShape, Limits, ModelSpec, ToolKind, ToolSpec};
 pub use state::{
     CallPhase, CallState, EditedArgs, Entry, SessionState, Status, Totals, TurnOpened, TurnSpend,

@@ -251,7 +251,10 @@ impl Totals {
 pub const FALLBACK_BYTES_PER_TOKEN: u64 = 3;
 
 /// Version of the encoded state in snapshots; a snapshot of another version
-/// is ignored (the log is folded instead).
+/// is ignored (the log is folded instead). 8 added the mailbox of messages
+/// that arrived mid-turn, and `rerun`: an older build must fold such a log
+/// (and refuse its version-3 events) rather than take a snapshot that
+/// hides them and drop a message or run a rerun's side effects live.
 pub const STATE_FORMAT: u16 = 8;
 
 /// The folded state of a session.
@@ -291,6 +294,10 @@ pub struct SessionState {
     pub erased: Option<(String, String)>,
     /// The session and seq this one was forked from.
     pub forked_from: Option<(uuid::Uuid, u64)>,
+    /// The session this one re-runs on another spec (`mneme rerun`), and
+    /// which of its recorded calls answered calls here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rerun: Option<crate::rerun::RerunState>,
     /// How many entries (from the start of the conversation) a summary
     /// replaces, and the summary.
     #[serde(default)]
@@ -349,7 +356,19 @@ impl SessionState {
     pub fn apply(&mut self, seq: u64, event: Event) {
         self.last_seq = seq;
         match event {
-            Event::SessionForked { parent, at_seq } => self.forked_from = Some((parent, at_seq)),
+            Event::SessionForked {
+                parent,
+                at_seq,
+                rerun,
+            } => {
+                self.forked_from = Some((parent, at_seq));
+                self.rerun = rerun.map(|r| crate::rerun::RerunState {
+                    of: parent,
+                    through_seq: r.through_seq,
+                    live_tools: r.live_tools,
+                    used: Default::default(),
+                });
+            }
             Event::SessionStarted { spec } | Event::SpecChanged { spec, .. } => {
                 self.spec = Some(*spec)
             }
@@ -419,8 +438,18 @@ impl SessionState {
                 c.phase = CallPhase::Started;
             }),
             Event::ToolFinished {
-                call_id, outcome, ..
-            } => self.update_call(seq, &call_id, |c| c.phase = CallPhase::Finished(outcome)),
+                call_id,
+                outcome,
+                rerun,
+                ..
+            } => {
+                if let (Some(state), Some(crate::rerun::RerunAnswer::Recorded { seq: at, .. })) =
+                    (&mut self.rerun, rerun)
+                {
+                    state.used.insert(at);
+                }
+                self.update_call(seq, &call_id, |c| c.phase = CallPhase::Finished(outcome))
+            }
             Event::ToolChecked {
                 call_id, answer, ..
             } => self.update_call(seq, &call_id, |c| c.phase = CallPhase::Checked(answer)),

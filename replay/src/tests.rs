@@ -1,5 +1,6 @@
 //! Tests of the fold, the plan and the prompt rebuild over whole logs.
 
+use crate::rerun::user_messages;
 use crate::*;
 use proptest::prelude::*;
 
@@ -101,6 +102,7 @@ fn finished(id: &str, out: &str) -> Event {
         outcome: ToolOutcome::Ok(out.into()),
         duration_ms: 1,
         settled_by_check: false,
+        rerun: None,
     }
 }
 
@@ -303,6 +305,7 @@ fn an_interrupted_call_with_a_check_is_checked_before_anything_else() {
         outcome: ToolOutcome::Ok("{\"sent\":true}".into()),
         duration_ms: 4,
         settled_by_check: true,
+        rerun: None,
     });
     let state = fold(&events);
     assert_eq!(plan(&state).calls[0].decision, CallDecision::Reuse);
@@ -1014,10 +1017,12 @@ fn golden_bytes_of_every_event_kind() {
         outcome: ToolOutcome::Err("boom".into()),
         duration_ms: 9,
         settled_by_check: false,
+        rerun: None,
     });
     all.push(Event::SessionForked {
         parent: uuid::Uuid::from_u128(7),
         at_seq: 3,
+        rerun: None,
     });
     all.push(Event::SessionFinished {
         outcome: SessionOutcome::Cancelled { by: "ops".into() },
@@ -1081,6 +1086,7 @@ fn golden_bytes_of_every_event_kind() {
         outcome: ToolOutcome::Ok("{}".into()),
         duration_ms: 7,
         settled_by_check: true,
+        rerun: None,
     });
     all.push(Event::SessionErased {
         reason: "asked".into(),
@@ -1116,6 +1122,7 @@ fn golden_bytes_of_every_event_kind() {
             ..spec()
         }),
     });
+    all.extend(rerun_events());
     let text: String = all
         .iter()
         .map(|e| {
@@ -1185,6 +1192,7 @@ fn arbitrary_log() -> impl Strategy<Value = Vec<Event>> {
                     },
                     duration_ms: 1,
                     settled_by_check: false,
+                    rerun: None,
                 },
                 6 => Event::ToolInDoubt {
                     call_id: id,
@@ -1575,4 +1583,220 @@ fn mid_turn_messages_are_written_with_schema_3_and_refused_by_older_readers() {
             "delivers the message of seq 9, which does not wait".to_string()
         )]
     );
+}
+
+/// The events version 3 added: a rerun's link, a call answered from the
+/// record, a call not run.
+fn rerun_events() -> Vec<Event> {
+    let original = uuid::Uuid::from_u128(7);
+    vec![
+        Event::SessionForked {
+            parent: original,
+            at_seq: 0,
+            rerun: Some(RerunOf {
+                through_seq: 12,
+                live_tools: false,
+            }),
+        },
+        Event::ToolFinished {
+            call_id: "c1".into(),
+            outcome: ToolOutcome::Ok("{\"charged\":1}".into()),
+            duration_ms: 0,
+            settled_by_check: false,
+            rerun: Some(RerunAnswer::Recorded {
+                session: original,
+                seq: 5,
+                call_id: "c1".into(),
+            }),
+        },
+        Event::ToolFinished {
+            call_id: "c2".into(),
+            outcome: ToolOutcome::Err(rerun::NOT_RUN.into()),
+            duration_ms: 0,
+            settled_by_check: false,
+            rerun: Some(RerunAnswer::NotRun),
+        },
+    ]
+}
+
+#[test]
+fn only_a_reruns_events_are_written_as_version_3() {
+    for event in rerun_events() {
+        assert_eq!(event.schema(), 3, "{event:?}");
+        assert_eq!(Event::decode(3, &event.encode()).unwrap(), event);
+    }
+    assert!(story().iter().all(|e| e.schema() == 1));
+}
+
+/// A recorded session: `charge` and `lookup` in one reply, `charge` again
+/// with other arguments after, resolved by a person.
+fn recorded() -> Vec<(u64, Event)> {
+    let charge = |id: &str, args: &str| ToolCall {
+        id: id.into(),
+        name: "charge".into(),
+        arguments: args.into(),
+    };
+    let lookup = ToolCall {
+        id: "c2".into(),
+        name: "lookup".into(),
+        arguments: r#"{"who": "ada", "n": 1}"#.into(),
+    };
+    let events = vec![
+        Event::SessionStarted {
+            spec: Box::new(spec()),
+        },
+        Event::UserMessage { text: "one".into() },
+        reply(None, vec![charge("c1", r#"{"x":1}"#), lookup]),
+        started("c1", "charge", Effect::SideEffect),
+        finished("c1", "charged"),
+        finished("c2", "Ada"),
+        reply(None, vec![charge("c1", r#"{"x":2}"#)]),
+        Event::ToolInDoubt {
+            call_id: "c1".into(),
+            reason: "r".into(),
+        },
+        Event::ToolResolved {
+            call_id: "c1".into(),
+            resolution: Resolution::Skip("skipped".into()),
+            by: "ops".into(),
+        },
+        reply(Some("done"), vec![]),
+        Event::UserMessage { text: "two".into() },
+    ];
+    (1..).zip(events).collect()
+}
+
+#[test]
+fn a_record_holds_each_call_with_its_outcome_and_arguments_compared_canonical() {
+    let record = Record::from_events(uuid::Uuid::nil(), recorded(), u64::MAX);
+    let found: Vec<(u64, &str, &str)> = (record.calls.iter())
+        .map(|c| (c.seq, c.tool.as_str(), c.args.as_str()))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            (5, "charge", r#"{"x":1}"#),
+            (6, "lookup", r#"{"n":1,"who":"ada"}"#),
+            (9, "charge", r#"{"x":2}"#)
+        ]
+    );
+    assert_eq!(record.calls[2].outcome, ToolOutcome::Ok("skipped".into()));
+    let none = std::collections::BTreeSet::new();
+    // Keys in another order, other spacing: the same arguments.
+    let hit = record
+        .find("lookup", r#"{ "who":"ada","n":1 }"#, &none)
+        .unwrap();
+    assert_eq!(hit.seq, 6);
+    assert!(record
+        .find("lookup", r#"{"who":"bob","n":1}"#, &none)
+        .is_none());
+    assert!(record.find("email", r#"{"x":1}"#, &none).is_none());
+    // Up to the seq a rerun replays only.
+    let early = Record::from_events(uuid::Uuid::nil(), recorded(), 5);
+    assert_eq!(early.calls.len(), 1);
+    assert_eq!(user_messages(&recorded(), 10), ["one"]);
+    assert_eq!(user_messages(&recorded(), 11), ["one", "two"]);
+}
+
+#[test]
+fn a_rerun_answers_from_the_record_once_and_runs_only_what_is_harmless() {
+    let original = uuid::Uuid::from_u128(7);
+    let record = Record::from_events(original, recorded(), u64::MAX);
+    let mut spec = spec();
+    spec.tools
+        .push(tool("lookup2", ToolKind::Command, Effect::ReadOnly, None));
+    let rerun = RerunState {
+        of: original,
+        through_seq: 11,
+        live_tools: false,
+        used: Default::default(),
+    };
+    let mut used = rerun.used.clone();
+    let charge = spec.tool("charge");
+    let (outcome, answer) = (record.answer(&rerun, ("charge", r#"{"x":1}"#), charge, &mut used))
+        .expect("answered from the record");
+    assert_eq!(outcome, ToolOutcome::Ok("charged".into()));
+    assert_eq!(
+        answer,
+        RerunAnswer::Recorded {
+            session: original,
+            seq: 5,
+            call_id: "c1".into()
+        }
+    );
+    // Each record answers one call: the same call again is a new side
+    // effect, not run.
+    let (outcome, answer) =
+        (record.answer(&rerun, ("charge", r#"{"x":1}"#), charge, &mut used)).expect("not run");
+    assert_eq!(answer, RerunAnswer::NotRun);
+    assert_eq!(outcome, ToolOutcome::Err(rerun::NOT_RUN.into()));
+    // A read-only tool with no record runs; so does an unknown tool (the
+    // runner tells the model there is none).
+    let lookup2 = spec.tool("lookup2");
+    assert_eq!(
+        record.answer(&rerun, ("lookup2", "{}"), lookup2, &mut used),
+        None
+    );
+    assert_eq!(record.answer(&rerun, ("nope", "{}"), None, &mut used), None);
+    // A read-only tool that needs approval is treated as a side effect.
+    let mut needs = lookup2.unwrap().clone();
+    needs.requires_approval = true;
+    let (_, answer) = record
+        .answer(&rerun, ("lookup2", "{}"), Some(&needs), &mut used)
+        .unwrap();
+    assert_eq!(answer, RerunAnswer::NotRun);
+    // With live tools, whatever has no record runs.
+    let live = RerunState {
+        live_tools: true,
+        ..rerun.clone()
+    };
+    assert_eq!(
+        record.answer(&live, ("charge", r#"{"x":9}"#), charge, &mut used),
+        None
+    );
+}
+
+#[test]
+fn the_fold_knows_a_rerun_and_the_records_it_used() {
+    let original = uuid::Uuid::from_u128(7);
+    let mut events = vec![
+        rerun_events()[0].clone(),
+        Event::SessionStarted {
+            spec: Box::new(spec()),
+        },
+        Event::UserMessage { text: "one".into() },
+        reply(None, vec![call("c1", "charge"), call("c2", "email")]),
+    ];
+    events.extend(rerun_events()[1..].iter().cloned());
+    let state = fold(&events);
+    let rerun = state.rerun.clone().expect("a rerun");
+    assert_eq!(
+        (rerun.of, rerun.through_seq, rerun.live_tools),
+        (original, 12, false)
+    );
+    assert_eq!(rerun.used.iter().copied().collect::<Vec<_>>(), [5]);
+    assert_eq!(state.forked_from, Some((original, 0)));
+    // Both calls are finished: the plan asks the model next, and the
+    // model is told the one not run was not run.
+    assert_eq!(plan(&state).next, NextStep::CallModel);
+    let told = messages(&state);
+    assert_eq!(
+        told.last().unwrap().content.as_deref(),
+        Some(&*format!("error: {}", rerun::NOT_RUN))
+    );
+    assert_eq!(fold(&story()).rerun, None);
+}
+
+#[test]
+fn a_rerun_posts_a_message_that_arrived_mid_turn_where_it_was_delivered() {
+    use crate::spec::MidTurn;
+    let events: Vec<(u64, Event)> = vec![
+        (1, Event::UserMessage { text: "one".into() }),
+        (2, mid_turn("two", MidTurn::Queue)),
+        (3, mid_turn("never", MidTurn::Reject)),
+        (4, reply(Some("done"), vec![])),
+        (5, Event::MidTurnDelivered { arrived: 2 }),
+    ];
+    assert_eq!(user_messages(&events, 4), ["one"]);
+    assert_eq!(user_messages(&events, 5), ["one", "two"]);
 }

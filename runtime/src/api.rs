@@ -240,6 +240,20 @@ pub struct Fork {
     pub spec: Option<AgentSpec>,
 }
 
+/// How to re-run a session (`POST /sessions/{id}/rerun`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Rerun {
+    /// The agent spec to re-run it with (another model, say), as an agent
+    /// file's TOML would read as JSON; recorded.
+    #[schema(value_type = Object)]
+    pub spec: AgentSpec,
+    /// Run calls no record answers even when they have side effects
+    /// (default: only read-only tools run).
+    #[serde(default)]
+    pub live_tools: bool,
+}
+
 /// A fork made.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Forked {
@@ -682,6 +696,94 @@ pub struct DiffEvent {
     pub kind: String,
     /// What happened, in one line.
     pub summary: String,
+}
+
+/// A recorded session re-run on another spec (`mneme rerun`): the rerun's
+/// answers next to the original's, where their requests first part, and
+/// what each spent.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RerunReport {
+    /// The recorded session.
+    pub original: RerunSide,
+    /// The rerun (a new session linked to the original).
+    pub rerun: RerunSide,
+    /// Whether calls no record answered ran live, side effects included.
+    pub live_tools: bool,
+    /// The first model request whose messages differ (none: every request
+    /// of both holds the same messages, and both made as many).
+    pub first_difference: Option<RequestDifference>,
+    /// Each of the original's user messages with both answers.
+    pub turns: Vec<RerunTurn>,
+    /// The rerun's tool calls, by how they were answered.
+    pub calls: RerunCalls,
+    /// Why the rerun stopped before its last message had an answer (a turn
+    /// that failed, or waits for a person): `mneme resume` continues that
+    /// turn. None: every message was answered.
+    pub stopped: Option<String>,
+}
+
+/// One session of a rerun's report: what it spent.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RerunSide {
+    /// The session.
+    pub session: Uuid,
+    /// Its model (as its spec names it).
+    pub model: String,
+    /// Model requests answered.
+    pub requests: u64,
+    /// Prompt tokens.
+    pub prompt_tokens: u64,
+    /// Completion tokens.
+    pub completion_tokens: u64,
+    /// Prompt tokens served from the server's prefix cache.
+    pub cached_tokens: u64,
+    /// Cached prompt tokens over prompt tokens (0 with none).
+    pub cache_hit_ratio: f64,
+    /// Cost in its spec's currency.
+    pub cost: f64,
+}
+
+/// Where the two sessions' model requests first part. Requests are
+/// compared by their messages (as chat completions carry them): the model's
+/// name, limits and the session's cache key differ by design.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RequestDifference {
+    /// Which request of each session, from 1.
+    pub request: u64,
+    /// The seq of the original's reply to it (none: it made fewer).
+    pub original_seq: Option<u64>,
+    /// The seq of the rerun's reply to it (none: it made fewer).
+    pub rerun_seq: Option<u64>,
+    /// The first message that differs, from 0 (the system prompt first).
+    pub message: u64,
+    /// The byte of the messages (as JSON) where they part.
+    pub offset: u64,
+    /// The original's messages from a little before that byte.
+    pub original_bytes: String,
+    /// The rerun's messages from a little before that byte.
+    pub rerun_bytes: String,
+}
+
+/// One user message of a rerun, with each session's answer to it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RerunTurn {
+    /// The user's message.
+    pub message: String,
+    /// The original's answer (none: its turn ended without one).
+    pub original: Option<String>,
+    /// The rerun's answer (none: its turn ended without one, or never ran).
+    pub rerun: Option<String>,
+}
+
+/// A rerun's tool calls, by how they were answered.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct RerunCalls {
+    /// Answered from the original's record (same tool, same arguments).
+    pub answered_from_record: u64,
+    /// Run (read-only, or with `--live-tools`).
+    pub run_live: u64,
+    /// Not run: side effects with no record, in a rerun without live tools.
+    pub not_run: u64,
 }
 
 /// The result of checking a session's hash chain.

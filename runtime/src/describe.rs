@@ -2,7 +2,7 @@
 //! `mneme diff` and the web view show.
 
 use replay::spec::MidTurn;
-use replay::{CheckAnswer, Event, Resolution, SessionOutcome, ToolOutcome};
+use replay::{CheckAnswer, Event, RerunAnswer, Resolution, SessionOutcome, ToolOutcome};
 
 /// `text` on one line, cut to `max` characters (with `…` when cut).
 fn clip(text: &str, max: usize) -> String {
@@ -19,7 +19,21 @@ fn clip(text: &str, max: usize) -> String {
 /// clipped. Not escaped for a terminal or a page: the caller does that.
 pub fn summary(event: &Event) -> String {
     match event {
-        Event::SessionForked { parent, at_seq } => format!("forked from {parent} at seq {at_seq}"),
+        Event::SessionForked {
+            parent,
+            rerun: Some(rerun),
+            ..
+        } => format!(
+            "rerun of {parent} (its messages up to seq {}) on another agent; calls with no record {}",
+            rerun.through_seq,
+            match rerun.live_tools {
+                true => "run live (--live-tools)",
+                false => "run only if read-only",
+            }
+        ),
+        Event::SessionForked { parent, at_seq, .. } => {
+            format!("forked from {parent} at seq {at_seq}")
+        }
         Event::HeadSigned { seq, hash, key, .. } => format!(
             "head #{seq} {} signed by key {}",
             clip(hash, 12),
@@ -95,10 +109,15 @@ pub fn summary(event: &Event) -> String {
             outcome,
             duration_ms,
             settled_by_check,
+            rerun,
         } => {
-            let how = match settled_by_check {
-                true => " (settled by its check)",
-                false => "",
+            let how = match (settled_by_check, rerun) {
+                (true, _) => " (settled by its check)".to_string(),
+                (false, Some(RerunAnswer::Recorded { session, seq, call_id })) => {
+                    format!(" (answered from the record: {call_id} of {session}, seq {seq})")
+                }
+                (false, Some(RerunAnswer::NotRun)) => " (not run in a rerun)".to_string(),
+                (false, None) => String::new(),
             };
             match outcome {
                 ToolOutcome::Ok(out) => {

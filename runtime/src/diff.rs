@@ -106,6 +106,7 @@ mod tests {
                 Event::SessionForked {
                     parent: Uuid::nil(),
                     at_seq: 2,
+                    rerun: None,
                 },
             ),
             (2, user("a")),

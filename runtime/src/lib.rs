@@ -32,6 +32,7 @@ pub mod mcp;
 pub mod model;
 pub mod pause;
 pub mod privacy;
+pub mod rerun;
 pub mod runner;
 mod secret;
 pub mod service;

@@ -79,10 +79,12 @@ pub struct Runner {
 /// Events a long turn appends between two signed heads, by default.
 pub const SIGN_EVERY: u64 = 1000;
 
-/// What a session's turns run with: its model client and its tools.
+/// What a session's turns run with: its model client and its tools (and,
+/// for a rerun, the original's recorded calls).
 pub struct TurnParts {
     model: Box<dyn ModelClient>,
     toolbox: Toolbox,
+    record: Option<Arc<replay::Record>>,
 }
 
 /// Receives the text of a session's streamed replies as it arrives (an
@@ -270,8 +272,20 @@ impl Runner {
             },
             other => other,
         };
+        let setup = match (setup, session.state().rerun.clone()) {
+            (Ok((model, toolbox)), Some(rerun)) => {
+                crate::rerun::record(session.log().as_ref(), &rerun)
+                    .await
+                    .map(|record| (model, toolbox, Some(Arc::new(record))))
+            }
+            (setup, _) => setup.map(|(model, toolbox)| (model, toolbox, None)),
+        };
         match setup {
-            Ok((model, toolbox)) => Ok(TurnParts { model, toolbox }),
+            Ok((model, toolbox, record)) => Ok(TurnParts {
+                model,
+                toolbox,
+                record,
+            }),
             Err(error) => {
                 self.record_failure(session, None, error.to_string())
                     .await?;
@@ -371,7 +385,10 @@ impl Runner {
                 }
                 NextStep::RunTools => {
                     stepped = true;
-                    let step = self.run_tools(session, toolbox, &plan.calls).await;
+                    let record = parts.record.as_deref();
+                    let step = self
+                        .run_tools(session, (toolbox, record), &plan.calls)
+                        .await;
                     self.fail_on_refused_record(session, step).await?
                 }
                 // A pause with calls in doubt is theirs: only a decision ends it.
@@ -608,14 +625,41 @@ impl Runner {
     async fn run_tools(
         &self,
         session: &mut Session,
-        toolbox: &Toolbox,
+        (toolbox, record): (&Toolbox, Option<&replay::Record>),
         calls: &[CallPlan],
     ) -> Result<(), RuntimeError> {
         let reply_seq = session.state().latest_reply_seq().unwrap_or_default();
-        // Outcomes known without running anything: calls in doubt, unknown tools.
+        // Outcomes known without running anything: calls in doubt, unknown
+        // tools, a rerun's calls answered from the record or not run.
         let mut settled: Vec<Event> = Vec::new();
         let mut starts: Vec<(Arc<dyn Tool>, CallContext, String)> = Vec::new();
+        let rerun = session.state().rerun.as_ref().zip(record);
+        let mut used = rerun.map(|(r, _)| r.used.clone()).unwrap_or_default();
         for (plan, state) in calls.iter().zip(session.state().open_calls()) {
+            let fresh = matches!(
+                plan.decision,
+                CallDecision::Run | CallDecision::NeedsApproval
+            ) && state.attempts == 0
+                && !state.approved;
+            let answered = rerun.filter(|_| fresh).and_then(|(rerun, record)| {
+                let spec = session
+                    .state()
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.tool(&plan.tool));
+                let call = (plan.tool.as_str(), state.call.arguments.as_str());
+                record.answer(rerun, call, spec, &mut used)
+            });
+            if let Some((outcome, answer)) = answered {
+                settled.push(Event::ToolFinished {
+                    call_id: plan.call_id.clone(),
+                    outcome,
+                    duration_ms: 0,
+                    settled_by_check: false,
+                    rerun: Some(answer),
+                });
+                continue;
+            }
             let context = |attempt| CallContext {
                 session: session.id(),
                 call_id: plan.call_id.clone(),
@@ -665,6 +709,7 @@ impl Runner {
                         outcome: ToolOutcome::Err(format!("no tool named {:?}", plan.tool)),
                         duration_ms: 0,
                         settled_by_check: false,
+                        rerun: None,
                     }),
                 },
                 CallDecision::Reuse
@@ -864,6 +909,7 @@ fn checked(ctx: &CallContext, answer: Option<Checked>, duration_ms: u64) -> Vec<
         outcome: ToolOutcome::Ok(result),
         duration_ms,
         settled_by_check: true,
+        rerun: None,
     });
     std::iter::once(check).chain(settled).collect()
 }
@@ -934,6 +980,7 @@ fn finish_event(
         outcome: ToolOutcome::Err(message),
         duration_ms,
         settled_by_check: false,
+        rerun: None,
     };
     match result {
         Ok(output) => Some(Event::ToolFinished {
@@ -941,6 +988,7 @@ fn finish_event(
             outcome: ToolOutcome::Ok(output),
             duration_ms,
             settled_by_check: false,
+            rerun: None,
         }),
         Err(error) if !error.outcome_unknown() => Some(failed(error.to_string())),
         Err(error) if !tool.spec().safe_to_rerun() => Some(Event::ToolInDoubt {

@@ -526,13 +526,74 @@ impl Service {
             )));
         }
         // Its first event and the history it holds are one append.
-        let forked = (Event::SessionForked { parent, at_seq }, None);
+        let forked = (
+            Event::SessionForked {
+                parent,
+                at_seq,
+                rerun: None,
+            },
+            None,
+        );
         let history = events.into_iter().chain(spec).map(|e| (e, Some(at_seq)));
         let first = std::iter::once(forked).chain(history).collect();
         let mut child =
             Session::create_observed_with(self.log.clone(), first, self.observer.clone()).await?;
         child.barrier(self.durability).await?;
         Ok(child)
+    }
+
+    /// Starts a rerun of session `original` on `spec` (`mneme rerun`): a
+    /// new session linked to it (a fork at seq 0 that names the original's
+    /// head and whether calls run live), started with `spec` and the
+    /// original's first user message, in one append. Returns it with the
+    /// original's other messages, which the caller posts one turn at a time.
+    /// Its calls are answered from the original's record where one matches
+    /// (see `replay::Record::answer`).
+    pub async fn start_rerun(
+        &self,
+        original: Uuid,
+        spec: AgentSpec,
+        live_tools: bool,
+    ) -> Result<(Session, Vec<String>), RuntimeError> {
+        let all = read_events(self.log.as_ref(), original).await?;
+        let refuse = |reason: &str| RuntimeError::InvalidRequest {
+            session: original,
+            reason: reason.to_string(),
+        };
+        if all
+            .iter()
+            .any(|(_, e)| matches!(e, Event::SessionErased { .. }))
+        {
+            return Err(refuse("it was erased: there is nothing to re-run"));
+        }
+        let through_seq = all.last().map_or(0, |(r, _)| r.envelope.seq);
+        let numbered: Vec<(u64, Event)> =
+            all.into_iter().map(|(r, e)| (r.envelope.seq, e)).collect();
+        let mut messages = replay::rerun::user_messages(&numbered, through_seq).into_iter();
+        let first = messages
+            .next()
+            .ok_or_else(|| refuse("it holds no user message to re-run"))?;
+        let spec = self.checked(spec).await?;
+        let rerun = replay::RerunOf {
+            through_seq,
+            live_tools,
+        };
+        let forked = Event::SessionForked {
+            parent: original,
+            at_seq: 0,
+            rerun: Some(rerun),
+        };
+        let started = Event::SessionStarted {
+            spec: Box::new(spec),
+        };
+        // Its link, its start and its first message are one append.
+        let first = [forked, started, Event::UserMessage { text: first }];
+        let first = first.into_iter().map(|e| (e, None)).collect();
+        let session =
+            Session::create_observed_with(self.log.clone(), first, self.observer.clone()).await?;
+        let mut session = session.snapshot_every(self.snapshot_every);
+        session.barrier(self.durability).await?;
+        Ok((session, messages.collect()))
     }
 
     /// What a listing shows of a session: its stored summary while that is

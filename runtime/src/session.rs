@@ -226,6 +226,11 @@ impl Session {
         self.id
     }
 
+    /// The log the session is kept in.
+    pub(crate) fn log(&self) -> &Arc<dyn EventLog> {
+        &self.log
+    }
+
     /// The folded state, up to the last accepted append.
     pub fn state(&self) -> &SessionState {
         &self.state
