@@ -5,7 +5,8 @@
 //! watch the session go on to its answer, see a turn started elsewhere
 //! arrive live, use it by keyboard, fork it and open the diff; a page
 //! of another origin cannot act for the signed-in browser; approve a call
-//! with edited arguments, and see one whose approval expired. Screenshots of
+//! with edited arguments, and see one whose approval expired; a rerun's page
+//! links to its original and to the diff of the two. Screenshots of
 //! each page go to `target/ui-screenshots/`.
 
 use mneme_e2e::browser::{Browser, Page};
@@ -623,5 +624,56 @@ async fn ui_open_keeps_the_link_off_command_lines() {
     let mode =
         std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&page).unwrap().permissions());
     assert_eq!(mode & 0o077, 0, "the page is its owner's alone: {mode:o}");
+    assert!(daemon.terminate().await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rerun_links_to_its_original_and_its_diff() {
+    let world = World::new();
+    let model = MockModel::start(vec![MockReply::answer("Hello.")], Fault::None).await;
+    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let original = daemon.create(&agent_toml(&model.base_url(), &[])).await;
+    let (_, end) = daemon
+        .post(
+            &format!("/sessions/{original}/messages"),
+            &json!({"text": "hi", "wait": true}),
+        )
+        .await;
+    assert_eq!(end["answer"], "Hello.", "{end}");
+    let spec = json!({"name": "other", "model": {"provider": "openai", "base_url": model.base_url(), "model": "newer-model"}});
+    let (status, report) = daemon
+        .post(
+            &format!("/sessions/{original}/rerun"),
+            &json!({"spec": spec}),
+        )
+        .await;
+    assert_eq!(status, 200, "{report}");
+    let rerun = report["rerun"]["session"].as_str().unwrap().to_string();
+    let link = sign_in_link(&world, "ada").await;
+    install_chromium();
+    let browser = blocking(Browser::start);
+    let page = blocking(|| browser.new_page());
+    blocking(|| page.goto(&link));
+    blocking(|| page.wait_for("document.getElementById('sessions')", WAIT));
+    blocking(|| page.eval(&format!("location.hash = '#/s/{rerun}'")));
+    let shown = blocking(|| {
+        page.wait_for(
+            "(p => p && [p.textContent, p.querySelector('a').getAttribute('href'), \
+               document.getElementById('rerun-diff-link').getAttribute('href')])\
+             (document.getElementById('rerun-of'))",
+            WAIT,
+        )
+    });
+    assert!(
+        shown[0].as_str().unwrap().starts_with("A rerun of"),
+        "{shown}"
+    );
+    assert!(shown[1].as_str().unwrap().contains(&original), "{shown}");
+    assert_eq!(shown[2], format!("#/diff/{original}/{rerun}"), "{shown}");
+    screenshot(&page, "10-rerun");
+    blocking(|| page.click("#rerun-diff-link"));
+    blocking(|| page.wait_for("location.hash.startsWith('#/diff/')", WAIT));
+    drop(page);
+    drop(browser);
     assert!(daemon.terminate().await.success());
 }
