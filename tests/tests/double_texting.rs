@@ -252,3 +252,30 @@ async fn a_queued_message_survives_a_sigkill_and_runs_after_recovery() {
     assert_eq!((count("MidTurnMessage"), count("MidTurnDelivered")), (1, 1));
     assert!(daemon.terminate().await.success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mneme_run_beside_the_daemon_mid_turn_waits_for_its_own_answer() {
+    let setup = setup(None).await;
+    let daemon = DaemonProcess::start(&setup.world.data(), &[]).await;
+    let id = first_turn_running(&setup, &daemon).await;
+    let cli = setup
+        .world
+        .mneme()
+        .args(["run", "--session", &id, "second"])
+        .env("MNEME_TOKEN", mneme_e2e::daemon::TOKEN)
+        .output();
+    let cli = tokio::spawn(cli);
+    let started = Instant::now();
+    while !kinds(&events(&daemon, &id).await).contains(&"MidTurnMessage") {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "never recorded"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    setup.open_gate();
+    let out = cli.await.unwrap().unwrap();
+    assert!(out.status.success(), "{}", mneme_e2e::stderr(&out));
+    assert_eq!(mneme_e2e::stdout(&out).trim(), "second answer");
+    assert!(daemon.terminate().await.success());
+}
