@@ -12,7 +12,7 @@ pub mod spec;
 pub mod state;
 
 pub use event::{
-    digest_hex, idempotency_key, CheckAnswer, DecodeError, Event, ModelReply, Resolution,
+    child_session_id, digest_hex, idempotency_key, CheckAnswer, ChildRun, DecodeError, Event, ModelReply, Resolution,
     SessionOutcome, ToolCall, ToolOutcome, Usage, ERASED, EVENT_SCHEMA, EXPIRED, EXPIRY_BY,
 };
 pub use plan::{plan, CallDecision, CallPlan, NextStep, ResumePlan};
@@ -20,9 +20,11 @@ pub use prompt::{
     compaction_request, messages, next_request, next_request_incremental, request_body, Message,
     PreparedRequest, RenderedPrefix,
 };
-pub use spec::{AgentSpec, Effect, HttpCheck, KvShape, Limits, ModelSpec, ToolKind, ToolSpec};
+pub use spec::{
+    AgentSpec, Effect, HttpCheck, KvShape, Limits, ModelSpec, Remaining, ToolKind, ToolSpec,
+};
 pub use state::{
-    CallPhase, CallState, EditedArgs, Entry, SessionState, Status, Totals, TurnOpened, TurnSpend,
+    CallPhase, CallState, EditedArgs, Entry, SessionLink, SessionState, Status, Totals, TurnOpened, TurnSpend,
     FALLBACK_BYTES_PER_TOKEN, STATE_FORMAT,
 };
 
