@@ -487,10 +487,7 @@ impl Event {
             {
                 3
             }
-            Event::SpawnedBy { .. }
-            | Event::ToolFinished {
-                child: Some(_), ..
-            } => 3,
+            Event::SpawnedBy { .. } | Event::ToolFinished { child: Some(_), .. } => 3,
             Event::ApprovalRequested {
                 expires_at_ms: Some(_),
                 ..

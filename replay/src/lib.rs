@@ -12,8 +12,9 @@ pub mod spec;
 pub mod state;
 
 pub use event::{
-    child_session_id, digest_hex, idempotency_key, CheckAnswer, ChildRun, DecodeError, Event, ModelReply, Resolution,
-    SessionOutcome, ToolCall, ToolOutcome, Usage, ERASED, EVENT_SCHEMA, EXPIRED, EXPIRY_BY,
+    child_session_id, digest_hex, idempotency_key, CheckAnswer, ChildRun, DecodeError, Event,
+    ModelReply, Resolution, SessionOutcome, ToolCall, ToolOutcome, Usage, ERASED, EVENT_SCHEMA,
+    EXPIRED, EXPIRY_BY,
 };
 pub use plan::{plan, CallDecision, CallPlan, NextStep, ResumePlan};
 pub use prompt::{
@@ -24,8 +25,8 @@ pub use spec::{
     AgentSpec, Effect, HttpCheck, KvShape, Limits, ModelSpec, Remaining, ToolKind, ToolSpec,
 };
 pub use state::{
-    CallPhase, CallState, EditedArgs, Entry, SessionLink, SessionState, Status, Totals, TurnOpened, TurnSpend,
-    FALLBACK_BYTES_PER_TOKEN, STATE_FORMAT,
+    CallPhase, CallState, EditedArgs, Entry, SessionLink, SessionState, Status, Totals, TurnOpened,
+    TurnSpend, FALLBACK_BYTES_PER_TOKEN, STATE_FORMAT,
 };
 
 #[cfg(test)]

@@ -290,8 +290,7 @@ impl ToolSpec {
     fn validate_agent(&self) -> Result<(), String> {
         if self.url.is_some() || self.command.is_some() || self.has_check() {
             return Err(
-                "kind = \"agent\" takes agent = \"file.toml\", not a url, command or check"
-                    .into(),
+                "kind = \"agent\" takes agent = \"file.toml\", not a url, command or check".into(),
             );
         }
         let child = self.agent_spec.as_ref().ok_or_else(|| {

@@ -435,8 +435,8 @@ impl SessionState {
             } => {
                 self.note_agent_call(seq, &tool, &call_id, &idempotency_key);
                 self.update_call(seq, &call_id, |c| {
-                c.idempotency_key = Some(idempotency_key);
-                c.attempts += 1;
+                    c.idempotency_key = Some(idempotency_key);
+                    c.attempts += 1;
                     c.phase = CallPhase::Started;
                 })
             }

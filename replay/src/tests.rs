@@ -1567,7 +1567,10 @@ fn a_childs_spending_rolls_up_once_into_the_tree_and_the_turn() {
     assert_eq!(tree.prompt_tokens, own.prompt_tokens + 300);
     assert_eq!(tree.completion_tokens, own.completion_tokens + 30);
     assert!((tree.cost - own.cost - 0.5).abs() < 1e-9);
-    assert_eq!(state.turn.steps, 3, "the child's requests count in the turn");
+    assert_eq!(
+        state.turn.steps, 3,
+        "the child's requests count in the turn"
+    );
     let children = state.children(parent);
     assert_eq!(children.len(), 1, "{children:?}");
     assert_eq!(children[0].session, child_session_id(parent, key));

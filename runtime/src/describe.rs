@@ -19,6 +19,11 @@ fn clip(text: &str, max: usize) -> String {
 pub fn summary(event: &Event) -> String {
     match event {
         Event::SessionForked { parent, at_seq } => format!("forked from {parent} at seq {at_seq}"),
+        Event::SpawnedBy {
+            parent,
+            seq,
+            call_id,
+        } => format!("sub-agent of session {parent}: its call {call_id} (#{seq})"),
         Event::HeadSigned { seq, hash, key, .. } => format!(
             "head #{seq} {} signed by key {}",
             clip(hash, 12),
@@ -94,10 +99,18 @@ pub fn summary(event: &Event) -> String {
             outcome,
             duration_ms,
             settled_by_check,
+            child,
         } => {
-            let how = match settled_by_check {
-                true => " (settled by its check)",
-                false => "",
+            let how = match (settled_by_check, child) {
+                (true, _) => " (settled by its check)".to_string(),
+                (false, Some(child)) => format!(
+                    " (sub-agent session {}: {} model requests, {} tokens in / {} out)",
+                    child.session,
+                    child.totals.model_calls,
+                    child.totals.prompt_tokens,
+                    child.totals.completion_tokens
+                ),
+                (false, None) => String::new(),
             };
             match outcome {
                 ToolOutcome::Ok(out) => {

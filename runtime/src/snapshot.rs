@@ -145,6 +145,9 @@ pub struct Summary {
     /// (milliseconds since the Unix epoch), if any has one.
     #[serde(default)]
     pub approval_expires_ms: Option<i64>,
+    /// The session whose call started this one, if it is a sub-agent.
+    #[serde(default)]
+    pub parent: Option<uuid::Uuid>,
 }
 
 impl Summary {
@@ -174,7 +177,9 @@ impl Summary {
             status: state.status().to_string(),
             paused: state.paused.clone(),
             waits_for_a_person: state.waits_for_a_person(),
-            totals: state.totals,
+            // A sub-agent's spending counts in its parent's totals.
+            totals: state.tree_totals(),
+            parent: state.parent.as_ref().map(|link| link.session),
             answer_cut_off: state.answer().is_some() && crate::runner::last_reply_cut_off(state),
             approval_expires_ms: state.approval_deadline_ms(),
         }

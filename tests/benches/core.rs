@@ -450,6 +450,7 @@ fn prompt_rebuild() {
                 outcome: ToolOutcome::Ok("{\"ok\":true}".into()),
                 duration_ms: 1,
                 settled_by_check: false,
+                child: None,
             },
         ] {
             seq += 1;

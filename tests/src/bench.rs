@@ -97,6 +97,7 @@ pub fn event(i: usize) -> replay::Event {
             outcome: replay::ToolOutcome::Ok(text),
             duration_ms: 3,
             settled_by_check: false,
+            child: None,
         },
     }
 }
