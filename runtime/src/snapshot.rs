@@ -190,11 +190,15 @@ impl Summary {
     /// Whether the session has pending work that no person has to decide
     /// on ([`replay::Status::resumable`]), or a call whose approval expired
     /// (a resume records it as denied and goes on).
+    /// A sub-agent never is: its parent's turn resumes it (two drivers
+    /// would race for its lease).
     pub fn resumable(&self) -> bool {
-        self.status
+        let pending = self
+            .status
             .parse::<Status>()
             .is_ok_and(|status| status.resumable(self.waits_for_a_person))
-            || self.approval_expired(crate::text::now_ms())
+            || self.approval_expired(crate::text::now_ms());
+        pending && self.parent.is_none()
     }
 
     /// Whether a call's wait for approval ended at or before `now_ms`.

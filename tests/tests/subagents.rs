@@ -237,7 +237,13 @@ async fn sigkill_inside_the_childs_turn_resumes_the_same_child_and_charges_once(
     drop(hold.release);
     let parent = session_id(&killed);
     let child = tree.only_child(&parent).await;
-    assert_eq!(tree.listing().await[0]["status"], "running");
+    let rows = tree.listing().await;
+    let row = |id: &str| rows.iter().find(|r| r["session"] == id).unwrap().clone();
+    assert_eq!(row(&parent)["status"], "running");
+    assert_eq!(row(&child)["status"], "running");
+    // Only the parent is resumable: its turn resumes the child.
+    assert_eq!(row(&parent)["resumable"], true);
+    assert_eq!(row(&child)["resumable"], false);
     // The parent's resume continues the child: its charge runs again with
     // its key (applied once), its model asked only for what was left.
     let out = tree.world.run(&["resume", &parent]).await;
