@@ -147,6 +147,49 @@ parameters = { type = "object", properties = { customer = { type = "string" }, c
     }
 
     #[test]
+    fn a_sub_agent_is_loaded_relative_to_its_parent_and_pinned_in_it() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("agents")).unwrap();
+        let model = "[model]\nprovider = \"scripted\"\nmodel = \"m\"\nscript = \"s.json\"\n";
+        let agent_tool = |file: &str| {
+            format!("[[tools]]\nname = \"ask\"\nkind = \"agent\"\nagent = \"{file}\"\neffect = \"side_effect\"\n")
+        };
+        std::fs::write(
+            dir.path().join("agents/child.toml"),
+            format!("name = \"child\"\n{model}"),
+        )
+        .unwrap();
+        let parent = dir.path().join("parent.toml");
+        let text = format!(
+            "name = \"parent\"\n{model}{}",
+            agent_tool("agents/child.toml")
+        );
+        std::fs::write(&parent, text).unwrap();
+        let spec = load_agent_file(&parent).unwrap();
+        let tool = spec.tool("ask").unwrap();
+        let child = tool.child_spec().expect("pinned");
+        assert_eq!(child.name, "child");
+        let script = child.model.script.as_deref().unwrap();
+        assert!(
+            script.ends_with("agents/s.json"),
+            "relative to the child: {script}"
+        );
+        assert_eq!(tool.parameters, replay::spec::agent_parameters());
+        // A file that names itself is refused, naming the cycle.
+        let looped = dir.path().join("loop.toml");
+        let text = format!("name = \"loop\"\n{model}{}", agent_tool("loop.toml"));
+        std::fs::write(&looped, text).unwrap();
+        let err = load_agent_file(&looped).unwrap_err().to_string();
+        assert!(err.contains("cycle"), "{err}");
+        // A missing child file is named.
+        let missing = dir.path().join("missing.toml");
+        let text = format!("name = \"m\"\n{model}{}", agent_tool("nowhere.toml"));
+        std::fs::write(&missing, text).unwrap();
+        let err = load_agent_file(&missing).unwrap_err().to_string();
+        assert!(err.contains("nowhere.toml"), "{err}");
+    }
+
+    #[test]
     fn errors_name_the_file_and_the_problem() {
         let err = load("name = \"x\"\n[model]\nprovider = \"openai\"\n[[tools]]\nname = \"t\"\nkind = \"http\"\neffect = \"sometimes\"\nurl = \"http://x\"\n").unwrap_err();
         let text = err.to_string();
