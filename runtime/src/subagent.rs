@@ -175,6 +175,12 @@ impl ChildCall {
                 self.failure(id, &format!("it was cancelled by {by}")),
                 run_of(session),
             ),
+            // Stopped by its runner's stop (the parent's: a shutdown, a
+            // person's pause of the parent): the parent stops for the same
+            // reason, so whoever resumes stopped sessions resumes it.
+            TurnEnd::Paused(reason) if !session.state().waits_for_a_person() => {
+                ChildEnd::Waiting(reason)
+            }
             TurnEnd::NeedsDecision(_)
             | TurnEnd::NeedsApproval(_)
             | TurnEnd::BudgetSpent(_)

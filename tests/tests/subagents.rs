@@ -336,3 +336,67 @@ async fn the_api_shows_the_tree() {
     assert_eq!(view["parent"], parent.as_str(), "{view}");
     daemon.terminate().await;
 }
+
+/// Runs a browser step off the async workers.
+fn blocking<T>(step: impl FnOnce() -> Result<T, String>) -> T {
+    tokio::task::block_in_place(step).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_web_view_links_a_call_to_its_child_and_the_child_to_its_parent() {
+    use mneme_e2e::browser::Browser;
+    use mneme_e2e::daemon::{DaemonProcess, TOKEN};
+    const WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+    let tree = tree(false).await;
+    let out = tree.world.run(&tree.run_args()).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let parent = session_id(&out);
+    let child = tree.only_child(&parent).await;
+    let daemon = DaemonProcess::start(&tree.world.data(), &[]).await;
+    let out = (tree.world.mneme())
+        .env("MNEME_TOKEN", TOKEN)
+        .args(["ui", "--print-url", "--as", "ada"])
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let link = stdout(&out).trim().to_string();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/chromium.sh");
+    let installed = tokio::task::block_in_place(|| std::process::Command::new(&script).status());
+    assert!(installed.unwrap().success(), "{} failed", script.display());
+    let browser = blocking(Browser::start);
+    let page = blocking(|| browser.new_page());
+    blocking(|| page.goto(&link));
+    blocking(|| page.wait_for("document.getElementById('sessions')", WAIT));
+    // The parent's call card links to the child.
+    blocking(|| page.eval(&format!("location.hash = '#/s/{parent}'")));
+    let href = blocking(|| {
+        page.wait_for(
+            "(a => a && a.getAttribute('href'))\
+             (document.querySelector('.call[data-call=\"call_0_0\"] a.child-link'))",
+            WAIT,
+        )
+    });
+    assert_eq!(href, format!("#/s/{child}"));
+    // Followed, the child's page links back to its parent's call.
+    blocking(|| {
+        page.eval("document.querySelector('.call[data-call=\"call_0_0\"] a.child-link').click()")
+    });
+    let back = blocking(|| {
+        page.wait_for(
+            "(a => a && [a.textContent, a.getAttribute('href')])(document.getElementById('parent-link'))",
+            WAIT,
+        )
+    });
+    assert_eq!(back[0], parent.as_str(), "{back}");
+    assert!(
+        back[1]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("#/s/{parent}?seq=")),
+        "{back}"
+    );
+    drop(page);
+    drop(browser);
+    assert!(daemon.terminate().await.success());
+}
