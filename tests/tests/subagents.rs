@@ -337,6 +337,55 @@ async fn the_api_shows_the_tree() {
     daemon.terminate().await;
 }
 
+#[tokio::test]
+async fn a_parents_budget_bounds_its_child_and_counts_the_childs_requests() {
+    let tree = tree(false).await;
+    // Two model requests a turn for the parent: one is spent when it calls
+    // the child, so the child starts with one.
+    let text = std::fs::read_to_string(&tree.parent).unwrap();
+    std::fs::write(
+        &tree.parent,
+        format!("{text}[limits]\nmax_steps_per_turn = 2\n"),
+    )
+    .unwrap();
+    let out = tree.world.run(&tree.run_args()).await;
+    let parent = session_id(&out);
+    let child = tree.only_child(&parent).await;
+    let started = tree.events(&child).await;
+    assert_eq!(started[0].2["spec"]["limits"]["max_steps_per_turn"], 1);
+    // The child charged, then spent its budget: the parent waits on it.
+    assert_eq!(tree.sink.stats().path("charge").effects, 1);
+    let rows = tree.listing().await;
+    let row = |id: &str| rows.iter().find(|r| r["session"] == id).unwrap().clone();
+    assert_eq!(row(&child)["waits_for_a_person"], true, "{rows:?}");
+    assert_eq!(row(&parent)["status"], "paused", "{rows:?}");
+    // Extended in the child, it answers; the parent's call then counts the
+    // child's two requests in its turn, which is past its own budget.
+    let out = tree.world.run(&["resume", &child, "--extend"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = tree.world.run(&["resume", &parent]).await;
+    let paused = tree.events(&parent).await;
+    let (_, kind, last) = paused.last().unwrap();
+    assert_eq!(kind, "SessionPaused", "{}", stderr(&out));
+    assert_eq!(last["budget"], true, "{last}");
+    assert!(
+        last["reason"]
+            .as_str()
+            .unwrap()
+            .contains("3 model requests"),
+        "{last}"
+    );
+    assert_eq!(
+        tree.parent_model.bodies().len(),
+        1,
+        "not asked past its budget"
+    );
+    let out = tree.world.run(&["resume", &parent, "--extend"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("The billing agent charged customer 1."));
+    assert_eq!(tree.check_finished(&parent, 2).await, child);
+}
+
 /// Runs a browser step off the async workers.
 fn blocking<T>(step: impl FnOnce() -> Result<T, String>) -> T {
     tokio::task::block_in_place(step).unwrap_or_else(|e| panic!("{e}"))
