@@ -417,12 +417,15 @@ fn refuse_when_stopping(daemon: &Daemon) -> Result<(), ApiError> {
 /// Records the message (durable before this returns) and runs the turn in
 /// the background; with `"wait": true`, answers when the turn ends. 409
 /// while another daemon sharing the store runs the session (the error
-/// names it).
+/// names it). While a turn of the session runs here, the message is
+/// recorded at once and the agent's `mid_turn_messages` decides: `queue`
+/// (its own turn follows), `interrupt` (the running turn takes it at its
+/// next step) or `reject` (409, recorded).
 #[utoipa::path(post, path = "/sessions/{id}/messages", params(SessionPath), request_body = PostMessage,
     responses(
         (status = 202, description = "Recorded; the turn runs", body = MessageAccepted),
         (status = 200, description = "With `wait`: the turn ended", body = TurnOutcome),
-        (status = 409, description = "Another daemon runs the session", body = wire::ApiError),
+        (status = 409, description = "Another daemon runs the session, or a turn runs and the agent rejects messages mid-turn (the message is recorded)", body = wire::ApiError),
         (status = 503, description = "The daemon is shutting down", body = wire::ApiError)))]
 async fn post_message(
     State(daemon): State<Shared>,
@@ -431,26 +434,82 @@ async fn post_message(
 ) -> Result<Response, ApiError> {
     refuse_when_stopping(&daemon)?;
     daemon.service.ensure_exists(id).await?; // 404 before spawning
+    let text = match daemon.inboxes.post(id, body.text) {
+        Ok(answer) => return mid_turn(&daemon, id, body.wait, answer).await,
+        Err(text) => text, // no turn of it runs here
+    };
     let (seq_tx, seq_rx) = tokio::sync::oneshot::channel();
-    let turn = daemon.spawn_turn(
-        id,
-        TurnStart::Message(body.text, body.refresh_tools, seq_tx),
-    );
+    let turn = daemon.spawn_turn(id, TurnStart::Message(text, body.refresh_tools, seq_tx));
     let seq = seq_rx.await.map_err(|_| {
         ApiError(
             StatusCode::INTERNAL_SERVER_ERROR,
             "the turn ended before recording the message".into(),
         )
     })??;
-    if !body.wait {
-        return Ok((
-            StatusCode::ACCEPTED,
-            Json(MessageAccepted { session: id, seq }),
-        )
-            .into_response());
+    let accepted = MessageAccepted {
+        session: id,
+        seq,
+        mid_turn: None,
+    };
+    answer_turn(accepted, body.wait, turn).await
+}
+
+/// A message the running turn of `id` recorded (or refused): a rejected
+/// one is a 409; a queued or interrupting one is answered like any other,
+/// its turn being the one that follows the running turn (which takes an
+/// interrupting message itself: the next turn then has nothing to do).
+async fn mid_turn(
+    daemon: &Shared,
+    id: Uuid,
+    wait: bool,
+    answer: runtime::inbox::Answer,
+) -> Result<Response, ApiError> {
+    let accepted = answer
+        .await
+        .map_err(|_| {
+            ApiError(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the turn ended before recording the message".into(),
+            )
+        })?
+        .map_err(|reason| ApiError(StatusCode::BAD_REQUEST, format!("session {id}: {reason}")))?;
+    if accepted.policy == replay::spec::MidTurn::Reject {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!(
+                "session {id} is running a turn, and its agent rejects messages mid-turn \
+                 (mid_turn_messages = \"reject\"): the message is recorded at seq {} and \
+                 not delivered; send it again once the turn has ended",
+                accepted.seq
+            ),
+        ));
+    }
+    let accepted = MessageAccepted {
+        session: id,
+        seq: accepted.seq,
+        mid_turn: Some(accepted.policy.name().into()),
+    };
+    if !wait {
+        // The running turn, once answered, starts the message's own turn.
+        return Ok((StatusCode::ACCEPTED, Json(accepted)).into_response());
+    }
+    // A turn behind the running one: it delivers the message, or finds it
+    // delivered and answered already.
+    let turn = daemon.spawn_turn(id, TurnStart::Deliver);
+    answer_turn(accepted, wait, turn).await
+}
+
+/// 202 with `accepted`, or, with `wait`, the turn's outcome once it ends.
+async fn answer_turn(
+    accepted: MessageAccepted,
+    wait: bool,
+    turn: tokio::task::JoinHandle<Result<TurnEnd, RuntimeError>>,
+) -> Result<Response, ApiError> {
+    if !wait {
+        return Ok((StatusCode::ACCEPTED, Json(accepted)).into_response());
     }
     let end = finished(turn).await?;
-    Ok(Json(views::turn_end(id, &end)).into_response())
+    Ok(Json(views::turn_end(accepted.session, &end)).into_response())
 }
 
 async fn finished(

@@ -24,6 +24,7 @@ pub use metrics::Metrics;
 use eventlog::{Durability, EventLog};
 use heads::DurableHeads;
 use runtime::error::RuntimeError;
+use runtime::inbox::Inboxes;
 use runtime::lease::HeldLease;
 use runtime::pause::{self, PAUSED_ON_REQUEST};
 use runtime::runner::{Runner, TurnEnd};
@@ -136,6 +137,9 @@ pub(crate) struct Daemon {
     pub(crate) turns: TaskTracker,
     /// Each session's durable head, for live streams.
     pub(crate) heads: Arc<DurableHeads>,
+    /// Messages posted while a turn of their session runs here, for that
+    /// turn to record.
+    pub(crate) inboxes: Arc<Inboxes>,
     /// (session, text) as streamed replies arrive (never recorded as such:
     /// the whole reply is).
     pub(crate) deltas: broadcast::Sender<(Uuid, Arc<str>)>,
@@ -224,6 +228,9 @@ pub(crate) enum TurnStart {
     /// Deny the calls whose approval expired, and go on if nothing else
     /// waits for a person.
     Expire,
+    /// Deliver the messages that arrived mid-turn, if they still wait
+    /// (the drive does), and go on.
+    Deliver,
 }
 
 impl Daemon {
@@ -258,6 +265,7 @@ impl Daemon {
         let publish: runtime::runner::DeltaSink = Arc::new(move |id, text| {
             let _ = published.send((id, text.into()));
         });
+        let inboxes: Arc<Inboxes> = Arc::default();
         Daemon {
             bearer: token::Expected::new(&config.token),
             sign_ins: Arc::default(),
@@ -265,7 +273,9 @@ impl Daemon {
                 .runner()
                 .with_stop(stop)
                 .with_call_cap(config.max_parallel_calls)
-                .with_deltas(publish),
+                .with_deltas(publish)
+                .with_inboxes(inboxes.clone()),
+            inboxes,
             deltas,
             service,
             config,
@@ -394,7 +404,13 @@ impl Daemon {
             Err(e) => return Err(refuse_start(id, start, e)),
         };
         self.listening.start(id, lease.token());
+        self.inboxes.open(id);
         let result = self.clone().turn_locked(id, start).await;
+        // Normally the turn took everything posted to it already.
+        self.inboxes.close(
+            id,
+            "the turn ended before it could record the message: post it again",
+        );
         self.listening.stop(id);
         // A pause asked for during the turn's last step has nothing to pause.
         self.withdraw_pause(id);
@@ -455,6 +471,7 @@ impl Daemon {
                     self.service.reopen(&mut session, by, false).await?;
                 }
             }
+            TurnStart::Deliver => {}
             TurnStart::Resume(by, extend_budget) => {
                 self.service
                     .reopen(&mut session, &by, extend_budget)
@@ -483,7 +500,19 @@ impl Daemon {
             }
         }
         self.set_status(id, session.state().status());
-        let end = self.runner.drive_with(&mut session, &parts).await;
+        let mut end = self.runner.drive_with(&mut session, &parts).await;
+        // Messages posted as the turn ended are recorded before its inbox
+        // closes: later ones start turns of their own.
+        while end.is_ok() && !self.inboxes.close_if_empty(id) {
+            if let Err(e) = self.runner.take_messages(&mut session).await {
+                end = Err(e);
+            }
+        }
+        // The turn is answered and messages wait: they get a turn of their
+        // own (after this one lets go of the session).
+        if end.is_ok() && replay::plan(session.state()).next == replay::NextStep::Deliver {
+            self.spawn_turn(id, TurnStart::Deliver);
+        }
         self.set_status(id, session.state().status());
         self.note_deadline(id, session.state());
         self.hot

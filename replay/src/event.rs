@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 /// is written with the version it needs: [`Event::schema`]). Older
 /// versions are read; newer ones are refused with
 /// [`DecodeError::UnknownSchema`].
-pub const EVENT_SCHEMA: u16 = 3;
+pub const EVENT_SCHEMA: u16 = 4;
 
 /// One thing that happened in a session. Immutable once appended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -189,6 +189,22 @@ pub enum Event {
         answer: CheckAnswer,
         /// How long the check took.
         duration_ms: u64,
+    },
+    /// A person's message arrived while a turn ran; the agent's
+    /// `mid_turn_messages` decided what it does. A queued or interrupting
+    /// message waits in the session's mailbox, outside the prompt, until a
+    /// `MidTurnDelivered` names it; a rejected one is recorded only.
+    MidTurnMessage {
+        /// What they said.
+        text: String,
+        /// What the agent does with it.
+        policy: crate::spec::MidTurn,
+    },
+    /// The waiting message recorded at seq `arrived` enters the
+    /// conversation here, as a user message, and opens a new turn.
+    MidTurnDelivered {
+        /// The seq of its `MidTurnMessage`.
+        arrived: u64,
     },
     /// This session is a sub-agent: a call of its parent's agent tool
     /// started it (recorded with its start, in the same append).
@@ -404,6 +420,8 @@ impl Event {
         "HeadSigned",
         "SessionErased",
         "ToolChecked",
+        "MidTurnMessage",
+        "MidTurnDelivered",
         "SpawnedBy",
     ];
 
@@ -430,6 +448,8 @@ impl Event {
             Event::SpecChanged { .. } => "SpecChanged",
             Event::SessionErased { .. } => "SessionErased",
             Event::ToolChecked { .. } => "ToolChecked",
+            Event::MidTurnMessage { .. } => "MidTurnMessage",
+            Event::MidTurnDelivered { .. } => "MidTurnDelivered",
             Event::SpawnedBy { .. } => "SpawnedBy",
         }
     }
@@ -443,7 +463,7 @@ impl Event {
     /// tokens, times, the agent spec) is what operating a session needs.
     pub fn personal_fields_mut(&mut self) -> Vec<&mut String> {
         match self {
-            Event::UserMessage { text } => vec![text],
+            Event::UserMessage { text } | Event::MidTurnMessage { text, .. } => vec![text],
             Event::ModelReplied(reply) => reply
                 .content
                 .iter_mut()
@@ -472,27 +492,35 @@ impl Event {
         }
     }
 
-    /// The schema version this event is written with: 2 when it uses a
-    /// field version 2 added (an approval's deadline, the reason of a
-    /// denial, a person's edited arguments), else 1. A build that reads
-    /// only version 1 then refuses such an event by name instead of
-    /// misreading it (it would run a call with the model's arguments where
-    /// a person gave others); every other event stays readable by it.
-    /// 3 for what sub-agents added: a spec with a tool of kind `agent`, a
-    /// child's `SpawnedBy`, a call's finish naming its child.
+    /// The schema version this event is written with: the lowest that
+    /// holds what it uses. 2 added an approval's deadline, the reason of a
+    /// denial and a person's edited arguments; 3 added messages that arrive
+    /// mid-turn (their two events, and a spec's `mid_turn_messages`). A
+    /// build that reads only older versions then refuses such an event by
+    /// name instead of misreading it (it would run a call with the model's
+    /// arguments where a person gave others, or drop a waiting message);
+    /// every other event stays readable by it. 4 added sub-agents: a spec
+    /// with a tool of kind `agent`, a child's `SpawnedBy`, a call's finish
+    /// naming its child.
     pub fn schema(&self) -> u16 {
         match self {
             Event::SessionStarted { spec } | Event::SpecChanged { spec, .. }
                 if spec.has_agent_tools() =>
             {
-                3
+                4
             }
-            Event::SpawnedBy { .. } | Event::ToolFinished { child: Some(_), .. } => 3,
+            Event::SpawnedBy { .. } | Event::ToolFinished { child: Some(_), .. } => 4,
             Event::ApprovalRequested {
                 expires_at_ms: Some(_),
                 ..
             } => 2,
             Event::ApprovalDecided { reason, args, .. } if reason.is_some() || args.is_some() => 2,
+            Event::MidTurnMessage { .. } | Event::MidTurnDelivered { .. } => 3,
+            Event::SessionStarted { spec } | Event::SpecChanged { spec, .. }
+                if spec.mid_turn_messages != crate::spec::MidTurn::default() =>
+            {
+                3
+            }
             _ => 1,
         }
     }

@@ -46,6 +46,10 @@ pub enum NextStep {
     Nothing,
     /// Ask the model (a missing reply is simply requested again).
     CallModel,
+    /// Messages that arrived mid-turn are due (see
+    /// `SessionState::delivery_due`): record their delivery, which opens a
+    /// new turn, then go on.
+    Deliver,
     /// Run or re-run the calls marked so; record the ones in doubt.
     RunTools,
     /// Only calls waiting for a person's decision remain.
@@ -91,6 +95,8 @@ pub fn plan(state: &SessionState) -> ResumePlan {
         NextStep::Failed(error.clone())
     } else if let Some(reason) = &state.paused {
         NextStep::Paused(reason.clone())
+    } else if state.delivery_due() {
+        NextStep::Deliver
     } else if state.entries.is_empty() || state.answer().is_some() {
         NextStep::Nothing
     } else if calls.iter().all(|c| c.decision == CallDecision::Reuse) {

@@ -703,6 +703,40 @@ pub struct AgentSpec {
     /// MCP servers whose tools the session pins when it starts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mcp: Vec<crate::mcp::McpServerSpec>,
+    /// What a message posted while a turn runs does.
+    #[serde(default, skip_serializing_if = "MidTurn::is_default")]
+    pub mid_turn_messages: MidTurn,
+}
+
+/// What a message that arrives while a turn of the session runs does
+/// (`mid_turn_messages` in the agent file). Recorded whichever it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MidTurn {
+    /// It waits, and opens a turn of its own once the running turn is
+    /// answered.
+    #[default]
+    Queue,
+    /// The running turn takes it at its next step (once the calls under
+    /// way are done): the model is asked next with the message added.
+    Interrupt,
+    /// It is refused (recorded only; the API answers 409).
+    Reject,
+}
+
+impl MidTurn {
+    fn is_default(&self) -> bool {
+        *self == MidTurn::Queue
+    }
+
+    /// Its name in agent files and answers.
+    pub fn name(self) -> &'static str {
+        match self {
+            MidTurn::Queue => "queue",
+            MidTurn::Interrupt => "interrupt",
+            MidTurn::Reject => "reject",
+        }
+    }
 }
 
 impl AgentSpec {

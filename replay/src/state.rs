@@ -261,7 +261,7 @@ pub const FALLBACK_BYTES_PER_TOKEN: u64 = 3;
 
 /// Version of the encoded state in snapshots; a snapshot of another version
 /// is ignored (the log is folded instead).
-pub const STATE_FORMAT: u16 = 8;
+pub const STATE_FORMAT: u16 = 9;
 
 /// A link between a parent session and a child (a sub-agent): the other
 /// session, the seq of the parent's `ToolStarted` that started the child,
@@ -353,6 +353,22 @@ pub struct SessionState {
     /// own model requests.
     #[serde(default)]
     pub subagents: Totals,
+    /// Messages that arrived mid-turn and wait to be delivered, in the
+    /// order they arrived (none of them is in the prompt yet).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mailbox: Vec<Waiting>,
+}
+
+/// A message that arrived mid-turn and waits in the mailbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Waiting {
+    /// The seq of its `MidTurnMessage`.
+    pub seq: u64,
+    /// What was said.
+    pub text: String,
+    /// Whether it interrupts the running turn (else it waits for the
+    /// turn's answer).
+    pub interrupt: bool,
 }
 
 impl SessionState {
@@ -383,16 +399,28 @@ impl SessionState {
             Event::SessionStarted { spec } | Event::SpecChanged { spec, .. } => {
                 self.spec = Some(*spec)
             }
-            Event::UserMessage { text } => {
-                self.paused = None;
-                self.budget_paused = false;
-                self.failed = None;
-                self.cancelled = None;
-                self.turn = TurnSpend::default();
-                self.turn_opened = self.turn_opened.next(seq, false);
-                self.cut_off_in_a_row = 0;
-                self.entries.push(Entry::User(text));
-                self.entry_seqs.push(seq);
+            Event::UserMessage { text } => self.open_turn_with(seq, text),
+            Event::MidTurnMessage { text, policy } => {
+                if policy != crate::spec::MidTurn::Reject {
+                    let interrupt = policy == crate::spec::MidTurn::Interrupt;
+                    self.mailbox.push(Waiting {
+                        seq,
+                        text,
+                        interrupt,
+                    });
+                }
+            }
+            Event::MidTurnDelivered { arrived } => {
+                match self.mailbox.iter().position(|m| m.seq == arrived) {
+                    Some(at) => {
+                        let waiting = self.mailbox.remove(at);
+                        self.open_turn_with(seq, waiting.text);
+                    }
+                    None => self.anomalies.push((
+                        seq,
+                        format!("delivers the message of seq {arrived}, which does not wait"),
+                    )),
+                }
             }
             Event::ModelReplied(reply) => {
                 self.totals.add(&reply.usage, self.spec.as_ref());
@@ -542,6 +570,9 @@ impl SessionState {
                 self.paused = None;
                 self.failed = None;
                 self.cancelled = Some(by);
+                // Nothing runs until a new message: the waiting ones are
+                // dropped (the log keeps them).
+                self.mailbox.clear();
             }
             Event::McpToolsChanged { server, changes } => {
                 self.mcp_changes.insert(server, changes);
@@ -789,6 +820,36 @@ impl SessionState {
         }
     }
 
+    /// A user's message opens a turn: whatever stopped the last one is
+    /// over, and the budgets of a turn start again.
+    fn open_turn_with(&mut self, seq: u64, text: String) {
+        self.paused = None;
+        self.budget_paused = false;
+        self.failed = None;
+        self.cancelled = None;
+        self.turn = TurnSpend::default();
+        self.turn_opened = self.turn_opened.next(seq, false);
+        self.cut_off_in_a_row = 0;
+        self.entries.push(Entry::User(text));
+        self.entry_seqs.push(seq);
+    }
+
+    /// Whether messages that arrived mid-turn are due now: the turn is
+    /// answered, or one of them interrupts and no call of the last reply
+    /// is still open.
+    pub fn delivery_due(&self) -> bool {
+        if self.mailbox.is_empty() {
+            return false;
+        }
+        let interrupts = self.mailbox.iter().any(|m| m.interrupt);
+        self.answer().is_some()
+            || (interrupts
+                && self
+                    .open_calls()
+                    .iter()
+                    .all(|c| matches!(c.phase, CallPhase::Finished(_))))
+    }
+
     /// Coarse status, derived from the state.
     pub fn status(&self) -> Status {
         if self.spec.is_none() {
@@ -807,6 +868,7 @@ impl SessionState {
             return Status::Paused;
         }
         match self.entries.last() {
+            _ if !self.mailbox.is_empty() => Status::Running,
             None => Status::Idle,
             Some(_) if self.answer().is_some() => Status::Idle,
             Some(_) => Status::Running,

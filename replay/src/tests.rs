@@ -58,6 +58,7 @@ fn spec() -> AgentSpec {
         ],
         limits: Limits::default(),
         mcp: Vec::new(),
+        mid_turn_messages: Default::default(),
     }
 }
 
@@ -1110,6 +1111,17 @@ fn golden_bytes_of_every_event_kind() {
         reason: Some("expired".into()),
         args: None,
     });
+    all.push(Event::MidTurnMessage {
+        text: "and in euros".into(),
+        policy: crate::spec::MidTurn::Interrupt,
+    });
+    all.push(Event::MidTurnDelivered { arrived: 21 });
+    all.push(Event::SessionStarted {
+        spec: Box::new(AgentSpec {
+            mid_turn_messages: crate::spec::MidTurn::Reject,
+            ..spec()
+        }),
+    });
     all.push(Event::SessionStarted {
         spec: Box::new(parent_spec()),
     });
@@ -1510,6 +1522,13 @@ fn child_finished(id: &str, child: uuid::Uuid) -> Event {
     }
 }
 
+fn mid_turn(text: &str, policy: crate::spec::MidTurn) -> Event {
+    Event::MidTurnMessage {
+        text: text.into(),
+        policy,
+    }
+}
+
 #[test]
 fn a_childs_id_derives_from_its_parent_and_the_calls_key_alone() {
     let parent = uuid::Uuid::from_u128(42);
@@ -1607,7 +1626,7 @@ fn an_interrupted_agent_call_runs_again_to_continue_its_child() {
 }
 
 #[test]
-fn sub_agent_events_are_written_as_version_3() {
+fn sub_agent_events_are_written_as_version_4() {
     let parent = parent_spec();
     assert_eq!(parent.agent_depth(), 1);
     parent.validate().unwrap();
@@ -1623,7 +1642,7 @@ fn sub_agent_events_are_written_as_version_3() {
         child_finished("c1", uuid::Uuid::from_u128(2)),
     ];
     for event in &newer {
-        assert_eq!(event.schema(), 3, "{event:?}");
+        assert_eq!(event.schema(), 4, "{event:?}");
         assert_eq!(
             &Event::decode(event.schema(), &event.encode()).unwrap(),
             event
@@ -1664,4 +1683,104 @@ fn an_agent_tool_needs_its_pinned_child_and_nothing_else() {
     let mut lookup = spec();
     lookup.tools[0].agent = Some("child.toml".into());
     assert!(lookup.validate().unwrap_err().contains("only for kind"));
+}
+
+#[test]
+fn a_queued_message_waits_outside_the_prompt_until_the_turn_is_answered() {
+    use crate::spec::MidTurn;
+    let mut events = story()[..4].to_vec();
+    events.push(mid_turn("and in euros?", MidTurn::Queue)); // seq 5
+    let state = fold(&events);
+    let before = next_request("s", &fold(&story()[..4])).unwrap();
+    assert_eq!(
+        next_request("s", &state).unwrap(),
+        before,
+        "the prompt is unchanged"
+    );
+    assert_eq!(state.status(), Status::Running);
+    assert_eq!(
+        plan(&state).next,
+        NextStep::RunTools,
+        "the running turn goes on"
+    );
+    let mut answered = story();
+    answered.insert(4, mid_turn("and in euros?", MidTurn::Queue));
+    let state = fold(&answered);
+    assert_eq!(plan(&state).next, NextStep::Deliver);
+    assert_eq!(
+        state.status(),
+        Status::Running,
+        "not at rest while it waits"
+    );
+    answered.push(Event::MidTurnDelivered { arrived: 5 });
+    let state = fold(&answered);
+    assert!(state.mailbox.is_empty());
+    assert_eq!(state.turn_opened.seq, 10, "it opens a turn");
+    assert_eq!(
+        state.entries.last(),
+        Some(&Entry::User("and in euros?".into()))
+    );
+    assert_eq!(plan(&state).next, NextStep::CallModel);
+}
+
+#[test]
+fn an_interrupting_message_is_due_once_the_calls_under_way_are_done() {
+    use crate::spec::MidTurn;
+    let mut events = story()[..4].to_vec(); // c1 started, c22 not yet
+    events.push(mid_turn("stop, use euros", MidTurn::Interrupt));
+    assert_eq!(plan(&fold(&events)).next, NextStep::RunTools);
+    events.extend([
+        started("c22", "lookup", Effect::ReadOnly),
+        finished("c22", "{}"),
+        finished("c1", "{}"),
+    ]);
+    assert_eq!(plan(&fold(&events)).next, NextStep::Deliver);
+}
+
+#[test]
+fn a_rejected_message_is_recorded_only_and_a_cancel_drops_waiting_ones() {
+    use crate::spec::MidTurn;
+    let mut events = story();
+    events.push(mid_turn("again", MidTurn::Reject));
+    let state = fold(&events);
+    assert!(state.mailbox.is_empty());
+    assert_eq!(state.status(), Status::Idle);
+    let mut events = story()[..4].to_vec();
+    events.push(mid_turn("later", MidTurn::Queue));
+    events.push(Event::SessionFinished {
+        outcome: SessionOutcome::Cancelled { by: "ada".into() },
+    });
+    let state = fold(&events);
+    assert!(state.mailbox.is_empty());
+    assert_eq!(state.status(), Status::Cancelled);
+}
+
+#[test]
+fn mid_turn_messages_are_written_with_schema_3_and_refused_by_older_readers() {
+    use crate::spec::MidTurn;
+    assert_eq!(mid_turn("x", MidTurn::Queue).schema(), 3);
+    assert_eq!(Event::MidTurnDelivered { arrived: 1 }.schema(), 3);
+    let plain = Event::SessionStarted {
+        spec: Box::new(spec()),
+    };
+    assert_eq!(
+        plain.schema(),
+        1,
+        "a spec that keeps the default needs nothing new"
+    );
+    let rejecting = Event::SessionStarted {
+        spec: Box::new(AgentSpec {
+            mid_turn_messages: MidTurn::Reject,
+            ..spec()
+        }),
+    };
+    assert_eq!(rejecting.schema(), 3);
+    let delivered = Event::MidTurnDelivered { arrived: 9 };
+    assert_eq!(
+        fold(&[delivered]).anomalies,
+        vec![(
+            1,
+            "delivers the message of seq 9, which does not wait".to_string()
+        )]
+    );
 }

@@ -152,6 +152,11 @@ pub struct MessageAccepted {
     pub session: Uuid,
     /// The seq of the recorded message.
     pub seq: u64,
+    /// Set when it arrived while a turn ran: what the agent does with it
+    /// (`queue`: it opens a turn once the running one is answered;
+    /// `interrupt`: the running turn takes it at its next step).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mid_turn: Option<String>,
 }
 
 /// How to resume a session (the body is optional).

@@ -1,6 +1,7 @@
 //! Events described for people: the one-line summaries the CLI's timeline,
 //! `mneme diff` and the web view show.
 
+use replay::spec::MidTurn;
 use replay::{CheckAnswer, Event, Resolution, SessionOutcome, ToolOutcome};
 
 /// `text` on one line, cut to `max` characters (with `…` when cut).
@@ -138,6 +139,17 @@ pub fn summary(event: &Event) -> String {
             format!("{call_id} attempt {attempt} checked in {duration_ms} ms: {answer}")
         }
         Event::ToolInDoubt { call_id, reason } => format!("{call_id}: {}", clip(reason, 200)),
+        Event::MidTurnMessage { text, policy } => {
+            let what = match policy {
+                MidTurn::Queue => "queued: its own turn follows the running one",
+                MidTurn::Interrupt => "interrupts: the running turn takes it at its next step",
+                MidTurn::Reject => "rejected: a turn was running",
+            };
+            format!("{:?} ({what})", clip(text, 100))
+        }
+        Event::MidTurnDelivered { arrived } => {
+            format!("the message of seq {arrived} enters the conversation")
+        }
         Event::ApprovalRequested {
             call_id,
             expires_at_ms,

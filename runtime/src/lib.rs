@@ -26,6 +26,7 @@ pub mod crash;
 pub mod describe;
 pub mod diff;
 pub mod error;
+pub mod inbox;
 pub mod lease;
 pub mod mcp;
 pub mod model;

@@ -8,6 +8,7 @@
 
 use crate::crash;
 use crate::error::RuntimeError;
+use crate::inbox::{Accepted, Inboxes};
 use crate::model::{client_for, ModelCall, ModelClient, ModelError};
 use crate::session::Session;
 use crate::subagent::{ChildCall, ChildEnd};
@@ -72,6 +73,8 @@ pub struct Runner {
     signer: Option<(Arc<crate::signing::HeadSigner>, u64)>,
     /// Traces each drive (see [`crate::telemetry`]).
     tracer: Option<Arc<crate::telemetry::Tracer>>,
+    /// Messages posted while a turn runs (see [`crate::inbox`]).
+    inboxes: Option<Arc<Inboxes>>,
 }
 
 /// Events a long turn appends between two signed heads, by default.
@@ -104,6 +107,7 @@ impl Runner {
             deltas: None,
             signer: None,
             tracer: None,
+            inboxes: None,
         }
     }
 
@@ -161,6 +165,77 @@ impl Runner {
     pub fn with_stop(mut self, stop: StopCheck) -> Runner {
         self.stop = Some(stop);
         self
+    }
+
+    /// A runner whose turns record the messages posted to `inboxes` for
+    /// their session as they arrive, whatever the turn is doing.
+    pub fn with_inboxes(mut self, inboxes: Arc<Inboxes>) -> Runner {
+        self.inboxes = Some(inboxes);
+        self
+    }
+
+    /// Records the messages posted for the session's running turn, if any
+    /// (durable before their posters hear back); whether there were any.
+    /// One that would not fit the model's context window is refused, not
+    /// recorded.
+    pub async fn take_messages(&self, session: &mut Session) -> Result<bool, RuntimeError> {
+        let Some(inboxes) = &self.inboxes else {
+            return Ok(false);
+        };
+        let mut incoming = Vec::new();
+        for m in inboxes.take(session.id()) {
+            match crate::service::past_the_window(session.state(), &m.text) {
+                Some(reason) => m.answer(Err(reason)),
+                None => incoming.push(m),
+            }
+        }
+        if incoming.is_empty() {
+            return Ok(false);
+        }
+        let policy = session.spec()?.mid_turn_messages;
+        let events = incoming
+            .iter()
+            .map(|m| Event::MidTurnMessage {
+                text: m.text.clone(),
+                policy,
+            })
+            .collect();
+        let recorded = match session.append(events, None).await {
+            Ok(first) => session.barrier(self.durability).await.map(|()| first),
+            Err(e) => Err(e),
+        };
+        for (i, m) in incoming.into_iter().enumerate() {
+            let outcome = match &recorded {
+                Ok(first) => Ok(Accepted {
+                    seq: first + i as u64,
+                    policy,
+                }),
+                Err(e) => Err(e.to_string()),
+            };
+            m.answer(outcome);
+        }
+        recorded.map(|_| true)
+    }
+
+    /// Resolves once a message may wait for the running turn of `id`.
+    async fn message_arrived(&self, id: uuid::Uuid) {
+        match &self.inboxes {
+            Some(inboxes) => inboxes.arrived(id).await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Records the delivery of every waiting message: each enters the
+    /// conversation as a user message.
+    async fn deliver(&self, session: &mut Session) -> Result<(), RuntimeError> {
+        let events = session
+            .state()
+            .mailbox
+            .iter()
+            .map(|m| Event::MidTurnDelivered { arrived: m.seq })
+            .collect();
+        session.append(events, None).await?;
+        Ok(())
     }
 
     async fn stop_requested(&self, session: &mut Session) -> Result<Option<String>, RuntimeError> {
@@ -282,6 +357,7 @@ impl Runner {
     ) -> Result<TurnEnd, RuntimeError> {
         let (model, toolbox) = (&parts.model, &parts.toolbox);
         let mut signed_at = session.head().0;
+        let mut stepped = false;
         loop {
             if let Some((_, every)) = &self.signer {
                 if session.head().0 >= signed_at + every {
@@ -289,28 +365,32 @@ impl Runner {
                     signed_at = session.head().0;
                 }
             }
+            self.take_messages(session).await?;
             let plan = plan(session.state());
-            let working = matches!(plan.next, NextStep::CallModel | NextStep::RunTools);
+            let working = matches!(
+                plan.next,
+                NextStep::CallModel | NextStep::RunTools | NextStep::Deliver
+            );
             if working {
                 if let Some(reason) = self.stop_requested(session).await? {
                     return Ok(TurnEnd::Paused(reason));
                 }
             }
             match plan.next {
-                NextStep::Nothing => {
-                    session.barrier(self.durability).await?;
-                    crash::point(crash::TURN_ANSWERED);
-                    let answer = session.state().answer().unwrap_or_default().to_string();
-                    return Ok(match last_reply_cut_off(session.state()) {
-                        true => TurnEnd::CutOffAnswer(answer),
-                        false => TurnEnd::Answered(answer),
-                    });
+                NextStep::Nothing => return self.answered(session).await,
+                // A turn that was answered ends here; the waiting messages
+                // open a turn of their own, in the next drive.
+                NextStep::Deliver if stepped && session.state().answer().is_some() => {
+                    return self.answered(session).await
                 }
+                NextStep::Deliver => self.deliver(session).await?,
                 NextStep::CallModel => {
+                    stepped = true;
                     let step = self.call_model(session, model.as_ref()).await;
                     self.fail_on_refused_record(session, step).await?
                 }
                 NextStep::RunTools => {
+                    stepped = true;
                     let step = self.run_tools(session, toolbox, &plan.calls).await;
                     self.fail_on_refused_record(session, step).await?
                 }
@@ -348,8 +428,20 @@ impl Runner {
         }
     }
 
+    /// The end of a turn that is answered, once it is durable.
+    async fn answered(&self, session: &mut Session) -> Result<TurnEnd, RuntimeError> {
+        session.barrier(self.durability).await?;
+        crash::point(crash::TURN_ANSWERED);
+        let answer = session.state().answer().unwrap_or_default().to_string();
+        Ok(match last_reply_cut_off(session.state()) {
+            true => TurnEnd::CutOffAnswer(answer),
+            false => TurnEnd::Answered(answer),
+        })
+    }
+
     /// Sends the session's next request; the request and the reply, or why
-    /// no reply came.
+    /// no reply came. Messages posted meanwhile are recorded as they come
+    /// (they wait outside the prompt, so the request stays what it was).
     async fn request_reply(
         &self,
         session: &mut Session,
@@ -362,13 +454,19 @@ impl Runner {
             .deltas
             .clone()
             .map(|sink| Box::new(move |text: &str| sink(id, text)) as Box<crate::model::Deltas>);
-        let reply = model
-            .complete(
-                ModelCall::next(session.state()),
-                &request,
-                deltas.as_deref(),
-            )
-            .await;
+        let call = ModelCall::next(session.state());
+        let reply = {
+            let reply = model.complete(call, &request, deltas.as_deref());
+            tokio::pin!(reply);
+            loop {
+                tokio::select! {
+                    reply = &mut reply => break reply,
+                    () = self.message_arrived(id) => {
+                        self.take_messages(session).await?;
+                    }
+                }
+            }
+        };
         Ok(reply.map(|reply| (request, reply)))
     }
 
@@ -716,6 +814,10 @@ impl Runner {
                     Some(joined) => joined,
                     None => break,
                 },
+                () = self.message_arrived(session.id()) => {
+                    self.take_messages(session).await?;
+                    continue;
+                }
                 _ = look.tick(), if stopping.is_none() => {
                     stopping = self.stop_heard(session.id()).await;
                     if stopping.as_deref() == Some(crate::pause::PAUSED_ON_REQUEST) {

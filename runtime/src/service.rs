@@ -165,6 +165,19 @@ impl Service {
         text: String,
     ) -> Result<u64, RuntimeError> {
         refuse_erased(session)?;
+        if let Some(reason) = past_the_window(session.state(), &text) {
+            let session = session.id();
+            return Err(RuntimeError::InvalidRequest { session, reason });
+        }
+        // Messages that arrived mid-turn wait for a turn of their own: this
+        // one joins them, and that turn takes them all.
+        if replay::plan(session.state()).next == replay::NextStep::Deliver {
+            let policy = replay::spec::MidTurn::Queue;
+            let event = Event::MidTurnMessage { text, policy };
+            let seq = session.append(vec![event], None).await?;
+            session.barrier(self.durability).await?;
+            return Ok(seq);
+        }
         let status = session.state().status();
         if !matches!(status, Status::Idle | Status::Failed | Status::Cancelled) {
             let id = session.id();
@@ -174,10 +187,6 @@ impl Service {
                     "it is {status} with an unfinished turn: resume it (or resolve its calls) before sending a new message"
                 ),
             });
-        }
-        if let Some(reason) = past_the_window(session.state(), &text) {
-            let session = session.id();
-            return Err(RuntimeError::InvalidRequest { session, reason });
         }
         let seq = session
             .append(vec![Event::UserMessage { text }], None)
@@ -598,7 +607,7 @@ impl Service {
 /// context window (by the session's own bytes per token, see
 /// [`SessionState::bytes_per_token`]): the newest entries are never
 /// compacted, so once recorded it would make every later request fail.
-fn past_the_window(state: &SessionState, text: &str) -> Option<String> {
+pub(crate) fn past_the_window(state: &SessionState, text: &str) -> Option<String> {
     let window = state.spec.as_ref().and_then(|s| s.model.context_window)?;
     let bytes = serde_json::to_string(text).map_or(text.len(), |t| t.len()) as u64;
     let tokens = (bytes as f64 / state.bytes_per_token()).ceil() as u64;

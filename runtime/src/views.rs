@@ -281,6 +281,9 @@ fn describe_next(next: &NextStep) -> String {
     match next {
         NextStep::Nothing => "nothing: the last turn is answered".into(),
         NextStep::CallModel => "call the model".into(),
+        NextStep::Deliver => {
+            "deliver the messages that arrived mid-turn, then call the model".into()
+        }
         NextStep::RunTools => "run tools".into(),
         NextStep::AwaitDecision => {
             "wait for a person's decision (mneme resolve or mneme approve)".into()
