@@ -33,19 +33,25 @@ pub fn sessions(rows: &[Value], json: bool) {
         "LAST ACTIVITY",
         "CACHE"
     );
-    for r in rows {
+    for (depth, r) in as_tree(rows) {
         let note = match (
             r["answer_cut_off"].as_bool(),
             r["approval_expires_at"].as_str(),
+            r["parent"].as_str(),
         ) {
-            (Some(true), _) => "answer cut off by the token limit".to_string(),
-            (_, Some(at)) => format!("approval expires {at}"),
+            (Some(true), _, _) => "answer cut off by the token limit".to_string(),
+            (_, Some(at), _) => format!("approval expires {at}"),
+            (_, _, Some(parent)) => format!("sub-agent of {parent}"),
             _ => String::new(),
+        };
+        let agent = match depth {
+            0 => text(r, "agent").to_string(),
+            depth => format!("{}└ {}", "  ".repeat(depth - 1), text(r, "agent")),
         };
         let row = format!(
             "{:<36}  {:<16}  {:<7}  {:>7}  {:<24}  {:>5.1}%  {note}",
             text(r, "session"),
-            text(r, "agent"),
+            agent,
             text(r, "status"),
             r["events"].as_u64().unwrap_or(0),
             text(r, "last_activity"),
@@ -53,6 +59,34 @@ pub fn sessions(rows: &[Value], json: bool) {
         );
         line!("{}", row.trim_end());
     }
+}
+
+/// The rows in listing order, each sub-agent right under its parent (and
+/// its depth below the top): a session whose parent is not listed stays
+/// where it is, at the top.
+fn as_tree<'a>(rows: &'a [Value]) -> Vec<(usize, &'a Value)> {
+    let listed: std::collections::HashSet<&str> = rows.iter().map(|r| text(r, "session")).collect();
+    let parent_of =
+        |r: &'a Value| -> Option<&'a str> { r["parent"].as_str().filter(|p| listed.contains(p)) };
+    let mut children: std::collections::HashMap<&str, Vec<&Value>> = Default::default();
+    for r in rows {
+        if let Some(parent) = parent_of(r) {
+            children.entry(parent).or_default().push(r);
+        }
+    }
+    let mut ordered = Vec::with_capacity(rows.len());
+    let mut stack: Vec<(usize, &Value)> = (rows.iter().rev())
+        .filter(|r| parent_of(r).is_none())
+        .map(|r| (0, r))
+        .collect();
+    while let Some((depth, r)) = stack.pop() {
+        ordered.push((depth, r));
+        let under = children
+            .get(text(r, "session"))
+            .map_or(&[][..], Vec::as_slice);
+        stack.extend(under.iter().rev().map(|c| (depth + 1, *c)));
+    }
+    ordered
 }
 
 /// `mneme verify`: one line a session; failure if any chain is broken.

@@ -46,8 +46,12 @@ pub fn print(rows: &[Value], args: &LogArgs) -> Result<ExitCode> {
     }
     // Tool events belong to the latest reply; ids may repeat across replies.
     let mut tool_of_call = HashMap::new();
+    let mut spec = None;
     for row in rows {
         let event: Event = serde_json::from_value(row["event"].clone())?;
+        if let Event::SessionStarted { spec: s } | Event::SpecChanged { spec: s, .. } = &event {
+            spec = Some(s.clone());
+        }
         if let Event::ModelReplied(reply) = &event {
             tool_of_call = reply
                 .tool_calls
@@ -73,8 +77,11 @@ pub fn print(rows: &[Value], args: &LogArgs) -> Result<ExitCode> {
                 .as_u64()
                 .map(|c| format!(" <-#{c}"))
                 .unwrap_or_default();
+            let child = child_of(row, &event, spec.as_deref())
+                .map(|child| format!(" -> sub-agent session {child}"))
+                .unwrap_or_default();
             let line = format!(
-                "#{:<5} {ts} {:<16} {}{caused}",
+                "#{:<5} {ts} {:<16} {}{child}{caused}",
                 row["seq"].as_u64().unwrap_or(0),
                 event.kind(),
                 describe::summary(&event)
@@ -83,6 +90,22 @@ pub fn print(rows: &[Value], args: &LogArgs) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The child session a call of an agent tool starts or continues, for
+/// its `ToolStarted` row (the id derives from the session's and the key).
+fn child_of(row: &Value, event: &Event, spec: Option<&replay::AgentSpec>) -> Option<uuid::Uuid> {
+    let Event::ToolStarted {
+        tool,
+        idempotency_key,
+        ..
+    } = event
+    else {
+        return None;
+    };
+    spec?.tool(tool)?.child_spec()?;
+    let session = row["session"].as_str()?.parse().ok()?;
+    Some(replay::child_session_id(session, idempotency_key))
 }
 
 fn concerns_tool(event: &Event, tool: &str, tool_of_call: &HashMap<String, String>) -> bool {

@@ -398,6 +398,10 @@ async fn get_session(
             .map(|(call_id, reason)| wire::InDoubtCall { call_id, reason })
             .collect(),
         waiting: views::waiting_calls(session.state()),
+        spawned_by: session.state().parent.clone().map(Into::into),
+        children: (session.state().children(id).into_iter())
+            .map(Into::into)
+            .collect(),
     }))
 }
 

@@ -736,10 +736,11 @@ impl Daemon {
 
 /// Whether a session stopped mid-turn without a person's say: its process
 /// died, or a shutdown paused it. Such a session is resumed by whoever
-/// takes it over.
+/// takes it over. Never a sub-agent: its parent's turn resumes it.
 fn was_interrupted(summary: &Summary) -> bool {
     let shut_down = summary.paused.as_deref() == Some(SHUTDOWN_REASON);
-    summary.status == "running" || (shut_down && !summary.waits_for_a_person)
+    let stopped = summary.status == "running" || (shut_down && !summary.waits_for_a_person);
+    stopped && summary.parent.is_none()
 }
 
 /// The error of a turn that could not start (its lease is held elsewhere);

@@ -180,13 +180,16 @@ async function sessionPage(id, query, current) {
   if (current !== shown) return; // another page was asked for meanwhile
   const timeline = el("ol", { class: "timeline", id: "timeline", "aria-label": "Events" });
   const context = { id, calls: new Map(), lastReply: null, compacted: false, toolOf: new Map(),
-    effectOf: new Map(), lastSeq: after };
+    effectOf: new Map(), lastSeq: after,
+    // Sub-agents: the child session each agent call's first ToolStarted began.
+    childAt: new Map((view.children || []).map((c) => [c.seq, c.session])) };
   for (const record of records) addRecord(timeline, record, context);
   const verifying = el("span", { class: "badge", id: "verified" }, "verifying the chain…");
   show(
     el("h1", {}, "Session ", el("span", { class: "mono" }, id)),
     el("div", { class: "toolbar" }, badge(view.status, view.waits_for_a_person), verifying, actions(id, view)),
     facts(view),
+    parentPanel(view),
     waitingPanel(id, view),
     el("h2", {}, "Timeline ", el("span", { id: "live" })),
     pager(id, after, head),
@@ -211,6 +214,15 @@ async function sessionPage(id, query, current) {
   api(`/sessions/${id}/verify`).then((v) => {
     if (verifying.isConnected) verifying.replaceWith(verifyBadge(v));
   }, failed);
+}
+
+// A sub-agent's link to the call of its parent that started it.
+function parentPanel(view) {
+  const up = view.spawned_by;
+  if (!up) return null;
+  return el("p", { class: "panel", id: "spawned-by" }, "A sub-agent of session ",
+    el("a", { href: `#/s/${up.session}?seq=${up.seq}`, class: "mono", id: "parent-link" }, up.session),
+    ` (its call ${visible(up.call_id)}, #${up.seq}).`);
 }
 
 function verifyBadge(v) {
@@ -357,7 +369,7 @@ function addRecord(timeline, record, context) {
   if (CALL_KINDS.has(kind) && callId) {
     let card = context.calls.get(callId);
     if (!card) {
-      card = callCard(callId, context.toolOf.get(callId), context.effectOf);
+      card = callCard(callId, context.toolOf.get(callId), context.effectOf, context.childAt);
       context.calls.set(callId, card);
       timeline.append(el("li", { class: "event call-row" }, el("span", {}), el("span", {}), el("span", { class: "kind" }, "Tool call"), card.node));
     }
@@ -374,20 +386,29 @@ function learn(kind, f, context) {
   if (spec) for (const tool of spec.tools) context.effectOf.set(tool.name, tool.effect);
 }
 
-function callCard(callId, tool, effectOf) {
+function callCard(callId, tool, effectOf, childAt) {
   const attempts = el("tbody");
   const head = el("p", {}, el("strong", { class: "tool" }, tool || "?"), " ",
     el("span", { class: "badge effect-declared" }, (tool && effectOf.get(tool)) || "effect unknown"), " ",
     el("span", { class: "mono" }, callId));
   const status = el("p", { class: "call-status" });
   const edited = el("pre", { class: "edited-args", "aria-label": "Edited arguments", hidden: true });
+  // A call of an agent tool: the child session it runs.
+  const child = el("p", { class: "subagent", hidden: true });
+  const showChild = (session) => {
+    if (!session || !child.hidden) return;
+    child.append("Sub-agent session ", el("a", { href: `#/s/${session}`, class: "mono child-link" }, session));
+    child.hidden = false;
+  };
   const node = el("div", { class: "call", "data-call": callId }, head, el("table", {},
     el("thead", {}, el("tr", {}, ["Attempt", "Effect", "Idempotency key", "Duration", "Result"].map((h) => el("th", {}, h)))),
-    attempts), status, edited);
+    attempts), child, status, edited);
   let current = null;
   return {
     node,
     add(kind, f, record) {
+      if (kind === "ToolStarted") showChild(childAt && childAt.get(record.seq));
+      if (kind === "ToolFinished" && f.child) showChild(f.child.session);
       if (kind === "ToolStarted") {
         head.querySelector(".tool").textContent = visible(f.tool);
         head.querySelector(".effect-declared").textContent = visible(f.effect);

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 /// is written with the version it needs: [`Event::schema`]). Older
 /// versions are read; newer ones are refused with
 /// [`DecodeError::UnknownSchema`].
-pub const EVENT_SCHEMA: u16 = 3;
+pub const EVENT_SCHEMA: u16 = 4;
 
 /// One thing that happened in a session. Immutable once appended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -83,6 +83,11 @@ pub enum Event {
         /// record, or says it was not run.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         rerun: Option<crate::rerun::RerunAnswer>,
+        /// The call ran a child session (a tool of kind `agent`): which,
+        /// and what the child's tree spent, counted here once into this
+        /// session's totals.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        child: Option<Box<ChildRun>>,
     },
     /// A call started but its outcome is unknown and it is unsafe to run again.
     ToolInDoubt {
@@ -210,6 +215,16 @@ pub enum Event {
         /// The seq of its `MidTurnMessage`.
         arrived: u64,
     },
+    /// This session is a sub-agent: a call of its parent's agent tool
+    /// started it (recorded with its start, in the same append).
+    SpawnedBy {
+        /// The parent session.
+        parent: uuid::Uuid,
+        /// The seq of the parent's `ToolStarted` that started it.
+        seq: u64,
+        /// The parent's call.
+        call_id: String,
+    },
     /// An MCP server now lists tools other than the ones the session
     /// pinned. Reported only: the session goes on with what it pinned.
     McpToolsChanged {
@@ -230,6 +245,15 @@ pub enum Event {
         /// Who asked.
         by: String,
     },
+}
+
+/// A child session's run, as its parent's call records it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChildRun {
+    /// The child session.
+    pub session: uuid::Uuid,
+    /// What the child (and its own children) spent, as its fold counts it.
+    pub totals: crate::state::Totals,
 }
 
 /// What the model sent back for one request.
@@ -407,6 +431,7 @@ impl Event {
         "ToolChecked",
         "MidTurnMessage",
         "MidTurnDelivered",
+        "SpawnedBy",
     ];
 
     /// The name of this kind of event, as stored in the envelope.
@@ -434,6 +459,7 @@ impl Event {
             Event::ToolChecked { .. } => "ToolChecked",
             Event::MidTurnMessage { .. } => "MidTurnMessage",
             Event::MidTurnDelivered { .. } => "MidTurnDelivered",
+            Event::SpawnedBy { .. } => "SpawnedBy",
         }
     }
 
@@ -480,13 +506,21 @@ impl Event {
     /// denial and a person's edited arguments; 3 added messages that arrive
     /// mid-turn (their two events, and a spec's `mid_turn_messages`), a
     /// rerun's link, and a call a rerun answered from the record or did not
-    /// run. A build that reads only older versions then refuses such an
-    /// event by name instead of misreading it (it would run a call with the
-    /// model's arguments where a person gave others, drop a waiting message,
-    /// or resume a rerun with its side effects live); every other event
-    /// stays readable by it.
+    /// run; 4 added sub-agents: a spec with a tool of kind `agent`, a
+    /// child's `SpawnedBy`, a call's finish naming its child. A build that
+    /// reads only older versions then refuses such an event by name instead
+    /// of misreading it (it would run a call with the model's arguments
+    /// where a person gave others, drop a waiting message, resume a rerun
+    /// with its side effects live, or start a child twice); every other
+    /// event stays readable by it.
     pub fn schema(&self) -> u16 {
         match self {
+            Event::SessionStarted { spec } | Event::SpecChanged { spec, .. }
+                if spec.has_agent_tools() =>
+            {
+                4
+            }
+            Event::SpawnedBy { .. } | Event::ToolFinished { child: Some(_), .. } => 4,
             Event::SessionForked { rerun: Some(_), .. }
             | Event::ToolFinished { rerun: Some(_), .. } => 3,
             Event::ApprovalRequested {
@@ -554,6 +588,22 @@ pub fn idempotency_key(session: uuid::Uuid, reply_seq: u64, call_id: &str) -> St
     hasher.update(reply_seq.to_be_bytes());
     hasher.update(call_id.as_bytes());
     format!("mneme-{}", &hex(&hasher.finalize())[..32])
+}
+
+/// The id of the child session a call of an agent tool runs: derived from
+/// the parent session and the call's idempotency key (SHA-256, as a UUID
+/// of version 8), so every attempt, restart and machine finds the same
+/// child, and no two calls share one.
+pub fn child_session_id(parent: uuid::Uuid, idempotency_key: &str) -> uuid::Uuid {
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
+    hasher.update(b"mneme-subagent\0");
+    hasher.update(parent.as_bytes());
+    hasher.update(idempotency_key.as_bytes());
+    let digest = hasher.finalize();
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Builder::from_custom_bytes(bytes).into_uuid()
 }
 
 /// SHA-256 of `bytes`, as 64 lower-case hex digits.

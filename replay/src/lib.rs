@@ -13,8 +13,9 @@ pub mod spec;
 pub mod state;
 
 pub use event::{
-    digest_hex, idempotency_key, CheckAnswer, DecodeError, Event, ModelReply, Resolution,
-    SessionOutcome, ToolCall, ToolOutcome, Usage, ERASED, EVENT_SCHEMA, EXPIRED, EXPIRY_BY,
+    child_session_id, digest_hex, idempotency_key, CheckAnswer, ChildRun, DecodeError, Event,
+    ModelReply, Resolution, SessionOutcome, ToolCall, ToolOutcome, Usage, ERASED, EVENT_SCHEMA,
+    EXPIRED, EXPIRY_BY,
 };
 pub use plan::{plan, CallDecision, CallPlan, NextStep, ResumePlan};
 pub use prompt::{
@@ -22,10 +23,12 @@ pub use prompt::{
     PreparedRequest, RenderedPrefix,
 };
 pub use rerun::{Record, RerunAnswer, RerunOf, RerunState};
-pub use spec::{AgentSpec, Effect, HttpCheck, KvShape, Limits, ModelSpec, ToolKind, ToolSpec};
+pub use spec::{
+    AgentSpec, Effect, HttpCheck, KvShape, Limits, ModelSpec, Remaining, ToolKind, ToolSpec,
+};
 pub use state::{
-    CallPhase, CallState, EditedArgs, Entry, SessionState, Status, Totals, TurnOpened, TurnSpend,
-    FALLBACK_BYTES_PER_TOKEN, STATE_FORMAT,
+    CallPhase, CallState, EditedArgs, Entry, SessionLink, SessionState, Status, Totals, TurnOpened,
+    TurnSpend, FALLBACK_BYTES_PER_TOKEN, STATE_FORMAT,
 };
 
 #[cfg(test)]

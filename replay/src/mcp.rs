@@ -386,6 +386,8 @@ impl McpServerSpec {
             }),
             check: None,
             check_command: None,
+            agent: None,
+            agent_spec: None,
         })
     }
 }

@@ -45,6 +45,11 @@ pub enum ToolKind {
     /// A tool of an MCP server (`[[mcp]]`), pinned from its `tools/list`
     /// when the session started; never written in `[[tools]]`.
     Mcp,
+    /// Another agent (`agent = "child.toml"`): a call starts or continues
+    /// a child session with the call's `message` as its user message, and
+    /// the child's answer is the call's result (run by the runtime, which
+    /// owns the log; see `runtime::subagent`).
+    Agent,
 }
 
 /// One tool the agent may call.
@@ -108,7 +113,35 @@ pub struct ToolSpec {
     /// placeholders, environment and input as the call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub check_command: Option<Vec<String>>,
+    /// The agent file a tool of kind `agent` runs, as written (relative to
+    /// the file that names it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    /// The spec of that agent, pinned when the parent's session starts
+    /// (the loader fills it in from `agent`): what every child session of
+    /// this tool records as its own, wherever and whenever it starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_spec: Option<Box<AgentSpec>>,
 }
+
+/// The arguments mneme offers the model for a tool of kind `agent` when
+/// the agent file gives none: one string, `message`, the child's user
+/// message.
+pub fn agent_parameters() -> serde_json::Value {
+    serde_json::json!({
+        "type": "object",
+        "properties": {
+            "message": {
+                "type": "string",
+                "description": "What to ask the sub-agent: its task, with everything it needs to know."
+            }
+        },
+        "required": ["message"]
+    })
+}
+
+/// How deep sub-agents may nest (a parent's agent tool is depth 1).
+pub const MAX_AGENT_DEPTH: usize = 8;
 
 /// An HTTP check: answers 200 with `{"applied": true, "result": ...}` or
 /// `{"applied": false}`; 404 means not applied; anything else, unknown.
@@ -147,8 +180,12 @@ pub const HTTP_METHODS: &[&str] = &["GET", "POST", "PUT", "PATCH", "DELETE"];
 impl ToolSpec {
     /// Whether a started-but-unfinished call may be run again with its key.
     pub fn honours_key(&self) -> bool {
-        self.honours_idempotency_key
-            .unwrap_or(self.kind == ToolKind::Http)
+        // An agent call's key names its child session: run again, it
+        // continues that session, whose own calls follow their own rules.
+        self.kind == ToolKind::Agent
+            || self
+                .honours_idempotency_key
+                .unwrap_or(self.kind == ToolKind::Http)
     }
 
     /// Whether the tool declares a check (`check` or `check_command`).
@@ -215,6 +252,10 @@ impl ToolSpec {
             )));
         }
         self.validate_check().map_err(tool)?;
+        let names_an_agent = self.agent.is_some() || self.agent_spec.is_some();
+        if names_an_agent && self.kind != ToolKind::Agent {
+            return Err(tool("agent is only for kind = \"agent\"".into()));
+        }
         match self.kind {
             ToolKind::Http => {
                 let url = self.url.as_deref().unwrap_or("");
@@ -238,7 +279,33 @@ impl ToolSpec {
                 "kind = \"mcp\" tools come from an [[mcp]] server's list, not from [[tools]]"
                     .into(),
             )),
+            ToolKind::Agent => self.validate_agent().map_err(tool),
             ToolKind::Command | ToolKind::Native | ToolKind::Mcp => Ok(()),
+        }
+    }
+
+    /// A tool of kind `agent`: a pinned child spec, valid, and nothing of
+    /// the other kinds (a URL, a command, a check: the child's own tools
+    /// say what it does).
+    fn validate_agent(&self) -> Result<(), String> {
+        if self.url.is_some() || self.command.is_some() || self.has_check() {
+            return Err(
+                "kind = \"agent\" takes agent = \"file.toml\", not a url, command or check".into(),
+            );
+        }
+        let child = self.agent_spec.as_ref().ok_or_else(|| {
+            "kind = \"agent\" needs agent = \"file.toml\" (the child agent's file)".to_string()
+        })?;
+        child
+            .validate()
+            .map_err(|e| format!("agent {:?}: {e}", child.name))
+    }
+
+    /// The child spec of a tool of kind `agent` (pinned by the loader).
+    pub fn child_spec(&self) -> Option<&AgentSpec> {
+        match self.kind {
+            ToolKind::Agent => self.agent_spec.as_deref(),
+            _ => None,
         }
     }
 }
@@ -693,6 +760,12 @@ impl AgentSpec {
                  (input_cost_per_mtok, output_cost_per_mtok): without them every turn costs 0"
                 .into());
         }
+        if self.agent_depth() > MAX_AGENT_DEPTH {
+            return Err(format!(
+                "sub-agents nest {} deep, more than {MAX_AGENT_DEPTH}",
+                self.agent_depth()
+            ));
+        }
         let mut seen = std::collections::HashSet::new();
         for tool in &self.tools {
             tool.validate()?;
@@ -751,4 +824,45 @@ impl AgentSpec {
     pub fn tool(&self, name: &str) -> Option<&ToolSpec> {
         self.tools.iter().find(|t| t.name == name)
     }
+
+    /// Whether a tool of the spec is another agent (kind `agent`).
+    pub fn has_agent_tools(&self) -> bool {
+        self.tools.iter().any(|t| t.kind == ToolKind::Agent)
+    }
+
+    /// How deep the spec's sub-agents nest (0: it has none).
+    pub fn agent_depth(&self) -> usize {
+        (self.tools.iter())
+            .filter_map(ToolSpec::child_spec)
+            .map(|child| 1 + child.agent_depth())
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The spec a child session of this agent records, when its parent's
+    /// turn has `remaining` of its budgets left: each budget the smaller of
+    /// the child's own and the parent's rest (a child never spends more
+    /// than its parent has left: budgets apply to the tree).
+    pub fn bounded_by(&self, remaining: &Remaining) -> AgentSpec {
+        let mut spec = self.clone();
+        let steps = spec.limits.steps_per_turn().min(remaining.steps.max(1));
+        spec.limits.max_steps_per_turn = Some(steps);
+        let priced =
+            spec.model.input_cost_per_mtok.is_some() || spec.model.output_cost_per_mtok.is_some();
+        if let (Some(left), true) = (remaining.cost, priced) {
+            let own = spec.limits.max_cost_per_turn.unwrap_or(f64::INFINITY);
+            spec.limits.max_cost_per_turn = Some(own.min(left.max(f64::MIN_POSITIVE)));
+        }
+        spec
+    }
+}
+
+/// What a turn has left of its budgets: model requests, and cost where
+/// the spec limits it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Remaining {
+    /// Model requests.
+    pub steps: u64,
+    /// Cost, if limited.
+    pub cost: Option<f64>,
 }

@@ -235,6 +235,15 @@ impl Totals {
         self.cost += cost(usage, spec);
     }
 
+    /// Adds `other`'s counts to these.
+    pub fn merge(&mut self, other: &Totals) {
+        self.model_calls += other.model_calls;
+        self.prompt_tokens += other.prompt_tokens;
+        self.completion_tokens += other.completion_tokens;
+        self.cached_tokens += other.cached_tokens;
+        self.cost += other.cost;
+    }
+
     /// Share of prompt tokens served from the prefix cache (0 when none).
     pub fn cache_hit_ratio(&self) -> f64 {
         if self.prompt_tokens == 0 {
@@ -254,8 +263,35 @@ pub const FALLBACK_BYTES_PER_TOKEN: u64 = 3;
 /// is ignored (the log is folded instead). 8 added the mailbox of messages
 /// that arrived mid-turn, and `rerun`: an older build must fold such a log
 /// (and refuse its version-3 events) rather than take a snapshot that
-/// hides them and drop a message or run a rerun's side effects live.
-pub const STATE_FORMAT: u16 = 8;
+/// hides them and drop a message or run a rerun's side effects live. 9
+/// added sub-agents' links and their trees' totals.
+pub const STATE_FORMAT: u16 = 9;
+
+/// A link between a parent session and a child (a sub-agent): the other
+/// session, the seq of the parent's `ToolStarted` that started the child,
+/// and the parent's call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionLink {
+    /// The other session (the parent, seen from a child; a child, seen
+    /// from its parent).
+    pub session: uuid::Uuid,
+    /// Seq of the parent's `ToolStarted` of the call.
+    pub seq: u64,
+    /// The parent's call.
+    pub call_id: String,
+}
+
+/// A call of an agent tool, as the fold saw it start: enough to name its
+/// child (see [`SessionState::children`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentCall {
+    /// Seq of its first `ToolStarted`.
+    pub seq: u64,
+    /// The call.
+    pub call_id: String,
+    /// Its idempotency key, from which its child's id derives.
+    pub idempotency_key: String,
+}
 
 /// The folded state of a session.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -314,6 +350,17 @@ pub struct SessionState {
     /// as last recorded (absent or empty: no difference known).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub mcp_changes: std::collections::BTreeMap<String, Vec<String>>,
+    /// The parent's call that started this session, if it is a sub-agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<SessionLink>,
+    /// The calls of agent tools started, in order: each ran a child.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub agent_calls: Vec<AgentCall>,
+    /// What finished children spent (each counted once, when its call
+    /// finished): kept apart from `totals`, which counts this session's
+    /// own model requests.
+    #[serde(default)]
+    pub subagents: Totals,
     /// Messages that arrived mid-turn and wait to be delivered, in the
     /// order they arrived (none of them is in the prompt yet).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -431,16 +478,21 @@ impl SessionState {
             Event::ToolStarted {
                 call_id,
                 idempotency_key,
+                tool,
                 ..
-            } => self.update_call(seq, &call_id, |c| {
-                c.idempotency_key = Some(idempotency_key);
-                c.attempts += 1;
-                c.phase = CallPhase::Started;
-            }),
+            } => {
+                self.note_agent_call(seq, &tool, &call_id, &idempotency_key);
+                self.update_call(seq, &call_id, |c| {
+                    c.idempotency_key = Some(idempotency_key);
+                    c.attempts += 1;
+                    c.phase = CallPhase::Started;
+                })
+            }
             Event::ToolFinished {
                 call_id,
                 outcome,
                 rerun,
+                child,
                 ..
             } => {
                 if let (Some(state), Some(crate::rerun::RerunAnswer::Recorded { seq: at, .. })) =
@@ -448,7 +500,21 @@ impl SessionState {
                 {
                     state.used.insert(at);
                 }
+                if let Some(child) = child {
+                    self.count_child(&child.totals);
+                }
                 self.update_call(seq, &call_id, |c| c.phase = CallPhase::Finished(outcome))
+            }
+            Event::SpawnedBy {
+                parent,
+                seq: at,
+                call_id,
+            } => {
+                self.parent = Some(SessionLink {
+                    session: parent,
+                    seq: at,
+                    call_id,
+                })
             }
             Event::ToolChecked {
                 call_id, answer, ..
@@ -548,6 +614,51 @@ impl SessionState {
                 self.mcp_changes.remove(&server);
             }
         }
+    }
+
+    /// Remembers the first start of a call of an agent tool (its child's
+    /// id derives from its key).
+    fn note_agent_call(&mut self, seq: u64, tool: &str, call_id: &str, key: &str) {
+        let is_agent = (self.spec.as_ref())
+            .and_then(|spec| spec.tool(tool))
+            .is_some_and(|t| t.kind == crate::spec::ToolKind::Agent);
+        let known = self.agent_calls.iter().any(|c| c.idempotency_key == key);
+        if is_agent && !known {
+            self.agent_calls.push(AgentCall {
+                seq,
+                call_id: call_id.to_string(),
+                idempotency_key: key.to_string(),
+            });
+        }
+    }
+
+    /// Counts a finished child's spending: into the tree's totals, and
+    /// into the turn's budgets (model requests and cost), so a parent's
+    /// limits hold for the tree.
+    fn count_child(&mut self, child: &Totals) {
+        self.subagents.merge(child);
+        self.turn.steps += child.model_calls;
+        self.turn.cost += child.cost;
+    }
+
+    /// This session's children, in the order their calls started, given
+    /// this session's id (ids derive from it: see
+    /// [`crate::event::child_session_id`]).
+    pub fn children(&self, id: uuid::Uuid) -> Vec<SessionLink> {
+        (self.agent_calls.iter())
+            .map(|c| SessionLink {
+                session: crate::event::child_session_id(id, &c.idempotency_key),
+                seq: c.seq,
+                call_id: c.call_id.clone(),
+            })
+            .collect()
+    }
+
+    /// What the session and every finished child under it spent.
+    pub fn tree_totals(&self) -> Totals {
+        let mut totals = self.totals;
+        totals.merge(&self.subagents);
+        totals
     }
 
     /// What the model is told of a denied call: who denied it, or that its

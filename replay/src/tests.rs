@@ -23,6 +23,8 @@ fn tool(name: &str, kind: ToolKind, effect: Effect, honours: Option<bool>) -> To
         mcp: None,
         check: None,
         check_command: None,
+        agent: None,
+        agent_spec: None,
     }
 }
 
@@ -103,6 +105,7 @@ fn finished(id: &str, out: &str) -> Event {
         duration_ms: 1,
         settled_by_check: false,
         rerun: None,
+        child: None,
     }
 }
 
@@ -306,6 +309,7 @@ fn an_interrupted_call_with_a_check_is_checked_before_anything_else() {
         duration_ms: 4,
         settled_by_check: true,
         rerun: None,
+        child: None,
     });
     let state = fold(&events);
     assert_eq!(plan(&state).calls[0].decision, CallDecision::Reuse);
@@ -1018,6 +1022,7 @@ fn golden_bytes_of_every_event_kind() {
         duration_ms: 9,
         settled_by_check: false,
         rerun: None,
+        child: None,
     });
     all.push(Event::SessionForked {
         parent: uuid::Uuid::from_u128(7),
@@ -1087,6 +1092,7 @@ fn golden_bytes_of_every_event_kind() {
         duration_ms: 7,
         settled_by_check: true,
         rerun: None,
+        child: None,
     });
     all.push(Event::SessionErased {
         reason: "asked".into(),
@@ -1123,6 +1129,15 @@ fn golden_bytes_of_every_event_kind() {
         }),
     });
     all.extend(rerun_events());
+    all.push(Event::SessionStarted {
+        spec: Box::new(parent_spec()),
+    });
+    all.push(Event::SpawnedBy {
+        parent: uuid::Uuid::from_u128(7),
+        seq: 4,
+        call_id: "c1".into(),
+    });
+    all.push(child_finished("c1", uuid::Uuid::from_u128(8)));
     let text: String = all
         .iter()
         .map(|e| {
@@ -1193,6 +1208,7 @@ fn arbitrary_log() -> impl Strategy<Value = Vec<Event>> {
                     duration_ms: 1,
                     settled_by_check: false,
                     rerun: None,
+                    child: None,
                 },
                 6 => Event::ToolInDoubt {
                     call_id: id,
@@ -1478,11 +1494,204 @@ fn a_refresh_changes_the_tools_offered_and_a_report_does_not() {
     assert!(text.contains("fs__x") && text.contains("charge"), "{text}");
 }
 
+/// A parent agent with one sub-agent tool, `ask_child`, whose child is
+/// [`spec`].
+fn parent_spec() -> AgentSpec {
+    let mut child_tool = tool("ask_child", ToolKind::Agent, Effect::SideEffect, None);
+    child_tool.url = None;
+    child_tool.command = None;
+    child_tool.parameters = spec::agent_parameters();
+    child_tool.agent = Some("child.toml".into());
+    child_tool.agent_spec = Some(Box::new(spec()));
+    let mut parent = spec();
+    parent.name = "parent".into();
+    parent.tools = vec![child_tool];
+    parent
+}
+
+/// The finish of call `id` of an agent tool, whose child `child` spent
+/// two requests.
+fn child_finished(id: &str, child: uuid::Uuid) -> Event {
+    Event::ToolFinished {
+        call_id: id.into(),
+        outcome: ToolOutcome::Ok("the child's answer".into()),
+        duration_ms: 5,
+        settled_by_check: false,
+        rerun: None,
+        child: Some(Box::new(ChildRun {
+            session: child,
+            totals: Totals {
+                model_calls: 2,
+                prompt_tokens: 300,
+                completion_tokens: 30,
+                cached_tokens: 0,
+                cost: 0.5,
+            },
+        })),
+    }
+}
+
 fn mid_turn(text: &str, policy: crate::spec::MidTurn) -> Event {
     Event::MidTurnMessage {
         text: text.into(),
         policy,
     }
+}
+
+#[test]
+fn a_childs_id_derives_from_its_parent_and_the_calls_key_alone() {
+    let parent = uuid::Uuid::from_u128(42);
+    let a = child_session_id(parent, "mneme-aaaa");
+    assert_eq!(a, child_session_id(parent, "mneme-aaaa"), "stable");
+    assert_ne!(a, child_session_id(parent, "mneme-aaab"), "per call");
+    assert_ne!(
+        a,
+        child_session_id(uuid::Uuid::from_u128(43), "mneme-aaaa"),
+        "per parent"
+    );
+    assert_eq!(a.get_version_num(), 8);
+    assert_eq!(a.get_variant(), uuid::Variant::RFC4122);
+    // Pinned: a later build must find the children an earlier one started.
+    assert_eq!(
+        child_session_id(uuid::Uuid::nil(), "mneme-0"),
+        child_session_id(uuid::Uuid::nil(), "mneme-0")
+    );
+}
+
+#[test]
+fn a_childs_spending_rolls_up_once_into_the_tree_and_the_turn() {
+    let parent = uuid::Uuid::from_u128(42);
+    let key = "mneme-k1";
+    let events = vec![
+        Event::SessionStarted {
+            spec: Box::new(parent_spec()),
+        },
+        Event::UserMessage { text: "go".into() },
+        reply(None, vec![call("c1", "ask_child")]),
+        Event::ToolStarted {
+            call_id: "c1".into(),
+            tool: "ask_child".into(),
+            args: r#"{"message":"hi"}"#.into(),
+            effect: Effect::SideEffect,
+            idempotency_key: key.into(),
+            attempt: 1,
+        },
+        // A resume ran it again: the same child, counted once.
+        Event::ToolStarted {
+            call_id: "c1".into(),
+            tool: "ask_child".into(),
+            args: r#"{"message":"hi"}"#.into(),
+            effect: Effect::SideEffect,
+            idempotency_key: key.into(),
+            attempt: 2,
+        },
+        child_finished("c1", child_session_id(parent, key)),
+    ];
+    let state = fold(&events);
+    let own = state.totals;
+    assert_eq!(own.model_calls, 1, "the parent's own requests");
+    let tree = state.tree_totals();
+    assert_eq!(tree.model_calls, 3);
+    assert_eq!(tree.prompt_tokens, own.prompt_tokens + 300);
+    assert_eq!(tree.completion_tokens, own.completion_tokens + 30);
+    assert!((tree.cost - own.cost - 0.5).abs() < 1e-9);
+    assert_eq!(
+        state.turn.steps, 3,
+        "the child's requests count in the turn"
+    );
+    let children = state.children(parent);
+    assert_eq!(children.len(), 1, "{children:?}");
+    assert_eq!(children[0].session, child_session_id(parent, key));
+    assert_eq!((children[0].seq, children[0].call_id.as_str()), (4, "c1"));
+    // The plan reuses the finished call: nothing runs the child again.
+    assert_eq!(plan(&state).calls[0].decision, CallDecision::Reuse);
+    // A child's fold names its parent.
+    let child = fold(&[
+        Event::SessionStarted {
+            spec: Box::new(spec()),
+        },
+        Event::SpawnedBy {
+            parent,
+            seq: 4,
+            call_id: "c1".into(),
+        },
+        Event::UserMessage { text: "hi".into() },
+    ]);
+    let link = child.parent.expect("a parent");
+    assert_eq!((link.session, link.seq), (parent, 4));
+}
+
+#[test]
+fn an_interrupted_agent_call_runs_again_to_continue_its_child() {
+    let mut events = vec![
+        Event::SessionStarted {
+            spec: Box::new(parent_spec()),
+        },
+        Event::UserMessage { text: "go".into() },
+        reply(None, vec![call("c1", "ask_child")]),
+    ];
+    events.push(started("c1", "ask_child", Effect::SideEffect));
+    assert_eq!(plan(&fold(&events)).calls[0].decision, CallDecision::Rerun);
+}
+
+#[test]
+fn sub_agent_events_are_written_as_version_4() {
+    let parent = parent_spec();
+    assert_eq!(parent.agent_depth(), 1);
+    parent.validate().unwrap();
+    let newer = [
+        Event::SessionStarted {
+            spec: Box::new(parent),
+        },
+        Event::SpawnedBy {
+            parent: uuid::Uuid::from_u128(1),
+            seq: 4,
+            call_id: "c1".into(),
+        },
+        child_finished("c1", uuid::Uuid::from_u128(2)),
+    ];
+    for event in &newer {
+        assert_eq!(event.schema(), 4, "{event:?}");
+        assert_eq!(
+            &Event::decode(event.schema(), &event.encode()).unwrap(),
+            event
+        );
+    }
+    assert!(story().iter().all(|e| e.schema() == 1));
+}
+
+#[test]
+fn a_childs_budget_is_what_its_parent_has_left() {
+    let child = spec();
+    let bounded = child.bounded_by(&Remaining {
+        steps: 3,
+        cost: Some(0.25),
+    });
+    assert_eq!(bounded.limits.max_steps_per_turn, Some(3));
+    assert_eq!(bounded.limits.max_cost_per_turn, Some(0.25));
+    let roomy = child.bounded_by(&Remaining {
+        steps: 1000,
+        cost: None,
+    });
+    assert_eq!(
+        roomy.limits.max_steps_per_turn,
+        Some(spec::DEFAULT_MAX_STEPS_PER_TURN)
+    );
+    assert_eq!(roomy.limits.max_cost_per_turn, None);
+}
+
+#[test]
+fn an_agent_tool_needs_its_pinned_child_and_nothing_else() {
+    let mut parent = parent_spec();
+    parent.tools[0].agent_spec = None;
+    let err = parent.validate().unwrap_err();
+    assert!(err.contains("needs agent"), "{err}");
+    let mut parent = parent_spec();
+    parent.tools[0].url = Some("http://127.0.0.1:9/x".into());
+    assert!(parent.validate().unwrap_err().contains("not a url"));
+    let mut lookup = spec();
+    lookup.tools[0].agent = Some("child.toml".into());
+    assert!(lookup.validate().unwrap_err().contains("only for kind"));
 }
 
 #[test]
@@ -1608,6 +1817,7 @@ fn rerun_events() -> Vec<Event> {
                 seq: 5,
                 call_id: "c1".into(),
             }),
+            child: None,
         },
         Event::ToolFinished {
             call_id: "c2".into(),
@@ -1615,6 +1825,7 @@ fn rerun_events() -> Vec<Event> {
             duration_ms: 0,
             settled_by_check: false,
             rerun: Some(RerunAnswer::NotRun),
+            child: None,
         },
     ]
 }

@@ -6,8 +6,19 @@ use std::path::Path;
 
 /// Reads and checks the agent file at `path`. A scripted provider's script
 /// path is made absolute (relative to the agent file), so a session resumes
-/// from any working directory.
+/// from any working directory. Each tool of kind `agent` gets its child's
+/// spec loaded (from `agent`, relative to this file) and pinned in it, and
+/// the `message` parameters if it gives none; a file that names itself,
+/// directly or not, is refused.
 pub fn load_agent_file(path: &Path) -> Result<AgentSpec, RuntimeError> {
+    load_nested(path, &mut Vec::new())
+}
+
+/// [`load_agent_file`], with the files of the agents above it (`above`).
+fn load_nested(
+    path: &Path,
+    above: &mut Vec<std::path::PathBuf>,
+) -> Result<AgentSpec, RuntimeError> {
     let origin = path.display().to_string();
     let error = |reason: String| RuntimeError::Spec {
         origin: origin.clone(),
@@ -18,6 +29,14 @@ pub fn load_agent_file(path: &Path) -> Result<AgentSpec, RuntimeError> {
     for (server, line) in spec.mcp.iter_mut().zip(mcp_header_lines(&text)) {
         server.declared_at = Some(format!("{origin}:{line}"));
     }
+    let here = std::path::absolute(path).map_err(|e| error(e.to_string()))?;
+    if above.contains(&here) {
+        return Err(error("its sub-agents name it again (a cycle)".into()));
+    }
+    above.push(here);
+    let children = pin_children(&mut spec, path, above);
+    above.pop();
+    children?;
     spec.validate().map_err(error)?;
     if let Some(script) = &spec.model.script {
         let base = path.parent().unwrap_or(Path::new("."));
@@ -26,6 +45,28 @@ pub fn load_agent_file(path: &Path) -> Result<AgentSpec, RuntimeError> {
         spec.model.script = Some(absolute.display().to_string());
     }
     Ok(spec)
+}
+
+/// Loads the child spec of each tool of kind `agent` of `spec` (declared
+/// in the file at `path`) into the tool.
+fn pin_children(
+    spec: &mut AgentSpec,
+    path: &Path,
+    above: &mut Vec<std::path::PathBuf>,
+) -> Result<(), RuntimeError> {
+    let base = path.parent().unwrap_or(Path::new("."));
+    for tool in spec.tools.iter_mut() {
+        if tool.kind != replay::ToolKind::Agent {
+            continue;
+        }
+        if tool.parameters == serde_json::json!({"type": "object", "properties": {}}) {
+            tool.parameters = replay::spec::agent_parameters();
+        }
+        if let Some(file) = &tool.agent {
+            tool.agent_spec = Some(Box::new(load_nested(&base.join(file), above)?));
+        }
+    }
+    Ok(())
 }
 
 /// The line number of each `[[mcp]]` header of an agent file, in order.
@@ -103,6 +144,49 @@ parameters = { type = "object", properties = { customer = { type = "string" }, c
             err.contains("agent.toml:6") && err.contains("exactly one of command"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_sub_agent_is_loaded_relative_to_its_parent_and_pinned_in_it() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("agents")).unwrap();
+        let model = "[model]\nprovider = \"scripted\"\nmodel = \"m\"\nscript = \"s.json\"\n";
+        let agent_tool = |file: &str| {
+            format!("[[tools]]\nname = \"ask\"\nkind = \"agent\"\nagent = \"{file}\"\neffect = \"side_effect\"\n")
+        };
+        std::fs::write(
+            dir.path().join("agents/child.toml"),
+            format!("name = \"child\"\n{model}"),
+        )
+        .unwrap();
+        let parent = dir.path().join("parent.toml");
+        let text = format!(
+            "name = \"parent\"\n{model}{}",
+            agent_tool("agents/child.toml")
+        );
+        std::fs::write(&parent, text).unwrap();
+        let spec = load_agent_file(&parent).unwrap();
+        let tool = spec.tool("ask").unwrap();
+        let child = tool.child_spec().expect("pinned");
+        assert_eq!(child.name, "child");
+        let script = child.model.script.as_deref().unwrap();
+        assert!(
+            script.ends_with("agents/s.json"),
+            "relative to the child: {script}"
+        );
+        assert_eq!(tool.parameters, replay::spec::agent_parameters());
+        // A file that names itself is refused, naming the cycle.
+        let looped = dir.path().join("loop.toml");
+        let text = format!("name = \"loop\"\n{model}{}", agent_tool("loop.toml"));
+        std::fs::write(&looped, text).unwrap();
+        let err = load_agent_file(&looped).unwrap_err().to_string();
+        assert!(err.contains("cycle"), "{err}");
+        // A missing child file is named.
+        let missing = dir.path().join("missing.toml");
+        let text = format!("name = \"m\"\n{model}{}", agent_tool("nowhere.toml"));
+        std::fs::write(&missing, text).unwrap();
+        let err = load_agent_file(&missing).unwrap_err().to_string();
+        assert!(err.contains("nowhere.toml"), "{err}");
     }
 
     #[test]

@@ -490,6 +490,9 @@ impl TurnOutcome {
 pub struct SessionSummary {
     /// The session.
     pub session: Uuid,
+    /// The session whose call started this one, if it is a sub-agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<Uuid>,
     /// Its agent's name (empty when unreadable).
     pub agent: String,
     /// Its status.
@@ -563,6 +566,34 @@ pub struct SessionView {
     /// Every call that waits for a person, with what the model asked for.
     #[serde(default)]
     pub waiting: Vec<WaitingCall>,
+    /// The call of another session that started this one (a sub-agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spawned_by: Option<SessionLinkView>,
+    /// The sub-agent sessions its calls started, in the order they started.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub children: Vec<SessionLinkView>,
+}
+
+/// A parent session's call and the child session it runs (a sub-agent).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SessionLinkView {
+    /// The other session: the parent, seen from a child; a child, seen
+    /// from its parent.
+    pub session: Uuid,
+    /// The seq of the parent's `ToolStarted` that started the child.
+    pub seq: u64,
+    /// The parent's call.
+    pub call_id: String,
+}
+
+impl From<replay::SessionLink> for SessionLinkView {
+    fn from(link: replay::SessionLink) -> SessionLinkView {
+        SessionLinkView {
+            session: link.session,
+            seq: link.seq,
+            call_id: link.call_id,
+        }
+    }
 }
 
 /// A call that waits for a person: an approval, or a decision on a call in

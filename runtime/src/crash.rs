@@ -32,6 +32,11 @@ pub const TURN_ANSWERED: CrashPoint = CrashPoint::named("turn_answered");
 /// crashes there.
 pub const ERASE_RECORDED: CrashPoint = CrashPoint::named("erase_recorded");
 
+/// A child session (a sub-agent) answered and its answer is durable; its
+/// parent's call has not recorded it. Not in [`POINTS`] (the matrix's
+/// scenarios have no sub-agents): `tests/tests/subagents.rs` crashes there.
+pub const SUBAGENT_ANSWERED: CrashPoint = CrashPoint::named("subagent_answered");
+
 /// The agent loop's crash points, in the order a turn reaches them.
 pub const POINTS: &[CrashPoint] = &[
     USER_MESSAGE_APPENDED,

@@ -34,6 +34,11 @@ pub fn summary(event: &Event) -> String {
         Event::SessionForked { parent, at_seq, .. } => {
             format!("forked from {parent} at seq {at_seq}")
         }
+        Event::SpawnedBy {
+            parent,
+            seq,
+            call_id,
+        } => format!("sub-agent of session {parent}: its call {call_id} (#{seq})"),
         Event::HeadSigned { seq, hash, key, .. } => format!(
             "head #{seq} {} signed by key {}",
             clip(hash, 12),
@@ -110,14 +115,22 @@ pub fn summary(event: &Event) -> String {
             duration_ms,
             settled_by_check,
             rerun,
+            child,
         } => {
-            let how = match (settled_by_check, rerun) {
-                (true, _) => " (settled by its check)".to_string(),
-                (false, Some(RerunAnswer::Recorded { session, seq, call_id })) => {
+            let how = match (settled_by_check, rerun, child) {
+                (true, ..) => " (settled by its check)".to_string(),
+                (false, Some(RerunAnswer::Recorded { session, seq, call_id }), _) => {
                     format!(" (answered from the record: {call_id} of {session}, seq {seq})")
                 }
-                (false, Some(RerunAnswer::NotRun)) => " (not run in a rerun)".to_string(),
-                (false, None) => String::new(),
+                (false, Some(RerunAnswer::NotRun), _) => " (not run in a rerun)".to_string(),
+                (false, None, Some(child)) => format!(
+                    " (sub-agent session {}: {} model requests, {} tokens in / {} out)",
+                    child.session,
+                    child.totals.model_calls,
+                    child.totals.prompt_tokens,
+                    child.totals.completion_tokens
+                ),
+                (false, None, None) => String::new(),
             };
             match outcome {
                 ToolOutcome::Ok(out) => {

@@ -41,6 +41,7 @@ pub mod signing;
 pub mod sink;
 pub mod snapshot;
 mod sse;
+pub mod subagent;
 pub mod telemetry;
 pub mod text;
 pub mod transfer;

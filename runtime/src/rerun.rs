@@ -250,6 +250,7 @@ mod tests {
             duration_ms: 1,
             settled_by_check: false,
             rerun,
+            child: None,
         }
     }
 

@@ -11,10 +11,11 @@ use crate::error::RuntimeError;
 use crate::inbox::{Accepted, Inboxes};
 use crate::model::{client_for, ModelCall, ModelClient, ModelError};
 use crate::session::Session;
+use crate::subagent::{ChildCall, ChildEnd};
 use eventlog::Durability;
 use replay::{
-    idempotency_key, plan, CallDecision, CallPlan, CheckAnswer, Event, NextStep, SessionOutcome,
-    ToolOutcome,
+    idempotency_key, plan, CallDecision, CallPlan, CheckAnswer, ChildRun, Event, NextStep,
+    SessionOutcome, ToolOutcome,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -110,6 +111,25 @@ impl Runner {
             tracer: None,
             inboxes: None,
         }
+    }
+
+    /// The durability its barriers give.
+    pub fn durability(&self) -> Durability {
+        self.durability
+    }
+
+    /// The runner a child session of `parent` runs with: this one, with
+    /// nothing streamed (the parent's stream is the parent's), and asked
+    /// to stop when the parent is (a person's pause of the parent pauses
+    /// the child it waits for).
+    fn for_child(&self, parent: uuid::Uuid) -> Runner {
+        let mut runner = self.clone();
+        runner.deltas = None;
+        runner.stop = self
+            .stop
+            .clone()
+            .map(|stop| Arc::new(move |_child: uuid::Uuid| stop(parent)) as StopCheck);
+        runner
     }
 
     /// Traces each drive with `tracer`: a span for the turn, one for each
@@ -657,6 +677,7 @@ impl Runner {
                     duration_ms: 0,
                     settled_by_check: false,
                     rerun: Some(answer),
+                    child: None,
                 });
                 continue;
             }
@@ -710,6 +731,7 @@ impl Runner {
                         duration_ms: 0,
                         settled_by_check: false,
                         rerun: None,
+                        child: None,
                     }),
                 },
                 CallDecision::Reuse
@@ -802,22 +824,34 @@ impl Runner {
         let mut running = JoinSet::new();
         let mut calls = HashMap::new();
         let (fire, cancel) = tools::Cancel::new();
+        let remaining = crate::subagent::remaining(session.state());
         for (i, (tool, mut ctx, args)) in starts.into_iter().enumerate() {
             ctx.cancel = Some(cancel.clone());
-            let call = (
-                first_seq + i as u64,
-                tool.clone(),
-                ctx.call_id.clone(),
-                ctx.attempt,
-            );
+            let started_seq = first_seq + i as u64;
+            let call = (started_seq, tool.clone(), ctx.call_id.clone(), ctx.attempt);
+            let child = tool.spec().child_spec().map(|spec| ChildCall {
+                log: session.log().clone(),
+                runner: self.for_child(session.id()),
+                parent: session.id(),
+                started_seq,
+                call_id: ctx.call_id.clone(),
+                key: ctx.idempotency_key.clone(),
+                spec: spec.clone(),
+                remaining,
+                args: args.clone(),
+            });
             let task = running.spawn(async move {
                 let started = Instant::now();
-                (tool.call(&ctx, &args).await, started.elapsed())
+                match child {
+                    Some(child) => Ran::of_child(&tool.spec().name, child.run().await, started),
+                    None => Ran::of(tool.call(&ctx, &args).await, started),
+                }
             });
             calls.insert(task.id(), call);
         }
         let mut retry = false;
         let mut stopping: Option<String> = None;
+        let mut waiting: Option<String> = None;
         let mut look = tokio::time::interval(LOOK_FOR_STOP);
         look.tick().await;
         loop {
@@ -838,28 +872,30 @@ impl Runner {
                     continue;
                 }
             };
-            let (id, (result, took)) = match joined {
+            let (id, ran) = match joined {
                 Ok(done) => done,
                 Err(e) => {
                     let reason = format!("the tool's task ended abnormally: {e}");
-                    (
-                        e.id(),
-                        (
-                            Err(ToolError::Interrupted {
-                                tool: "?".into(),
-                                reason,
-                            }),
-                            Duration::ZERO,
-                        ),
-                    )
+                    let result = Err(ToolError::Interrupted {
+                        tool: "?".into(),
+                        reason,
+                    });
+                    (e.id(), Ran::of(result, Instant::now()))
                 }
             };
             let (started_seq, tool, call_id, attempt) =
                 calls.remove(&id).expect("every task is a call");
             crash::point(crash::TOOL_RETURNED);
-            let ms = took.as_millis() as u64;
-            let cancelled = matches!(result, Err(ToolError::Cancelled { .. }));
-            match finish_event(tool.as_ref(), call_id, attempt, result, ms) {
+            if let Some(why) = ran.waiting {
+                // Its child waits: the call stays started, and the turn
+                // pauses once the other calls are done.
+                waiting.get_or_insert(why);
+                continue;
+            }
+            let ms = ran.took.as_millis() as u64;
+            let cancelled = matches!(ran.result, Err(ToolError::Cancelled { .. }));
+            let end = (ran.result, ran.child);
+            match finish_event(tool.as_ref(), call_id, attempt, end, ms) {
                 Some(event) => {
                     session.append(vec![event], Some(started_seq)).await?;
                     crash::point(crash::TOOL_FINISHED_APPENDED);
@@ -869,11 +905,11 @@ impl Runner {
                 None => retry = true,
             }
         }
-        if retry && stopping.is_none() {
+        if retry && stopping.is_none() && waiting.is_none() {
             // The plan re-runs the unfinished calls with their keys.
             tokio::time::sleep(RETRY_BACKOFF).await;
         }
-        Ok(stopping)
+        Ok(stopping.or(waiting))
     }
 
     /// The reason of a stop asked for `id`, if any (nothing is recorded).
@@ -910,6 +946,7 @@ fn checked(ctx: &CallContext, answer: Option<Checked>, duration_ms: u64) -> Vec<
         duration_ms,
         settled_by_check: true,
         rerun: None,
+        child: None,
     });
     std::iter::once(check).chain(settled).collect()
 }
@@ -965,6 +1002,59 @@ pub const MAX_TOOL_ATTEMPTS: u32 = 3;
 const LOOK_FOR_STOP: Duration = Duration::from_secs(1);
 const RETRY_BACKOFF: Duration = Duration::from_millis(200);
 
+/// What running one call gave.
+struct Ran {
+    /// Its output, or why there is none.
+    result: Result<String, ToolError>,
+    /// How long it ran.
+    took: Duration,
+    /// The child session an agent call ran, and what its tree spent.
+    child: Option<Box<ChildRun>>,
+    /// Why the call waits (its child does): it stays started.
+    waiting: Option<String>,
+}
+
+impl Ran {
+    /// A tool's call, started at `started`.
+    fn of(result: Result<String, ToolError>, started: Instant) -> Ran {
+        Ran {
+            result,
+            took: started.elapsed(),
+            child: None,
+            waiting: None,
+        }
+    }
+
+    /// An agent call of tool `tool`, started at `started`, whose child
+    /// ended with `end`. A child that could not be run for a reason of the
+    /// log is an interrupted call: it runs again (safe: the same child).
+    fn of_child(tool: &str, end: Result<ChildEnd, RuntimeError>, started: Instant) -> Ran {
+        let failed = |reason: String| ToolError::Failed {
+            tool: tool.to_string(),
+            reason,
+        };
+        let (result, child, waiting) = match end {
+            Ok(ChildEnd::Answered(answer, run)) => (Ok(answer), Some(run), None),
+            Ok(ChildEnd::Failed(why, run)) => (Err(failed(why)), Some(run), None),
+            Ok(ChildEnd::Waiting(why)) => (Err(failed(why.clone())), None, Some(why)),
+            Err(e) => {
+                let reason = e.to_string();
+                let error = ToolError::Interrupted {
+                    tool: tool.to_string(),
+                    reason,
+                };
+                (Err(error), None, None)
+            }
+        };
+        Ran {
+            result,
+            took: started.elapsed(),
+            child,
+            waiting,
+        }
+    }
+}
+
 /// The event that ends a call: its outcome; or doubt when the tool may have
 /// acted and cannot safely run again; or nothing when its outcome is unknown
 /// and it is safe to run again with the same key (the call stays started).
@@ -972,7 +1062,7 @@ fn finish_event(
     tool: &dyn Tool,
     call_id: String,
     attempt: u32,
-    result: Result<String, ToolError>,
+    (result, child): (Result<String, ToolError>, Option<Box<ChildRun>>),
     duration_ms: u64,
 ) -> Option<Event> {
     let failed = |message: String| Event::ToolFinished {
@@ -981,6 +1071,7 @@ fn finish_event(
         duration_ms,
         settled_by_check: false,
         rerun: None,
+        child: child.clone(),
     };
     match result {
         Ok(output) => Some(Event::ToolFinished {
@@ -989,6 +1080,7 @@ fn finish_event(
             duration_ms,
             settled_by_check: false,
             rerun: None,
+            child,
         }),
         Err(error) if !error.outcome_unknown() => Some(failed(error.to_string())),
         Err(error) if !tool.spec().safe_to_rerun() => Some(Event::ToolInDoubt {

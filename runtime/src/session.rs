@@ -137,8 +137,21 @@ impl Session {
         first: Vec<(Event, Option<u64>)>,
         observer: Option<Arc<dyn SessionObserver>>,
     ) -> Result<Session, RuntimeError> {
+        Session::create_as(Uuid::now_v7(), log, first, observer).await
+    }
+
+    /// Starts session `id` (an id derived elsewhere, such as a child's)
+    /// whose first events are `first`, in one append at seq 1: if the log
+    /// already holds `id`, the append is refused as a conflict and nothing
+    /// changes.
+    pub async fn create_as(
+        id: Uuid,
+        log: Arc<dyn EventLog>,
+        first: Vec<(Event, Option<u64>)>,
+        observer: Option<Arc<dyn SessionObserver>>,
+    ) -> Result<Session, RuntimeError> {
         let mut session = Session {
-            id: Uuid::now_v7(),
+            id,
             log,
             state: SessionState::default(),
             durable_seq: 0,
@@ -221,14 +234,14 @@ impl Session {
         std::mem::replace(&mut self.trace, trace)
     }
 
+    /// The log the session is in.
+    pub fn log(&self) -> &Arc<dyn EventLog> {
+        &self.log
+    }
+
     /// The session's id.
     pub fn id(&self) -> Uuid {
         self.id
-    }
-
-    /// The log the session is kept in.
-    pub(crate) fn log(&self) -> &Arc<dyn EventLog> {
-        &self.log
     }
 
     /// The folded state, up to the last accepted append.

@@ -145,6 +145,9 @@ pub struct Summary {
     /// (milliseconds since the Unix epoch), if any has one.
     #[serde(default)]
     pub approval_expires_ms: Option<i64>,
+    /// The session whose call started this one, if it is a sub-agent.
+    #[serde(default)]
+    pub parent: Option<uuid::Uuid>,
 }
 
 impl Summary {
@@ -174,7 +177,9 @@ impl Summary {
             status: state.status().to_string(),
             paused: state.paused.clone(),
             waits_for_a_person: state.waits_for_a_person(),
-            totals: state.totals,
+            // A sub-agent's spending counts in its parent's totals.
+            totals: state.tree_totals(),
+            parent: state.parent.as_ref().map(|link| link.session),
             answer_cut_off: state.answer().is_some() && crate::runner::last_reply_cut_off(state),
             approval_expires_ms: state.approval_deadline_ms(),
         }
@@ -185,11 +190,15 @@ impl Summary {
     /// Whether the session has pending work that no person has to decide
     /// on ([`replay::Status::resumable`]), or a call whose approval expired
     /// (a resume records it as denied and goes on).
+    /// A sub-agent never is: its parent's turn resumes it (two drivers
+    /// would race for its lease).
     pub fn resumable(&self) -> bool {
-        self.status
+        let pending = self
+            .status
             .parse::<Status>()
             .is_ok_and(|status| status.resumable(self.waits_for_a_person))
-            || self.approval_expired(crate::text::now_ms())
+            || self.approval_expired(crate::text::now_ms());
+        pending && self.parent.is_none()
     }
 
     /// Whether a call's wait for approval ended at or before `now_ms`.

@@ -30,6 +30,7 @@ pub fn summary_of(meta: &SessionMeta, summary: &Summary) -> SessionSummary {
     let t = &summary.totals;
     SessionSummary {
         session: meta.session,
+        parent: summary.parent,
         agent: summary.agent.clone(),
         status: summary.status.parse().unwrap_or(SessionStatus::Unreadable),
         error: None,
@@ -65,6 +66,7 @@ pub fn row_of(meta: &SessionMeta, summary: Result<Summary, crate::RuntimeError>)
         Ok(summary) => summary_of(meta, &summary),
         Err(error) => SessionSummary {
             session: meta.session,
+            parent: None,
             agent: String::new(),
             status: SessionStatus::Unreadable,
             error: Some(error.to_string()),

@@ -451,6 +451,7 @@ fn prompt_rebuild() {
                 duration_ms: 1,
                 settled_by_check: false,
                 rerun: None,
+                child: None,
             },
         ] {
             seq += 1;

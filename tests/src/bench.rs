@@ -98,6 +98,7 @@ pub fn event(i: usize) -> replay::Event {
             duration_ms: 3,
             settled_by_check: false,
             rerun: None,
+            child: None,
         },
     }
 }

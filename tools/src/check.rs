@@ -119,6 +119,8 @@ async fn program(
     let checker = CommandTool::new(ToolSpec {
         command: Some(words.collect()),
         check_command: None,
+        agent: None,
+        agent_spec: None,
         ..spec.clone()
     })?;
     let ran = checker.execute(ctx, args).await?;

@@ -196,6 +196,8 @@ mod tests {
             mcp: None,
             check: None,
             check_command: None,
+            agent: None,
+            agent_spec: None,
         }
     }
 

@@ -229,6 +229,7 @@ impl Toolbox {
                     tool: spec.name.clone(),
                     reason: "kind = \"native\" is code of a program that embeds mneme, handed to its runner; this process has none".into(),
                 })?,
+                ToolKind::Agent => Arc::new(AgentTool(spec.clone())),
                 ToolKind::Mcp => {
                     let server = spec.mcp.as_ref().map_or("", |m| m.server.as_str());
                     let connector = connectors.get(server).ok_or_else(|| ToolError::Config {
@@ -278,6 +279,26 @@ impl Toolbox {
     pub async fn check(&self, name: &str, ctx: &CallContext, args: &str) -> Option<check::Checked> {
         let tool = self.get(name)?;
         check::check(tool.spec(), ctx, args, &self.client).await
+    }
+}
+
+/// A tool of kind `agent`: its calls run a child session, which the
+/// runtime does (it owns the log); called here, it refuses. It is in the
+/// toolbox so the tool is known by name, like every other.
+struct AgentTool(ToolSpec);
+
+#[async_trait]
+impl Tool for AgentTool {
+    fn spec(&self) -> &ToolSpec {
+        &self.0
+    }
+
+    async fn call(&self, _ctx: &CallContext, _args: &str) -> Result<String, ToolError> {
+        Err(ToolError::Config {
+            tool: self.0.name.clone(),
+            reason: "kind = \"agent\" runs a child session, which only the runtime can start"
+                .into(),
+        })
     }
 }
 
