@@ -759,6 +759,51 @@ fn base64_decode(text: &str) -> Result<Vec<u8>, String> {
     Ok(out)
 }
 
+/// Installs Debian's Chromium if this machine has none
+/// (`scripts/chromium.sh`).
+pub fn install_chromium() {
+    let script =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/chromium.sh");
+    let status = tokio::task::block_in_place(|| std::process::Command::new(&script).status());
+    assert!(status.unwrap().success(), "{} failed", script.display());
+}
+
+/// The link `mneme ui --print-url --as NAME` prints for the daemon on
+/// `world`'s data directory (a one-time sign-in; the token stays out of it).
+pub async fn sign_in_link(world: &crate::World, name: &str) -> String {
+    let out = world
+        .mneme()
+        .env("MNEME_TOKEN", crate::daemon::TOKEN)
+        .args(["ui", "--print-url", "--as", name])
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", crate::stderr(&out));
+    let url = crate::stdout(&out).trim().to_string();
+    assert!(url.contains("/ui/login?code="), "{url}");
+    assert!(
+        !url.contains(crate::daemon::TOKEN),
+        "the token stays out of the link"
+    );
+    url
+}
+
+/// A browser with a page signed in as `name` to the daemon on `world`'s
+/// data directory, showing its sessions (`wait` at most). Needs a
+/// multi-threaded runtime: the browser's steps block.
+pub async fn signed_in_page(world: &crate::World, name: &str, wait: Duration) -> (Browser, Page) {
+    let link = sign_in_link(world, name).await;
+    install_chromium();
+    let signed_in = || -> Result<(Browser, Page), String> {
+        let browser = Browser::start()?;
+        let page = browser.new_page()?;
+        page.goto(&link)?;
+        page.wait_for("document.getElementById('sessions')", wait)?;
+        Ok((browser, page))
+    };
+    tokio::task::block_in_place(signed_in).unwrap_or_else(|e| panic!("{e}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -470,15 +470,21 @@ pub async fn rebuilt_request(world: &World, session: &str) -> Vec<u8> {
 
 /// The kinds of a session's events, from `mneme log --json`.
 pub async fn event_kinds(world: &World, session: &str) -> Vec<String> {
+    let events = logged_events(world, session).await;
+    events.into_iter().map(|(_, kind, _)| kind).collect()
+}
+
+/// Each event `mneme log --json` shows of `session`: its seq, its kind and
+/// its fields.
+pub async fn logged_events(world: &World, session: &str) -> Vec<(u64, String, Value)> {
     let out = world.run(&["log", "--json", session]).await;
     assert!(out.status.success(), "log failed: {}", stderr(&out));
-    stdout(&out)
-        .lines()
+    (stdout(&out).lines())
         .map(|l| {
-            serde_json::from_str::<Value>(l).unwrap()["kind"]
-                .as_str()
-                .unwrap()
-                .to_string()
+            let record: Value = serde_json::from_str(l).unwrap();
+            let kind = record["kind"].as_str().unwrap().to_string();
+            let event = record["event"][&kind].clone();
+            (record["seq"].as_u64().unwrap(), kind, event)
         })
         .collect()
 }

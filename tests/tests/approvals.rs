@@ -34,20 +34,6 @@ fn first_call_arguments(body: &[u8]) -> String {
         .to_string()
 }
 
-/// Every event of a session, from `mneme log --json`: (seq, kind, event).
-async fn events(world: &World, session: &str) -> Vec<(u64, String, Value)> {
-    let out = world.run(&["log", "--json", session]).await;
-    assert!(out.status.success(), "log failed: {}", stderr(&out));
-    (stdout(&out).lines())
-        .map(|l| {
-            let record: Value = serde_json::from_str(l).unwrap();
-            let kind = record["kind"].as_str().unwrap().to_string();
-            let event = record["event"][&kind].clone();
-            (record["seq"].as_u64().unwrap(), kind, event)
-        })
-        .collect()
-}
-
 /// The schema version the first `kind` event of a session was written with.
 async fn schema_of(world: &World, session: &str, kind: &str) -> u64 {
     let out = world.run(&["log", "--json", session]).await;
@@ -126,7 +112,7 @@ async fn an_edited_approval_runs_the_persons_arguments_once_and_the_model_is_tol
 
     // The log: who edited, to what; the model's own arguments stay in its
     // reply; the tool started with the edited ones.
-    let log = events(&world, &id).await;
+    let log = logged_events(&world, &id).await;
     let decided = the(&log, "ApprovalDecided");
     assert_eq!(decided["by"], "ada", "{decided}");
     assert_eq!(decided["args"], r#"{"n":2}"#, "{decided}");
@@ -180,7 +166,7 @@ async fn edited_arguments_that_are_not_json_or_too_large_are_refused_and_nothing
     let sink = Sink::start().await.unwrap();
     let model = refund_model().await;
     let id = waiting_session(&world, &model, &sink, "").await;
-    let before = events(&world, &id).await.len();
+    let before = logged_events(&world, &id).await.len();
     let out = world
         .run(&["approve", &id, "call_0_0", "--edit-args", r#"{"n": "#])
         .await;
@@ -208,7 +194,11 @@ async fn edited_arguments_that_are_not_json_or_too_large_are_refused_and_nothing
         .run(&["approve", &id, "call_0_0", "--deny", "--edit-args", "{}"])
         .await;
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert_eq!(events(&world, &id).await.len(), before, "nothing recorded");
+    assert_eq!(
+        logged_events(&world, &id).await.len(),
+        before,
+        "nothing recorded"
+    );
     assert_eq!(sink.stats().path("refund").hits, 0);
     // The call still waits, and a plain approval goes on.
     let out = world
@@ -234,7 +224,7 @@ async fn an_approval_not_given_in_time_is_denied_as_expired_by_resume_and_the_mo
         listing.contains(&format!("approval expires {expires}")),
         "{listing}"
     );
-    let log = events(&world, &id).await;
+    let log = logged_events(&world, &id).await;
     assert!(the(&log, "ApprovalRequested")["expires_at_ms"].is_i64());
 
     // Before the deadline nothing changes on its own.
@@ -252,7 +242,7 @@ async fn an_approval_not_given_in_time_is_denied_as_expired_by_resume_and_the_mo
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(stderr(&out).contains("expired"), "{}", stderr(&out));
     assert_eq!(
-        events(&world, &id).await.len(),
+        logged_events(&world, &id).await.len(),
         log.len(),
         "nothing recorded"
     );
@@ -261,7 +251,7 @@ async fn an_approval_not_given_in_time_is_denied_as_expired_by_resume_and_the_mo
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out).trim(), "Refunded.");
     assert_eq!(sink.stats().path("refund").hits, 0, "never ran");
-    let log = events(&world, &id).await;
+    let log = logged_events(&world, &id).await;
     let decided = the(&log, "ApprovalDecided");
     assert_eq!(
         (&decided["approved"], &decided["by"], &decided["reason"]),
@@ -403,7 +393,7 @@ async fn a_crash_right_after_an_edited_approval_resumes_with_the_edited_argument
     assert_eq!(stdout(&out).trim(), "Refunded.");
     assert_eq!(sink.bodies("refund"), [json!({"n": 5})]);
     assert_eq!(sink.stats().path("refund").effects, 1);
-    let log = events(&world, &id).await;
+    let log = logged_events(&world, &id).await;
     assert_eq!(the(&log, "ToolStarted")["args"], r#"{"n":5}"#);
     let told = tool_messages(model.bodies().last().unwrap());
     assert!(

@@ -72,20 +72,6 @@ impl Tree {
         ["run", "--agent", self.parent.to_str().unwrap(), MESSAGE]
     }
 
-    /// Every event of `session`: (seq, kind, event).
-    async fn events(&self, session: &str) -> Vec<(u64, String, Value)> {
-        let out = self.world.run(&["log", "--json", session]).await;
-        assert!(out.status.success(), "log failed: {}", stderr(&out));
-        (stdout(&out).lines())
-            .map(|l| {
-                let record: Value = serde_json::from_str(l).unwrap();
-                let kind = record["kind"].as_str().unwrap().to_string();
-                let event = record["event"][&kind].clone();
-                (record["seq"].as_u64().unwrap(), kind, event)
-            })
-            .collect()
-    }
-
     /// The listing, by session id.
     async fn listing(&self) -> Vec<Value> {
         let out = self.world.run(&["sessions", "--json"]).await;
@@ -120,7 +106,7 @@ impl Tree {
         );
         assert_eq!(self.child_model.bodies().len(), child_requests);
         // The child: its start, its parent and its message in one append.
-        let child_events = self.events(&child).await;
+        let child_events = logged_events(&self.world, &child).await;
         let kinds: Vec<&str> = child_events.iter().map(|(_, k, _)| k.as_str()).collect();
         assert_eq!(kinds[..3], ["SessionStarted", "SpawnedBy", "UserMessage"]);
         assert_eq!(kinds.iter().filter(|k| **k == "SessionStarted").count(), 1);
@@ -129,7 +115,7 @@ impl Tree {
         assert_eq!(spawned["call_id"], "call_0_0");
         assert_eq!(child_events[2].2["text"], TASK);
         // The parent: the call's result is the child's answer, naming it.
-        let parent_events = self.events(parent).await;
+        let parent_events = logged_events(&self.world, parent).await;
         let started_seq = spawned["seq"].as_u64().unwrap();
         let (_, kind, started) = &parent_events[started_seq as usize - 1];
         assert_eq!(
@@ -278,7 +264,7 @@ async fn a_crash_after_the_child_answered_reuses_its_answer() {
     // The child's model was not asked again; its charge ran once.
     assert_eq!(tree.check_finished(&parent, 2).await, child);
     assert_eq!(tree.sink.stats().path("charge").hits, 1);
-    let child_events = tree.events(&child).await;
+    let child_events = logged_events(&tree.world, &child).await;
     assert!(
         !child_events.iter().any(|(_, k, _)| k == "SessionResumed"),
         "an answered child is reused as it is: {child_events:?}"
@@ -295,7 +281,7 @@ async fn a_child_waiting_for_approval_makes_its_parent_wait_until_both_go_on() {
     let row = |id: &str| rows.iter().find(|r| r["session"] == id).unwrap().clone();
     assert_eq!(row(&child)["waits_for_a_person"], true, "{rows:?}");
     assert_eq!(row(&parent)["status"], "paused", "{rows:?}");
-    let paused = tree.events(&parent).await;
+    let paused = logged_events(&tree.world, &parent).await;
     let reason = paused.last().unwrap().2["reason"]
         .as_str()
         .unwrap()
@@ -351,7 +337,7 @@ async fn a_parents_budget_bounds_its_child_and_counts_the_childs_requests() {
     let out = tree.world.run(&tree.run_args()).await;
     let parent = session_id(&out);
     let child = tree.only_child(&parent).await;
-    let started = tree.events(&child).await;
+    let started = logged_events(&tree.world, &child).await;
     assert_eq!(started[0].2["spec"]["limits"]["max_steps_per_turn"], 1);
     // The child charged, then spent its budget: the parent waits on it.
     assert_eq!(tree.sink.stats().path("charge").effects, 1);
@@ -364,7 +350,7 @@ async fn a_parents_budget_bounds_its_child_and_counts_the_childs_requests() {
     let out = tree.world.run(&["resume", &child, "--extend"]).await;
     assert!(out.status.success(), "{}", stderr(&out));
     let out = tree.world.run(&["resume", &parent]).await;
-    let paused = tree.events(&parent).await;
+    let paused = logged_events(&tree.world, &parent).await;
     let (_, kind, last) = paused.last().unwrap();
     assert_eq!(kind, "SessionPaused", "{}", stderr(&out));
     assert_eq!(last["budget"], true, "{last}");
@@ -393,8 +379,8 @@ fn blocking<T>(step: impl FnOnce() -> Result<T, String>) -> T {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_web_view_links_a_call_to_its_child_and_the_child_to_its_parent() {
-    use mneme_e2e::browser::Browser;
-    use mneme_e2e::daemon::{DaemonProcess, TOKEN};
+    use mneme_e2e::browser::signed_in_page;
+    use mneme_e2e::daemon::DaemonProcess;
     const WAIT: std::time::Duration = std::time::Duration::from_secs(20);
     let tree = tree(false).await;
     let out = tree.world.run(&tree.run_args()).await;
@@ -402,21 +388,7 @@ async fn the_web_view_links_a_call_to_its_child_and_the_child_to_its_parent() {
     let parent = session_id(&out);
     let child = tree.only_child(&parent).await;
     let daemon = DaemonProcess::start(&tree.world.data(), &[]).await;
-    let out = (tree.world.mneme())
-        .env("MNEME_TOKEN", TOKEN)
-        .args(["ui", "--print-url", "--as", "ada"])
-        .output()
-        .await
-        .unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
-    let link = stdout(&out).trim().to_string();
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/chromium.sh");
-    let installed = tokio::task::block_in_place(|| std::process::Command::new(&script).status());
-    assert!(installed.unwrap().success(), "{} failed", script.display());
-    let browser = blocking(Browser::start);
-    let page = blocking(|| browser.new_page());
-    blocking(|| page.goto(&link));
-    blocking(|| page.wait_for("document.getElementById('sessions')", WAIT));
+    let (browser, page) = signed_in_page(&tree.world, "ada", WAIT).await;
     // The parent's call card links to the child.
     blocking(|| page.eval(&format!("location.hash = '#/s/{parent}'")));
     let href = blocking(|| {

@@ -9,7 +9,7 @@
 //! links to its original and to the diff of the two. Screenshots of
 //! each page go to `target/ui-screenshots/`.
 
-use mneme_e2e::browser::{Browser, Page};
+use mneme_e2e::browser::{install_chromium, sign_in_link, signed_in_page, Browser, Page};
 use mneme_e2e::daemon::{DaemonProcess, TOKEN};
 use mneme_e2e::*;
 use serde_json::{json, Value};
@@ -34,29 +34,6 @@ fn screenshot(page: &Page, name: &str) {
     blocking(|| page.eval("(n => n && (n.textContent = ''))(document.getElementById('note'))"));
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/ui-screenshots");
     blocking(|| page.screenshot(&dir.join(format!("{name}.png"))));
-}
-
-/// Installs Debian's Chromium if this machine has none.
-fn install_chromium() {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/chromium.sh");
-    let status = tokio::task::block_in_place(|| std::process::Command::new(&script).status());
-    assert!(status.unwrap().success(), "{} failed", script.display());
-}
-
-/// The link `mneme ui --print-url --as NAME` prints.
-async fn sign_in_link(world: &World, name: &str) -> String {
-    let out = world
-        .mneme()
-        .env("MNEME_TOKEN", TOKEN)
-        .args(["ui", "--print-url", "--as", name])
-        .output()
-        .await
-        .unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
-    let url = stdout(&out).trim().to_string();
-    assert!(url.contains("/ui/login?code="), "{url}");
-    assert!(!url.contains(TOKEN), "the token stays out of the link");
-    url
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -451,12 +428,7 @@ async fn a_streamed_reply_shows_on_the_page_as_it_arrives() {
     let agent = agent_toml(&model.base_url(), &[])
         .replace("timeout_secs = 10\n", "timeout_secs = 10\nstream = true\n");
     let id = daemon.create(&agent).await;
-    let link = sign_in_link(&world, "ada").await;
-    install_chromium();
-    let browser = blocking(Browser::start);
-    let page = blocking(|| browser.new_page());
-    blocking(|| page.goto(&link));
-    blocking(|| page.wait_for("document.getElementById('sessions')", WAIT));
+    let (browser, page) = signed_in_page(&world, "ada", WAIT).await;
     blocking(|| page.eval(&format!("location.hash = '#/s/{id}'")));
     blocking(|| {
         page.wait_for(
@@ -519,12 +491,7 @@ async fn a_waiting_call_is_approved_with_edited_arguments_and_an_expired_one_say
             .await;
         assert_eq!(end["awaiting_approval"][0]["call_id"], "call_0_0", "{end}");
     }
-    let link = sign_in_link(&world, "ada").await;
-    install_chromium();
-    let browser = blocking(Browser::start);
-    let page = blocking(|| browser.new_page());
-    blocking(|| page.goto(&link));
-    blocking(|| page.wait_for("document.getElementById('sessions')", WAIT));
+    let (browser, page) = signed_in_page(&world, "ada", WAIT).await;
 
     // The waiting call's arguments, editable; approved with the person's.
     blocking(|| page.eval(&format!("location.hash = '#/s/{edited}'")));
@@ -649,12 +616,7 @@ async fn a_rerun_links_to_its_original_and_its_diff() {
         .await;
     assert_eq!(status, 200, "{report}");
     let rerun = report["rerun"]["session"].as_str().unwrap().to_string();
-    let link = sign_in_link(&world, "ada").await;
-    install_chromium();
-    let browser = blocking(Browser::start);
-    let page = blocking(|| browser.new_page());
-    blocking(|| page.goto(&link));
-    blocking(|| page.wait_for("document.getElementById('sessions')", WAIT));
+    let (browser, page) = signed_in_page(&world, "ada", WAIT).await;
     blocking(|| page.eval(&format!("location.hash = '#/s/{rerun}'")));
     let shown = blocking(|| {
         page.wait_for(
