@@ -138,6 +138,11 @@ struct Writer {
     durable: u64,
     /// A sync failed and no checkpoint has covered its range since.
     suspect: bool,
+    /// Sessions whose head in sled lags the cached one: appended to since
+    /// the last checkpoint, which writes their heads (until then the
+    /// write-ahead file holds their records, and recovery repairs a head
+    /// from the records).
+    stale_heads: HashSet<Uuid>,
 }
 
 /// The same error again, for each waiter a failed sync covered
@@ -241,6 +246,7 @@ impl SledLog {
             durable: 0,
             suspect: false,
             synced_blobs: HashSet::new(),
+            stale_heads: HashSet::new(),
         };
         writer.checkpoint()?;
         let shared = writer.shared.clone();
@@ -396,6 +402,7 @@ impl Writer {
         if self.wal.is_empty() {
             return Ok(());
         }
+        self.store_heads()?;
         let shared = &self.shared;
         shared.db.flush().map_err(|e| shared.storage(e))?;
         let io = |path: PathBuf| {
@@ -416,6 +423,23 @@ impl Writer {
         self.wal
             .truncate()
             .map_err(io(self.wal.path().to_path_buf()))
+    }
+
+    /// Writes into sled the cached head of every session appended to
+    /// since the last checkpoint.
+    fn store_heads(&mut self) -> Result<(), LogError> {
+        let shared = &self.shared;
+        let heads: Vec<(Uuid, Vec<u8>)> = {
+            let metas = shared.metas.lock().expect("meta lock poisoned");
+            (self.stale_heads.iter())
+                .filter_map(|id| metas.get(id).map(|meta| (*id, encode_meta(meta))))
+                .collect()
+        };
+        for (session, meta) in heads {
+            (shared.db.insert(meta_key(session), meta)).map_err(|e| shared.storage(e))?;
+        }
+        self.stale_heads.clear();
+        Ok(())
     }
 
     /// The session's meta, from the cache or from sled.
@@ -517,14 +541,15 @@ impl Writer {
         crate::crash::point(crate::crash::LOG_WAL_WRITTEN);
         // Plain inserts, not a sled batch: a batch forces sled to write and
         // sync its buffer on every append. Atomicity comes from the
-        // write-ahead file; recovery repairs a meta that lags its records.
-        if let Err(e) = self
-            .shared
-            .insert_all(frames, &meta_key(session), encode_meta(&meta))
-        {
+        // write-ahead file. The session's head goes into sled at the next
+        // checkpoint (each insert costs sled a compression); until then it
+        // is served from the cache, and recovery repairs it from the
+        // records the write-ahead file holds.
+        if let Err(e) = self.shared.insert_all(frames) {
             self.wal.cut_back_to(appended.before);
             return Err(e);
         }
+        self.stale_heads.insert(session);
         self.appended += appended.bytes;
         self.totals.records += records.len() as u64;
         self.totals.sessions += u64::from(new_session);
@@ -1047,24 +1072,28 @@ fn meta_key(session: Uuid) -> [u8; 17] {
     key
 }
 
+fn session_meta(session: Uuid, meta: StoredMeta) -> SessionMeta {
+    SessionMeta {
+        session,
+        events: meta.head_seq,
+        created_ms: meta.created_ms,
+        updated_ms: meta.updated_ms,
+        last_kind: meta.last_kind,
+    }
+}
+
 fn encode_meta(meta: &StoredMeta) -> Vec<u8> {
     rmp_serde::to_vec_named(meta).expect("session metadata always encodes")
 }
 
 impl Shared {
-    /// Inserts an append's records, then its meta. On failure, removes
-    /// what it inserted (best effort), so a refused append leaves no record.
-    fn insert_all(
-        &self,
-        frames: Vec<Frame>,
-        meta_key: &[u8],
-        meta: Vec<u8>,
-    ) -> Result<(), LogError> {
+    /// Inserts an append's records. On failure, removes what it inserted
+    /// (best effort), so a refused append leaves no record.
+    fn insert_all(&self, frames: Vec<Frame>) -> Result<(), LogError> {
         let keys: Vec<Vec<u8>> = frames.iter().map(|(k, _)| k.clone()).collect();
         let result = frames
             .into_iter()
-            .try_for_each(|(key, bytes)| self.db.insert(key, bytes).map(drop))
-            .and_then(|()| self.db.insert(meta_key, meta).map(drop));
+            .try_for_each(|(key, bytes)| self.db.insert(key, bytes).map(drop));
         result.map_err(|e| {
             for key in keys {
                 let _ = self.db.remove(key);
@@ -1112,7 +1141,25 @@ impl Shared {
         Ok(records)
     }
 
+    /// Every session's head: sled's, where the cache (appends since the
+    /// last checkpoint) holds no newer one.
     fn sessions(&self) -> Result<Vec<SessionMeta>, LogError> {
+        let mut heads = self.stored_sessions()?;
+        let metas = self.metas.lock().expect("meta lock poisoned");
+        for head in &mut heads {
+            if let Some(meta) = metas.get(&head.session) {
+                *head = session_meta(head.session, meta.clone());
+            }
+        }
+        let known: HashSet<Uuid> = heads.iter().map(|h| h.session).collect();
+        let new = metas.iter().filter(|(id, _)| !known.contains(id));
+        heads.extend(new.map(|(id, meta)| session_meta(*id, meta.clone())));
+        heads.sort_by_key(|h| h.session);
+        Ok(heads)
+    }
+
+    /// Every session's head as sled holds it.
+    fn stored_sessions(&self) -> Result<Vec<SessionMeta>, LogError> {
         let mut out = Vec::new();
         for item in self.db.scan_prefix([META_PREFIX]) {
             let (key, value) = item.map_err(|e| self.storage(e))?;
@@ -1127,13 +1174,7 @@ impl Shared {
                     seq: 0,
                     reason: format!("session metadata does not decode: {e}"),
                 })?;
-            out.push(SessionMeta {
-                session,
-                events: meta.head_seq,
-                created_ms: meta.created_ms,
-                updated_ms: meta.updated_ms,
-                last_kind: meta.last_kind,
-            });
+            out.push(session_meta(session, meta));
         }
         Ok(out)
     }
@@ -1668,13 +1709,39 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_head_reaches_sled_at_the_checkpoint_and_is_served_from_the_cache_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Uuid::now_v7();
+        {
+            let log = SledLog::open(dir.path()).unwrap();
+            log.append(s, 1, vec![event(1), event(2)]).await.unwrap();
+            assert_eq!(
+                log.shared.db.get(meta_key(s)).unwrap(),
+                None,
+                "one insert an append"
+            );
+            let listed = log.sessions().await.unwrap();
+            assert_eq!((listed[0].session, listed[0].events), (s, 2));
+            assert_eq!(log.head(s).await.unwrap().seq, 2);
+        }
+        // Closing checkpoints: the head is in sled, and the log opens with
+        // nothing to replay.
+        let log = reopen(dir.path());
+        assert_eq!(log.recovered(), 0);
+        assert!(log.shared.db.get(meta_key(s)).unwrap().is_some());
+        assert_eq!(log.sessions().await.unwrap()[0].events, 2);
+    }
+
+    #[tokio::test]
     async fn a_head_that_lags_its_records_is_repaired_on_open() {
         let dir = tempfile::tempdir().unwrap();
         let s = Uuid::now_v7();
         let (wal, stale_meta) = {
             let log = SledLog::open(dir.path()).unwrap();
-            log.append(s, 1, vec![event(1)]).await.unwrap();
-            let stale = log.shared.db.get(meta_key(s)).unwrap().unwrap().to_vec();
+            let first = log.append(s, 1, vec![event(1)]).await.unwrap();
+            let mut stale = StoredMeta::new(first[0].envelope.ts_ms);
+            stale.advance(&first[0]);
+            let stale = encode_meta(&stale);
             log.append(s, 2, vec![event(2)]).await.unwrap();
             (std::fs::read(dir.path().join(WAL_FILE)).unwrap(), stale)
         };
