@@ -98,6 +98,18 @@ fn kinds(events: &[Value]) -> Vec<&str> {
     events.iter().map(|e| e["kind"].as_str().unwrap()).collect()
 }
 
+/// Waits until session `id`'s log holds an event of `kind`.
+async fn wait_for_kind(daemon: &DaemonProcess, id: &str, kind: &str) {
+    let started = Instant::now();
+    while !kinds(&events(daemon, id).await).contains(&kind) {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no {kind} in {id}'s log"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn wait_idle(daemon: &DaemonProcess, id: &str) -> Value {
     let started = Instant::now();
     loop {
@@ -175,15 +187,7 @@ async fn an_interrupting_message_is_taken_by_the_running_turn_at_its_next_step()
             )
         })
     };
-    let logged = || async {
-        let recorded = events(&daemon, &id).await;
-        kinds(&recorded).contains(&"MidTurnMessage")
-    };
-    let started = Instant::now();
-    while !logged().await {
-        assert!(started.elapsed() < Duration::from_secs(20));
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_kind(&daemon, &id, "MidTurnMessage").await;
     setup.open_gate();
     let (status, outcome) = waiting.await.unwrap();
     assert_eq!(status, 200, "{outcome}");
@@ -265,14 +269,7 @@ async fn mneme_run_beside_the_daemon_mid_turn_waits_for_its_own_answer() {
         .env("MNEME_TOKEN", mneme_e2e::daemon::TOKEN)
         .output();
     let cli = tokio::spawn(cli);
-    let started = Instant::now();
-    while !kinds(&events(&daemon, &id).await).contains(&"MidTurnMessage") {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "never recorded"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_kind(&daemon, &id, "MidTurnMessage").await;
     setup.open_gate();
     let out = cli.await.unwrap().unwrap();
     assert!(out.status.success(), "{}", mneme_e2e::stderr(&out));

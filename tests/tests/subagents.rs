@@ -8,6 +8,7 @@
 //! child waiting for approval makes its parent wait, and approving in the
 //! child then resuming the parent finishes both.
 
+use mneme_e2e::daemon::DaemonProcess;
 use mneme_e2e::*;
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -303,15 +304,21 @@ async fn a_child_waiting_for_approval_makes_its_parent_wait_until_both_go_on() {
     assert_eq!(tree.check_finished(&parent, 2).await, child);
 }
 
-#[tokio::test]
-async fn the_api_shows_the_tree() {
-    use mneme_e2e::daemon::DaemonProcess;
+/// A parent run to its answer through its child, then a daemon on its
+/// data directory.
+async fn finished_tree_beside_a_daemon() -> (Tree, String, String, DaemonProcess) {
     let tree = tree(false).await;
     let out = tree.world.run(&tree.run_args()).await;
     assert!(out.status.success(), "{}", stderr(&out));
     let parent = session_id(&out);
     let child = tree.only_child(&parent).await;
     let daemon = DaemonProcess::start(&tree.world.data(), &[]).await;
+    (tree, parent, child, daemon)
+}
+
+#[tokio::test]
+async fn the_api_shows_the_tree() {
+    let (_tree, parent, child, daemon) = finished_tree_beside_a_daemon().await;
     let (status, view) = daemon.get(&format!("/sessions/{parent}")).await;
     assert_eq!(status, 200, "{view}");
     assert_eq!(view["children"][0]["session"], child.as_str(), "{view}");
@@ -380,14 +387,8 @@ fn blocking<T>(step: impl FnOnce() -> Result<T, String>) -> T {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_web_view_links_a_call_to_its_child_and_the_child_to_its_parent() {
     use mneme_e2e::browser::signed_in_page;
-    use mneme_e2e::daemon::DaemonProcess;
     const WAIT: std::time::Duration = std::time::Duration::from_secs(20);
-    let tree = tree(false).await;
-    let out = tree.world.run(&tree.run_args()).await;
-    assert!(out.status.success(), "{}", stderr(&out));
-    let parent = session_id(&out);
-    let child = tree.only_child(&parent).await;
-    let daemon = DaemonProcess::start(&tree.world.data(), &[]).await;
+    let (tree, parent, child, daemon) = finished_tree_beside_a_daemon().await;
     let (browser, page) = signed_in_page(&tree.world, "ada", WAIT).await;
     // The parent's call card links to the child.
     blocking(|| page.eval(&format!("location.hash = '#/s/{parent}'")));
