@@ -427,6 +427,7 @@ fn refuse_when_stopping(daemon: &Daemon) -> Result<(), ApiError> {
         (status = 202, description = "Recorded; the turn runs", body = MessageAccepted),
         (status = 200, description = "With `wait`: the turn ended", body = TurnOutcome),
         (status = 409, description = "Another daemon runs the session, or a turn runs and the agent rejects messages mid-turn (the message is recorded)", body = wire::ApiError),
+        (status = 429, description = "A turn runs and `max_waiting_messages` messages wait already (not recorded)", body = wire::ApiError),
         (status = 503, description = "The daemon is shutting down", body = wire::ApiError)))]
 async fn post_message(
     State(daemon): State<Shared>,
@@ -473,7 +474,13 @@ async fn mid_turn(
                 "the turn ended before recording the message".into(),
             )
         })?
-        .map_err(|reason| ApiError(StatusCode::BAD_REQUEST, format!("session {id}: {reason}")))?;
+        .map_err(|refused| {
+            let status = match refused {
+                runtime::inbox::Refused::Invalid(_) => StatusCode::BAD_REQUEST,
+                runtime::inbox::Refused::Full(_) => StatusCode::TOO_MANY_REQUESTS,
+            };
+            ApiError(status, format!("session {id}: {refused}"))
+        })?;
     if accepted.policy == replay::spec::MidTurn::Reject {
         return Err(ApiError(
             StatusCode::CONFLICT,

@@ -530,7 +530,8 @@ impl Event {
             Event::ApprovalDecided { reason, args, .. } if reason.is_some() || args.is_some() => 2,
             Event::MidTurnMessage { .. } | Event::MidTurnDelivered { .. } => 3,
             Event::SessionStarted { spec } | Event::SpecChanged { spec, .. }
-                if spec.mid_turn_messages != crate::spec::MidTurn::default() =>
+                if spec.mid_turn_messages != crate::spec::MidTurn::default()
+                    || spec.limits.max_waiting_messages.is_some() =>
             {
                 3
             }

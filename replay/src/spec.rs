@@ -605,6 +605,11 @@ pub struct Limits {
     /// Calls of one reply that run at once (default [`DEFAULT_MAX_PARALLEL_CALLS`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_parallel_calls: Option<u64>,
+    /// Messages that arrived mid-turn and may wait to be delivered at once
+    /// (default [`DEFAULT_MAX_WAITING_MESSAGES`]); more are refused, not
+    /// recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_waiting_messages: Option<u64>,
 }
 
 /// Default model requests in one turn.
@@ -613,6 +618,8 @@ pub const DEFAULT_MAX_STEPS_PER_TURN: u64 = 50;
 pub const DEFAULT_MAX_CALLS_PER_REPLY: u64 = 64;
 /// Default calls of one reply that run at once.
 pub const DEFAULT_MAX_PARALLEL_CALLS: u64 = 8;
+/// Default messages that may wait, arrived mid-turn, to be delivered.
+pub const DEFAULT_MAX_WAITING_MESSAGES: u64 = 16;
 
 impl Limits {
     fn is_default(&self) -> bool {
@@ -637,12 +644,19 @@ impl Limits {
             .unwrap_or(DEFAULT_MAX_PARALLEL_CALLS)
     }
 
+    /// Messages that arrived mid-turn and may wait at once.
+    pub fn waiting_messages(&self) -> u64 {
+        self.max_waiting_messages
+            .unwrap_or(DEFAULT_MAX_WAITING_MESSAGES)
+    }
+
     fn validate(&self) -> Result<(), String> {
         let limits = |reason: String| format!("[limits] {reason}");
         positive("max_steps_per_turn", self.max_steps_per_turn).map_err(limits)?;
         positive("max_tool_calls_per_turn", self.max_tool_calls_per_turn).map_err(limits)?;
         positive("max_calls_per_reply", self.max_calls_per_reply).map_err(limits)?;
         positive("max_parallel_calls", self.max_parallel_calls).map_err(limits)?;
+        positive("max_waiting_messages", self.max_waiting_messages).map_err(limits)?;
         match self.max_cost_per_turn {
             Some(cost) if !(cost > 0.0 && cost.is_finite()) => Err(limits(format!(
                 "max_cost_per_turn = {cost} must be a positive number"

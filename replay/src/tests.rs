@@ -1784,6 +1784,16 @@ fn mid_turn_messages_are_written_with_schema_3_and_refused_by_older_readers() {
         }),
     };
     assert_eq!(rejecting.schema(), 3);
+    let bounded = Event::SessionStarted {
+        spec: Box::new(AgentSpec {
+            limits: Limits {
+                max_waiting_messages: Some(4),
+                ..Limits::default()
+            },
+            ..spec()
+        }),
+    };
+    assert_eq!(bounded.schema(), 3);
     let delivered = Event::MidTurnDelivered { arrived: 9 };
     assert_eq!(
         fold(&[delivered]).anomalies,

@@ -32,7 +32,19 @@ struct Inbox {
 pub struct Incoming {
     /// What was said.
     pub text: String,
-    answer: oneshot::Sender<Result<Accepted, String>>,
+    answer: oneshot::Sender<Result<Accepted, Refused>>,
+}
+
+/// Why a running turn did not record a message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// The message itself cannot be taken (too long for the model's
+    /// context window), or recording it failed.
+    #[error("{0}")]
+    Invalid(String),
+    /// Too many messages wait already (`max_waiting_messages`).
+    #[error("{0}")]
+    Full(String),
 }
 
 /// A message a running turn recorded.
@@ -46,11 +58,11 @@ pub struct Accepted {
 
 /// What a poster waits on: the recorded message, or why it was not
 /// recorded.
-pub type Answer = oneshot::Receiver<Result<Accepted, String>>;
+pub type Answer = oneshot::Receiver<Result<Accepted, Refused>>;
 
 impl Incoming {
     /// Tells the poster how it went.
-    pub fn answer(self, outcome: Result<Accepted, String>) {
+    pub fn answer(self, outcome: Result<Accepted, Refused>) {
         let _ = self.answer.send(outcome);
     }
 }
@@ -120,7 +132,7 @@ impl Inboxes {
         };
         let left = std::mem::take(&mut *inbox.waiting.lock().expect("inbox lock poisoned"));
         for incoming in left {
-            incoming.answer(Err(why.to_string()));
+            incoming.answer(Err(Refused::Invalid(why.to_string())));
         }
     }
 
@@ -162,6 +174,7 @@ mod tests {
         inboxes.open(id);
         let answered = inboxes.post(id, "hello".into()).unwrap();
         inboxes.close(id, "the turn failed");
-        assert_eq!(answered.await.unwrap(), Err("the turn failed".to_string()));
+        let why = Refused::Invalid("the turn failed".into());
+        assert_eq!(answered.await.unwrap(), Err(why));
     }
 }

@@ -8,11 +8,12 @@
 
 use crate::crash;
 use crate::error::RuntimeError;
-use crate::inbox::{Accepted, Inboxes};
+use crate::inbox::{Accepted, Inboxes, Refused};
 use crate::model::{client_for, ModelCall, ModelClient, ModelError};
 use crate::session::Session;
 use crate::subagent::{ChildCall, ChildEnd};
 use eventlog::Durability;
+use replay::spec::MidTurn;
 use replay::{
     idempotency_key, plan, CallDecision, CallPlan, CheckAnswer, ChildRun, Event, NextStep,
     SessionOutcome, ToolOutcome,
@@ -184,17 +185,32 @@ impl Runner {
         let Some(inboxes) = &self.inboxes else {
             return Ok(false);
         };
+        let spec = session.spec()?;
+        let (policy, room) = (spec.mid_turn_messages, spec.limits.waiting_messages());
+        let mut waiting = session.state().mailbox.len() as u64;
         let mut incoming = Vec::new();
         for m in inboxes.take(session.id()) {
-            match crate::service::past_the_window(session.state(), &m.text) {
-                Some(reason) => m.answer(Err(reason)),
-                None => incoming.push(m),
+            let refused = match crate::service::past_the_window(session.state(), &m.text) {
+                Some(reason) => Some(Refused::Invalid(reason)),
+                None if policy != MidTurn::Reject && waiting >= room => {
+                    Some(Refused::Full(format!(
+                    "{waiting} messages wait for this turn already ([limits] max_waiting_messages \
+                     = {room}): it was not recorded; send it once the turn has ended"
+                )))
+                }
+                None => None,
+            };
+            match refused {
+                Some(refused) => m.answer(Err(refused)),
+                None => {
+                    waiting += u64::from(policy != MidTurn::Reject);
+                    incoming.push(m);
+                }
             }
         }
         if incoming.is_empty() {
             return Ok(false);
         }
-        let policy = session.spec()?.mid_turn_messages;
         let events = incoming
             .iter()
             .map(|m| Event::MidTurnMessage {
@@ -212,7 +228,7 @@ impl Runner {
                     seq: first + i as u64,
                     policy,
                 }),
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(Refused::Invalid(e.to_string())),
             };
             m.answer(outcome);
         }

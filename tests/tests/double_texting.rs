@@ -35,9 +35,17 @@ struct Setup {
 }
 
 async fn setup(policy: Option<&str>) -> Setup {
+    setup_with(policy, "").await
+}
+
+/// [`setup`], with `limits` (TOML lines) in the agent's `[limits]`.
+async fn setup_with(policy: Option<&str>, limits: &str) -> Setup {
     let world = World::new();
     let model = MockModel::start(replies(), Default::default()).await;
     let mut agent = agent_toml(&model.base_url(), &[gated_tool(world.dir.path())]);
+    if !limits.is_empty() {
+        agent = format!("{agent}[limits]\n{limits}");
+    }
     if let Some(policy) = policy {
         agent = format!("mid_turn_messages = \"{policy}\"\n{agent}");
     }
@@ -274,5 +282,33 @@ async fn mneme_run_beside_the_daemon_mid_turn_waits_for_its_own_answer() {
     let out = cli.await.unwrap().unwrap();
     assert!(out.status.success(), "{}", mneme_e2e::stderr(&out));
     assert_eq!(mneme_e2e::stdout(&out).trim(), "second answer");
+    assert!(daemon.terminate().await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_message_more_than_may_wait_is_a_429_and_is_not_recorded() {
+    let setup = setup_with(None, "max_waiting_messages = 1\n").await;
+    let daemon = DaemonProcess::start(&setup.world.data(), &[]).await;
+    let id = first_turn_running(&setup, &daemon).await;
+    let path = format!("/sessions/{id}/messages");
+    let (status, body) = daemon.post(&path, &json!({"text": "second"})).await;
+    assert_eq!(status, 202, "{body}");
+    let (status, body) = daemon.post(&path, &json!({"text": "third"})).await;
+    assert_eq!(status, 429, "{body}");
+    let error = body["error"].as_str().unwrap();
+    assert!(error.contains("max_waiting_messages = 1"), "{error}");
+    setup.open_gate();
+    let session = wait_idle(&daemon, &id).await;
+    assert_eq!(session["answer"], "second answer", "{session}");
+    let recorded = events(&daemon, &id).await;
+    let count = kinds(&recorded)
+        .iter()
+        .filter(|k| **k == "MidTurnMessage")
+        .count();
+    assert_eq!(count, 1, "the third was not recorded");
+    assert!(!setup
+        .users_per_request()
+        .concat()
+        .contains(&"third".to_string()));
     assert!(daemon.terminate().await.success());
 }
