@@ -178,26 +178,11 @@ async fn an_interrupting_message_is_taken_by_the_running_turn_at_its_next_step()
     let daemon = DaemonProcess::start(&setup.world.data(), &[]).await;
     let id = first_turn_running(&setup, &daemon).await;
     let path = format!("/sessions/{id}/messages");
-    let waiting = {
-        let daemon_path = path.clone();
-        let http = daemon.http.clone();
-        let url = daemon.url(&daemon_path);
-        tokio::spawn(async move {
-            let response = http
-                .post(url)
-                .json(&json!({"text": "in euros, please", "wait": true}))
-                .send()
-                .await
-                .unwrap();
-            (
-                response.status().as_u16(),
-                response.json::<Value>().await.unwrap(),
-            )
-        })
-    };
-    wait_for_kind(&daemon, &id, "MidTurnMessage").await;
-    setup.open_gate();
-    let (status, outcome) = waiting.await.unwrap();
+    let message = json!({"text": "in euros, please", "wait": true});
+    let ((status, outcome), ()) = tokio::join!(daemon.post(&path, &message), async {
+        wait_for_kind(&daemon, &id, "MidTurnMessage").await;
+        setup.open_gate();
+    });
     assert_eq!(status, 200, "{outcome}");
     assert_eq!(outcome["answer"], "first answer", "{outcome}");
     let users = setup.users_per_request();
