@@ -12,14 +12,16 @@
 //! truth). A checkpoint (sled flush + `fdatasync` of sled's files) empties
 //! the file.
 //!
-//! One writer per store: a dedicated thread owns the write-ahead file and
-//! does every append, import, sync and checkpoint, in the order they were
-//! enqueued. Callers send it a request with a oneshot for the answer and
-//! await that, so no tokio worker ever waits on a `write(2)` or an
-//! `fdatasync`. Group commit is the channel: the writer takes every request
-//! waiting in it, does the appends, then one `fdatasync` answers every synced
-//! barrier of the batch (each was enqueued after the appends it covers).
-//! While it syncs, new requests queue up and form the next batch.
+//! One writer per store, behind an async lock: an append (or import) takes
+//! it on the caller's task, checks and seals its records, writes them to the
+//! write-ahead file (one `write(2)` into the page cache) and inserts them into
+//! sled's memory, tens of microseconds, with no thread to wake and none to
+//! wake it back. A dedicated sync thread does what may wait on the device:
+//! every `fdatasync` and checkpoint, so no tokio worker ever waits on one.
+//! Group commit is its channel: it takes every synced barrier waiting in it,
+//! notes how far the file is written, and one `fdatasync` answers them all
+//! (each was enqueued after the appends it covers). Appends go on while it
+//! syncs; barriers that come meanwhile form the next batch.
 //!
 //! Reads: point lookups (a head not cached, derived data) stay inline, as
 //! sled serves them from its page cache in microseconds; range scans and the
@@ -59,9 +61,6 @@ const CHECKPOINT_BYTES: u64 = 1 << 20;
 const SEGMENT_BYTES: usize = 64 << 10;
 /// zstd level of sled's compression in a new data directory: the cheapest.
 const COMPRESSION_LEVEL: i32 = 1;
-/// Requests the writer takes into one batch at most, so that synced
-/// barriers waiting behind a stream of appends are answered in time.
-const BATCH_MAX: usize = 1024;
 
 /// An [`EventLog`] in a sled database in one directory.
 ///
@@ -69,10 +68,12 @@ const BATCH_MAX: usize = 1024;
 /// naming the holder.
 pub struct SledLog {
     shared: Arc<Shared>,
-    /// Requests to the writer; dropped first on close, which ends it.
+    /// The writer, taken in turn by appends and by the sync thread.
+    writer: Arc<tokio::sync::Mutex<Writer>>,
+    /// Requests to the sync thread; dropped first on close, which ends it.
     requests: Option<mpsc::Sender<Request>>,
-    /// The writer thread, joined on close (it checkpoints as it ends).
-    writer: Option<std::thread::JoinHandle<()>>,
+    /// The sync thread, joined on close (it checkpoints as it ends).
+    syncer: Option<std::thread::JoinHandle<()>>,
 }
 
 /// What the handle, the writer and blocking reads share.
@@ -96,22 +97,13 @@ struct Shared {
     fail_syncs: std::sync::atomic::AtomicU32,
 }
 
-/// What callers ask of the writer.
+/// What callers ask of the sync thread.
 enum Request {
-    Append {
-        session: Uuid,
-        expected_seq: u64,
-        events: Vec<NewEvent>,
-        reply: oneshot::Sender<Result<Vec<Record>, LogError>>,
-    },
-    Import {
-        session: Uuid,
-        sealed: Vec<Vec<u8>>,
-        reply: oneshot::Sender<Result<Head, LogError>>,
-    },
-    /// A synced barrier: answered once everything enqueued before it is on
-    /// stable storage.
+    /// A synced barrier: answered once everything appended before it was
+    /// enqueued is on stable storage.
     Sync(oneshot::Sender<Result<(), LogError>>),
+    /// The write-ahead file grew past [`CHECKPOINT_BYTES`]: empty it.
+    Checkpoint,
 }
 
 /// The writer: the only owner of the write-ahead file.
@@ -124,8 +116,6 @@ enum Request {
 struct Writer {
     shared: Arc<Shared>,
     wal: Wal,
-    /// The write-ahead file's descriptor, for the barriers' `fdatasync`.
-    wal_sync: File,
     /// Sessions and records in the log, kept for the checkpoint anchor.
     totals: Totals,
     /// Bytes ever appended to the write-ahead file by appends that
@@ -143,6 +133,17 @@ struct Writer {
     /// write-ahead file holds their records, and recovery repairs a head
     /// from the records).
     stale_heads: HashSet<Uuid>,
+    /// A checkpoint was asked of the sync thread and has not run yet.
+    checkpoint_asked: bool,
+}
+
+/// The sync thread: `fdatasync`s of the write-ahead file for synced
+/// barriers, and checkpoints.
+struct Syncer {
+    writer: Arc<tokio::sync::Mutex<Writer>>,
+    shared: Arc<Shared>,
+    /// The write-ahead file's descriptor, for the barriers' `fdatasync`.
+    wal_sync: File,
 }
 
 /// The same error again, for each waiter a failed sync covered
@@ -240,25 +241,32 @@ impl SledLog {
         let mut writer = Writer {
             shared: Arc::new(shared),
             wal,
-            wal_sync,
             totals,
             appended: 0,
             durable: 0,
             suspect: false,
             synced_blobs: HashSet::new(),
             stale_heads: HashSet::new(),
+            checkpoint_asked: false,
         };
         writer.checkpoint()?;
         let shared = writer.shared.clone();
+        let writer = Arc::new(tokio::sync::Mutex::new(writer));
+        let syncer = Syncer {
+            writer: writer.clone(),
+            shared: shared.clone(),
+            wal_sync,
+        };
         let (requests, queue) = mpsc::channel();
-        let writer = std::thread::Builder::new()
-            .name("mneme-log-writer".into())
-            .spawn(move || writer.run(queue))
+        let syncer = std::thread::Builder::new()
+            .name("mneme-log-sync".into())
+            .spawn(move || syncer.run(queue))
             .map_err(io(&shared.dir))?;
         Ok(SledLog {
             shared,
+            writer,
             requests: Some(requests),
-            writer: Some(writer),
+            syncer: Some(syncer),
         })
     }
 
@@ -310,37 +318,24 @@ impl SledLog {
     }
 }
 
-impl Writer {
+impl Syncer {
     /// Serves requests until every handle is gone, then checkpoints.
-    fn run(mut self, queue: mpsc::Receiver<Request>) {
+    fn run(self, queue: mpsc::Receiver<Request>) {
         while let Ok(first) = queue.recv() {
             let mut waiters = Vec::new();
-            let mut next = Some(first);
-            let mut taken = 0;
-            while let Some(request) = next {
+            let mut checkpoint = false;
+            for request in std::iter::once(first).chain(queue.try_iter()) {
                 match request {
-                    Request::Append {
-                        session,
-                        expected_seq,
-                        events,
-                        reply,
-                    } => {
-                        let _ = reply.send(self.append(session, expected_seq, events));
-                    }
-                    Request::Import {
-                        session,
-                        sealed,
-                        reply,
-                    } => {
-                        let _ = reply.send(self.import(session, sealed));
-                    }
                     Request::Sync(reply) => waiters.push(reply),
+                    Request::Checkpoint => checkpoint = true,
                 }
-                taken += 1;
-                next = match taken < BATCH_MAX {
-                    true => queue.try_recv().ok(),
-                    false => None,
-                };
+            }
+            if checkpoint {
+                let mut writer = self.writer.blocking_lock();
+                writer.checkpoint_asked = false;
+                // A failed checkpoint is asked again by the next append;
+                // the write-ahead file keeps the records meanwhile.
+                let _ = writer.checkpoint();
             }
             if !waiters.is_empty() {
                 let result = self.sync();
@@ -351,27 +346,33 @@ impl Writer {
         }
         // A clean close checkpoints, so the next open has nothing to replay.
         // If it fails, the write-ahead file still holds every record.
-        let _ = self.checkpoint();
+        let _ = self.writer.blocking_lock().checkpoint();
     }
 
     /// Makes everything appended so far durable: one `fdatasync` of the
-    /// write-ahead file, or a checkpoint while a failed sync's range is
-    /// not covered yet; nothing if nothing was appended since.
-    fn sync(&mut self) -> Result<(), LogError> {
-        if self.durable >= self.appended {
-            return Ok(());
-        }
-        if self.suspect {
-            return self.checkpoint();
-        }
+    /// write-ahead file (appends go on meanwhile), or a checkpoint while a
+    /// failed sync's range is not covered yet; nothing if nothing was
+    /// appended since.
+    fn sync(&self) -> Result<(), LogError> {
+        let (target, path) = {
+            let mut writer = self.writer.blocking_lock();
+            if writer.durable >= writer.appended {
+                return Ok(());
+            }
+            if writer.suspect {
+                return writer.checkpoint();
+            }
+            (writer.appended, writer.wal.path().to_path_buf())
+        };
         self.shared.syncs.fetch_add(1, Ordering::Relaxed);
         let result = self.sync_data().map_err(|source| LogError::Io {
-            path: self.wal.path().display().to_string(),
+            path: path.display().to_string(),
             source,
         });
+        let mut writer = self.writer.blocking_lock();
         match &result {
-            Ok(()) => self.durable = self.appended,
-            Err(_) => self.suspect = true,
+            Ok(()) => writer.durable = writer.durable.max(target),
+            Err(_) => writer.suspect = true,
         }
         result
     }
@@ -388,7 +389,9 @@ impl Writer {
         }
         self.wal_sync.sync_data()
     }
+}
 
+impl Writer {
     /// Makes sled's copy durable, records the anchor, then empties the
     /// write-ahead file. Everything appended is then durable.
     fn checkpoint(&mut self) -> Result<(), LogError> {
@@ -558,12 +561,15 @@ impl Writer {
             .lock()
             .expect("meta lock poisoned")
             .insert(session, meta);
-        if self.wal.len() > CHECKPOINT_BYTES {
-            // The append itself is done; a failed checkpoint is retried on
-            // the next append and the write-ahead file keeps the records.
-            let _ = self.checkpoint();
-        }
         Ok(())
+    }
+
+    /// Whether the write-ahead file is due to be emptied and no checkpoint
+    /// was asked for yet (once this answers yes, it is asked for).
+    fn checkpoint_due(&mut self) -> bool {
+        let due = self.wal.len() > CHECKPOINT_BYTES && !self.checkpoint_asked;
+        self.checkpoint_asked |= due;
+        due
     }
 }
 
@@ -1181,43 +1187,51 @@ impl Shared {
 }
 
 impl Drop for SledLog {
-    /// Closing ends the writer, which checkpoints first (so the next open
-    /// has nothing to replay), and waits for it.
+    /// Closing ends the sync thread, which checkpoints first (so the next
+    /// open has nothing to replay), and waits for it.
     fn drop(&mut self) {
         drop(self.requests.take());
-        if let Some(writer) = self.writer.take() {
-            let _ = writer.join();
+        if let Some(syncer) = self.syncer.take() {
+            let _ = syncer.join();
         }
+    }
+}
+
+impl SledLog {
+    /// Runs `write` with the writer, on the caller's task, then asks the
+    /// sync thread for a checkpoint if the write-ahead file grew past
+    /// [`CHECKPOINT_BYTES`].
+    async fn with_writer<T>(
+        &self,
+        write: impl FnOnce(&mut Writer) -> Result<T, LogError>,
+    ) -> Result<T, LogError> {
+        let mut writer = self.writer.lock().await;
+        let written = write(&mut writer);
+        let due = writer.checkpoint_due();
+        drop(writer);
+        if due {
+            self.send(Request::Checkpoint)?;
+        }
+        written
     }
 }
 
 #[async_trait::async_trait]
 impl EventLog for SledLog {
-    /// Enqueued to the writer, which checks, seals and stores it.
+    /// Checked, sealed and stored by the writer on the caller's task.
     async fn append(
         &self,
         session: Uuid,
         expected_seq: u64,
         events: Vec<NewEvent>,
     ) -> Result<Vec<Record>, LogError> {
-        let (reply, answer) = oneshot::channel();
-        self.send(Request::Append {
-            session,
-            expected_seq,
-            events,
-            reply,
-        })?;
-        answer.await.map_err(|_| self.shared.writer_stopped())?
+        self.with_writer(|writer| writer.append(session, expected_seq, events))
+            .await
     }
 
     async fn import(&self, session: Uuid, sealed: Vec<Vec<u8>>) -> Result<Head, LogError> {
-        let (reply, answer) = oneshot::channel();
-        self.send(Request::Import {
-            session,
-            sealed,
-            reply,
-        })?;
-        answer.await.map_err(|_| self.shared.writer_stopped())?
+        self.with_writer(|writer| writer.import(session, sealed))
+            .await
     }
 
     async fn acquire_lease(
@@ -1362,7 +1376,7 @@ impl EventLog for SledLog {
     /// Every append is in the write-ahead file (in the OS's hands) once
     /// `append` returns, so `Flushed` costs nothing.
     ///
-    /// `Synced` is group commit through the writer's queue: when it returns
+    /// `Synced` is group commit through the sync thread's queue: when it returns
     /// Ok, every append that returned before it was called is on stable
     /// storage (made so by an `fdatasync` of the write-ahead file that
     /// started after that append's write, or by a checkpoint). Every synced
@@ -1371,6 +1385,13 @@ impl EventLog for SledLog {
     /// cover a caller fails, the caller gets its error.
     async fn barrier(&self, durability: Durability) -> Result<(), LogError> {
         if durability < Durability::Synced {
+            return Ok(());
+        }
+        let covered = {
+            let writer = self.writer.lock().await;
+            writer.durable >= writer.appended
+        };
+        if covered {
             return Ok(());
         }
         let (reply, answer) = oneshot::channel();
