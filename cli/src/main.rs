@@ -21,12 +21,6 @@ mod sessions;
 mod timeline;
 mod ui;
 
-/// mimalloc instead of glibc's malloc: a step allocates and frees many
-/// small buffers (records, requests, sled's nodes); glibc's allocator took
-/// about a tenth of the daemon's CPU.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
