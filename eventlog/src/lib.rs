@@ -371,8 +371,8 @@ pub trait EventLog: Send + Sync {
     /// Returns once everything appended before the call is at least as
     /// durable as `durability` says.
     ///
-    /// An append or import whose future was polled once is enqueued: it
-    /// happens even if the future is then dropped; only its answer is lost.
+    /// An append or import is all or nothing; one whose future is dropped
+    /// before it returns may have happened or not (the head says which).
     async fn barrier(&self, durability: Durability) -> Result<(), LogError>;
 
     /// Appends records sealed elsewhere (an export), byte for byte, after
