@@ -1824,6 +1824,30 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_append_dropped_before_it_returns_happened_whole_or_not_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = SledLog::open(dir.path()).unwrap();
+        let s = Uuid::now_v7();
+        log.append(s, 1, vec![event(1)]).await.unwrap();
+        // While another holds the writer, an append waits for it; dropped
+        // then, it never happened.
+        let held = log.writer.lock().await;
+        let waited = tokio::time::timeout(
+            std::time::Duration::from_millis(20),
+            log.append(s, 2, vec![event(2), event(3)]),
+        )
+        .await;
+        assert!(waited.is_err(), "the append waited for the writer");
+        drop(held);
+        assert_eq!(log.head(s).await.unwrap().seq, 1, "nothing of it stored");
+        // Once it has the writer it runs to its end without waiting again.
+        log.append(s, 2, vec![event(2), event(3)]).await.unwrap();
+        assert_eq!(log.verify(s).await.unwrap(), 3);
+        drop(log);
+        assert_eq!(reopen(dir.path()).verify(s).await.unwrap(), 3);
+    }
+
+    #[tokio::test]
     async fn a_failed_sync_fails_its_waiters_and_a_checkpoint_covers_its_range() {
         let is_eio = |r: Result<(), LogError>| matches!(r, Err(LogError::Io { source, .. }) if source.raw_os_error() == Some(libc::EIO));
         let dir = tempfile::tempdir().unwrap();
