@@ -301,6 +301,25 @@ impl SledLog {
             .ok_or_else(|| self.shared.writer_stopped())
     }
 
+    /// Runs `write` with the writer, on the caller's task, then asks the
+    /// sync thread for a checkpoint if the write-ahead file grew past
+    /// [`CHECKPOINT_BYTES`].
+    async fn with_writer<T>(
+        &self,
+        write: impl FnOnce(&mut Writer) -> Result<T, LogError>,
+    ) -> Result<T, LogError> {
+        let mut writer = self.writer.lock().await;
+        let written = write(&mut writer);
+        let due = writer.checkpoint_due();
+        drop(writer);
+        if due {
+            // The write is done either way: with no sync thread left to ask,
+            // the write-ahead file keeps the records until the next open.
+            let _ = self.send(Request::Checkpoint);
+        }
+        written
+    }
+
     /// Runs `work` on tokio's blocking pool (inline outside a runtime).
     async fn blocking<T: Send + 'static>(
         &self,
@@ -1194,27 +1213,6 @@ impl Drop for SledLog {
         if let Some(syncer) = self.syncer.take() {
             let _ = syncer.join();
         }
-    }
-}
-
-impl SledLog {
-    /// Runs `write` with the writer, on the caller's task, then asks the
-    /// sync thread for a checkpoint if the write-ahead file grew past
-    /// [`CHECKPOINT_BYTES`].
-    async fn with_writer<T>(
-        &self,
-        write: impl FnOnce(&mut Writer) -> Result<T, LogError>,
-    ) -> Result<T, LogError> {
-        let mut writer = self.writer.lock().await;
-        let written = write(&mut writer);
-        let due = writer.checkpoint_due();
-        drop(writer);
-        if due {
-            // The write is done either way: with no sync thread left to ask,
-            // the write-ahead file keeps the records until the next open.
-            let _ = self.send(Request::Checkpoint);
-        }
-        written
     }
 }
 
