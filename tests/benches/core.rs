@@ -87,6 +87,22 @@ fn appends() -> Floors {
         file.sync_data().unwrap();
     });
     row("raw write + fdatasync per 64 events", &raw_batch, base);
+    // What a flushed append costs at its two parts: the write-ahead
+    // file's write, and sled's insert (with the settings mneme gives it).
+    let raw_write = measure(APPENDS, 1, |i| file.write_all(&payloads[i]).unwrap());
+    row("raw write per event (no fsync)", &raw_write, base);
+    let dir = bench_dir("raw-sled-mneme-settings");
+    let db = eventlog::sled_config(&dir).open().unwrap();
+    let sled_insert = measure(APPENDS, 1, |i| {
+        db.insert((i as u64).to_be_bytes(), payloads[i].as_slice())
+            .unwrap();
+    });
+    row(
+        "raw sled insert per event, mneme's sled (no flush)",
+        &sled_insert,
+        base,
+    );
+    drop(db);
 
     let dir = bench_dir("raw-sled");
     let db = sled::open(&dir).unwrap();
