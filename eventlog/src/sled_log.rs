@@ -1431,7 +1431,7 @@ mod tests {
         }
 
         async fn tamper(&self, dir: &tempfile::TempDir, session: Uuid, seq: u64) {
-            let log = SledLog::open(dir.path()).unwrap();
+            let log = reopen(dir.path());
             let key = event_key(session, seq);
             let mut bytes = log.shared.db.get(key).unwrap().unwrap().to_vec();
             let n = bytes.len();
@@ -1440,7 +1440,7 @@ mod tests {
         }
 
         async fn remove(&self, dir: &tempfile::TempDir, session: Uuid, seq: u64) {
-            let log = SledLog::open(dir.path()).unwrap();
+            let log = reopen(dir.path());
             log.shared.db.remove(event_key(session, seq)).unwrap();
         }
 
@@ -1512,7 +1512,7 @@ mod tests {
     #[tokio::test]
     async fn a_long_session_takes_little_more_room_than_its_records() {
         let dir = tempfile::tempdir().unwrap();
-        let log = SledLog::open(dir.path()).unwrap();
+        let log = reopen(dir.path());
         let s = Uuid::now_v7();
         let mut seed = 1;
         let mut seq = 0;
@@ -1580,7 +1580,7 @@ mod tests {
         let log = reopen(dir.path());
         assert_eq!(log.verify(s).await.unwrap(), 1);
         let fresh = tempfile::tempdir().unwrap();
-        drop(SledLog::open(fresh.path()).unwrap());
+        drop(reopen(fresh.path()));
         assert_eq!(created_with(fresh.path()), Some((true, SEGMENT_BYTES)));
     }
 
@@ -1612,7 +1612,7 @@ mod tests {
         let dir = parent.path().join("data");
         let s = Uuid::now_v7();
         {
-            let log = SledLog::open(&dir).unwrap();
+            let log = reopen(&dir);
             log.append(s, 1, vec![event(1)]).await.unwrap();
         } // checkpointed: the anchor is written
         assert_eq!(mode(&dir), 0o700);
@@ -1620,7 +1620,7 @@ mod tests {
             assert_eq!(mode(&dir.join(file)), 0o600, "{file}");
         }
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let log = SledLog::open(&dir).unwrap();
+        let log = reopen(&dir);
         assert_eq!(mode(&dir), 0o700, "a loose directory is tightened");
         assert_eq!(log.verify(s).await.unwrap(), 1);
     }
@@ -1630,7 +1630,7 @@ mod tests {
         let s = Uuid::now_v7();
         let source = tempfile::tempdir().unwrap();
         let wal = {
-            let log = SledLog::open(source.path()).unwrap();
+            let log = reopen(source.path());
             log.append(s, 1, vec![event(1), event(2)]).await.unwrap();
             log.append(s, 3, vec![event(3)]).await.unwrap();
             log.barrier(Durability::Synced).await.unwrap();
@@ -1639,9 +1639,9 @@ mod tests {
         // A sled directory that never got the records, with the write-ahead
         // file that did: what a crash before sled's own flush leaves behind.
         let target = tempfile::tempdir().unwrap();
-        drop(SledLog::open(target.path()).unwrap());
+        drop(reopen(target.path()));
         std::fs::write(target.path().join(WAL_FILE), wal).unwrap();
-        let log = SledLog::open(target.path()).unwrap();
+        let log = reopen(target.path());
         assert_eq!(log.recovered(), 3);
         assert_eq!(log.verify(s).await.unwrap(), 3);
         assert_eq!(
@@ -1652,7 +1652,7 @@ mod tests {
             "checkpointed: the header alone"
         );
         drop(log);
-        let log = SledLog::open(target.path()).unwrap();
+        let log = reopen(target.path());
         assert_eq!(log.recovered(), 0, "nothing left to replay");
         assert_eq!(log.read(s, 3, 3).await.unwrap()[0].envelope.kind, "K3");
     }
@@ -1661,10 +1661,10 @@ mod tests {
     async fn a_data_directory_with_a_version_1_write_ahead_file_opens_and_moves_to_version_2() {
         let s = Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0001);
         let dir = tempfile::tempdir().unwrap();
-        drop(SledLog::open(dir.path()).unwrap());
+        drop(reopen(dir.path()));
         let path = dir.path().join(WAL_FILE);
         std::fs::write(&path, crate::wal::v1_file()).unwrap();
-        let log = SledLog::open(dir.path()).unwrap();
+        let log = reopen(dir.path());
         assert_eq!(log.recovered(), 3);
         assert_eq!(log.verify(s).await.unwrap(), 3);
         let emptied = std::fs::read(&path).unwrap();
@@ -1681,11 +1681,11 @@ mod tests {
         // The new record replays from the version 2 file into a sled that
         // lost it.
         let target = tempfile::tempdir().unwrap();
-        drop(SledLog::open(target.path()).unwrap());
+        drop(reopen(target.path()));
         std::fs::write(target.path().join(WAL_FILE), crate::wal::v1_file()).unwrap();
-        drop(SledLog::open(target.path()).unwrap());
+        drop(reopen(target.path()));
         std::fs::write(target.path().join(WAL_FILE), wal).unwrap();
-        let log = SledLog::open(target.path()).unwrap();
+        let log = reopen(target.path());
         assert_eq!(log.recovered(), 1);
         assert_eq!(log.read(s, 4, 4).await.unwrap()[0].envelope.kind, "K4");
         assert_eq!(log.verify(s).await.unwrap(), 4);
@@ -1696,7 +1696,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = Uuid::now_v7();
         {
-            let log = SledLog::open(dir.path()).unwrap();
+            let log = reopen(dir.path());
             log.append(s, 1, vec![event(1), event(2), event(3)])
                 .await
                 .unwrap();
@@ -1704,7 +1704,7 @@ mod tests {
         {
             // sled recovers a shorter prefix: the last record and its head are
             // gone, and what is left is a valid, shorter chain.
-            let log = SledLog::open(dir.path()).unwrap();
+            let log = reopen(dir.path());
             let mut meta = log.shared.load_meta(s).unwrap().unwrap();
             let second = log.read(s, 2, 2).await.unwrap().remove(0);
             meta.head_seq = 2;
@@ -1734,7 +1734,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = Uuid::now_v7();
         {
-            let log = SledLog::open(dir.path()).unwrap();
+            let log = reopen(dir.path());
             log.append(s, 1, vec![event(1), event(2)]).await.unwrap();
             assert_eq!(
                 log.shared.db.get(meta_key(s)).unwrap(),
@@ -1758,7 +1758,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = Uuid::now_v7();
         let (wal, stale_meta) = {
-            let log = SledLog::open(dir.path()).unwrap();
+            let log = reopen(dir.path());
             let first = log.append(s, 1, vec![event(1)]).await.unwrap();
             let mut stale = StoredMeta::new(first[0].envelope.ts_ms);
             stale.advance(&first[0]);
@@ -1773,7 +1773,7 @@ mod tests {
             db.flush().unwrap();
         }
         std::fs::write(dir.path().join(WAL_FILE), wal).unwrap();
-        let log = SledLog::open(dir.path()).unwrap();
+        let log = reopen(dir.path());
         assert_eq!(log.head(s).await.unwrap().seq, 2);
         assert_eq!(log.verify(s).await.unwrap(), 2);
         log.append(s, 3, vec![event(3)]).await.unwrap();
@@ -1784,7 +1784,7 @@ mod tests {
         const TASKS: usize = 8;
         const APPENDS: u64 = 40;
         let dir = tempfile::tempdir().unwrap();
-        let log = Arc::new(SledLog::open(dir.path()).unwrap());
+        let log = Arc::new(reopen(dir.path()));
         log.barrier(Durability::Synced).await.unwrap();
         assert_eq!(
             log.syncs(),
@@ -1826,7 +1826,7 @@ mod tests {
     #[tokio::test]
     async fn an_append_dropped_before_it_returns_happened_whole_or_not_at_all() {
         let dir = tempfile::tempdir().unwrap();
-        let log = SledLog::open(dir.path()).unwrap();
+        let log = reopen(dir.path());
         let s = Uuid::now_v7();
         log.append(s, 1, vec![event(1)]).await.unwrap();
         // While another holds the writer, an append waits for it; dropped
@@ -1851,7 +1851,7 @@ mod tests {
     async fn a_failed_sync_fails_its_waiters_and_a_checkpoint_covers_its_range() {
         let is_eio = |r: Result<(), LogError>| matches!(r, Err(LogError::Io { source, .. }) if source.raw_os_error() == Some(libc::EIO));
         let dir = tempfile::tempdir().unwrap();
-        let log = SledLog::open(dir.path()).unwrap();
+        let log = reopen(dir.path());
         let s = Uuid::now_v7();
         log.append(s, 1, vec![event(1)]).await.unwrap();
         log.shared.fail_syncs.store(1, Ordering::Relaxed);
