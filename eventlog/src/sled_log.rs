@@ -74,6 +74,30 @@ pub struct SledLog {
     requests: Option<mpsc::Sender<Request>>,
     /// The sync thread, joined on close (it checkpoints as it ends).
     syncer: Option<std::thread::JoinHandle<()>>,
+    /// The directory, as [`held_here`] knows it while this handle is open.
+    held: PathBuf,
+}
+
+/// The data directories this process holds open, canonical.
+static HELD: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
+
+/// Whether a handle of this process holds `dir` open. sled lets go of its
+/// lock a moment after its last handle is dropped, so a directory this
+/// process just closed may still be locked by it without being held.
+fn held_here(dir: &Path) -> bool {
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    let held = HELD.lock().expect("held lock poisoned");
+    held.as_ref().is_some_and(|held| held.contains(&dir))
+}
+
+/// Notes `dir` as held by this process (`true`) or no longer (`false`).
+fn note_held(dir: &Path, holds: bool) {
+    let mut held = HELD.lock().expect("held lock poisoned");
+    let held = held.get_or_insert_with(HashSet::new);
+    match holds {
+        true => held.insert(dir.to_path_buf()),
+        false => held.remove(dir),
+    };
 }
 
 /// What the handle, the writer and blocking reads share.
@@ -262,11 +286,17 @@ impl SledLog {
             .name("mneme-log-sync".into())
             .spawn(move || syncer.run(queue))
             .map_err(io(&shared.dir))?;
+        let held = shared
+            .dir
+            .canonicalize()
+            .unwrap_or_else(|_| shared.dir.clone());
+        note_held(&held, true);
         Ok(SledLog {
             shared,
             writer,
             requests: Some(requests),
             syncer: Some(syncer),
+            held,
         })
     }
 
@@ -918,8 +948,10 @@ impl StoredMeta {
 }
 
 /// Opens sled in `dir`. A lock held by a process that no longer runs (one
-/// just killed, whose files the kernel is still closing) is waited for, up to
-/// two seconds; a lock held by a live process is reported at once.
+/// just killed, whose files the kernel is still closing), or by this one
+/// with no handle open (sled lets go a moment after its last handle is
+/// dropped), is waited for, up to two seconds; a lock held by a live
+/// process's handle is reported at once.
 fn open_sled(dir: &Path) -> Result<sled::Db, LogError> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
     loop {
@@ -996,7 +1028,7 @@ fn holder_alive(dir: &Path) -> bool {
         .and_then(|rest| rest.split(':').next())
         .and_then(|pid| pid.trim().parse::<u32>().ok());
     match pid {
-        Some(pid) if pid == std::process::id() => true,
+        Some(pid) if pid == std::process::id() => held_here(dir),
         Some(pid) => Path::new(&format!("/proc/{pid}")).exists(),
         None => true,
     }
@@ -1213,6 +1245,7 @@ impl Drop for SledLog {
         if let Some(syncer) = self.syncer.take() {
             let _ = syncer.join();
         }
+        note_held(&self.held, false);
     }
 }
 
@@ -1602,6 +1635,28 @@ mod tests {
         let text = err.to_string();
         assert!(matches!(err, LogError::Locked { .. }), "{text}");
         assert!(text.contains(&note), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_directory_this_process_closed_opens_once_sled_lets_go_of_it() {
+        let dir = tempfile::tempdir().unwrap();
+        // sled still locked by this process, with no handle of the log open.
+        let lingering = sled_config(dir.path()).open().unwrap();
+        write_holder(dir.path(), "a handle just dropped");
+        let released = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            drop(lingering);
+        });
+        let log = SledLog::open(dir.path()).expect("waited for sled to let go");
+        released.join().unwrap();
+        // While a handle is open, a second open is refused at once.
+        let started = std::time::Instant::now();
+        assert!(matches!(
+            SledLog::open(dir.path()),
+            Err(LogError::Locked { .. })
+        ));
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        drop(log);
     }
 
     #[tokio::test]
