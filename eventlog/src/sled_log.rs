@@ -34,7 +34,7 @@ use crate::{
     Record, SessionMeta,
 };
 use serde::{Deserialize, Serialize};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -79,21 +79,19 @@ pub struct SledLog {
 }
 
 /// The data directories this process holds open, canonical.
-static HELD: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
+static HELD: Mutex<BTreeSet<PathBuf>> = Mutex::new(BTreeSet::new());
 
 /// Whether a handle of this process holds `dir` open. sled lets go of its
 /// lock a moment after its last handle is dropped, so a directory this
 /// process just closed may still be locked by it without being held.
 fn held_here(dir: &Path) -> bool {
     let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
-    let held = HELD.lock().expect("held lock poisoned");
-    held.as_ref().is_some_and(|held| held.contains(&dir))
+    HELD.lock().expect("held lock poisoned").contains(&dir)
 }
 
 /// Notes `dir` as held by this process (`true`) or no longer (`false`).
 fn note_held(dir: &Path, holds: bool) {
     let mut held = HELD.lock().expect("held lock poisoned");
-    let held = held.get_or_insert_with(HashSet::new);
     match holds {
         true => held.insert(dir.to_path_buf()),
         false => held.remove(dir),
@@ -403,19 +401,19 @@ impl Syncer {
     /// failed sync's range is not covered yet; nothing if nothing was
     /// appended since.
     fn sync(&self) -> Result<(), LogError> {
-        let (target, path) = {
+        let target = {
             let mut writer = self.writer.blocking_lock();
-            if writer.durable >= writer.appended {
+            if writer.all_durable() {
                 return Ok(());
             }
             if writer.suspect {
                 return writer.checkpoint();
             }
-            (writer.appended, writer.wal.path().to_path_buf())
+            writer.appended
         };
         self.shared.syncs.fetch_add(1, Ordering::Relaxed);
         let result = self.sync_data().map_err(|source| LogError::Io {
-            path: path.display().to_string(),
+            path: self.shared.dir.join(WAL_FILE).display().to_string(),
             source,
         });
         let mut writer = self.writer.blocking_lock();
@@ -611,6 +609,11 @@ impl Writer {
             .expect("meta lock poisoned")
             .insert(session, meta);
         Ok(())
+    }
+
+    /// Whether everything appended is durable already.
+    fn all_durable(&self) -> bool {
+        self.durable >= self.appended
     }
 
     /// Whether the write-ahead file is due to be emptied and no checkpoint
@@ -1420,11 +1423,7 @@ impl EventLog for SledLog {
         if durability < Durability::Synced {
             return Ok(());
         }
-        let covered = {
-            let writer = self.writer.lock().await;
-            writer.durable >= writer.appended
-        };
-        if covered {
+        if self.writer.lock().await.all_durable() {
             return Ok(());
         }
         let (reply, answer) = oneshot::channel();
