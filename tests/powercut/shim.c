@@ -31,6 +31,12 @@
  * The journal is written with the real write(2): it models the disk, and it
  * survives the SIGKILL of the process through the page cache.
  *
+ * Every change is journalled before it is made (a failed call is followed by
+ * a CANCEL record), so that a process that dies between the two (SIGKILLed,
+ * or exiting at a crash point on another thread) leaves at most its last
+ * record unmade: the harness checks the files for whether it was made, and
+ * ignores a last record cut short.
+ *
  * Record layout (little endian): u8 type, u64 off, u64 size, u64 len,
  * u32 path_len, path, u32 path2_len, path2, u64 data_len, data.
  */
@@ -59,6 +65,7 @@ enum {
     REC_RENAME = 6,  /* path -> path2; size = 1 if path2 existed, data = its bytes */
     REC_UNLINK = 7,  /* path; data = its bytes */
     REC_SYNCALL = 8,
+    REC_CANCEL = 9,  /* the record before it: its call failed, nothing changed */
 };
 
 static pthread_mutex_t lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
@@ -530,6 +537,9 @@ static int opened(int dirfd, const char *path, int flags, mode_t mode, int which
         if (existed && S_ISREG(st.st_mode) && (flags & O_TRUNC) && (flags & O_ACCMODE) != O_RDONLY)
             before_truncate(full, 0);
     }
+    int creating = tracked && !existed;
+    if (creating)
+        record(REC_CREATE, 0, 0, 0, full, NULL, NULL, 0);
     int fd;
     switch (which) {
     case 0: fd = real_open(path, flags, mode); break;
@@ -538,8 +548,8 @@ static int opened(int dirfd, const char *path, int flags, mode_t mode, int which
     default: fd = real_openat64(dirfd, path, flags, mode); break;
     }
     int e = errno;
-    if (fd >= 0 && tracked && !existed)
-        record(REC_CREATE, 0, 0, 0, full, NULL, NULL, 0);
+    if (fd < 0 && creating)
+        record(REC_CANCEL, 0, 0, 0, NULL, NULL, NULL, 0);
     errno = e;
     return fd;
 }
@@ -587,6 +597,9 @@ static int renamed(int olddir, const char *from, int newdir, const char *to, uns
         if (size > 0)
             old = read_range(b, 0, (uint64_t)size, &got);
     }
+    if (tracked)
+        record(REC_RENAME, 0, existed, 0, a, b, old, got);
+    free(old);
     int r;
     switch (which) {
     case 0: r = real_rename(from, to); break;
@@ -594,11 +607,10 @@ static int renamed(int olddir, const char *from, int newdir, const char *to, uns
     default: r = real_renameat2(olddir, from, newdir, to, flags); break;
     }
     int e = errno;
-    if (r == 0 && tracked)
-        record(REC_RENAME, 0, existed, 0, a, b, old, got);
+    if (r != 0 && tracked)
+        record(REC_CANCEL, 0, 0, 0, NULL, NULL, NULL, 0);
     /* A rename into or out of the root is, seen from the root, a creation or
      * an unlink, taken as durable (not modelled). */
-    free(old);
     errno = e;
     return r;
 }
@@ -640,11 +652,13 @@ static int unlinked(int dirfd, const char *path, int flags, int which) {
         if (size > 0)
             old = read_range(full, 0, (uint64_t)size, &got);
     }
-    int r = which == 0 ? real_unlink(path) : real_unlinkat(dirfd, path, flags);
-    int e = errno;
-    if (r == 0 && tracked)
+    if (tracked)
         record(REC_UNLINK, 0, 0, 0, full, NULL, old, got);
     free(old);
+    int r = which == 0 ? real_unlink(path) : real_unlinkat(dirfd, path, flags);
+    int e = errno;
+    if (r != 0 && tracked)
+        record(REC_CANCEL, 0, 0, 0, NULL, NULL, NULL, 0);
     errno = e;
     return r;
 }

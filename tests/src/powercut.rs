@@ -27,6 +27,7 @@ const CREATE: u8 = 5;
 const RENAME: u8 = 6;
 const UNLINK: u8 = 7;
 const SYNCALL: u8 = 8;
+const CANCEL: u8 = 9;
 
 /// What a device writes whole or not at all.
 const SECTOR: u64 = 512;
@@ -158,29 +159,48 @@ struct Record {
     data: Vec<u8>,
 }
 
+/// The records of a journal. A record cut short at the end (its process
+/// died writing it: its change was not made) is left out, and so is a
+/// record its CANCEL says was not made.
 fn parse(bytes: &[u8]) -> Vec<Record> {
     let mut records = Vec::new();
-    let mut at = 0usize;
-    let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
-    let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
-    use std::os::unix::ffi::OsStrExt;
-    let path_at = |at: usize, n: usize| {
-        PathBuf::from(std::ffi::OsStr::from_bytes(&bytes[at..at + n]).to_os_string())
-    };
-    while at < bytes.len() {
-        let kind = bytes[at];
-        let (off, size, len) = (u64_at(at + 1), u64_at(at + 9), u64_at(at + 17));
-        at += 25;
-        let n = u32_at(at);
-        let path = path_at(at + 4, n);
-        at += 4 + n;
-        let n = u32_at(at);
-        let path2 = path_at(at + 4, n);
-        at += 4 + n;
-        let n = u64_at(at) as usize;
-        let data = bytes[at + 8..at + 8 + n].to_vec();
-        at += 8 + n;
-        records.push(Record {
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let Some(record) = Record::read(&mut rest) else {
+            break;
+        };
+        if record.kind == CANCEL {
+            records.pop();
+        } else {
+            records.push(record);
+        }
+    }
+    records
+}
+
+impl Record {
+    /// The record at the start of `bytes` (advanced past it), or `None` if
+    /// it is cut short.
+    fn read(bytes: &mut &[u8]) -> Option<Record> {
+        fn take<'a>(bytes: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+            let (head, tail) = (bytes.len() >= n).then(|| bytes.split_at(n))?;
+            *bytes = tail;
+            Some(head)
+        }
+        fn u64_of(bytes: &mut &[u8]) -> Option<u64> {
+            Some(u64::from_le_bytes(take(bytes, 8)?.try_into().ok()?))
+        }
+        fn path_of(bytes: &mut &[u8]) -> Option<PathBuf> {
+            let n = u32::from_le_bytes(take(bytes, 4)?.try_into().ok()?) as usize;
+            use std::os::unix::ffi::OsStrExt;
+            Some(std::ffi::OsStr::from_bytes(take(bytes, n)?).into())
+        }
+        let kind = take(bytes, 1)?[0];
+        let (off, size, len) = (u64_of(bytes)?, u64_of(bytes)?, u64_of(bytes)?);
+        let (path, path2) = (path_of(bytes)?, path_of(bytes)?);
+        let n = usize::try_from(u64_of(bytes)?).ok()?;
+        let data = take(bytes, n)?.to_vec();
+        Some(Record {
             kind,
             off,
             size,
@@ -188,9 +208,22 @@ fn parse(bytes: &[u8]) -> Vec<Record> {
             path,
             path2,
             data,
-        });
+        })
     }
-    records
+
+    /// Whether the change this record is about was made, as far as the
+    /// files show it. Asked only of the journal's last record: its process
+    /// may have died between journalling it and making it.
+    fn was_made(&self) -> bool {
+        match self.kind {
+            CREATE => self.path.exists(),
+            RENAME => self.path == self.path2 || !self.path.exists(),
+            UNLINK => !self.path.exists(),
+            // Undoing a write or a truncation that was not made puts back
+            // the bytes that are there.
+            _ => true,
+        }
+    }
 }
 
 /// Cuts the power under the data directory `data`: undoes every change its
@@ -213,7 +246,10 @@ pub fn cut_with(data: &Path, seed: Option<u64>) -> CutReport {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return CutReport::default(),
         Err(e) => panic!("reading {}: {e}", journal.display()),
     };
-    let records = parse(&bytes);
+    let mut records = parse(&bytes);
+    if records.last().is_some_and(|r| !r.was_made()) {
+        records.pop();
+    }
     let report = undo(&records, &canonical(data), seed);
     std::fs::remove_file(&journal).unwrap();
     report
@@ -628,4 +664,99 @@ fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One record in the shim's layout.
+    fn encode(kind: u8, size: u64, path: &Path, path2: &Path, data: &[u8]) -> Vec<u8> {
+        use std::os::unix::ffi::OsStrExt;
+        let mut out = vec![kind];
+        for v in [0, size, 0] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        for p in [path, path2] {
+            let p = p.as_os_str().as_bytes();
+            out.extend_from_slice(&(p.len() as u32).to_le_bytes());
+            out.extend_from_slice(p);
+        }
+        out.extend_from_slice(&(data.len() as u64).to_le_bytes());
+        out.extend_from_slice(data);
+        out
+    }
+
+    /// A data directory with `a` (holding "a") and the journal `records`;
+    /// cuts it and returns the directory.
+    fn cut_after(records: impl Fn(&Path) -> Vec<Vec<u8>>) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        let data = data.canonicalize().unwrap();
+        std::fs::write(data.join("a"), "a").unwrap();
+        std::fs::write(journal_for(&data), records(&data).concat()).unwrap();
+        cut(&data);
+        assert!(!journal_for(&data).exists(), "the cut removes the journal");
+        dir
+    }
+
+    fn read(dir: &tempfile::TempDir, name: &str) -> Option<String> {
+        std::fs::read_to_string(dir.path().join("data").join(name)).ok()
+    }
+
+    #[test]
+    fn a_last_change_journalled_but_not_made_is_not_undone() {
+        let none = Path::new("");
+        // Created, then renamed over `a` (which it replaced), all unsynced;
+        // the rename was journalled and the process died before making it.
+        let dir = cut_after(|d| {
+            std::fs::write(d.join("b"), "").unwrap();
+            vec![
+                encode(CREATE, 0, &d.join("b"), none, b""),
+                encode(RENAME, 1, &d.join("b"), &d.join("a"), b"a"),
+            ]
+        });
+        assert_eq!(read(&dir, "a").as_deref(), Some("a"));
+        assert_eq!(read(&dir, "b"), None, "the creation of b is undone");
+        // An unlink journalled, not made: the file is left as it is.
+        let dir = cut_after(|d| vec![encode(UNLINK, 0, &d.join("a"), none, b"old")]);
+        assert_eq!(read(&dir, "a").as_deref(), Some("a"));
+        // A creation journalled, not made: nothing to remove.
+        let dir = cut_after(|d| vec![encode(CREATE, 0, &d.join("c"), none, b"")]);
+        assert_eq!(read(&dir, "c"), None);
+        assert_eq!(read(&dir, "a").as_deref(), Some("a"));
+    }
+
+    #[test]
+    fn a_cancelled_record_and_a_record_cut_short_are_not_undone() {
+        let none = Path::new("");
+        let dir = cut_after(|d| {
+            let torn = encode(UNLINK, 0, &d.join("a"), none, b"gone");
+            vec![
+                encode(UNLINK, 0, &d.join("a"), none, b"x"),
+                encode(CANCEL, 0, none, none, b""),
+                torn[..torn.len() - 2].to_vec(),
+            ]
+        });
+        assert_eq!(read(&dir, "a").as_deref(), Some("a"));
+    }
+
+    #[test]
+    fn a_last_change_made_is_undone() {
+        let none = Path::new("");
+        // `a` was renamed to `b` (made: `a` is gone) without a directory sync.
+        let dir = cut_after(|d| {
+            std::fs::rename(d.join("a"), d.join("b")).unwrap();
+            vec![encode(RENAME, 0, &d.join("a"), &d.join("b"), b"")]
+        });
+        assert_eq!(read(&dir, "a").as_deref(), Some("a"));
+        assert_eq!(read(&dir, "b"), None);
+        // `a` was unlinked (made): put back with the bytes it had.
+        let dir = cut_after(|d| {
+            std::fs::remove_file(d.join("a")).unwrap();
+            vec![encode(UNLINK, 0, &d.join("a"), none, b"old")]
+        });
+        assert_eq!(read(&dir, "a").as_deref(), Some("old"));
+    }
 }
