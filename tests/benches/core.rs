@@ -612,6 +612,10 @@ fn main() {
     }
     let rt = mneme_e2e::bench::runtime();
     println!("# mneme core benchmark");
+    // `MNEME_BENCH_STEPS_ONLY=1`: only the agent steps (a quick look).
+    if std::env::var_os("MNEME_BENCH_STEPS_ONLY").is_some() {
+        return agent_steps(rt);
+    }
     let floors = appends();
     group_commit(&floors);
     replay_and_resume();
