@@ -85,8 +85,14 @@ static HELD: Mutex<BTreeSet<PathBuf>> = Mutex::new(BTreeSet::new());
 /// lock a moment after its last handle is dropped, so a directory this
 /// process just closed may still be locked by it without being held.
 fn held_here(dir: &Path) -> bool {
-    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
-    HELD.lock().expect("held lock poisoned").contains(&dir)
+    HELD.lock()
+        .expect("held lock poisoned")
+        .contains(&held_name(dir))
+}
+
+/// The name [`HELD`] knows `dir` by: its canonical path, if it has one.
+fn held_name(dir: &Path) -> PathBuf {
+    dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf())
 }
 
 /// Notes `dir` as held by this process (`true`) or no longer (`false`).
@@ -284,10 +290,7 @@ impl SledLog {
             .name("mneme-log-sync".into())
             .spawn(move || syncer.run(queue))
             .map_err(io(&shared.dir))?;
-        let held = shared
-            .dir
-            .canonicalize()
-            .unwrap_or_else(|_| shared.dir.clone());
+        let held = held_name(&shared.dir);
         note_held(&held, true);
         Ok(SledLog {
             shared,
