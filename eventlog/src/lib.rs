@@ -28,7 +28,7 @@ pub use envelope::{Envelope, Hash, NewEvent, Record, MAX_RECORD_BYTES, RECORD_FO
 pub use keys::KEYS_DIR;
 pub use lease::{Lease, LocalLeases};
 pub use sled_log::{sled_config, SledLog, Totals};
-pub use wal::TornTail;
+pub use wal::{TornTail, MIN_FREE_BYTES};
 
 use std::fmt;
 use std::sync::Arc;

@@ -107,6 +107,12 @@ async fn appends_on_a_full_disk_fail_cleanly_and_resume_once_space_returns() {
         .map(|s| s.to_string())
         .unwrap_or_default();
     assert!(source.contains("No space left on device"), "{source}");
+    // Refused while sled still has room: sled cannot recover from a write
+    // it could not make, and it must take the next append below.
+    assert!(
+        source.contains(&format!("mneme keeps {} free", eventlog::MIN_FREE_BYTES)),
+        "{source}"
+    );
     assert_eq!(
         log.head(session).await.unwrap().seq,
         acknowledged,

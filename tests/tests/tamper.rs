@@ -221,8 +221,12 @@ async fn damage_inside_the_write_ahead_file_refuses_the_directory() {
 async fn a_torn_last_write_is_set_aside_named_and_the_turn_redone() {
     let (world, session, model) = session_only_in_the_write_ahead_file().await;
     let path = world.data().join("mneme.wal");
-    let bytes = std::fs::read(&path).unwrap();
-    std::fs::write(&path, &bytes[..bytes.len() - 10]).unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    // The last frame's last 10 bytes never reached the preallocated zeros.
+    let end = frames_end(&bytes);
+    assert!(end < bytes.len(), "the file is grown ahead of its frames");
+    bytes[end - 10..end].fill(0);
+    std::fs::write(&path, &bytes).unwrap();
     let out = world.run(&["resume", &session]).await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
@@ -246,6 +250,18 @@ async fn a_torn_last_write_is_set_aside_named_and_the_turn_redone() {
 /// previous frame's checksum (guessed). A reply is text, so each frame's
 /// value is varied until its checksum's bytes are ASCII (NULs pass as
 /// `\u0000` in JSON).
+/// Where the frames of a write-ahead file end: the zeros after them are
+/// space it grew ahead.
+fn frames_end(wal: &[u8]) -> usize {
+    let salt = &wal[8..16];
+    let mut at = WAL_HEADER as usize;
+    while wal.get(at..at + 8) == Some(salt) {
+        let len = u32::from_le_bytes(wal[at + 8..at + 12].try_into().unwrap());
+        at += 20 + len as usize;
+    }
+    at
+}
+
 struct Forgery;
 
 impl Forgery {
