@@ -87,6 +87,12 @@ fn appends() -> Floors {
         file.sync_data().unwrap();
     });
     row("raw write + fdatasync per 64 events", &raw_batch, base);
+    let zeroed = preallocated_floor(&payloads);
+    row(
+        "raw write + fdatasync per event over written zeros (preallocated floor)",
+        &zeroed,
+        base,
+    );
     // What a flushed append costs at its two parts: the write-ahead
     // file's write, and sled's insert (with the settings mneme gives it).
     let raw_write = measure(APPENDS, 1, |i| file.write_all(&payloads[i]).unwrap());
@@ -162,13 +168,33 @@ fn appends() -> Floors {
         base,
     );
     println!(
-        "\nmneme synced per event / raw fdatasync per event: {:.2}x slower (target ≤ 1.5x)",
-        raw.per_sec / synced.per_sec
+        "\nmneme synced per event / raw fdatasync per event: {:.2}x slower (target ≤ 1.5x); \
+         / raw fdatasync over written zeros, as mneme's write-ahead file writes: {:.2}x",
+        raw.per_sec / synced.per_sec,
+        zeroed.per_sec / synced.per_sec
     );
     Floors {
         raw: raw.per_sec,
         per_event: synced.per_sec,
     }
+}
+
+/// Raw `pwrite` + `fdatasync` of each payload over zeros written (and
+/// synced) beforehand, as a preallocated file is written: no sync has a
+/// file size to commit.
+fn preallocated_floor(payloads: &[Vec<u8>]) -> Rate {
+    use std::os::unix::fs::FileExt;
+    let dir = bench_dir("raw-fsync-preallocated");
+    let file = std::fs::File::create(dir.join("log")).unwrap();
+    let total: usize = payloads.iter().map(Vec::len).sum();
+    file.write_all_at(&vec![0; total], 0).unwrap();
+    file.sync_all().unwrap();
+    let mut at = 0u64;
+    measure(payloads.len(), 1, |i| {
+        file.write_all_at(&payloads[i], at).unwrap();
+        file.sync_data().unwrap();
+        at += payloads[i].len() as u64;
+    })
 }
 
 /// What [`run_writers`] measured.
@@ -612,9 +638,11 @@ fn main() {
     }
     let rt = mneme_e2e::bench::runtime();
     println!("# mneme core benchmark");
-    // `MNEME_BENCH_STEPS_ONLY=1`: only the agent steps (a quick look).
-    if std::env::var_os("MNEME_BENCH_STEPS_ONLY").is_some() {
-        return agent_steps(rt);
+    // `MNEME_BENCH_ONLY=steps` or `appends`: only those rows (a quick look).
+    match std::env::var("MNEME_BENCH_ONLY").as_deref() {
+        Ok("steps") => return agent_steps(rt),
+        Ok("appends") => return group_commit(&appends()),
+        _ => {}
     }
     let floors = appends();
     group_commit(&floors);
