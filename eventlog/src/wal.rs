@@ -28,11 +28,12 @@
 //! `fdatasync` has no file size to commit: it measured 54–74 µs against
 //! 99–100 µs for an append that grows the file. Space merely reserved
 //! (`fallocate`) does not help: its first write still changes the extent
-//! tree. Zeros after the last whole frame are that space, not a torn tail. A failed append is
-//! cut back off the file; if even that fails, the bytes past the last whole
-//! frame stay unknown, and every later append first cuts them off again and
-//! is refused while it cannot (an emptying at a checkpoint also clears
-//! them): a frame written behind them could never check out.
+//! tree. Zeros after the last whole frame are that space, not a torn tail.
+//! A failed append is cut back off the file; if even that fails, the bytes
+//! past the last whole frame stay unknown, and every later append first
+//! cuts them off again and is refused while it cannot (an emptying at a
+//! checkpoint also clears them): a frame written behind them could never
+//! check out.
 //!
 //! Opening tells a torn tail from damage: a frame that does not check out is
 //! a torn tail only if no whole frame follows it anywhere in the file (the
