@@ -163,8 +163,35 @@ pub fn without_cache_key(body: &[u8]) -> Vec<u8> {
     }
 }
 
+/// How many leading bytes `a` and `b` share (compared 64 at a time, then
+/// byte by byte: requests run to hundreds of KiB).
 fn common_prefix(a: &[u8], b: &[u8]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+    let chunks = a.chunks(64).zip(b.chunks(64));
+    let same: usize = chunks
+        .take_while(|(x, y)| x == y)
+        .map(|(x, _)| x.len())
+        .sum();
+    same + a[same..]
+        .iter()
+        .zip(&b[same..])
+        .take_while(|(x, y)| x == y)
+        .count()
+}
+
+/// What the scripted model reads of a request: the model, and each
+/// message's role (the rest is skipped, not built into a tree).
+#[derive(serde::Deserialize)]
+struct Request {
+    #[serde(default)]
+    model: Value,
+    #[serde(default)]
+    messages: Vec<Message>,
+}
+
+#[derive(serde::Deserialize)]
+struct Message {
+    #[serde(default)]
+    role: String,
 }
 
 async fn complete(
@@ -194,19 +221,21 @@ async fn complete(
         }
         _ => {}
     }
-    if body.windows(15).any(|w| w == b"[mneme:compact]") {
+    if String::from_utf8_lossy(&body).contains("[mneme:compact]") {
         let lines = String::from_utf8_lossy(&body).matches("\\n").count() + 1;
         let content = format!("SUMMARY of {lines} lines");
         return axum::Json(json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": body.len() / 4, "completion_tokens": 5}})).into_response();
     }
-    let request: Value = match serde_json::from_slice(&body) {
+    let request: Request = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(e) => return (StatusCode::BAD_REQUEST, format!("bad json: {e}")).into_response(),
     };
-    let turn = request["messages"]
-        .as_array()
-        .map_or(0, |m| m.iter().filter(|m| m["role"] == "assistant").count());
+    let turn = request
+        .messages
+        .iter()
+        .filter(|m| m.role == "assistant")
+        .count();
     let Some(reply) = inner.replies.get(turn).cloned() else {
         return (
             StatusCode::BAD_REQUEST,
@@ -233,7 +262,7 @@ async fn complete(
     }
     let prompt_tokens = body.len() / 4;
     axum::Json(json!({
-        "id": format!("chatcmpl-{turn}"), "object": "chat.completion", "model": request["model"],
+        "id": format!("chatcmpl-{turn}"), "object": "chat.completion", "model": request.model,
         "choices": [{"index": 0, "message": message,
                      "finish_reason": if reply.calls.is_empty() { "stop" } else { "tool_calls" }}],
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 5, "total_tokens": prompt_tokens + 5,
@@ -542,4 +571,23 @@ pub fn env_number(name: &str) -> Option<u64> {
         v.parse()
             .unwrap_or_else(|_| panic!("{name}={v:?} is not a number"))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::common_prefix;
+
+    #[test]
+    fn common_prefix_counts_the_bytes_two_requests_share() {
+        let a: Vec<u8> = (0..300u32).map(|i| (i % 251) as u8).collect();
+        for at in [0, 1, 63, 64, 65, 128, 299] {
+            let mut b = a.clone();
+            b[at] ^= 1;
+            assert_eq!(common_prefix(&a, &b), at, "differing at {at}");
+        }
+        for len in [0, 1, 64, 100, 300] {
+            assert_eq!(common_prefix(&a, &a[..len]), len, "a prefix of {len}");
+            assert_eq!(common_prefix(&a[..len], &a), len, "a prefix of {len}");
+        }
+    }
 }
