@@ -243,13 +243,6 @@ async fn a_torn_last_write_is_set_aside_named_and_the_turn_redone() {
     assert!(world.run(&["verify"]).await.status.success());
 }
 
-/// What an attacker who read mneme's source, but cannot read its data
-/// directory, can put into a model reply: write-ahead frames in the old
-/// format (magic, length, CRC-32 of key and value) and in the new one with
-/// everything right but what they cannot know, the file's salt and the
-/// previous frame's checksum (guessed). A reply is text, so each frame's
-/// value is varied until its checksum's bytes are ASCII (NULs pass as
-/// `\u0000` in JSON).
 /// Where the frames of a write-ahead file end: the zeros after them are
 /// space it grew ahead.
 fn frames_end(wal: &[u8]) -> usize {
@@ -262,6 +255,13 @@ fn frames_end(wal: &[u8]) -> usize {
     at
 }
 
+/// What an attacker who read mneme's source, but cannot read its data
+/// directory, can put into a model reply: write-ahead frames in the old
+/// format (magic, length, CRC-32 of key and value) and in the new one with
+/// everything right but what they cannot know, the file's salt and the
+/// previous frame's checksum (guessed). A reply is text, so each frame's
+/// value is varied until its checksum's bytes are ASCII (NULs pass as
+/// `\u0000` in JSON).
 struct Forgery;
 
 impl Forgery {
