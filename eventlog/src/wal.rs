@@ -727,6 +727,111 @@ mod tests {
         assert_eq!(frames.len(), appended + 1);
     }
 
+    /// One step of [`any_history_reads_back_and_a_torn_last_append_loses_only_itself`].
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// Append one frame per value, in one write.
+        Append(Vec<Vec<u8>>),
+        /// Undo the last append (sled refused it).
+        UndoLast,
+        /// Empty the file (a checkpoint).
+        Empty,
+        /// Close and open again.
+        Reopen,
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        let value = prop_oneof![
+            8 => proptest::collection::vec(any::<u8>(), 0..2_000),
+            1 => (1usize..100_000).prop_map(|n| vec![0; n]),
+        ];
+        prop_oneof![
+            8 => proptest::collection::vec(value, 1..4).prop_map(Step::Append),
+            1 => Just(Step::UndoLast),
+            1 => Just(Step::Empty),
+            2 => Just(Step::Reopen),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+        /// Across appends (some past the zeros written ahead, some of zeros
+        /// themselves), undone appends, emptyings and reopenings, opening
+        /// returns exactly the frames appended and not undone since the last
+        /// emptying; a last append whose end never reached the disk (its
+        /// bytes from some point on still zeros) is set aside, and only it.
+        #[test]
+        fn any_history_reads_back_and_a_torn_last_append_loses_only_itself(
+            steps in proptest::collection::vec(step(), 1..24),
+            torn in proptest::option::of((proptest::collection::vec(proptest::prelude::any::<u8>(), 1..3_000), 0.0f64..1.0)),
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("wal");
+            let (mut wal, _) = Wal::open(&path).unwrap();
+            let mut expected: Vec<Vec<u8>> = Vec::new();
+            let mut last: Option<(Mark, usize)> = None;
+            for step in steps {
+                match step {
+                    Step::Append(values) => {
+                        let frames: Vec<Frame> = values.iter().map(|v| (key(1), v.clone())).collect();
+                        let appended = wal.append(&frames).unwrap();
+                        last = Some((appended.before, values.len()));
+                        expected.extend(values);
+                    }
+                    Step::UndoLast => {
+                        if let Some((mark, n)) = last.take() {
+                            wal.cut_back_to(mark);
+                            expected.truncate(expected.len() - n);
+                        }
+                    }
+                    Step::Empty => {
+                        wal.truncate().unwrap();
+                        expected.clear();
+                        last = None;
+                    }
+                    Step::Reopen => {
+                        drop(wal);
+                        let (reopened, frames) = Wal::open(&path).unwrap();
+                        proptest::prop_assert!(reopened.torn_tail().is_none());
+                        proptest::prop_assert_eq!(values(&frames), expected.iter().map(Vec::as_slice).collect::<Vec<_>>());
+                        wal = reopened;
+                        last = None;
+                    }
+                }
+                let size = std::fs::metadata(&path).unwrap().len();
+                proptest::prop_assert!(size >= wal.len() && size <= wal.len() + PREALLOCATED as u64);
+            }
+            let mut kept = Vec::new();
+            if let Some((value, at)) = &torn {
+                let start = wal.len();
+                wal.append(&[(key(1), value.clone())]).unwrap();
+                let end = wal.len();
+                // The write reached the disk only up to some byte of its frame.
+                let cut = start + ((end - start) as f64 * at) as u64;
+                let bytes = std::fs::read(&path).unwrap();
+                if bytes[cut as usize..end as usize].iter().all(|&b| b == 0) {
+                    // What it lost were zeros: the frame is whole after all.
+                    expected.push(value.clone());
+                } else {
+                    kept = bytes[start as usize..cut as usize].to_vec();
+                }
+                wal.file.write_all_at(&vec![0; (end - cut) as usize], cut).unwrap();
+            }
+            drop(wal);
+            let (wal, frames) = Wal::open(&path).unwrap();
+            proptest::prop_assert_eq!(values(&frames), expected.iter().map(Vec::as_slice).collect::<Vec<_>>());
+            match wal.torn_tail() {
+                None => proptest::prop_assert!(kept.iter().all(|&b| b == 0)),
+                Some(tail) => {
+                    let aside = std::fs::read(&tail.saved_to).unwrap();
+                    proptest::prop_assert!(!aside.is_empty() && kept.starts_with(&aside));
+                }
+            }
+        }
+    }
+
     #[test]
     fn a_damaged_last_frame_is_cut_but_a_damaged_middle_refuses() {
         let dir = tempfile::tempdir().unwrap();
