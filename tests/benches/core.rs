@@ -639,10 +639,12 @@ fn main() {
     let rt = mneme_e2e::bench::runtime();
     println!("# mneme core benchmark");
     // `MNEME_BENCH_ONLY=steps` or `appends`: only those rows (a quick look).
-    match std::env::var("MNEME_BENCH_ONLY").as_deref() {
-        Ok("steps") => return agent_steps(rt),
-        Ok("appends") => return group_commit(&appends()),
-        _ => {}
+    if let Some(only) = std::env::var_os("MNEME_BENCH_ONLY") {
+        match only.to_str() {
+            Some("steps") => return agent_steps(rt),
+            Some("appends") => return group_commit(&appends()),
+            _ => panic!("MNEME_BENCH_ONLY={only:?}: expected `steps` or `appends`"),
+        }
     }
     let floors = appends();
     group_commit(&floors);
