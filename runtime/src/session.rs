@@ -70,6 +70,28 @@ pub async fn read_events(
         .collect()
 }
 
+/// Records of a session read and decoded at a time by [`decode_every_event`].
+const DECODE_CHUNK: u64 = 4096;
+
+/// Checks that every event of `session` up to `head` decodes, reading a
+/// chunk of records at a time: what it holds stays bounded, whatever the
+/// session's length. Returns the first that does not.
+pub(crate) async fn decode_every_event(
+    log: &dyn EventLog,
+    session: Uuid,
+    head: u64,
+) -> Result<(), RuntimeError> {
+    let mut from = 1;
+    while from <= head {
+        let to = head.min(from + DECODE_CHUNK - 1);
+        for record in log.read(session, from, to).await? {
+            decode(&record)?;
+        }
+        from = to + 1;
+    }
+    Ok(())
+}
+
 /// Below this many records, decoding on one thread is faster.
 const PARALLEL_DECODE_MIN: usize = 2048;
 

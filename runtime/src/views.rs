@@ -6,7 +6,7 @@ use crate::api::{
     Verified, WaitingCall,
 };
 use crate::runner::TurnEnd;
-use crate::session::read_events;
+use crate::session::decode_every_event;
 use crate::snapshot::Summary;
 use eventlog::{EventLog, Record, SessionMeta};
 use replay::{plan, CallDecision, Event, NextStep, SessionState};
@@ -99,9 +99,9 @@ fn to_json(value: impl serde::Serialize) -> Value {
 /// decodes as an event this build knows).
 pub async fn verified(log: &dyn EventLog, session: Uuid) -> Verified {
     let checked = match log.verify(session).await {
-        Ok(n) => read_events(log, session)
+        Ok(n) => decode_every_event(log, session, n)
             .await
-            .map(|_| n)
+            .map(|()| n)
             .map_err(|e| e.to_string()),
         Err(e) => Err(e.to_string()),
     };
@@ -319,5 +319,38 @@ mod tests {
             "{row}"
         );
         assert_eq!(row["events"], 3);
+    }
+
+    #[tokio::test]
+    async fn verify_decodes_every_event_a_chunk_at_a_time_and_names_one_that_does_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = eventlog::SledLog::open(dir.path()).unwrap();
+        let message = |text: String| {
+            let event = Event::UserMessage { text };
+            eventlog::NewEvent {
+                kind: event.kind().into(),
+                schema: replay::EVENT_SCHEMA,
+                caused_by: None,
+                payload: event.encode(),
+            }
+        };
+        let (good, bad) = (Uuid::now_v7(), Uuid::now_v7());
+        // Past the first chunk, so the second is read and decoded too.
+        let events = || (0..5_000).map(|i| message(format!("m{i}")));
+        log.append(good, 1, events().collect()).await.unwrap();
+        let mut broken: Vec<_> = events().collect();
+        broken[4_500].payload = vec![0xc1];
+        log.append(bad, 1, broken).await.unwrap();
+
+        let checked = verified(&log, good).await;
+        assert!(checked.ok, "{:?}", checked.error);
+        assert_eq!(checked.events, Some(5_000));
+        let checked = verified(&log, bad).await;
+        assert!(!checked.ok);
+        let error = checked.error.unwrap();
+        assert!(
+            error.contains("seq 4501") && error.contains("does not decode"),
+            "{error}"
+        );
     }
 }
