@@ -65,30 +65,37 @@ pub async fn dispatch(cli: Cli, holder: &str) -> Result<ExitCode> {
     let endpoint = cli.otlp_endpoint.as_deref().filter(|_| turns);
     let tracer = tracer(endpoint, cli.otlp_content)?;
     let outcome = async {
-        let sessions: Box<dyn Sessions> =
-            match open_log(&cli.store, &data_dir, &command, holder).await? {
-                Opened::Daemon(remote) => Box::new(remote),
-                Opened::Log(raw) => {
-                    let log: Arc<dyn EventLog> = Arc::new(SealedLog::new(raw.clone(), master));
-                    if let Command::Serve(a) = command {
-                        let settings = ServeSettings {
-                            signer,
-                            tracer: tracer.clone(),
-                            data_dir: &data_dir,
-                            durability,
-                            snapshot_every,
-                            lease_ttl,
-                        };
-                        return serve(log, settings, a).await;
-                    }
-                    let service = Service::new(log, durability)
-                        .snapshot_every(snapshot_every)
-                        .signed_by(signer)
-                        .traced_by(tracer.clone());
-                    let owner = runtime::lease::owner_name("cli");
-                    Box::new(Local::new(service, raw, owner, lease_ttl))
+        let sessions: Box<dyn Sessions> = match open_log(
+            &cli.store,
+            &data_dir,
+            cli.sled_cache_mib << 20,
+            &command,
+            holder,
+        )
+        .await?
+        {
+            Opened::Daemon(remote) => Box::new(remote),
+            Opened::Log(raw) => {
+                let log: Arc<dyn EventLog> = Arc::new(SealedLog::new(raw.clone(), master));
+                if let Command::Serve(a) = command {
+                    let settings = ServeSettings {
+                        signer,
+                        tracer: tracer.clone(),
+                        data_dir: &data_dir,
+                        durability,
+                        snapshot_every,
+                        lease_ttl,
+                    };
+                    return serve(log, settings, a).await;
                 }
-            };
+                let service = Service::new(log, durability)
+                    .snapshot_every(snapshot_every)
+                    .signed_by(signer)
+                    .traced_by(tracer.clone());
+                let owner = runtime::lease::owner_name("cli");
+                Box::new(Local::new(service, raw, owner, lease_ttl))
+            }
+        };
         run(sessions.as_ref(), command).await
     }
     .await;
@@ -471,21 +478,27 @@ enum Opened {
     Daemon(Remote),
 }
 
-/// Opens the sled log in `data_dir` on tokio's blocking pool: opening
-/// replays the write-ahead file and checkpoints (reads, writes, fsyncs).
-async fn open_sled(data_dir: &Path, holder: &str) -> Result<SledLog, eventlog::LogError> {
+/// Opens the sled log in `data_dir`, with `cache_bytes` of page cache, on
+/// tokio's blocking pool: opening replays the write-ahead file and
+/// checkpoints (reads, writes, fsyncs).
+async fn open_sled(
+    data_dir: &Path,
+    cache_bytes: u64,
+    holder: &str,
+) -> Result<SledLog, eventlog::LogError> {
     let (dir, holder) = (data_dir.to_path_buf(), holder.to_string());
-    tokio::task::spawn_blocking(move || SledLog::open_as(dir, &holder))
+    tokio::task::spawn_blocking(move || SledLog::open_with(dir, &holder, cache_bytes))
         .await
         .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
 }
 
 /// Opens the PostgreSQL store `store` names, else the sled log in
-/// `data_dir` as `holder`; a data directory a daemon holds is reached
-/// through it.
+/// `data_dir` (with `cache_bytes` of page cache) as `holder`; a data
+/// directory a daemon holds is reached through it.
 async fn open_log(
     store: &Option<String>,
     data_dir: &Path,
+    cache_bytes: u64,
     command: &Command,
     holder: &str,
 ) -> Result<Opened> {
@@ -495,13 +508,13 @@ async fn open_log(
         }
         return Ok(Opened::Log(Arc::new(PgLog::connect(url).await?)));
     }
-    let log = match open_sled(data_dir, holder).await {
+    let log = match open_sled(data_dir, cache_bytes, holder).await {
         Ok(log) => log,
         Err(eventlog::LogError::Locked { .. }) if !matches!(command, Command::Serve(_)) => {
             if let Some(remote) = Remote::discover(data_dir)? {
                 return Ok(Opened::Daemon(remote));
             }
-            open_sled(data_dir, holder).await?
+            open_sled(data_dir, cache_bytes, holder).await?
         }
         Err(e) => return Err(e.into()),
     };

@@ -42,6 +42,19 @@ struct Cli {
     /// share one store.
     #[arg(long, env = "MNEME_STORE", global = true)]
     store: Option<String>,
+    /// MiB of the sled log's page cache, counted as sled counts it: the
+    /// bytes its pages take on disk, compressed (the process holds more
+    /// for them). Pages of records read stay in memory up to this; sled
+    /// evicts in batches, so a process may hold up to ~16,000 more pages
+    /// than the cache before it catches up. Appends need little of it.
+    #[arg(
+        long,
+        env = "MNEME_SLED_CACHE_MIB",
+        default_value_t = eventlog::DEFAULT_CACHE_BYTES >> 20,
+        value_parser = clap::value_parser!(u64).range(1..=1 << 20),
+        global = true
+    )]
+    sled_cache_mib: u64,
     /// Milliseconds a session's lease lasts unless renewed: how soon another
     /// daemon on the same store takes over the sessions of one that died.
     #[arg(

@@ -27,7 +27,7 @@ mod wal;
 pub use envelope::{Envelope, Hash, NewEvent, Record, MAX_RECORD_BYTES, RECORD_FORMAT};
 pub use keys::KEYS_DIR;
 pub use lease::{Lease, LocalLeases};
-pub use sled_log::{sled_config, SledLog, Totals};
+pub use sled_log::{sled_config, SledLog, Totals, DEFAULT_CACHE_BYTES};
 pub use wal::{TornTail, MIN_FREE_BYTES};
 
 use std::fmt;

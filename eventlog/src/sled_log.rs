@@ -61,6 +61,12 @@ const CHECKPOINT_BYTES: u64 = 1 << 20;
 const SEGMENT_BYTES: usize = 64 << 10;
 /// zstd level of sled's compression in a new data directory: the cheapest.
 const COMPRESSION_LEVEL: i32 = 1;
+/// What sled's page cache holds at most by default, counted as sled counts
+/// it: the bytes its pages take on disk, compressed (the process holds
+/// more for them). sled's own default is 1 GiB. Appends touch only the
+/// last pages of each session, and a daemon keeps its active sessions
+/// folded in memory, so the cache serves mostly cold reads.
+pub const DEFAULT_CACHE_BYTES: u64 = 128 << 20;
 
 /// An [`EventLog`] in a sled database in one directory.
 ///
@@ -226,6 +232,11 @@ impl SledLog {
         SledLog::open_as(dir, &program)
     }
 
+    /// [`SledLog::open_with`], with a page cache of [`DEFAULT_CACHE_BYTES`].
+    pub fn open_as(dir: impl AsRef<Path>, holder: &str) -> Result<SledLog, LogError> {
+        SledLog::open_with(dir, holder, DEFAULT_CACHE_BYTES)
+    }
+
     /// Opens the log in `dir`, creating the directory readable by its owner
     /// only (0700) if needed, and tightening an existing one that others
     /// can enter to 0700: the log holds whatever the model and the tools
@@ -234,13 +245,19 @@ impl SledLog {
     /// refused with [`LogError::NotWritable`] before anything is touched.
     /// `holder` is how the note left for a second opener names this process
     /// beside its pid (such as `mneme run`); keep what a user typed out of it.
+    /// sled's page cache holds at most `cache_bytes` (see
+    /// [`DEFAULT_CACHE_BYTES`] for how sled counts them).
     ///
     /// Opening recovers and checkpoints on the calling thread (it is done
     /// once, before the log serves anyone), then starts the writer thread.
-    pub fn open_as(dir: impl AsRef<Path>, holder: &str) -> Result<SledLog, LogError> {
+    pub fn open_with(
+        dir: impl AsRef<Path>,
+        holder: &str,
+        cache_bytes: u64,
+    ) -> Result<SledLog, LogError> {
         let dir = dir.as_ref().to_path_buf();
         private_dir(&dir)?;
-        let db = open_sled(&dir)?;
+        let db = open_sled(&dir, cache_bytes)?;
         let data_path = dir.join("db");
         let io = |path: &Path| {
             let path = path.display().to_string();
@@ -953,15 +970,15 @@ impl StoredMeta {
     }
 }
 
-/// Opens sled in `dir`. A lock held by a process that no longer runs (one
+/// Opens sled in `dir`, its page cache bounded at `cache_bytes`. A lock held by a process that no longer runs (one
 /// just killed, whose files the kernel is still closing), or by this one
 /// with no handle open (sled lets go a moment after its last handle is
 /// dropped), is waited for, up to two seconds; a lock held by a live
 /// process's handle is reported at once.
-fn open_sled(dir: &Path) -> Result<sled::Db, LogError> {
+fn open_sled(dir: &Path, cache_bytes: u64) -> Result<sled::Db, LogError> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
     loop {
-        let opened = sled_config(dir).open();
+        let opened = sled_config(dir).cache_capacity(cache_bytes).open();
         match opened.map_err(|source| open_error(dir, source)) {
             Err(LogError::Locked { .. })
                 if !holder_alive(dir) && std::time::Instant::now() < deadline =>
@@ -996,8 +1013,9 @@ fn sync_conf(dir: &Path) -> Result<(), LogError> {
 /// sled's settings for the data directory `dir`: zstd compression and
 /// 64 KiB segments for a new one; for one sled already created,
 /// the compression and segment size it was created with (sled refuses to
-/// open a directory with others), read from its `conf` file. Anything that
-/// opens a data directory's sled itself must open it with these.
+/// open a directory with others), read from its `conf` file; a page cache
+/// of [`DEFAULT_CACHE_BYTES`]. Anything that opens a data directory's sled
+/// itself must open it with these.
 pub fn sled_config(dir: &Path) -> sled::Config {
     let (compression, segment) = created_with(dir).unwrap_or((true, SEGMENT_BYTES));
     sled::Config::new()
@@ -1008,6 +1026,7 @@ pub fn sled_config(dir: &Path) -> sled::Config {
         .use_compression(compression)
         .compression_factor(COMPRESSION_LEVEL)
         .segment_size(segment)
+        .cache_capacity(DEFAULT_CACHE_BYTES)
 }
 
 /// The compression and segment size recorded in sled's `conf` file

@@ -1,17 +1,26 @@
-//! The daemon's benchmark: agent steps across concurrent sessions, and the
-//! daemon's memory with many idle sessions in its log.
+//! The daemon's benchmark: agent steps across concurrent sessions, the
+//! daemon's memory with many idle sessions in its log, and the memory of a
+//! process that reads a log larger than sled's page cache.
 //!
 //! Run: `cargo bench -p mneme-e2e --bench daemon` (`MNEME_BENCH_DIR` sets the
 //! disk; default `target/bench-data`).
 
 use eventlog::{Durability, EventLog, SledLog};
-use mneme_e2e::bench::{agent_steps, bench_dir, bench_spec, block, daemon_address, to_new_event};
+use mneme_e2e::bench::{
+    agent_steps, bench_dir, bench_spec, block, daemon_address, incompressible_message, to_new_event,
+};
 use replay::{Event, ModelReply};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const CHILD_ENV: &str = "MNEME_BENCH_DAEMON_CHILD";
+/// Set for a child that reads a whole log: "DIR CACHE_MIB".
+const READER_ENV: &str = "MNEME_BENCH_READER_CHILD";
+/// The log the reader reads: sessions of ~1 KiB messages that do not
+/// compress, 400 MB in all.
+const READ_SESSIONS: usize = 200;
+const READ_MESSAGES: usize = 2_000;
 
 /// Fills `n` idle sessions (started, asked, answered).
 fn fill_idle(dir: &Path, n: usize) {
@@ -37,13 +46,62 @@ fn fill_idle(dir: &Path, n: usize) {
     block(log.barrier(Durability::Synced)).unwrap();
 }
 
-fn rss_kib(pid: u32) -> u64 {
+/// Fills `READ_SESSIONS` sessions of `READ_MESSAGES` messages each.
+fn fill_large(dir: &Path) {
+    let log = SledLog::open(dir).unwrap();
+    let mut seed = 7;
+    for _ in 0..READ_SESSIONS {
+        let session = uuid::Uuid::now_v7();
+        for seq in (1..=READ_MESSAGES as u64).step_by(500) {
+            let events = (0..500)
+                .map(|_| incompressible_message(&mut seed, 1_000))
+                .collect();
+            block(log.append(session, seq, events)).unwrap();
+        }
+    }
+    block(log.barrier(Durability::Synced)).unwrap();
+}
+
+/// `field` of `/proc/PID/status`, in KiB.
+fn status_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap()
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmRSS:")
+}
+
+/// The reader child: opens the log in `dir` with `cache_mib` of sled page
+/// cache, reads every record of every session twice, and prints its peak
+/// RSS in KiB.
+fn run_reader(dir: &str, cache_mib: u64) {
+    let log = SledLog::open_with(dir, "bench", cache_mib << 20).unwrap();
+    for _ in 0..2 {
+        for meta in block(log.sessions()).unwrap() {
+            let head = block(log.head(meta.session)).unwrap();
+            block(log.read(meta.session, 1, head.seq)).unwrap();
+        }
+    }
+    println!("{}", status_kib(std::process::id(), "VmHWM:"));
+}
+
+/// Peak RSS (KiB) of a reader child of `dir` with `cache_mib` of page cache.
+fn reader_peak(dir: &Path, cache_mib: u64) -> u64 {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .env(READER_ENV, format!("{} {cache_mib}", dir.display()))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
 }
 
 /// Starts this benchmark as a daemon child on `dir`; returns (RSS KiB once
@@ -124,6 +182,10 @@ fn main() {
     if let Ok(dir) = std::env::var(CHILD_ENV) {
         return run_child(&dir);
     }
+    if let Ok(args) = std::env::var(READER_ENV) {
+        let (dir, cache) = args.rsplit_once(' ').unwrap();
+        return run_reader(dir, cache.parse().unwrap());
+    }
     if std::env::args().any(|a| a == "--list") {
         return;
     }
@@ -147,6 +209,24 @@ fn main() {
             "| {sessions} | {:.1} MiB | {:.0} ms |",
             rss as f64 / 1024.0,
             took.as_secs_f64() * 1e3
+        );
+    }
+    let mb = READ_SESSIONS * READ_MESSAGES / 1000;
+    println!("\n## Memory of a process that reads a log larger than sled's page cache ({READ_SESSIONS} sessions of {READ_MESSAGES} ~1 KiB messages that do not compress, ~{mb} MB; every record read twice)\n");
+    println!("| page cache (`--sled-cache-mib`) | peak RSS |\n|---:|---:|");
+    let dir = bench_dir("large-log");
+    fill_large(&dir);
+    let default = eventlog::DEFAULT_CACHE_BYTES >> 20;
+    for cache_mib in [16, default, 1024] {
+        let peak = reader_peak(&dir, cache_mib);
+        let note = match cache_mib {
+            1024 => " (sled's own default)",
+            c if c == default => " (mneme's default)",
+            _ => "",
+        };
+        println!(
+            "| {cache_mib} MiB{note} | {:.0} MiB |",
+            peak as f64 / 1024.0
         );
     }
 }

@@ -107,6 +107,18 @@ pub fn new_event(i: usize) -> eventlog::NewEvent {
     to_new_event(&event(i))
 }
 
+/// A user message of `bytes` of text that does not compress, drawn from
+/// `seed` (sled counts its page cache in the pages' compressed bytes).
+pub fn incompressible_message(seed: &mut u64, bytes: usize) -> eventlog::NewEvent {
+    let text = (0..bytes)
+        .map(|_| {
+            *seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            char::from(b"abcdefghijklmnopqrstuvwxyz ,.'"[(*seed >> 59) as usize % 30])
+        })
+        .collect();
+    to_new_event(&replay::Event::UserMessage { text })
+}
+
 /// A model scripted to ask for `steps` charges, one per reply, then answer
 /// "done"; and the sink the charges go to.
 pub async fn charging_model(steps: usize) -> (MockModel, Sink) {
