@@ -76,12 +76,13 @@ pub(crate) const KEY_LEN: usize = 25;
 /// Zeros written past the last frame whenever an append passes the end of
 /// the file: the most it holds beyond its frames.
 pub(crate) const PREALLOCATED: usize = 256 << 10;
-/// Bytes an append leaves free on the disk, or it is refused as if the disk
-/// were full. sled cannot recover from a write it could not make (every
-/// later call fails until it is reopened), and with the write-ahead file
-/// grown ahead sled's writes would otherwise be the first to find the disk
-/// full; this keeps room for them (sled writes 64 KiB segments, and at most
-/// a checkpoint's worth of records between checkpoints).
+/// Bytes an append leaves free on the disk after its own (in the
+/// write-ahead file and, as much again, in sled), or it is refused as if
+/// the disk were full. sled cannot recover from a write it could not make
+/// (every later call fails until it is reopened), and with the write-ahead
+/// file grown ahead sled's writes would otherwise be the first to find the
+/// disk full; this keeps room for them (sled writes 64 KiB segments, and at
+/// most a checkpoint's worth of records between checkpoints).
 pub const MIN_FREE_BYTES: u64 = 4 << 20;
 
 /// A stored record and its key, as one frame holds them.
@@ -241,7 +242,6 @@ impl Wal {
     /// trace. A file still holding version 1 frames is refused.
     pub(crate) fn append(&mut self, records: &[Frame]) -> std::io::Result<Appended> {
         let salt = self.ready()?;
-        room_left(&self.file)?;
         let before = Mark {
             len: self.len,
             chain: self.chain,
@@ -261,6 +261,8 @@ impl Wal {
         if self.len + bytes > self.allocated {
             buf.resize(buf.len() + PREALLOCATED, 0);
         }
+        // What this write takes, and what sled takes for the same records.
+        room_left(&self.file, buf.len() as u64 + bytes)?;
         if let Err(e) = self.file.write_all_at(&buf, self.len) {
             // The write's error is the one to report; a failed cut is
             // remembered and refuses the next append until it is redone.
@@ -309,10 +311,15 @@ impl Wal {
     }
 
     /// Cuts the file back to `len` (its preallocated zeros too: a failed
-    /// write may have reached them); on failure, `uncut` says bytes may
-    /// remain past it.
+    /// write may have reached them), durably: the frames of an undone
+    /// append overwrote blocks the file had, and could otherwise come back
+    /// whole after a power cut. On failure, `uncut` says bytes may remain
+    /// past it.
     fn cut_back(&mut self) -> std::io::Result<()> {
-        let result = self.file.set_len(self.len);
+        let result = self
+            .file
+            .set_len(self.len)
+            .and_then(|()| self.file.sync_data());
         self.uncut = result.is_err();
         if !self.uncut {
             self.allocated = self.len;
@@ -359,9 +366,11 @@ impl Wal {
     }
 }
 
-/// Fails with "No space left on device" if fewer than [`MIN_FREE_BYTES`]
-/// are free (to an unprivileged user) on the disk holding `file`.
-fn room_left(file: &File) -> std::io::Result<()> {
+/// Fails with "No space left on device" unless `needed` bytes can be
+/// written to the disk holding `file` with [`MIN_FREE_BYTES`] still free
+/// (to an unprivileged user) after them. A filesystem that reports no size
+/// at all (tmpfs with `size=0`, ramfs, some FUSE ones) is not checked.
+fn room_left(file: &File, needed: u64) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
     // SAFETY: `file` is an open descriptor and `stat` is written whole by
@@ -372,13 +381,14 @@ fn room_left(file: &File) -> std::io::Result<()> {
     // SAFETY: the call succeeded.
     let stat = unsafe { stat.assume_init() };
     let free = stat.f_bavail.saturating_mul(stat.f_frsize);
-    if free >= MIN_FREE_BYTES {
+    if stat.f_blocks == 0 || free >= MIN_FREE_BYTES.saturating_add(needed) {
         return Ok(());
     }
     Err(std::io::Error::new(
         std::io::ErrorKind::StorageFull,
         format!(
-            "{}: {free} bytes are free on its disk, and mneme keeps {MIN_FREE_BYTES} free for \
+            "{}: {free} bytes are free on its disk, this append needs {needed} (in the \
+             write-ahead file and in sled), and mneme keeps {MIN_FREE_BYTES} more free for \
              sled's own writes",
             std::io::Error::from_raw_os_error(libc::ENOSPC)
         ),
@@ -548,9 +558,31 @@ fn whole_at(format: Format, bytes: &[u8], at: usize) -> Option<Whole> {
     })
 }
 
+/// The disk's sector: the least a write reaches it in.
+const SECTOR: usize = 512;
+
+/// Whether the bad bytes `bytes[bad]` of a version 2 file, before a whole
+/// frame, show a write the disk never got: zeros from the start to the end
+/// of its sector, or a whole sector of zeros (the file grows in written
+/// zeros, so a sector the disk did not get still holds them). Appends that
+/// overwrite those zeros change no file size, so a power cut may keep a
+/// later sector of them and lose an earlier one; the frames after such a
+/// gap were never synced (a sync writes every sector before it), so they
+/// are a torn tail, not acknowledged records behind damage.
+fn never_written(format: Format, bytes: &[u8], bad: std::ops::Range<usize>) -> bool {
+    let zeros = |range: std::ops::Range<usize>| bytes[range].iter().all(|&b| b == 0);
+    let first_end = (bad.start / SECTOR + 1) * SECTOR;
+    matches!(format, Format::V2 { .. })
+        && (zeros(bad.start..first_end.min(bad.end))
+            || (first_end..bad.end)
+                .step_by(SECTOR)
+                .any(|s| s + SECTOR <= bad.end && zeros(s..s + SECTOR)))
+}
+
 /// The frames of `bytes` in `format`, read in order from `at` and chained
 /// from `chain`, and where the last whole one ends; or the offset of a bad
-/// frame that has a whole frame somewhere after it (damage).
+/// frame that has a whole frame somewhere after it (damage), unless what is
+/// bad was never written (see [`never_written`]).
 fn parse(format: Format, bytes: &[u8], mut at: usize, mut chain: u32) -> Result<Contents, Refusal> {
     let mut frames = Vec::new();
     while at < bytes.len() {
@@ -561,10 +593,13 @@ fn parse(format: Format, bytes: &[u8], mut at: usize, mut chain: u32) -> Result<
                 chain = whole.sum;
             }
             None => {
-                if (at + 1..bytes.len()).any(|p| whole_at(format, bytes, p).is_some()) {
-                    return Err(Refusal::Damaged(at));
+                let next = (at + 1..bytes.len()).find(|&p| whole_at(format, bytes, p).is_some());
+                match next {
+                    Some(next) if !never_written(format, bytes, at..next) => {
+                        return Err(Refusal::Damaged(at));
+                    }
+                    _ => break,
                 }
-                break;
             }
         }
     }
@@ -854,6 +889,44 @@ mod tests {
                 err.to_string()
                     .contains(&format!("damaged at byte {FILE_HEADER}")),
                 "{what}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn sectors_a_power_cut_kept_past_one_it_lost_are_a_torn_tail_not_damage() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wal");
+        // Unsynced appends over the zeros the file was grown with: the disk
+        // may keep a later sector of them and lose an earlier one.
+        let lose = |wal: &Wal, range: std::ops::Range<u64>| {
+            let zeros = vec![0; (range.end - range.start) as usize];
+            wal.file.write_all_at(&zeros, range.start).unwrap();
+        };
+        for (case, lost) in [("the sector a frame starts in", 0), ("one inside it", 1)] {
+            let _ = std::fs::remove_file(&path);
+            let (mut wal, _) = Wal::open(&path).unwrap();
+            wal.append(&[(key(1), b"synced".to_vec())]).unwrap();
+            wal.file.sync_data().unwrap();
+            let synced = wal.len();
+            wal.append(&[(key(1), vec![b'c'; 5000])]).unwrap();
+            wal.append(&[(key(1), b"d".to_vec())]).unwrap();
+            let first_sector = (synced as usize / SECTOR + lost) * SECTOR;
+            let from = synced.max(first_sector as u64);
+            lose(&wal, from..(first_sector + SECTOR) as u64);
+            let written = std::fs::read(&path).unwrap()[synced as usize..wal.len() as usize]
+                .iter()
+                .rposition(|&b| b != 0)
+                .unwrap()
+                + 1;
+            drop(wal);
+            let (wal, frames) = Wal::open(&path).unwrap_or_else(|e| panic!("{case}: {e}"));
+            assert_eq!(values(&frames), [b"synced"], "{case}");
+            assert_eq!(wal.len(), synced, "{case}");
+            let torn = wal.torn_tail().expect("the unsynced appends are set aside");
+            assert_eq!(
+                torn.bytes, written,
+                "{case}: both unsynced frames, kept aside"
             );
         }
     }
