@@ -115,7 +115,9 @@ async fn appends_on_a_full_disk_fail_cleanly_and_resume_once_space_returns() {
     for seq in 1..=50 {
         append_synced(&log, session, seq).await.unwrap();
     }
-    let filler = disk.fill();
+    // Room for sled, and a little more than mneme keeps free: appends go
+    // on, then are refused while sled still has that room.
+    let filler = disk.fill_leaving(eventlog::MIN_FREE_BYTES + (512 << 10));
     let mut acknowledged = 50;
     let error = loop {
         match append_synced(&log, session, acknowledged + 1).await {
@@ -150,6 +152,15 @@ async fn appends_on_a_full_disk_fail_cleanly_and_resume_once_space_returns() {
     assert_eq!(
         log.read(session, 1, u64::MAX).await.unwrap().len() as u64,
         acknowledged
+    );
+    assert!(
+        acknowledged > 50,
+        "appends went on until the room kept free"
+    );
+    assert!(
+        disk.free() >= eventlog::MIN_FREE_BYTES / 2,
+        "sled still has room: {} bytes free",
+        disk.free()
     );
 
     std::fs::remove_file(filler).unwrap();
