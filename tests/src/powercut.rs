@@ -126,6 +126,9 @@ pub struct CutReport {
     pub survived: usize,
     /// Writes of which only a prefix survived ([`cut_with`] a seed).
     pub torn: usize,
+    /// Sectors of the write-ahead file that unsynced overwrites wrote and
+    /// that survived out of order ([`cut_with`] a seed).
+    pub sectors_kept: usize,
     /// Files the cut changed, by name (relative to the data directory).
     pub files: Vec<String>,
 }
@@ -146,6 +149,7 @@ impl CutReport {
         self.records += other.records;
         self.survived += other.survived;
         self.torn += other.torn;
+        self.sectors_kept += other.sectors_kept;
     }
 }
 
@@ -238,7 +242,10 @@ pub fn cut(data: &Path) -> CutReport {
 /// writes survive (the device wrote them back before the cut: files are
 /// persisted independently of each other, each in the order it was
 /// written), and the first lost one may be torn (its bytes up to a random
-/// sector boundary inside it survive), drawn from `seed`.
+/// sector boundary inside it survive), drawn from `seed`. Besides, each
+/// sector of the write-ahead file that unsynced writes overwrote within
+/// its size may survive on its own (no file size to commit orders them: a
+/// device writes such sectors in any order).
 pub fn cut_with(data: &Path, seed: Option<u64>) -> CutReport {
     let journal = journal_for(data);
     let bytes = match std::fs::read(&journal) {
@@ -385,6 +392,15 @@ fn undo(records: &[Record], root: &Path, seed: Option<u64>) -> CutReport {
     // Backward: where each file is now, undoing what is not durable.
     let mut at: HashMap<usize, PathBuf> =
         (files.ids.iter()).map(|(p, &id)| (id, p.clone())).collect();
+    let kept_sectors = match seed {
+        Some(seed) => {
+            let overwrites = (records.iter().enumerate()).filter(|&(i, r)| {
+                r.kind == WRITE && r.off + r.len <= r.size && !durable(i, about[i].0)
+            });
+            overwritten_sectors_kept(overwrites.map(|(i, r)| (about[i].0, r)), &at, seed)
+        }
+        None => Vec::new(),
+    };
     let mut report = CutReport {
         records: records.len(),
         ..CutReport::default()
@@ -471,8 +487,53 @@ fn undo(records: &[Record], root: &Path, seed: Option<u64>) -> CutReport {
             _ => {}
         }
     }
+    for (path, off, bytes) in kept_sectors {
+        use std::os::unix::fs::FileExt;
+        // Gone, or cut shorter than the sector, by the undo: nothing to keep.
+        let Ok(file) = std::fs::OpenOptions::new().write(true).open(&path) else {
+            continue;
+        };
+        if file.metadata().unwrap().len() >= off + bytes.len() as u64 {
+            file.write_all_at(&bytes, off).unwrap();
+            report.sectors_kept += 1;
+        }
+    }
     report.files = touched.into_iter().collect();
     report
+}
+
+/// Of the sectors of the write-ahead file that `overwrites` (unsynced
+/// writes within the file's size, with the file each is about) wrote, those
+/// that survive the cut, each drawn on its own from `seed`: their path,
+/// offset and bytes now (the newest written), to put back after the undo.
+fn overwritten_sectors_kept<'a>(
+    overwrites: impl Iterator<Item = (usize, &'a Record)>,
+    at: &HashMap<usize, PathBuf>,
+    seed: u64,
+) -> Vec<(PathBuf, u64, Vec<u8>)> {
+    let mut state = (seed ^ 0x5ec7_0125) | 1;
+    let mut sectors = std::collections::BTreeSet::new();
+    for (id, r) in overwrites {
+        let Some(path) = at.get(&id).filter(|p| p.ends_with("mneme.wal")) else {
+            continue;
+        };
+        for sector in r.off / SECTOR..(r.off + r.len).div_ceil(SECTOR) {
+            sectors.insert((path.clone(), sector));
+        }
+    }
+    let mut kept = Vec::new();
+    for (path, sector) in sectors {
+        if next(&mut state).is_multiple_of(2) {
+            continue;
+        }
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::File::open(&path).unwrap();
+        let mut bytes = vec![0; SECTOR as usize];
+        let n = file.read_at(&mut bytes, sector * SECTOR).unwrap();
+        bytes.truncate(n);
+        kept.push((path, sector * SECTOR, bytes));
+    }
+    kept
 }
 
 /// A power cut after every death of a `mneme` process in a scenario run
@@ -515,8 +576,8 @@ impl Tally {
     pub fn cuts_line(&self) -> String {
         let d = &self.dropped;
         format!(
-            "cuts {} ({} dropping store writes), writes dropped {} (bytes {}), unsynced writes kept {} (torn {})",
-            self.cuts, self.cuts_dropping, d.writes, d.bytes, d.survived, d.torn
+            "cuts {} ({} dropping store writes), writes dropped {} (bytes {}), unsynced writes kept {} (torn {}), write-ahead sectors kept out of order {}",
+            self.cuts, self.cuts_dropping, d.writes, d.bytes, d.survived, d.torn, d.sectors_kept
         )
     }
 }
