@@ -92,16 +92,12 @@ fn run_reader(dir: &str, cache_mib: u64) {
 
 /// Peak RSS (KiB) of a reader child of `dir` with `cache_mib` of page cache.
 fn reader_peak(dir: &Path, cache_mib: u64) -> u64 {
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .env(READER_ENV, format!("{} {cache_mib}", dir.display()))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    let mut reader = std::process::Command::new(std::env::current_exe().unwrap());
+    reader.env(READER_ENV, format!("{} {cache_mib}", dir.display()));
+    mneme_e2e::stdout_of_success(&mut reader)
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 /// Starts this benchmark as a daemon child on `dir`; returns (RSS KiB once

@@ -489,6 +489,14 @@ pub fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).to_string()
 }
 
+/// Runs `command` to its end; its stdout, once it exited 0 (else panics
+/// with its stderr).
+pub fn stdout_of_success(command: &mut std::process::Command) -> String {
+    let output = command.output().unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    stdout(&output)
+}
+
 /// The final request body of a session as `mneme replay --raw` rebuilds it,
 /// without its session-specific `prompt_cache_key`.
 pub async fn rebuilt_request(world: &World, session: &str) -> Vec<u8> {

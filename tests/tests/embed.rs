@@ -32,18 +32,12 @@ async fn a_program_runs_an_agent_with_a_rust_tool_and_the_cli_reads_its_session(
 
     let data = dir.join("data");
     let cli = |args: &[&str]| {
-        let out = Command::new(mneme_bin())
-            .arg("--data-dir")
-            .arg(&data)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        stdout_of_success(
+            Command::new(mneme_bin())
+                .arg("--data-dir")
+                .arg(&data)
+                .args(args),
+        )
     };
     cli(&["verify", &session]);
     let log = cli(&["log", "--json", &session]);

@@ -346,16 +346,10 @@ async fn erasure_on_postgres_leaves_nothing_in_a_dump() {
             .find(|w| w.ends_with("/pg_ctl"))
             .unwrap();
         let server = std::env::var("MNEME_TEST_PG").unwrap();
-        let out = std::process::Command::new(pg_ctl.replace("/pg_ctl", "/pg_dump"))
-            .args(["--data-only", &server])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        stdout_of_success(
+            std::process::Command::new(pg_ctl.replace("/pg_ctl", "/pg_dump"))
+                .args(["--data-only", &server]),
+        )
     };
     let before = dump();
     assert!(before.contains(&wrapped), "pg_dump shows the key table");

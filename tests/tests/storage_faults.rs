@@ -87,6 +87,13 @@ fn event(n: u64) -> NewEvent {
     }
 }
 
+/// What `error` says it comes from (the I/O error under a log error).
+fn source_text(error: &LogError) -> String {
+    std::error::Error::source(error)
+        .map(|s| s.to_string())
+        .unwrap_or_default()
+}
+
 async fn append_synced(log: &SledLog, session: uuid::Uuid, seq: u64) -> Result<(), LogError> {
     log.append(session, seq, vec![event(seq)]).await?;
     log.barrier(Durability::Synced).await
@@ -131,9 +138,7 @@ async fn appends_on_a_full_disk_fail_cleanly_and_resume_once_space_returns() {
         text.contains("mneme.wal"),
         "the error names the file: {text}"
     );
-    let source = std::error::Error::source(&error)
-        .map(|s| s.to_string())
-        .unwrap_or_default();
+    let source = source_text(&error);
     assert!(source.contains("No space left on device"), "{source}");
     // Refused while sled still has room: sled cannot recover from a write
     // it could not make, and it must take the next append below.
@@ -193,9 +198,7 @@ async fn an_append_bigger_than_the_room_left_is_refused_before_sled_runs_out() {
         ..event(2)
     };
     let error = log.append(session, 2, vec![big]).await.unwrap_err();
-    let source = std::error::Error::source(&error)
-        .map(|s| s.to_string())
-        .unwrap_or_default();
+    let source = source_text(&error);
     assert!(
         source.contains("No space left on device") && source.contains("this append needs"),
         "{error}: {source}"

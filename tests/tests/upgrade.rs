@@ -231,22 +231,13 @@ async fn write_the_fixtures_when_blessing() {
     let pg = World::on_postgres();
     ok(&pg, &["import", export.to_str().unwrap()]).await;
     let store = pg.store.clone().unwrap();
-    let dump = std::process::Command::new("pg_dump")
-        .args([
-            store.split('?').next().unwrap(),
-            "--schema",
-            schema_of(&store),
-            "--no-owner",
-            "--no-privileges",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        dump.status.success(),
-        "{}",
-        String::from_utf8_lossy(&dump.stderr)
-    );
-    let dump = String::from_utf8(dump.stdout).unwrap();
+    let dump = stdout_of_success(std::process::Command::new("pg_dump").args([
+        store.split('?').next().unwrap(),
+        "--schema",
+        schema_of(&store),
+        "--no-owner",
+        "--no-privileges",
+    ]));
     std::fs::write(dir.join("pg.sql"), dump.replace(schema_of(&store), SCHEMA)).unwrap();
 }
 
