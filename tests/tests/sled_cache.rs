@@ -93,3 +93,28 @@ async fn a_daemon_reads_pages_past_its_page_cache_from_disk_again_instead_of_kee
         "with a 1 GiB cache, the session's pages stay cached, yet a verify read {large} bytes"
     );
 }
+
+#[test]
+fn a_page_cache_of_nothing_or_past_a_tib_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    for (flag, env) in [
+        (Some("0"), None),
+        (Some("1048577"), None),
+        (None, Some("lots")),
+    ] {
+        let mut command = std::process::Command::new(mneme_e2e::mneme_bin());
+        command.arg("--data-dir").arg(&data);
+        if let Some(value) = flag {
+            command.args(["--sled-cache-mib", value]);
+        }
+        if let Some(value) = env {
+            command.env("MNEME_SLED_CACHE_MIB", value);
+        }
+        let out = command.arg("sessions").output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains("--sled-cache-mib"), "{stderr}");
+        assert!(!data.exists(), "refused before the data directory is made");
+    }
+}
