@@ -64,38 +64,32 @@ pub async fn dispatch(cli: Cli, holder: &str) -> Result<ExitCode> {
     );
     let endpoint = cli.otlp_endpoint.as_deref().filter(|_| turns);
     let tracer = tracer(endpoint, cli.otlp_content)?;
+    let cache_bytes = cli.sled_cache_mib << 20;
     let outcome = async {
-        let sessions: Box<dyn Sessions> = match open_log(
-            &cli.store,
-            &data_dir,
-            cli.sled_cache_mib << 20,
-            &command,
-            holder,
-        )
-        .await?
-        {
-            Opened::Daemon(remote) => Box::new(remote),
-            Opened::Log(raw) => {
-                let log: Arc<dyn EventLog> = Arc::new(SealedLog::new(raw.clone(), master));
-                if let Command::Serve(a) = command {
-                    let settings = ServeSettings {
-                        signer,
-                        tracer: tracer.clone(),
-                        data_dir: &data_dir,
-                        durability,
-                        snapshot_every,
-                        lease_ttl,
-                    };
-                    return serve(log, settings, a).await;
+        let sessions: Box<dyn Sessions> =
+            match open_log(&cli.store, &data_dir, cache_bytes, &command, holder).await? {
+                Opened::Daemon(remote) => Box::new(remote),
+                Opened::Log(raw) => {
+                    let log: Arc<dyn EventLog> = Arc::new(SealedLog::new(raw.clone(), master));
+                    if let Command::Serve(a) = command {
+                        let settings = ServeSettings {
+                            signer,
+                            tracer: tracer.clone(),
+                            data_dir: &data_dir,
+                            durability,
+                            snapshot_every,
+                            lease_ttl,
+                        };
+                        return serve(log, settings, a).await;
+                    }
+                    let service = Service::new(log, durability)
+                        .snapshot_every(snapshot_every)
+                        .signed_by(signer)
+                        .traced_by(tracer.clone());
+                    let owner = runtime::lease::owner_name("cli");
+                    Box::new(Local::new(service, raw, owner, lease_ttl))
                 }
-                let service = Service::new(log, durability)
-                    .snapshot_every(snapshot_every)
-                    .signed_by(signer)
-                    .traced_by(tracer.clone());
-                let owner = runtime::lease::owner_name("cli");
-                Box::new(Local::new(service, raw, owner, lease_ttl))
-            }
-        };
+            };
         run(sessions.as_ref(), command).await
     }
     .await;
