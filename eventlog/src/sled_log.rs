@@ -129,6 +129,9 @@ struct Shared {
     /// Tests: the next this many syncs fail with EIO.
     #[cfg(test)]
     fail_syncs: std::sync::atomic::AtomicU32,
+    /// Tests: the next this many fsyncs of sled's data file fail with EIO.
+    #[cfg(test)]
+    fail_data_syncs: std::sync::atomic::AtomicU32,
 }
 
 /// What callers ask of the sync thread.
@@ -162,6 +165,13 @@ struct Writer {
     durable: u64,
     /// A sync failed and no checkpoint has covered its range since.
     suspect: bool,
+    /// What failed when an fsync of sled's files did, if one has. The
+    /// kernel may have dropped the pages it could not write, and sled will
+    /// not write them again, so no later fsync proves them durable: the
+    /// write-ahead file, which still holds every record since the last
+    /// checkpoint, is never emptied again by this process, and appends are
+    /// refused until the log is opened again (which replays it into sled).
+    sled_unsynced: Option<String>,
     /// Sessions whose head in sled lags the cached one: appended to since
     /// the last checkpoint, which writes their heads (until then the
     /// write-ahead file holds their records, and recovery repairs a head
@@ -279,10 +289,14 @@ impl SledLog {
             leases: LocalLeases::default(),
             #[cfg(test)]
             fail_syncs: std::sync::atomic::AtomicU32::new(0),
+            #[cfg(test)]
+            fail_data_syncs: std::sync::atomic::AtomicU32::new(0),
         };
+        // Before the replay: records replayed since the checkpoint must not
+        // make up for checkpointed ones sled lost.
+        shared.check_anchor(shared.count()?)?;
         shared.recovered = shared.recover(frames)?;
         let totals = shared.count()?;
-        shared.check_anchor(totals)?;
         let mut writer = Writer {
             shared: Arc::new(shared),
             wal,
@@ -290,6 +304,7 @@ impl SledLog {
             appended: 0,
             durable: 0,
             suspect: false,
+            sled_unsynced: None,
             synced_blobs: HashSet::new(),
             stale_heads: HashSet::new(),
             checkpoint_asked: false,
@@ -472,6 +487,7 @@ impl Writer {
         if self.wal.is_empty() {
             return Ok(());
         }
+        self.refuse_if_sled_unsynced()?;
         self.store_heads()?;
         let shared = &self.shared;
         shared.db.flush().map_err(|e| shared.storage(e))?;
@@ -481,12 +497,18 @@ impl Writer {
                 source,
             }
         };
-        shared
-            .data_file
-            .sync_data()
-            .map_err(io(shared.dir.join("db")))?;
-        sync_blobs(&shared.dir.join("blobs"), &mut self.synced_blobs)
-            .map_err(io(shared.dir.join("blobs")))?;
+        let synced = self
+            .sync_data_file()
+            .map_err(io(shared.dir.join("db")))
+            .and_then(|()| {
+                sync_blobs(&shared.dir.join("blobs"), &mut self.synced_blobs)
+                    .map_err(io(shared.dir.join("blobs")))
+            });
+        if let Err(error) = &synced {
+            self.sled_unsynced = Some(error.to_string());
+        }
+        synced?;
+        let shared = &self.shared;
         let anchor = shared.dir.join(ANCHOR_FILE);
         self.totals.store(&anchor).map_err(io(anchor))?;
         crate::crash::point(crate::crash::LOG_CHECKPOINT_SYNCED);
@@ -533,6 +555,7 @@ impl Writer {
         expected_seq: u64,
         events: Vec<NewEvent>,
     ) -> Result<Vec<Record>, LogError> {
+        self.refuse_if_sled_unsynced()?;
         let meta = self.meta_of(session)?;
         let head_seq = meta.as_ref().map_or(0, |m| m.head_seq);
         if expected_seq != head_seq + 1 {
@@ -568,6 +591,7 @@ impl Writer {
     }
 
     fn import(&mut self, session: Uuid, sealed: Vec<Vec<u8>>) -> Result<Head, LogError> {
+        self.refuse_if_sled_unsynced()?;
         let meta = self.meta_of(session)?;
         let head = meta.as_ref().map_or(Head::EMPTY, |m| Head {
             seq: m.head_seq,
@@ -631,6 +655,37 @@ impl Writer {
         Ok(())
     }
 
+    /// The error of a log whose sled failed an fsync (see
+    /// [`Writer::sled_unsynced`]), if it did.
+    fn refuse_if_sled_unsynced(&self) -> Result<(), LogError> {
+        match &self.sled_unsynced {
+            None => Ok(()),
+            Some(failed) => Err(LogError::Io {
+                path: self.shared.dir.display().to_string(),
+                source: std::io::Error::other(format!(
+                    "an fsync of sled's files failed earlier ({failed}); after a failed fsync \
+                     no later one proves those pages durable, so this process takes no more \
+                     appends and keeps the write-ahead file; open the log again (restart \
+                     mneme) to replay it into sled"
+                )),
+            }),
+        }
+    }
+
+    /// `fdatasync` of sled's data file.
+    fn sync_data_file(&self) -> std::io::Result<()> {
+        #[cfg(test)]
+        if self
+            .shared
+            .fail_data_syncs
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
+        }
+        self.shared.data_file.sync_data()
+    }
+
     /// Whether everything appended is durable already.
     fn all_durable(&self) -> bool {
         self.durable >= self.appended
@@ -653,28 +708,37 @@ impl Shared {
         }
     }
 
-    /// Puts into sled every write-ahead record it lacks, brings the heads
-    /// of the sessions concerned up to their last record, then checkpoints.
+    /// Puts into sled every write-ahead record it lacks or holds otherwise,
+    /// and brings the head of each session concerned up to its last
+    /// write-ahead record (the opener then checkpoints).
+    ///
+    /// A different record sled holds at a frame's key is one a power cut
+    /// kept in sled's file while it took that record's own frame (never
+    /// synced, so never acknowledged); the session went on without it, and
+    /// the frame, written after it, is the record. Records sled holds past
+    /// a session's last frame are such records too, and stay past its head.
     fn recover(&self, frames: Vec<Frame>) -> Result<u64, LogError> {
         let mut recovered = 0;
-        let mut touched = std::collections::BTreeSet::new();
+        let mut last = std::collections::BTreeMap::new();
         for (key, value) in frames {
             let (session, seq) = parse_event_key(&key);
-            touched.insert(session);
-            if self.db.contains_key(&key).map_err(|e| self.storage(e))? {
+            let stored = self.db.get(&key).map_err(|e| self.storage(e))?;
+            let record = Record::open(session, seq, &value)?;
+            if stored.as_deref() == Some(&value[..]) {
+                last.insert(session, record);
                 continue;
             }
-            let record = Record::open(session, seq, &value)?;
             let prev = match seq {
                 1 => Head::EMPTY,
                 _ => self.stored_head_at(session, seq - 1)?,
             };
             crate::check_link(session, &prev, &record)?;
             self.db.insert(key, value).map_err(|e| self.storage(e))?;
+            last.insert(session, record);
             recovered += 1;
         }
-        for session in touched {
-            self.repair_meta(session)?;
+        for (session, record) in last {
+            self.repair_meta(session, &record)?;
         }
         Ok(recovered)
     }
@@ -699,28 +763,19 @@ impl Shared {
         })
     }
 
-    /// A crash can leave a record in sled without the meta written after
-    /// it; the records are the truth, so the meta follows the last one.
-    fn repair_meta(&self, session: Uuid) -> Result<(), LogError> {
-        let last = self
-            .db
-            .scan_prefix(&event_key(session, 0)[..17])
-            .next_back()
-            .transpose()
-            .map_err(|e| self.storage(e))?;
-        let Some((key, bytes)) = last else {
-            return Ok(());
-        };
-        let record = Record::open(session, parse_event_key(&key).1, &bytes)?;
+    /// Moves the session's head in sled up to `last`, its last write-ahead
+    /// record, unless it is there already (a checkpoint wrote it and the
+    /// emptying of the write-ahead file did not follow).
+    fn repair_meta(&self, session: Uuid, last: &Record) -> Result<(), LogError> {
         let meta = self.load_meta(session)?;
         if meta
             .as_ref()
-            .is_some_and(|m| m.head_seq == record.envelope.seq)
+            .is_some_and(|m| m.head_seq >= last.envelope.seq)
         {
             return Ok(());
         }
-        let mut meta = meta.unwrap_or_else(|| StoredMeta::new(record.envelope.ts_ms));
-        meta.advance(&record);
+        let mut meta = meta.unwrap_or_else(|| StoredMeta::new(last.envelope.ts_ms));
+        meta.advance(last);
         self.db
             .insert(meta_key(session), encode_meta(&meta))
             .map_err(|e| self.storage(e))?;
@@ -840,13 +895,15 @@ impl Totals {
 /// its flush does not fsync. sled writes a blob file once (one `write`) and
 /// never changes it, so only files not in `synced` already, by name and
 /// length, are synced (checkpoints come often; a directory may hold many
-/// blobs; one still being written when listed has another length later);
-/// `synced` becomes the files there now.
+/// blobs; one still being written when listed has another length later),
+/// then the directory, which makes their names durable; `synced` becomes
+/// the files there now.
 fn sync_blobs(dir: &Path, synced: &mut HashSet<(std::ffi::OsString, u64)>) -> std::io::Result<()> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Ok(());
     };
     let mut now = HashSet::new();
+    let mut created = false;
     let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
     for entry in entries {
         let entry = entry?;
@@ -861,8 +918,13 @@ fn sync_blobs(dir: &Path, synced: &mut HashSet<(std::ffi::OsString, u64)>) -> st
                 Err(e) if gone(&e) => continue,
                 other => other?,
             }
+            created = true;
         }
         now.insert(file);
+    }
+    if created {
+        // A new file's name is durable once its directory is.
+        File::open(dir)?.sync_all()?;
     }
     *synced = now;
     Ok(())
@@ -1829,27 +1891,25 @@ mod tests {
         assert_eq!(log.sessions().await.unwrap()[0].events, 2);
     }
 
+    /// A session's head goes into sled only at checkpoints; a crash after
+    /// sled wrote a later record leaves the head behind it, and opening
+    /// moves it up from the write-ahead file.
     #[tokio::test]
     async fn a_head_that_lags_its_records_is_repaired_on_open() {
-        let dir = tempfile::tempdir().unwrap();
+        let (dir, crashed) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let s = Uuid::now_v7();
-        let (wal, stale_meta) = {
-            let log = reopen(dir.path());
-            let first = log.append(s, 1, vec![event(1)]).await.unwrap();
-            let mut stale = StoredMeta::new(first[0].envelope.ts_ms);
-            stale.advance(&first[0]);
-            let stale = encode_meta(&stale);
-            log.append(s, 2, vec![event(2)]).await.unwrap();
-            (std::fs::read(dir.path().join(WAL_FILE)).unwrap(), stale)
-        };
-        // The record reached sled, the meta written after it did not.
         {
-            let db = sled_config(dir.path()).open().unwrap();
-            db.insert(meta_key(s), stale_meta).unwrap();
-            db.flush().unwrap();
+            let log = reopen(dir.path());
+            log.append(s, 1, vec![event(1)]).await.unwrap();
+            log.writer.lock().await.checkpoint().unwrap();
+            log.append(s, 2, vec![event(2)]).await.unwrap();
+            // Record 2 reaches sled's file; its head would at the next
+            // checkpoint. The crash comes first.
+            log.shared.db.flush().unwrap();
+            copy_dir(dir.path(), crashed.path());
         }
-        std::fs::write(dir.path().join(WAL_FILE), wal).unwrap();
-        let log = reopen(dir.path());
+        let log = reopen(crashed.path());
+        assert_eq!(log.recovered(), 0, "sled held the record already");
         assert_eq!(log.head(s).await.unwrap().seq, 2);
         assert_eq!(log.verify(s).await.unwrap(), 2);
         log.append(s, 3, vec![event(3)]).await.unwrap();
@@ -1955,5 +2015,190 @@ mod tests {
         log.barrier(Durability::Synced).await.unwrap();
         assert_eq!(log.syncs(), 2, "syncing again once covered");
         assert_eq!(log.verify(s).await.unwrap(), 2);
+    }
+
+    /// Copies the files under `from` into `to` (a closed data directory).
+    fn copy_dir(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            let target = to.join(entry.file_name());
+            if entry.metadata().unwrap().is_dir() {
+                copy_dir(&entry.path(), &target);
+            } else {
+                std::fs::copy(entry.path(), target).unwrap();
+            }
+        }
+    }
+
+    /// A power cut kept sled's unsynced write of record 5 (never
+    /// acknowledged) and took its write-ahead frame; the session had no
+    /// other frame, so its head stays 4 and record 5 sits in sled past it.
+    /// The session goes on: another record 5 is appended and acknowledged
+    /// by a synced barrier, then a crash before the next checkpoint. On
+    /// open the acknowledged frame replaces what sled held at its key.
+    #[tokio::test]
+    async fn a_frame_replaces_the_unacknowledged_record_sled_kept_at_its_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Uuid::now_v7();
+        {
+            let log = reopen(dir.path());
+            log.append(s, 1, vec![event(1), event(2), event(3), event(4)])
+                .await
+                .unwrap();
+        } // checkpointed: head 4 in sled, anchor 4 records
+        {
+            // sled persisted an unacknowledged record 5 (the frame was lost).
+            let db = sled_config(dir.path()).open().unwrap();
+            let bytes = db.get(event_key(s, 4)).unwrap().unwrap();
+            let four = Record::open(s, 4, &bytes).unwrap();
+            let (_, orphan) = Record::seal(Envelope {
+                session: s,
+                seq: 5,
+                event_id: Uuid::now_v7(),
+                ts_ms: now_ms(),
+                caused_by: None,
+                schema: 1,
+                kind: "ORPHAN".into(),
+                prev_hash: four.hash,
+                payload: b"never acknowledged".to_vec(),
+            })
+            .unwrap();
+            db.insert(event_key(s, 5), orphan).unwrap();
+            db.flush().unwrap();
+        }
+        let before = tempfile::tempdir().unwrap();
+        copy_dir(dir.path(), before.path());
+        let wal = {
+            let log = reopen(dir.path());
+            assert_eq!(log.head(s).await.unwrap().seq, 4);
+            log.append(s, 5, vec![event(5)]).await.unwrap();
+            log.barrier(Durability::Synced).await.unwrap(); // acknowledged
+            std::fs::read(dir.path().join(WAL_FILE)).unwrap()
+        };
+        // The crash: sled's disk as before (the insert stayed in sled's
+        // memory), the write-ahead file holding the synced frame.
+        std::fs::write(before.path().join(WAL_FILE), wal).unwrap();
+        let log = reopen(before.path());
+        let five = log.read(s, 5, 5).await.unwrap().remove(0);
+        assert_eq!(
+            five.envelope.kind, "K5",
+            "the acknowledged record 5 is lost"
+        );
+    }
+
+    /// After an fsync of sled's data file failed (EIO: the kernel may have
+    /// dropped the pages, and sled will not write them again), no later
+    /// checkpoint may trust its own fsync: the write-ahead file is never
+    /// emptied again, a barrier that needs a checkpoint fails, and appends
+    /// are refused, by name, until the log is opened again, which replays
+    /// the write-ahead file and has every record.
+    #[tokio::test]
+    async fn after_a_failed_fsync_of_sled_no_checkpoint_empties_the_write_ahead_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = reopen(dir.path());
+        let s = Uuid::now_v7();
+        log.append(s, 1, vec![event(1)]).await.unwrap();
+        log.shared.fail_syncs.store(1, Ordering::Relaxed);
+        assert!(
+            log.barrier(Durability::Synced).await.is_err(),
+            "wal sync failed"
+        );
+        log.shared.fail_data_syncs.store(1, Ordering::Relaxed);
+        assert!(
+            log.barrier(Durability::Synced).await.is_err(),
+            "sled fsync failed"
+        );
+        let third = log.barrier(Durability::Synced).await;
+        let wal = std::fs::metadata(dir.path().join(WAL_FILE)).unwrap().len();
+        assert!(
+            third.is_err(),
+            "barrier Ok; write-ahead file emptied to {wal} bytes; record 1's bytes were \
+             last fsynced by nothing that succeeded"
+        );
+        assert!(
+            wal > crate::wal::FILE_HEADER as u64,
+            "the write-ahead file keeps the record"
+        );
+        let refused = log.append(s, 2, vec![event(2)]).await.unwrap_err();
+        assert!(
+            std::error::Error::source(&refused)
+                .is_some_and(|e| e.to_string().contains("open the log again")),
+            "{refused}: {:?}",
+            std::error::Error::source(&refused)
+        );
+        drop(log);
+        assert_eq!(reopen(dir.path()).verify(s).await.unwrap(), 1);
+    }
+
+    /// The same when only sled's fsync failed: the next checkpoint, whose
+    /// own fsync succeeds, must not empty the write-ahead file either.
+    #[tokio::test]
+    async fn after_a_failed_fsync_of_sled_alone_the_next_checkpoint_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = reopen(dir.path());
+        let s = Uuid::now_v7();
+        log.append(s, 1, vec![event(1)]).await.unwrap();
+        log.shared.fail_data_syncs.store(1, Ordering::Relaxed);
+        let failed = log.writer.lock().await.checkpoint();
+        assert!(failed.is_err(), "the data file's fsync failed");
+        assert!(
+            log.writer.lock().await.checkpoint().is_err(),
+            "a later one is refused"
+        );
+        let wal = std::fs::metadata(dir.path().join(WAL_FILE)).unwrap().len();
+        assert!(
+            wal > crate::wal::FILE_HEADER as u64,
+            "the write-ahead file keeps the record"
+        );
+        log.barrier(Durability::Synced).await.unwrap();
+        drop(log);
+        assert_eq!(reopen(dir.path()).verify(s).await.unwrap(), 1);
+    }
+
+    /// The anchor is compared before the write-ahead file is replayed:
+    /// records appended since the checkpoint (another session's) must not
+    /// make up for checkpointed ones sled lost.
+    #[tokio::test]
+    async fn records_replayed_since_a_checkpoint_do_not_hide_what_sled_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
+        {
+            let log = reopen(dir.path());
+            log.append(a, 1, vec![event(1), event(2), event(3)])
+                .await
+                .unwrap();
+        } // checkpointed: anchor 1 session, 3 records
+        let crashed = tempfile::tempdir().unwrap();
+        copy_dir(dir.path(), crashed.path());
+        let wal = {
+            let log = reopen(dir.path());
+            log.append(b, 1, vec![event(1)]).await.unwrap();
+            log.barrier(Durability::Synced).await.unwrap();
+            std::fs::read(dir.path().join(WAL_FILE)).unwrap()
+        };
+        {
+            // sled lost the end of what the checkpoint synced: A's record 3
+            // and the head that named it (as in the anchor test above).
+            let db = sled_config(crashed.path()).open().unwrap();
+            let two = Record::open(a, 2, &db.get(event_key(a, 2)).unwrap().unwrap()).unwrap();
+            let mut meta: StoredMeta =
+                rmp_serde::from_slice(&db.get(meta_key(a)).unwrap().unwrap()).unwrap();
+            meta.head_seq = 2;
+            meta.head_hash = two.hash;
+            db.remove(event_key(a, 3)).unwrap();
+            db.insert(meta_key(a), encode_meta(&meta)).unwrap();
+            db.flush().unwrap();
+        }
+        std::fs::write(crashed.path().join(WAL_FILE), wal).unwrap();
+        let opened = SledLog::open(crashed.path());
+        let verified = match &opened {
+            Ok(log) => Some(log.verify(a).await.unwrap()),
+            Err(_) => None,
+        };
+        assert!(
+            matches!(opened, Err(LogError::LostRecords { .. })),
+            "opened; session A verifies to {verified:?} records of the 3 acknowledged"
+        );
     }
 }
