@@ -760,13 +760,20 @@ impl Runner {
         }
         // At most max_parallel_calls (and the daemon's cap) run at once:
         // each wave is started (durably) only when it can run, so a crash
-        // never leaves a call recorded as started that was only queued.
+        // never leaves a call recorded as started that was only queued. A
+        // call of a sub-agent takes no room under the cap (its child's
+        // calls take theirs; one it held would be one its child waits
+        // for), and each call gives its room back when it ends.
         let wave = self.wave_size(session.spec()?.limits.parallel_calls());
         let mut starts = starts.into_iter().peekable();
         while starts.peek().is_some() {
             let batch: Vec<_> = starts.by_ref().take(wave).collect();
-            let _permits = self.permits(batch.len()).await;
-            if let Some(reason) = self.start_and_run(session, batch, reply_seq).await? {
+            let working = batch.iter().filter(|(tool, ..)| !is_agent(tool)).count();
+            let permits = self.permits(working).await;
+            if let Some(reason) = self
+                .start_and_run(session, batch, reply_seq, permits)
+                .await?
+            {
                 // Asked to stop while calls ran: the rest wait for the resume.
                 let event = Event::SessionPaused {
                     reason,
@@ -821,6 +828,7 @@ impl Runner {
         session: &mut Session,
         starts: Vec<(Arc<dyn Tool>, CallContext, String)>,
         reply_seq: u64,
+        mut permits: Option<tokio::sync::OwnedSemaphorePermit>,
     ) -> Result<Option<String>, RuntimeError> {
         let events = starts
             .iter()
@@ -856,7 +864,12 @@ impl Runner {
                 remaining,
                 args: args.clone(),
             });
+            let room = match child {
+                Some(_) => None,
+                None => permits.as_mut().and_then(|p| p.split(1)),
+            };
             let task = running.spawn(async move {
+                let _room = room;
                 let started = Instant::now();
                 match child {
                     Some(child) => Ran::of_child(&tool.spec().name, child.run().await, started),
@@ -910,14 +923,18 @@ impl Runner {
             }
             let ms = ran.took.as_millis() as u64;
             let cancelled = matches!(ran.result, Err(ToolError::Cancelled { .. }));
+            if cancelled && tool.spec().safe_to_rerun() {
+                // Given up on a person's pause: the call stays started and
+                // runs again when the turn resumes, however often that
+                // happened (only a call that may not run again is in doubt).
+                continue;
+            }
             let end = (ran.result, ran.child);
             match finish_event(tool.as_ref(), call_id, attempt, end, ms) {
                 Some(event) => {
                     session.append(vec![event], Some(started_seq)).await?;
                     crash::point(crash::TOOL_FINISHED_APPENDED);
                 }
-                // Given up on a pause: it runs again when the turn resumes.
-                None if cancelled => {}
                 None => retry = true,
             }
         }
@@ -1071,6 +1088,12 @@ impl Ran {
     }
 }
 
+/// Whether `tool` runs a sub-agent (a child session) rather than doing
+/// work of its own.
+fn is_agent(tool: &Arc<dyn Tool>) -> bool {
+    tool.spec().child_spec().is_some()
+}
+
 /// The event that ends a call: its outcome; or doubt when the tool may have
 /// acted and cannot safely run again; or nothing when its outcome is unknown
 /// and it is safe to run again with the same key (the call stays started).
@@ -1156,6 +1179,150 @@ mod tests {
         // at seq 6 four events were appended (signed, as seq 7); at 12 five
         // more since 7; the answer at 14 ends the turn.
         assert_eq!(signed, [6, 12, 14]);
+    }
+
+    /// A parent and a child agent (scripted) in `dir`: the parent calls its
+    /// sub-agent `ask` once, the child calls `echo` (read only) once.
+    fn tree_spec(dir: &std::path::Path) -> replay::AgentSpec {
+        let call = |name: &str| {
+            format!(r#"{{"tool_calls": [{{"name": "{name}", "arguments": {{"message": "go"}}}}]}}"#)
+        };
+        let answer = r#"{"content": "done"}"#;
+        std::fs::write(
+            dir.join("parent.json"),
+            format!(r#"{{"replies": [{}, {answer}]}}"#, call("ask")),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("child.json"),
+            format!(r#"{{"replies": [{}, {answer}]}}"#, call("echo")),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("child.toml"),
+            "name = \"child\"\n[model]\nprovider = \"scripted\"\nmodel = \"m\"\nscript = \"child.json\"\n\
+             [[tools]]\nname = \"echo\"\nkind = \"command\"\ncommand = [\"sh\", \"-c\", \"echo 1\"]\neffect = \"read_only\"\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("parent.toml"),
+            "name = \"parent\"\n[model]\nprovider = \"scripted\"\nmodel = \"m\"\nscript = \"parent.json\"\n\
+             [[tools]]\nname = \"ask\"\nkind = \"agent\"\nagent = \"child.toml\"\neffect = \"side_effect\"\n",
+        )
+        .unwrap();
+        crate::agent::load_agent_file(&dir.join("parent.toml")).unwrap()
+    }
+
+    /// The daemon's cap on calls at once (`--max-parallel-calls`), here 1:
+    /// the parent's call of its sub-agent must not hold the one permit
+    /// while its child's call waits for it.
+    #[tokio::test]
+    async fn a_sub_agent_under_a_cap_of_one_call_at_once_answers() {
+        for runner in [
+            Runner::new(Durability::Flushed),
+            Runner::new(Durability::Flushed).with_call_cap(1),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let spec = tree_spec(dir.path());
+            let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.path().join("data")).unwrap());
+            let mut session = Session::create(log.clone(), spec).await.unwrap();
+            session
+                .append(vec![Event::UserMessage { text: "go".into() }], None)
+                .await
+                .unwrap();
+            let end =
+                tokio::time::timeout(Duration::from_secs(10), runner.drive(&mut session)).await;
+            assert_eq!(
+                end.expect("the turn hangs: the child waits for its parent's permit")
+                    .unwrap(),
+                TurnEnd::Answered("done".into())
+            );
+        }
+    }
+
+    /// A native tool that runs until the turn's pause cancels it.
+    struct UntilPaused(replay::spec::ToolSpec, Arc<std::sync::atomic::AtomicBool>);
+
+    #[async_trait::async_trait]
+    impl Tool for UntilPaused {
+        fn spec(&self) -> &replay::spec::ToolSpec {
+            &self.0
+        }
+        async fn call(&self, ctx: &CallContext, _args: &str) -> Result<String, ToolError> {
+            self.1.store(true, std::sync::atomic::Ordering::SeqCst);
+            ctx.cancel.as_ref().unwrap().cancelled().await;
+            self.1.store(false, std::sync::atomic::Ordering::SeqCst);
+            Err(ToolError::Cancelled {
+                tool: self.0.name.clone(),
+                reason: "the turn was paused while it ran".into(),
+            })
+        }
+    }
+
+    /// A call a person's pause cancels is given up, not failed: paused
+    /// three times (past the attempts an unknown outcome gets), it is
+    /// still open, and runs again when the turn resumes.
+    #[tokio::test]
+    async fn a_call_given_up_on_a_pause_runs_again_however_often_it_was_paused() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("script.json");
+        std::fs::write(
+            &script,
+            r#"{"replies": [{"tool_calls": [{"name": "slow", "arguments": {}}]}, {"content": "done"}]}"#,
+        )
+        .unwrap();
+        let spec: replay::AgentSpec = toml::from_str(&format!(
+            "name = \"t\"\n[model]\nprovider = \"scripted\"\nscript = {:?}\n\
+             [[tools]]\nname = \"slow\"\ndescription = \"d\"\nkind = \"native\"\neffect = \"read_only\"\nparameters = {{ type = \"object\" }}\n",
+            script.to_str().unwrap()
+        ))
+        .unwrap();
+        let running = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let tool = Arc::new(UntilPaused(spec.tools[0].clone(), running.clone()));
+        let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.path().join("data")).unwrap());
+        let mut session = Session::create(log.clone(), spec).await.unwrap();
+        session
+            .append(vec![Event::UserMessage { text: "go".into() }], None)
+            .await
+            .unwrap();
+        // A person asks for a pause whenever the call runs.
+        let asked = running.clone();
+        let stop: StopCheck = Arc::new(move |_| {
+            let paused = asked.load(std::sync::atomic::Ordering::SeqCst);
+            Box::pin(async move { paused.then(|| crate::pause::PAUSED_ON_REQUEST.to_string()) })
+        });
+        let runner = Runner::new(Durability::Flushed).with_stop(stop);
+        let parts = runner
+            .parts_with_native(&mut session, vec![tool])
+            .await
+            .unwrap();
+        // Paused three times while the call ran, resumed after each.
+        for _ in 0..3 {
+            let end = runner.drive_with(&mut session, &parts).await.unwrap();
+            assert_eq!(end, TurnEnd::Paused(crate::pause::PAUSED_ON_REQUEST.into()));
+            let resumed = Event::SessionResumed {
+                by: "ada".into(),
+                extend_budget: false,
+            };
+            session.append(vec![resumed], None).await.unwrap();
+        }
+        let records = crate::session::read_events(log.as_ref(), session.id())
+            .await
+            .unwrap();
+        let finished: Vec<&Event> = (records.iter())
+            .map(|(_, e)| e)
+            .filter(|e| matches!(e, Event::ToolFinished { .. }))
+            .collect();
+        assert!(
+            finished.is_empty(),
+            "a call given up on a pause is recorded as failed: {finished:?}"
+        );
+        let next = plan(session.state());
+        assert!(
+            (next.calls.iter()).any(|c| matches!(c.decision, CallDecision::Rerun)),
+            "the call runs again on the resume: {:?}",
+            next.calls
+        );
     }
 
     #[tokio::test]
