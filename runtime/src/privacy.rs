@@ -183,10 +183,16 @@ struct Sealed {
 /// A session's key as this process knows it.
 #[derive(Clone)]
 enum SessionKey {
-    /// Written without encryption, or its key was destroyed.
+    /// Written without encryption, or its key was destroyed by another
+    /// process (the store cannot tell the two apart).
     None,
     /// Its key.
     Some(Arc<XChaCha20Poly1305>),
+    /// This process destroyed its key: its records read as their outlines,
+    /// and its derived data is neither read nor written (a snapshot taken
+    /// before the erasure and stored after it would hold the erased text,
+    /// in the clear).
+    Destroyed,
 }
 
 /// A store whose sessions are encrypted at rest, each under its own key:
@@ -326,7 +332,7 @@ impl SealedLog {
         let sealed: Sealed =
             rmp_serde::from_slice(&envelope.payload).map_err(|_| corrupt("does not decode"))?;
         let payload = match key {
-            SessionKey::None => sealed.outline,
+            SessionKey::None | SessionKey::Destroyed => sealed.outline,
             SessionKey::Some(cipher) => {
                 let aad = record_aad(envelope.session, envelope.seq, &envelope.kind);
                 let plain = decrypt(cipher, &sealed.fields, &aad)
@@ -371,12 +377,13 @@ impl SealedLog {
         bytes: Option<Vec<u8>>,
     ) -> Result<Option<Vec<u8>>, LogError> {
         let Some(bytes) = bytes else { return Ok(None) };
-        let Some(sealed) = bytes.strip_prefix(DERIVED_MAGIC.as_slice()) else {
-            return Ok(Some(bytes));
-        };
         // Derived data is optional: what cannot be opened (erased, or no
         // master key here) is as good as absent.
-        Ok(match self.key(session).await {
+        let key = self.key(session).await;
+        let Some(sealed) = bytes.strip_prefix(DERIVED_MAGIC.as_slice()) else {
+            return Ok((!matches!(key, Ok(SessionKey::Destroyed))).then_some(bytes));
+        };
+        Ok(match key {
             Ok(SessionKey::Some(cipher)) => decrypt(&cipher, sealed, &derived_aad(session, name)),
             _ => None,
         })
@@ -440,6 +447,7 @@ impl EventLog for SealedLog {
 
     async fn put_derived(&self, session: Uuid, name: &str, bytes: &[u8]) -> Result<(), LogError> {
         match self.key(session).await? {
+            SessionKey::Destroyed => Ok(()),
             SessionKey::None => self.inner.put_derived(session, name, bytes).await,
             SessionKey::Some(cipher) => {
                 let sealed = encrypt(&cipher, bytes, &derived_aad(session, name), session)?;
@@ -477,7 +485,7 @@ impl EventLog for SealedLog {
     }
 
     async fn destroy_key(&self, session: Uuid) -> Result<(), LogError> {
-        self.remember(session, SessionKey::None);
+        self.remember(session, SessionKey::Destroyed);
         self.inner.destroy_key(session).await
     }
 

@@ -371,4 +371,49 @@ mod tests {
             "stale after an append"
         );
     }
+
+    /// A snapshot task queued behind another session's (the one lock
+    /// snapshots are stored under) runs after the session was erased: it
+    /// holds the state from before, erased text and all, and must store
+    /// nothing, neither in the clear on disk nor for a load to trust.
+    #[tokio::test]
+    async fn a_snapshot_queued_before_an_erasure_is_not_stored_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = tempfile::tempdir().unwrap();
+        let raw: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.path()).unwrap());
+        let master = crate::privacy::MasterKey::generate(&keys.path().join("master.key")).unwrap();
+        let log: Arc<dyn EventLog> =
+            Arc::new(crate::privacy::SealedLog::new(raw.clone(), Some(master)));
+        let mut s = session(&log, 2).await;
+        let id = s.id();
+        let busy = STORE.lock().await;
+        let paused = Event::SessionPaused {
+            reason: "a person".into(),
+            budget: false,
+        };
+        // A pause snapshots in the background: the task waits for the lock.
+        s.append(vec![paused], None).await.unwrap();
+        crate::service::Service::new(log.clone(), eventlog::Durability::Flushed)
+            .erase(&mut s, "asked to", "test")
+            .await
+            .unwrap();
+        drop(busy);
+        // The lock is fair: once it is ours again, the queued task is done.
+        drop(STORE.lock().await);
+        let stored = raw.get_derived(id, SNAPSHOT).await.unwrap();
+        assert!(
+            stored.is_none_or(|bytes| !String::from_utf8_lossy(&bytes).contains("m1")),
+            "the erased text was stored in the clear"
+        );
+        let full = replay::SessionState::fold(
+            (crate::session::read_events(log.as_ref(), id).await.unwrap())
+                .into_iter()
+                .map(|(r, e)| (r.envelope.seq, e)),
+        );
+        let loaded = Session::load(log.clone(), id).await.unwrap();
+        assert_eq!(
+            (loaded.snapshot_seq(), &loaded.state().entries),
+            (0, &full.entries)
+        );
+    }
 }
