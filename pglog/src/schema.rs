@@ -79,6 +79,10 @@ impl Tls {
     }
 }
 
+/// The longest schema name: PostgreSQL's channel names hold 63 bytes,
+/// and appends are announced on `mneme:<schema>`.
+const MAX_SCHEMA_BYTES: usize = 63 - "mneme:".len();
+
 impl Target {
     /// Parses `postgres://…[?…&schema=NAME][&sslmode=require[&sslrootcert=FILE]]`.
     pub(crate) fn parse(url: &str) -> Result<Target, LogError> {
@@ -107,6 +111,13 @@ impl Target {
             if !ok {
                 return Err(invalid(format!(
                     "schema {name:?}: use lowercase letters, digits and _, not starting with a digit"
+                )));
+            }
+            if name.len() > MAX_SCHEMA_BYTES {
+                return Err(invalid(format!(
+                    "schema {name:?} is {} bytes: at most {MAX_SCHEMA_BYTES}, so the channel \
+                     appends are announced on (\"mneme:\" and the schema) fits PostgreSQL's 63",
+                    name.len()
                 )));
             }
         }
@@ -147,16 +158,67 @@ impl Target {
     }
 }
 
-/// `url` without its password.
+/// `url` without its password: the one after the user name, a
+/// `password=` in the query, or the `password` of a key-value string
+/// (`host=… password=…`, which tokio-postgres also accepts).
 fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
+    let Some(scheme) = url.find("://") else {
+        return redact_key_values(url);
+    };
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let base = match base.rfind('@') {
+        Some(at) if at > scheme => {
+            let userinfo = &base[scheme + 3..at];
             let user = userinfo.split(':').next().unwrap_or("");
-            format!("{}{}@{}", &url[..scheme + 3], user, &url[at + 1..])
+            format!("{}{}@{}", &base[..scheme + 3], user, &base[at + 1..])
         }
-        _ => url.to_string(),
+        _ => base.to_string(),
+    };
+    if query.is_empty() {
+        return base;
     }
+    let pairs: Vec<&str> = (query.split('&'))
+        .map(|pair| match pair.starts_with("password=") {
+            true => "password=…",
+            false => pair,
+        })
+        .collect();
+    format!("{base}?{}", pairs.join("&"))
+}
+
+/// A key-value connection string with the value of each `password` key
+/// (quoted or not) replaced by `…`.
+fn redact_key_values(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("password") {
+        let (before, from) = rest.split_at(at);
+        out.push_str(before);
+        let after_key = from["password".len()..].trim_start();
+        let Some(value) = after_key.strip_prefix('=') else {
+            out.push_str("password");
+            rest = &from["password".len()..];
+            continue;
+        };
+        let value = value.trim_start();
+        let end = match value.strip_prefix('\'') {
+            // A quoted value ends at the first quote not escaped.
+            Some(quoted) => {
+                let mut escaped = false;
+                let close = quoted.char_indices().find(|&(_, c)| {
+                    let closes = c == '\'' && !escaped;
+                    escaped = c == '\\' && !escaped;
+                    closes
+                });
+                close.map_or(value.len(), |(i, _)| i + 2)
+            }
+            None => value.find(char::is_whitespace).unwrap_or(value.len()),
+        };
+        out.push_str("password=…");
+        rest = &value[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Brings the store's schema up to the newest version this build knows,
@@ -247,7 +309,10 @@ pub(crate) async fn announce(
                     &[&notes],
                 )
                 .await
-                .map_err(|e| e.to_string())
+                .map_err(|e| match e.as_db_error() {
+                    Some(db) => db.message().to_string(),
+                    None => e.to_string(),
+                })
         };
         if let Err(e) = sent.await {
             eprintln!("mneme: announcing appends on {store}: {e}");
@@ -334,6 +399,30 @@ mod tests {
             "postgres://me@db:5432/mneme?schema=a"
         );
         assert_eq!(redact("postgres://db/mneme"), "postgres://db/mneme");
+        assert_eq!(
+            redact("postgres://me@db/mneme?sslmode=require&password=hunter2&schema=a"),
+            "postgres://me@db/mneme?sslmode=require&password=…&schema=a"
+        );
+        assert_eq!(
+            redact("host=db user=me password=hunter2 dbname=mneme"),
+            "host=db user=me password=… dbname=mneme"
+        );
+        assert_eq!(
+            redact("host=db password = 'hunt er\\'2' dbname=mneme"),
+            "host=db password=… dbname=mneme"
+        );
+        assert_eq!(redact("password=hunter2"), "password=…");
+    }
+
+    #[test]
+    fn a_schema_name_too_long_for_the_announcing_channel_is_refused() {
+        let fits = "s".repeat(MAX_SCHEMA_BYTES);
+        assert!(Target::parse(&format!("postgres://db/mneme?schema={fits}")).is_ok());
+        let long = "s".repeat(MAX_SCHEMA_BYTES + 1);
+        let err = Target::parse(&format!("postgres://db/mneme?schema={long}"))
+            .err()
+            .unwrap();
+        assert!(format!("{err:?}").contains("at most 57"), "{err:?}");
     }
 
     #[test]
