@@ -190,6 +190,15 @@ struct Syncer {
     wal_sync: File,
 }
 
+/// Tests: EIO while `failures` (then counted down) is above zero.
+#[cfg(test)]
+fn injected_eio(failures: &std::sync::atomic::AtomicU32) -> std::io::Result<()> {
+    match failures.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)) {
+        Ok(_) => Err(std::io::Error::from_raw_os_error(libc::EIO)),
+        Err(_) => Ok(()),
+    }
+}
+
 /// The same error again, for each waiter a failed sync covered
 /// ([`LogError`] is not `Clone`).
 fn copy_error(error: &LogError) -> LogError {
@@ -461,14 +470,7 @@ impl Syncer {
 
     fn sync_data(&self) -> std::io::Result<()> {
         #[cfg(test)]
-        if self
-            .shared
-            .fail_syncs
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-            .is_ok()
-        {
-            return Err(std::io::Error::from_raw_os_error(libc::EIO));
-        }
+        injected_eio(&self.shared.fail_syncs)?;
         self.wal_sync.sync_data()
     }
 }
@@ -675,14 +677,7 @@ impl Writer {
     /// `fdatasync` of sled's data file.
     fn sync_data_file(&self) -> std::io::Result<()> {
         #[cfg(test)]
-        if self
-            .shared
-            .fail_data_syncs
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-            .is_ok()
-        {
-            return Err(std::io::Error::from_raw_os_error(libc::EIO));
-        }
+        injected_eio(&self.shared.fail_data_syncs)?;
         self.shared.data_file.sync_data()
     }
 

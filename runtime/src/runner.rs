@@ -1140,22 +1140,27 @@ mod tests {
     use crate::snapshot::fresh_summary;
     use eventlog::{EventLog, SledLog};
 
+    /// An agent on the scripted model answering `replies` (JSON) in turn,
+    /// with `tools` (TOML `[[tools]]` tables), its script kept in `dir`.
+    fn scripted_spec(dir: &std::path::Path, replies: &str, tools: &str) -> replay::AgentSpec {
+        let script = dir.join("script.json");
+        std::fs::write(&script, format!(r#"{{"replies": [{replies}]}}"#)).unwrap();
+        toml::from_str(&format!(
+            "name = \"t\"\n[model]\nprovider = \"scripted\"\nscript = {:?}\n{tools}",
+            script.to_str().unwrap()
+        ))
+        .unwrap()
+    }
+
     #[tokio::test]
     async fn a_long_turn_is_signed_at_checkpoints_and_at_its_end() {
         let dir = tempfile::tempdir().unwrap();
-        let script = dir.path().join("script.json");
         let call = r#"{"tool_calls": [{"name": "echo", "arguments": {}}]}"#;
-        std::fs::write(
-            &script,
-            format!(r#"{{"replies": [{call}, {call}, {call}, {{"content": "done"}}]}}"#),
-        )
-        .unwrap();
-        let spec: replay::AgentSpec = toml::from_str(&format!(
-            "name = \"t\"\n[model]\nprovider = \"scripted\"\nscript = {:?}\n\
-             [[tools]]\nname = \"echo\"\nkind = \"command\"\ncommand = [\"sh\", \"-c\", \"echo 1\"]\neffect = \"read_only\"\n",
-            script.to_str().unwrap()
-        ))
-        .unwrap();
+        let spec = scripted_spec(
+            dir.path(),
+            &format!(r#"{call}, {call}, {call}, {{"content": "done"}}"#),
+            "[[tools]]\nname = \"echo\"\nkind = \"command\"\ncommand = [\"sh\", \"-c\", \"echo 1\"]\neffect = \"read_only\"\n",
+        );
         let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.path().join("data")).unwrap());
         let mut session = Session::create(log.clone(), spec).await.unwrap();
         session
@@ -1265,18 +1270,11 @@ mod tests {
     #[tokio::test]
     async fn a_call_given_up_on_a_pause_runs_again_however_often_it_was_paused() {
         let dir = tempfile::tempdir().unwrap();
-        let script = dir.path().join("script.json");
-        std::fs::write(
-            &script,
-            r#"{"replies": [{"tool_calls": [{"name": "slow", "arguments": {}}]}, {"content": "done"}]}"#,
-        )
-        .unwrap();
-        let spec: replay::AgentSpec = toml::from_str(&format!(
-            "name = \"t\"\n[model]\nprovider = \"scripted\"\nscript = {:?}\n\
-             [[tools]]\nname = \"slow\"\ndescription = \"d\"\nkind = \"native\"\neffect = \"read_only\"\nparameters = {{ type = \"object\" }}\n",
-            script.to_str().unwrap()
-        ))
-        .unwrap();
+        let spec = scripted_spec(
+            dir.path(),
+            r#"{"tool_calls": [{"name": "slow", "arguments": {}}]}, {"content": "done"}"#,
+            "[[tools]]\nname = \"slow\"\ndescription = \"d\"\nkind = \"native\"\neffect = \"read_only\"\nparameters = { type = \"object\" }\n",
+        );
         let running = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let tool = Arc::new(UntilPaused(spec.tools[0].clone(), running.clone()));
         let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.path().join("data")).unwrap());
@@ -1328,13 +1326,7 @@ mod tests {
     #[tokio::test]
     async fn a_drive_that_comes_to_rest_writes_the_summary_and_one_mid_turn_does_not() {
         let dir = tempfile::tempdir().unwrap();
-        let script = dir.path().join("script.json");
-        std::fs::write(&script, r#"{"replies": [{"content": "hello"}]}"#).unwrap();
-        let spec: replay::AgentSpec = toml::from_str(&format!(
-            "name = \"t\"\n[model]\nprovider = \"scripted\"\nscript = {:?}\n",
-            script.to_str().unwrap()
-        ))
-        .unwrap();
+        let spec = scripted_spec(dir.path(), r#"{"content": "hello"}"#, "");
         let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.path().join("data")).unwrap());
         let mut session = Session::create(log.clone(), spec).await.unwrap();
         session
