@@ -1140,6 +1140,19 @@ mod tests {
     use crate::snapshot::fresh_summary;
     use eventlog::{EventLog, SledLog};
 
+    /// A session of `spec` on a fresh log in `dir`, with the user's `text`.
+    async fn with_message(
+        dir: &std::path::Path,
+        spec: replay::AgentSpec,
+        text: &str,
+    ) -> (Arc<dyn EventLog>, Session) {
+        let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.join("data")).unwrap());
+        let mut session = Session::create(log.clone(), spec).await.unwrap();
+        let message = Event::UserMessage { text: text.into() };
+        session.append(vec![message], None).await.unwrap();
+        (log, session)
+    }
+
     /// An agent on the scripted model answering `replies` (JSON) in turn,
     /// with `tools` (TOML `[[tools]]` tables), its script kept in `dir`.
     fn scripted_spec(dir: &std::path::Path, replies: &str, tools: &str) -> replay::AgentSpec {
@@ -1161,12 +1174,7 @@ mod tests {
             &format!(r#"{call}, {call}, {call}, {{"content": "done"}}"#),
             "[[tools]]\nname = \"echo\"\nkind = \"command\"\ncommand = [\"sh\", \"-c\", \"echo 1\"]\neffect = \"read_only\"\n",
         );
-        let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.path().join("data")).unwrap());
-        let mut session = Session::create(log.clone(), spec).await.unwrap();
-        session
-            .append(vec![Event::UserMessage { text: "go".into() }], None)
-            .await
-            .unwrap();
+        let (log, mut session) = with_message(dir.path(), spec, "go").await;
         let signer = crate::signing::HeadSigner::generate(&dir.path().join("key")).unwrap();
         let runner = Runner::new(Durability::Flushed).with_signer(Arc::new(signer), 4);
         let end = runner.drive(&mut session).await.unwrap();
@@ -1229,12 +1237,7 @@ mod tests {
         ] {
             let dir = tempfile::tempdir().unwrap();
             let spec = tree_spec(dir.path());
-            let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.path().join("data")).unwrap());
-            let mut session = Session::create(log.clone(), spec).await.unwrap();
-            session
-                .append(vec![Event::UserMessage { text: "go".into() }], None)
-                .await
-                .unwrap();
+            let (_, mut session) = with_message(dir.path(), spec, "go").await;
             let end =
                 tokio::time::timeout(Duration::from_secs(10), runner.drive(&mut session)).await;
             assert_eq!(
@@ -1277,12 +1280,7 @@ mod tests {
         );
         let running = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let tool = Arc::new(UntilPaused(spec.tools[0].clone(), running.clone()));
-        let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.path().join("data")).unwrap());
-        let mut session = Session::create(log.clone(), spec).await.unwrap();
-        session
-            .append(vec![Event::UserMessage { text: "go".into() }], None)
-            .await
-            .unwrap();
+        let (log, mut session) = with_message(dir.path(), spec, "go").await;
         // A person asks for a pause whenever the call runs.
         let asked = running.clone();
         let stop: StopCheck = Arc::new(move |_| {
@@ -1327,12 +1325,7 @@ mod tests {
     async fn a_drive_that_comes_to_rest_writes_the_summary_and_one_mid_turn_does_not() {
         let dir = tempfile::tempdir().unwrap();
         let spec = scripted_spec(dir.path(), r#"{"content": "hello"}"#, "");
-        let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.path().join("data")).unwrap());
-        let mut session = Session::create(log.clone(), spec).await.unwrap();
-        session
-            .append(vec![Event::UserMessage { text: "hi".into() }], None)
-            .await
-            .unwrap();
+        let (log, mut session) = with_message(dir.path(), spec, "hi").await;
         session.barrier(Durability::Flushed).await.unwrap();
         let id = session.id();
         let head = log.head(id).await.unwrap().seq;
