@@ -64,11 +64,18 @@ async fn http(
     args: &str,
     client: &reqwest::Client,
 ) -> Result<Checked, ToolError> {
+    // A value of "." or ".." (the model's arguments fill the URL) would be
+    // a path segment URL parsing collapses, taking the check elsewhere.
+    let climbs = std::cell::Cell::new(false);
     let url = fill(&check.url, ctx, args, |v| {
+        climbs.set(climbs.get() || v == "." || v == "..");
         url::form_urlencoded::byte_serialize(v.as_bytes()).collect()
     });
     let method = check.method.as_deref().unwrap_or("GET");
     let unknown = |why: String| Ok(Checked::Unknown(format!("{method} {url}: {why}")));
+    if climbs.get() {
+        return unknown("an argument of \".\" or \"..\" would move the URL out of its path".into());
+    }
     let Ok(method_value) = reqwest::Method::from_bytes(method.as_bytes()) else {
         return unknown("bad method".into());
     };
@@ -168,6 +175,27 @@ mod tests {
             filled,
             "http://h/c?key=mneme-k+1&who=a%26b&n=3&x={args.none}"
         );
+    }
+
+    #[tokio::test]
+    async fn an_argument_cannot_move_the_check_out_of_its_path() {
+        // check = { url = "http://h/charges/{args.id}/applied" }, the model's
+        // id "..": the URL would collapse to http://h/applied.
+        let mut spec = spec(&["true"]);
+        spec.check_command = None;
+        spec.check = Some(HttpCheck {
+            url: "http://127.0.0.1:9/charges/{args.id}/applied".into(),
+            method: None,
+        });
+        let client = reqwest::Client::new();
+        for id in ["..", "."] {
+            let args = format!(r#"{{"id":"{id}"}}"#);
+            let answer = check(&spec, &ctx(), &args, &client).await;
+            assert!(
+                matches!(&answer, Some(Checked::Unknown(why)) if why.contains("out of its path")),
+                "{id}: {answer:?}"
+            );
+        }
     }
 
     #[tokio::test]

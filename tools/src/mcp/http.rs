@@ -39,7 +39,10 @@ impl HttpServer {
             value.set_sensitive(true);
             headers.insert(name, value);
         }
+        // A redirect is not followed: reqwest would carry the headers above
+        // to whatever host it names.
         let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
         Ok(HttpServer {
@@ -65,7 +68,23 @@ impl HttpServer {
 
     /// Posts `message`; with `id`, waits for its answer. `idempotency_key`
     /// goes along as the `Idempotency-Key` header.
+    /// Header values from the environment are replaced by `[redacted]`
+    /// wherever the answer holds them (a server that quotes a bad key).
     pub(crate) async fn post(
+        &self,
+        message: &Value,
+        id: Option<u64>,
+        idempotency_key: Option<&str>,
+    ) -> RpcResult {
+        let secrets: Vec<&str> = (self.headers.values())
+            .filter_map(|value| value.to_str().ok())
+            .filter(|value| !value.is_empty())
+            .collect();
+        let answer = self.post_as_sent(message, id, idempotency_key).await;
+        super::without_secrets(answer, &secrets)
+    }
+
+    async fn post_as_sent(
         &self,
         message: &Value,
         id: Option<u64>,
@@ -109,6 +128,11 @@ impl HttpServer {
         let refused = format!("POST {} answered HTTP {status}", self.url);
         match status.as_u16() {
             200..=299 => {}
+            300..=399 => {
+                return Err(RpcError::Protocol(format!(
+                    "{refused}: mneme does not follow redirects"
+                )))
+            }
             // The server says it did not take the request.
             400..=499 => return Err(RpcError::Protocol(refused)),
             // It may have acted before it failed.

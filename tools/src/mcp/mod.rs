@@ -27,6 +27,12 @@ pub const PROTOCOL_VERSIONS: &[&str] = &["2025-06-18", "2025-03-26", "2024-11-05
 
 /// Characters of the end of a server's stderr quoted in an error.
 const STDERR_QUOTED_CHARS: usize = 500;
+/// How long telling a server a request is cancelled may take: the call has
+/// ended already, and a server that does not take the notice is not waited
+/// for.
+const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+/// Pages of `tools/list` followed at most (each may be empty).
+const MAX_LIST_PAGES: usize = 64;
 
 /// Why an MCP server could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +59,48 @@ pub(crate) enum RpcError {
     Server(String),
     /// The server answered, but not as the protocol says.
     Protocol(String),
+}
+
+impl RpcError {
+    /// Its text, to be changed in place.
+    fn text_mut(&mut self) -> &mut String {
+        match self {
+            RpcError::NotSent(text)
+            | RpcError::Gone(text)
+            | RpcError::Server(text)
+            | RpcError::Protocol(text) => text,
+        }
+    }
+}
+
+/// `answer` with each of `secrets` replaced by `[redacted]` in every string
+/// it holds, its error's text included.
+pub(crate) fn without_secrets(answer: RpcResult, secrets: &[&str]) -> RpcResult {
+    fn hide(text: &mut String, secrets: &[&str]) {
+        for secret in secrets {
+            if text.contains(secret) {
+                *text = text.replace(secret, "[redacted]");
+            }
+        }
+    }
+    fn walk(value: &mut Value, secrets: &[&str]) {
+        match value {
+            Value::String(text) => hide(text, secrets),
+            Value::Array(items) => items.iter_mut().for_each(|v| walk(v, secrets)),
+            Value::Object(fields) => fields.values_mut().for_each(|v| walk(v, secrets)),
+            _ => {}
+        }
+    }
+    match answer {
+        Ok(mut value) => {
+            walk(&mut value, secrets);
+            Ok(value)
+        }
+        Err(mut error) => {
+            hide(error.text_mut(), secrets);
+            Err(error)
+        }
+    }
 }
 
 impl std::fmt::Display for RpcError {
@@ -153,9 +201,10 @@ impl McpServer {
         if let Transport::Http(http) = &server.transport {
             http.set_protocol(version);
         }
-        server
-            .notify("notifications/initialized", json!({}))
+        let initialized = server.notify("notifications/initialized", json!({}));
+        tokio::time::timeout(spec.timeout(), initialized)
             .await
+            .map_err(|_| server.failure("notifications/initialized was not taken in time".into()))?
             .map_err(|e| server.failure(format!("notifications/initialized: {e}")))?;
         Ok(server)
     }
@@ -186,7 +235,8 @@ impl McpServer {
     pub async fn list_tools(&self) -> Result<Vec<ListedTool>, McpError> {
         let mut tools = Vec::new();
         let mut cursor: Option<String> = None;
-        loop {
+        let mut cursors = std::collections::HashSet::new();
+        for _ in 0..MAX_LIST_PAGES {
             let params = match &cursor {
                 Some(cursor) => json!({"cursor": cursor}),
                 None => json!({}),
@@ -210,10 +260,17 @@ impl McpServer {
                 .get("nextCursor")
                 .and_then(Value::as_str)
                 .map(String::from);
-            if cursor.is_none() {
-                return Ok(tools);
+            match &cursor {
+                None => return Ok(tools),
+                Some(next) if !cursors.insert(next.clone()) => {
+                    return Err(
+                        self.failure(format!("tools/list gave the cursor {next:?} a second time"))
+                    )
+                }
+                Some(_) => {}
             }
         }
+        Err(self.failure(format!("tools/list goes on past {MAX_LIST_PAGES} pages")))
     }
 
     /// Whether the server can still be asked anything.
@@ -301,7 +358,8 @@ impl McpServer {
             }),
         };
         let cancel = json!({"requestId": id, "reason": why});
-        let _ = self.notify("notifications/cancelled", cancel).await;
+        let notice = self.notify("notifications/cancelled", cancel);
+        let _ = tokio::time::timeout(CANCEL_WAIT, notice).await;
         Err(error)
     }
 }
@@ -592,5 +650,290 @@ mod tests {
     fn a_long_result_is_cut_on_a_character_and_says_so() {
         let out = bounded("é".repeat(10), 5);
         assert!(out.starts_with("éé\n[mneme] output truncated"), "{out}");
+    }
+}
+
+#[cfg(test)]
+mod hostile_servers {
+    //! Servers that hold a call past its timeout, list tools for ever, echo
+    //! a secret header or redirect it elsewhere: none gets its way.
+    use super::*;
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn server_spec(toml_text: &str) -> McpServerSpec {
+        toml::from_str(toml_text).unwrap()
+    }
+
+    fn tool_spec() -> ToolSpec {
+        toml::from_str(
+            "name = \"t\"\nkind = \"command\"\ncommand = [\"x\"]\neffect = \"read_only\"\ntimeout_secs = 1",
+        )
+        .unwrap()
+    }
+
+    fn ctx() -> CallContext {
+        CallContext {
+            session: uuid::Uuid::nil(),
+            call_id: "c1".into(),
+            idempotency_key: "mneme-k1".into(),
+            attempt: 1,
+            blobs: None,
+            cancel: None,
+        }
+    }
+
+    /// A loopback HTTP server: `answer` gives each JSON-RPC message's
+    /// (status, body), or None to hold the request unanswered forever.
+    async fn http_server(answer: fn(&Value, &str) -> Option<(u16, String)>) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            loop {
+                let (mut conn, _) = listener.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    loop {
+                        let mut chunk = [0u8; 4096];
+                        let end = loop {
+                            if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                                break at + 4;
+                            }
+                            let n = conn.read(&mut chunk).await.unwrap_or(0);
+                            if n == 0 {
+                                return;
+                            }
+                            buf.extend_from_slice(&chunk[..n]);
+                        };
+                        let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+                        let length: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .map_or(0, |v| v.trim().parse().unwrap());
+                        while buf.len() < end + length {
+                            let n = conn.read(&mut chunk).await.unwrap_or(0);
+                            if n == 0 {
+                                return;
+                            }
+                            buf.extend_from_slice(&chunk[..n]);
+                        }
+                        let body: Value = serde_json::from_slice(&buf[end..end + length]).unwrap();
+                        buf.drain(..end + length);
+                        let Some((status, text)) = answer(&body, &head) else {
+                            tokio::time::sleep(Duration::from_secs(3600)).await;
+                            return;
+                        };
+                        let reply = format!(
+                            "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\nmcp-session-id: s1\r\ncontent-length: {}\r\n\r\n{text}",
+                            text.len()
+                        );
+                        conn.write_all(reply.as_bytes()).await.unwrap();
+                    }
+                });
+            }
+        });
+        url
+    }
+
+    fn initialize(message: &Value) -> Option<(u16, String)> {
+        let id = message.get("id")?;
+        Some((
+            200,
+            json!({"jsonrpc": "2.0", "id": id, "result": {"protocolVersion": "2025-06-18", "capabilities": {}}})
+                .to_string(),
+        ))
+    }
+
+    /// Answers initialize, then holds every other request (the
+    /// notifications/initialized POST included) without an answer.
+    fn only_initialize(message: &Value, _head: &str) -> Option<(u16, String)> {
+        match message["method"].as_str() {
+            Some("initialize") => initialize(message),
+            _ => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn http_connect_returns_within_its_timeout() {
+        let url = http_server(only_initialize).await;
+        let spec = server_spec(&format!(
+            "name = \"s\"\nurl = \"{url}\"\ntimeout_secs = 1\n"
+        ));
+        let connected =
+            tokio::time::timeout(Duration::from_secs(5), McpServer::connect(&spec)).await;
+        assert!(
+            connected.is_ok(),
+            "connect (timeout_secs = 1) still running after 5 s: the notifications/initialized POST has no timeout"
+        );
+    }
+
+    /// Answers initialize and notifications/initialized; holds tools/call
+    /// and notifications/cancelled.
+    fn holds_calls(message: &Value, _head: &str) -> Option<(u16, String)> {
+        match message["method"].as_str() {
+            Some("initialize") => initialize(message),
+            Some("notifications/initialized") => Some((202, String::new())),
+            _ => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn http_call_returns_within_its_timeout() {
+        let url = http_server(holds_calls).await;
+        let spec = server_spec(&format!(
+            "name = \"s\"\nurl = \"{url}\"\ntimeout_secs = 1\n"
+        ));
+        let server = McpServer::connect(&spec).await.unwrap();
+        let (spec, ctx) = (tool_spec(), ctx());
+        let call = server.call_tool(&spec, "slow", json!({}), &ctx);
+        let done = tokio::time::timeout(Duration::from_secs(5), call).await;
+        assert!(
+            done.is_ok(),
+            "a call with timeout_secs = 1 still running after 5 s: notifications/cancelled has no timeout"
+        );
+    }
+
+    /// A stdio server that answers initialize, then stops reading its stdin.
+    const BUSY_SERVER: &str = r#"
+while IFS= read -r line; do
+  id=$(printf '%s' "$line" | sed -n 's/.*"id":\([0-9]*\).*/\1/p')
+  case "$line" in
+    *'"initialize"'*) printf '{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":"2025-06-18","capabilities":{}}}\n' "$id" ;;
+    *'notifications/initialized'*) sleep 3600 ;;
+  esac
+done
+"#;
+
+    #[tokio::test]
+    async fn stdio_call_with_large_arguments_returns_within_its_timeout() {
+        let spec = server_spec(&format!(
+            "name = \"s\"\ncommand = [\"sh\", \"-c\", {:?}]\ntimeout_secs = 1\n",
+            BUSY_SERVER
+        ));
+        let server = McpServer::connect(&spec).await.unwrap();
+        let arguments = json!({"text": "x".repeat(1 << 20)});
+        let (spec, ctx) = (tool_spec(), ctx());
+        let call = server.call_tool(&spec, "write", arguments, &ctx);
+        let done = tokio::time::timeout(Duration::from_secs(5), call).await;
+        assert!(
+            done.is_ok(),
+            "a call with timeout_secs = 1 still running after 5 s: notifications/cancelled blocks on a full stdin"
+        );
+    }
+
+    /// A stdio server whose tools/list never ends: empty pages, each with
+    /// a new cursor.
+    const ENDLESS_PAGES: &str = r#"
+while IFS= read -r line; do
+  id=$(printf '%s' "$line" | sed -n 's/.*"id":\([0-9]*\).*/\1/p')
+  case "$line" in
+    *'"initialize"'*) printf '{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":"2025-06-18","capabilities":{}}}\n' "$id" ;;
+    *'"tools/list"'*) printf '{"jsonrpc":"2.0","id":%s,"result":{"tools":[],"nextCursor":"page-%s"}}\n' "$id" "$id" ;;
+  esac
+done
+"#;
+
+    #[tokio::test]
+    async fn an_endless_tool_list_is_refused() {
+        let spec = server_spec(&format!(
+            "name = \"s\"\ncommand = [\"sh\", \"-c\", {:?}]\ntimeout_secs = 1\n",
+            ENDLESS_PAGES
+        ));
+        let listed = tokio::time::timeout(Duration::from_secs(5), pin_tools(&spec)).await;
+        let refused = listed
+            .expect("pin_tools (timeout_secs = 1) still paging after 5 s")
+            .unwrap_err();
+        assert!(refused.to_string().contains("past 64 pages"), "{refused}");
+    }
+
+    /// Answers tools/call with a JSON-RPC error quoting the request's
+    /// X-Api-Key header, as servers do ("invalid key ...").
+    fn echoes_the_key(message: &Value, head: &str) -> Option<(u16, String)> {
+        match message["method"].as_str() {
+            Some("initialize") => initialize(message),
+            Some("tools/call") => {
+                let key = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("x-api-key:"))
+                    .unwrap_or("")
+                    .trim();
+                let error = json!({"code": -32001, "message": format!("invalid api key {key}")});
+                Some((
+                    200,
+                    json!({"jsonrpc": "2.0", "id": message["id"], "error": error}).to_string(),
+                ))
+            }
+            _ => Some((202, String::new())),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_header_secret_echoed_by_the_server_stays_out_of_the_error() {
+        let url = http_server(echoes_the_key).await;
+        std::env::set_var("MNEME_TEST_MCP_ECHOED_KEY", "sk-mcp-0123456789abcdef");
+        let spec = server_spec(&format!(
+            "name = \"s\"\nurl = \"{url}\"\ntimeout_secs = 5\nheaders_env = {{ X-Api-Key = \"MNEME_TEST_MCP_ECHOED_KEY\" }}\n"
+        ));
+        let server = McpServer::connect(&spec).await.unwrap();
+        let err = server
+            .call_tool(&tool_spec(), "t", json!({}), &ctx())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            !err.contains("0123456789abcdef"),
+            "the header's value reached the error: {err}"
+        );
+    }
+}
+
+#[cfg(test)]
+mod redirects {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// One-shot server: reads a request head, answers `reply`, returns the head.
+    async fn once(reply: String) -> (String, tokio::task::JoinHandle<String>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = conn.read(&mut chunk).await.unwrap();
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            let _ = conn.write_all(reply.as_bytes()).await;
+            String::from_utf8_lossy(&buf).to_lowercase()
+        });
+        (format!("http://{addr}/mcp"), task)
+    }
+
+    #[tokio::test]
+    async fn a_header_secret_does_not_follow_a_redirect_to_another_host() {
+        // "localhost" and "127.0.0.1" are different hosts to reqwest.
+        let (elsewhere, seen) = once("HTTP/1.1 500 X\r\ncontent-length: 0\r\n\r\n".into()).await;
+        let elsewhere = elsewhere.replace("127.0.0.1", "localhost");
+        let (url, _) = once(format!(
+            "HTTP/1.1 307 X\r\nlocation: {elsewhere}\r\ncontent-length: 0\r\n\r\n"
+        ))
+        .await;
+        std::env::set_var(
+            "MNEME_TEST_MCP_REDIRECTED_KEY",
+            "sk-mcp-redirect-0123456789",
+        );
+        let spec: McpServerSpec = toml::from_str(&format!(
+            "name = \"s\"\nurl = \"{url}\"\ntimeout_secs = 2\nheaders_env = {{ X-Api-Key = \"MNEME_TEST_MCP_REDIRECTED_KEY\" }}\n"
+        ))
+        .unwrap();
+        let refused = McpServer::connect(&spec).await.err().unwrap();
+        assert!(refused.to_string().contains("redirects"), "{refused}");
+        let followed = tokio::time::timeout(std::time::Duration::from_secs(1), seen).await;
+        assert!(
+            followed.is_err(),
+            "the redirect was followed, the key sent along: {:?}",
+            followed.map(|head| head.unwrap().contains("sk-mcp-redirect"))
+        );
     }
 }

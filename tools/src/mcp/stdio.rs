@@ -116,10 +116,23 @@ impl StdioServer {
                 Some(rx)
             }
         };
-        write(&self.stdin, message)
-            .await
-            .map_err(|e| RpcError::Gone(format!("writing to the server: {e}")))?;
+        // A write given up half way (its call timed out against a server
+        // that stopped reading) leaves half a line: the server is then done
+        // for, and the next call starts it again.
+        let unfinished = Unfinished(&self.pending);
+        let written = write(&self.stdin, message).await;
+        std::mem::forget(unfinished);
+        written.map_err(|e| RpcError::Gone(format!("writing to the server: {e}")))?;
         Ok(answer)
+    }
+}
+
+/// Marks the server gone when dropped (a write not finished).
+struct Unfinished<'a>(&'a Pending);
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        self.0.lock().expect("pending lock").take();
     }
 }
 
