@@ -405,6 +405,28 @@ async fn get_session(
     }))
 }
 
+/// Turns of one session asked for (running or waiting to) past which a
+/// resume or a decision's continuation is refused: each waiting one runs
+/// all the session's pending work, so more add nothing but memory.
+const MAX_TURNS_ASKED: usize = 4;
+
+/// 429 when [`MAX_TURNS_ASKED`] turns of `id` are asked for already (for
+/// requests that do not wait: one that waits holds its connection, which
+/// the connection cap bounds).
+fn refuse_when_turns_wait(daemon: &Daemon, id: Uuid) -> Result<(), ApiError> {
+    let asked = daemon.turns_of(id);
+    if asked >= MAX_TURNS_ASKED {
+        return Err(ApiError(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "session {id} has {asked} turns running or waiting to run, each of which \
+                 runs all its pending work; ask again once one has ended"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn refuse_when_stopping(daemon: &Daemon) -> Result<(), ApiError> {
     if daemon.is_shutting_down() {
         return Err(ApiError(
@@ -541,6 +563,7 @@ async fn finished(
         (status = 202, description = "The turn runs", body = Resuming),
         (status = 200, description = "With `wait`: the turn ended", body = TurnOutcome),
         (status = 409, description = "Another daemon runs the session", body = wire::ApiError),
+        (status = 429, description = "Without `wait`: turns of the session are asked for already (a few)", body = wire::ApiError),
         (status = 503, description = "The daemon is shutting down", body = wire::ApiError)))]
 async fn resume(
     State(daemon): State<Shared>,
@@ -552,6 +575,9 @@ async fn resume(
     daemon.service.ensure_exists(id).await?; // 404 before spawning
     daemon.service.refuse_if_erased(id).await?; // 409
     let body = body.map(|Json(b)| b).unwrap_or_default();
+    if !body.wait {
+        refuse_when_turns_wait(&daemon, id)?;
+    }
     let turn = daemon.spawn_turn(id, TurnStart::Resume(who(&signed_in, "api"), body.extend));
     if !body.wait {
         let resuming = Resuming {
@@ -879,6 +905,12 @@ async fn continue_after_decision(
     if !can_continue {
         return Ok(Json(decided(false)).into_response());
     }
+    // Turns asked for already continue the session: without `wait`, one
+    // more would add nothing but a task waiting (a request with `wait`
+    // holds its connection, which the connection cap bounds).
+    if !wait && daemon.turns_of(id) >= MAX_TURNS_ASKED {
+        return Ok((StatusCode::ACCEPTED, Json(decided(true))).into_response());
+    }
     let turn = daemon.spawn_turn(id, TurnStart::Resume(by, false));
     if !wait {
         return Ok((StatusCode::ACCEPTED, Json(decided(true))).into_response());
@@ -930,10 +962,12 @@ async fn events(
         ));
     }
     let until = q.until.unwrap_or(u64::MAX);
+    let next = (resumed.or(q.after).unwrap_or(0).checked_add(1))
+        .ok_or_else(|| bad_request("after= (or Last-Event-ID) is past any seq there can be"))?;
     let mut stream = Follow {
         daemon,
         id,
-        next: resumed.or(q.after).unwrap_or(0) + 1,
+        next,
         // Only durable events: a turn's latest appends wait for their barrier.
         target: 0,
         heads,

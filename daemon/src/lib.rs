@@ -315,6 +315,13 @@ impl Daemon {
             .clone()
     }
 
+    /// Turns of `id` asked for and not ended: the one running and those
+    /// waiting for it.
+    pub(crate) fn turns_of(&self, id: Uuid) -> usize {
+        let locks = self.locks.lock().expect("locks");
+        locks.get(&id).map_or(0, |lock| Arc::strong_count(lock) - 1)
+    }
+
     pub(crate) fn set_status(&self, id: Uuid, status: impl std::fmt::Display) {
         self.statuses
             .lock()
@@ -392,12 +399,14 @@ impl Daemon {
     }
 
     /// Runs one turn of `id` to its end, one turn per session at a time.
-    pub(crate) async fn turn(
+    /// Runs a turn of `id` once `lock` (the session's, from
+    /// [`Daemon::lock_for`]) is ours.
+    async fn turn(
         self: Arc<Self>,
         id: Uuid,
         start: TurnStart,
+        lock: Arc<tokio::sync::Mutex<()>>,
     ) -> Result<TurnEnd, RuntimeError> {
-        let lock = self.lock_for(id);
         let _turn = lock.lock().await;
         let lease = match self.hold(id).await {
             Ok(lease) => lease,
@@ -529,8 +538,11 @@ impl Daemon {
         start: TurnStart,
     ) -> tokio::task::JoinHandle<Result<TurnEnd, RuntimeError>> {
         let daemon = self.clone();
+        // Taken now, so the turns of a session are counted from the moment
+        // they are asked for (see `Daemon::turns_of`).
+        let lock = self.lock_for(id);
         self.turns.spawn(async move {
-            let result = daemon.clone().turn(id, start).await;
+            let result = daemon.clone().turn(id, start, lock).await;
             match &result {
                 // Another daemon runs it: nothing went wrong here.
                 Err(RuntimeError::Log(eventlog::LogError::LeaseHeld { .. })) => {}

@@ -680,3 +680,76 @@ async fn a_fork_at_seq_0_says_what_to_give() {
     assert!(!error.contains("has 0 events"), "{error}");
     daemon.kill().await;
 }
+
+/// A signed-in browser may resume, but not queue turns without bound:
+/// while a turn runs, resumes without `wait` are taken until four turns of
+/// the session are asked for, then refused with 429 (each would have been a
+/// task waiting for the session, about 12 KiB apiece, 20,000 of them
+/// before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resumes_while_a_turn_runs_are_refused_past_a_few() {
+    let world = World::new();
+    let model = MockModel::start(
+        vec![
+            MockReply::calls(&[("slow", json!({}))]),
+            MockReply::answer("done"),
+        ],
+        Fault::None,
+    )
+    .await;
+    let slow = command_tool("slow", &["sh", "-c", "sleep 10; echo ok"], "read_only", 30);
+    let agent = agent_toml(&model.base_url(), &[slow]);
+    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let id = daemon.create(&agent).await;
+    let (status, _) = daemon
+        .post_owned(format!("/sessions/{id}/messages"), json!({"text": "go"}))
+        .await;
+    assert_eq!(status, 202);
+    let (status, code) = daemon.post("/ui/codes", &json!({"name": "ada"})).await;
+    assert_eq!(status, 201, "{code}");
+    let browser = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let login = (browser.get(daemon.url(code["login"].as_str().unwrap())))
+        .send()
+        .await
+        .unwrap();
+    let cookie = login.headers()["set-cookie"].to_str().unwrap();
+    let cookie = cookie.split(';').next().unwrap().to_string();
+    let location = login.headers()["location"].to_str().unwrap();
+    let key = location.split("#signin=").nth(1).unwrap().to_string();
+    let mut statuses = Vec::new();
+    for _ in 0..40 {
+        let answer = (browser.post(daemon.url(&format!("/sessions/{id}/resume"))))
+            .header("cookie", &cookie)
+            .header("x-mneme-ui", &key)
+            .json(&json!({}))
+            .send()
+            .await
+            .unwrap();
+        statuses.push(answer.status().as_u16());
+    }
+    let accepted = statuses.iter().filter(|s| **s == 202).count();
+    let refused = statuses.iter().filter(|s| **s == 429).count();
+    assert_eq!((accepted, refused), (3, 37), "{statuses:?}");
+    assert!(daemon.metric("mneme_turns_running").await <= 4);
+}
+
+/// `after` (or `Last-Event-ID`) at the largest seq there can be is a clear
+/// 400, not an overflow (a panic that cut the connection in a debug build).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_largest_after_is_a_clear_error() {
+    let world = World::new();
+    let model = MockModel::start(vec![MockReply::answer("done")], Fault::None).await;
+    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let id = daemon.create(&agent_toml(&model.base_url(), &[])).await;
+    let answer = (daemon.http)
+        .get(daemon.url(&format!("/sessions/{id}/events?after={}", u64::MAX)))
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(answer.status(), 400);
+    let body = answer.text().await.unwrap();
+    assert!(body.contains("after="), "{body}");
+}
