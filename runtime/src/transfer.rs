@@ -21,6 +21,11 @@ use uuid::Uuid;
 
 /// Records read or written per call to the log.
 const BATCH: u64 = 4096;
+/// Sealed bytes a run holds before it is stored.
+const BATCH_BYTES: usize = 64 << 20;
+/// The longest line an import reads: a record of the largest size, in hex,
+/// with its readable fields.
+const MAX_LINE_BYTES: usize = 2 * eventlog::MAX_RECORD_BYTES + (64 << 10);
 
 /// One exported record.
 #[derive(Debug, Serialize, Deserialize)]
@@ -147,6 +152,8 @@ pub struct Imported {
 
 /// A checked line waiting to be stored.
 struct Pending {
+    /// The line it came from.
+    line: usize,
     seq: u64,
     hash: eventlog::Hash,
     sealed: Vec<u8>,
@@ -163,16 +170,37 @@ pub async fn import(
     let mut imported = Imported::default();
     let mut batch: Vec<Pending> = Vec::new();
     let mut current: Option<Run> = None;
-    for (n, text) in input.lines().enumerate() {
-        let (line_no, text) = (n + 1, text?);
+    let mut bytes = Vec::new();
+    for line_no in 1.. {
+        let text = match read_line(input, &mut bytes, line_no) {
+            Ok(Some(text)) => text,
+            Ok(None) => break,
+            Err(e) => {
+                flush(log, current, &mut batch, &mut imported).await?;
+                return Err(e);
+            }
+        };
         if text.trim().is_empty() {
             continue;
         }
-        if let Ok(key) = serde_json::from_str::<KeyLine>(&text) {
+        if let Ok(key) = serde_json::from_str::<KeyLine>(text) {
             let wrapped = hex::decode(&key.wrapped_key).map_err(|_| TransferError::BadLine {
                 line: line_no,
                 reason: "`wrapped_key` is not hex".into(),
             })?;
+            // A session this store holds without a key was written in the
+            // clear or erased (its key destroyed): a key from a file would
+            // make it look encrypted, or bring the erased content back.
+            if log.head(key.session).await?.seq > 0 && log.get_key(key.session).await?.is_none() {
+                return Err(TransferError::BadLine {
+                    line: line_no,
+                    reason: format!(
+                        "session {}: this store holds it without a key (written in the clear, \
+                         or erased), and an import does not give it one",
+                        key.session
+                    ),
+                });
+            }
             if log.put_key(key.session, &wrapped).await? != wrapped {
                 return Err(TransferError::BadLine {
                     line: line_no,
@@ -184,14 +212,18 @@ pub async fn import(
             }
             continue;
         }
-        let (session, pending) = match parse_line(line_no, &text) {
+        let (session, pending) = match parse_line(line_no, text) {
             Ok(parsed) => parsed,
             Err(e) => {
                 flush(log, current, &mut batch, &mut imported).await?;
                 return Err(e);
             }
         };
-        if current.is_some_and(|run| run.session != session) || batch.len() as u64 >= BATCH {
+        let held: usize = batch.iter().map(|p| p.sealed.len()).sum();
+        if current.is_some_and(|run| run.session != session)
+            || batch.len() as u64 >= BATCH
+            || held >= BATCH_BYTES
+        {
             flush(log, current, &mut batch, &mut imported).await?;
         }
         if batch.is_empty() {
@@ -205,6 +237,35 @@ pub async fn import(
     }
     flush(log, current, &mut batch, &mut imported).await?;
     Ok(imported)
+}
+
+/// The next line of `input` (without its newline) in `bytes`, `None` at
+/// the end; a line longer than [`MAX_LINE_BYTES`], one that is not UTF-8,
+/// or a read that fails is refused with its line number.
+fn read_line<'a>(
+    input: &mut (dyn BufRead + Send),
+    bytes: &'a mut Vec<u8>,
+    line: usize,
+) -> Result<Option<&'a str>, TransferError> {
+    let bad = |reason: String| TransferError::BadLine { line, reason };
+    bytes.clear();
+    let limit = (MAX_LINE_BYTES + 1) as u64;
+    let read = std::io::Read::take(&mut *input, limit).read_until(b'\n', bytes);
+    match read.map_err(|e| bad(format!("cannot be read: {e}")))? {
+        0 => return Ok(None),
+        n if n > MAX_LINE_BYTES => {
+            return Err(bad(format!(
+                "longer than {MAX_LINE_BYTES} bytes, which no exported record is"
+            )))
+        }
+        _ => {}
+    }
+    if bytes.ends_with(b"\n") {
+        bytes.pop();
+    }
+    std::str::from_utf8(bytes)
+        .map(Some)
+        .map_err(|e| bad(format!("not UTF-8: {e}")))
 }
 
 /// Where a run of consecutive lines of one session starts.
@@ -232,7 +293,13 @@ async fn flush(
         return Ok(());
     }
     let session = run.session;
-    let line_of = |seq: u64| run.line + seq.saturating_sub(run.seq) as usize;
+    // The line of the record at `seq`'s place in the run (its own seq may
+    // be another: that is what was wrong with it).
+    let lines: Vec<usize> = batch.iter().map(|p| p.line).collect();
+    let line_of = |seq: u64| {
+        let at = usize::try_from(seq.saturating_sub(run.seq)).unwrap_or(usize::MAX);
+        lines.get(at).copied().unwrap_or(run.line)
+    };
     let head = log.head(session).await?.seq;
     let held = batch.iter().take_while(|p| p.seq <= head).count();
     if held > 0 {
@@ -297,6 +364,7 @@ fn parse_line(line: usize, text: &str) -> Result<(Uuid, Pending), TransferError>
         )));
     }
     let pending = Pending {
+        line,
         seq: parsed.seq,
         hash: record.hash,
         sealed,
@@ -410,5 +478,161 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("line 1") && err.contains("differs"), "{err}");
+    }
+
+    use crate::privacy::{MasterKey, SealedLog};
+    use std::sync::Arc;
+
+    fn user_message(text: &str) -> NewEvent {
+        let e = replay::Event::UserMessage { text: text.into() };
+        NewEvent {
+            kind: e.kind().into(),
+            schema: replay::EVENT_SCHEMA,
+            caused_by: None,
+            payload: e.encode(),
+        }
+    }
+
+    /// An export taken before an erasure, imported back into the same
+    /// store, must not put the destroyed key back (the erased content
+    /// would read again).
+    #[tokio::test]
+    async fn an_old_export_does_not_revive_an_erased_session() {
+        let dir = tempfile::tempdir().unwrap();
+        let keydir = tempfile::tempdir().unwrap();
+        let raw: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.path()).unwrap());
+        let master = || MasterKey::load(&keydir.path().join("m.key"), None).unwrap();
+        MasterKey::generate(&keydir.path().join("m.key")).unwrap();
+        let log = SealedLog::new(raw.clone(), Some(master()));
+        let id = Uuid::now_v7();
+        log.append(id, 1, vec![user_message("SECRET-TEXT")])
+            .await
+            .unwrap();
+        let old_export = exported(raw.as_ref(), &[id]).await;
+        // erase: record, then destroy the key (as Service::erase does)
+        log.destroy_key(id).await.unwrap();
+        assert_eq!(raw.get_key(id).await.unwrap(), None);
+
+        let result = import(raw.as_ref(), &mut old_export.as_bytes()).await;
+        let fresh = SealedLog::new(raw.clone(), Some(master()));
+        let text =
+            String::from_utf8_lossy(&fresh.read(id, 1, 1).await.unwrap()[0].envelope.payload)
+                .to_string();
+        assert!(
+            result.is_err() && !text.contains("SECRET-TEXT"),
+            "import: {result:?}; key back: {}; content reads: {text:?}",
+            raw.get_key(id).await.unwrap().is_some()
+        );
+    }
+
+    /// A key line for a session this store keeps without a key (written
+    /// in the clear) is refused: installed, `erase` would go through while
+    /// the content stayed in the clear.
+    #[tokio::test]
+    async fn a_key_line_cannot_give_a_key_to_a_session_written_in_the_clear() {
+        let a = Uuid::now_v7();
+        let (_dir, target) = log_with(&[(a, 2)]).await;
+        let line = format!("{{\"session\":\"{a}\",\"wrapped_key\":\"01\"}}\n");
+        let result = import(&target, &mut line.as_bytes()).await;
+        assert!(
+            result.is_err() && target.get_key(a).await.unwrap().is_none(),
+            "import: {result:?}; key now kept: {:?}",
+            target.get_key(a).await.unwrap()
+        );
+    }
+
+    /// A line is read up to the longest an exported record can be, not
+    /// whole however long it is.
+    #[tokio::test]
+    async fn one_huge_line_is_not_read_whole() {
+        struct Endless {
+            left: usize,
+            read: Arc<std::sync::atomic::AtomicUsize>,
+        }
+        impl std::io::Read for Endless {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                let n = buf.len().min(self.left);
+                buf[..n].fill(b'a');
+                self.left -= n;
+                self.read.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                Ok(n)
+            }
+        }
+        let read = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut input = std::io::BufReader::new(Endless {
+            left: 256 << 20,
+            read: read.clone(),
+        });
+        let (_dir, target) = log_with(&[]).await;
+        let err = import(&target, &mut input).await.unwrap_err();
+        let consumed = read.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            consumed <= 40 << 20,
+            "read {} MiB of one line before refusing it: {err}",
+            consumed >> 20
+        );
+    }
+
+    /// A line that is not UTF-8 is refused with its number, and the
+    /// records read before it are stored.
+    #[tokio::test]
+    async fn a_line_not_utf8_is_named_and_what_came_before_is_stored() {
+        let a = Uuid::now_v7();
+        let (_dir, source) = log_with(&[]).await;
+        let events: Vec<NewEvent> = (0..20)
+            .map(|i| NewEvent {
+                kind: format!("K{i}"),
+                schema: 1,
+                caused_by: None,
+                payload: vec![i as u8; 1 << 20],
+            })
+            .collect();
+        source.append(a, 1, events).await.unwrap();
+        let mut input = exported(&source, &[a]).await.into_bytes();
+        input.extend_from_slice(b"\xff\n");
+        let (_dir2, target) = log_with(&[]).await;
+        let err = import(&target, &mut input.as_slice())
+            .await
+            .unwrap_err()
+            .to_string();
+        let head = target.head(a).await.unwrap().seq;
+        assert!(
+            err.contains("line 21") && head == 20,
+            "error: {err:?}; records stored: {head} of the 20 (20 MiB) read before it"
+        );
+    }
+
+    /// A blank line (or another session's key line) inside a run does not
+    /// shift the line an error names.
+    #[tokio::test]
+    async fn the_line_named_is_the_line_at_fault() {
+        let a = Uuid::now_v7();
+        let (_dir, source) = log_with(&[(a, 3)]).await;
+        let text = exported(&source, &[a]).await;
+        let lines: Vec<&str> = text.lines().collect();
+        let (_dir2, target) = log_with(&[]).await;
+        import(&target, &mut format!("{}\n", lines[0]).as_bytes())
+            .await
+            .unwrap();
+        target
+            .append(
+                a,
+                2,
+                vec![NewEvent {
+                    kind: "other".into(),
+                    schema: 1,
+                    caused_by: None,
+                    payload: vec![],
+                }],
+            )
+            .await
+            .unwrap();
+        // line 1: seq 1, line 2: blank, line 3: seq 2 (differs), line 4: seq 3
+        let input = format!("{}\n\n{}\n{}\n", lines[0], lines[1], lines[2]);
+        let err = import(&target, &mut input.as_bytes())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("line 3:"), "{err}");
     }
 }
