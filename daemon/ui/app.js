@@ -52,10 +52,13 @@ async function api(path, body) {
 
 // ---- building the page ---------------------------------------------------
 
+// How much of a reply still arriving is shown (its end).
+const ARRIVING_CHARS = 4000;
+
 // Text from a session, with controls and bidi overrides shown escaped (they
 // could make text read other than it is stored).
 function visible(text) {
-  return String(text).replace(/[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u200e\u200f\u202a-\u202e\u2066-\u2069]/g,
+  return String(text).replace(/[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g,
     (c) => `\\u{${c.codePointAt(0).toString(16)}}`);
 }
 
@@ -302,9 +305,13 @@ function decide(id, call, action, body) {
 // the person's, which the tool then runs with (recorded with their name).
 function approvalButtons(id, call) {
   const args = el("textarea", { class: "edit-args", rows: 4, spellcheck: "false", "aria-label": "Arguments" });
-  args.value = call.arguments;
+  // Shown escaped like every session text: a bidi override would make the
+  // arguments read other than what the tool gets. Left as shown, the call
+  // is approved with its own arguments.
+  const shown = visible(call.arguments);
+  args.value = shown;
   const approve = async () => {
-    const edited = args.value !== call.arguments;
+    const edited = args.value !== shown;
     if (edited) {
       try { JSON.parse(args.value); } catch (_) { note("The arguments must be JSON."); return; }
     }
@@ -570,11 +577,15 @@ function follow(id, timeline, context, current) {
     badgeNode.textContent = `· ${what}`;
     badgeNode.className = what === "live" ? "live" : "";
   };
+  // Only the end of a reply still arriving is shown: appending each piece
+  // to the whole text made the page's work grow with the square of its
+  // length (a few megabytes froze it for seconds).
+  let tail = "";
   const onEvent = (_, data) => {
     const record = JSON.parse(data);
     if (record.seq <= context.lastSeq || current !== shown) return;
     addRecord(timeline, record, context);
-    if (record.kind === "ModelReplied") { arriving.textContent = ""; arriving.hidden = true; }
+    if (record.kind === "ModelReplied") { tail = ""; arriving.textContent = ""; arriving.hidden = true; }
     if (["SessionFinished", "SessionPaused", "ApprovalRequested", "ApprovalDecided", "ToolInDoubt"].includes(record.kind)
       || (record.kind === "ModelReplied" && !unwrap(record)[1].tool_calls.length)) {
       scheduleRefresh();
@@ -583,7 +594,8 @@ function follow(id, timeline, context, current) {
   const onDelta = (name, data) => {
     if (name !== "delta") return;
     arriving.hidden = false;
-    arriving.textContent += visible(JSON.parse(data).text);
+    tail = (tail + visible(JSON.parse(data).text)).slice(-ARRIVING_CHARS);
+    arriving.textContent = tail;
   };
   live = [
     stream(() => `/sessions/${id}/events?follow=true&after=${context.lastSeq}`, onEvent, state),

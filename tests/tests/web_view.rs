@@ -639,3 +639,173 @@ async fn a_rerun_links_to_its_original_and_its_diff() {
     drop(browser);
     assert!(daemon.terminate().await.success());
 }
+
+/// The approval box shows the model's arguments with a bidi override
+/// escaped, as every session text: shown as is, what the person reads
+/// would not be what the tool gets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_approval_box_shows_bidi_overrides_escaped() {
+    let world = World::new();
+    let sink = Sink::start().await.unwrap();
+    // Stored: the account "\u{202e}1337-tcca" (reads "acct-7331" on screen).
+    let model = MockModel::start(
+        vec![
+            MockReply::calls(&[("refund", json!({"n": 7, "to": "\u{202e}1337-tcca\u{202c}"}))]),
+            MockReply::answer("Refunded."),
+        ],
+        Fault::None,
+    )
+    .await;
+    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let id = daemon
+        .create(&agent_toml(
+            &model.base_url(),
+            &[refund_needing_approval(&sink)],
+        ))
+        .await;
+    let (_, end) = daemon
+        .post(
+            &format!("/sessions/{id}/messages"),
+            &json!({"text": "refund", "wait": true}),
+        )
+        .await;
+    assert_eq!(end["awaiting_approval"][0]["call_id"], "call_0_0", "{end}");
+    let (browser, page) = signed_in_page(&world, "ada", WAIT).await;
+    blocking(|| page.eval(&format!("location.hash = '#/s/{id}'")));
+    let shown = blocking(|| {
+        page.wait_for(
+            "(t => t && t.value)(document.querySelector('#waiting textarea.edit-args'))",
+            WAIT,
+        )
+    });
+    screenshot(&page, "approval-bidi");
+    let raw = shown.as_str().unwrap();
+    assert!(
+        !raw.chars()
+            .any(|c| matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')),
+        "the approval box shows a bidi override unescaped: {raw:?}"
+    );
+    drop(page);
+    drop(browser);
+    assert!(daemon.terminate().await.success());
+}
+
+/// U+061C ARABIC LETTER MARK is a bidi control like U+200F: a model's
+/// answer "\u{061C}100 5" must read in order in the facts (unescaped, it
+/// read "5 100").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_arabic_letter_mark_does_not_reorder_an_answer() {
+    let world = World::new();
+    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let mut models = vec![];
+    let (browser, page) = {
+        let mut ids = vec![];
+        for answer in ["rlm pay \u{200f}100 5", "alm pay \u{061c}100 5"] {
+            let model = MockModel::start(vec![MockReply::answer(answer)], Fault::None).await;
+            let id = daemon.create(&agent_toml(&model.base_url(), &[])).await;
+            let (status, _) = daemon
+                .post(
+                    &format!("/sessions/{id}/messages"),
+                    &json!({"text": "go", "wait": true}),
+                )
+                .await;
+            assert!(status < 300, "{status}");
+            ids.push(id);
+            models.push(model);
+        }
+        let (browser, page) = signed_in_page(&world, "ada", WAIT).await;
+        let mut order = vec![];
+        for (id, tag) in ids.iter().zip(["rlm", "alm"]) {
+            blocking(|| page.eval(&format!("location.hash = '#/s/{id}'")));
+            let o = blocking(|| {
+                page.wait_for(
+                &format!("(() => {{ const w = document.createTreeWalker(document.querySelector('.facts') || document.createElement('i'), NodeFilter.SHOW_TEXT);\
+                   for (let n; (n = w.nextNode());) {{ const s = n.data; const i = s.indexOf('100 5'); if (!s.startsWith('{tag}') || i < 0) continue;\
+                     const r = document.createRange(); r.setStart(n, i); r.setEnd(n, i + 3); const hundred = r.getBoundingClientRect().left;\
+                     r.setStart(n, i + 4); r.setEnd(n, i + 5); const five = r.getBoundingClientRect().left;\
+                     return {{ text: JSON.stringify(s), hundred_left_of_five: hundred < five }}; }} return null; }})()"),
+                WAIT,
+            )
+            });
+            order.push(o);
+        }
+        screenshot(&page, "answer-letter-mark");
+        println!("{order:?}");
+        assert_eq!(
+            order[0]["hundred_left_of_five"], true,
+            "U+200F: {:?}",
+            order[0]
+        );
+        assert_eq!(
+            order[1]["hundred_left_of_five"], true,
+            "U+061C reorders the answer: {:?}",
+            order[1]
+        );
+        (browser, page)
+    };
+    drop(page);
+    drop(browser);
+    assert!(daemon.terminate().await.success());
+}
+
+/// A long streamed reply while the page is open: only the end of what has
+/// arrived is shown (appending each piece to the whole text made the page's
+/// work grow with the square of the reply's length; 3.6 MB froze it for 8 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_streamed_reply_shows_only_its_end_while_it_arrives() {
+    let world = World::new();
+    let piece = format!("{} ", "x".repeat(150));
+    let model = mneme_e2e::hostile::HostileModel::start(move |_, _, _| {
+        let texts: Vec<&str> = (0..2_000).map(|_| piece.as_str()).collect();
+        let events = mneme_e2e::hostile::streamed_text(&texts, "stop");
+        // Forty SSE events a chunk (the server sleeps 10 ms a chunk).
+        let events = events.chunks(40).map(|c| c.join("\n\ndata: ")).collect();
+        mneme_e2e::hostile::Answer::Stream {
+            events,
+            gate: None,
+            then_stall: false,
+        }
+    })
+    .await;
+    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let agent = agent_toml(&model.base_url(), &[])
+        .replace("timeout_secs = 10\n", "timeout_secs = 120\nstream = true\n");
+    let id = daemon.create(&agent).await;
+    let (browser, page) = signed_in_page(&world, "ada", WAIT).await;
+    blocking(|| page.eval(&format!("location.hash = '#/s/{id}'")));
+    blocking(|| {
+        page.wait_for(
+            "document.getElementById('live').textContent.includes('live')",
+            WAIT,
+        )
+    });
+    // The longest the box of arriving text ever was.
+    blocking(|| {
+        page.eval(
+            "window.__longest = 0; setInterval(() => { const a = document.getElementById('arriving'); \
+             window.__longest = Math.max(window.__longest, a ? a.textContent.length : 0); }, 5); true",
+        )
+    });
+    let (status, _) = daemon
+        .post(
+            &format!("/sessions/{id}/messages"),
+            &json!({"text": "go", "wait": true}),
+        )
+        .await;
+    assert!(status < 300, "{status}");
+    blocking(|| {
+        page.wait_for(
+            "document.getElementById('arriving').hidden && document.getElementById('timeline').innerText.includes('xxxx')",
+            WAIT,
+        )
+    });
+    let longest = blocking(|| page.eval("window.__longest")).as_f64().unwrap();
+    assert!(longest > 0.0, "nothing was seen arriving");
+    assert!(
+        longest <= 4_000.0,
+        "the box of arriving text held {longest} characters"
+    );
+    drop(page);
+    drop(browser);
+    assert!(daemon.terminate().await.success());
+}
