@@ -227,20 +227,22 @@ impl TurnOpened {
 }
 
 impl Totals {
+    /// Counts a reply. A server reports its usage: counts it made huge stop
+    /// at the largest number rather than overflow the fold.
     fn add(&mut self, usage: &Usage, spec: Option<&AgentSpec>) {
-        self.model_calls += 1;
-        self.prompt_tokens += usage.prompt_tokens;
-        self.completion_tokens += usage.completion_tokens;
-        self.cached_tokens += usage.cached_tokens;
+        self.model_calls = self.model_calls.saturating_add(1);
+        self.prompt_tokens = self.prompt_tokens.saturating_add(usage.prompt_tokens);
+        self.completion_tokens = (self.completion_tokens).saturating_add(usage.completion_tokens);
+        self.cached_tokens = self.cached_tokens.saturating_add(usage.cached_tokens);
         self.cost += cost(usage, spec);
     }
 
-    /// Adds `other`'s counts to these.
+    /// Adds `other`'s counts to these (stopping at the largest number).
     pub fn merge(&mut self, other: &Totals) {
-        self.model_calls += other.model_calls;
-        self.prompt_tokens += other.prompt_tokens;
-        self.completion_tokens += other.completion_tokens;
-        self.cached_tokens += other.cached_tokens;
+        self.model_calls = self.model_calls.saturating_add(other.model_calls);
+        self.prompt_tokens = self.prompt_tokens.saturating_add(other.prompt_tokens);
+        self.completion_tokens = (self.completion_tokens).saturating_add(other.completion_tokens);
+        self.cached_tokens = self.cached_tokens.saturating_add(other.cached_tokens);
         self.cost += other.cost;
     }
 
@@ -444,7 +446,7 @@ impl SessionState {
             }
             Event::ModelReplied(reply) => {
                 self.totals.add(&reply.usage, self.spec.as_ref());
-                self.turn.steps += 1;
+                self.turn.steps = self.turn.steps.saturating_add(1);
                 self.turn.cost += cost(&reply.usage, self.spec.as_ref());
                 // A refused reply's calls never run.
                 let acted_on = match reply.refused {
@@ -637,7 +639,7 @@ impl SessionState {
     /// limits hold for the tree.
     fn count_child(&mut self, child: &Totals) {
         self.subagents.merge(child);
-        self.turn.steps += child.model_calls;
+        self.turn.steps = self.turn.steps.saturating_add(child.model_calls);
         self.turn.cost += child.cost;
     }
 
@@ -827,7 +829,7 @@ impl SessionState {
         let per_token = self.bytes_per_token();
         match self.counted_request() {
             Some((seen_bytes, seen_tokens)) if bytes >= seen_bytes => {
-                seen_tokens + ((bytes - seen_bytes) as f64 / per_token).ceil() as u64
+                seen_tokens.saturating_add(((bytes - seen_bytes) as f64 / per_token).ceil() as u64)
             }
             _ => (bytes as f64 / per_token).ceil() as u64,
         }

@@ -2021,3 +2021,31 @@ fn a_rerun_posts_a_message_that_arrived_mid_turn_where_it_was_delivered() {
     assert_eq!(user_messages(&events, 4), ["one"]);
     assert_eq!(user_messages(&events, 5), ["one", "two"]);
 }
+
+/// Token counts a server reports are taken as they are: counts too large
+/// to add up stop at the largest number instead of overflowing the fold
+/// (a panic in a debug build, wrong totals and budgets in a release one).
+#[test]
+fn huge_token_counts_from_a_server_do_not_overflow_the_fold() {
+    let huge = |event: Event| match event {
+        Event::ModelReplied(mut reply) => {
+            reply.usage.prompt_tokens = u64::MAX;
+            reply.usage.completion_tokens = u64::MAX;
+            Event::ModelReplied(reply)
+        }
+        other => other,
+    };
+    let events = vec![
+        Event::SessionStarted {
+            spec: Box::new(spec()),
+        },
+        Event::UserMessage { text: "a".into() },
+        huge(reply(Some("x"), vec![])),
+        Event::UserMessage { text: "b".into() },
+        huge(reply(Some("y"), vec![])),
+    ];
+    let state = fold(&events);
+    assert_eq!(state.totals.prompt_tokens, u64::MAX);
+    assert_eq!(state.totals.model_calls, 2);
+    assert!(matches!(plan(&state).next, NextStep::Nothing));
+}
