@@ -793,7 +793,7 @@ impl Runner {
             .any(|c| matches!(c.decision, CallDecision::Run | CallDecision::Rerun));
         if !doubtful.is_empty() && !runnable {
             let ids: Vec<&str> = doubtful.iter().map(|(id, _)| id.as_str()).collect();
-            let reason = format!("tool calls wait for a person: {}", ids.join(", "));
+            let reason = format!("{}: {}", crate::pause::WAITING_FOR_A_PERSON, ids.join(", "));
             let event = Event::SessionPaused {
                 reason,
                 budget: false,

@@ -351,7 +351,7 @@ impl Service {
             .collect();
         let waiting = session.state().calls_in_doubt().len()
             + session.state().calls_awaiting_approval().len();
-        if waiting == expired.len() {
+        if waiting == expired.len() && !crate::pause::paused_otherwise(session.state()) {
             events.push(Event::SessionResumed {
                 by: replay::EXPIRY_BY.into(),
                 extend_budget: false,
@@ -363,7 +363,8 @@ impl Service {
     }
 
     /// Records `decision` on `call_id`, one of `waiting`; resumes the session
-    /// when no other call waits for a person.
+    /// when no other call waits for a person, unless it is paused for
+    /// another reason as well (a person's pause, a spent budget).
     async fn decide(
         &self,
         session: &mut Session,
@@ -387,7 +388,7 @@ impl Service {
         }
         let all_waiting = session.state().calls_in_doubt().len()
             + session.state().calls_awaiting_approval().len();
-        let last = all_waiting == 1;
+        let last = all_waiting == 1 && !crate::pause::paused_otherwise(session.state());
         let mut events = vec![decision];
         if last {
             events.push(Event::SessionResumed {
@@ -735,5 +736,75 @@ fn refuse_erased(session: &Session) -> Result<(), RuntimeError> {
     match session.state().erased {
         Some(_) => Err(erased(session)),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use eventlog::SledLog;
+    use replay::{ModelReply, ToolCall};
+
+    /// A session whose call `refund` (approval needed, its approval
+    /// expiring at `expires_at_ms`) waits for a person, and which a person
+    /// then paused too.
+    async fn paused_with_a_call_waiting(
+        dir: &std::path::Path,
+        expires_at_ms: Option<i64>,
+    ) -> Session {
+        let spec: AgentSpec = toml::from_str(
+            "name = \"t\"\n[model]\nprovider = \"scripted\"\nscript = \"unused.json\"\n\
+             [[tools]]\nname = \"refund\"\nkind = \"command\"\ncommand = [\"true\"]\n\
+             effect = \"side_effect\"\nrequires_approval = true\n",
+        )
+        .unwrap();
+        let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir).unwrap());
+        let mut session = Session::create(log, spec).await.unwrap();
+        let call = ToolCall {
+            id: "call_0_0".into(),
+            name: "refund".into(),
+            arguments: "{}".into(),
+        };
+        let events = vec![
+            Event::UserMessage { text: "go".into() },
+            Event::ModelReplied(ModelReply {
+                tool_calls: vec![call],
+                finish_reason: "tool_calls".into(),
+                ..ModelReply::default()
+            }),
+            Event::ApprovalRequested {
+                call_id: "call_0_0".into(),
+                expires_at_ms,
+            },
+            Event::SessionPaused {
+                reason: crate::pause::PAUSED_ON_REQUEST.into(),
+                budget: false,
+            },
+        ];
+        session.append(events, None).await.unwrap();
+        session
+    }
+
+    /// A person's pause outlives the last waiting call: its approval
+    /// expiring, or a person deciding on it, records the decision and
+    /// leaves the session paused (before, both resumed it and the daemon
+    /// drove the turn on).
+    #[tokio::test]
+    async fn a_persons_pause_outlives_the_last_waiting_call() {
+        let paused = Some(crate::pause::PAUSED_ON_REQUEST);
+        let dir = tempfile::tempdir().unwrap();
+        let mut session = paused_with_a_call_waiting(dir.path(), Some(1)).await;
+        let service = Service::new(session.log().clone(), Durability::Flushed);
+        let expired = service.expire_approvals(&mut session, 2).await.unwrap();
+        assert_eq!(expired, ["call_0_0"]);
+        assert_eq!(session.state().paused.as_deref(), paused);
+        let dir = tempfile::tempdir().unwrap();
+        let mut session = paused_with_a_call_waiting(dir.path(), None).await;
+        let service = Service::new(session.log().clone(), Durability::Flushed);
+        let continuing = (service.decide_approval(&mut session, "call_0_0", true, "ada", None))
+            .await
+            .unwrap();
+        assert!(!continuing);
+        assert_eq!(session.state().paused.as_deref(), paused);
     }
 }
