@@ -793,23 +793,28 @@ mod hostile_servers {
         );
     }
 
-    /// A stdio server that answers initialize, then stops reading its stdin.
-    const BUSY_SERVER: &str = r#"
+    /// A stdio server (`sh`) that answers initialize and the messages the
+    /// `case` arms of `cases` match, with a timeout of 1 s.
+    fn sh_server(cases: &str) -> McpServerSpec {
+        const SCRIPT: &str = r#"
 while IFS= read -r line; do
   id=$(printf '%s' "$line" | sed -n 's/.*"id":\([0-9]*\).*/\1/p')
   case "$line" in
     *'"initialize"'*) printf '{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":"2025-06-18","capabilities":{}}}\n' "$id" ;;
-    *'notifications/initialized'*) sleep 3600 ;;
+    CASES
   esac
 done
 "#;
+        let script = SCRIPT.replace("CASES", cases);
+        server_spec(&format!(
+            "name = \"s\"\ncommand = [\"sh\", \"-c\", {script:?}]\ntimeout_secs = 1\n"
+        ))
+    }
 
     #[tokio::test]
     async fn stdio_call_with_large_arguments_returns_within_its_timeout() {
-        let spec = server_spec(&format!(
-            "name = \"s\"\ncommand = [\"sh\", \"-c\", {:?}]\ntimeout_secs = 1\n",
-            BUSY_SERVER
-        ));
+        // It stops reading once initialized: the call's 1 MiB fills its pipe.
+        let spec = sh_server("*'notifications/initialized'*) sleep 3600 ;;");
         let server = McpServer::connect(&spec).await.unwrap();
         let arguments = json!({"text": "x".repeat(1 << 20)});
         let (spec, ctx) = (tool_spec(), ctx());
@@ -821,24 +826,12 @@ done
         );
     }
 
-    /// A stdio server whose tools/list never ends: empty pages, each with
-    /// a new cursor.
-    const ENDLESS_PAGES: &str = r#"
-while IFS= read -r line; do
-  id=$(printf '%s' "$line" | sed -n 's/.*"id":\([0-9]*\).*/\1/p')
-  case "$line" in
-    *'"initialize"'*) printf '{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":"2025-06-18","capabilities":{}}}\n' "$id" ;;
-    *'"tools/list"'*) printf '{"jsonrpc":"2.0","id":%s,"result":{"tools":[],"nextCursor":"page-%s"}}\n' "$id" "$id" ;;
-  esac
-done
-"#;
-
     #[tokio::test]
     async fn an_endless_tool_list_is_refused() {
-        let spec = server_spec(&format!(
-            "name = \"s\"\ncommand = [\"sh\", \"-c\", {:?}]\ntimeout_secs = 1\n",
-            ENDLESS_PAGES
-        ));
+        // Empty pages, each with a new cursor.
+        let spec = sh_server(
+            r#"*'"tools/list"'*) printf '{"jsonrpc":"2.0","id":%s,"result":{"tools":[],"nextCursor":"page-%s"}}\n' "$id" "$id" ;;"#,
+        );
         let listed = tokio::time::timeout(Duration::from_secs(5), pin_tools(&spec)).await;
         let refused = listed
             .expect("pin_tools (timeout_secs = 1) still paging after 5 s")
