@@ -398,9 +398,8 @@ impl Daemon {
         self.pause_requests.lock().expect("pause lock").remove(&id);
     }
 
-    /// Runs one turn of `id` to its end, one turn per session at a time.
-    /// Runs a turn of `id` once `lock` (the session's, from
-    /// [`Daemon::lock_for`]) is ours.
+    /// Runs one turn of `id` to its end, once `lock` (the session's, from
+    /// [`Daemon::lock_for`]) is ours: one turn per session at a time.
     async fn turn(
         self: Arc<Self>,
         id: Uuid,
