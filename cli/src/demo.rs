@@ -52,9 +52,9 @@ pub async fn run(keep: Option<PathBuf>) -> Result<ExitCode> {
     let agent = root.join("agent.toml");
     std::fs::write(root.join("script.json"), SCRIPT)?;
     std::fs::write(&agent, agent_toml(&sink))?;
-    println!("mneme demo: a billing agent charges a card and emails a receipt.");
-    println!("  data directory  {}", data.display());
-    println!(
+    outln!("mneme demo: a billing agent charges a card and emails a receipt.");
+    outln!("  data directory  {}", data.display());
+    outln!(
         "  side-effect sink {} (applies each Idempotency-Key once)\n",
         sink.url("")
     );
@@ -69,7 +69,7 @@ pub async fn run(keep: Option<PathBuf>) -> Result<ExitCode> {
         .spawn()
         .context("starting `mneme run`")?;
     let session = read_session_id(&mut child).await?;
-    println!(
+    outln!(
         "1. `mneme run` (pid {}) started session {session}",
         child.id().unwrap_or(0)
     );
@@ -79,11 +79,11 @@ pub async fn run(keep: Option<PathBuf>) -> Result<ExitCode> {
     child.start_kill()?;
     child.wait().await?;
     drop(hold.release);
-    println!("2. the email was sent, and before mneme heard back: SIGKILL. The process is gone.");
+    outln!("2. the email was sent, and before mneme heard back: SIGKILL. The process is gone.");
     print_counts(&sink, "   sink now:");
 
-    println!("\n3. `mneme resume {session}`: fold the log, reuse the finished charge,");
-    println!("   re-send the email with the same idempotency key, ask the model again.");
+    outln!("\n3. `mneme resume {session}`: fold the log, reuse the finished charge,");
+    outln!("   re-send the email with the same idempotency key, ask the model again.");
     let out = mneme(&data)
         .args(["resume", &session])
         .stderr(Stdio::null())
@@ -92,13 +92,13 @@ pub async fn run(keep: Option<PathBuf>) -> Result<ExitCode> {
     if !out.status.success() {
         bail!("resume failed: {}", String::from_utf8_lossy(&out.stdout));
     }
-    println!("   answer: {}", String::from_utf8_lossy(&out.stdout).trim());
+    outln!("   answer: {}", String::from_utf8_lossy(&out.stdout).trim());
 
-    println!("\n4. The audit trail (`mneme log {session}`):");
+    outln!("\n4. The audit trail (`mneme log {session}`):");
     let log = mneme(&data).args(["log", &session]).output().await?;
-    print!("{}", String::from_utf8_lossy(&log.stdout));
+    out!("{}", String::from_utf8_lossy(&log.stdout));
     let verify = mneme(&data).args(["verify", &session]).output().await?;
-    print!(
+    out!(
         "\n5. `mneme verify`: {}",
         String::from_utf8_lossy(&verify.stdout)
     );
@@ -109,10 +109,10 @@ pub async fn run(keep: Option<PathBuf>) -> Result<ExitCode> {
         .iter()
         .all(|p| stats.path(p).effects == 1);
     if once && verify.status.success() {
-        println!("\nEvery side effect happened exactly once, across a SIGKILL and a resume.");
+        outln!("\nEvery side effect happened exactly once, across a SIGKILL and a resume.");
         Ok(ExitCode::SUCCESS)
     } else {
-        println!("\nSomething ran twice or the chain broke: this is a bug.");
+        outln!("\nSomething ran twice or the chain broke: this is a bug.");
         Ok(ExitCode::FAILURE)
     }
 }
@@ -139,11 +139,12 @@ async fn read_session_id(child: &mut tokio::process::Child) -> Result<String> {
 }
 
 fn print_counts(sink: &Sink, title: &str) {
-    println!("{title}");
+    outln!("{title}");
     for (path, s) in sink.stats().paths {
-        println!(
+        outln!(
             "     /{path:<8} requests {}  effects applied {}",
-            s.hits, s.effects
+            s.hits,
+            s.effects
         );
     }
 }

@@ -9,19 +9,19 @@ use serde_json::json;
 /// Prints a diff for people (or as one JSON object).
 pub fn print(diff: &SessionDiff, as_json: bool) {
     if as_json {
-        println!("{}", json!(diff));
+        outln!("{}", json!(diff));
         return;
     }
-    let line = |text: String| println!("{}", for_terminal(&text));
+    let line = |text: String| outln!("{}", for_terminal(&text));
     line(format!(
         "{} and {} hold the same first {} events of their history",
         diff.a.session, diff.b.session, diff.common_events
     ));
     for (name, side) in [("A", &diff.a), ("B", &diff.b)] {
-        println!();
+        outln!();
         print_side(name, side, &line);
     }
-    println!();
+    outln!();
     let figures = |side: &DiffSide| {
         [
             ("answer", json!(side.answer)),
@@ -60,10 +60,10 @@ fn print_side(name: &str, side: &DiffSide, line: &dyn Fn(String)) {
 /// message, what each spent, and how the rerun's calls were answered.
 pub fn print_rerun(report: &RerunReport, as_json: bool) {
     if as_json {
-        println!("{}", json!(report));
+        outln!("{}", json!(report));
         return;
     }
-    let line = |text: String| println!("{}", for_terminal(&text));
+    let line = |text: String| outln!("{}", for_terminal(&text));
     let (a, b) = (&report.original, &report.rerun);
     line(format!(
         "rerun {} of {} (model {:?}, was {:?})",

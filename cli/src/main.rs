@@ -11,10 +11,13 @@ macro_rules! say {
     };
 }
 
+#[macro_use]
+mod out;
 mod commands;
 mod demo;
 mod diff;
 mod local;
+mod reader;
 mod remote;
 mod render;
 mod sessions;
@@ -22,9 +25,9 @@ mod timeline;
 mod ui;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+use sessions::SessionRef;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use uuid::Uuid;
 
 /// An event-sourced agent runtime: every agent session is an append-only,
 /// hash-chained log; kill it at any instant and it resumes from the log,
@@ -185,7 +188,7 @@ struct KeygenArgs {
 struct EraseArgs {
     /// The session to erase.
     #[arg(required_unless_present = "idle_for", conflicts_with = "idle_for")]
-    session: Option<Uuid>,
+    session: Option<SessionRef>,
     /// Erase every session idle longer than this (`30d`, `12h`): a
     /// retention sweep, for a schedule (`mneme serve --retain` runs one).
     #[arg(long, value_parser = runtime::text::parse_window)]
@@ -284,7 +287,7 @@ struct RunArgs {
     agent: Option<PathBuf>,
     /// Continue this session instead of starting a new one.
     #[arg(long)]
-    session: Option<Uuid>,
+    session: Option<SessionRef>,
     /// Adopt the tools the session's MCP servers list now (recorded, with
     /// what changed); without it a session keeps the tools it started with.
     #[arg(long, requires = "session")]
@@ -299,7 +302,7 @@ struct RunArgs {
 struct ResumeArgs {
     /// The session to continue.
     #[arg(required_unless_present = "all", conflicts_with = "all")]
-    session: Option<Uuid>,
+    session: Option<SessionRef>,
     /// Continue every session that has pending work (not those that
     /// spent a budget: they need --extend, one by one).
     #[arg(long)]
@@ -315,7 +318,7 @@ struct ResumeArgs {
 #[derive(Args)]
 struct LogArgs {
     /// The session.
-    session: Uuid,
+    session: SessionRef,
     /// Only events of these kinds (e.g. ToolStarted); repeatable.
     #[arg(long)]
     kind: Vec<String>,
@@ -332,7 +335,7 @@ struct LogArgs {
 #[derive(Args)]
 struct VerifyArgs {
     /// Only this session (default: every session).
-    session: Option<Uuid>,
+    session: Option<SessionRef>,
     /// Also check every signed head against this public key (hex, or a file
     /// holding it): each must be its, and match the record it names; a
     /// session without one fails.
@@ -345,7 +348,7 @@ struct VerifyArgs {
 #[derive(Args)]
 struct ReplayArgs {
     /// The session.
-    session: Uuid,
+    session: SessionRef,
     /// Print only the exact bytes of the next model request.
     #[arg(long, conflicts_with = "json")]
     raw: bool,
@@ -356,7 +359,7 @@ struct ReplayArgs {
 #[derive(Args)]
 struct ForkArgs {
     /// The session to fork.
-    session: Uuid,
+    session: SessionRef,
     /// The seq of its last event the fork holds.
     #[arg(long)]
     at: u64,
@@ -371,9 +374,9 @@ struct ForkArgs {
 #[derive(Args)]
 struct DiffArgs {
     /// One session.
-    a: Uuid,
+    a: SessionRef,
     /// The other.
-    b: Uuid,
+    b: SessionRef,
     #[command(flatten)]
     json: JsonFlag,
 }
@@ -381,7 +384,7 @@ struct DiffArgs {
 #[derive(Args)]
 struct RerunArgs {
     /// The recorded session to re-run.
-    session: Uuid,
+    session: SessionRef,
     /// The agent file to re-run it with (another model, prompt or tools).
     #[arg(long)]
     agent: PathBuf,
@@ -397,7 +400,7 @@ struct RerunArgs {
 #[derive(Args)]
 struct BlobArgs {
     /// The session.
-    session: Uuid,
+    session: SessionRef,
     /// The blob's SHA-256 (hex), as `mneme log` shows it.
     digest: String,
     /// Write here instead of stdout.
@@ -422,7 +425,7 @@ struct Decision {
 #[command(group(clap::ArgGroup::new("decision").required(true).args(["retry", "skip", "fail"])))]
 struct ResolveArgs {
     /// The session.
-    session: Uuid,
+    session: SessionRef,
     /// The call in doubt.
     call_id: String,
     /// Run the call again (accepting the risk of a duplicate effect).
@@ -444,7 +447,7 @@ struct ResolveArgs {
 #[derive(Args)]
 struct ApproveArgs {
     /// The session.
-    session: Uuid,
+    session: SessionRef,
     /// The call waiting for approval.
     call_id: String,
     /// Deny it: the tool never runs and the model is told.
@@ -462,7 +465,7 @@ struct ApproveArgs {
 #[derive(Args)]
 struct ExportArgs {
     /// Only this session (default: every session).
-    session: Option<Uuid>,
+    session: Option<SessionRef>,
     /// Write here instead of stdout.
     #[arg(long, short)]
     output: Option<PathBuf>,
@@ -494,12 +497,31 @@ fn main() -> ExitCode {
     // What the data directory's holder note says of this process: never
     // its arguments (a user's message).
     let holder = format!("mneme {}", matches.subcommand_name().unwrap_or_default());
+    runtime::text::name_this_process(&holder);
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime starts");
     match runtime.block_on(commands::dispatch(cli, &holder)) {
         Ok(code) => code,
+        // The reader of stdout went away (`mneme export | head`): quietly.
+        Err(error) if out::is_closed_pipe(&error) => ExitCode::SUCCESS,
         Err(error) => {
-            say!("mneme: error: {error:#}");
+            say_error(&error);
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Says why the command failed. An agent file's error keeps its lines (the
+/// file's line, a caret under the fault); every other error is one line,
+/// since text from outside (a server's answer) may be in it.
+fn say_error(error: &anyhow::Error) {
+    let in_agent_file = error.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<runtime::RuntimeError>(),
+            Some(runtime::RuntimeError::Spec { .. })
+        )
+    });
+    match in_agent_file {
+        true => runtime::text::say_lines(&format!("mneme: error: {error:#}")),
+        false => say!("mneme: error: {error:#}"),
     }
 }

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 /// errors, prompts) can neither forge lines nor drive the terminal.
 macro_rules! line {
     ($($arg:tt)*) => {
-        println!("{}", for_terminal(&format!($($arg)*)))
+        outln!("{}", for_terminal(&format!($($arg)*)))
     };
 }
 
@@ -18,14 +18,22 @@ fn text<'a>(v: &'a Value, key: &str) -> &'a str {
     v[key].as_str().unwrap_or("")
 }
 
-/// `mneme sessions`.
+/// Characters of a session's title shown in `mneme sessions`.
+const TITLE_SHOWN: usize = 48;
+
+/// `mneme sessions`: one row a session, sub-agents under their parents,
+/// each id as its shortest prefix that no other listed session shares
+/// (what commands take), with the first message as its title and how it
+/// came to be (a fork, a rerun, a sub-agent) and what it waits for.
 pub fn sessions(rows: &[Value], json: bool) {
     if json {
-        rows.iter().for_each(|r| println!("{r}"));
+        rows.iter().for_each(|r| outln!("{r}"));
         return;
     }
+    let width = unique_prefix_len(rows.iter().map(|r| text(r, "session")));
+    let short = |id: &str| id.get(..width).unwrap_or(id).to_string();
     line!(
-        "{:<36}  {:<16}  {:<7}  {:>7}  {:<24}  {:>6}  NOTE",
+        "{:<width$}  {:<16}  {:<11}  {:>6}  {:<24}  {:>6}  ABOUT",
         "SESSION",
         "AGENT",
         "STATUS",
@@ -34,30 +42,68 @@ pub fn sessions(rows: &[Value], json: bool) {
         "CACHE"
     );
     for (depth, r) in as_tree(rows) {
-        let note = match (
-            r["answer_cut_off"].as_bool(),
-            r["approval_expires_at"].as_str(),
-            r["parent"].as_str(),
-        ) {
-            (Some(true), _, _) => "answer cut off by the token limit".to_string(),
-            (_, Some(at), _) => format!("approval expires {at}"),
-            (_, _, Some(parent)) => format!("sub-agent of {parent}"),
-            _ => String::new(),
-        };
+        let id = text(r, "session");
+        let interrupted = r["interrupted"].as_bool() == Some(true);
+        let mut about = Vec::new();
+        if let Some(title) = r["title"].as_str() {
+            about.push(format!("{:?}", clip(title, TITLE_SHOWN)));
+        }
+        if interrupted {
+            about.push(format!("process died: mneme resume {}", short(id)));
+        }
+        if r["answer_cut_off"].as_bool() == Some(true) {
+            about.push("answer cut off by the token limit".to_string());
+        }
+        if let Some(at) = r["approval_expires_at"].as_str() {
+            about.push(format!("approval expires {at}"));
+        }
+        for (key, what) in [
+            ("parent", "sub-agent of"),
+            ("forked_from", "fork of"),
+            ("rerun_of", "rerun of"),
+        ] {
+            if let Some(other) = r[key].as_str() {
+                about.push(format!("{what} {}", short(other)));
+            }
+        }
         let agent = match depth {
             0 => text(r, "agent").to_string(),
             depth => format!("{}└ {}", "  ".repeat(depth - 1), text(r, "agent")),
         };
+        let status = match interrupted {
+            true => "interrupted",
+            false => text(r, "status"),
+        };
         let row = format!(
-            "{:<36}  {:<16}  {:<7}  {:>7}  {:<24}  {:>5.1}%  {note}",
-            text(r, "session"),
+            "{:<width$}  {:<16}  {:<11}  {:>6}  {:<24}  {:>5.1}%  {}",
+            short(id),
             agent,
-            text(r, "status"),
+            status,
             r["events"].as_u64().unwrap_or(0),
             text(r, "last_activity"),
-            r["cache_hit_ratio"].as_f64().unwrap_or(0.0) * 100.0
+            r["cache_hit_ratio"].as_f64().unwrap_or(0.0) * 100.0,
+            about.join("  ·  ")
         );
         line!("{}", row.trim_end());
+    }
+}
+
+/// The shortest length (at least 8) at which no two of `ids` share a
+/// prefix: ids made in the same minute share their first 8 characters.
+fn unique_prefix_len<'a>(ids: impl Iterator<Item = &'a str>) -> usize {
+    let mut ids: Vec<&str> = ids.collect();
+    ids.sort_unstable();
+    let shared = |a: &str, b: &str| a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
+    (ids.windows(2))
+        .map(|pair| shared(pair[0], pair[1]) + 1)
+        .fold(8, usize::max)
+}
+
+/// `text` cut to `chars` characters, with an ellipsis where it was cut.
+fn clip(text: &str, chars: usize) -> String {
+    match text.char_indices().nth(chars) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_string(),
     }
 }
 
@@ -96,7 +142,7 @@ pub fn verify(results: &[Value], json: bool) -> ExitCode {
         let ok = r["ok"].as_bool().unwrap_or(false);
         broken += usize::from(!ok);
         match (json, ok) {
-            (true, _) => println!("{r}"),
+            (true, _) => outln!("{r}"),
             (false, true) => line!(
                 "ok    {}  {} events, head {}{}",
                 text(r, "session"),
@@ -123,7 +169,7 @@ pub fn verify(results: &[Value], json: bool) -> ExitCode {
 /// `mneme replay`.
 pub fn replay(view: &Value, json: bool) -> Result<()> {
     if json {
-        println!("{view}");
+        outln!("{view}");
         return Ok(());
     }
     let empty = Vec::new();
@@ -135,7 +181,7 @@ pub fn replay(view: &Value, json: bool) -> Result<()> {
         view["events"].as_u64().unwrap_or(0),
         text(view, "status")
     );
-    println!();
+    outln!();
     line!(
         "Rebuilt prompt: {} messages, request body {} bytes, SHA-256 {}",
         messages.len(),
@@ -145,7 +191,7 @@ pub fn replay(view: &Value, json: bool) -> Result<()> {
     for m in messages {
         line!("{}", serde_json::to_string(m)?);
     }
-    println!();
+    outln!();
     line!("Resume plan: {}", text(view, "next"));
     for c in view["calls"].as_array().unwrap_or(&empty) {
         line!(
@@ -164,7 +210,7 @@ pub fn replay(view: &Value, json: bool) -> Result<()> {
 fn replay_tools(view: &Value, empty: &Vec<Value>) {
     let tools = view["tools"].as_array().unwrap_or(empty);
     if !tools.is_empty() {
-        println!();
+        outln!();
         line!("Tools:");
     }
     for t in tools {
@@ -190,7 +236,7 @@ fn replay_tools(view: &Value, empty: &Vec<Value>) {
         );
     }
     for (server, changes) in view["mcp_changes"].as_object().into_iter().flatten() {
-        println!();
+        outln!();
         line!("MCP server {server} now lists other tools than the session pinned (not adopted; run --refresh-tools adopts them):");
         for change in changes.as_array().unwrap_or(empty) {
             line!("  {}", change.as_str().unwrap_or_default());

@@ -48,6 +48,9 @@ pub fn print(rows: &[Value], args: &LogArgs) -> Result<ExitCode> {
     let mut tool_of_call = HashMap::new();
     let mut spec = None;
     for row in rows {
+        if crate::out::closed() {
+            break; // nobody reads the rest
+        }
         let event: Event = serde_json::from_value(row["event"].clone())?;
         if let Event::SessionStarted { spec: s } | Event::SpecChanged { spec: s, .. } = &event {
             spec = Some(s.clone());
@@ -71,7 +74,7 @@ pub fn print(rows: &[Value], args: &LogArgs) -> Result<ExitCode> {
             continue;
         }
         if args.json.json {
-            println!("{row}");
+            outln!("{row}");
         } else {
             let caused = row["caused_by"]
                 .as_u64()
@@ -86,7 +89,7 @@ pub fn print(rows: &[Value], args: &LogArgs) -> Result<ExitCode> {
                 event.kind(),
                 describe::summary(&event)
             );
-            println!("{}", for_terminal(&line));
+            outln!("{}", for_terminal(&line));
         }
     }
     Ok(ExitCode::SUCCESS)

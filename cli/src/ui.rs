@@ -28,7 +28,7 @@ pub async fn run(data_dir: &Path, args: UiArgs) -> Result<ExitCode> {
             code.expires_in_secs
         );
     }
-    println!("{url}");
+    outln!("{url}");
     if args.open {
         open(data_dir, &url)?;
     }

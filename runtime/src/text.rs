@@ -20,6 +20,26 @@ pub const MIN_SECRET_LEN: usize = 16;
 
 static SECRETS: RwLock<Vec<String>> = RwLock::new(Vec::new());
 
+/// What this process is, as people started it (`mneme serve`).
+static PROCESS: RwLock<String> = RwLock::new(String::new());
+
+/// Names this process (`mneme serve`) for messages that depend on where
+/// they happen: a variable missing from the daemon's environment is not
+/// missing from the shell that asked it for a turn.
+pub fn name_this_process(name: &str) {
+    *PROCESS.write().expect("process lock") = name.to_string();
+}
+
+/// This process as messages name it: `mneme serve, pid 4242`.
+pub fn this_process() -> String {
+    let name = PROCESS.read().expect("process lock");
+    let name = match name.is_empty() {
+        true => "this process",
+        false => name.as_str(),
+    };
+    format!("{name}, pid {}", std::process::id())
+}
+
 /// Registers `secret` (and its trimmed form) to be redacted from what this
 /// process records and prints from now on.
 pub fn register_secret(secret: &str) {
@@ -88,6 +108,15 @@ pub fn say(line: &str) {
     use std::io::Write as _;
     let line = for_terminal(line) + "\n";
     let _ = std::io::stderr().write_all(line.as_bytes());
+}
+
+/// [`say`] for a message of several lines that mneme wrote itself (an
+/// agent file's error, with the caret under the place at fault): its
+/// newlines are kept, every other control character is escaped.
+pub fn say_lines(text: &str) {
+    use std::io::Write as _;
+    let text = for_terminal_multiline(text.trim_end()) + "\n";
+    let _ = std::io::stderr().write_all(text.as_bytes());
 }
 
 /// How bad a logged event is.
