@@ -174,6 +174,8 @@ pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 8 << 20;
 pub const MAX_RESPONSE_BYTES_LIMIT: u64 = 15 << 20;
 /// Default model request timeout.
 pub const DEFAULT_MODEL_TIMEOUT_SECS: u64 = 120;
+/// Default seconds to connect to a model server, TLS handshake included.
+pub const DEFAULT_CONNECT_TIMEOUT_SECS: u64 = 10;
 /// HTTP methods an HTTP tool may use.
 pub const HTTP_METHODS: &[&str] = &["GET", "POST", "PUT", "PATCH", "DELETE"];
 
@@ -481,6 +483,12 @@ pub struct ModelSpec {
     /// Request timeout in seconds (default 120).
     #[serde(default)]
     pub timeout_secs: Option<u64>,
+    /// Seconds to connect to the server, TLS handshake included (default
+    /// [`DEFAULT_CONNECT_TIMEOUT_SECS`]; at most `timeout_secs`): a server
+    /// that is down, or a plain-HTTP port named with `https://`, fails
+    /// fast instead of after the whole request timeout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connect_timeout_secs: Option<u64>,
     /// Whether requests carry the session id as `prompt_cache_key` (OpenAI's
     /// prefix-cache routing hint; default true). Turn off for servers that
     /// refuse unknown fields.
@@ -540,10 +548,40 @@ impl ModelSpec {
         std::time::Duration::from_secs(self.timeout_secs.unwrap_or(DEFAULT_MODEL_TIMEOUT_SECS))
     }
 
+    /// Time to connect (TLS handshake included).
+    pub fn connect_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(
+            self.connect_timeout_secs
+                .unwrap_or(DEFAULT_CONNECT_TIMEOUT_SECS),
+        )
+    }
+
     /// Bytes of a response read at most.
     pub fn max_response_bytes(&self) -> u64 {
         self.max_response_bytes
             .unwrap_or(DEFAULT_MAX_RESPONSE_BYTES)
+    }
+
+    /// A server that picks the model by name must be given one: Anthropic's
+    /// API and OpenAI's refuse a request without it (a local server such
+    /// as llama.cpp's serves the one model it loaded, whatever the name).
+    fn validate_model_name(&self) -> Result<(), String> {
+        if !self.model.trim().is_empty() {
+            return Ok(());
+        }
+        let openai = self.provider == "openai"
+            && url::Url::parse(self.base_url())
+                .is_ok_and(|u| u.host_str() == Some("api.openai.com"));
+        match (self.is_anthropic(), openai) {
+            (true, _) => Err(
+                "provider = \"anthropic\" needs model (e.g. model = \"claude-sonnet-4-5\")".into(),
+            ),
+            (_, true) => Err(format!(
+                "{} needs model (e.g. model = \"gpt-4.1-mini\")",
+                self.base_url()
+            )),
+            _ => Ok(()),
+        }
     }
 
     fn validate(&self) -> Result<(), String> {
@@ -563,7 +601,9 @@ impl ModelSpec {
             )),
         }
         .map_err(model)?;
+        self.validate_model_name().map_err(model)?;
         positive("timeout_secs", self.timeout_secs).map_err(model)?;
+        positive("connect_timeout_secs", self.connect_timeout_secs).map_err(model)?;
         positive("max_tokens", self.max_tokens).map_err(model)?;
         positive("max_completion_tokens", self.max_completion_tokens).map_err(model)?;
         within(

@@ -40,6 +40,7 @@ fn spec() -> AgentSpec {
             script: None,
             temperature: None,
             timeout_secs: None,
+            connect_timeout_secs: None,
             prompt_cache_key: None,
             context_window: None,
             kv: None,
@@ -172,12 +173,34 @@ fn a_turn_is_opened_by_a_message_or_a_resume() {
     events.push(Event::SessionResumed {
         by: "ada".into(),
         extend_budget: false,
+        after_crash: false,
     });
     assert_eq!(fold(&events).turn_opened, opened(10, true, 2));
     events.push(Event::UserMessage {
         text: "more".into(),
     });
     assert_eq!(fold(&events).turn_opened, opened(11, false, 10));
+}
+
+#[test]
+fn a_resume_after_a_crash_goes_on_with_the_same_turn_and_prompt() {
+    let mut events = story()[..7].to_vec();
+    let before = fold(&events);
+    let request = next_request("0190aaaa-0000-7000-8000-000000000001", &before).unwrap();
+    events.push(Event::SessionResumed {
+        by: "mneme resume".into(),
+        extend_budget: false,
+        after_crash: true,
+    });
+    let after = fold(&events);
+    assert_eq!(after.turn_opened, before.turn_opened);
+    assert_eq!(after.turn, before.turn);
+    assert_eq!(after.status(), before.status());
+    assert_eq!(
+        next_request("0190aaaa-0000-7000-8000-000000000001", &after).unwrap(),
+        request,
+        "the prompt is byte for byte the one the crashed process would have sent"
+    );
 }
 
 #[test]
@@ -422,6 +445,7 @@ fn a_reply_cut_off_mid_call_gets_room_to_finish_once() {
     events.push(Event::SessionResumed {
         by: "p".into(),
         extend_budget: false,
+        after_crash: false,
     });
     assert_eq!(fold(&events).cut_off_in_a_row, 0);
     // The incremental renderer agrees byte for byte.
@@ -512,11 +536,13 @@ fn a_turn_stops_at_its_budget_and_an_extending_resume_starts_it_again() {
     plain.push(Event::SessionResumed {
         by: "p".into(),
         extend_budget: false,
+        after_crash: false,
     });
     assert!(matches!(plan(&fold(&plain)).next, NextStep::OverBudget(_)));
     events.push(Event::SessionResumed {
         by: "p".into(),
         extend_budget: true,
+        after_crash: false,
     });
     assert_eq!(plan(&fold(&events)).next, NextStep::CallModel);
     // Tool calls: a reply that takes the turn past its limit runs nothing.
@@ -618,6 +644,29 @@ fn specs_refuse_what_would_break_a_session_or_leak_a_secret() {
         "the password is not printed: {err}"
     );
     assert!(spec().validate().is_ok());
+}
+
+#[test]
+fn servers_that_pick_the_model_by_name_must_be_given_one() {
+    let refused = |provider: &str, base_url: Option<&str>, expect: &str| {
+        let mut s = spec();
+        s.model.provider = provider.into();
+        s.model.base_url = base_url.map(String::from);
+        s.model.model = " ".into();
+        let err = s.validate().expect_err(expect);
+        assert!(err.contains("[model]") && err.contains(expect), "{err}");
+    };
+    refused("anthropic", None, "provider = \"anthropic\" needs model");
+    refused(
+        "openai",
+        Some("https://api.openai.com/v1"),
+        "https://api.openai.com/v1 needs model",
+    );
+    // A local server serves what it loaded, whatever the name.
+    let mut local = spec();
+    local.model.base_url = Some("http://127.0.0.1:8080/v1".into());
+    local.model.model = String::new();
+    assert!(local.validate().is_ok());
 }
 
 #[test]
@@ -1055,6 +1104,7 @@ fn golden_bytes_of_every_event_kind() {
     all.push(Event::SessionResumed {
         by: "me".into(),
         extend_budget: false,
+        after_crash: false,
     });
     all.push(Event::SessionFinished {
         outcome: SessionOutcome::Failed("f".into()),
@@ -1138,6 +1188,11 @@ fn golden_bytes_of_every_event_kind() {
         call_id: "c1".into(),
     });
     all.push(child_finished("c1", uuid::Uuid::from_u128(8)));
+    all.push(Event::SessionResumed {
+        by: "mneme resume".into(),
+        extend_budget: false,
+        after_crash: true,
+    });
     let text: String = all
         .iter()
         .map(|e| {
@@ -1249,6 +1304,7 @@ fn arbitrary_log() -> impl Strategy<Value = Vec<Event>> {
                         Event::SessionResumed {
                             by: "p".into(),
                             extend_budget: pick == 0,
+                            after_crash: false,
                         }
                     }
                 }

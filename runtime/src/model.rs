@@ -165,6 +165,7 @@ pub struct HttpModelClient {
     url: String,
     api_key: Option<String>,
     timeout: Duration,
+    connect_timeout: Duration,
     max_response_bytes: u64,
 }
 
@@ -188,7 +189,8 @@ impl HttpModelClient {
         let api_key = match &spec.model.api_key_env {
             Some(var) => Some(std::env::var(var).map_err(|_| {
                 ModelError::Config(format!(
-                    "the agent's api_key_env names {var}, which is not set in the environment"
+                    "the agent's api_key_env names {var}, which is not set in the environment of {}: set it where that process starts",
+                    crate::text::this_process()
                 ))
             })?),
             None => None,
@@ -197,8 +199,10 @@ impl HttpModelClient {
             crate::text::register_secret(key);
         }
         let timeout = spec.model.timeout();
+        let connect_timeout = spec.model.connect_timeout().min(timeout);
         let http = reqwest::Client::builder()
             .timeout(timeout)
+            .connect_timeout(connect_timeout)
             .build()
             .map_err(|e| ModelError::Config(e.to_string()))?;
         let base = replay::spec::redact_url(base.trim_end_matches('/'));
@@ -212,21 +216,46 @@ impl HttpModelClient {
             url: format!("{base}/{path}"),
             api_key,
             timeout,
+            connect_timeout,
             max_response_bytes: spec.model.max_response_bytes(),
         })
     }
 
-    /// What a failed read or send says: a timeout by name, not reqwest's
-    /// "error decoding response body".
+    /// What a failed read or send says, by its cause: the connection
+    /// refused, the name not found, the TLS handshake failed, a timeout (of
+    /// the connection or of the answer), not reqwest's "error sending
+    /// request".
     fn describe(&self, e: &reqwest::Error) -> String {
-        if e.is_timeout() {
+        let https = self.url.starts_with("https://");
+        let chain = error_chain(e);
+        let (causes, root) = (chain.join(": "), chain.last().cloned().unwrap_or_default());
+        let said = |what: &str| causes.to_ascii_lowercase().contains(what);
+        let reason = if e.is_connect() && e.is_timeout() {
+            let scheme_hint = match https {
+                true => ": a plain-HTTP server answers an https:// URL with silence; is the scheme right?",
+                false => "",
+            };
+            format!(
+                "no connection within {} s (connect_timeout_secs: connecting{}){scheme_hint}",
+                self.connect_timeout.as_secs_f64(),
+                if https { " and the TLS handshake" } else { "" }
+            )
+        } else if e.is_timeout() {
             format!(
                 "no complete answer within {} s (timeout_secs)",
                 self.timeout.as_secs()
             )
+        } else if said("connection refused") {
+            "connection refused: nothing listens there (is the server running, on this port?)"
+                .to_string()
+        } else if said("dns error") || said("failed to lookup address") {
+            format!("the host name does not resolve (DNS: {root})")
+        } else if https && (said("tls") || said("certificate") || said("corrupt message")) {
+            format!("the TLS handshake failed ({root}); is it a plain-HTTP server (http://)?")
         } else {
-            crate::text::redact(&e.to_string()).into_owned()
-        }
+            causes
+        };
+        crate::text::redact(&reason).into_owned()
     }
 
     /// Reads `response`'s body, at most `limit` bytes: `None` past that.
@@ -377,6 +406,21 @@ impl HttpModelClient {
     }
 }
 
+/// `e` and each error under it, outermost first: reqwest's own message
+/// names neither the cause nor the address.
+fn error_chain(e: &reqwest::Error) -> Vec<String> {
+    let mut said: Vec<String> = vec![e.to_string()];
+    let mut cause = std::error::Error::source(e);
+    while let Some(error) = cause {
+        let text = error.to_string();
+        if !said.iter().any(|s| s.contains(&text)) {
+            said.push(text);
+        }
+        cause = error.source();
+    }
+    said
+}
+
 /// The start of a server's text, fit to record: secrets mneme knows are
 /// redacted (a server may echo the request's Authorization header) before
 /// it is cut, so no part of one is kept.
@@ -406,14 +450,17 @@ impl ModelClient for HttpModelClient {
                 }
                 Err(Attempt::Fail(error)) => return Err(error),
                 Err(Attempt::Retry(reason, retry_after)) => {
-                    last_failure = reason;
                     if attempt < MAX_ATTEMPTS {
                         let backoff = Duration::from_millis(100 << attempt);
-                        tokio::time::sleep(
-                            retry_after.unwrap_or(backoff).min(Duration::from_secs(10)),
-                        )
-                        .await;
+                        let wait = retry_after.unwrap_or(backoff).min(Duration::from_secs(10));
+                        crate::warn_line!(
+                            "mneme: model server {}: {reason} (attempt {attempt} of {MAX_ATTEMPTS}); trying again in {:.1} s",
+                            self.url,
+                            wait.as_secs_f64()
+                        );
+                        tokio::time::sleep(wait).await;
                     }
+                    last_failure = reason;
                 }
             }
         }
