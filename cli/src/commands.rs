@@ -65,39 +65,136 @@ pub async fn dispatch(cli: Cli, holder: &str) -> Result<ExitCode> {
     let endpoint = cli.otlp_endpoint.as_deref().filter(|_| turns);
     let tracer = tracer(endpoint, cli.otlp_content)?;
     let cache_bytes = cli.sled_cache_mib << 20;
+    let store = StoreName::of(&cli.store, &data_dir);
+    if cli.store.is_none() && !data_dir.exists() && reads_only(&command) {
+        // Nothing ran here: a read creates nothing.
+        return nothing_here(&command, &store);
+    }
     let outcome = async {
-        let sessions: Box<dyn Sessions> =
-            match open_log(&cli.store, &data_dir, cache_bytes, &command, holder).await? {
-                Opened::Daemon(remote) => Box::new(remote),
-                Opened::Log(raw) => {
-                    let log: Arc<dyn EventLog> = Arc::new(SealedLog::new(raw.clone(), master));
-                    if let Command::Serve(a) = command {
-                        let settings = ServeSettings {
-                            signer,
-                            tracer: tracer.clone(),
-                            data_dir: &data_dir,
-                            durability,
-                            snapshot_every,
-                            lease_ttl,
-                        };
-                        return serve(log, settings, a).await;
-                    }
-                    let service = Service::new(log, durability)
-                        .snapshot_every(snapshot_every)
-                        .signed_by(signer)
-                        .traced_by(tracer.clone());
-                    let owner = runtime::lease::owner_name("cli");
-                    Box::new(Local::new(service, raw, owner, lease_ttl))
+        let opened = open_log(&cli.store, &data_dir, cache_bytes, &command, holder).await?;
+        let (sessions, _reader): (Arc<dyn Sessions>, _) = match opened {
+            Opened::Daemon(remote) => (Arc::new(remote), None),
+            Opened::Log(raw) => {
+                let log: Arc<dyn EventLog> = Arc::new(SealedLog::new(raw.clone(), master));
+                if let Command::Serve(a) = command {
+                    let settings = ServeSettings {
+                        signer,
+                        tracer: tracer.clone(),
+                        data_dir: &data_dir,
+                        durability,
+                        snapshot_every,
+                        lease_ttl,
+                    };
+                    return serve(log, settings, a).await;
                 }
-            };
+                let service = Service::new(log, durability)
+                    .snapshot_every(snapshot_every)
+                    .signed_by(signer)
+                    .traced_by(tracer.clone());
+                let owner = runtime::lease::owner_name("cli");
+                let local: Arc<dyn Sessions> = Arc::new(Local::new(service, raw, owner, lease_ttl));
+                // A turn may take long: meanwhile, other terminals may read.
+                let reader = match (turns, &cli.store) {
+                    (true, None) => readable_beside(local.clone(), &data_dir, holder).await,
+                    _ => None,
+                };
+                (local, reader)
+            }
+        };
         run(sessions.as_ref(), command).await
     }
-    .await;
+    .await
+    .map_err(|e| store.in_error(e));
     if let Some(tracer) = tracer {
         // The last turns' spans, before the process ends: at most this long.
         tracer.flush(telemetry::DEFAULT_TIMEOUT).await;
     }
     outcome
+}
+
+/// Answers reads of `sessions` from other processes while this one holds
+/// the data directory (see [`crate::reader`]); a reader that cannot start
+/// costs a warning, never the command.
+async fn readable_beside(
+    sessions: Arc<dyn Sessions>,
+    data_dir: &Path,
+    holder: &str,
+) -> Option<crate::reader::Reader> {
+    match crate::reader::Reader::start(sessions, data_dir, holder).await {
+        Ok(reader) => Some(reader),
+        Err(e) => {
+            runtime::warn_line!("mneme: warning: other commands cannot read this data directory while this one runs: {e:#}");
+            None
+        }
+    }
+}
+
+/// Whether `command` only reads the store.
+fn reads_only(command: &Command) -> bool {
+    matches!(
+        command,
+        Command::Sessions(_)
+            | Command::Log(_)
+            | Command::Verify(_)
+            | Command::Replay(_)
+            | Command::Diff(_)
+            | Command::Blob(_)
+            | Command::Export(_)
+    )
+}
+
+/// What a read-only `command` answers when the data directory does not
+/// exist: no sessions, or no such session.
+fn nothing_here(command: &Command, store: &StoreName) -> Result<ExitCode> {
+    let named = match command {
+        Command::Log(a) => Some(&a.session),
+        Command::Replay(a) => Some(&a.session),
+        Command::Diff(a) => Some(&a.a),
+        Command::Blob(a) => Some(&a.session),
+        Command::Verify(a) => a.session.as_ref(),
+        Command::Export(a) => a.session.as_ref(),
+        _ => None,
+    };
+    if let Some(named) = named {
+        bail!("no session {named} in {store}: it does not exist yet (nothing has run with it; --data-dir or $MNEME_DATA_DIR names another)");
+    }
+    say!("mneme: no sessions: {store} does not exist yet (nothing has run with it; --data-dir or $MNEME_DATA_DIR names another)");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The store a command uses, as its messages name it.
+struct StoreName(String);
+
+impl StoreName {
+    fn of(store: &Option<String>, data_dir: &Path) -> StoreName {
+        StoreName(match store {
+            Some(url) => format!("the store {}", replay::spec::redact_url(url)),
+            None => format!("the data directory {}", data_dir.display()),
+        })
+    }
+
+    /// `error`, saying which store had no such session.
+    fn in_error(&self, error: anyhow::Error) -> anyhow::Error {
+        let missing = error.chain().find_map(|cause| {
+            if let Some(crate::sessions::NoSession(named)) = cause.downcast_ref() {
+                return Some(named.clone());
+            }
+            match cause.downcast_ref::<runtime::RuntimeError>() {
+                Some(runtime::RuntimeError::NoSuchSession(id)) => Some(id.to_string()),
+                _ => None,
+            }
+        });
+        match missing {
+            Some(named) => anyhow::anyhow!("no session {named} in {self}"),
+            None => error,
+        }
+    }
+}
+
+impl std::fmt::Display for StoreName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 /// The exporter of turns' traces, if `--otlp-endpoint` names a collector.
@@ -116,7 +213,8 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
     match command {
         Command::Run(a) => {
             let (outcome, streamed) = match (a.session, a.agent) {
-                (Some(id), _) => {
+                (Some(named), _) => {
+                    let id = named.resolve(sessions).await?;
                     say!("session {id}");
                     let message = PostMessage {
                         text: a.message,
@@ -130,7 +228,7 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
                     let spec = load_agent_file(&path)?;
                     let id = sessions.create(spec, Some(a.message)).await?;
                     say!("session {id}");
-                    showing(a.json.json, |s| sessions.resume(id, false, s)).await
+                    showing(a.json.json, |s| sessions.start(id, s)).await
                 }
                 (None, None) => bail!(
                     "mneme run needs --agent FILE to start a session, or --session ID to continue one"
@@ -140,7 +238,7 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
         }
         Command::Resume(a) => {
             let ids = match a.session {
-                Some(id) => vec![id],
+                Some(named) => vec![named.resolve(sessions).await?],
                 // Those with pending work no person has to decide on.
                 None => (sessions.list().await?.into_iter())
                     .filter_map(|row| (row.resumable == Some(true)).then_some(row.session))
@@ -163,10 +261,13 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
             crate::render::sessions(&rows, a.json);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Log(a) => crate::timeline::print(&sessions.events(a.session).await?, &a),
+        Command::Log(a) => {
+            let id = a.session.resolve(sessions).await?;
+            crate::timeline::print(&sessions.events(id).await?, &a)
+        }
         Command::Verify(a) => {
             let ids = match a.session {
-                Some(id) => vec![id],
+                Some(named) => vec![named.resolve(sessions).await?],
                 None => sessions.ids().await?,
             };
             let key = a.key.as_deref().map(HeadKey::parse).transpose()?;
@@ -183,15 +284,17 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
         Command::Erase(a) => erase(sessions, a).await,
         Command::Fork(a) => {
             let spec = a.agent.as_deref().map(load_agent_file).transpose()?;
-            let forked = sessions.fork(a.session, a.at, spec).await?;
+            let id = a.session.resolve(sessions).await?;
+            let forked = sessions.fork(id, a.at, spec).await?;
             match a.json.json {
-                true => println!("{}", to_json(&forked)),
-                false => println!("{}", forked.session),
+                true => outln!("{}", to_json(&forked)),
+                false => outln!("{}", forked.session),
             }
             Ok(ExitCode::SUCCESS)
         }
         Command::Diff(a) => {
-            let diff = sessions.diff(a.a, a.b).await?;
+            let (a_id, b_id) = (a.a.resolve(sessions).await?, a.b.resolve(sessions).await?);
+            let diff = sessions.diff(a_id, b_id).await?;
             crate::diff::print(&diff, a.json.json);
             Ok(ExitCode::SUCCESS)
         }
@@ -199,7 +302,12 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
             let spec = load_agent_file(&a.agent)?;
             let started = |id: Uuid| say!("session {id}");
             let report = sessions
-                .rerun(a.session, spec, a.live_tools, &started)
+                .rerun(
+                    a.session.resolve(sessions).await?,
+                    spec,
+                    a.live_tools,
+                    &started,
+                )
                 .await?;
             crate::diff::print_rerun(&report, a.json.json);
             Ok(match report.stopped {
@@ -208,22 +316,22 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
             })
         }
         Command::Blob(a) => {
-            let bytes = sessions.blob(a.session, &a.digest).await?;
+            let id = a.session.resolve(sessions).await?;
+            let bytes = sessions.blob(id, &a.digest).await?;
             match a.output {
                 Some(path) => std::fs::write(&path, bytes)
                     .with_context(|| format!("writing {}", path.display()))?,
-                None => std::io::Write::write_all(&mut std::io::stdout(), &bytes)?,
+                None => crate::out::write(&bytes),
             }
             Ok(ExitCode::SUCCESS)
         }
         Command::Replay(a) => {
+            let id = a.session.resolve(sessions).await?;
             if a.raw {
-                use std::io::Write;
-                let body = sessions.next_request(a.session).await?;
-                std::io::stdout().write_all(&body)?;
+                crate::out::write(&sessions.next_request(id).await?);
                 return Ok(ExitCode::SUCCESS);
             }
-            let view = sessions.replay(a.session).await?;
+            let view = sessions.replay(id).await?;
             crate::render::replay(&to_json(&view), a.json.json)?;
             Ok(ExitCode::SUCCESS)
         }
@@ -248,7 +356,7 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
                 (_, _, Some(message)) => body.fail = Some(message),
                 _ => bail!("give one of --retry, --skip --result JSON, --fail MSG"),
             }
-            let call = (a.session, a.call_id.as_str());
+            let call = (a.session.resolve(sessions).await?, a.call_id.as_str());
             let json = a.decision.json.json;
             decide(sessions, call, Decision::Resolve(body), "resolved", json).await
         }
@@ -266,12 +374,16 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
                 (false, Some(_)) => "approved with edited arguments",
                 (false, None) => "approved",
             };
-            let call = (a.session, a.call_id.as_str());
+            let call = (a.session.resolve(sessions).await?, a.call_id.as_str());
             let json = a.decision.json.json;
             decide(sessions, call, Decision::Approve(body), verb, json).await
         }
         Command::Export(a) => {
-            let done = sessions.export(a.session, a.output.as_deref()).await?;
+            let id = match &a.session {
+                Some(named) => Some(named.resolve(sessions).await?),
+                None => None,
+            };
+            let done = sessions.export(id, a.output.as_deref()).await?;
             say!(
                 "exported {} records of {} sessions",
                 done.records,
@@ -356,7 +468,7 @@ fn keygen(data_dir: &Path, out: &Path, master: bool) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let signer = HeadSigner::generate(out)?;
-    println!("{}", signer.public_hex());
+    outln!("{}", signer.public_hex());
     Ok(ExitCode::SUCCESS)
 }
 
@@ -364,7 +476,10 @@ fn keygen(data_dir: &Path, out: &Path, master: bool) -> Result<ExitCode> {
 /// window (those that cannot be erased are named, and fail the command).
 async fn erase(sessions: &dyn Sessions, a: crate::EraseArgs) -> Result<ExitCode> {
     let (ids, reason) = match (a.session, a.idle_for) {
-        (Some(id), _) => (vec![id], a.reason.unwrap_or_default()),
+        (Some(named), _) => (
+            vec![named.resolve(sessions).await?],
+            a.reason.unwrap_or_default(),
+        ),
         (None, Some(window)) => {
             let since = runtime::text::now_ms() - window.as_millis() as i64;
             let idle = sessions.list().await?.into_iter().filter(|row| {
@@ -505,10 +620,10 @@ async fn open_log(
     let log = match open_sled(data_dir, cache_bytes, holder).await {
         Ok(log) => log,
         Err(eventlog::LogError::Locked { .. }) if !matches!(command, Command::Serve(_)) => {
-            if let Some(remote) = Remote::discover(data_dir)? {
-                return Ok(Opened::Daemon(remote));
+            match beside_the_holder(data_dir, cache_bytes, holder).await? {
+                Ok(remote) => return Ok(Opened::Daemon(remote)),
+                Err(log) => log,
             }
-            open_sled(data_dir, cache_bytes, holder).await?
         }
         Err(e) => return Err(e.into()),
     };
@@ -520,6 +635,36 @@ async fn open_log(
         );
     }
     Ok(Opened::Log(Arc::new(log)))
+}
+
+/// How long a command waits for the process holding the data directory to
+/// say where it answers (it does just after opening it), or to let go.
+const HOLDER_WAIT: Duration = Duration::from_secs(3);
+
+/// Reaches the data directory another process holds: through it (a daemon,
+/// or a command answering reads, once it has said where), or opened here
+/// if it lets go within [`HOLDER_WAIT`].
+async fn beside_the_holder(
+    data_dir: &Path,
+    cache_bytes: u64,
+    holder: &str,
+) -> Result<std::result::Result<Remote, SledLog>> {
+    let deadline = std::time::Instant::now() + HOLDER_WAIT;
+    loop {
+        if let Some(remote) = Remote::discover(data_dir)? {
+            return Ok(Ok(remote));
+        }
+        match open_sled(data_dir, cache_bytes, holder).await {
+            Ok(log) => return Ok(Err(log)),
+            Err(eventlog::LogError::Locked { .. }) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(eventlog::LogError::Locked { dir, holder }) => bail!(
+                "the data directory {dir} is in use by another process ({holder}): wait for it to finish, or run sessions under `mneme serve`, which takes any number of commands side by side"
+            ),
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// What `serve` takes from the global options.
@@ -624,14 +769,11 @@ impl StreamToStdout {
     }
 
     fn print(&self, text: &str) {
-        use std::io::Write as _;
         if text.is_empty() {
             return;
         }
         self.wrote.store(true, std::sync::atomic::Ordering::SeqCst);
-        let mut out = std::io::stdout().lock();
-        let _ = out.write_all(text.as_bytes());
-        let _ = out.flush();
+        crate::out::write(text.as_bytes());
     }
 
     /// Shows what was held back and ends the line; whether anything was shown.
@@ -639,7 +781,7 @@ impl StreamToStdout {
         self.print(&self.text.finish());
         let wrote = self.wrote.load(std::sync::atomic::Ordering::SeqCst);
         if wrote {
-            println!();
+            outln!();
         }
         wrote
     }
@@ -657,12 +799,12 @@ fn report_end(id: Uuid, end: &TurnEnd, json: bool, streamed: bool) -> Result<Exi
                 | TurnEnd::NeedsApproval(_)
         )
     {
-        println!("{}", views::turn_end(id, end));
+        outln!("{}", views::turn_end(id, end));
     }
     match end {
         TurnEnd::Answered(answer) | TurnEnd::CutOffAnswer(answer) => {
             if !json && !streamed {
-                println!("{}", runtime::text::for_terminal_multiline(answer));
+                outln!("{}", runtime::text::for_terminal_multiline(answer));
             }
             if matches!(end, TurnEnd::CutOffAnswer(_)) {
                 say!("mneme: warning: session {id}: the token limit cut the answer off (finish_reason length); raise [model] max_tokens for whole answers");

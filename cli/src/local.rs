@@ -88,8 +88,16 @@ impl Local {
         if let Some(sink) = stream {
             runner = runner.with_deltas(Arc::new(move |_, text| sink.show(text)));
         }
-        let end = runner.drive(session).await;
-        let end = end.with_context(|| format!("session {}", session.id()))?;
+        let id = session.id();
+        let end = runner.drive(session).await.map_err(|e| {
+            let next = match &e {
+                runtime::RuntimeError::Model(_) => format!(
+                    " stopped; once the model server answers, `mneme resume {id}` continues it"
+                ),
+                _ => String::new(),
+            };
+            anyhow::Error::new(e).context(format!("session {id}{next}"))
+        })?;
         Ok(TurnOutcome::new(session.id(), &end))
     }
 
@@ -156,11 +164,7 @@ impl Sessions for Local {
     }
 
     async fn list(&self) -> Result<Vec<SessionSummary>> {
-        let listing = self.service.listing().await?;
-        Ok(listing
-            .into_iter()
-            .map(|(meta, summary)| views::row_of(&meta, summary))
-            .collect())
+        Ok(self.service.rows().await?)
     }
 
     async fn ids(&self) -> Result<Vec<Uuid>> {
@@ -271,12 +275,20 @@ impl Sessions for Local {
         self.drive_then_release(lease, &mut session, stream).await
     }
 
-    async fn resume(&self, id: Uuid, extend: bool, stream: Stream) -> Result<TurnOutcome> {
+    async fn start(&self, id: Uuid, stream: Stream) -> Result<TurnOutcome> {
         let lease = self.hold(id).await?;
         let mut session = self.service.load(id).await?;
-        self.service
-            .reopen(&mut session, "mneme resume", extend)
-            .await?;
+        self.drive_then_release(lease, &mut session, stream).await
+    }
+
+    async fn resume(&self, id: Uuid, extend: bool, stream: Stream) -> Result<TurnOutcome> {
+        const BY: &str = "mneme resume";
+        let lease = self.hold(id).await?;
+        let mut session = self.service.load(id).await?;
+        // Not stopped, yet running, and its lease ours: what ran it died.
+        if !self.service.reopen(&mut session, BY, extend).await? {
+            self.service.resume_interrupted(&mut session, BY).await?;
+        }
         self.drive_then_release(lease, &mut session, stream).await
     }
 

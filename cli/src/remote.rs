@@ -19,22 +19,42 @@ use serde_json::Value;
 use std::path::Path;
 use uuid::Uuid;
 
-/// A client of the daemon that holds a data directory.
+/// A client of the daemon that holds a data directory, or of the command
+/// that holds it and answers reads only ([`crate::reader`]).
 pub struct Remote {
     base: String,
     http: reqwest::Client,
+    /// What holds the directory when it answers reads only (`mneme run,
+    /// pid 4242`): anything else is refused, saying what to do.
+    reads_only: Option<String>,
+    data_dir: std::path::PathBuf,
 }
 
 impl Remote {
-    /// The daemon named by `DATA_DIR/mneme.daemon`, if the file is there.
-    /// Its token comes from the file the daemon names, else `$MNEME_TOKEN`.
+    /// The daemon named by `DATA_DIR/mneme.daemon`, else the command that
+    /// answers reads named by `DATA_DIR/mneme.reader`, if such a note is
+    /// there and the process it names lives. The token comes from the file
+    /// the note names, else (a daemon's) `$MNEME_TOKEN`.
     pub fn discover(data_dir: &Path) -> Result<Option<Remote>> {
-        let path = data_dir.join(DAEMON_FILE);
+        for file in [DAEMON_FILE, crate::reader::READER_FILE] {
+            if let Some(remote) = Remote::from_note(data_dir, file)? {
+                return Ok(Some(remote));
+            }
+        }
+        Ok(None)
+    }
+
+    fn from_note(data_dir: &Path, file: &str) -> Result<Option<Remote>> {
+        let path = data_dir.join(file);
         let Ok(text) = std::fs::read_to_string(&path) else {
             return Ok(None);
         };
         let note: Value = serde_json::from_str(&text)
             .with_context(|| format!("{} is not JSON", path.display()))?;
+        let pid = note["pid"].as_u64().and_then(|p| i32::try_from(p).ok());
+        if pid.is_some_and(|pid| !process_lives(pid)) {
+            return Ok(None); // left by a process that was killed
+        }
         let addr = note["addr"]
             .as_str()
             .with_context(|| format!("{} names no address", path.display()))?;
@@ -54,10 +74,27 @@ impl Remote {
         let http = reqwest::Client::builder()
             .default_headers(headers)
             .build()?;
+        let reads_only = note["holder"].as_str().map(|holder| match pid {
+            Some(pid) => format!("{holder}, pid {pid}"),
+            None => holder.to_string(),
+        });
         Ok(Some(Remote {
             base: format!("http://{addr}"),
             http,
+            reads_only,
+            data_dir: data_dir.to_path_buf(),
         }))
+    }
+
+    /// Refuses what would write, when the holder answers reads only.
+    fn writable(&self) -> Result<()> {
+        match &self.reads_only {
+            None => Ok(()),
+            Some(holder) => bail!(
+                "the data directory {} is in use by another process ({holder}), which lets other commands read it but not change it: wait for it to finish, or run sessions under `mneme serve`, which takes any number of commands side by side",
+                self.data_dir.display()
+            ),
+        }
     }
 
     /// Where the daemon listens, as `http://ADDR`.
@@ -177,6 +214,7 @@ impl Remote {
 #[async_trait::async_trait]
 impl Sessions for Remote {
     async fn create(&self, spec: AgentSpec, first_message: Option<String>) -> Result<Uuid> {
+        self.writable()?;
         let create = CreateSession {
             agent: None,
             spec: Some(spec),
@@ -207,6 +245,7 @@ impl Sessions for Remote {
     }
 
     async fn erase(&self, id: Uuid, erase: runtime::api::Erase) -> Result<runtime::api::Erased> {
+        self.writable()?;
         let path = format!("/sessions/{id}");
         let request = self
             .http
@@ -216,6 +255,7 @@ impl Sessions for Remote {
     }
 
     async fn fork(&self, id: Uuid, at: u64, spec: Option<AgentSpec>) -> Result<Forked> {
+        self.writable()?;
         self.post(&format!("/sessions/{id}/fork"), &Fork { at, spec })
             .await
     }
@@ -244,6 +284,7 @@ impl Sessions for Remote {
         message: PostMessage,
         stream: Stream,
     ) -> Result<TurnOutcome> {
+        self.writable()?;
         let message = PostMessage {
             wait: true,
             ..message
@@ -254,7 +295,13 @@ impl Sessions for Remote {
         outcome.with_context(|| format!("session {id}"))
     }
 
+    async fn start(&self, id: Uuid, stream: Stream) -> Result<TurnOutcome> {
+        // The daemon runs a session's first turn on a resume.
+        self.resume(id, false, stream).await
+    }
+
     async fn resume(&self, id: Uuid, extend: bool, stream: Stream) -> Result<TurnOutcome> {
+        self.writable()?;
         let resume = Resume { wait: true, extend };
         let path = format!("/sessions/{id}/resume");
         let turn = self.post::<TurnOutcome>(&path, &resume);
@@ -269,6 +316,7 @@ impl Sessions for Remote {
         recorded: Recorded<'_>,
         stream: Stream,
     ) -> Result<DecisionAnswer> {
+        self.writable()?;
         let action = decision.action();
         self.post_decision((id, call), action, &decision, recorded, stream)
             .await
@@ -281,6 +329,7 @@ impl Sessions for Remote {
         live_tools: bool,
         started: crate::sessions::Started<'_>,
     ) -> Result<runtime::api::RerunReport> {
+        self.writable()?;
         // The daemon runs every turn and answers once the rerun is done.
         let body = runtime::api::Rerun { spec, live_tools };
         let report: runtime::api::RerunReport =
@@ -301,12 +350,25 @@ impl Sessions for Remote {
 impl Remote {
     /// The refusal of what needs the store itself (`export`, `import`).
     fn holds_the_store(&self) -> anyhow::Error {
-        anyhow!(
-            "the data directory is held by the daemon at {}: stop it, then export or import",
-            self.base
-        )
+        match &self.reads_only {
+            Some(holder) => anyhow!(
+                "the data directory {} is in use by another process ({holder}): export and import need the store itself; wait for it to finish",
+                self.data_dir.display()
+            ),
+            None => anyhow!(
+                "the data directory is held by the daemon at {}: stop it, then export or import",
+                self.base
+            ),
+        }
     }
 }
+/// Whether process `pid` runs (on this host).
+fn process_lives(pid: i32) -> bool {
+    // Signal 0 checks without sending; EPERM: it runs, as another user.
+    let signalled = unsafe { libc::kill(pid, 0) };
+    signalled == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
 /// `text` as one path segment: every byte but letters, digits and `-._~`
 /// percent-encoded, so a call id (typed by a person, or printed from a
 /// model's choice) can never be a path of its own (`../`), a query or a

@@ -116,8 +116,13 @@ pub trait Sessions: Send + Sync {
         stream: Stream,
     ) -> Result<TurnOutcome>;
 
+    /// Runs the first turn of session `id`, just created with its first
+    /// message ([`Sessions::create`]).
+    async fn start(&self, id: Uuid, stream: Stream) -> Result<TurnOutcome>;
+
     /// Continues session `id`'s pending work (`extend`: start a spent
-    /// budget of its turn again).
+    /// budget of its turn again); a turn whose process died is recorded
+    /// as resumed after the crash.
     async fn resume(&self, id: Uuid, extend: bool, stream: Stream) -> Result<TurnOutcome>;
 
     /// Records `decision` on call `call` of session `id`; then, as the
@@ -148,3 +153,58 @@ pub struct Exported {
     /// Sessions they belong to.
     pub sessions: usize,
 }
+
+/// A session as a person names it: its id, or any prefix of it that no
+/// other session of the store shares (`mneme sessions` shows the shortest).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionRef(String);
+
+impl std::str::FromStr for SessionRef {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<SessionRef, String> {
+        let text = text.trim().to_ascii_lowercase();
+        let fits = |c: char| c.is_ascii_hexdigit() || c == '-';
+        if text.is_empty() || text.len() > 36 || !text.chars().all(fits) {
+            return Err(format!(
+                "{text:?} is not a session id, nor the start of one (hex digits and dashes, as `mneme sessions` shows them)"
+            ));
+        }
+        Ok(SessionRef(text))
+    }
+}
+
+impl std::fmt::Display for SessionRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl SessionRef {
+    /// The one session of `sessions` this names. A whole id is taken as it
+    /// is (whether the session exists is for the command to find); a
+    /// prefix must name exactly one session.
+    pub async fn resolve(&self, sessions: &dyn Sessions) -> Result<Uuid> {
+        if let (36, Ok(id)) = (self.0.len(), Uuid::parse_str(&self.0)) {
+            return Ok(id);
+        }
+        let ids = sessions.ids().await?;
+        let matching: Vec<Uuid> = (ids.into_iter())
+            .filter(|id| id.to_string().starts_with(&self.0))
+            .collect();
+        match matching.as_slice() {
+            [id] => Ok(*id),
+            [] => Err(NoSession(self.0.clone()).into()),
+            [first, second, ..] => anyhow::bail!(
+                "{} sessions begin with {} ({first}, {second}, …): give more of the id",
+                matching.len(),
+                self.0
+            ),
+        }
+    }
+}
+
+/// No session has the id (or the start of one) given.
+#[derive(Debug, thiserror::Error)]
+#[error("no session {0}")]
+pub struct NoSession(pub String);

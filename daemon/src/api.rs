@@ -297,15 +297,11 @@ async fn list_sessions(
     State(daemon): State<Shared>,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<Vec<SessionSummary>>, ApiError> {
-    let mut rows = Vec::new();
-    for (meta, summary) in daemon.service.listing().await? {
-        let row = views::row_of(&meta, summary);
-        let keep = q.status.is_none_or(|s| row.status == s)
-            && q.agent.as_deref().is_none_or(|a| row.agent == a);
-        if keep {
-            rows.push(row);
-        }
-    }
+    let mut rows = daemon.service.rows().await?;
+    rows.retain(|row| {
+        q.status.is_none_or(|s| row.status == s)
+            && q.agent.as_deref().is_none_or(|a| row.agent == a)
+    });
     Ok(Json(rows))
 }
 

@@ -476,7 +476,9 @@ impl Daemon {
             TurnStart::Recover(by) => {
                 if was_interrupted(&Summary::of(session.state())) {
                     self.metrics.recovered();
-                    self.service.reopen(&mut session, by, false).await?;
+                    if !self.service.reopen(&mut session, by, false).await? {
+                        self.service.resume_interrupted(&mut session, by).await?;
+                    }
                 }
             }
             TurnStart::Deliver => {}

@@ -51,18 +51,18 @@ pub fn read_file(path: &Path) -> Result<String, RuntimeError> {
 
 /// What a request's `Authorization` header must carry, kept as the token's
 /// SHA-256 so that a comparison takes the same time whatever was sent.
-pub(crate) struct Expected([u8; 32]);
+pub struct Expected([u8; 32]);
 
 impl Expected {
     /// Expects `token`.
-    pub(crate) fn new(token: &str) -> Expected {
+    pub fn new(token: &str) -> Expected {
         Expected(Sha256::digest(trimmed(token)).into())
     }
 
     /// Whether `authorization` is `Bearer <the token>`: the scheme in any
     /// case (RFC 7235), the token trimmed, their digests compared in
     /// constant time.
-    pub(crate) fn admits(&self, authorization: &str) -> bool {
+    pub fn admits(&self, authorization: &str) -> bool {
         let Some((scheme, token)) = authorization.trim_start().split_once([' ', '\t']) else {
             return false;
         };

@@ -153,13 +153,20 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         budget: bool,
     },
-    /// Someone resumed a paused or failed session.
+    /// Someone resumed a paused or failed session, or one whose process
+    /// died in the middle of a turn.
     SessionResumed {
         /// Who or what resumed it.
         by: String,
         /// The turn's budgets start again from here (`resume --extend`).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         extend_budget: bool,
+        /// The process running the turn died (the turn was running, and
+        /// nothing ran it): the same turn goes on from here, so the fold
+        /// opens no new turn and the prompt is unchanged. Recorded so the
+        /// log shows the crash instead of a silent gap.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        after_crash: bool,
     },
     /// The session ended.
     SessionFinished {

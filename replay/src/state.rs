@@ -579,6 +579,10 @@ impl SessionState {
                 self.paused = Some(reason);
                 self.budget_paused = budget;
             }
+            // The crashed process's turn goes on: nothing changes.
+            Event::SessionResumed {
+                after_crash: true, ..
+            } => {}
             Event::SessionResumed { extend_budget, .. } => {
                 self.paused = None;
                 self.budget_paused = false;

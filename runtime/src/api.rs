@@ -493,10 +493,23 @@ pub struct SessionSummary {
     /// The session whose call started this one, if it is a sub-agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<Uuid>,
+    /// The session it was forked from, if it is a fork.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<Uuid>,
+    /// The session it re-runs on another agent, if it is a rerun.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rerun_of: Option<Uuid>,
+    /// Its first user message (on one line, clipped): what it is about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
     /// Its agent's name (empty when unreadable).
     pub agent: String,
     /// Its status.
     pub status: SessionStatus,
+    /// True when it is `running` but nothing runs it: the process that
+    /// did died (`mneme resume` continues it; a daemon does on its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interrupted: Option<bool>,
     /// Why it could not be read, when unreadable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,

@@ -220,9 +220,14 @@ pub fn summary(event: &Event) -> String {
             format!("{call_id}: {what} (by {by})")
         }
         Event::SessionPaused { reason, .. } => clip(reason, 200),
-        Event::SessionResumed { by, extend_budget } => match extend_budget {
-            true => format!("by {by}, with the turn's budget started again"),
-            false => format!("by {by}"),
+        Event::SessionResumed {
+            by,
+            extend_budget,
+            after_crash,
+        } => match (extend_budget, after_crash) {
+            (_, true) => format!("by {by}, after the process running the turn died: the turn goes on"),
+            (true, _) => format!("by {by}, with the turn's budget started again"),
+            (false, false) => format!("by {by}"),
         },
         Event::SessionFinished {
             outcome: SessionOutcome::Failed(error),

@@ -1299,6 +1299,7 @@ mod tests {
             let resumed = Event::SessionResumed {
                 by: "ada".into(),
                 extend_budget: false,
+                after_crash: false,
             };
             session.append(vec![resumed], None).await.unwrap();
         }

@@ -224,6 +224,31 @@ impl Service {
         let event = Event::SessionResumed {
             by: by.into(),
             extend_budget,
+            after_crash: false,
+        };
+        session.append(vec![event], None).await?;
+        session.barrier(self.durability).await?;
+        Ok(true)
+    }
+
+    /// Records that `by` takes up the turn of a session whose process died
+    /// in the middle of it (it is running, and nothing ran it: the caller
+    /// holds its lease and knows it was not started here), so the log shows
+    /// the crash and who resumed it; the turn itself goes on unchanged.
+    /// Returns whether it appended (not for a session at rest).
+    pub async fn resume_interrupted(
+        &self,
+        session: &mut Session,
+        by: &str,
+    ) -> Result<bool, RuntimeError> {
+        let state = session.state();
+        if state.status() != Status::Running || state.a_call_waits_for_a_person() {
+            return Ok(false);
+        }
+        let event = Event::SessionResumed {
+            by: by.into(),
+            extend_budget: false,
+            after_crash: true,
         };
         session.append(vec![event], None).await?;
         session.barrier(self.durability).await?;
@@ -355,6 +380,7 @@ impl Service {
             events.push(Event::SessionResumed {
                 by: replay::EXPIRY_BY.into(),
                 extend_budget: false,
+                after_crash: false,
             });
         }
         session.append(events, None).await?;
@@ -394,6 +420,7 @@ impl Service {
             events.push(Event::SessionResumed {
                 by: by.into(),
                 extend_budget: false,
+                after_crash: false,
             });
         }
         session.append(events, None).await?;
@@ -651,6 +678,22 @@ impl Service {
             }
         }
         Ok(out)
+    }
+
+    /// Every session's listing row, in id order, as the API gives it: a
+    /// running session that nothing runs (no live lease: the process
+    /// running it died) is marked `interrupted`.
+    pub async fn rows(&self) -> Result<Vec<crate::api::SessionSummary>, RuntimeError> {
+        let listing = self.listing().await?;
+        let mut rows = Vec::with_capacity(listing.len());
+        for (meta, summary) in listing {
+            let mut row = crate::views::row_of(&meta, summary);
+            if row.status == crate::api::SessionStatus::Running && row.parent.is_none() {
+                row.interrupted = Some(self.log.lease(row.session).await?.is_none());
+            }
+            rows.push(row);
+        }
+        Ok(rows)
     }
 
     /// Sessions with pending work that no person has to decide on.

@@ -148,7 +148,20 @@ pub struct Summary {
     /// The session whose call started this one, if it is a sub-agent.
     #[serde(default)]
     pub parent: Option<uuid::Uuid>,
+    /// Its first user message, clipped to [`TITLE_CHARS`]: what the
+    /// conversation is about. (No default: a summary stored before titles
+    /// does not decode, and is rebuilt from the log.)
+    pub title: String,
+    /// The session it was forked from, if it is a fork.
+    #[serde(default)]
+    pub forked_from: Option<uuid::Uuid>,
+    /// The session it re-runs on another agent, if it is a rerun.
+    #[serde(default)]
+    pub rerun_of: Option<uuid::Uuid>,
 }
+
+/// Characters of a session's first message kept as its title.
+pub const TITLE_CHARS: usize = 120;
 
 impl Summary {
     /// The summary of `state`.
@@ -182,8 +195,26 @@ impl Summary {
             parent: state.parent.as_ref().map(|link| link.session),
             answer_cut_off: state.answer().is_some() && crate::runner::last_reply_cut_off(state),
             approval_expires_ms: state.approval_deadline_ms(),
+            title: title_of(state),
+            forked_from: state.forked_from.map(|(session, _)| session),
+            rerun_of: state.rerun.as_ref().map(|rerun| rerun.of),
         }
     }
+}
+
+/// The first user message of `state`, on one line, clipped.
+fn title_of(state: &SessionState) -> String {
+    let first = state.entries.iter().find_map(|entry| match entry {
+        replay::Entry::User(text) => Some(text.as_str()),
+        replay::Entry::Reply { .. } => None,
+    });
+    let words = first.unwrap_or_default().split_whitespace();
+    let mut title = words.collect::<Vec<_>>().join(" ");
+    if let Some((cut, _)) = title.char_indices().nth(TITLE_CHARS) {
+        title.truncate(cut);
+        title.push('…');
+    }
+    title
 }
 
 impl Summary {

@@ -135,6 +135,7 @@ impl ChildCall {
                 let event = Event::SessionResumed {
                     by: format!("{RESUMED_BY_PARENT} {}", self.parent),
                     extend_budget: false,
+                    after_crash: false,
                 };
                 session.append(vec![event], None).await?;
                 session.barrier(self.runner.durability()).await?;
