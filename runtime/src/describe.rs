@@ -5,7 +5,7 @@ use replay::spec::MidTurn;
 use replay::{CheckAnswer, Event, RerunAnswer, Resolution, SessionOutcome, ToolOutcome};
 
 /// `text` on one line, cut to `max` characters (with `…` when cut).
-fn clip(text: &str, max: usize) -> String {
+pub(crate) fn clip(text: &str, max: usize) -> String {
     let one_line = text.replace('\n', " ");
     if one_line.chars().count() <= max {
         return one_line;

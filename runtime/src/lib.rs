@@ -31,6 +31,7 @@ pub mod lease;
 pub mod mcp;
 pub mod model;
 pub mod pause;
+pub mod preflight;
 pub mod privacy;
 pub mod rerun;
 pub mod runner;

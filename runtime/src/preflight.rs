@@ -1,0 +1,234 @@
+//! What would fail in a session of an agent, found before one exists
+//! (`mneme check --agent FILE`): the model server reached and asked for
+//! one tool call (the key with it), each command's program found, each
+//! URL's server listening, each MCP server started and listing its tools.
+//! Nothing with an effect runs: no tool is called, HTTP tools and checks
+//! are only connected to.
+
+use crate::model::{ModelCall, ModelError};
+use replay::{AgentSpec, Event, SessionState, ToolKind};
+use std::time::{Duration, Instant};
+
+/// How a check came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    /// It works.
+    Ok,
+    /// It works, but a session may not go as hoped (the model answered
+    /// without calling a tool).
+    Warn,
+    /// A session would fail here.
+    Fail,
+}
+
+/// One thing checked.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Finding {
+    /// How it came out.
+    pub verdict: Verdict,
+    /// What was checked (`model server http://…`, `tool "charge"`).
+    pub what: String,
+    /// What was found, and for a failure what to do.
+    pub detail: String,
+}
+
+/// What the model is asked, so that it calls a tool.
+const ASK: &str =
+    "This is a connection check (mneme check). Call one of your tools now, with example arguments.";
+
+/// How long a tool's or a check's server has to accept a connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Checks everything a session of `spec` reaches, its sub-agents' too.
+pub async fn check(spec: &AgentSpec) -> Vec<Finding> {
+    let mut findings = Vec::new();
+    check_agent(spec, "", &mut findings).await;
+    findings
+}
+
+async fn check_agent(spec: &AgentSpec, prefix: &str, findings: &mut Vec<Finding>) {
+    let mut offered = spec.clone();
+    for server in &spec.mcp {
+        let what = format!("{prefix}MCP server {:?}", server.name);
+        match tools::mcp::pin_tools(server).await {
+            Ok(tools) => {
+                findings.push(ok(what, format!("started; lists {} tools", tools.len())));
+                offered.tools.extend(tools);
+            }
+            Err(e) => findings.push(fail(what, e.to_string())),
+        }
+    }
+    for tool in &spec.tools {
+        let what = format!("{prefix}tool {:?}", tool.name);
+        if let Some(found) = check_tool(tool).await {
+            findings.push(found.named(what));
+        }
+        if let Some(child) = tool.child_spec() {
+            let prefix = format!("{prefix}sub-agent {:?}: ", child.name);
+            Box::pin(check_agent(child, &prefix, findings)).await;
+        }
+    }
+    findings.push(check_model(&offered).await.named(format!(
+        "{prefix}model server {} ({})",
+        replay::spec::redact_url(offered.model.base_url()),
+        offered.model.provider
+    )));
+}
+
+/// A finding whose subject is filled in later.
+struct Found(Verdict, String);
+
+impl Found {
+    fn named(self, what: String) -> Finding {
+        Finding {
+            verdict: self.0,
+            what,
+            detail: self.1,
+        }
+    }
+}
+
+fn ok(what: String, detail: String) -> Finding {
+    Found(Verdict::Ok, detail).named(what)
+}
+
+fn fail(what: String, detail: String) -> Finding {
+    Found(Verdict::Fail, detail).named(what)
+}
+
+/// The program of a command tool, the server of an HTTP tool and of a check.
+async fn check_tool(tool: &replay::ToolSpec) -> Option<Found> {
+    let mut problems = Vec::new();
+    let mut seen = Vec::new();
+    let programs = [tool.command.as_ref(), tool.check_command.as_ref()];
+    for program in programs.into_iter().flatten().filter_map(|c| c.first()) {
+        match find_program(program) {
+            Ok(path) => seen.push(format!("runs {}", path.display())),
+            Err(why) => problems.push(why),
+        }
+    }
+    let check_url = tool.check.as_ref().map(|c| c.url.as_str());
+    let urls = [
+        tool.url.as_deref().filter(|_| tool.kind == ToolKind::Http),
+        check_url,
+    ];
+    for url in urls.into_iter().flatten() {
+        match listens(url).await {
+            Ok(()) => seen.push(format!(
+                "{} accepts connections",
+                replay::spec::redact_url(url)
+            )),
+            Err(why) => problems.push(why),
+        }
+    }
+    match (problems.is_empty(), seen.is_empty()) {
+        (true, true) => None,
+        (true, false) => Some(Found(Verdict::Ok, seen.join("; "))),
+        (false, _) => Some(Found(Verdict::Fail, problems.join("; "))),
+    }
+}
+
+/// Where `program` is found as a command tool would run it: a path
+/// (relative to the directory mneme runs in), or a name on `PATH`.
+fn find_program(program: &str) -> Result<std::path::PathBuf, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let runnable = |path: &std::path::Path| {
+        std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        let path = std::path::PathBuf::from(program);
+        return match (path.exists(), runnable(&path)) {
+            (true, true) => Ok(path),
+            (true, false) => Err(format!("{program} is not an executable file (chmod +x?)")),
+            (false, _) => Err(format!(
+                "{program} does not exist (a relative path is taken from the directory mneme runs in)"
+            )),
+        };
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|candidate| runnable(candidate))
+        .ok_or_else(|| format!("{program:?} is not found on PATH"))
+}
+
+/// Whether something accepts connections at `url`'s host and port: nothing
+/// is sent, so nothing happens there.
+async fn listens(url: &str) -> Result<(), String> {
+    let shown = replay::spec::redact_url(url);
+    // A check's placeholders are filled in per call; the address holds none.
+    let parsed =
+        reqwest::Url::parse(&url.replace(['{', '}'], "")).map_err(|e| format!("{shown}: {e}"))?;
+    let host = parsed.host_str().unwrap_or_default().to_string();
+    let port = parsed.port_or_known_default().unwrap_or(80);
+    let connect = tokio::net::TcpStream::connect((host.trim_matches(['[', ']']), port));
+    match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(format!("{shown}: {e}")),
+        Err(_) => Err(format!(
+            "{shown}: no connection within {} s",
+            CONNECT_TIMEOUT.as_secs()
+        )),
+    }
+}
+
+/// Asks the model server for one tool call, as a session's first request
+/// would be made (the same body, the same key, the same timeouts).
+async fn check_model(spec: &AgentSpec) -> Found {
+    if spec.model.provider == "scripted" {
+        let script = spec.model.script.as_deref().unwrap_or_default();
+        return match std::path::Path::new(script).is_file() {
+            true => Found(Verdict::Ok, format!("scripted replies from {script}")),
+            false => Found(Verdict::Fail, format!("the script {script} does not exist")),
+        };
+    }
+    let client = match crate::model::client_for(spec) {
+        Ok(client) => client,
+        Err(e) => return Found(Verdict::Fail, e.to_string()),
+    };
+    let state = SessionState::fold([
+        (
+            1,
+            Event::SessionStarted {
+                spec: Box::new(spec.clone()),
+            },
+        ),
+        (2, Event::UserMessage { text: ASK.into() }),
+    ]);
+    let Some(body) = replay::next_request(&uuid::Uuid::nil().to_string(), &state) else {
+        return Found(Verdict::Fail, "no request could be built".into());
+    };
+    let request = replay::PreparedRequest::whole(body);
+    let started = Instant::now();
+    match client.complete(ModelCall { index: 0 }, &request, None).await {
+        Ok(reply) => {
+            let took = started.elapsed().as_millis();
+            match reply.tool_calls.first() {
+                Some(call) => Found(
+                    Verdict::Ok,
+                    format!(
+                        "answered in {took} ms with a tool call: {}({})",
+                        call.name,
+                        crate::describe::clip(&call.arguments, 80)
+                    ),
+                ),
+                None => Found(
+                    Verdict::Warn,
+                    format!(
+                        "answered in {took} ms, but with text instead of a tool call ({:?}): a session's model may never call its tools. A small local model often needs a chat template with tool support (llama.cpp: --jinja) or examples in the system prompt; see docs/guide/local-models.md",
+                        crate::describe::clip(reply.content.as_deref().unwrap_or_default(), 80)
+                    ),
+                ),
+            }
+        }
+        Err(ModelError::Refused { status, body, .. }) if matches!(status, 401 | 403) => Found(
+            Verdict::Fail,
+            format!(
+                "refused the key (HTTP {status}: {body}): check the variable api_key_env names ({})",
+                spec.model.api_key_env.as_deref().unwrap_or("none is named")
+            ),
+        ),
+        Err(e) => Found(Verdict::Fail, e.to_string()),
+    }
+}
