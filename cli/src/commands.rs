@@ -30,48 +30,44 @@ use uuid::Uuid;
 pub async fn dispatch(cli: Cli, holder: &str) -> Result<ExitCode> {
     register_secrets(&cli);
     let data_dir = cli.data_dir.clone().unwrap_or_else(default_data_dir);
-    let durability = cli.durability;
-    let lease_ttl = Duration::from_millis(cli.lease_ttl_ms.max(100));
-    let snapshot_every = cli
-        .snapshot_every
-        .unwrap_or(runtime::snapshot::DEFAULT_EVERY);
     let command = match cli.command {
         Command::Demo(args) => return crate::demo::run(args.keep).await,
         Command::Ui(args) => return crate::ui::run(&data_dir, args).await,
         Command::Keygen(args) => return keygen(&data_dir, &args.out, args.master),
+        Command::Check(args) => return check(&args).await,
         command => command,
     };
-    let signer = cli
-        .signing_key
-        .as_deref()
-        .map(HeadSigner::load)
-        .transpose()?
-        .map(Arc::new);
-    let master = cli
+    let options = command.store().expect("every other command opens a store");
+    // Given after the command, or before it.
+    let store_url = options.store.clone().or(cli.store);
+    let durability = options.durability;
+    let lease_ttl = Duration::from_millis(options.lease_ttl_ms.max(100));
+    let snapshot_every = options
+        .snapshot_every
+        .unwrap_or(runtime::snapshot::DEFAULT_EVERY);
+    let cache_bytes = options.sled_cache_mib << 20;
+    let master = options
         .master_key
         .as_deref()
         .map(|path| MasterKey::load(path, Some(&data_dir)))
         .transpose()?;
-    // Only commands that run turns here trace.
-    let turns = matches!(
-        command,
-        Command::Run(_)
-            | Command::Rerun(_)
-            | Command::Resume(_)
-            | Command::Resolve(_)
-            | Command::Approve(_)
-            | Command::Serve(_)
-    );
-    let endpoint = cli.otlp_endpoint.as_deref().filter(|_| turns);
-    let tracer = tracer(endpoint, cli.otlp_content)?;
-    let cache_bytes = cli.sled_cache_mib << 20;
-    let store = StoreName::of(&cli.store, &data_dir);
-    if cli.store.is_none() && !data_dir.exists() && reads_only(&command) {
+    // Only commands that run turns here sign heads and trace.
+    let turn_options = command.turns();
+    let turns = turn_options.is_some();
+    let signer = turn_options
+        .and_then(|t| t.signing_key.as_deref())
+        .map(HeadSigner::load)
+        .transpose()?
+        .map(Arc::new);
+    let endpoint = turn_options.and_then(|t| t.otlp_endpoint.as_deref());
+    let tracer = tracer(endpoint, turn_options.is_some_and(|t| t.otlp_content))?;
+    let store = StoreName::of(&store_url, &data_dir);
+    if store_url.is_none() && !data_dir.exists() && reads_only(&command) {
         // Nothing ran here: a read creates nothing.
         return nothing_here(&command, &store);
     }
     let outcome = async {
-        let opened = open_log(&cli.store, &data_dir, cache_bytes, &command, holder).await?;
+        let opened = open_log(&store_url, &data_dir, cache_bytes, &command, holder).await?;
         let (sessions, _reader): (Arc<dyn Sessions>, _) = match opened {
             Opened::Daemon(remote) => (Arc::new(remote), None),
             Opened::Log(raw) => {
@@ -87,14 +83,17 @@ pub async fn dispatch(cli: Cli, holder: &str) -> Result<ExitCode> {
                     };
                     return serve(log, settings, a).await;
                 }
-                let service = Service::new(log, durability)
+                let mut service = Service::new(log, durability)
                     .snapshot_every(snapshot_every)
                     .signed_by(signer)
                     .traced_by(tracer.clone());
+                if let Some(progress) = crate::progress::Progress::on_terminal().filter(|_| turns) {
+                    service = service.observed_by(progress);
+                }
                 let owner = runtime::lease::owner_name("cli");
                 let local: Arc<dyn Sessions> = Arc::new(Local::new(service, raw, owner, lease_ttl));
                 // A turn may take long: meanwhile, other terminals may read.
-                let reader = match (turns, &cli.store) {
+                let reader = match (turns, &store_url) {
                     (true, None) => readable_beside(local.clone(), &data_dir, holder).await,
                     _ => None,
                 };
@@ -258,7 +257,7 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
         }
         Command::Sessions(a) => {
             let rows: Vec<_> = sessions.list().await?.iter().map(to_json).collect();
-            crate::render::sessions(&rows, a.json);
+            crate::render::sessions(&rows, a.json.json);
             Ok(ExitCode::SUCCESS)
         }
         Command::Log(a) => {
@@ -401,10 +400,51 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Command::Serve(_) | Command::Demo(_) | Command::Ui(_) | Command::Keygen(_) => {
+        Command::Serve(_)
+        | Command::Demo(_)
+        | Command::Ui(_)
+        | Command::Keygen(_)
+        | Command::Check(_) => {
             unreachable!("run before a store is chosen")
         }
     }
+}
+
+/// `mneme check --agent FILE`: one line a thing checked; exit 1 if any
+/// would fail a session.
+async fn check(args: &crate::CheckArgs) -> Result<ExitCode> {
+    use runtime::preflight::Verdict;
+    let spec = load_agent_file(&args.agent)?;
+    let findings = runtime::preflight::check(&spec).await;
+    for finding in &findings {
+        match args.json.json {
+            true => outln!("{}", to_json(finding)),
+            false => {
+                let mark = match finding.verdict {
+                    Verdict::Ok => "ok  ",
+                    Verdict::Warn => "warn",
+                    Verdict::Fail => "FAIL",
+                };
+                let line = format!("{mark}  {}: {}", finding.what, finding.detail);
+                outln!("{}", runtime::text::for_terminal(&line));
+            }
+        }
+    }
+    let count = |verdict| findings.iter().filter(|f| f.verdict == verdict).count();
+    let (failed, warned) = (count(Verdict::Fail), count(Verdict::Warn));
+    let file = args.agent.display();
+    if failed > 0 {
+        say!(
+            "mneme check: {failed} of {} checks of {file} failed: a session of it would fail there",
+            findings.len()
+        );
+        return Ok(ExitCode::FAILURE);
+    }
+    match warned {
+        0 => say!("mneme check: {file}: everything a session reaches answers"),
+        n => say!("mneme check: {file}: nothing fails, {n} warnings"),
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Checks session `verified.session`'s signed heads with `key`, marking
@@ -569,10 +609,8 @@ fn register_secrets(cli: &Cli) {
     if let Ok(token) = std::env::var("MNEME_TOKEN") {
         runtime::text::register_secret(&token);
     }
-    let store = cli
-        .store
-        .as_deref()
-        .and_then(|s| reqwest::Url::parse(s).ok());
+    let given = cli.command.store().and_then(|o| o.store.as_deref());
+    let store = (given.or(cli.store.as_deref())).and_then(|s| reqwest::Url::parse(s).ok());
     if let Some(encoded) = store.as_ref().and_then(|url| url.password()) {
         // As written in the address, and as the server gets it.
         runtime::text::register_secret(encoded);

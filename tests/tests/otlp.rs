@@ -344,8 +344,8 @@ async fn a_turn_is_one_trace_of_its_model_calls_and_tool_runs_without_content() 
     let (_model, agent) = lookup_world(&world).await;
     let out = world
         .mneme()
-        .args(["--otlp-endpoint", &collector.endpoint()])
         .args(["run", "--agent", &agent, QUESTION])
+        .args(["--otlp-endpoint", &collector.endpoint()])
         .output()
         .await
         .unwrap();
@@ -410,8 +410,8 @@ async fn a_turn_is_one_trace_of_its_model_calls_and_tool_runs_without_content() 
     // server's text may quote what was said): the log keeps it.
     let out = world
         .mneme()
-        .args(["--otlp-endpoint", &collector.endpoint()])
         .args(["run", "--session", &session.to_string(), "again"])
+        .args(["--otlp-endpoint", &collector.endpoint()])
         .output()
         .await
         .unwrap();
@@ -435,8 +435,8 @@ async fn content_is_exported_when_asked_clipped() {
     let (_model, agent) = lookup_world(&world).await;
     let out = world
         .mneme()
-        .args(["--otlp-endpoint", &collector.endpoint(), "--otlp-content"])
         .args(["run", "--agent", &agent, QUESTION])
+        .args(["--otlp-endpoint", &collector.endpoint(), "--otlp-content"])
         .output()
         .await
         .unwrap();
@@ -477,8 +477,8 @@ async fn content_is_exported_when_asked_clipped() {
     let session = session_id(&out);
     let out = world
         .mneme()
-        .args(["--otlp-endpoint", &collector.endpoint(), "--otlp-content"])
         .args(["run", "--session", &session, &long])
+        .args(["--otlp-endpoint", &collector.endpoint(), "--otlp-content"])
         .output()
         .await
         .unwrap();
@@ -522,8 +522,8 @@ async fn a_turn_resumed_after_an_approval_links_to_the_turn_it_continues() {
     let endpoint = collector.endpoint();
     let out = world
         .mneme()
-        .args(["--otlp-endpoint", &endpoint])
         .args(["run", "--agent", agent.to_str().unwrap(), "refund ada"])
+        .args(["--otlp-endpoint", &endpoint])
         .output()
         .await
         .unwrap();
@@ -545,8 +545,8 @@ async fn a_turn_resumed_after_an_approval_links_to_the_turn_it_continues() {
 
     let out = world
         .mneme()
-        .args(["--otlp-endpoint", &endpoint])
         .args(["approve", &session.to_string(), "call_0_0", "--by", "ops"])
+        .args(["--otlp-endpoint", &endpoint])
         .output()
         .await
         .unwrap();
@@ -599,8 +599,8 @@ async fn a_turn_resumed_after_a_crash_links_to_the_crashed_turn() {
     // Killed once its call is durably started, before the tool runs.
     let out = world
         .mneme()
-        .args(["--otlp-endpoint", &endpoint])
         .args(["run", "--agent", &agent, QUESTION])
+        .args(["--otlp-endpoint", &endpoint])
         .env("MNEME_CRASH_AT", "tool_started_durable")
         .output()
         .await
@@ -610,8 +610,8 @@ async fn a_turn_resumed_after_a_crash_links_to_the_crashed_turn() {
     let crashed_at = log_events(&world, &session.to_string()).await.len() as u64;
     let out = world
         .mneme()
-        .args(["--otlp-endpoint", &endpoint])
         .args(["resume", &session.to_string()])
+        .args(["--otlp-endpoint", &endpoint])
         .output()
         .await
         .unwrap();
@@ -620,8 +620,11 @@ async fn a_turn_resumed_after_a_crash_links_to_the_crashed_turn() {
     let log = log_events(&world, &session.to_string()).await;
     let spans = collector.spans();
     let turn = &one(&spans, "invoke_agent test-agent").clone();
-    // It started from the last event the crashed process wrote.
-    check_turn_ids(turn, session, crashed_at);
+    // The resume recorded the crash, then the turn went on from there.
+    let (resumed_at, resumed) = events_of(&log, "SessionResumed")[0].clone();
+    assert_eq!(resumed_at, crashed_at + 1);
+    assert_eq!(resumed["after_crash"], true, "{resumed}");
+    check_turn_ids(turn, session, resumed_at);
     assert!(flag(turn, "mneme.turn.resumed"));
     assert_eq!(text(turn, "mneme.turn.outcome"), "answered");
     assert_eq!(int(turn, "mneme.turn.continues_seq"), 2);
@@ -660,8 +663,8 @@ async fn a_collector_that_is_down_costs_a_warning_not_the_run() {
     let started = Instant::now();
     let out = world
         .mneme()
-        .args(["--otlp-endpoint", &format!("http://{closed}")])
         .args(["run", "--agent", &agent, QUESTION])
+        .args(["--otlp-endpoint", &format!("http://{closed}")])
         .output()
         .await
         .unwrap();
@@ -689,8 +692,8 @@ async fn a_collector_that_is_down_costs_a_warning_not_the_run() {
     };
     let out = world
         .mneme()
-        .args(["--otlp-endpoint", &format!("http://{}", refusing.0)])
         .args(["run", "--agent", &agent, QUESTION])
+        .args(["--otlp-endpoint", &format!("http://{}", refusing.0)])
         .output()
         .await
         .unwrap();
@@ -705,8 +708,8 @@ async fn a_collector_that_is_down_costs_a_warning_not_the_run() {
     // An endpoint that is not a URL is a usage error, before anything runs.
     let out = world
         .mneme()
-        .args(["--otlp-endpoint", "localhost:4318"])
         .args(["run", "--agent", &agent, QUESTION])
+        .args(["--otlp-endpoint", "localhost:4318"])
         .output()
         .await
         .unwrap();

@@ -104,14 +104,14 @@ fn a_page_cache_of_nothing_or_past_a_tib_is_refused_by_name() {
         (None, Some("lots")),
     ] {
         let mut command = std::process::Command::new(mneme_e2e::mneme_bin());
-        command.arg("--data-dir").arg(&data);
+        command.arg("--data-dir").arg(&data).arg("sessions");
         if let Some(value) = flag {
             command.args(["--sled-cache-mib", value]);
         }
         if let Some(value) = env {
             command.env("MNEME_SLED_CACHE_MIB", value);
         }
-        let out = command.arg("sessions").output().unwrap();
+        let out = command.output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{stderr}");
         assert!(stderr.contains("--sled-cache-mib"), "{stderr}");

@@ -494,9 +494,9 @@ async fn a_history_chained_again_passes_verify_but_not_its_signed_heads() {
     let out = world
         .mneme()
         .args([
+            "run",
             "--signing-key",
             key.to_str().unwrap(),
-            "run",
             "--agent",
             agent.to_str().unwrap(),
             "hi",
