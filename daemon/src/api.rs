@@ -15,9 +15,9 @@ use eventlog::LogError;
 use replay::AgentSpec;
 use runtime::api::{
     self as wire, Approve, Cancel, Cancelled, Created, Decided, Erase, Erased, EventRecord,
-    EventsQuery, Fork, Forked, Health, ListQuery, MessageAccepted, PauseRequested, PostMessage,
-    ReplayView, Resolve, Resume, Resuming, SessionDiff, SessionStatus, SessionSummary, SessionView,
-    TurnOutcome, Verified,
+    EventsQuery, Fork, Forked, Health, Index, ListQuery, MessageAccepted, PauseRequested,
+    PostMessage, ReplayView, Resolve, Resume, Resuming, SessionDiff, SessionStatus, SessionSummary,
+    SessionView, TurnOutcome, Verified,
 };
 use runtime::error::RuntimeError;
 use runtime::runner::TurnEnd;
@@ -75,7 +75,9 @@ fn bad_request(message: impl Into<String>) -> ApiError {
 
 /// The routes that need no token.
 fn open_routes() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(health))
+    OpenApiRouter::new()
+        .routes(routes!(index))
+        .routes(routes!(health))
 }
 
 /// The routes behind the bearer-token check. Every route is added here (or
@@ -264,6 +266,19 @@ fn who(signed_in: &Option<Extension<SignedIn>>, by: &str) -> String {
         .map_or_else(|| by.to_string(), |Extension(s)| s.0.clone())
 }
 
+/// Where things are: the OpenAPI document, the web view, liveness. No
+/// token needed.
+#[utoipa::path(get, path = "/", security(()),
+    responses((status = 200, description = "Where to go from here", body = Index)))]
+async fn index() -> Json<Index> {
+    Json(Index {
+        service: format!("mneme {}", env!("CARGO_PKG_VERSION")),
+        openapi: "/openapi.json".into(),
+        web_view: "/ui/ (sign a browser in with `mneme ui`)".into(),
+        health: "/health".into(),
+    })
+}
+
 /// Liveness; no token needed.
 #[utoipa::path(get, path = "/health", security(()),
     responses((status = 200, description = "The daemon answers", body = Health)))]
@@ -340,10 +355,16 @@ async fn create_session(
     ))
 }
 
+/// What `POST /sessions` takes, for a request that gave none of it.
+const CREATE_TAKES: &str = "POST /sessions takes {\"agent\": \"NAME\"} (NAME.toml in the daemon's --agents directory), {\"spec\": {...}} (an agent spec as JSON), or an agent file as the body with Content-Type: application/toml; \"first_message\": \"...\" adds the first user message, whose turn POST /sessions/{id}/resume runs";
+
 /// The spec and first message of a JSON request to create a session.
 fn spec_from_json(daemon: &Daemon, body: &str) -> Result<(AgentSpec, Option<String>), ApiError> {
-    let create: wire::CreateSession =
-        serde_json::from_str(body).map_err(|e| bad_request(format!("request body: {e}")))?;
+    if body.trim().is_empty() {
+        return Err(bad_request(format!("no request body: {CREATE_TAKES}")));
+    }
+    let create: wire::CreateSession = serde_json::from_str(body)
+        .map_err(|e| bad_request(format!("request body: {e}. {CREATE_TAKES}")))?;
     let spec = match (create.agent, create.spec) {
         (Some(name), None) => {
             let Some(dir) = &daemon.config.agents_dir else {
@@ -364,9 +385,9 @@ fn spec_from_json(daemon: &Daemon, body: &str) -> Result<(AgentSpec, Option<Stri
             )?)
         }
         (None, Some(spec)) => Ok(spec),
-        _ => Err(bad_request(
-            "give exactly one of \"agent\" (a name) or \"spec\" (an agent spec)",
-        )),
+        _ => Err(bad_request(format!(
+            "give exactly one of \"agent\" (a name) or \"spec\" (an agent spec): {CREATE_TAKES}"
+        ))),
     }?;
     Ok((spec, create.first_message))
 }

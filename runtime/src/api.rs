@@ -92,6 +92,19 @@ pub struct Health {
     pub status: String,
 }
 
+/// `/`'s answer: where to go from here.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Index {
+    /// `mneme`, and its version.
+    pub service: String,
+    /// The API's OpenAPI document (needs the token).
+    pub openapi: String,
+    /// The web view (`mneme ui` signs a browser in).
+    pub web_view: String,
+    /// Liveness, without a token.
+    pub health: String,
+}
+
 /// Which sessions a listing shows.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
