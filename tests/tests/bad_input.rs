@@ -162,12 +162,17 @@ async fn a_second_process_is_told_who_holds_the_data_directory() {
             hold.applied,
         )
         .await;
-    let out = world.run(&["sessions"]).await;
+    // A second writer is refused, told who holds the directory and what
+    // to do (reads go through the holder: see front_door.rs).
+    let out = world
+        .run(&["run", "--agent", agent.to_str().unwrap(), "again"])
+        .await;
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
     assert!(
         err.contains("in use by another process")
-            && err.contains(&format!("pid {}", first.id().unwrap())),
+            && err.contains(&format!("pid {}", first.id().unwrap()))
+            && err.contains("mneme serve"),
         "{err}"
     );
     hold.release.send(()).unwrap();
@@ -219,7 +224,7 @@ async fn an_unknown_session_on_postgres_is_named_and_leaves_no_lease() {
         let out = world.run(&args).await;
         assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
         assert!(
-            stderr(&out).contains(&format!("no session {unknown} in this store")),
+            stderr(&out).contains(&format!("no session {unknown} in the store postgres://")),
             "{args:?}: {}",
             stderr(&out)
         );

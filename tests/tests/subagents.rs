@@ -198,10 +198,21 @@ async fn a_parent_runs_a_child_linked_both_ways_and_counts_its_tokens_once() {
     // `mneme sessions` shows the child under its parent.
     let listing = stdout(&tree.world.run(&["sessions"]).await);
     let lines: Vec<&str> = listing.lines().collect();
-    let at = |id: &str| lines.iter().position(|l| l.starts_with(id)).unwrap();
+    // Each row starts with the shortest prefix of its id no other shares.
+    let short = |l: &str| l.split_whitespace().next().unwrap_or_default().to_string();
+    let at = |id: &str| {
+        (lines
+            .iter()
+            .position(|l| l.len() > 8 && id.starts_with(&short(l))))
+        .unwrap_or_else(|| panic!("no row for {id}: {listing}"))
+    };
     assert_eq!(at(&child), at(&parent) + 1, "{listing}");
     assert!(lines[at(&child)].contains("└ billing"), "{listing}");
-    assert!(lines[at(&child)].contains(&format!("sub-agent of {parent}")));
+    let parent_short = short(lines[at(&parent)]);
+    assert!(
+        lines[at(&child)].contains(&format!("sub-agent of {parent_short}")),
+        "{listing}"
+    );
     // Both verify.
     for id in [&parent, &child] {
         let out = tree.world.run(&["verify", id]).await;
