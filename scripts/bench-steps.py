@@ -2,7 +2,7 @@
 """Where a durable agent step's time and CPU go, through the daemon's API.
 
 scripts/bench-steps.py MNEME N [CONC NC]: starts the peers' Node sink
-(../shared/peers/sidebyside/sink.mjs) and `MNEME serve`; one session of N
+(tests/benches/sink.mjs) and `MNEME serve`; one session of N
 steps (a scripted reply calling a side-effecting HTTP tool that POSTs to the
 sink), then CONC sessions of NC steps at once. Prints steps/s as JSON.
 Env: PERF=1 adds the daemon's CPU ms and context switches a step of the
@@ -45,7 +45,7 @@ class Api:
         s.c.request(m, path, body=data, headers={"Authorization": "Bearer bench-token-0123456789", "content-type": ct})
         r = s.c.getresponse(); b = r.read()
         assert r.status < 300, (r.status, b[:300]); return json.loads(b) if b else None
-sink = subprocess.Popen(["node", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "peers", "sidebyside", "sink.mjs"), str(SINK)]); time.sleep(0.4)
+sink = subprocess.Popen(["node", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "benches", "sink.mjs"), str(SINK)]); time.sleep(0.4)
 tmp = tempfile.mkdtemp(prefix="drive-"); tok = os.path.join(tmp, "token"); open(tok, "w").write("bench-token-0123456789"); os.chmod(tok, 0o600)
 port = free_port()
 env = dict(os.environ)

@@ -494,7 +494,8 @@ pub struct ModelSpec {
     /// refuse unknown fields.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_cache_key: Option<bool>,
-    /// The model's context window, in tokens (for reports).
+    /// The model's context window, in tokens: shown in reports, and the
+    /// conversation is compacted as it nears it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_window: Option<u64>,
     /// The model's shape, to estimate the KV cache a prompt occupies.

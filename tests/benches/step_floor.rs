@@ -3,8 +3,8 @@
 //!
 //! A step here is only what the write-ahead rules leave: a record written
 //! and `fdatasync`ed (the call's intent, before the tool runs), the
-//! tool's HTTP POST to the peers' Node sink (the one
-//! `../shared/peers/sidebyside/run.sh` uses for mneme and Restate alike),
+//! tool's HTTP POST to the peers' Node sink (`tests/benches/sink.mjs`, a
+//! copy of the one the side-by-side harness uses for mneme and Restate),
 //! and a second record written and synced (the result, before the model
 //! sees it). No model reply is built, no event encoded, hashed or folded,
 //! no prompt rendered, no API served. A runtime that keeps those rules
@@ -91,7 +91,7 @@ impl NodeSink {
         let script = std::env::var_os("MNEME_SINK")
             .map(PathBuf::from)
             .unwrap_or_else(|| {
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/peers/sidebyside/sink.mjs")
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/sink.mjs")
             });
         assert!(
             script.exists(),
