@@ -21,6 +21,17 @@ async fn malformed_agent_file_is_named_and_nothing_is_written() {
         err.contains("agent.toml") && err.contains("sometimes") && err.contains("line"),
         "{err}"
     );
+    // Our own message keeps its lines: the file's line, a caret under it.
+    assert!(!err.contains("\\n"), "newlines are not escaped: {err}");
+    assert!(
+        err.lines().any(|l| l.contains("effect = \"sometimes\"")),
+        "{err}"
+    );
+    assert!(
+        err.lines()
+            .any(|l| l.trim_start().starts_with("|") && l.contains('^')),
+        "{err}"
+    );
     assert_eq!(stdout(&world.run(&["sessions", "--json"]).await), "");
     let missing = world
         .run(&["run", "--agent", "/nonexistent/agent.toml", "hi"])

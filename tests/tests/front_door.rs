@@ -1,5 +1,5 @@
 //! What a new user meets at the command line, through the real binary: a
-//! closed pipe, an agent file's error, a server that is down or silent, a
+//! closed pipe, a server that is down or silent, a
 //! killed run, reads beside a running one, ids by prefix, a preflight, the
 //! help of each command.
 
@@ -85,28 +85,6 @@ async fn a_closed_pipe_ends_output_quietly() {
             "{args:?}: {err}"
         );
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_agent_files_error_keeps_its_lines_and_escapes_nothing_of_ours() {
-    let world = World::new();
-    let agent = world.write(
-        "agent.toml",
-        "name = \"x\"\n[model]\nprovider = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\neffect = \"sometimes\"\n",
-    );
-    let out = world
-        .run(&["run", "--agent", agent.to_str().unwrap(), "hi"])
-        .await;
-    assert_eq!(out.status.code(), Some(1));
-    let err = stderr(&out);
-    assert!(!err.contains("\\n"), "newlines are not escaped: {err}");
-    let lines: Vec<&str> = err.lines().collect();
-    assert!(lines.len() >= 4, "the diagram spans lines: {err}");
-    assert!(lines.iter().any(|l| l.contains("^")), "a caret line: {err}");
-    assert!(
-        lines.iter().any(|l| l.contains("effect = \"sometimes\"")),
-        "{err}"
-    );
 }
 
 /// A port that accepts connections and never answers.
@@ -509,7 +487,7 @@ async fn each_commands_help_shows_its_own_options_and_an_example() {
         assert!(out.status.success(), "{command}");
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         let options: Vec<String> = (text.lines())
-            .filter_map(|l| l.trim_start().strip_prefix("-h, ").or(Some(l.trim_start())))
+            .map(str::trim_start)
             .filter(|l| l.starts_with("--"))
             .map(|l| l.split([' ', ',']).next().unwrap().to_string())
             .collect();
