@@ -106,6 +106,12 @@ const fmt = {
   short: (id) => String(id).slice(0, 8),
 };
 
+// A session's status as shown: `interrupted` for one that is running with
+// nothing running it (the process that did died).
+function statusOf(r) {
+  return r.interrupted ? "interrupted" : r.status;
+}
+
 function badge(status, waits) {
   if (waits) return el("span", { class: "badge waits" }, `${status} · waits for a person`);
   return el("span", { class: `badge ${status}` }, status);
@@ -113,6 +119,19 @@ function badge(status, waits) {
 
 function sessionLink(id) {
   return el("a", { href: `#/s/${id}`, class: "mono" }, id);
+}
+
+// The shortest prefix (8 characters at least) of each id that no other of
+// `ids` shares: ids made close in time share their first characters.
+function shortIds(ids) {
+  const sorted = [...new Set(ids.map(String))].sort();
+  const common = (a, b) => { let i = 0; while (i < a.length && a[i] === b[i]) i++; return i; };
+  const short = new Map();
+  sorted.forEach((id, i) => {
+    const n = Math.max(i > 0 ? common(sorted[i - 1], id) : 0, i + 1 < sorted.length ? common(id, sorted[i + 1]) : 0);
+    short.set(id, id.slice(0, Math.max(8, n + 1)));
+  });
+  return (id) => short.get(String(id)) || fmt.short(id);
 }
 
 // ---- the sessions --------------------------------------------------------
@@ -125,23 +144,25 @@ async function sessionsPage(query, current) {
     agent: query.get("agent") || "",
     find: query.get("find") || "",
   };
-  const statuses = [...new Set(rows.map((r) => r.status))].sort();
+  const statuses = [...new Set(rows.map(statusOf))].sort();
   const agents = [...new Set(rows.map((r) => r.agent))].sort();
   const pick = (name, values, label) => el("label", {}, `${label} `,
     el("select", { name, onchange: (e) => refilter(name, e.target.value) },
       el("option", { value: "" }, "all"),
       values.map((v) => el("option", { value: v, selected: v === filter[name] }, v))));
   const find = el("input", {
-    id: "find", type: "search", placeholder: "session id", value: filter.find,
-    "aria-label": "Find a session by id",
+    id: "find", type: "search", placeholder: "id or title", value: filter.find,
+    "aria-label": "Find a session by id or title",
     onkeydown: (e) => { if (e.key === "Enter") refilter("find", e.target.value.trim()); },
   });
-  const kept = rows.filter((r) => (!filter.status || r.status === filter.status)
+  const wanted = filter.find.toLowerCase();
+  const kept = rows.filter((r) => (!filter.status || statusOf(r) === filter.status)
     && (!filter.agent || r.agent === filter.agent)
-    && (!filter.find || r.session.includes(filter.find.toLowerCase())));
+    && (!wanted || r.session.includes(wanted) || (r.title || "").toLowerCase().includes(wanted)));
   kept.sort((a, b) => (Number(!!b.waits_for_a_person) - Number(!!a.waits_for_a_person))
     || b.last_activity.localeCompare(a.last_activity));
   const waiting = kept.filter((r) => r.waits_for_a_person).length;
+  const short = shortIds(rows.flatMap((r) => [r.session, r.parent, r.forked_from, r.rerun_of].filter(Boolean)));
   show(
     el("h1", {}, "Sessions"),
     el("div", { class: "toolbar" }, pick("status", statuses, "Status"), pick("agent", agents, "Agent"),
@@ -154,15 +175,35 @@ async function sessionsPage(query, current) {
         ["Events"].map((h) => el("th", { class: "num" }, h)),
         el("th", {}, "Last activity"),
         ["Cache hits", "Tokens in / out", "Cost"].map((h) => el("th", { class: "num" }, h)))),
-      el("tbody", {}, kept.map((r) => el("tr", { class: r.waits_for_a_person ? "waits" : null },
-        el("td", {}, sessionLink(r.session)),
-        el("td", {}, badge(r.status, r.waits_for_a_person)),
+      el("tbody", {}, kept.map((r) => el("tr", { class: r.waits_for_a_person ? "waits" : null, "data-session": r.session },
+        el("td", { class: "session" }, sessionCell(r, short)),
+        el("td", {}, badge(statusOf(r), r.waits_for_a_person)),
         el("td", {}, r.agent),
         el("td", { class: "num" }, fmt.n(r.events)),
         el("td", {}, fmt.time(r.last_activity)),
         el("td", { class: "num" }, fmt.pct(r.cache_hit_ratio)),
         el("td", { class: "num" }, `${fmt.n(r.prompt_tokens)} / ${fmt.n(r.completion_tokens)}`),
         el("td", { class: "num" }, fmt.cost(r.cost)))))));
+}
+
+// A listed session: its title (its first message) linking to it, its id's
+// short prefix (the whole id as its title), and what it comes from.
+function sessionCell(r, short) {
+  const title = r.title
+    ? el("span", { class: "title" }, r.title)
+    : el("span", { class: "title none" }, r.status === "unreadable" ? "unreadable" : "no message yet");
+  const mark = (kind, text, id) => el("span", { class: `mark ${kind}` }, `${text} `,
+    el("a", { href: `#/s/${id}`, class: "mono", title: id }, short(id)));
+  const marks = [
+    r.rerun_of ? mark("rerun", "rerun of", r.rerun_of) : r.forked_from ? mark("fork", "fork of", r.forked_from) : null,
+    r.parent ? mark("child", "sub-agent of", r.parent) : null,
+  ].filter(Boolean);
+  return [
+    el("a", { href: `#/s/${r.session}`, class: "session-link", title: r.session }, title),
+    " ", el("span", { class: "mono short-id", title: r.session }, short(r.session)),
+    marks.length ? el("div", { class: "marks" }, marks) : null,
+    r.error ? el("div", { class: "error" }, clip(r.error, 300)) : null,
+  ];
 }
 
 function refilter(name, value) {
@@ -173,6 +214,10 @@ function refilter(name, value) {
 
 // ---- one session ---------------------------------------------------------
 
+// How a session is shown: as a conversation, or as its events. The choice
+// holds while the page stays open; `?view=events` asks for the events.
+let preferredView = "conversation";
+
 async function sessionPage(id, query, current) {
   const view = await api(`/sessions/${id}`);
   const head = view.events;
@@ -181,22 +226,29 @@ async function sessionPage(id, query, current) {
   const until = after + PAGE;
   const records = await api(`/sessions/${id}/events?after=${after}&until=${until}`);
   if (current !== shown) return; // another page was asked for meanwhile
-  const timeline = el("ol", { class: "timeline", id: "timeline", "aria-label": "Events" });
-  const context = { id, calls: new Map(), lastReply: null, compacted: false, toolOf: new Map(),
-    effectOf: new Map(), lastSeq: after,
-    // Sub-agents: the child session each agent call's first ToolStarted began.
-    childAt: new Map((view.children || []).map((c) => [c.seq, c.session])) };
-  for (const record of records) addRecord(timeline, record, context);
+  const page = newPage(id, view, after);
+  for (const record of records) addRecord(page, record);
+  // On the last page, a call still open in a session nothing runs any more
+  // will not finish: the process running it died.
+  // (Only those the view counted: a turn may have started since.)
+  if (until >= head && (view.status !== "running" || view.interrupted)) page.died(head);
   const verifying = el("span", { class: "badge", id: "verified" }, "verifying the chain…");
+  const chosen = query.get("view") === "events" || query.get("view") === "conversation" ? query.get("view")
+    : query.has("seq") ? "events" : preferredView;
   show(
     el("h1", {}, "Session ", el("span", { class: "mono" }, id)),
-    el("div", { class: "toolbar" }, badge(view.status, view.waits_for_a_person), verifying, actions(id, view)),
+    view.title ? el("p", { class: "session-title", id: "session-title" }, view.title) : null,
+    forkPanel(id, view),
+    el("div", { class: "toolbar" }, badge(statusOf(view), view.waits_for_a_person), verifying, actions(id, view)),
     facts(view),
     parentPanel(view),
     waitingPanel(id, view),
-    el("h2", {}, "Timeline ", el("span", { id: "live" })),
+    viewTabs(chosen),
     pager(id, after, head),
-    timeline,
+    el("section", { id: "conversation", role: "tabpanel", "aria-labelledby": "tab-conversation", hidden: chosen !== "conversation" },
+      page.conversation.node),
+    el("section", { id: "events", role: "tabpanel", "aria-labelledby": "tab-events", hidden: chosen !== "events" },
+      page.timeline.node),
     el("div", { id: "arriving", class: "panel arriving", hidden: true, "aria-live": "polite" }),
     pager(id, after, head));
   const first = after === 0 ? records[0] : (await api(`/sessions/${id}/events?after=0&until=1`))[0];
@@ -212,11 +264,41 @@ async function sessionPage(id, query, current) {
     const row = document.getElementById(`e${focus}`);
     if (row) { row.focus(); row.scrollIntoView({ block: "center" }); }
   }
-  if (until >= head) follow(id, timeline, context, current);
+  if (until >= head) follow(id, page, current);
   // The chain's check reads every record: it fills its badge when done.
   api(`/sessions/${id}/verify`).then((v) => {
     if (verifying.isConnected) verifying.replaceWith(verifyBadge(v));
   }, failed);
+}
+
+// A fork's link to its parent, and to the diff of the two (a rerun has its
+// own, once its first event is read).
+function forkPanel(id, view) {
+  const from = view.forked_from;
+  if (!from || view.rerun_of) return null;
+  return el("p", { class: "panel", id: "forked" }, "A fork of ", sessionLink(from), ". ",
+    el("a", { href: `#/diff/${from}/${id}`, id: "diff-link" }, "Compare it with its parent"));
+}
+
+// The two ways to show a session: the conversation, or its events.
+function viewTabs(chosen) {
+  const tab = (name, label) => el("button", {
+    type: "button", role: "tab", id: `tab-${name}`, class: "tab", "aria-controls": name,
+    "aria-selected": String(chosen === name), onclick: () => chooseView(name),
+  }, label);
+  return el("div", { class: "tabs", role: "tablist", "aria-label": "How the session is shown" },
+    tab("conversation", "Conversation"), tab("events", "Events"), el("span", { id: "live" }));
+}
+
+function chooseView(name) {
+  preferredView = name;
+  for (const other of ["conversation", "events"]) {
+    const tab = document.getElementById(`tab-${other}`);
+    const panel = document.getElementById(other);
+    if (!tab || !panel) return;
+    tab.setAttribute("aria-selected", String(other === name));
+    panel.hidden = other !== name;
+  }
 }
 
 // A sub-agent's link to the call of its parent that started it.
@@ -365,19 +447,53 @@ function unwrap(record) {
   return [kind, event[kind]];
 }
 
-// Adds one record to the timeline: a tool call's events gather in one card
-// (its attempts, effect, key, duration, result) where the call first shows.
-function addRecord(timeline, record, context) {
-  context.lastSeq = Math.max(context.lastSeq, record.seq);
+// What both views of a page are built from: what the records so far told
+// (each call's tool and arguments, each tool's effect, the last reply's
+// usage), the events timeline and the conversation.
+function newPage(id, view, after) {
+  const page = {
+    id, lastSeq: after, toolOf: new Map(), argsOf: new Map(), effectOf: new Map(),
+    lastReply: null, compacted: false,
+    // Sub-agents: the child session each agent call's first ToolStarted began.
+    childAt: new Map((view.children || []).map((c) => [c.seq, c.session])),
+    timeline: { node: el("ol", { class: "timeline", id: "timeline", "aria-label": "Events" }), calls: new Map() },
+    conversation: { node: el("ol", { class: "conversation", id: "turns", "aria-label": "Conversation" }), calls: new Map(), reply: null },
+  };
+  if (after > 0) {
+    page.conversation.node.append(el("li", { class: "turn remark" },
+      `Events 1–${after} are on earlier pages (‹ earlier).`));
+  }
+  // Every attempt still open (started by seq `upTo`) is one whose process died.
+  page.died = (upTo) => {
+    for (const calls of [page.timeline.calls, page.conversation.calls]) for (const card of calls.values()) card.died(upTo);
+  };
+  return page;
+}
+
+// Adds one record to both views.
+function addRecord(page, record) {
+  page.lastSeq = Math.max(page.lastSeq, record.seq);
   const [kind, fields] = unwrap(record);
-  learn(kind, fields, context);
-  const row = eventRow(record, kind, fields, context);
+  learn(kind, fields, page);
+  const miss = kind === "ModelReplied" ? cacheMiss(fields, page) : null;
+  if (kind === "SessionResumed" && fields.after_crash) page.died(record.seq);
+  addEvent(page, record, kind, fields, miss);
+  addTurn(page, record, kind, fields, miss);
+  if (kind === "ContextCompacted") page.compacted = true;
+}
+
+// The events timeline: every event as a row; a tool call's events gather in
+// one card (its attempts, effect, key, duration, result) where the call
+// first shows, its rows nested under it.
+function addEvent(page, record, kind, fields, miss) {
+  const timeline = page.timeline.node;
+  const row = eventRow(record, kind, fields, page, miss);
   const callId = fields && fields.call_id;
   if (CALL_KINDS.has(kind) && callId) {
-    let card = context.calls.get(callId);
+    let card = page.timeline.calls.get(callId);
     if (!card) {
-      card = callCard(callId, context.toolOf.get(callId), context.effectOf, context.childAt);
-      context.calls.set(callId, card);
+      card = callCard(callId, page);
+      page.timeline.calls.set(callId, card);
       timeline.append(el("li", { class: "event call-row" }, el("span", {}), el("span", {}), el("span", { class: "kind" }, "Tool call"), card.node));
     }
     card.add(kind, fields, record);
@@ -386,20 +502,138 @@ function addRecord(timeline, record, context) {
   timeline.append(row);
 }
 
-// What later events need to know: each call's tool, each tool's effect.
-function learn(kind, f, context) {
-  if (kind === "ModelReplied") for (const call of f.tool_calls) context.toolOf.set(call.id, call.name);
-  const spec = kind === "SessionStarted" || kind === "SpecChanged" ? f.spec : null;
-  if (spec) for (const tool of spec.tools) context.effectOf.set(tool.name, tool.effect);
+// The conversation: what the user said, what the agent answered, each call
+// of a reply as a card under it, and short notes for what else happened.
+function addTurn(page, record, kind, f, miss) {
+  const conv = page.conversation;
+  const list = conv.node;
+  const item = (cls, ...children) => {
+    const node = el("li", { class: `turn ${cls}`, id: `c${record.seq}`, tabindex: 0, "data-seq": record.seq }, ...children);
+    list.append(node);
+    return node;
+  };
+  const noteItem = (cls, ...children) => item(`remark ${cls}`, ...children);
+  if (CALL_KINDS.has(kind) && f.call_id) {
+    let card = conv.calls.get(f.call_id);
+    if (!card) {
+      // A call of a reply on an earlier page.
+      card = callCard(f.call_id, page);
+      conv.calls.set(f.call_id, card);
+      item("agent", el("div", { class: "who" }, "Agent"), el("div", { class: "calls" }, card.node));
+    }
+    card.add(kind, f, record);
+    return;
+  }
+  switch (kind) {
+    case "UserMessage":
+      item("user", el("div", { class: "who" }, "User"), el("div", { class: "text" }, clip(f.text, 20000)));
+      return;
+    case "MidTurnMessage":
+      item("user", el("div", { class: "who" }, `User, while a turn ran (${f.policy === "queue" ? "queued" : f.policy === "interrupt" ? "interrupts the turn" : "rejected"})`),
+        el("div", { class: "text" }, clip(f.text, 20000)));
+      return;
+    case "ModelReplied": {
+      const cards = f.refused ? [] : f.tool_calls.map((call) => {
+        const card = callCard(call.id, page);
+        conv.calls.set(call.id, card);
+        return card.node;
+      });
+      item("agent",
+        el("div", { class: "who" }, "Agent"),
+        f.content ? el("div", { class: "text" }, clip(f.content, 20000)) : null,
+        !f.content && !f.tool_calls.length ? el("div", { class: "text none" }, "(an empty reply)") : null,
+        f.refused ? el("div", { class: "refused" }, `Not run: ${clip(f.refused, 300)} (its calls: ${f.tool_calls.map((c) => c.name).join(", ")})`) : null,
+        f.finish_reason === "length" ? el("div", { class: "cut-off" }, "Cut off by the token limit.") : null,
+        cards.length ? el("div", { class: "calls" }, cards) : null,
+        figures(f, miss));
+      return;
+    }
+    case "SessionResumed":
+      if (f.after_crash) noteItem("crash", `The process running this turn died; resumed by ${f.by}.`);
+      else noteItem("resumed", `Resumed by ${f.by}${f.extend_budget ? ", with the turn's budget started again" : ""}.`);
+      return;
+    case "SessionPaused":
+      noteItem("paused", `Paused: ${clip(f.reason, 300)}`);
+      return;
+    case "SessionFinished": {
+      const outcome = f.outcome || {};
+      if ("Failed" in outcome) noteItem("failed", `The turn failed: ${clip(outcome.Failed, 500)}`);
+      else if (outcome.Cancelled) noteItem("cancelled", `Cancelled by ${outcome.Cancelled.by}.`);
+      else noteItem("", record.summary);
+      return;
+    }
+    case "SessionStarted":
+      noteItem("started", `Started: agent ${f.spec.name}, model ${f.spec.model.model || "?"}, ${f.spec.tools.length} tools.`);
+      return;
+    case "SessionForked":
+      noteItem("forked", f.rerun ? "A rerun of " : "A fork of ", sessionLink(f.parent),
+        f.rerun ? ": the original's messages follow, answered again." : `: its first ${f.at_seq} events follow.`);
+      return;
+    case "ContextCompacted":
+      noteItem("compacted", `The prompt's first ${f.entries} entries were replaced by a summary (the log keeps them): ${clip(f.summary, 300)}`);
+      return;
+    case "HeadSigned":
+    case "SpawnedBy":
+      return; // the events show them; the page's panels say whose child it is
+    default:
+      noteItem("", record.summary);
+  }
 }
 
-function callCard(callId, tool, effectOf, childAt) {
-  const attempts = el("tbody");
-  const head = el("p", {}, el("strong", { class: "tool" }, tool || "?"), " ",
-    el("span", { class: "badge effect-declared" }, (tool && effectOf.get(tool)) || "effect unknown"), " ",
-    el("span", { class: "mono" }, callId));
+// A reply's figures, once, small: tokens in (cached) and out, latency; the
+// finish reason and prefix digest on hover; a cache miss said.
+function figures(f, miss) {
+  const u = f.usage || {};
+  const hover = `finish ${f.finish_reason}${f.prefix_digest ? ` · prefix ${f.prefix_digest}` : ""}`;
+  return el("div", { class: "figures", title: hover },
+    `tokens ${fmt.n(u.prompt_tokens)} in (${fmt.n(u.cached_tokens)} cached) / ${fmt.n(u.completion_tokens)} out · ${fmt.n(f.latency_ms)} ms`,
+    f.first_token_ms ? ` (first token ${fmt.n(f.first_token_ms)} ms)` : null,
+    miss ? el("div", { class: "miss-note" }, miss) : null);
+}
+
+// What later events need to know: each call's tool and arguments, each
+// tool's effect.
+function learn(kind, f, page) {
+  if (kind === "ModelReplied") {
+    for (const call of f.tool_calls) { page.toolOf.set(call.id, call.name); page.argsOf.set(call.id, call.arguments); }
+  }
+  const spec = kind === "SessionStarted" || kind === "SpecChanged" ? f.spec : null;
+  if (spec) for (const tool of spec.tools) page.effectOf.set(tool.name, tool.effect);
+}
+
+// Whether the server's prefix cache missed for this reply: the prompt's
+// prefix changed (a compaction), or it held less than half the previous
+// prompt.
+function cacheMiss(f, page) {
+  const u = f.usage || {};
+  const previous = page.lastReply;
+  page.lastReply = u;
+  let miss = null;
+  if (page.compacted) {
+    miss = "the prompt's prefix changed here (compaction): the server's cache misses from here";
+  } else if (previous && u.cached_tokens < previous.prompt_tokens / 2) {
+    miss = `cache miss: ${fmt.n(u.cached_tokens)} tokens cached, the previous prompt had ${fmt.n(previous.prompt_tokens)}`;
+  }
+  page.compacted = false;
+  return miss;
+}
+
+// A tool call as one card: tool, effect, idempotency key, arguments, each
+// attempt (started, then ok or error with its duration, in doubt, checked,
+// or its process died), who approved it, and its result. Each view builds
+// its own.
+function callCard(callId, page) {
+  const tool = page.toolOf.get(callId);
+  const toolName = el("strong", { class: "tool" }, tool || "?");
+  const effect = el("span", { class: "badge effect effect-declared" }, (tool && page.effectOf.get(tool)) || "effect unknown");
+  const key = el("code", { class: "key" });
+  const keyLine = el("span", { class: "key-line", hidden: true }, "key ", key);
+  const args = page.argsOf.get(callId);
+  const argsBox = el("pre", { class: "arguments", "aria-label": "Arguments", hidden: args === undefined }, args === undefined ? "" : clip(args, 1000));
+  const attempts = el("ol", { class: "attempts", "aria-label": "Attempts" });
   const status = el("p", { class: "call-status" });
   const edited = el("pre", { class: "edited-args", "aria-label": "Edited arguments", hidden: true });
+  const result = el("p", { class: "result", hidden: true });
   // A call of an agent tool: the child session it runs.
   const child = el("p", { class: "subagent", hidden: true });
   const showChild = (session) => {
@@ -407,35 +641,77 @@ function callCard(callId, tool, effectOf, childAt) {
     child.append("Sub-agent session ", el("a", { href: `#/s/${session}`, class: "mono child-link" }, session));
     child.hidden = false;
   };
-  const node = el("div", { class: "call", "data-call": callId }, head, el("table", {},
-    el("thead", {}, el("tr", {}, ["Attempt", "Effect", "Idempotency key", "Duration", "Result"].map((h) => el("th", {}, h)))),
-    attempts), child, status, edited);
-  let current = null;
+  const node = el("div", { class: "call", "data-call": callId },
+    el("p", { class: "call-head" }, toolName, " ", effect, " ", keyLine, " ", el("span", { class: "mono call-id" }, callId)),
+    argsBox, attempts, status, edited, child, result);
+  const byAttempt = new Map();
+  let current = null; // the attempt last started
+  // One attempt: its row, and whether it is still open (no end recorded).
+  const attemptRow = (n, ts, seq) => {
+    const a = { n, seq, open: true, died: false, said: "", outcome: el("span", { class: "outcome" }, "running…"), duration: el("span", { class: "duration" }) };
+    a.node = el("li", { class: "attempt running", "data-attempt": n }, `Attempt ${n}`,
+      ts ? el("span", { class: "started", title: ts }, ` · started ${ts.slice(11, 23)}`) : " · started on an earlier page",
+      " · ", a.outcome, a.duration);
+    attempts.append(a.node);
+    byAttempt.set(String(n), a);
+    return a;
+  };
+  const say = (a, cls, text) => {
+    a.said = text;
+    a.outcome.textContent = visible(a.died ? (text ? `process died; ${text}` : "process died") : text);
+    a.node.className = `attempt ${a.died ? "died" : cls}`;
+  };
+  const die = (a) => {
+    if (!a || !a.open) return;
+    a.open = false;
+    a.died = true;
+    say(a, "died", "");
+  };
   return {
     node,
+    died(upTo) { for (const a of byAttempt.values()) if (a.seq <= upTo) die(a); },
     add(kind, f, record) {
-      if (kind === "ToolStarted") showChild(childAt && childAt.get(record.seq));
-      if (kind === "ToolFinished" && f.child) showChild(f.child.session);
       if (kind === "ToolStarted") {
-        head.querySelector(".tool").textContent = visible(f.tool);
-        head.querySelector(".effect-declared").textContent = visible(f.effect);
-        current = el("tr", { class: "attempt" }, el("td", {}, String(f.attempt)), el("td", { class: "effect" }, String(f.effect)),
-          el("td", { class: "mono key" }, f.idempotency_key), el("td", { class: "duration" }, "running…"), el("td", { class: "result" }, ""));
-        attempts.append(current);
-      } else if (kind === "ToolFinished" && !current) {
-        attempts.append(el("tr", { class: "attempt" }, el("td", { colspan: 3 }, "started on an earlier page"),
-          el("td", { class: "duration" }, `${f.duration_ms} ms`), el("td", { class: "result" }, outcomeText(f))));
+        showChild(page.childAt.get(record.seq));
+        toolName.textContent = visible(f.tool);
+        effect.textContent = visible(f.effect);
+        key.textContent = visible(f.idempotency_key);
+        keyLine.hidden = false;
+        if (argsBox.hidden) { argsBox.textContent = visible(clip(f.args, 1000)); argsBox.hidden = false; }
+        // A new attempt while the last is open: the process running it died.
+        for (const a of byAttempt.values()) if (a.open) die(a);
+        current = attemptRow(f.attempt, record.ts, record.seq);
       } else if (kind === "ToolFinished") {
-        current.querySelector(".duration").textContent = `${f.duration_ms} ms`;
-        current.querySelector(".result").textContent = outcomeText(f);
-        if (f.settled_by_check) current.classList.add("settled-by-check");
+        if (f.child) showChild(f.child.session);
+        const a = current || attemptRow("?", null, record.seq);
+        const [ok, text] = "Ok" in f.outcome ? ["ok", f.outcome.Ok] : ["error", f.outcome.Err];
+        if (f.settled_by_check) {
+          a.open = false;
+        } else if (a.open || a.n === "?") {
+          a.open = false;
+          say(a, ok, ok);
+          a.duration.textContent = ` · ${f.duration_ms} ms`;
+        }
+        const how = f.settled_by_check ? " (settled by its check)"
+          : f.rerun === "NotRun" ? " (not run in a rerun)"
+            : f.rerun && f.rerun.Recorded ? ` (answered from the record: ${f.rerun.Recorded.call_id} of ${f.rerun.Recorded.session})` : "";
+        result.textContent = visible(`Result${how}: ${ok}: ${clip(text, 300)}`);
+        result.className = `result ${ok}`;
+        result.hidden = false;
+        if (f.settled_by_check) node.classList.add("settled-by-check");
       } else if (kind === "ToolChecked") {
         const answer = f.answer === "Applied" ? "applied: its answer is the result"
           : f.answer === "NotApplied" ? "not applied: it runs again with its key"
             : `could not tell (${clip(f.answer.Unknown, 200)})`;
-        status.textContent = visible(`Attempt ${f.attempt} interrupted; its check answered ${answer} (#${record.seq})`);
+        const a = byAttempt.get(String(f.attempt)) || attemptRow(f.attempt, null, record.seq);
+        // Only an attempt interrupted in flight is checked.
+        a.open = false;
+        a.died = true;
+        say(a, "checked", `its check answered ${answer} (#${record.seq})`);
       } else if (kind === "ToolInDoubt") {
-        status.textContent = visible(`In doubt (#${record.seq}): ${clip(f.reason, 300)}`);
+        const a = current || attemptRow("?", null, record.seq);
+        a.open = false;
+        say(a, "doubt", `in doubt (#${record.seq}): ${clip(f.reason, 300)}`);
       } else if (kind === "ApprovalRequested") {
         const until = f.expires_at_ms ? ` until ${new Date(f.expires_at_ms).toISOString()}` : "";
         status.textContent = `Waits for approval${until} (#${record.seq})`;
@@ -455,49 +731,33 @@ function callCard(callId, tool, effectOf, childAt) {
   };
 }
 
-// A finished call's outcome, clipped.
-function outcomeText(f) {
-  const [ok, text] = "Ok" in f.outcome ? ["ok", f.outcome.Ok] : ["error", f.outcome.Err];
-  return visible(`${ok}: ${clip(text, 160)}`);
-}
-
 function clip(text, n) {
   const s = String(text);
   return s.length > n ? `${s.slice(0, n)}…` : s;
 }
 
-function eventRow(record, kind, fields, context) {
+function eventRow(record, kind, fields, page, miss) {
   const row = el("li", { class: "event", id: `e${record.seq}`, tabindex: 0, "data-kind": kind },
     el("span", { class: "seq" }, `#${record.seq}`),
     el("span", { class: "time", title: record.ts }, record.ts.slice(11, 23)),
     el("span", { class: "kind" }, kind),
     el("span", { class: "body" }, record.summary,
-      record.caused_by ? el("a", { class: "caused", href: `#/s/${context.id}?after=${Math.max(0, record.caused_by - 1 - PAGE / 2)}&seq=${record.caused_by}`, title: "the event that caused it" }, `↳ caused by #${record.caused_by}`) : null));
-  const extra = replyFacts(kind, fields, context);
+      record.caused_by ? el("a", { class: "caused", href: `#/s/${page.id}?after=${Math.max(0, record.caused_by - 1 - PAGE / 2)}&seq=${record.caused_by}`, title: "the event that caused it" }, `↳ caused by #${record.caused_by}`) : null));
+  const extra = replyFacts(kind, fields, miss);
   if (extra) row.append(extra);
   const payload = el("button", { type: "button", class: "quiet payload-toggle", "aria-expanded": "false",
     onclick: () => togglePayload(row, record) }, "payload");
   const fork = el("button", { type: "button", class: "quiet fork", title: `a new session holding events 1–${record.seq}`,
-    onclick: () => forkAt(context.id, record.seq) }, "fork here");
+    onclick: () => forkAt(page.id, record.seq) }, "fork here");
   row.querySelector(".body").append(" ", payload, fork);
-  if (kind === "ContextCompacted") context.compacted = true;
   return row;
 }
 
-// Under a model reply: its tokens, cache use, finish and prefix digest, and
-// whether the server's prefix cache missed.
-function replyFacts(kind, f, context) {
+// Under a model reply's row: its tokens, cache use, finish and prefix
+// digest, and whether the server's prefix cache missed.
+function replyFacts(kind, f, miss) {
   if (kind !== "ModelReplied") return null;
   const u = f.usage || {};
-  const previous = context.lastReply;
-  context.lastReply = u;
-  let miss = null;
-  if (context.compacted) {
-    miss = "the prompt's prefix changed here (compaction): the server's cache misses from here";
-  } else if (previous && u.cached_tokens < previous.prompt_tokens / 2) {
-    miss = `cache miss: ${fmt.n(u.cached_tokens)} tokens cached, the previous prompt had ${fmt.n(previous.prompt_tokens)}`;
-  }
-  context.compacted = false;
   return el("div", { class: "extra" },
     `tokens ${fmt.n(u.prompt_tokens)} in (${fmt.n(u.cached_tokens)} cached) / ${fmt.n(u.completion_tokens)} out · finish ${f.finish_reason} · ${f.latency_ms} ms`,
     f.prefix_digest ? el("span", { class: "mono", title: f.prefix_digest }, ` · prefix ${f.prefix_digest.slice(0, 12)}`) : null,
@@ -518,7 +778,7 @@ async function forkAt(id, seq) {
   try {
     const forked = await api(`/sessions/${id}/fork`, { at: seq });
     note(`Forked at seq ${seq}: ${forked.session}`);
-    location.hash = `#/s/${forked.session}?forked_from=${id}`;
+    location.hash = `#/s/${forked.session}`;
   } catch (error) { failed(error); }
 }
 
@@ -570,7 +830,7 @@ function stream(path, on, onState) {
 // Follows new events as they become durable (the API's stream, from the
 // last event shown, never showing one twice), and a streamed reply's text
 // as it arrives (shown until the reply is recorded).
-function follow(id, timeline, context, current) {
+function follow(id, page, current) {
   const badgeNode = document.getElementById("live");
   const arriving = document.getElementById("arriving");
   const state = (what) => {
@@ -583,8 +843,8 @@ function follow(id, timeline, context, current) {
   let tail = "";
   const onEvent = (_, data) => {
     const record = JSON.parse(data);
-    if (record.seq <= context.lastSeq || current !== shown) return;
-    addRecord(timeline, record, context);
+    if (record.seq <= page.lastSeq || current !== shown) return;
+    addRecord(page, record);
     if (record.kind === "ModelReplied") { tail = ""; arriving.textContent = ""; arriving.hidden = true; }
     if (["SessionFinished", "SessionPaused", "ApprovalRequested", "ApprovalDecided", "ToolInDoubt"].includes(record.kind)
       || (record.kind === "ModelReplied" && !unwrap(record)[1].tool_calls.length)) {
@@ -598,7 +858,7 @@ function follow(id, timeline, context, current) {
     arriving.textContent = tail;
   };
   live = [
-    stream(() => `/sessions/${id}/events?follow=true&after=${context.lastSeq}`, onEvent, state),
+    stream(() => `/sessions/${id}/events?follow=true&after=${page.lastSeq}`, onEvent, state),
     stream(() => `/sessions/${id}/deltas`, onDelta, () => {}),
   ];
 }
@@ -649,11 +909,6 @@ async function route() {
   try {
     if (parts[0] === "s" && uuid.test(parts[1] || "")) {
       await sessionPage(parts[1], query, current);
-      const from = query.get("forked_from");
-      if (from && uuid.test(from) && current === shown) {
-        document.querySelector("h1").after(el("p", { class: "panel", id: "forked" }, "A fork of ", sessionLink(from), ". ",
-          el("a", { href: `#/diff/${from}/${parts[1]}`, id: "diff-link" }, "Compare it with its parent")));
-      }
     } else if (parts[0] === "diff" && uuid.test(parts[1] || "") && uuid.test(parts[2] || "")) {
       await diffPage(parts[1], parts[2], current);
     } else {
@@ -662,8 +917,12 @@ async function route() {
   } catch (error) { if (current === shown) failed(error); }
 }
 
+// The rows j and k move between: the events, or the conversation's turns,
+// whichever is shown.
 function moveFocus(step) {
-  const rows = [...document.querySelectorAll(".event[id]")];
+  const events = document.getElementById("events");
+  const selector = events && !events.hidden ? ".event[id]" : events ? "#conversation .turn[id]" : ".event[id]";
+  const rows = [...document.querySelectorAll(selector)];
   if (!rows.length) return;
   const at = rows.indexOf(document.activeElement);
   const next = rows[Math.min(rows.length - 1, Math.max(0, at < 0 ? 0 : at + step))];
@@ -680,6 +939,7 @@ function onKey(e) {
     "j": () => moveFocus(1),
     "k": () => moveFocus(-1),
     "Enter": () => e.target.querySelector(".payload-toggle").click(),
+    "t": () => { const events = document.getElementById("events"); if (events) chooseView(events.hidden ? "events" : "conversation"); },
     "/": () => { const f = document.getElementById("find"); if (f) f.focus(); else location.hash = "#/"; },
     "[": () => click(".page-prev"),
     "]": () => click(".page-next"),
