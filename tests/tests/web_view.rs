@@ -1,13 +1,16 @@
 //! The web view in a real browser (headless Chromium, installed by
 //! `scripts/chromium.sh` if missing) against a real daemon: sign in with
-//! `mneme ui`'s one-time link (a second use refused), find a session, open
-//! it, see a tool call with its key and effect, approve it from the page and
-//! watch the session go on to its answer, see a turn started elsewhere
-//! arrive live, use it by keyboard, fork it and open the diff; a page
+//! `mneme ui`'s one-time link (a second use refused), find a session by its
+//! title's text or id, open it as a conversation, see a tool call as one
+//! card with its key and effect, approve it from the page and watch the
+//! session go on to its answer, see a turn started elsewhere arrive live,
+//! switch to the events by keyboard, fork at one and open the diff; a page
 //! of another origin cannot act for the signed-in browser; approve a call
 //! with edited arguments, and see one whose approval expired; a rerun's page
-//! links to its original and to the diff of the two. Screenshots of
-//! each page go to `target/ui-screenshots/`.
+//! links to its original and to the diff of the two; each reply's figures
+//! show once; a call whose process was killed shows "process died"; the list
+//! shows titles and marks forks and reruns. Screenshots of each page go to
+//! `target/ui-screenshots/`.
 
 use mneme_e2e::browser::{install_chromium, sign_in_link, signed_in_page, Browser, Page};
 use mneme_e2e::daemon::{DaemonProcess, TOKEN};
@@ -119,6 +122,20 @@ async fn a_person_signs_in_finds_a_session_approves_its_call_and_compares_a_fork
     signed_in_browser_is_no_token(&daemon, cookie["value"].as_str().unwrap(), &key, &id).await;
     let waiting = blocking(|| page.eval("document.querySelectorAll('#sessions tr.waits').length"));
     assert_eq!(waiting, 1, "the session waiting for a person stands out");
+    // Its row is titled with its first message, as text.
+    let row = blocking(|| {
+        page.eval(&format!(
+            "(r => ({{ title: r.querySelector('.session-link .title').innerText, \
+                      images: document.querySelectorAll('#sessions img').length }}))\
+             (document.querySelector('#sessions tr[data-session=\"{id}\"]'))"
+        ))
+    });
+    let title = row["title"].as_str().unwrap();
+    assert!(
+        title.starts_with("refund order 7 <img src=x") && title.contains("\\u{202e}"),
+        "{row}"
+    );
+    assert_eq!(row["images"], 0, "{row}");
     screenshot(&page, "1-sessions");
 
     // The link works once.
@@ -147,11 +164,21 @@ async fn a_person_signs_in_finds_a_session_approves_its_call_and_compares_a_fork
     });
     blocking(|| page.click(&format!("#sessions a[href=\"#/s/{id}\"]")));
 
-    // The session: its tool call with its key and effect, waiting for approval.
+    // The session, as a conversation: its tool call as a card with its
+    // effect, waiting for approval.
     blocking(|| page.wait_for("document.querySelector('#waiting .approve')", WAIT));
     blocking(|| page.wait_for("document.querySelector('#verified.ok')", WAIT));
+    let shown = blocking(|| {
+        page.eval("[document.getElementById('conversation').hidden, document.getElementById('events').hidden, \
+                   document.querySelectorAll('#conversation .call[data-call=\"call_0_0\"]').length]")
+    });
+    assert_eq!(
+        shown,
+        json!([false, true, 1]),
+        "the conversation first, one card"
+    );
     let card = blocking(|| {
-        page.eval("(() => { const c = document.querySelector('.call[data-call=\"call_0_0\"]'); \
+        page.eval("(() => { const c = document.querySelector('#conversation .call[data-call=\"call_0_0\"]'); \
                    return { tool: c.querySelector('.tool').textContent, status: c.querySelector('.call-status').textContent, \
                             effect: c.querySelector('.effect-declared').textContent }; })()")
     });
@@ -167,16 +194,20 @@ async fn a_person_signs_in_finds_a_session_approves_its_call_and_compares_a_fork
     let hostile = blocking(|| {
         page.eval(
             "({ images: document.querySelectorAll('main img').length, title: document.title, \
-                   text: document.getElementById('e2').innerText })",
+                   said: document.querySelector('#c2.user .text').innerText, \
+                   heading: document.getElementById('session-title').innerText, \
+                   event: document.getElementById('e2').textContent })",
         )
     });
     assert_eq!(hostile["images"], 0, "{hostile}");
     assert_ne!(hostile["title"], "pwned", "{hostile}");
-    let text = hostile["text"].as_str().unwrap();
-    assert!(
-        text.contains("<img src=x") && text.contains("\\u{202e}"),
-        "{hostile}"
-    );
+    for shown in ["said", "heading", "event"] {
+        let text = hostile[shown].as_str().unwrap();
+        assert!(
+            text.contains("<img src=x") && text.contains("\\u{202e}"),
+            "{shown}: {hostile}"
+        );
+    }
     screenshot(&page, "3-session-waiting");
 
     // A page of another origin cannot act for the signed-in browser.
@@ -201,26 +232,39 @@ async fn a_person_signs_in_finds_a_session_approves_its_call_and_compares_a_fork
     let decided = find_event(&records, "ApprovalDecided");
     assert_eq!(decided["by"], "ada", "recorded with the signed-in name");
     blocking(|| {
-        page.wait_for("document.querySelector('.call[data-call=\"call_0_0\"] .duration').textContent.endsWith('ms')", WAIT)
+        page.wait_for("document.querySelector('#conversation .call[data-call=\"call_0_0\"] .duration').textContent.endsWith('ms')", WAIT)
     });
     let key = started_key(&daemon, &id).await;
-    let attempt = blocking(|| {
-        page.eval("(() => { const c = document.querySelector('.call[data-call=\"call_0_0\"]'); \
-                   return { key: c.querySelector('.key').textContent, effect: c.querySelector('.effect').textContent, \
-                            status: c.querySelector('.call-status').textContent }; })()")
-    });
-    assert_eq!(attempt["key"], key.as_str(), "{attempt}");
-    assert_eq!(attempt["effect"], "side_effect", "{attempt}");
-    assert!(
-        attempt["status"]
-            .as_str()
-            .unwrap()
-            .contains("Approved by ada"),
-        "{attempt}"
-    );
+    // The same card in both views: the conversation's, and the events'.
+    for view in ["#conversation", "#timeline"] {
+        let attempt = blocking(|| {
+            page.eval(&format!("(() => {{ const c = document.querySelector('{view} .call[data-call=\"call_0_0\"]'); \
+                       return {{ key: c.querySelector('.key').textContent, effect: c.querySelector('.effect').textContent, \
+                                outcome: c.querySelector('.attempt .outcome').textContent, \
+                                status: c.querySelector('.call-status').textContent }}; }})()"))
+        });
+        assert_eq!(attempt["key"], key.as_str(), "{view}: {attempt}");
+        assert_eq!(attempt["effect"], "side_effect", "{view}: {attempt}");
+        assert_eq!(attempt["outcome"], "ok", "{view}: {attempt}");
+        assert!(
+            attempt["status"]
+                .as_str()
+                .unwrap()
+                .contains("Approved by ada"),
+            "{view}: {attempt}"
+        );
+    }
     screenshot(&page, "4-session-answered");
 
-    // By keyboard: j moves to the first event, Enter shows its payload.
+    // By keyboard: t shows the events, j moves to the first, Enter shows
+    // its payload.
+    press(&page, "t");
+    blocking(|| {
+        page.wait_for(
+            "!document.getElementById('events').hidden && document.getElementById('conversation').hidden",
+            WAIT,
+        )
+    });
     press(&page, "j");
     press(&page, "Enter");
     let payload = blocking(|| {
@@ -245,8 +289,19 @@ async fn a_person_signs_in_finds_a_session_approves_its_call_and_compares_a_fork
             WAIT,
         )
     });
+    screenshot(&page, "4b-session-events");
+    // t again: the conversation, with the new turn.
+    press(&page, "t");
+    blocking(|| {
+        page.wait_for(
+            "!document.getElementById('conversation').hidden && document.getElementById('turns').innerText.includes('Anything else?')",
+            WAIT,
+        )
+    });
 
-    // Fork at the user's message and compare the fork with its parent.
+    // Fork at the user's message (in the events) and compare the fork with
+    // its parent.
+    blocking(|| page.click("#tab-events"));
     blocking(|| page.click("#e2 .fork"));
     blocking(|| page.wait_for("document.getElementById('diff-link')", WAIT));
     screenshot(&page, "5-fork");
@@ -456,7 +511,7 @@ async fn a_streamed_reply_shows_on_the_page_as_it_arrives() {
     gate.notify_one();
     // Once recorded, the reply is an event and the arriving text goes.
     blocking(|| {
-        page.wait_for("document.getElementById('timeline').innerText.includes('then the rest.') && document.getElementById('arriving').hidden", WAIT)
+        page.wait_for("document.getElementById('turns').innerText.includes('then the rest.') && document.getElementById('arriving').hidden", WAIT)
     });
     drop(page);
     drop(browser);
@@ -510,7 +565,7 @@ async fn a_waiting_call_is_approved_with_edited_arguments_and_an_expired_one_say
         page.wait_for(
             "(c => c && c.querySelector('.duration').textContent.endsWith('ms') && c.querySelector('.call-status').textContent.includes('edited') \
                && [c.querySelector('.call-status').textContent, c.querySelector('.edited-args').textContent])\
-             (document.querySelector('.call[data-call=\"call_0_0\"]'))",
+             (document.querySelector('#conversation .call[data-call=\"call_0_0\"]'))",
             WAIT,
         )
     });
@@ -532,7 +587,7 @@ async fn a_waiting_call_is_approved_with_edited_arguments_and_an_expired_one_say
     let expired = blocking(|| {
         page.wait_for(
             "(c => c && c.querySelector('.call-status').textContent.startsWith('Expired') && c.querySelector('.call-status').textContent)\
-             (document.querySelector('.call[data-call=\"call_0_0\"]'))",
+             (document.querySelector('#conversation .call[data-call=\"call_0_0\"]'))",
             WAIT,
         )
     });
@@ -635,6 +690,25 @@ async fn a_rerun_links_to_its_original_and_its_diff() {
     screenshot(&page, "10-rerun");
     blocking(|| page.click("#rerun-diff-link"));
     blocking(|| page.wait_for("location.hash.startsWith('#/diff/')", WAIT));
+    // The list marks it a rerun of its original (not a fork), by a link.
+    blocking(|| page.eval("location.hash = '#/'"));
+    let row = blocking(|| {
+        page.wait_for(
+            &format!(
+                "(r => r && {{ marks: r.querySelector('.marks').innerText, href: r.querySelector('.mark.rerun a').getAttribute('href'), \
+                   forks: r.querySelectorAll('.mark.fork').length }})\
+                 (document.querySelector('#sessions tr[data-session=\"{rerun}\"]'))"
+            ),
+            WAIT,
+        )
+    });
+    let marks = row["marks"].as_str().unwrap();
+    let short = marks
+        .strip_prefix("rerun of ")
+        .unwrap_or_else(|| panic!("{row}"));
+    assert!(short.len() >= 8 && original.starts_with(short), "{row}");
+    assert_eq!(row["href"], format!("#/s/{original}"), "{row}");
+    assert_eq!(row["forks"], 0, "{row}");
     drop(page);
     drop(browser);
     assert!(daemon.terminate().await.success());
@@ -795,7 +869,7 @@ async fn a_long_streamed_reply_shows_only_its_end_while_it_arrives() {
     assert!(status < 300, "{status}");
     blocking(|| {
         page.wait_for(
-            "document.getElementById('arriving').hidden && document.getElementById('timeline').innerText.includes('xxxx')",
+            "document.getElementById('arriving').hidden && document.getElementById('turns').innerText.includes('xxxx')",
             WAIT,
         )
     });
@@ -805,6 +879,319 @@ async fn a_long_streamed_reply_shows_only_its_end_while_it_arrives() {
         longest <= 4_000.0,
         "the box of arriving text held {longest} characters"
     );
+    drop(page);
+    drop(browser);
+    assert!(daemon.terminate().await.success());
+}
+
+/// `n` as the page writes it: digits in groups of three, by commas.
+fn grouped(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// A session opens as its conversation: the user's message, each reply
+/// with its figures once, each tool call as one card (its tool, effect,
+/// key, attempt and result) under the reply that made it, and no event
+/// rows among them; the events stay one click away, all of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_conversation_shows_each_call_as_one_card_and_each_replys_figures_once() {
+    let world = World::new();
+    let sink = Sink::start().await.unwrap();
+    let model = MockModel::start(billing_replies(), Fault::None).await;
+    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let id = daemon
+        .create(&agent_toml(&model.base_url(), &billing_tools(&sink)))
+        .await;
+    let (_, end) = daemon
+        .post(
+            &format!("/sessions/{id}/messages"),
+            &json!({"text": "Charge customer 1, then email them.", "wait": true}),
+        )
+        .await;
+    assert_eq!(end["answer"], "Charged and emailed.", "{end}");
+    let (_, records) = daemon.get(&format!("/sessions/{id}/events")).await;
+    let records = records.as_array().unwrap().clone();
+    let of_kind = |kind: &str| -> Vec<Value> {
+        (records.iter())
+            .filter(|r| r["kind"] == kind)
+            .map(|r| r["event"][kind].clone())
+            .collect()
+    };
+    let started = of_kind("ToolStarted");
+    let replies = of_kind("ModelReplied");
+    assert_eq!((started.len(), replies.len()), (3, 3));
+
+    let (browser, page) = signed_in_page(&world, "ada", WAIT).await;
+    blocking(|| page.eval(&format!("location.hash = '#/s/{id}'")));
+    blocking(|| {
+        page.wait_for(
+            "document.querySelectorAll('#conversation .call').length === 3 && document.querySelector('#verified.ok')",
+            WAIT,
+        )
+    });
+    screenshot(&page, "11-conversation");
+    let shown = blocking(|| {
+        page.eval(
+            "(() => { const c = document.getElementById('conversation'); \
+               return { hidden: c.hidden, text: c.innerText, rows: c.querySelectorAll('.event').length, \
+                 users: [...c.querySelectorAll('.turn.user .text')].map(n => n.innerText), \
+                 answers: [...c.querySelectorAll('.turn.agent .text')].map(n => n.innerText), \
+                 figures: c.querySelectorAll('.figures').length, \
+                 cards: [...c.querySelectorAll('.call')].map(n => ({ call: n.dataset.call, \
+                   tool: n.querySelector('.tool').textContent, effect: n.querySelector('.effect').textContent, \
+                   key: n.querySelector('.key').textContent, args: n.querySelector('.arguments').textContent, \
+                   attempts: [...n.querySelectorAll('.attempt')].map(a => a.querySelector('.outcome').textContent), \
+                   duration: n.querySelector('.attempt .duration').textContent, \
+                   result: n.querySelector('.result').textContent })) }; })()",
+        )
+    });
+    assert_eq!(shown["hidden"], false, "the conversation is what opens");
+    assert_eq!(shown["rows"], 0, "no event rows among the turns: {shown}");
+    assert_eq!(
+        shown["users"],
+        json!(["Charge customer 1, then email them."]),
+        "{shown}"
+    );
+    assert_eq!(shown["answers"], json!(["Charged and emailed."]), "{shown}");
+    // One card per call, in the order they started, with what the log says.
+    let cards = shown["cards"].as_array().unwrap();
+    assert_eq!(cards.len(), started.len(), "{shown}");
+    for (card, start) in cards.iter().zip(&started) {
+        assert_eq!(card["call"], start["call_id"], "{card}");
+        assert_eq!(card["tool"], start["tool"], "{card}");
+        assert_eq!(card["effect"], start["effect"], "{card}");
+        assert_eq!(card["key"], start["idempotency_key"], "{card}");
+        assert_eq!(card["args"], start["args"], "{card}");
+        assert_eq!(card["attempts"], json!(["ok"]), "{card}");
+        assert!(
+            card["duration"].as_str().unwrap().ends_with(" ms"),
+            "{card}"
+        );
+        assert!(
+            card["result"].as_str().unwrap().starts_with("Result: ok: "),
+            "{card}"
+        );
+    }
+    let effects: Vec<&Value> = cards.iter().map(|c| &c["effect"]).collect();
+    assert_eq!(effects, ["side_effect", "read_only", "side_effect"]);
+    // Each reply's figures, once.
+    let text = shown["text"].as_str().unwrap();
+    assert_eq!(shown["figures"], replies.len(), "{shown}");
+    for reply in &replies {
+        let u = &reply["usage"];
+        let figures = format!(
+            "tokens {} in ({} cached) / {} out · {} ms",
+            grouped(u["prompt_tokens"].as_u64().unwrap()),
+            grouped(u["cached_tokens"].as_u64().unwrap()),
+            grouped(u["completion_tokens"].as_u64().unwrap()),
+            grouped(reply["latency_ms"].as_u64().unwrap()),
+        );
+        assert_eq!(
+            text.matches(&figures).count(),
+            1,
+            "{figures:?} is not shown exactly once: {text}"
+        );
+        let tokens = format!(
+            "tokens {} in",
+            grouped(u["prompt_tokens"].as_u64().unwrap())
+        );
+        assert_eq!(text.matches(&tokens).count(), 1, "{tokens:?}: {text}");
+    }
+    // The events, one click away: every event, as before.
+    blocking(|| page.click("#tab-events"));
+    let events = blocking(|| {
+        page.wait_for(
+            "!document.getElementById('events').hidden && document.getElementById('conversation').hidden \
+               && document.querySelectorAll('#timeline .event[id]').length",
+            WAIT,
+        )
+    });
+    assert_eq!(events, records.len(), "every event has its row");
+    screenshot(&page, "12-events");
+    drop(page);
+    drop(browser);
+    assert!(daemon.terminate().await.success());
+}
+
+/// A `mneme run` killed (SIGKILL) while its email ran, then resumed: the
+/// page shows the first attempt as "process died" (not "running…"), the
+/// second one's result, and a note where the resume took the turn up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_runs_attempt_shows_as_process_died() {
+    let world = World::new();
+    let sink = Sink::start().await.unwrap();
+    let model = MockModel::start(billing_replies(), Fault::None).await;
+    let agent = world.write(
+        "agent.toml",
+        &agent_toml(&model.base_url(), &billing_tools(&sink)),
+    );
+    let message = "Charge customer 1, look them up, then email them.";
+    let hold = sink.hold("email");
+    let mut child = world
+        .spawn_until_applied(
+            &["run", "--agent", agent.to_str().unwrap(), message],
+            hold.applied,
+        )
+        .await;
+    child.start_kill().unwrap(); // SIGKILL, inside the email
+    let killed = child.wait_with_output().await.unwrap();
+    assert!(!killed.status.success());
+    drop(hold.release);
+    let id = session_id(&killed);
+    let out = world.run(&["resume", &id]).await;
+    assert!(out.status.success(), "resume failed: {}", stderr(&out));
+    assert!(
+        stdout(&out).contains("Charged and emailed."),
+        "{}",
+        stdout(&out)
+    );
+
+    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let (_, records) = daemon.get(&format!("/sessions/{id}/events")).await;
+    let resumed = find_event(&records, "SessionResumed");
+    assert_eq!(resumed["after_crash"], true, "{resumed}");
+    let email = (records.as_array().unwrap().iter())
+        .filter(|r| r["kind"] == "ToolStarted" && r["event"]["ToolStarted"]["tool"] == "email")
+        .map(|r| r["event"]["ToolStarted"].clone())
+        .collect::<Vec<_>>();
+    assert_eq!(email.len(), 2, "two attempts of the email: {records}");
+    let call = email[0]["call_id"].as_str().unwrap().to_string();
+
+    let (browser, page) = signed_in_page(&world, "ada", WAIT).await;
+    blocking(|| page.eval(&format!("location.hash = '#/s/{id}'")));
+    for view in ["#conversation", "#timeline"] {
+        let attempts = blocking(|| {
+            page.wait_for(
+                &format!(
+                    "(c => c && c.querySelectorAll('.attempt').length === 2 && \
+                       [...c.querySelectorAll('.attempt')].map(a => [a.dataset.attempt, a.className, a.querySelector('.outcome').textContent]))\
+                     (document.querySelector('{view} .call[data-call=\"{call}\"]'))"
+                ),
+                WAIT,
+            )
+        });
+        assert_eq!(
+            attempts,
+            json!([
+                ["1", "attempt died", "process died"],
+                ["2", "attempt ok", "ok"]
+            ]),
+            "{view}"
+        );
+    }
+    let shown = blocking(|| {
+        page.eval(
+            "({ crash: [...document.querySelectorAll('#conversation .turn.remark.crash')].map(n => n.innerText), \
+                text: document.getElementById('conversation').innerText })",
+        )
+    });
+    assert_eq!(
+        shown["crash"],
+        json!(["The process running this turn died; resumed by mneme resume."]),
+        "{shown}"
+    );
+    assert!(
+        !shown["text"].as_str().unwrap().contains("running…"),
+        "{shown}"
+    );
+    screenshot(&page, "13-process-died");
+    drop(page);
+    drop(browser);
+    assert!(daemon.terminate().await.success());
+}
+
+/// The list titles each session with its first message (as text), shows a
+/// short prefix of its id that no other session shares, and marks a fork
+/// with a link to its parent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_list_shows_titles_and_marks_forks() {
+    let world = World::new();
+    let model = MockModel::start(
+        vec![MockReply::answer("Hello."), MockReply::answer("Again.")],
+        Fault::None,
+    )
+    .await;
+    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let original = daemon.create(&agent_toml(&model.base_url(), &[])).await;
+    let said = "greet <b>ada</b>\u{202e} please";
+    let (_, end) = daemon
+        .post(
+            &format!("/sessions/{original}/messages"),
+            &json!({"text": said, "wait": true}),
+        )
+        .await;
+    assert_eq!(end["answer"], "Hello.", "{end}");
+    let (status, forked) = daemon
+        .post(&format!("/sessions/{original}/fork"), &json!({"at": 2}))
+        .await;
+    assert_eq!(status, 201, "{forked}");
+    let fork = forked["session"].as_str().unwrap().to_string();
+    let empty = daemon.create(&agent_toml(&model.base_url(), &[])).await;
+
+    let (browser, page) = signed_in_page(&world, "ada", WAIT).await;
+    let row = |id: &str| {
+        blocking(|| {
+            page.wait_for(
+                &format!(
+                    "(r => r && {{ title: r.querySelector('.session-link .title').innerText, \
+                       link: r.querySelector('.session-link').getAttribute('href'), \
+                       full: r.querySelector('.session-link').getAttribute('title'), \
+                       short: r.querySelector('.short-id').innerText, \
+                       marks: [...r.querySelectorAll('.mark')].map(m => [m.className, m.innerText, \
+                         m.querySelector('a').getAttribute('href'), m.querySelector('a').getAttribute('title')]) }})\
+                     (document.querySelector('#sessions tr[data-session=\"{id}\"]'))"
+                ),
+                WAIT,
+            )
+        })
+    };
+    let (a, f, e) = (row(&original), row(&fork), row(&empty));
+    screenshot(&page, "14-sessions-titled");
+    let escaped = "greet <b>ada</b>\\u{202e} please";
+    assert_eq!(a["title"], escaped, "{a}");
+    assert_eq!(f["title"], escaped, "the fork holds the same message: {f}");
+    assert_eq!(e["title"], "no message yet", "{e}");
+    let bold = blocking(|| page.eval("document.querySelectorAll('#sessions b').length"));
+    assert_eq!(bold, 0, "the title is text, not markup");
+    for (r, id) in [(&a, &original), (&f, &fork), (&e, &empty)] {
+        assert_eq!(r["link"], format!("#/s/{id}"), "{r}");
+        assert_eq!(r["full"], id.as_str(), "{r}");
+        let short = r["short"].as_str().unwrap();
+        assert!(short.len() >= 8 && id.starts_with(short), "{r}");
+    }
+    let shorts = [&a["short"], &f["short"], &e["short"]];
+    assert!(
+        shorts[0] != shorts[1] && shorts[1] != shorts[2] && shorts[0] != shorts[2],
+        "{shorts:?}"
+    );
+    assert_eq!(a["marks"], json!([]), "{a}");
+    assert_eq!(
+        f["marks"],
+        json!([[
+            "mark fork",
+            format!("fork of {}", a["short"].as_str().unwrap()),
+            format!("#/s/{original}"),
+            original
+        ]]),
+        "{f}"
+    );
+    // Found by its title's words.
+    blocking(|| page.eval("location.hash = '#/?find=GREET'"));
+    let found = blocking(|| {
+        page.wait_for(
+            "document.getElementById('find').value === 'GREET' && document.querySelectorAll('#sessions tbody tr').length",
+            WAIT,
+        )
+    });
+    assert_eq!(found, 2, "the session and its fork");
     drop(page);
     drop(browser);
     assert!(daemon.terminate().await.success());
