@@ -487,6 +487,9 @@ function addRecord(page, record) {
 // first shows, its rows nested under it.
 function addEvent(page, record, kind, fields, miss) {
   const timeline = page.timeline.node;
+  // Some servers use the same call ids in every reply: a reply's calls are
+  // new ones, each with a card of its own.
+  if (kind === "ModelReplied") for (const call of fields.tool_calls) page.timeline.calls.delete(call.id);
   const row = eventRow(record, kind, fields, page, miss);
   const callId = fields && fields.call_id;
   if (CALL_KINDS.has(kind) && callId) {
@@ -584,7 +587,7 @@ function addTurn(page, record, kind, f, miss) {
 // finish reason and prefix digest on hover; a cache miss said.
 function figures(f, miss) {
   const u = f.usage || {};
-  const hover = `finish ${f.finish_reason}${f.prefix_digest ? ` · prefix ${f.prefix_digest}` : ""}`;
+  const hover = visible(`finish ${f.finish_reason}${f.prefix_digest ? ` · prefix ${f.prefix_digest}` : ""}`);
   return el("div", { class: "figures", title: hover },
     `tokens ${fmt.n(u.prompt_tokens)} in (${fmt.n(u.cached_tokens)} cached) / ${fmt.n(u.completion_tokens)} out · ${fmt.n(f.latency_ms)} ms`,
     f.first_token_ms ? ` (first token ${fmt.n(f.first_token_ms)} ms)` : null,
@@ -687,7 +690,7 @@ function callCard(callId, page) {
         const [ok, text] = "Ok" in f.outcome ? ["ok", f.outcome.Ok] : ["error", f.outcome.Err];
         if (f.settled_by_check) {
           a.open = false;
-        } else if (a.open || a.n === "?") {
+        } else if (a.open) {
           a.open = false;
           say(a, ok, ok);
           a.duration.textContent = ` · ${f.duration_ms} ms`;
