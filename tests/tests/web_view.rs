@@ -1196,3 +1196,65 @@ async fn the_list_shows_titles_and_marks_forks() {
     drop(browser);
     assert!(daemon.terminate().await.success());
 }
+
+/// A sub-agent's row in the list is marked with a link to its parent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_list_marks_a_sub_agent_with_its_parent() {
+    let world = World::new();
+    let parent_model = MockModel::start(
+        vec![
+            MockReply::calls(&[("billing", json!({ "message": "charge customer 1" }))]),
+            MockReply::answer("The billing agent charged customer 1."),
+        ],
+        Fault::None,
+    )
+    .await;
+    let child_model = MockModel::start(vec![MockReply::answer("Charged.")], Fault::None).await;
+    std::fs::create_dir(world.dir.path().join("agents")).unwrap();
+    let child = agent_toml(&child_model.base_url(), &[]).replace("test-agent", "billing");
+    world.write("agents/billing.toml", &child);
+    let billing = "name = \"billing\"\ndescription = \"The billing agent\"\nkind = \"agent\"\n\
+                   agent = \"agents/billing.toml\"\neffect = \"side_effect\"\n";
+    let agent = world.write(
+        "parent.toml",
+        &agent_toml(&parent_model.base_url(), &[billing.to_string()]),
+    );
+    let out = world
+        .run(&["run", "--agent", agent.to_str().unwrap(), "bill customer 1"])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let parent = session_id(&out);
+    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let (_, view) = daemon.get(&format!("/sessions/{parent}")).await;
+    let child = view["children"][0]["session"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no child: {view}"))
+        .to_string();
+
+    let (browser, page) = signed_in_page(&world, "ada", WAIT).await;
+    let marks = |id: &str| {
+        blocking(|| {
+            page.wait_for(
+                &format!(
+                    "(r => r && [...r.querySelectorAll('.mark')].map(m => [m.className, m.innerText, \
+                       m.querySelector('a').getAttribute('href'), m.querySelector('a').getAttribute('title')]))\
+                     (document.querySelector('#sessions tr[data-session=\"{id}\"]'))"
+                ),
+                WAIT,
+            )
+        })
+    };
+    assert_eq!(marks(&parent), json!([]));
+    let of_child = marks(&child);
+    let text = of_child[0][1].as_str().unwrap();
+    let short = text
+        .strip_prefix("sub-agent of ")
+        .unwrap_or_else(|| panic!("{of_child}"));
+    assert!(short.len() >= 8 && parent.starts_with(short), "{of_child}");
+    assert_eq!(of_child[0][0], "mark child", "{of_child}");
+    assert_eq!(of_child[0][2], format!("#/s/{parent}"), "{of_child}");
+    assert_eq!(of_child[0][3], parent.as_str(), "{of_child}");
+    drop(page);
+    drop(browser);
+    assert!(daemon.terminate().await.success());
+}
