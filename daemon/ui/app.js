@@ -566,7 +566,7 @@ function addTurn(page, record, kind, f, miss) {
       return;
     }
     case "SessionStarted":
-      noteItem("started", `Started: agent ${f.spec.name}, model ${f.spec.model.model || "?"}, ${f.spec.tools.length} tools.`);
+      noteItem("started", `Started: agent ${f.spec.name}, model ${f.spec.model.model || "?"}, ${f.spec.tools.length} ${f.spec.tools.length === 1 ? "tool" : "tools"}.`);
       return;
     case "SessionForked":
       noteItem("forked", f.rerun ? "A rerun of " : "A fork of ", sessionLink(f.parent),
