@@ -143,6 +143,7 @@ mod tests {
         let document = document();
         assert_eq!(document["openapi"], "3.1.0");
         let expected: Vec<(String, String)> = [
+            ("get", "/"),
             ("get", "/health"),
             ("get", "/metrics"),
             ("get", "/openapi.json"),
@@ -179,7 +180,7 @@ mod tests {
             assert!(responses.contains_key("500"), "{method} {path}");
             assert_eq!(
                 responses.contains_key("401"),
-                path != "/health",
+                !["/", "/health"].contains(&path.as_str()),
                 "{method} {path}"
             );
             for (status, response) in responses {

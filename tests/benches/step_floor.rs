@@ -90,9 +90,7 @@ impl NodeSink {
     fn start() -> NodeSink {
         let script = std::env::var_os("MNEME_SINK")
             .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/sink.mjs")
-            });
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/sink.mjs"));
         assert!(
             script.exists(),
             "the sink script {} is missing (set MNEME_SINK)",
