@@ -5,7 +5,7 @@ use replay::spec::MidTurn;
 use replay::{CheckAnswer, Event, RerunAnswer, Resolution, SessionOutcome, ToolOutcome};
 
 /// `text` on one line, cut to `max` characters (with `…` when cut).
-pub(crate) fn clip(text: &str, max: usize) -> String {
+pub fn clip(text: &str, max: usize) -> String {
     let one_line = text.replace('\n', " ");
     if one_line.chars().count() <= max {
         return one_line;
@@ -175,7 +175,7 @@ pub fn summary(event: &Event) -> String {
         } => match expires_at_ms {
             Some(at) => format!(
                 "{call_id} waits for approval until {}",
-                crate::views::format_time(*at)
+                crate::format_time(*at)
             ),
             None => format!("{call_id} waits for approval"),
         },

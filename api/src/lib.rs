@@ -2,10 +2,25 @@
 //! daemon's handlers take and give, shared with the CLI's client of a
 //! daemon. The OpenAPI document served at `/openapi.json` is generated from
 //! these types and the handlers' annotations (`daemon::api`); nothing else
-//! describes the API.
+//! describes the API. Also what both faces show people: how a turn ended
+//! ([`TurnEnd`]) and events described in a line ([`describe`]).
+//!
+//! Architecture invariant: this crate knows the events (`replay`) and
+//! nothing of how sessions run or are stored; it does no I/O.
 
-use crate::runner::TurnEnd;
-use replay::AgentSpec;
+pub mod describe;
+mod turn_end;
+
+pub use turn_end::TurnEnd;
+
+/// A time (milliseconds since the Unix epoch) as the API and the CLI show
+/// it: RFC 3339, UTC, milliseconds.
+pub fn format_time(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|t| t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string())
+        .unwrap_or_else(|| format!("{ms}ms"))
+}
+use replay::{AgentSpec, Waiting};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
@@ -362,6 +377,19 @@ pub struct InDoubtCall {
     pub call_id: String,
     /// Why it is in doubt.
     pub reason: String,
+    /// Its tool (empty from daemons older than this field).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub tool: String,
+}
+
+impl From<&Waiting> for InDoubtCall {
+    fn from(w: &Waiting) -> InDoubtCall {
+        InDoubtCall {
+            call_id: w.call_id.clone(),
+            reason: w.reason.clone(),
+            tool: w.tool.clone(),
+        }
+    }
 }
 
 /// A call that waits for a person's approval.
@@ -432,16 +460,12 @@ impl TurnOutcome {
                 outcome.cut_off = Some(true);
             }
             TurnEnd::NeedsDecision(calls) => {
-                let calls = calls.iter().map(|(call_id, reason)| InDoubtCall {
-                    call_id: call_id.clone(),
-                    reason: reason.clone(),
-                });
-                outcome.in_doubt = Some(calls.collect());
+                outcome.in_doubt = Some(calls.iter().map(InDoubtCall::from).collect());
             }
             TurnEnd::NeedsApproval(calls) => {
-                let calls = calls.iter().map(|(call_id, tool)| AwaitingCall {
-                    call_id: call_id.clone(),
-                    tool: tool.clone(),
+                let calls = calls.iter().map(|w| AwaitingCall {
+                    call_id: w.call_id.clone(),
+                    tool: w.tool.clone(),
                 });
                 outcome.awaiting_approval = Some(calls.collect());
             }
@@ -474,16 +498,22 @@ impl TurnOutcome {
             SessionStatus::Cancelled => Some(TurnEnd::Cancelled(self.by.clone()?)),
             SessionStatus::Paused => Some(if let Some(calls) = &self.in_doubt {
                 TurnEnd::NeedsDecision(
-                    calls
-                        .iter()
-                        .map(|c| (c.call_id.clone(), c.reason.clone()))
+                    (calls.iter())
+                        .map(|c| Waiting {
+                            call_id: c.call_id.clone(),
+                            tool: c.tool.clone(),
+                            reason: c.reason.clone(),
+                        })
                         .collect(),
                 )
             } else if let Some(calls) = &self.awaiting_approval {
                 TurnEnd::NeedsApproval(
-                    calls
-                        .iter()
-                        .map(|c| (c.call_id.clone(), c.tool.clone()))
+                    (calls.iter())
+                        .map(|c| Waiting {
+                            call_id: c.call_id.clone(),
+                            tool: c.tool.clone(),
+                            reason: replay::APPROVAL_REQUIRED.into(),
+                        })
                         .collect(),
                 )
             } else if flag(self.budget) {
@@ -967,12 +997,18 @@ mod tests {
 
     #[test]
     fn every_turn_end_reads_back() {
-        let pair = || vec![("call_1".to_string(), "why".to_string())];
+        let waiting = |reason: &str| {
+            vec![Waiting {
+                call_id: "call_1".into(),
+                tool: "charge".into(),
+                reason: reason.into(),
+            }]
+        };
         for end in [
             TurnEnd::Answered("a".into()),
             TurnEnd::CutOffAnswer("a".into()),
-            TurnEnd::NeedsDecision(pair()),
-            TurnEnd::NeedsApproval(pair()),
+            TurnEnd::NeedsDecision(waiting("why")),
+            TurnEnd::NeedsApproval(waiting(replay::APPROVAL_REQUIRED)),
             TurnEnd::Paused("p".into()),
             TurnEnd::BudgetSpent("b".into()),
             TurnEnd::Failed("f".into()),

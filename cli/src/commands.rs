@@ -851,16 +851,18 @@ fn report_end(id: Uuid, end: &TurnEnd, json: bool, streamed: bool) -> Result<Exi
         }
         TurnEnd::NeedsDecision(calls) => {
             say!("mneme: session {id} paused: tool calls in doubt need a decision");
-            for (call, reason) in calls {
-                say!("  {call}: {reason}");
+            for waiting in calls {
+                let call = &waiting.call_id;
+                say!("  {call}: {}", waiting.reason);
                 say!("    mneme resolve {id} {call} --retry | --skip --result JSON | --fail MSG");
             }
             Ok(ExitCode::from(EXIT_NEEDS_DECISION))
         }
         TurnEnd::NeedsApproval(calls) => {
             say!("mneme: session {id} paused: tool calls wait for approval");
-            for (call, tool) in calls {
-                say!("  {call}: {tool} requires approval");
+            for waiting in calls {
+                let call = &waiting.call_id;
+                say!("  {call}: {} {}", waiting.tool, waiting.reason);
                 say!("    mneme approve {id} {call} [--deny | --edit-args JSON]");
             }
             Ok(ExitCode::from(EXIT_NEEDS_DECISION))

@@ -412,7 +412,7 @@ async fn get_session(
             .state()
             .calls_in_doubt()
             .into_iter()
-            .map(|(call_id, reason)| wire::InDoubtCall { call_id, reason })
+            .map(|waiting| wire::InDoubtCall::from(&waiting))
             .collect(),
         waiting: views::waiting_calls(session.state()),
         spawned_by: session.state().parent.clone().map(Into::into),

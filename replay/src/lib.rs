@@ -28,7 +28,7 @@ pub use spec::{
 };
 pub use state::{
     CallPhase, CallState, EditedArgs, Entry, SessionLink, SessionState, Status, Totals, TurnOpened,
-    TurnSpend, FALLBACK_BYTES_PER_TOKEN, STATE_FORMAT,
+    TurnSpend, Waiting, APPROVAL_REQUIRED, FALLBACK_BYTES_PER_TOKEN, STATE_FORMAT,
 };
 
 #[cfg(test)]

@@ -201,6 +201,31 @@ pub struct TurnSpend {
     pub cost: f64,
 }
 
+/// A call of the latest reply that waits for a person: in doubt (a person
+/// decides whether it ran), or awaiting approval.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    /// The model's id of the call.
+    pub call_id: String,
+    /// The tool it calls.
+    pub tool: String,
+    /// Why it waits: why it is in doubt, or [`APPROVAL_REQUIRED`].
+    pub reason: String,
+}
+
+/// Why a call awaiting approval waits.
+pub const APPROVAL_REQUIRED: &str = "requires approval";
+
+impl Waiting {
+    fn on(call: &CallState, reason: &str) -> Waiting {
+        Waiting {
+            call_id: call.call.id.clone(),
+            tool: call.call.name.clone(),
+            reason: reason.to_string(),
+        }
+    }
+}
+
 /// The events that opened the current turn and the turn before it: a
 /// user's message, or a resume (`SessionResumed`: after a pause, a failure,
 /// a person's decision). A turn resumed after a crash has no event of its
@@ -366,12 +391,12 @@ pub struct SessionState {
     /// Messages that arrived mid-turn and wait to be delivered, in the
     /// order they arrived (none of them is in the prompt yet).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub mailbox: Vec<Waiting>,
+    pub mailbox: Vec<WaitingMessage>,
 }
 
 /// A message that arrived mid-turn and waits in the mailbox.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Waiting {
+pub struct WaitingMessage {
     /// The seq of its `MidTurnMessage`.
     pub seq: u64,
     /// What was said.
@@ -425,7 +450,7 @@ impl SessionState {
             Event::MidTurnMessage { text, policy } => {
                 if policy != crate::spec::MidTurn::Reject {
                     let interrupt = policy == crate::spec::MidTurn::Interrupt;
-                    self.mailbox.push(Waiting {
+                    self.mailbox.push(WaitingMessage {
                         seq,
                         text,
                         interrupt,
@@ -712,24 +737,23 @@ impl SessionState {
     }
 
     /// Calls of the latest reply in doubt, waiting for a person's
-    /// decision: their ids and why.
-    pub fn calls_in_doubt(&self) -> Vec<(String, String)> {
+    /// decision.
+    pub fn calls_in_doubt(&self) -> Vec<Waiting> {
         self.open_calls()
             .iter()
             .filter_map(|c| match &c.phase {
-                CallPhase::InDoubt(reason) => Some((c.call.id.clone(), reason.clone())),
+                CallPhase::InDoubt(reason) => Some(Waiting::on(c, reason)),
                 _ => None,
             })
             .collect()
     }
 
-    /// Calls of the latest reply waiting for a person's approval: their ids
-    /// and tools.
-    pub fn calls_awaiting_approval(&self) -> Vec<(String, String)> {
+    /// Calls of the latest reply waiting for a person's approval.
+    pub fn calls_awaiting_approval(&self) -> Vec<Waiting> {
         self.open_calls()
             .iter()
             .filter(|c| c.phase == CallPhase::AwaitingApproval)
-            .map(|c| (c.call.id.clone(), c.call.name.clone()))
+            .map(|c| Waiting::on(c, APPROVAL_REQUIRED))
             .collect()
     }
 
@@ -850,6 +874,28 @@ impl SessionState {
             }
             _ => None,
         }
+    }
+
+    /// Whether the token limit cut the last reply off.
+    pub fn last_reply_cut_off(&self) -> bool {
+        matches!(self.entries.last(), Some(Entry::Reply { reply, .. }) if reply.cut_off())
+    }
+
+    /// Why a message of `text` cannot be taken, if it alone would not fit
+    /// in the model's context window (at [`SessionState::bytes_per_token`]):
+    /// the newest entries are never compacted, so once recorded it would
+    /// make every later request fail.
+    pub fn past_the_window(&self, text: &str) -> Option<String> {
+        let window = self.spec.as_ref().and_then(|s| s.model.context_window)?;
+        let bytes = serde_json::to_string(text).map_or(text.len(), |t| t.len()) as u64;
+        let tokens = (bytes as f64 / self.bytes_per_token()).ceil() as u64;
+        (tokens > window).then(|| {
+            format!(
+                "the message is {} bytes, about {tokens} tokens, more than the model's context \
+                 window of {window} tokens (context_window): it was not recorded; send it in parts",
+                text.len()
+            )
+        })
     }
 
     /// A user's message opens a turn: whatever stopped the last one is

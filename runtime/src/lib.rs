@@ -19,11 +19,11 @@
 //! ([`telemetry`]).
 
 pub mod agent;
+pub use api;
+pub use api::describe;
 mod anthropic;
-pub mod api;
 pub mod blobs;
 pub mod crash;
-pub mod describe;
 pub mod diff;
 pub mod error;
 pub mod inbox;

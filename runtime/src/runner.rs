@@ -37,27 +37,7 @@ async fn come_to_rest(session: &Session) {
     }
 }
 
-/// How a drive of a session ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TurnEnd {
-    /// The model answered; nothing is pending.
-    Answered(String),
-    /// The model answered, but the token limit cut the answer off.
-    CutOffAnswer(String),
-    /// Calls are in doubt: a person must decide (`mneme resolve`).
-    NeedsDecision(Vec<(String, String)>),
-    /// Calls wait for approval (`mneme approve`): (call id, tool).
-    NeedsApproval(Vec<(String, String)>),
-    /// Paused for another reason.
-    Paused(String),
-    /// The turn spent a budget of the agent's `[limits]`: paused until a
-    /// resume extends the budget (`mneme resume ID --extend`).
-    BudgetSpent(String),
-    /// The last turn failed earlier; resume it explicitly.
-    Failed(String),
-    /// Cancelled (by whom); a new message reopens it.
-    Cancelled(String),
-}
+pub use api::TurnEnd;
 
 /// Drives sessions with a model client and tools built from their spec.
 #[derive(Clone)]
@@ -190,7 +170,7 @@ impl Runner {
         let mut waiting = session.state().mailbox.len() as u64;
         let mut incoming = Vec::new();
         for m in inboxes.take(session.id()) {
-            let refused = match crate::service::past_the_window(session.state(), &m.text) {
+            let refused = match session.state().past_the_window(&m.text) {
                 Some(reason) => Some(Refused::Invalid(reason)),
                 None if policy != MidTurn::Reject && waiting >= room => {
                     Some(Refused::Full(format!(
@@ -466,7 +446,7 @@ impl Runner {
         session.barrier(self.durability).await?;
         crash::point(crash::TURN_ANSWERED);
         let answer = session.state().answer().unwrap_or_default().to_string();
-        Ok(match last_reply_cut_off(session.state()) {
+        Ok(match session.state().last_reply_cut_off() {
             true => TurnEnd::CutOffAnswer(answer),
             false => TurnEnd::Answered(answer),
         })
@@ -792,7 +772,7 @@ impl Runner {
             .iter()
             .any(|c| matches!(c.decision, CallDecision::Run | CallDecision::Rerun));
         if !doubtful.is_empty() && !runnable {
-            let ids: Vec<&str> = doubtful.iter().map(|(id, _)| id.as_str()).collect();
+            let ids: Vec<&str> = doubtful.iter().map(|w| w.call_id.as_str()).collect();
             let reason = format!("{}: {}", crate::pause::WAITING_FOR_A_PERSON, ids.join(", "));
             let event = Event::SessionPaused {
                 reason,
@@ -982,10 +962,6 @@ fn checked(ctx: &CallContext, answer: Option<Checked>, duration_ms: u64) -> Vec<
         child: None,
     });
     std::iter::once(check).chain(settled).collect()
-}
-
-pub fn last_reply_cut_off(state: &replay::SessionState) -> bool {
-    matches!(state.entries.last(), Some(replay::Entry::Reply { reply, .. }) if reply.cut_off())
 }
 
 /// Why mneme will not act on `reply`, if it will not: its tool calls were

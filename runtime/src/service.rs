@@ -127,7 +127,7 @@ impl Service {
         }];
         if let Some(text) = &text {
             let started = SessionState::fold([(1, first[0].clone())]);
-            if let Some(reason) = past_the_window(&started, text) {
+            if let Some(reason) = started.past_the_window(text) {
                 return Err(RuntimeError::NotStarted { reason });
             }
             first.push(Event::UserMessage { text: text.clone() });
@@ -165,7 +165,7 @@ impl Service {
         text: String,
     ) -> Result<u64, RuntimeError> {
         refuse_erased(session)?;
-        if let Some(reason) = past_the_window(session.state(), &text) {
+        if let Some(reason) = session.state().past_the_window(&text) {
             let session = session.id();
             return Err(RuntimeError::InvalidRequest { session, reason });
         }
@@ -395,13 +395,13 @@ impl Service {
         &self,
         session: &mut Session,
         call_id: &str,
-        waiting: Vec<(String, String)>,
+        waiting: Vec<replay::Waiting>,
         refusal: &str,
         decision: Event,
         by: &str,
     ) -> Result<bool, RuntimeError> {
-        if !waiting.iter().any(|(id, _)| id == call_id) {
-            let open: Vec<&str> = waiting.iter().map(|(id, _)| id.as_str()).collect();
+        if !waiting.iter().any(|w| w.call_id == call_id) {
+            let open: Vec<&str> = waiting.iter().map(|w| w.call_id.as_str()).collect();
             let open = if open.is_empty() {
                 "none".to_string()
             } else {
@@ -706,23 +706,6 @@ impl Service {
         }
         Ok(out)
     }
-}
-
-/// Why a message cannot be taken, if it alone would not fit in the model's
-/// context window (by the session's own bytes per token, see
-/// [`SessionState::bytes_per_token`]): the newest entries are never
-/// compacted, so once recorded it would make every later request fail.
-pub(crate) fn past_the_window(state: &SessionState, text: &str) -> Option<String> {
-    let window = state.spec.as_ref().and_then(|s| s.model.context_window)?;
-    let bytes = serde_json::to_string(text).map_or(text.len(), |t| t.len()) as u64;
-    let tokens = (bytes as f64 / state.bytes_per_token()).ceil() as u64;
-    (tokens > window).then(|| {
-        format!(
-            "the message is {} bytes, about {tokens} tokens, more than the model's context \
-             window of {window} tokens (context_window): it was not recorded; send it in parts",
-            text.len()
-        )
-    })
 }
 
 /// A session in a listing: its metadata and its summary (or why it could

@@ -193,7 +193,7 @@ impl Summary {
             // A sub-agent's spending counts in its parent's totals.
             totals: state.tree_totals(),
             parent: state.parent.as_ref().map(|link| link.session),
-            answer_cut_off: state.answer().is_some() && crate::runner::last_reply_cut_off(state),
+            answer_cut_off: state.answer().is_some() && state.last_reply_cut_off(),
             approval_expires_ms: state.approval_deadline_ms(),
             title: title_of(state),
             forked_from: state.forked_from.map(|(session, _)| session),

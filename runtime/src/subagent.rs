@@ -240,9 +240,9 @@ fn run_of(session: &Session) -> Box<ChildRun> {
 fn waits_for(state: &SessionState) -> String {
     let in_doubt = state.calls_in_doubt();
     let approvals = state.calls_awaiting_approval();
-    let ids = |calls: &[(String, String)]| {
+    let ids = |calls: &[replay::Waiting]| {
         (calls.iter())
-            .map(|(id, _)| id.as_str())
+            .map(|w| w.call_id.as_str())
             .collect::<Vec<_>>()
             .join(", ")
     };

@@ -14,11 +14,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 /// UTC time with milliseconds, e.g. `2026-11-29T19:40:01.123Z`.
-pub fn format_time(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .map(|t| t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string())
-        .unwrap_or_else(|| format!("{ms}ms"))
-}
+pub use api::format_time;
 
 /// A session in a listing: status, size, activity, usage.
 pub fn session_summary(meta: &SessionMeta, summary: &Summary) -> Value {
@@ -204,10 +200,11 @@ pub fn waiting_calls(state: &SessionState) -> Vec<WaitingCall> {
     let in_doubt = state.calls_in_doubt();
     let awaiting = state.calls_awaiting_approval();
     let waits = |id: &str| {
-        if let Some((_, reason)) = in_doubt.iter().find(|(d, _)| d == id) {
-            return Some(("decision", reason.clone()));
+        if let Some(waiting) = in_doubt.iter().find(|w| w.call_id == id) {
+            return Some(("decision", waiting.reason.clone()));
         }
-        (awaiting.iter().any(|(a, _)| a == id)).then(|| ("approval", "waits for approval".into()))
+        (awaiting.iter().any(|w| w.call_id == id))
+            .then(|| ("approval", "waits for approval".into()))
     };
     state
         .open_calls()
