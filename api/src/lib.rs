@@ -549,10 +549,16 @@ pub struct SessionSummary {
     pub agent: String,
     /// Its status.
     pub status: SessionStatus,
-    /// True when it is `running` but nothing runs it: the process that
-    /// did died (`mneme resume` continues it; a daemon does on its own).
+    /// For a `running` session: true when nothing runs it and a process
+    /// did, and died in the middle of its turn (`mneme resume` continues
+    /// it; a daemon does on its own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interrupted: Option<bool>,
+    /// For a `running` session: true when nothing runs it and nothing has
+    /// yet (a fork, or a session created with its first message): `mneme
+    /// resume` (or `POST /sessions/{id}/resume`) runs its turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_started: Option<bool>,
     /// Why it could not be read, when unreadable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,

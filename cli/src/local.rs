@@ -90,12 +90,17 @@ impl Local {
         }
         let id = session.id();
         let end = runner.drive(session).await.map_err(|e| {
-            let next = match &e {
-                runtime::RuntimeError::Model(_) => format!(
-                    " stopped; once the model server answers, `mneme resume {id}` continues it"
-                ),
-                _ => String::new(),
+            use runtime::model::ModelError;
+            let when = match &e {
+                runtime::RuntimeError::Model(ModelError::Unavailable { .. }) => {
+                    Some("once the model server answers")
+                }
+                runtime::RuntimeError::Model(_) => Some("once that is fixed"),
+                _ => None,
             };
+            let next = when.map_or(String::new(), |when| {
+                format!(" stopped; {when}, `mneme resume {id}` continues it")
+            });
             anyhow::Error::new(e).context(format!("session {id}{next}"))
         })?;
         Ok(TurnOutcome::new(session.id(), &end))

@@ -48,8 +48,12 @@ pub fn sessions(rows: &[Value], json: bool) {
         if let Some(title) = r["title"].as_str() {
             about.push(format!("{:?}", clip(title, TITLE_SHOWN)));
         }
+        let not_started = r["not_started"].as_bool() == Some(true);
         if interrupted {
             about.push(format!("process died: mneme resume {}", short(id)));
+        }
+        if not_started {
+            about.push(format!("not started: mneme resume {} runs it", short(id)));
         }
         if r["answer_cut_off"].as_bool() == Some(true) {
             about.push("answer cut off by the token limit".to_string());
@@ -70,9 +74,10 @@ pub fn sessions(rows: &[Value], json: bool) {
             0 => text(r, "agent").to_string(),
             depth => format!("{}└ {}", "  ".repeat(depth - 1), text(r, "agent")),
         };
-        let status = match interrupted {
-            true => "interrupted",
-            false => text(r, "status"),
+        let status = match (interrupted, not_started) {
+            (true, _) => "interrupted",
+            (_, true) => "pending",
+            _ => text(r, "status"),
         };
         let row = format!(
             "{:<width$}  {:<16}  {:<11}  {:>6}  {:<24}  {:>5.1}%  {}",

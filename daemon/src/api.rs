@@ -404,8 +404,13 @@ async fn get_session(
     let log = daemon.service.log();
     let meta = log.meta(id).await?.ok_or(RuntimeError::NoSuchSession(id))?;
     let summary = runtime::snapshot::Summary::of(session.state());
+    let mut row = views::summary_of(&meta, &summary);
+    daemon
+        .service
+        .mark_running(&mut row, summary.turn_driven)
+        .await?;
     Ok(Json(SessionView {
-        summary: views::summary_of(&meta, &summary),
+        summary: row,
         answer: session.state().answer().map(String::from),
         running_on: log.lease(id).await?.map(|lease| lease.owner),
         in_doubt: session

@@ -201,6 +201,24 @@ pub struct TurnSpend {
     pub cost: f64,
 }
 
+/// Whether `event` is one only a process driving a turn records.
+fn drives_a_turn(event: &Event) -> bool {
+    matches!(
+        event,
+        Event::ModelReplied(_)
+            | Event::ToolStarted { .. }
+            | Event::ToolFinished { .. }
+            | Event::ToolInDoubt { .. }
+            | Event::ToolChecked { .. }
+            | Event::ContextCompacted { .. }
+            | Event::MidTurnDelivered { .. }
+            | Event::SessionResumed {
+                after_crash: true,
+                ..
+            }
+    )
+}
+
 /// A call of the latest reply that waits for a person: in doubt (a person
 /// decides whether it ran), or awaiting approval.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -343,6 +361,13 @@ pub struct SessionState {
     /// Which events opened the current turn and the one before it.
     #[serde(default)]
     pub turn_opened: TurnOpened,
+    /// Whether a process drove the current turn since it opened (recorded
+    /// a reply, a call's start or end, a check, a compaction, a delivered
+    /// message; a fork's copied history does not count): a turn that is
+    /// running with nothing running it was then interrupted by a crash,
+    /// else it was never started.
+    #[serde(default)]
+    pub turn_driven: bool,
     /// Replies in a row refused because the token limit cut them off in
     /// the middle of their tool calls (the next request allows twice the
     /// tokens once; a second in a row fails the turn).
@@ -429,6 +454,11 @@ impl SessionState {
     /// Folds one more event. Never panics, whatever the event.
     pub fn apply(&mut self, seq: u64, event: Event) {
         self.last_seq = seq;
+        // A fork's copy of its parent's history was driven in the parent.
+        let copied = self.forked_from.is_some_and(|(_, at)| seq <= at + 1);
+        if drives_a_turn(&event) && !copied {
+            self.turn_driven = true;
+        }
         match event {
             Event::SessionForked {
                 parent,
@@ -436,6 +466,7 @@ impl SessionState {
                 rerun,
             } => {
                 self.forked_from = Some((parent, at_seq));
+                self.turn_driven = false;
                 self.rerun = rerun.map(|r| crate::rerun::RerunState {
                     of: parent,
                     through_seq: r.through_seq,
@@ -609,6 +640,7 @@ impl SessionState {
                 after_crash: true, ..
             } => {}
             Event::SessionResumed { extend_budget, .. } => {
+                self.turn_driven = false;
                 self.paused = None;
                 self.budget_paused = false;
                 self.failed = None;
@@ -907,6 +939,7 @@ impl SessionState {
         self.cancelled = None;
         self.turn = TurnSpend::default();
         self.turn_opened = self.turn_opened.next(seq, false);
+        self.turn_driven = false;
         self.cut_off_in_a_row = 0;
         self.entries.push(Entry::User(text));
         self.entry_seqs.push(seq);

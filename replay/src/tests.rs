@@ -183,6 +183,31 @@ fn a_turn_is_opened_by_a_message_or_a_resume() {
 }
 
 #[test]
+fn a_turn_is_driven_once_a_process_records_its_work_and_a_forks_copy_is_not() {
+    let story = story();
+    assert!(
+        !fold(&story[..2]).turn_driven,
+        "a message alone: never started"
+    );
+    assert!(fold(&story[..3]).turn_driven, "a reply was recorded");
+    let mut next = story.clone();
+    next.push(Event::UserMessage {
+        text: "more".into(),
+    });
+    assert!(!fold(&next).turn_driven, "a new turn opened");
+    // A fork after a call's result holds the parent's work, not its own.
+    let mut fork = vec![Event::SessionForked {
+        parent: uuid::Uuid::from_u128(7),
+        at_seq: 6,
+        rerun: None,
+    }];
+    fork.extend(story[..6].iter().cloned());
+    assert!(!fold(&fork).turn_driven, "{:?}", fold(&fork).status());
+    fork.push(story[6].clone());
+    assert!(fold(&fork).turn_driven, "its own first record");
+}
+
+#[test]
 fn a_resume_after_a_crash_goes_on_with_the_same_turn_and_prompt() {
     let mut events = story()[..7].to_vec();
     let before = fold(&events);

@@ -185,6 +185,7 @@ async fn check_model(spec: &AgentSpec) -> Found {
     }
     let client = match crate::model::client_for(spec) {
         Ok(client) => client,
+        Err(ModelError::Config(reason)) => return Found(Verdict::Fail, reason),
         Err(e) => return Found(Verdict::Fail, e.to_string()),
     };
     let state = SessionState::fold([
@@ -216,7 +217,7 @@ async fn check_model(spec: &AgentSpec) -> Found {
                 None => Found(
                     Verdict::Warn,
                     format!(
-                        "answered in {took} ms, but with text instead of a tool call ({:?}): a session's model may never call its tools. A small local model often needs a chat template with tool support (llama.cpp: --jinja) or examples in the system prompt; see docs/guide/local-models.md",
+                        "answered in {took} ms, but with text instead of a tool call ({:?}): a session's model may never call its tools. A small local model often needs a chat template with tool support (llama.cpp: --jinja) or examples in the system prompt (mneme's guide, \"Local models\")",
                         crate::describe::clip(reply.content.as_deref().unwrap_or_default(), 80)
                     ),
                 ),

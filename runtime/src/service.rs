@@ -232,17 +232,19 @@ impl Service {
     }
 
     /// Records that `by` takes up the turn of a session whose process died
-    /// in the middle of it (it is running, and nothing ran it: the caller
-    /// holds its lease and knows it was not started here), so the log shows
-    /// the crash and who resumed it; the turn itself goes on unchanged.
-    /// Returns whether it appended (not for a session at rest).
+    /// in the middle of it (it is running and a process drove its turn; the
+    /// caller holds its lease and knows nothing of this process runs it),
+    /// so the log shows the crash and who resumed it; the turn itself goes
+    /// on unchanged. Returns whether it appended (not for a session at
+    /// rest, nor for a turn no process started).
     pub async fn resume_interrupted(
         &self,
         session: &mut Session,
         by: &str,
     ) -> Result<bool, RuntimeError> {
         let state = session.state();
-        if state.status() != Status::Running || state.a_call_waits_for_a_person() {
+        let interrupted = state.status() == Status::Running && state.turn_driven;
+        if !interrupted || state.a_call_waits_for_a_person() {
             return Ok(false);
         }
         let event = Event::SessionResumed {
@@ -680,20 +682,36 @@ impl Service {
         Ok(out)
     }
 
-    /// Every session's listing row, in id order, as the API gives it: a
-    /// running session that nothing runs (no live lease: the process
-    /// running it died) is marked `interrupted`.
+    /// Every session's listing row, in id order, as the API gives it, each
+    /// running one marked as [`Service::mark_running`] says.
     pub async fn rows(&self) -> Result<Vec<crate::api::SessionSummary>, RuntimeError> {
         let listing = self.listing().await?;
         let mut rows = Vec::with_capacity(listing.len());
         for (meta, summary) in listing {
+            let driven = summary.as_ref().is_ok_and(|s| s.turn_driven);
             let mut row = crate::views::row_of(&meta, summary);
-            if row.status == crate::api::SessionStatus::Running && row.parent.is_none() {
-                row.interrupted = Some(self.log.lease(row.session).await?.is_none());
-            }
+            self.mark_running(&mut row, driven).await?;
             rows.push(row);
         }
         Ok(rows)
+    }
+
+    /// Marks `row`, if it is of a running session nothing runs (no live
+    /// lease), as `interrupted` when a process drove its turn (`driven`:
+    /// it died mid-turn) or `not_started` when none has. A sub-agent is
+    /// its parent's to resume, and is left unmarked.
+    pub async fn mark_running(
+        &self,
+        row: &mut crate::api::SessionSummary,
+        driven: bool,
+    ) -> Result<(), RuntimeError> {
+        if row.status != crate::api::SessionStatus::Running || row.parent.is_some() {
+            return Ok(());
+        }
+        let idle = self.log.lease(row.session).await?.is_none();
+        row.interrupted = Some(idle && driven);
+        row.not_started = Some(idle && !driven);
+        Ok(())
     }
 
     /// Sessions with pending work that no person has to decide on.

@@ -158,6 +158,9 @@ pub struct Summary {
     /// The session it re-runs on another agent, if it is a rerun.
     #[serde(default)]
     pub rerun_of: Option<uuid::Uuid>,
+    /// Whether a process drove its current turn ([`SessionState::turn_driven`]).
+    #[serde(default)]
+    pub turn_driven: bool,
 }
 
 /// Characters of a session's first message kept as its title.
@@ -198,6 +201,7 @@ impl Summary {
             title: title_of(state),
             forked_from: state.forked_from.map(|(session, _)| session),
             rerun_of: state.rerun.as_ref().map(|rerun| rerun.of),
+            turn_driven: state.turn_driven,
         }
     }
 }

@@ -228,6 +228,30 @@ async fn a_killed_run_is_interrupted_and_its_resume_is_recorded() {
     let rows = stdout(&b.world.run(&["sessions", "--json"]).await);
     assert!(!rows.contains("\"interrupted\""), "{rows}");
     assert_billed_once(&b.sink, 1);
+
+    // A fork at the first message runs, but nothing ever ran it: it is
+    // not started, not interrupted, and its resume records no crash.
+    let fork = stdout(&b.world.run(&["fork", &id, "--at", "2"]).await);
+    let fork = fork.trim();
+    let rows = stdout(&b.world.run(&["sessions", "--json"]).await);
+    let row: Value = (rows.lines())
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|r| r["session"] == fork)
+        .unwrap();
+    assert_eq!(row["status"], "running", "{row}");
+    assert_eq!(
+        (&row["interrupted"], &row["not_started"]),
+        (&json!(false), &json!(true))
+    );
+    let listing = stdout(&b.world.run(&["sessions"]).await);
+    assert!(
+        listing.contains("pending") && listing.contains("not started: mneme resume"),
+        "{listing}"
+    );
+    let out = b.world.run(&["resume", fork]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let kinds = event_kinds(&b.world, fork).await;
+    assert!(!kinds.contains(&"SessionResumed".to_string()), "{kinds:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
