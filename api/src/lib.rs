@@ -23,18 +23,21 @@ pub fn format_time(ms: i64) -> String {
 use replay::{AgentSpec, Waiting};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+#[cfg(feature = "openapi")]
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 /// Every error the API answers, whatever its status.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct ApiError {
     /// What went wrong, naming what was asked.
     pub error: String,
 }
 
 /// A session's status, as the API and `--json` output name it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum SessionStatus {
     /// Nothing recorded yet.
@@ -101,14 +104,16 @@ impl From<replay::Status> for SessionStatus {
 }
 
 /// `/health`'s answer.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct Health {
     /// Always `ok`.
     pub status: String,
 }
 
 /// `/`'s answer: where to go from here.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct Index {
     /// `mneme`, and its version.
     pub service: String,
@@ -121,8 +126,9 @@ pub struct Index {
 }
 
 /// Which sessions a listing shows.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]
-#[into_params(parameter_in = Query)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(IntoParams))]
+#[cfg_attr(feature = "openapi", into_params(parameter_in = Query))]
 pub struct ListQuery {
     /// Only sessions with this status.
     pub status: Option<SessionStatus>,
@@ -133,7 +139,8 @@ pub struct ListQuery {
 /// A new session, from a named agent file of the daemon's agents directory
 /// or from a spec: exactly one of the two. (An agent file may also be sent
 /// as the body itself, with `Content-Type: application/toml`.)
-#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateSession {
     /// The name of a file (`NAME.toml`) in the daemon's agents directory.
@@ -141,7 +148,7 @@ pub struct CreateSession {
     pub agent: Option<String>,
     /// An agent spec, as an agent file's TOML would read as JSON.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub spec: Option<AgentSpec>,
     /// The first user message, recorded in the same append as the start (a
     /// crash leaves both or neither). Its turn runs on
@@ -151,14 +158,16 @@ pub struct CreateSession {
 }
 
 /// A session just created.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct Created {
     /// Its id.
     pub session: Uuid,
 }
 
 /// A user message.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct PostMessage {
     /// The message.
@@ -174,7 +183,8 @@ pub struct PostMessage {
 }
 
 /// A message recorded; its turn runs.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct MessageAccepted {
     /// The session.
     pub session: Uuid,
@@ -188,7 +198,8 @@ pub struct MessageAccepted {
 }
 
 /// How to resume a session (the body is optional).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Resume {
     /// Answer when the turn ends.
@@ -200,7 +211,8 @@ pub struct Resume {
 }
 
 /// A resume started.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct Resuming {
     /// The session.
     pub session: Uuid,
@@ -209,7 +221,8 @@ pub struct Resuming {
 }
 
 /// A pause asked for.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct PauseRequested {
     /// The session.
     pub session: Uuid,
@@ -221,7 +234,8 @@ pub struct PauseRequested {
 }
 
 /// Who cancels a session.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Cancel {
     /// Who decides (recorded).
@@ -229,7 +243,8 @@ pub struct Cancel {
 }
 
 /// `DELETE /sessions/{id}`'s body: erase the session's content.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct Erase {
     /// Why (recorded): a person's request, a retention window.
     pub reason: String,
@@ -238,7 +253,8 @@ pub struct Erase {
 }
 
 /// A session whose content was erased.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct Erased {
     /// The session.
     pub session: Uuid,
@@ -247,7 +263,8 @@ pub struct Erased {
 }
 
 /// A session cancelled.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct Cancelled {
     /// The session.
     pub session: Uuid,
@@ -256,7 +273,8 @@ pub struct Cancelled {
 }
 
 /// Where to fork a session.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Fork {
     /// How many of the parent's events the fork holds.
@@ -264,17 +282,18 @@ pub struct Fork {
     /// Run the fork with this agent spec from there on (another model,
     /// say), as an agent file's TOML would read as JSON; recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub spec: Option<AgentSpec>,
 }
 
 /// How to re-run a session (`POST /sessions/{id}/rerun`).
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Rerun {
     /// The agent spec to re-run it with (another model, say), as an agent
     /// file's TOML would read as JSON; recorded.
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub spec: AgentSpec,
     /// Run calls no record answers even when they have side effects
     /// (default: only read-only tools run).
@@ -283,7 +302,8 @@ pub struct Rerun {
 }
 
 /// A fork made.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct Forked {
     /// The new session.
     pub session: Uuid,
@@ -299,7 +319,8 @@ fn yes() -> bool {
 
 /// A decision on a call in doubt: exactly one of `retry`, `skip` (the
 /// result to record) or `fail` (a message).
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Resolve {
     /// Run the call again.
@@ -307,7 +328,7 @@ pub struct Resolve {
     pub retry: bool,
     /// Record this as the call's result without running it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub skip: Option<Value>,
     /// Record the call as failed with this message.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -319,12 +340,13 @@ pub struct Resolve {
     pub wait: bool,
     /// Continue the session after recording the decision.
     #[serde(default = "yes", rename = "continue")]
-    #[schema(default = true)]
+    #[cfg_attr(feature = "openapi", schema(default = true))]
     pub proceed: bool,
 }
 
 /// A decision on a call that waits for approval.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Approve {
     /// Approved (true) or denied (false).
@@ -343,12 +365,13 @@ pub struct Approve {
     pub wait: bool,
     /// Continue the session after recording the decision.
     #[serde(default = "yes", rename = "continue")]
-    #[schema(default = true)]
+    #[cfg_attr(feature = "openapi", schema(default = true))]
     pub proceed: bool,
 }
 
 /// A decision recorded.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct Decided {
     /// The session.
     pub session: Uuid,
@@ -361,7 +384,8 @@ pub struct Decided {
 
 /// What a decision answers with 200: the decision recorded and the session
 /// not continued, or (with `wait`) the continued turn's end.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(untagged)]
 pub enum DecisionAnswer {
     /// The continued turn's end.
@@ -371,7 +395,8 @@ pub enum DecisionAnswer {
 }
 
 /// A call that waits for a person's decision, and why.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct InDoubtCall {
     /// The call.
     pub call_id: String,
@@ -393,7 +418,8 @@ impl From<&Waiting> for InDoubtCall {
 }
 
 /// A call that waits for a person's approval.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct AwaitingCall {
     /// The call.
     pub call_id: String,
@@ -402,7 +428,8 @@ pub struct AwaitingCall {
 }
 
 /// How a turn (or a resume) ended.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct TurnOutcome {
     /// The session.
     pub session: Uuid,
@@ -529,7 +556,8 @@ impl TurnOutcome {
 /// A session in a listing: status, size, activity, usage. A session whose
 /// log cannot be read is listed with status `unreadable` and its `error`,
 /// without the fields that need its log.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct SessionSummary {
     /// The session.
     pub session: Uuid,
@@ -614,7 +642,8 @@ pub struct SessionSummary {
 }
 
 /// One session: its summary, answer, calls in doubt and where it runs.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct SessionView {
     /// Status, size, activity, usage.
     #[serde(flatten)]
@@ -637,7 +666,8 @@ pub struct SessionView {
 }
 
 /// A parent session's call and the child session it runs (a sub-agent).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct SessionLinkView {
     /// The other session: the parent, seen from a child; a child, seen
     /// from its parent.
@@ -660,7 +690,8 @@ impl From<replay::SessionLink> for SessionLinkView {
 
 /// A call that waits for a person: an approval, or a decision on a call in
 /// doubt.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct WaitingCall {
     /// The call (the model's id for it).
     pub call_id: String,
@@ -680,8 +711,9 @@ pub struct WaitingCall {
 }
 
 /// Which events to read.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams)]
-#[into_params(parameter_in = Query)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(IntoParams))]
+#[cfg_attr(feature = "openapi", into_params(parameter_in = Query))]
 pub struct EventsQuery {
     /// Only events of these kinds (comma-separated, e.g. `UserMessage,ModelReplied`).
     pub kind: Option<String>,
@@ -698,7 +730,8 @@ pub struct EventsQuery {
 
 /// A stored event with its envelope and hashes. As a Server-Sent Event,
 /// the event's name is its `kind` and its data this object.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct EventRecord {
     /// The session.
     pub session: Uuid,
@@ -722,12 +755,13 @@ pub struct EventRecord {
     /// This record's hash (hex).
     pub hash: String,
     /// The event.
-    #[schema(value_type = Object)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub event: Value,
 }
 
 /// Who a web view sign-in code is for.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct UiCodeRequest {
     /// The name the signed-in browser acts as (recorded as `by` of what it
@@ -736,7 +770,8 @@ pub struct UiCodeRequest {
 }
 
 /// A one-time code that signs a browser in to the web view.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct UiCode {
     /// Where to send the browser: `/ui/login?code=…` on this daemon.
     pub login: String,
@@ -746,7 +781,8 @@ pub struct UiCode {
 
 /// Two sessions compared: how many events of history they hold alike,
 /// then each side from where it parts.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct SessionDiff {
     /// Events of history both hold alike, from the first (a fork's
     /// `SessionForked` not counted).
@@ -758,7 +794,8 @@ pub struct SessionDiff {
 }
 
 /// One session of a diff.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct DiffSide {
     /// The session.
     pub session: Uuid,
@@ -781,7 +818,8 @@ pub struct DiffSide {
 }
 
 /// An event of one side of a diff.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct DiffEvent {
     /// Its seq.
     pub seq: u64,
@@ -794,7 +832,8 @@ pub struct DiffEvent {
 /// A recorded session re-run on another spec (`mneme rerun`): the rerun's
 /// answers next to the original's, where their requests first part, and
 /// what each spent.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct RerunReport {
     /// The recorded session.
     pub original: RerunSide,
@@ -816,7 +855,8 @@ pub struct RerunReport {
 }
 
 /// One session of a rerun's report: what it spent.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct RerunSide {
     /// The session.
     pub session: Uuid,
@@ -839,7 +879,8 @@ pub struct RerunSide {
 /// Where the two sessions' model requests first part. Requests are
 /// compared by their messages (as chat completions carry them): the model's
 /// name, limits and the session's cache key differ by design.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct RequestDifference {
     /// Which request of each session, from 1.
     pub request: u64,
@@ -858,7 +899,8 @@ pub struct RequestDifference {
 }
 
 /// One user message of a rerun, with each session's answer to it.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct RerunTurn {
     /// The user's message.
     pub message: String,
@@ -869,7 +911,8 @@ pub struct RerunTurn {
 }
 
 /// A rerun's tool calls, by how they were answered.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct RerunCalls {
     /// Answered from the original's record (same tool, same arguments).
     pub answered_from_record: u64,
@@ -880,7 +923,8 @@ pub struct RerunCalls {
 }
 
 /// The result of checking a session's hash chain.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct Verified {
     /// The session.
     pub session: Uuid,
@@ -902,7 +946,8 @@ pub struct Verified {
 }
 
 /// What resuming would do with an open call.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct PlannedCall {
     /// The call.
     pub call_id: String,
@@ -917,7 +962,8 @@ pub struct PlannedCall {
 
 /// The dry run: the next request exactly as it would be sent, its digest,
 /// and what resuming would do with each open call.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct ReplayView {
     /// The session.
     pub session: Uuid,
@@ -936,7 +982,7 @@ pub struct ReplayView {
     /// SHA-256 of the next model request (hex).
     pub request_digest: Option<String>,
     /// The next model request, if there is one.
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub request: Value,
     /// The tools the session offers, with their effects and where each
     /// effect came from.
@@ -949,7 +995,8 @@ pub struct ReplayView {
 }
 
 /// One tool of a session.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct ToolView {
     /// The name the model calls it by.
     pub name: String,
@@ -975,7 +1022,7 @@ pub struct ToolView {
     /// The MCP server's annotations of it, as listed (shown, not obeyed
     /// unless the server is trusted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub annotations: Option<Value>,
 }
 

@@ -2,10 +2,10 @@
 //! against a local side-effect sink, on a scripted model. No network, no setup.
 
 use anyhow::{bail, Context, Result};
-use runtime::sink::Sink;
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
 use std::time::Duration;
+use testkit::Sink;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 

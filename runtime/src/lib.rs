@@ -39,7 +39,6 @@ mod secret;
 pub mod service;
 pub mod session;
 pub mod signing;
-pub mod sink;
 pub mod snapshot;
 mod sse;
 pub mod subagent;
