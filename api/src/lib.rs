@@ -582,11 +582,12 @@ pub struct SessionSummary {
     /// it; a daemon does on its own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interrupted: Option<bool>,
-    /// For a `running` session: true when nothing runs it and nothing has
-    /// yet (a fork, or a session created with its first message): `mneme
-    /// resume` (or `POST /sessions/{id}/resume`) runs its turn.
+    /// For a `running` session: true when nothing runs it and no process
+    /// has recorded a step of its turn (a fork, a session created with its
+    /// first message, or one whose process died before its first step was
+    /// recorded): `mneme resume` (or `POST /sessions/{id}/resume`) runs it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub not_started: Option<bool>,
+    pub pending: Option<bool>,
     /// Why it could not be read, when unreadable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,

@@ -12,7 +12,8 @@ use std::path::PathBuf;
 #[command(name = "mneme", version, propagate_version = true)]
 pub(crate) struct Cli {
     /// Data directory holding the event log (sled), and the daemon's token
-    /// and address files.
+    /// and address files. Default: $XDG_DATA_HOME/mneme, else
+    /// ~/.local/share/mneme.
     #[arg(long, env = "MNEME_DATA_DIR", global = true)]
     pub(crate) data_dir: Option<PathBuf>,
     /// The store, given before the command (`mneme --store URL serve`):
@@ -160,7 +161,9 @@ pub(crate) enum Command {
     )]
     Import(ImportArgs),
     /// A self-contained story: a crash mid-run, a resume, and proof that
-    /// every side effect happened exactly once. Needs no network.
+    /// every side effect happened exactly once. Needs no network; uses a
+    /// data directory of its own (a temporary one, or --keep DIR), never
+    /// --data-dir's.
     #[command(after_help = "Examples:\n  mneme demo")]
     Demo(DemoArgs),
     /// Run the daemon: an HTTP API over many sessions that resumes

@@ -442,6 +442,7 @@ async fn check(args: &crate::CheckArgs) -> Result<ExitCode> {
     }
     match warned {
         0 => say!("mneme check: {file}: everything a session reaches answers"),
+        1 => say!("mneme check: {file}: nothing fails, 1 warning"),
         n => say!("mneme check: {file}: nothing fails, {n} warnings"),
     }
     Ok(ExitCode::SUCCESS)
@@ -845,7 +846,7 @@ fn report_end(id: Uuid, end: &TurnEnd, json: bool, streamed: bool) -> Result<Exi
                 outln!("{}", runtime::text::for_terminal_multiline(answer));
             }
             if matches!(end, TurnEnd::CutOffAnswer(_)) {
-                say!("mneme: warning: session {id}: the token limit cut the answer off (finish_reason length); raise [model] max_tokens for whole answers");
+                say!("mneme: warning: session {id}: a token limit cut the answer off (finish_reason length): [model] max_tokens if the agent file sets one, else the server's own (llama.cpp: --n-predict); raise it for whole answers");
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -96,13 +96,18 @@ impl Progress {
                     ),
                 }
             }
-            Event::ToolStarted { tool, attempt, .. } => {
+            Event::ToolStarted {
+                tool,
+                attempt,
+                call_id,
+                ..
+            } => {
                 let again = match attempt {
                     1 => String::new(),
-                    n => format!(" (attempt {n})"),
+                    n => format!(", attempt {n}"),
                 };
                 (
-                    vec![format!("mneme: running {tool}{again}")],
+                    vec![format!("mneme: running {tool} (call {call_id}{again})")],
                     Some(format!("{tool} to finish")),
                 )
             }
@@ -188,7 +193,7 @@ mod tests {
         };
         assert_eq!(
             progress.lines(&started),
-            ["mneme: running charge (attempt 2)"]
+            ["mneme: running charge (call c1, attempt 2)"]
         );
         assert_eq!(progress.still(), None, "not yet");
         {

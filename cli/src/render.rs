@@ -48,12 +48,15 @@ pub fn sessions(rows: &[Value], json: bool) {
         if let Some(title) = r["title"].as_str() {
             about.push(format!("{:?}", clip(title, TITLE_SHOWN)));
         }
-        let not_started = r["not_started"].as_bool() == Some(true);
+        let pending = r["pending"].as_bool() == Some(true);
         if interrupted {
             about.push(format!("process died: mneme resume {}", short(id)));
         }
-        if not_started {
-            about.push(format!("not started: mneme resume {} runs it", short(id)));
+        if pending {
+            about.push(format!(
+                "no step recorded yet: mneme resume {} runs it",
+                short(id)
+            ));
         }
         if r["answer_cut_off"].as_bool() == Some(true) {
             about.push("answer cut off by the token limit".to_string());
@@ -74,7 +77,7 @@ pub fn sessions(rows: &[Value], json: bool) {
             0 => text(r, "agent").to_string(),
             depth => format!("{}└ {}", "  ".repeat(depth - 1), text(r, "agent")),
         };
-        let status = match (interrupted, not_started) {
+        let status = match (interrupted, pending) {
             (true, _) => "interrupted",
             (_, true) => "pending",
             _ => text(r, "status"),
@@ -195,6 +198,10 @@ pub fn replay(view: &Value, json: bool) -> Result<()> {
     );
     for m in messages {
         line!("{}", serde_json::to_string(m)?);
+    }
+    let open_calls = view["calls"].as_array().is_some_and(|c| !c.is_empty());
+    if open_calls {
+        line!("(a call still open shows above as a placeholder: the resume settles it first, and the model is sent its result instead)");
     }
     outln!();
     line!("Resume plan: {}", text(view, "next"));

@@ -698,7 +698,7 @@ impl Service {
 
     /// Marks `row`, if it is of a running session nothing runs (no live
     /// lease), as `interrupted` when a process drove its turn (`driven`:
-    /// it died mid-turn) or `not_started` when none has. A sub-agent is
+    /// it died mid-turn) or `pending` when none recorded a step of it. A sub-agent is
     /// its parent's to resume, and is left unmarked.
     pub async fn mark_running(
         &self,
@@ -710,7 +710,7 @@ impl Service {
         }
         let idle = self.log.lease(row.session).await?.is_none();
         row.interrupted = Some(idle && driven);
-        row.not_started = Some(idle && !driven);
+        row.pending = Some(idle && !driven);
         Ok(())
     }
 

@@ -230,7 +230,7 @@ async fn a_killed_run_is_interrupted_and_its_resume_is_recorded() {
     assert_billed_once(&b.sink, 1);
 
     // A fork at the first message runs, but nothing ever ran it: it is
-    // not started, not interrupted, and its resume records no crash.
+    // pending, not interrupted, and its resume records no crash.
     let fork = stdout(&b.world.run(&["fork", &id, "--at", "2"]).await);
     let fork = fork.trim();
     let rows = stdout(&b.world.run(&["sessions", "--json"]).await);
@@ -240,12 +240,12 @@ async fn a_killed_run_is_interrupted_and_its_resume_is_recorded() {
         .unwrap();
     assert_eq!(row["status"], "running", "{row}");
     assert_eq!(
-        (&row["interrupted"], &row["not_started"]),
+        (&row["interrupted"], &row["pending"]),
         (&json!(false), &json!(true))
     );
     let listing = stdout(&b.world.run(&["sessions"]).await);
     assert!(
-        listing.contains("pending") && listing.contains("not started: mneme resume"),
+        listing.contains("pending") && listing.contains("no step recorded yet: mneme resume"),
         "{listing}"
     );
     let out = b.world.run(&["resume", fork]).await;
@@ -606,7 +606,10 @@ async fn progress_is_told_on_a_terminal_and_not_in_a_pipe() {
         shown.contains("mneme: step 1: calls charge, lookup;"),
         "{shown}"
     );
-    assert!(shown.contains("mneme: running charge"), "{shown}");
+    assert!(
+        shown.contains("mneme: running charge (call call_0_0)"),
+        "{shown}"
+    );
     assert!(shown.contains("mneme: charge finished in"), "{shown}");
     assert!(shown.contains("mneme: step 3: answered;"), "{shown}");
 }

@@ -190,7 +190,7 @@ async fn an_answer_cut_off_by_the_token_limit_is_kept_and_flagged() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out).trim(), "The charge was <tool_");
     assert!(
-        stderr(&out).contains("the token limit cut the answer off"),
+        stderr(&out).contains("token limit cut the answer off"),
         "{}",
         stderr(&out)
     );
