@@ -19,15 +19,21 @@
 pub mod conformance;
 pub mod crash;
 mod envelope;
+#[cfg(feature = "sled")]
 mod keys;
 mod lease;
+#[cfg(feature = "sled")]
 mod sled_log;
+#[cfg(feature = "sled")]
 mod wal;
 
 pub use envelope::{Envelope, Hash, NewEvent, Record, MAX_RECORD_BYTES, RECORD_FORMAT};
+#[cfg(feature = "sled")]
 pub use keys::KEYS_DIR;
 pub use lease::{Lease, LocalLeases};
-pub use sled_log::{sled_config, SledLog, Totals, DEFAULT_CACHE_BYTES};
+#[cfg(feature = "sled")]
+pub use sled_log::{sled_config, SledLog, DEFAULT_CACHE_BYTES};
+#[cfg(feature = "sled")]
 pub use wal::{TornTail, MIN_FREE_BYTES};
 
 use std::fmt;
@@ -108,8 +114,22 @@ pub struct SessionMeta {
     pub last_kind: String,
 }
 
-/// Everything that can go wrong in the log, each naming what and where.
-#[derive(Debug, thiserror::Error)]
+/// How much a log holds: sessions, and records over all sessions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// Sessions.
+    pub sessions: u64,
+    /// Records, over all sessions.
+    pub records: u64,
+}
+
+/// An error below the log (the storage engine's, the database driver's),
+/// shared: a [`LogError`] may be handed to every waiter of a barrier.
+pub type Cause = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+
+/// Everything that can go wrong in the log, each naming what and where;
+/// the same whatever the backend, and cheap to clone.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum LogError {
     /// Another writer appended first: the caller's view of the session is stale.
     #[error("append conflict in session {session}: expected to write seq {expected}, but the log's next seq is {actual}")]
@@ -156,7 +176,7 @@ pub enum LogError {
         dir: String,
         /// The engine's error.
         #[source]
-        source: sled::Error,
+        source: Cause,
     },
     /// sled holds less than its last checkpoint made durable.
     #[error("data directory {dir} lost records: its last checkpoint held {} sessions and {} records, the storage engine now holds {} and {}; refusing to continue from a shortened log", expected.sessions, expected.records, found.sessions, found.records)]
@@ -177,7 +197,7 @@ pub enum LogError {
         dir: String,
         /// Why it cannot be written.
         #[source]
-        source: std::io::Error,
+        source: std::sync::Arc<std::io::Error>,
     },
     /// The storage engine failed.
     #[error("storage engine failed in {dir}")]
@@ -186,7 +206,7 @@ pub enum LogError {
         dir: String,
         /// The engine's error.
         #[source]
-        source: sled::Error,
+        source: Cause,
     },
     /// A file system operation failed.
     #[error("i/o error on {path}")]
@@ -195,7 +215,7 @@ pub enum LogError {
         path: String,
         /// The error.
         #[source]
-        source: std::io::Error,
+        source: std::sync::Arc<std::io::Error>,
     },
     /// Another owner holds a live lease on the session: it runs there.
     #[error("session {session} is leased to {owner} for another {:.1?} unless renewed; it runs there", time_left(*expires_ms))]
@@ -226,7 +246,7 @@ pub enum LogError {
         what: String,
         /// The server's or driver's error.
         #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
+        source: Cause,
     },
     /// The store's schema is newer than this build knows.
     #[error("store {store} has schema version {found}, this build knows versions up to {known}; upgrade mneme")]
@@ -535,6 +555,7 @@ pub fn time_left(expires_ms: i64) -> std::time::Duration {
 /// Creates (or empties) the file at `path`; a file it creates is readable
 /// and writable by its owner only (0600): the log holds whatever the model
 /// and the tools said.
+#[cfg(feature = "sled")]
 pub(crate) fn create_private(path: &std::path::Path) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new()

@@ -29,6 +29,7 @@
 //! tokio's blocking pool.
 
 use crate::wal::{Frame, Wal};
+use crate::Totals;
 use crate::{
     now_ms, Durability, Envelope, EventLog, Hash, Head, Lease, LocalLeases, LogError, NewEvent,
     Record, SessionMeta,
@@ -199,37 +200,6 @@ fn injected_eio(failures: &std::sync::atomic::AtomicU32) -> std::io::Result<()> 
     }
 }
 
-/// The same error again, for each waiter a failed sync covered
-/// ([`LogError`] is not `Clone`).
-fn copy_error(error: &LogError) -> LogError {
-    match error {
-        LogError::Io { path, source } => LogError::Io {
-            path: path.clone(),
-            source: match source.raw_os_error() {
-                Some(code) => std::io::Error::from_raw_os_error(code),
-                None => std::io::Error::new(source.kind(), source.to_string()),
-            },
-        },
-        LogError::Storage { dir, source } => LogError::Storage {
-            dir: dir.clone(),
-            source: source.clone(),
-        },
-        // Syncs and checkpoints fail only with the two above.
-        other => {
-            let mut text = other.to_string();
-            let mut cause = std::error::Error::source(other);
-            while let Some(e) = cause {
-                text = format!("{text}: {e}");
-                cause = e.source();
-            }
-            LogError::Io {
-                path: "the write-ahead barrier".into(),
-                source: std::io::Error::other(text),
-            }
-        }
-    }
-}
-
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct StoredMeta {
     head_seq: u64,
@@ -280,7 +250,10 @@ impl SledLog {
         let data_path = dir.join("db");
         let io = |path: &Path| {
             let path = path.display().to_string();
-            move |source| LogError::Io { path, source }
+            move |source| LogError::Io {
+                path,
+                source: std::sync::Arc::new(source),
+            }
         };
         let data_file = File::open(&data_path).map_err(io(&data_path))?;
         let wal_path = dir.join(WAL_FILE);
@@ -431,7 +404,7 @@ impl Syncer {
             if !waiters.is_empty() {
                 let result = self.sync();
                 for waiter in waiters {
-                    let _ = waiter.send(result.as_ref().map(|_| ()).map_err(copy_error));
+                    let _ = waiter.send(result.as_ref().map(|_| ()).map_err(Clone::clone));
                 }
             }
         }
@@ -458,7 +431,7 @@ impl Syncer {
         self.shared.syncs.fetch_add(1, Ordering::Relaxed);
         let result = self.sync_data().map_err(|source| LogError::Io {
             path: self.shared.dir.join(WAL_FILE).display().to_string(),
-            source,
+            source: std::sync::Arc::new(source),
         });
         let mut writer = self.writer.blocking_lock();
         match &result {
@@ -496,7 +469,7 @@ impl Writer {
         let io = |path: PathBuf| {
             move |source| LogError::Io {
                 path: path.display().to_string(),
-                source,
+                source: std::sync::Arc::new(source),
             }
         };
         let synced = self
@@ -632,7 +605,7 @@ impl Writer {
             .collect();
         let appended = self.wal.append(&frames).map_err(|source| LogError::Io {
             path: self.wal.path().display().to_string(),
-            source,
+            source: std::sync::Arc::new(source),
         })?;
         crate::crash::point(crate::crash::LOG_WAL_WRITTEN);
         // Plain inserts, not a sled batch: a batch forces sled to write and
@@ -664,12 +637,12 @@ impl Writer {
             None => Ok(()),
             Some(failed) => Err(LogError::Io {
                 path: self.shared.dir.display().to_string(),
-                source: std::io::Error::other(format!(
+                source: std::sync::Arc::new(std::io::Error::other(format!(
                     "an fsync of sled's files failed earlier ({failed}); after a failed fsync \
                      no later one proves those pages durable, so this process takes no more \
                      appends and keeps the write-ahead file; open the log again (restart \
                      mneme) to replay it into sled"
-                )),
+                ))),
             }),
         }
     }
@@ -699,7 +672,7 @@ impl Shared {
     fn writer_stopped(&self) -> LogError {
         LogError::Io {
             path: self.dir.display().to_string(),
-            source: std::io::Error::other("the log's writer thread stopped"),
+            source: std::sync::Arc::new(std::io::Error::other("the log's writer thread stopped")),
         }
     }
 
@@ -794,7 +767,7 @@ impl Shared {
         let path = self.dir.join(ANCHOR_FILE);
         let Some(then) = Totals::load(&path).map_err(|source| LogError::Io {
             path: path.display().to_string(),
-            source,
+            source: std::sync::Arc::new(source),
         })?
         else {
             return Ok(());
@@ -816,14 +789,14 @@ impl Shared {
     fn key_io(&self, source: std::io::Error) -> LogError {
         LogError::Io {
             path: self.dir.join(crate::KEYS_DIR).display().to_string(),
-            source,
+            source: std::sync::Arc::new(source),
         }
     }
 
     fn storage(&self, source: sled::Error) -> LogError {
         LogError::Storage {
             dir: self.dir.display().to_string(),
-            source,
+            source: std::sync::Arc::new(source),
         }
     }
 
@@ -843,14 +816,6 @@ impl Shared {
                 reason: format!("session metadata does not decode: {e}"),
             })
     }
-}
-/// How much a log holds: sessions, and records over all sessions.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Totals {
-    /// Sessions.
-    pub sessions: u64,
-    /// Records, over all sessions.
-    pub records: u64,
 }
 
 impl Totals {
@@ -1063,7 +1028,7 @@ fn sync_conf(dir: &Path) -> Result<(), LogError> {
         .and_then(|()| File::open(dir)?.sync_all());
     synced.map_err(|source| LogError::Io {
         path: path.display().to_string(),
-        source,
+        source: std::sync::Arc::new(source),
     })
 }
 
@@ -1133,8 +1098,14 @@ fn open_error(dir: &Path, source: sled::Error) -> LogError {
     }
     let dir = dir.display().to_string();
     match source {
-        sled::Error::Corruption { .. } => LogError::CorruptStore { dir, source },
-        source => LogError::Storage { dir, source },
+        sled::Error::Corruption { .. } => LogError::CorruptStore {
+            dir,
+            source: std::sync::Arc::new(source),
+        },
+        source => LogError::Storage {
+            dir,
+            source: std::sync::Arc::new(source),
+        },
     }
 }
 
@@ -1152,7 +1123,7 @@ fn private_dir(dir: &Path) -> Result<(), LogError> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let io = |source| LogError::Io {
         path: dir.display().to_string(),
-        source,
+        source: std::sync::Arc::new(source),
     };
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -1162,7 +1133,7 @@ fn private_dir(dir: &Path) -> Result<(), LogError> {
     writable(dir).map_err(|source| match source.raw_os_error() {
         Some(libc::EACCES | libc::EROFS | libc::EPERM) => LogError::NotWritable {
             dir: dir.display().to_string(),
-            source,
+            source: std::sync::Arc::new(source),
         },
         _ => io(source),
     })?;

@@ -403,7 +403,7 @@ impl Db {
         move |source| LogError::Backend {
             store: self.store.clone(),
             what: what.clone(),
-            source: Box::new(source),
+            source: std::sync::Arc::new(source),
         }
     }
 
@@ -411,7 +411,7 @@ impl Db {
         self.pool.get().await.map_err(|source| LogError::Backend {
             store: self.store.clone(),
             what: "cannot get a connection".into(),
-            source: Box::new(source),
+            source: std::sync::Arc::new(source),
         })
     }
 

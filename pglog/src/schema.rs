@@ -89,7 +89,7 @@ impl Target {
         let invalid = |reason: String| LogError::Backend {
             store: redact(url),
             what: "invalid store address".into(),
-            source: reason.into(),
+            source: Box::<dyn std::error::Error + Send + Sync>::from(reason).into(),
         };
         let (base, query) = url.split_once('?').unwrap_or((url, ""));
         let (mut schema, mut root_cert) = (None, None);
@@ -229,13 +229,13 @@ pub(crate) async fn migrate(pool: &Pool, store: &str, target: &Target) -> Result
         move |source: tokio_postgres::Error| LogError::Backend {
             store: store.to_string(),
             what: what.clone(),
-            source: Box::new(source),
+            source: std::sync::Arc::new(source),
         }
     };
     let mut client = pool.get().await.map_err(|source| LogError::Backend {
         store: store.to_string(),
         what: "cannot connect".into(),
-        source: Box::new(source),
+        source: std::sync::Arc::new(source),
     })?;
     let tx = client.transaction().await.map_err(fail("migrate"))?;
     tx.batch_execute("SELECT pg_advisory_xact_lock(7236491)")
