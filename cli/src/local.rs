@@ -1,6 +1,7 @@
-//! [`Sessions`] on a log opened here: each turn runs in this process under
-//! the session's lease, through the same [`Service`] operations the
-//! daemon's handlers call.
+//! [`Sessions`] on a log opened here: each operation is the runtime's
+//! [`Control`], with every turn run in this process ([`InPlace`]), under
+//! the session's lease, through the same operations the daemon's handlers
+//! call.
 
 use crate::sessions::{Decision, Exported, Recorded, Sessions, Started, Stream};
 use anyhow::{Context, Result};
@@ -8,13 +9,14 @@ use eventlog::EventLog;
 use replay::AgentSpec;
 use runtime::api::{
     Decided, DecisionAnswer, Forked, PostMessage, ReplayView, RerunReport, SessionDiff,
-    SessionStatus, SessionSummary, TurnOutcome, Verified,
+    SessionSummary, TurnOutcome, Verified,
 };
+use runtime::control::{self, Control, Hold, Opened, TurnStart, TurnTask, Turns};
 use runtime::lease::HeldLease;
 use runtime::pause;
 use runtime::runner::StopCheck;
 use runtime::service::{self, Service};
-use runtime::{views, Session};
+use runtime::{views, RuntimeError, TurnEnd};
 use serde_json::Value;
 use std::path::Path;
 use std::sync::Arc;
@@ -53,27 +55,92 @@ impl Local {
         self.service.log().as_ref()
     }
 
-    /// Takes session `id`'s lease for as long as the value lives: a daemon
-    /// or another CLI running it gets a clear refusal instead. A lease left
-    /// by a killed `mneme` of this host is waited out. No lease is taken
-    /// for a session that does not exist.
-    async fn hold(&self, id: Uuid) -> Result<HeldLease> {
-        self.service.ensure_exists(id).await?;
-        let log = self.service.log().clone();
-        Ok(HeldLease::acquire_taking_over_exited(log, id, &self.owner, self.lease_ttl).await?)
+    /// The operations on the sessions, their turns run here, each reply's
+    /// text streamed to `stream`.
+    fn control(&self, stream: Stream) -> Control<InPlace> {
+        let turns = InPlace {
+            service: self.service.clone(),
+            owner: self.owner.clone(),
+            lease_ttl: self.lease_ttl,
+            stream,
+        };
+        Control::new(self.service.clone(), turns)
     }
 
-    /// Drives the session to the end of its turn. A pause asked for through
-    /// a daemon sharing the store (addressed to `lease`) stops it between
-    /// steps, as it would a daemon's turn.
-    async fn drive(
+    /// Runs `turn` of session `id` to its end, as the API tells it.
+    async fn ended(id: Uuid, turn: TurnTask) -> Result<TurnOutcome> {
+        let end = turn.await.map_err(|e| turn_failed(id, e))?;
+        Ok(TurnOutcome::new(id, &end))
+    }
+}
+
+/// The error of a turn of session `id`, saying what to do next where the
+/// model server is the cause.
+fn turn_failed(id: Uuid, e: RuntimeError) -> anyhow::Error {
+    use runtime::model::ModelError;
+    let when = match &e {
+        RuntimeError::Model(ModelError::Unavailable { .. }) => {
+            Some("once the model server answers")
+        }
+        RuntimeError::Model(_) => Some("once that is fixed"),
+        _ => None,
+    };
+    let next = when.map_or(String::new(), |when| {
+        format!(" stopped; {when}, `mneme resume {id}` continues it")
+    });
+    anyhow::Error::new(e).context(format!("session {id}{next}"))
+}
+
+/// How the command line runs a turn: here, when it is awaited, under the
+/// session's lease (a lease left by a killed `mneme` of this host is taken
+/// over at once), each reply's text streamed as it comes. A pause asked
+/// for through a daemon sharing the store stops it between steps, as it
+/// would a daemon's turn.
+pub struct InPlace {
+    service: Service,
+    owner: String,
+    lease_ttl: Duration,
+    stream: Stream,
+}
+
+impl InPlace {
+    /// Takes session `id`'s lease for as long as the value lives: a daemon
+    /// or another CLI running it gets a clear refusal instead. No lease is
+    /// taken for a session that does not exist.
+    async fn lease(
+        service: &Service,
+        (id, owner, ttl): (Uuid, &str, Duration),
+    ) -> Result<HeldLease, RuntimeError> {
+        service.ensure_exists(id).await?;
+        let log = service.log().clone();
+        Ok(HeldLease::acquire_taking_over_exited(log, id, owner, ttl).await?)
+    }
+
+    /// Opens the turn `start` opens in session `id` and drives it to its
+    /// end. On an error the lease lapses at once: a daemon sharing the
+    /// store may take the session over.
+    async fn run_here(self, id: Uuid, start: TurnStart) -> Result<TurnEnd, RuntimeError> {
+        let lease = InPlace::lease(&self.service, (id, &self.owner, self.lease_ttl)).await?;
+        let ended = self.open_and_drive(id, start, &lease).await;
+        match &ended {
+            Ok(_) => lease.release().await,
+            Err(_) => lease.lapse().await,
+        }
+        ended
+    }
+
+    async fn open_and_drive(
         &self,
-        session: &mut Session,
+        id: Uuid,
+        start: TurnStart,
         lease: &HeldLease,
-        stream: Stream,
-    ) -> Result<TurnOutcome> {
+    ) -> Result<TurnEnd, RuntimeError> {
+        let mut session = self.service.load(id).await?;
+        if let Opened::Ended(end) = self.service.open_turn(&mut session, start).await? {
+            return Ok(end);
+        }
         let listening = Arc::new(pause::Listening::default());
-        listening.start(session.id(), lease.token());
+        listening.start(id, lease.token());
         let log = self.service.log().clone();
         let stop: StopCheck = Arc::new(move |id| {
             let (listening, log) = (listening.clone(), log.clone());
@@ -85,87 +152,41 @@ impl Local {
             })
         });
         let mut runner = self.service.runner().with_stop(stop);
-        if let Some(sink) = stream {
+        if let Some(sink) = self.stream.clone() {
             runner = runner.with_deltas(Arc::new(move |_, text| sink.show(text)));
         }
-        let id = session.id();
-        let end = runner.drive(session).await.map_err(|e| {
-            use runtime::model::ModelError;
-            let when = match &e {
-                runtime::RuntimeError::Model(ModelError::Unavailable { .. }) => {
-                    Some("once the model server answers")
-                }
-                runtime::RuntimeError::Model(_) => Some("once that is fixed"),
-                _ => None,
-            };
-            let next = when.map_or(String::new(), |when| {
-                format!(" stopped; {when}, `mneme resume {id}` continues it")
-            });
-            anyhow::Error::new(e).context(format!("session {id}{next}"))
-        })?;
-        Ok(TurnOutcome::new(session.id(), &end))
+        runner.drive(&mut session).await
+    }
+}
+
+#[async_trait::async_trait]
+impl Turns for InPlace {
+    async fn hold(&self, id: Uuid) -> Result<Hold, RuntimeError> {
+        let lease = InPlace::lease(&self.service, (id, &self.owner, self.lease_ttl)).await?;
+        Ok(Hold::new(lease, None))
     }
 
-    /// Drives the session to the end of its turn, then gives its lease up.
-    /// On an error the lease is dropped instead, and lapses at once: a
-    /// daemon sharing the store may take the session over.
-    async fn drive_then_release(
-        &self,
-        lease: HeldLease,
-        session: &mut Session,
-        stream: Stream,
-    ) -> Result<TurnOutcome> {
-        match self.drive(session, &lease, stream).await {
-            Ok(outcome) => {
-                lease.release().await;
-                Ok(outcome)
-            }
-            Err(e) => {
-                lease.lapse().await;
-                Err(e)
-            }
-        }
+    /// A turn another process runs is not stopped from here: holding the
+    /// session is refused instead, naming that process.
+    async fn stop(&self, _id: Uuid) -> Result<(), RuntimeError> {
+        Ok(())
     }
 
-    /// Records a decision on `call` (`record`) under the session's lease;
-    /// then, if `proceed` and nothing else waits, runs the session on.
-    async fn record_then_go_on<F>(
-        &self,
-        id: Uuid,
-        call: &str,
-        proceed: bool,
-        (recorded, stream): (Recorded<'_>, Stream),
-        record: impl FnOnce(Session) -> F,
-    ) -> Result<DecisionAnswer>
-    where
-        F: std::future::Future<Output = (Session, Result<bool, runtime::RuntimeError>)>,
-    {
-        let lease = self.hold(id).await?;
-        let session = self.service.load(id).await?;
-        let (mut session, can_continue) = record(session).await;
-        let go_on = can_continue? && proceed;
-        recorded();
-        if !go_on {
-            lease.release().await;
-            return Ok(DecisionAnswer::Decided(Decided {
-                session: id,
-                decided: call.to_string(),
-                continuing: false,
-            }));
-        }
-        let outcome = self.drive_then_release(lease, &mut session, stream);
-        Ok(DecisionAnswer::Ended(outcome.await?))
+    fn run(&self, id: Uuid, start: TurnStart) -> TurnTask {
+        let here = InPlace {
+            service: self.service.clone(),
+            owner: self.owner.clone(),
+            lease_ttl: self.lease_ttl,
+            stream: self.stream.clone(),
+        };
+        Box::pin(here.run_here(id, start))
     }
 }
 
 #[async_trait::async_trait]
 impl Sessions for Local {
     async fn create(&self, spec: AgentSpec, first_message: Option<String>) -> Result<Uuid> {
-        let session = match first_message {
-            Some(text) => self.service.start(spec, text).await?,
-            None => self.service.create(spec).await?,
-        };
-        Ok(session.id())
+        Ok(self.control(None).create(spec, first_message).await?)
     }
 
     async fn list(&self) -> Result<Vec<SessionSummary>> {
@@ -191,15 +212,8 @@ impl Sessions for Local {
     }
 
     async fn erase(&self, id: Uuid, erase: runtime::api::Erase) -> Result<runtime::api::Erased> {
-        let lease = self.hold(id).await?;
-        let mut session = self.service.load(id).await?;
-        let erased = self
-            .service
-            .erase(&mut session, &erase.reason, &erase.by)
-            .await;
-        drop(session);
-        lease.release().await;
-        erased?;
+        let control = self.control(None);
+        control.erase(id, &erase.reason, &erase.by).await?;
         Ok(runtime::api::Erased {
             session: id,
             status: runtime::api::SessionStatus::Erased,
@@ -208,9 +222,9 @@ impl Sessions for Local {
 
     async fn fork(&self, id: Uuid, at: u64, spec: Option<AgentSpec>) -> Result<Forked> {
         let spec = spec.map(|spec| (spec, "mneme fork --agent"));
-        let child = self.service.fork(id, at, spec).await?;
+        let child = self.control(None).fork(id, at, spec).await?;
         Ok(Forked {
-            session: child.id(),
+            session: child,
             parent: id,
             at,
         })
@@ -227,31 +241,8 @@ impl Sessions for Local {
         live_tools: bool,
         started: Started<'_>,
     ) -> Result<RerunReport> {
-        let (mut session, rest) = self.service.start_rerun(id, spec, live_tools).await?;
-        started(session.id());
-        let lease = self.hold(session.id()).await?;
-        let mut rest = rest.into_iter();
-        let ended = loop {
-            match self.drive(&mut session, &lease, None).await {
-                Ok(outcome) if outcome.status == SessionStatus::Idle => {}
-                ended => break ended.map(|_| ()),
-            }
-            let Some(text) = rest.next() else {
-                break Ok(());
-            };
-            if let Err(e) = self.service.post_message(&mut session, text).await {
-                break Err(e.into());
-            }
-        };
-        match &ended {
-            Ok(()) => lease.release().await,
-            Err(_) => lease.lapse().await,
-        }
-        if let Err(e) = ended {
-            // The turn's failure is in the log: the report says where it stopped.
-            runtime::text::say(&format!("mneme: {e:#}"));
-        }
-        Ok(runtime::rerun::report(self.log(), id, session.id()).await?)
+        let control = self.control(None);
+        Ok(control.rerun(id, spec, live_tools, started).await?)
     }
 
     async fn blob(&self, id: Uuid, digest: &str) -> Result<Vec<u8>> {
@@ -269,32 +260,23 @@ impl Sessions for Local {
         message: PostMessage,
         stream: Stream,
     ) -> Result<TurnOutcome> {
-        let lease = self.hold(id).await?;
-        let mut session = self.service.load(id).await?;
-        if message.refresh_tools {
-            runtime::mcp::refresh(&mut session, "mneme run --refresh-tools").await?;
-        }
-        self.service
-            .post_message(&mut session, message.text)
-            .await?;
-        self.drive_then_release(lease, &mut session, stream).await
+        let message = TurnStart::Message {
+            text: message.text,
+            refresh_tools: message
+                .refresh_tools
+                .then(|| "mneme run --refresh-tools".to_string()),
+            recorded: None,
+        };
+        Local::ended(id, self.control(stream).post_message(id, message)).await
     }
 
     async fn start(&self, id: Uuid, stream: Stream) -> Result<TurnOutcome> {
-        let lease = self.hold(id).await?;
-        let mut session = self.service.load(id).await?;
-        self.drive_then_release(lease, &mut session, stream).await
+        Local::ended(id, self.control(stream).start(id)).await
     }
 
     async fn resume(&self, id: Uuid, extend: bool, stream: Stream) -> Result<TurnOutcome> {
-        const BY: &str = "mneme resume";
-        let lease = self.hold(id).await?;
-        let mut session = self.service.load(id).await?;
-        // Not stopped, yet running, and its lease ours: what ran it died.
-        if !self.service.reopen(&mut session, BY, extend).await? {
-            self.service.resume_interrupted(&mut session, BY).await?;
-        }
-        self.drive_then_release(lease, &mut session, stream).await
+        let turn = self.control(stream).resume(id, "mneme resume", extend);
+        Local::ended(id, turn).await
     }
 
     async fn decide(
@@ -305,32 +287,33 @@ impl Sessions for Local {
         recorded: Recorded<'_>,
         stream: Stream,
     ) -> Result<DecisionAnswer> {
-        let context = (recorded, stream);
-        match decision {
-            Decision::Resolve(decision) => {
-                let skip = decision.skip.as_ref().map(Value::to_string);
-                let resolution =
-                    service::resolution(decision.retry, skip.as_deref(), decision.fail.as_deref())
-                        .map_err(|e| anyhow::anyhow!(e))?;
-                let by = decision.by.as_str();
-                self.record_then_go_on(id, call, decision.proceed, context, |mut s| async {
-                    let resolved = self.service.resolve(&mut s, call, resolution, by).await;
-                    (s, resolved)
-                })
-                .await
+        let (decision, by, proceed) = match decision {
+            Decision::Resolve(d) => {
+                let skip = d.skip.as_ref().map(Value::to_string);
+                let resolution = service::resolution(d.retry, skip.as_deref(), d.fail.as_deref())
+                    .map_err(|e| anyhow::anyhow!(e))?;
+                (control::Decision::Resolve(resolution), d.by, d.proceed)
             }
-            Decision::Approve(decision) => {
-                let (approved, by) = (decision.approved, decision.by.as_str());
-                let args = decision.args.as_deref();
-                self.record_then_go_on(id, call, decision.proceed, context, |mut s| async {
-                    let decided = (self.service)
-                        .decide_approval(&mut s, call, approved, by, args)
-                        .await;
-                    (s, decided)
-                })
-                .await
+            Decision::Approve(d) => {
+                let decision = control::Decision::Approve {
+                    approved: d.approved,
+                    args: d.args,
+                };
+                (decision, d.by, d.proceed)
             }
+        };
+        let control = self.control(stream);
+        let can_continue = control.decide(id, call, decision, &by).await?;
+        recorded();
+        if !(can_continue && proceed) {
+            return Ok(DecisionAnswer::Decided(Decided {
+                session: id,
+                decided: call.to_string(),
+                continuing: false,
+            }));
         }
+        let turn = control.resume(id, &by, false);
+        Ok(DecisionAnswer::Ended(Local::ended(id, turn).await?))
     }
 
     async fn export(&self, session: Option<Uuid>, output: Option<&Path>) -> Result<Exported> {

@@ -4,7 +4,7 @@
 //! document served at `/openapi.json` and the routes served are one list.
 
 use super::ui::{self, SignedIn};
-use super::{Daemon, TurnStart};
+use super::Daemon;
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
@@ -19,10 +19,9 @@ use runtime::api::{
     PostMessage, ReplayView, Resolve, Resume, Resuming, SessionDiff, SessionStatus, SessionSummary,
     SessionView, TurnOutcome, Verified,
 };
+use runtime::control::{Decision, TurnStart, TurnTask};
 use runtime::error::RuntimeError;
-use runtime::runner::TurnEnd;
 use runtime::service;
-use runtime::session::Session;
 use runtime::views;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
@@ -484,14 +483,23 @@ async fn post_message(
         Ok(answer) => return mid_turn(&daemon, id, body.wait, answer).await,
         Err(text) => text, // no turn of it runs here
     };
-    let (seq_tx, seq_rx) = tokio::sync::oneshot::channel();
-    let turn = daemon.spawn_turn(id, TurnStart::Message(text, body.refresh_tools, seq_tx));
-    let seq = seq_rx.await.map_err(|_| {
-        ApiError(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "the turn ended before recording the message".into(),
-        )
-    })??;
+    let (recorded, seq) = tokio::sync::oneshot::channel();
+    let message = TurnStart::Message {
+        text,
+        refresh_tools: body.refresh_tools.then(|| "api".to_string()),
+        recorded: Some(recorded),
+    };
+    let turn = daemon.control().post_message(id, message);
+    let Ok(seq) = seq.await else {
+        // Not recorded: the turn's end says why.
+        return Err(match turn.await {
+            Err(e) => e.into(),
+            Ok(_) => ApiError(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the turn ended before recording the message".into(),
+            ),
+        });
+    };
     let accepted = MessageAccepted {
         session: id,
         seq,
@@ -547,7 +555,7 @@ async fn mid_turn(
     }
     // A turn behind the running one: it delivers the message, or finds it
     // delivered and answered already.
-    let turn = daemon.spawn_turn(id, TurnStart::Deliver);
+    let turn = daemon.run_turn(id, TurnStart::Deliver);
     answer_turn(accepted, wait, turn).await
 }
 
@@ -555,26 +563,13 @@ async fn mid_turn(
 async fn answer_turn(
     accepted: MessageAccepted,
     wait: bool,
-    turn: tokio::task::JoinHandle<Result<TurnEnd, RuntimeError>>,
+    turn: TurnTask,
 ) -> Result<Response, ApiError> {
     if !wait {
         return Ok((StatusCode::ACCEPTED, Json(accepted)).into_response());
     }
-    let end = finished(turn).await?;
+    let end = turn.await?;
     Ok(Json(views::turn_end(accepted.session, &end)).into_response())
-}
-
-async fn finished(
-    turn: tokio::task::JoinHandle<Result<TurnEnd, RuntimeError>>,
-) -> Result<TurnEnd, ApiError> {
-    turn.await
-        .map_err(|e| {
-            ApiError(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("the turn's task failed: {e}"),
-            )
-        })?
-        .map_err(ApiError::from)
 }
 
 /// Continues pending work; `extend` starts a spent budget of the turn
@@ -600,7 +595,9 @@ async fn resume(
     if !body.wait {
         refuse_when_turns_wait(&daemon, id)?;
     }
-    let turn = daemon.spawn_turn(id, TurnStart::Resume(who(&signed_in, "api"), body.extend));
+    let turn = daemon
+        .control()
+        .resume(id, &who(&signed_in, "api"), body.extend);
     if !body.wait {
         let resuming = Resuming {
             session: id,
@@ -608,7 +605,7 @@ async fn resume(
         };
         return Ok((StatusCode::ACCEPTED, Json(resuming)).into_response());
     }
-    let end = finished(turn).await?;
+    let end = turn.await?;
     Ok(Json(views::turn_end(id, &end)).into_response())
 }
 
@@ -654,11 +651,7 @@ async fn cancel(
     Json(body): Json<Cancel>,
 ) -> Result<Json<Cancelled>, ApiError> {
     let by = who(&signed_in, &body.by);
-    after_stopping(&daemon, id, |mut session| async {
-        let cancelled = daemon.service.cancel(&mut session, &by).await;
-        (session, cancelled)
-    })
-    .await?;
+    daemon.control().cancel(id, &by).await?;
     Ok(Json(Cancelled {
         session: id,
         status: SessionStatus::Cancelled,
@@ -693,13 +686,9 @@ pub(crate) async fn erase(
     reason: &str,
     by: &str,
 ) -> Result<(), ApiError> {
-    let erased = after_stopping(daemon, id, |mut session| async {
-        let erased = daemon.service.erase(&mut session, reason, by).await;
-        (session, erased)
-    })
-    .await;
+    let erased = daemon.control().erase(id, reason, by).await;
     daemon.forget(id);
-    erased
+    Ok(erased?)
 }
 
 /// A new session holding this one's first `at` events; its first event
@@ -721,10 +710,9 @@ async fn fork(
     }
     let by = who(&signed_in, "api");
     let spec = body.spec.map(|spec| (spec, by.as_str()));
-    let child = daemon.service.fork(id, body.at, spec).await?;
-    daemon.set_status(child.id(), child.state().status());
+    let child = daemon.control().fork(id, body.at, spec).await?;
     let forked = Forked {
-        session: child.id(),
+        session: child,
         parent: id,
         at: body.at,
     };
@@ -746,24 +734,9 @@ async fn rerun(
     Json(body): Json<wire::Rerun>,
 ) -> Result<Json<wire::RerunReport>, ApiError> {
     refuse_when_stopping(&daemon)?;
-    let (session, rest) = (daemon.service)
-        .start_rerun(id, body.spec, body.live_tools)
-        .await?;
-    let new = session.id();
-    daemon.set_status(new, session.state().status());
-    drop(session);
-    let mut end = finished(daemon.spawn_turn(new, TurnStart::Resume("api".into(), false))).await;
-    for text in rest {
-        if !matches!(end, Ok(TurnEnd::Answered(_) | TurnEnd::CutOffAnswer(_))) {
-            break;
-        }
-        let (seq_tx, _) = tokio::sync::oneshot::channel();
-        let start = TurnStart::Message(text, false, seq_tx);
-        end = finished(daemon.spawn_turn(new, start)).await;
-    }
-    // A turn that failed is in the log: the report says where it stopped.
-    let report = runtime::rerun::report(daemon.service.log().as_ref(), id, new).await?;
-    Ok(Json(report))
+    let control = daemon.control();
+    let report = control.rerun(id, body.spec, body.live_tools, &|_| {});
+    Ok(Json(report.await?))
 }
 
 /// Decides on a call in doubt: exactly one of `retry`, `skip` (the
@@ -785,16 +758,14 @@ async fn resolve(
     let resolution = service::resolution(body.retry, skip.as_deref(), body.fail.as_deref())
         .map_err(bad_request)?;
     let by = who(&signed_in, &body.by);
-    let next = (body.proceed, body.wait);
-    decide(&daemon, id, &call, by, next, |mut session, by| {
-        let (daemon, call) = (&daemon, &call);
-        async move {
-            let resolved = (daemon.service)
-                .resolve(&mut session, call, resolution, &by)
-                .await;
-            (session, resolved)
-        }
-    })
+    let decision = Decision::Resolve(resolution);
+    decide(
+        &daemon,
+        (id, &call),
+        decision,
+        by,
+        (body.proceed, body.wait),
+    )
     .await
 }
 
@@ -827,104 +798,39 @@ async fn approve(
         service::edited_arguments(&call, args, most).map_err(bad_request)?;
     }
     let by = who(&signed_in, &body.by);
-    let next = (body.proceed, body.wait);
-    decide(&daemon, id, &call, by, next, |mut session, by| {
-        let (daemon, call) = (&daemon, &call);
-        async move {
-            let args = body.args.as_deref();
-            let decided = (daemon.service)
-                .decide_approval(&mut session, call, body.approved, &by, args)
-                .await;
-            (session, decided)
-        }
-    })
+    let decision = Decision::Approve {
+        approved: body.approved,
+        args: body.args,
+    };
+    decide(
+        &daemon,
+        (id, &call),
+        decision,
+        by,
+        (body.proceed, body.wait),
+    )
     .await
 }
 
-/// Records a person's say on session `id` (`record`) while no turn runs it
-/// here and under its lease, so the append carries this daemon's current
-/// fencing token; a turn running elsewhere gets a 409 naming its daemon.
-/// A session the store does not hold is refused before any lease is taken.
-/// Stops a running turn of session `id` (here: at its next step; on
-/// another daemon: waited out), then records what `record` does under the
-/// session's lease.
-async fn after_stopping<T, F>(
+/// Records a person's decision on call `call` of session `id` as `by`,
+/// then continues the session if `next.0` asks and nothing else waits,
+/// answering at once or, if `next.1` asks, when the continued turn ends.
+async fn decide(
     daemon: &Shared,
-    id: Uuid,
-    record: impl FnOnce(Session) -> F,
-) -> Result<T, ApiError>
-where
-    F: std::future::Future<Output = (Session, Result<T, RuntimeError>)>,
-{
-    daemon.service.ensure_exists(id).await?;
-    if !daemon.request_pause(id) {
-        daemon.wait_for_turn_elsewhere(id).await?;
-    }
-    under_lease(daemon, id, |session| {
-        daemon.withdraw_pause(id);
-        record(session)
-    })
-    .await
-}
-
-async fn under_lease<T, F>(
-    daemon: &Shared,
-    id: Uuid,
-    record: impl FnOnce(Session) -> F,
-) -> Result<T, ApiError>
-where
-    F: std::future::Future<Output = (Session, Result<T, RuntimeError>)>,
-{
-    daemon.service.ensure_exists(id).await?;
-    let lock = daemon.lock_for(id);
-    let _turn = lock.lock().await;
-    let lease = daemon.hold(id).await?;
-    let session = daemon.service.load(id).await?;
-    let (session, recorded) = record(session).await;
-    let recorded = recorded?;
-    lease.release().await;
-    daemon.set_status(id, session.state().status());
-    daemon.note_deadline(id, session.state());
-    Ok(recorded)
-}
-
-/// Records a person's decision on call `call` of session `id` as `by`
-/// (`record`, under the session's lease), then continues the session if
-/// `next.0` asks and nothing else waits, answering at once or, if `next.1`
-/// asks, when the continued turn ends.
-async fn decide<F>(
-    daemon: &Shared,
-    id: Uuid,
-    call: &str,
+    (id, call): (Uuid, &str),
+    decision: Decision,
     by: String,
-    next: (bool, bool),
-    record: impl FnOnce(Session, String) -> F,
-) -> Result<Response, ApiError>
-where
-    F: std::future::Future<Output = (Session, Result<bool, RuntimeError>)>,
-{
-    refuse_when_stopping(daemon)?;
-    let recorded_by = by.clone();
-    let can_continue = under_lease(daemon, id, |session| record(session, recorded_by)).await?;
-    let (proceed, wait) = next;
-    continue_after_decision(daemon, id, call, can_continue && proceed, wait, by).await
-}
-
-/// After a person's decision: continue the session if nothing else waits.
-async fn continue_after_decision(
-    daemon: &Shared,
-    id: Uuid,
-    call: &str,
-    can_continue: bool,
-    wait: bool,
-    by: String,
+    (proceed, wait): (bool, bool),
 ) -> Result<Response, ApiError> {
+    refuse_when_stopping(daemon)?;
+    let control = daemon.control();
+    let can_continue = control.decide(id, call, decision, &by).await?;
     let decided = |continuing| Decided {
         session: id,
         decided: call.to_string(),
         continuing,
     };
-    if !can_continue {
+    if !(can_continue && proceed) {
         return Ok(Json(decided(false)).into_response());
     }
     // Turns asked for already continue the session: without `wait`, one
@@ -933,11 +839,11 @@ async fn continue_after_decision(
     if !wait && daemon.turns_of(id) >= MAX_TURNS_ASKED {
         return Ok((StatusCode::ACCEPTED, Json(decided(true))).into_response());
     }
-    let turn = daemon.spawn_turn(id, TurnStart::Resume(by, false));
+    let turn = control.resume(id, &by, false);
     if !wait {
         return Ok((StatusCode::ACCEPTED, Json(decided(true))).into_response());
     }
-    let end = finished(turn).await?;
+    let end = turn.await?;
     Ok(Json(views::turn_end(id, &end)).into_response())
 }
 

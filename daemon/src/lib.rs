@@ -40,9 +40,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
-/// Reason recorded when a shutdown pauses a turn; such sessions are resumed
-/// when the daemon starts again.
-pub const SHUTDOWN_REASON: &str = "daemon shutting down";
+pub use runtime::control::SHUTDOWN_REASON;
+use runtime::control::{Control, Hold, Opened, TurnStart, TurnTask, Turns};
 
 /// The longest wait between two looks for lapsed leases: a lease handed
 /// over at once (a shutdown, a failed turn) is taken over within it.
@@ -208,29 +207,6 @@ impl HotSessions {
             }
         }
     }
-}
-
-/// How a turn task starts.
-pub(crate) enum TurnStart {
-    /// A new user message, after adopting the MCP servers' current tools
-    /// when asked.
-    Message(
-        String,
-        bool,
-        tokio::sync::oneshot::Sender<Result<u64, RuntimeError>>,
-    ),
-    /// Continue pending work (after a crash or a pause), as asked; with
-    /// true, a spent budget of the turn starts again.
-    Resume(String, bool),
-    /// Continue a session that stopped mid-turn when its daemon died;
-    /// counted as recovered once this daemon holds its lease.
-    Recover(&'static str),
-    /// Deny the calls whose approval expired, and go on if nothing else
-    /// waits for a person.
-    Expire,
-    /// Deliver the messages that arrived mid-turn, if they still wait
-    /// (the drive does), and go on.
-    Deliver,
 }
 
 impl Daemon {
@@ -407,10 +383,9 @@ impl Daemon {
         lock: Arc<tokio::sync::Mutex<()>>,
     ) -> Result<TurnEnd, RuntimeError> {
         let _turn = lock.lock().await;
-        let lease = match self.hold(id).await {
-            Ok(lease) => lease,
-            Err(e) => return Err(refuse_start(id, start, e)),
-        };
+        // Refused while another process runs it (a message's poster hears
+        // of it from the turn's end).
+        let lease = self.hold(id).await?;
         self.listening.start(id, lease.token());
         self.inboxes.open(id);
         let result = self.clone().turn_locked(id, start).await;
@@ -438,76 +413,39 @@ impl Daemon {
         start: TurnStart,
     ) -> Result<TurnEnd, RuntimeError> {
         let hot = self.hot.lock().expect("hot sessions").take(id);
-        let refresh = matches!(start, TurnStart::Message(_, true, _));
-        let (mut session, parts) = match hot {
+        // Adopting other tools changes the spec: the hot copy will not do.
+        let refresh = matches!(
+            start,
+            TurnStart::Message {
+                refresh_tools: Some(_),
+                ..
+            }
+        );
+        let (mut session, mut parts) = match hot {
             Some(hot) if !refresh && hot.session.is_current().await? => (hot.session, hot.parts),
             _ => {
                 let mut session = self.service.load(id).await?;
-                if refresh {
-                    if let Err(e) = runtime::mcp::refresh(&mut session, "api").await {
-                        let reason = e.to_string();
-                        if let TurnStart::Message(_, _, seq) = start {
-                            let _ = seq.send(Err(e));
-                        }
-                        return Err(RuntimeError::InvalidRequest {
-                            session: id,
-                            reason,
-                        });
-                    }
-                }
                 let parts = Arc::new(self.runner.parts(&mut session).await?);
                 (session, parts)
             }
         };
-        match start {
-            TurnStart::Message(text, _, seq) => {
-                let posted = self.service.post_message(&mut session, text).await;
-                let failed = posted.as_ref().err().map(ToString::to_string);
-                let _ = seq.send(posted);
-                if let Some(reason) = failed {
-                    return Err(RuntimeError::InvalidRequest {
-                        session: id,
-                        reason,
-                    });
-                }
-            }
-            // Another daemon may have finished it, or a person paused it,
-            // before this one got the lease: then there is nothing to do.
-            TurnStart::Recover(by) => {
-                if was_interrupted(&Summary::of(session.state())) {
-                    self.metrics.recovered();
-                    if !self.service.reopen(&mut session, by, false).await? {
-                        self.service.resume_interrupted(&mut session, by).await?;
-                    }
-                }
-            }
-            TurnStart::Deliver => {}
-            TurnStart::Resume(by, extend_budget) => {
-                self.service
-                    .reopen(&mut session, &by, extend_budget)
-                    .await?;
-            }
-            TurnStart::Expire => {
-                let now = runtime::text::now_ms();
-                let expired = self.service.expire_approvals(&mut session, now).await?;
-                let goes_on = session.state().status() == replay::Status::Running;
-                if !goes_on {
-                    // Nothing expired (a person decided meanwhile), or other
-                    // calls still wait: nothing runs.
-                    self.note_deadline(id, session.state());
-                    self.set_status(id, session.state().status());
-                    let reason = format!("{} approvals expired", expired.len());
-                    self.hot
-                        .lock()
-                        .expect("hot sessions")
-                        .put(id, session, parts);
-                    return Ok(TurnEnd::Paused(reason));
-                }
-                runtime::log_line!(
-                    "mneme serve: session {id}: the approval of {} expired; the turn goes on",
-                    expired.join(", ")
-                );
-            }
+        let recovering = matches!(start, TurnStart::Recover { .. });
+        if recovering && runtime::control::was_interrupted(&Summary::of(session.state())) {
+            self.metrics.recovered();
+        }
+        let opened = self.service.open_turn(&mut session, start).await?;
+        if refresh {
+            // Built again from the tools the session adopted.
+            parts = Arc::new(self.runner.parts(&mut session).await?);
+        }
+        if let Opened::Ended(end) = opened {
+            self.note_deadline(id, session.state());
+            self.set_status(id, session.state().status());
+            self.hot
+                .lock()
+                .expect("hot sessions")
+                .put(id, session, parts);
+            return Ok(end);
         }
         self.set_status(id, session.state().status());
         let mut end = self.runner.drive_with(&mut session, &parts).await;
@@ -557,6 +495,26 @@ impl Daemon {
         })
     }
 
+    /// [`Daemon::spawn_turn`], as a turn to await (or not: it runs anyway).
+    pub(crate) fn run_turn(self: &Arc<Self>, id: Uuid, start: TurnStart) -> TurnTask {
+        let task = self.spawn_turn(id, start);
+        Box::pin(async move {
+            task.await
+                .map_err(|e| RuntimeError::Daemon(format!("the turn's task failed: {e}")))?
+        })
+    }
+
+    /// The operations on this daemon's sessions, their turns scheduled here.
+    pub(crate) fn control(self: &Arc<Self>) -> Control<Scheduled> {
+        Control::new(self.service.clone(), Scheduled(self.clone()))
+    }
+
+    /// Drops the turn locks of sessions nothing holds or waits for.
+    fn forget_idle_locks(&self) {
+        let mut locks = self.locks.lock().expect("locks");
+        locks.retain(|_, lock| Arc::strong_count(lock) > 1);
+    }
+
     /// Folds every session once to learn its status, and resumes those that
     /// were running when the last process died (or paused by a shutdown).
     async fn recover(self: Arc<Self>) {
@@ -577,9 +535,14 @@ impl Daemon {
             };
             self.set_status(meta.session, &summary.status);
             self.set_deadline(meta.session, summary.approval_expires_ms);
-            if was_interrupted(&summary) {
+            if runtime::control::was_interrupted(&summary) {
                 recovered += 1;
-                self.spawn_turn(meta.session, TurnStart::Recover("daemon recovery"));
+                self.spawn_turn(
+                    meta.session,
+                    TurnStart::Recover {
+                        by: "daemon recovery",
+                    },
+                );
             }
         }
         runtime::log_line!("mneme serve: recovery found {recovered} interrupted sessions");
@@ -638,6 +601,7 @@ impl Daemon {
                 () = self.shutdown.cancelled() => return,
                 () = tokio::time::sleep(LOOK_FOR_EXPIRED_APPROVALS) => {}
             }
+            self.forget_idle_locks();
             if read_at.elapsed() >= READ_APPROVAL_DEADLINES {
                 read_at = tokio::time::Instant::now();
                 match self.service.listing().await {
@@ -698,7 +662,12 @@ impl Daemon {
                             "mneme serve: taking over session {id} from {}",
                             lease.owner
                         );
-                        self.spawn_turn(id, TurnStart::Recover("lease takeover"));
+                        self.spawn_turn(
+                            id,
+                            TurnStart::Recover {
+                                by: "lease takeover",
+                            },
+                        );
                     }
                     // Nothing to resume: clear the lapsed lease, unless a
                     // turn of this daemon is starting (it holds the
@@ -729,7 +698,9 @@ impl Daemon {
         if !self.service.exists(id).await? {
             return Ok(false);
         }
-        Ok(was_interrupted(&self.service.current_summary(id).await?))
+        Ok(runtime::control::was_interrupted(
+            &self.service.current_summary(id).await?,
+        ))
     }
 
     /// Stops taking turns, lets running ones pause at a step boundary, and
@@ -747,25 +718,36 @@ impl Daemon {
     }
 }
 
-/// Whether a session stopped mid-turn without a person's say: its process
-/// died, or a shutdown paused it. Such a session is resumed by whoever
-/// takes it over. Never a sub-agent: its parent's turn resumes it.
-fn was_interrupted(summary: &Summary) -> bool {
-    let shut_down = summary.paused.as_deref() == Some(SHUTDOWN_REASON);
-    let stopped = summary.status == "running" || (shut_down && !summary.waits_for_a_person);
-    stopped && summary.parent.is_none()
-}
+/// How the daemon runs its sessions' turns for [`Control`]: each as a task
+/// of its own, one per session at a time, under the session's turn lock
+/// and lease (see [`Daemon::spawn_turn`]).
+pub(crate) struct Scheduled(Arc<Daemon>);
 
-/// The error of a turn that could not start (its lease is held elsewhere);
-/// a message's poster is told the same.
-fn refuse_start(id: Uuid, start: TurnStart, error: eventlog::LogError) -> RuntimeError {
-    if let TurnStart::Message(_, _, poster) = start {
-        let _ = poster.send(Err(RuntimeError::InvalidRequest {
-            session: id,
-            reason: error.to_string(),
-        }));
+#[async_trait::async_trait]
+impl Turns for Scheduled {
+    async fn hold(&self, id: Uuid) -> Result<Hold, RuntimeError> {
+        let guard = self.0.lock_for(id).lock_owned().await;
+        let lease = self.0.hold(id).await?;
+        // No turn runs: a pause asked of one has nothing to pause.
+        self.0.withdraw_pause(id);
+        Ok(Hold::new(lease, Some(Box::new(guard))))
     }
-    RuntimeError::Log(error)
+
+    async fn stop(&self, id: Uuid) -> Result<(), RuntimeError> {
+        if !self.0.request_pause(id) {
+            self.0.wait_for_turn_elsewhere(id).await?;
+        }
+        Ok(())
+    }
+
+    fn run(&self, id: Uuid, start: TurnStart) -> TurnTask {
+        self.0.run_turn(id, start)
+    }
+
+    fn changed(&self, session: &runtime::Session) {
+        self.0.set_status(session.id(), session.state().status());
+        self.0.note_deadline(session.id(), session.state());
+    }
 }
 
 /// Runs the daemon on `log` until SIGTERM or ctrl-c; returns after a clean

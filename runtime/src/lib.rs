@@ -23,6 +23,7 @@ pub use api;
 pub use api::describe;
 mod anthropic;
 pub mod blobs;
+pub mod control;
 pub mod crash;
 pub mod diff;
 pub mod error;

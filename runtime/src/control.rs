@@ -1,0 +1,361 @@
+//! What can be asked of a session, whoever asks: the command line running
+//! it in place, or the daemon scheduling it among many. Each operation is
+//! written once, here: hold the session (its lease, and whatever the face
+//! keeps so that none of its turns runs meanwhile), load it, record what
+//! the operation records, give it up, and have the turn that follows run
+//! by the face ([`Turns`]). What a turn records before its drive, by how
+//! it starts, is written once too ([`Service::open_turn`]).
+
+use crate::error::RuntimeError;
+use crate::lease::HeldLease;
+use crate::service::Service;
+use crate::session::Session;
+use crate::snapshot::Summary;
+use api::TurnEnd;
+use replay::{AgentSpec, Resolution};
+use std::future::Future;
+use std::pin::Pin;
+use uuid::Uuid;
+
+/// Reason recorded when a shutdown pauses a turn; such sessions are resumed
+/// when a daemon starts again.
+pub const SHUTDOWN_REASON: &str = "daemon shutting down";
+
+/// How a turn starts: what is recorded before its drive.
+#[derive(Debug)]
+pub enum TurnStart {
+    /// The first turn of a session created with its first message:
+    /// nothing more to record.
+    First,
+    /// A new user message, after adopting the tools the session's MCP
+    /// servers list now when `refresh_tools` names who asks. `recorded` is
+    /// told the message's seq as soon as it is durable.
+    Message {
+        /// What the user said.
+        text: String,
+        /// Who asks to adopt the MCP servers' current tools first, if anyone.
+        refresh_tools: Option<String>,
+        /// Told the seq the message was recorded at.
+        recorded: Option<tokio::sync::oneshot::Sender<u64>>,
+    },
+    /// Continue pending work as `by` asks (a paused, failed or interrupted
+    /// session); `extend_budget` starts a spent budget of the turn again.
+    Resume {
+        /// Who asks.
+        by: String,
+        /// Start the turn's budgets again.
+        extend_budget: bool,
+    },
+    /// Continue a session whose process died mid-turn (or whose daemon's
+    /// shutdown paused it), found by `by` (recovery, a lease takeover).
+    Recover {
+        /// What found it.
+        by: &'static str,
+    },
+    /// Deny the calls whose approval expired, and go on if nothing else
+    /// waits for a person.
+    Expire,
+    /// Deliver the messages that arrived mid-turn, if they still wait.
+    Deliver,
+}
+
+/// What opening a turn found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Opened {
+    /// The turn goes on: drive it.
+    Drive,
+    /// Nothing to drive: the turn ends as this says (approvals expired,
+    /// but other calls still wait).
+    Ended(TurnEnd),
+}
+
+/// Whether a session stopped mid-turn without a person's say: its process
+/// died, or a shutdown paused it. Such a session is resumed by whoever
+/// takes it over. Never a sub-agent: its parent's turn resumes it.
+pub fn was_interrupted(summary: &Summary) -> bool {
+    let shut_down = summary.paused.as_deref() == Some(SHUTDOWN_REASON);
+    let stopped = summary.status == "running" || (shut_down && !summary.waits_for_a_person);
+    stopped && summary.parent.is_none()
+}
+
+impl Service {
+    /// Records in `session` (held under its lease) what `start` records
+    /// before a drive, and says whether the turn goes on.
+    pub async fn open_turn(
+        &self,
+        session: &mut Session,
+        start: TurnStart,
+    ) -> Result<Opened, RuntimeError> {
+        match start {
+            TurnStart::First | TurnStart::Deliver => {}
+            TurnStart::Message {
+                text,
+                refresh_tools,
+                recorded,
+            } => {
+                if let Some(by) = refresh_tools {
+                    crate::mcp::refresh(session, &by).await?;
+                }
+                let seq = self.post_message(session, text).await?;
+                if let Some(recorded) = recorded {
+                    let _ = recorded.send(seq);
+                }
+            }
+            TurnStart::Resume { by, extend_budget } => {
+                // Not stopped, yet running, and its lease ours: what ran
+                // it died (a turn no step of which was recorded just runs).
+                if !self.reopen(session, &by, extend_budget).await? {
+                    self.resume_interrupted(session, &by).await?;
+                }
+            }
+            // Another process may have finished it, or a person paused it,
+            // before this one got the lease: then there is nothing to do.
+            TurnStart::Recover { by } => {
+                if was_interrupted(&Summary::of(session.state()))
+                    && !self.reopen(session, by, false).await?
+                {
+                    self.resume_interrupted(session, by).await?;
+                }
+            }
+            TurnStart::Expire => {
+                let now = crate::text::now_ms();
+                let expired = self.expire_approvals(session, now).await?;
+                if session.state().status() != replay::Status::Running {
+                    // Nothing expired (a person decided meanwhile), or
+                    // other calls still wait: nothing runs.
+                    let reason = format!("{} approvals expired", expired.len());
+                    return Ok(Opened::Ended(TurnEnd::Paused(reason)));
+                }
+                crate::log_line!(
+                    "mneme: session {}: the approval of {} expired; the turn goes on",
+                    session.id(),
+                    expired.join(", ")
+                );
+            }
+        }
+        Ok(Opened::Drive)
+    }
+}
+
+/// A turn under way (or to be run when awaited), ending as it ends.
+pub type TurnTask = Pin<Box<dyn Future<Output = Result<TurnEnd, RuntimeError>> + Send>>;
+
+/// A session held for a change: its lease, and what the face keeps so
+/// that none of its own turns runs meanwhile (the daemon's turn lock).
+pub struct Hold {
+    lease: HeldLease,
+    _guard: Option<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+impl Hold {
+    /// `lease` held, with `guard` kept as long as the hold.
+    pub fn new(lease: HeldLease, guard: Option<Box<dyn std::any::Any + Send + Sync>>) -> Hold {
+        Hold {
+            lease,
+            _guard: guard,
+        }
+    }
+}
+
+/// How a face runs the turns of its sessions.
+#[async_trait::async_trait]
+pub trait Turns: Send + Sync {
+    /// Holds session `id` for a change (see [`Hold`]); refused, naming
+    /// the owner, while another process runs it.
+    async fn hold(&self, id: Uuid) -> Result<Hold, RuntimeError>;
+
+    /// Stops a turn of `id` that runs, here at its next step, elsewhere
+    /// waited out (before a cancel or an erasure).
+    async fn stop(&self, id: Uuid) -> Result<(), RuntimeError>;
+
+    /// The turn `start` opens, run to its end (by the time it is awaited,
+    /// or at once in the background).
+    fn run(&self, id: Uuid, start: TurnStart) -> TurnTask;
+
+    /// Told that `session` changed outside a turn (a decision, a fork).
+    fn changed(&self, _session: &Session) {}
+}
+
+/// A person's decision on one call.
+#[derive(Debug, Clone)]
+pub enum Decision {
+    /// Settles a call in doubt.
+    Resolve(Resolution),
+    /// Approves (with the arguments to run it with, if edited) or denies
+    /// a call that waits for approval.
+    Approve {
+        /// Approved, or denied.
+        approved: bool,
+        /// Arguments the tool runs with instead of the model's.
+        args: Option<String>,
+    },
+}
+
+/// The operations on sessions of a service, with their turns run by `T`.
+pub struct Control<T> {
+    service: Service,
+    turns: T,
+}
+
+impl<T: Turns> Control<T> {
+    /// Operations on `service`'s sessions, their turns run by `turns`.
+    pub fn new(service: Service, turns: T) -> Control<T> {
+        Control { service, turns }
+    }
+
+    /// The service the operations use.
+    pub fn service(&self) -> &Service {
+        &self.service
+    }
+
+    /// How turns run.
+    pub fn turns(&self) -> &T {
+        &self.turns
+    }
+
+    /// A new session of `spec`, with its first message in the same append
+    /// if given (its turn then runs on [`Control::start`]).
+    pub async fn create(
+        &self,
+        spec: AgentSpec,
+        first_message: Option<String>,
+    ) -> Result<Uuid, RuntimeError> {
+        let session = match first_message {
+            Some(text) => self.service.start(spec, text).await?,
+            None => self.service.create(spec).await?,
+        };
+        self.turns.changed(&session);
+        Ok(session.id())
+    }
+
+    /// The first turn of session `id`, created with its first message.
+    pub fn start(&self, id: Uuid) -> TurnTask {
+        self.turns.run(id, TurnStart::First)
+    }
+
+    /// Records a user message and runs the turn it starts.
+    pub fn post_message(&self, id: Uuid, message: TurnStart) -> TurnTask {
+        self.turns.run(id, message)
+    }
+
+    /// Continues session `id`'s pending work as `by` asks.
+    pub fn resume(&self, id: Uuid, by: &str, extend_budget: bool) -> TurnTask {
+        let by = by.to_string();
+        self.turns.run(id, TurnStart::Resume { by, extend_budget })
+    }
+
+    /// Records `decision` by `by` on call `call` of session `id`. Returns
+    /// whether the session may go on now (no other call waits for a person,
+    /// no pause of its own): then [`Control::resume`] it, as `by`.
+    pub async fn decide(
+        &self,
+        id: Uuid,
+        call: &str,
+        decision: Decision,
+        by: &str,
+    ) -> Result<bool, RuntimeError> {
+        let (hold, mut session) = self.held(id).await?;
+        let recorded = match decision {
+            Decision::Resolve(resolution) => {
+                (self.service)
+                    .resolve(&mut session, call, resolution, by)
+                    .await
+            }
+            Decision::Approve { approved, args } => {
+                (self.service)
+                    .decide_approval(&mut session, call, approved, by, args.as_deref())
+                    .await
+            }
+        };
+        self.done(hold, &session, recorded).await
+    }
+
+    /// Cancels session `id` as `by` asks: a running turn stops first.
+    pub async fn cancel(&self, id: Uuid, by: &str) -> Result<(), RuntimeError> {
+        self.turns.stop(id).await?;
+        let (hold, mut session) = self.held(id).await?;
+        let cancelled = self.service.cancel(&mut session, by).await;
+        self.done(hold, &session, cancelled).await
+    }
+
+    /// Erases session `id`'s content for good, as `by` asks and why: a
+    /// running turn stops first.
+    pub async fn erase(&self, id: Uuid, reason: &str, by: &str) -> Result<(), RuntimeError> {
+        self.turns.stop(id).await?;
+        let (hold, mut session) = self.held(id).await?;
+        let erased = self.service.erase(&mut session, reason, by).await;
+        self.done(hold, &session, erased).await
+    }
+
+    /// A new session holding session `id`'s events up to seq `at`, run
+    /// with `spec` from there on if given (`by` recorded as who changed it).
+    pub async fn fork(
+        &self,
+        id: Uuid,
+        at: u64,
+        spec: Option<(AgentSpec, &str)>,
+    ) -> Result<Uuid, RuntimeError> {
+        let child = self.service.fork(id, at, spec).await?;
+        self.turns.changed(&child);
+        Ok(child.id())
+    }
+
+    /// Re-runs session `id`'s user messages on `spec` in a new session
+    /// linked to it (`started` is told its id as soon as it exists), one
+    /// turn each, until one does not end answered; then compares the two.
+    /// A turn that failed is in the log: the report says where it stopped.
+    pub async fn rerun(
+        &self,
+        id: Uuid,
+        spec: AgentSpec,
+        live_tools: bool,
+        started: &(dyn Fn(Uuid) + Send + Sync),
+    ) -> Result<api::RerunReport, RuntimeError> {
+        let (session, rest) = self.service.start_rerun(id, spec, live_tools).await?;
+        let new = session.id();
+        self.turns.changed(&session);
+        drop(session);
+        started(new);
+        let mut end = self.start(new).await;
+        for text in rest {
+            if !matches!(end, Ok(TurnEnd::Answered(_) | TurnEnd::CutOffAnswer(_))) {
+                break;
+            }
+            let message = TurnStart::Message {
+                text,
+                refresh_tools: None,
+                recorded: None,
+            };
+            end = self.post_message(new, message).await;
+        }
+        if let Err(e) = end {
+            crate::warn_line!("mneme: rerun {new}: {e}");
+        }
+        crate::rerun::report(self.service.log().as_ref(), id, new).await
+    }
+
+    /// Session `id`, held for a change and loaded.
+    async fn held(&self, id: Uuid) -> Result<(Hold, Session), RuntimeError> {
+        self.service.ensure_exists(id).await?;
+        let hold = self.turns.hold(id).await?;
+        let session = self.service.load(id).await?;
+        Ok((hold, session))
+    }
+
+    /// Gives `hold` up once the change to `session` is `recorded` (or
+    /// failed: then nothing is under way, and whoever looks next may take
+    /// it over).
+    async fn done<R>(
+        &self,
+        hold: Hold,
+        session: &Session,
+        recorded: Result<R, RuntimeError>,
+    ) -> Result<R, RuntimeError> {
+        match &recorded {
+            Ok(_) => hold.lease.release().await,
+            Err(_) => hold.lease.lapse().await,
+        }
+        self.turns.changed(session);
+        recorded
+    }
+}
