@@ -1,0 +1,73 @@
+//! How records and metas are keyed and encoded in sled's tree.
+
+use super::*;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct StoredMeta {
+    pub(super) head_seq: u64,
+    pub(super) head_hash: Hash,
+    pub(super) created_ms: i64,
+    pub(super) updated_ms: i64,
+    pub(super) last_kind: String,
+}
+
+pub(super) fn parse_event_key(key: &[u8]) -> (Uuid, u64) {
+    let session = Uuid::from_slice(&key[1..17]).expect("event key holds a uuid");
+    let seq = u64::from_be_bytes(key[17..25].try_into().expect("event key is 25 bytes"));
+    (session, seq)
+}
+
+impl StoredMeta {
+    pub(super) fn new(now: i64) -> StoredMeta {
+        StoredMeta {
+            head_seq: 0,
+            head_hash: Hash::ZERO,
+            created_ms: now,
+            updated_ms: now,
+            last_kind: String::new(),
+        }
+    }
+
+    pub(super) fn advance(&mut self, record: &Record) {
+        self.head_seq = record.envelope.seq;
+        self.head_hash = record.hash;
+        self.updated_ms = record.envelope.ts_ms;
+        self.last_kind.clone_from(&record.envelope.kind);
+    }
+}
+
+pub(super) fn event_key(session: Uuid, seq: u64) -> [u8; 25] {
+    let mut key = [0u8; 25];
+    key[0] = EVENT_PREFIX;
+    key[1..17].copy_from_slice(session.as_bytes());
+    key[17..].copy_from_slice(&seq.to_be_bytes());
+    key
+}
+
+pub(super) fn derived_key(session: Uuid, name: &str) -> Vec<u8> {
+    let mut key = vec![DERIVED_PREFIX];
+    key.extend_from_slice(session.as_bytes());
+    key.extend_from_slice(name.as_bytes());
+    key
+}
+
+pub(super) fn meta_key(session: Uuid) -> [u8; 17] {
+    let mut key = [0u8; 17];
+    key[0] = META_PREFIX;
+    key[1..].copy_from_slice(session.as_bytes());
+    key
+}
+
+pub(super) fn session_meta(session: Uuid, meta: StoredMeta) -> SessionMeta {
+    SessionMeta {
+        session,
+        events: meta.head_seq,
+        created_ms: meta.created_ms,
+        updated_ms: meta.updated_ms,
+        last_kind: meta.last_kind,
+    }
+}
+
+pub(super) fn encode_meta(meta: &StoredMeta) -> Vec<u8> {
+    rmp_serde::to_vec_named(meta).expect("session metadata always encodes")
+}

@@ -1,0 +1,272 @@
+//! What the handle, the writer and blocking reads share: the tree, the
+//! heads, the write-ahead file's state, and the checkpoint.
+
+use super::*;
+
+/// What the handle, the writer and blocking reads share.
+pub(super) struct Shared {
+    pub(super) dir: PathBuf,
+    pub(super) db: sled::Db,
+    /// sled's data file, for the `fdatasync` that sled's own flush omits.
+    pub(super) data_file: File,
+    /// Records replayed from the write-ahead file when the log was opened.
+    pub(super) recovered: u64,
+    /// A partial last write found in the write-ahead file on open.
+    pub(super) torn_tail: Option<crate::TornTail>,
+    /// Cached session metadata; only the writer inserts.
+    pub(super) metas: Mutex<HashMap<Uuid, StoredMeta>>,
+    /// `fdatasync`s of the write-ahead file issued by synced barriers.
+    pub(super) syncs: AtomicU64,
+    /// The one process that holds the directory is the only writer.
+    pub(super) leases: LocalLeases,
+    /// Tests: the next this many syncs fail with EIO.
+    #[cfg(test)]
+    pub(super) fail_syncs: std::sync::atomic::AtomicU32,
+    /// Tests: the next this many fsyncs of sled's data file fail with EIO.
+    #[cfg(test)]
+    pub(super) fail_data_syncs: std::sync::atomic::AtomicU32,
+}
+
+impl Shared {
+    pub(super) fn writer_stopped(&self) -> LogError {
+        LogError::Io {
+            path: self.dir.display().to_string(),
+            source: std::sync::Arc::new(std::io::Error::other("the log's writer thread stopped")),
+        }
+    }
+
+    /// Puts into sled every write-ahead record it lacks or holds otherwise,
+    /// and brings the head of each session concerned up to its last
+    /// write-ahead record (the opener then checkpoints).
+    ///
+    /// A different record sled holds at a frame's key is one a power cut
+    /// kept in sled's file while it took that record's own frame (never
+    /// synced, so never acknowledged); the session went on without it, and
+    /// the frame, written after it, is the record. Records sled holds past
+    /// a session's last frame are such records too, and stay past its head.
+    pub(super) fn recover(&self, frames: Vec<Frame>) -> Result<u64, LogError> {
+        let mut recovered = 0;
+        let mut last = std::collections::BTreeMap::new();
+        for (key, value) in frames {
+            let (session, seq) = parse_event_key(&key);
+            let stored = self.db.get(&key).map_err(|e| self.storage(e))?;
+            let record = Record::open(session, seq, &value)?;
+            if stored.as_deref() == Some(&value[..]) {
+                last.insert(session, record);
+                continue;
+            }
+            let prev = match seq {
+                1 => Head::EMPTY,
+                _ => self.stored_head_at(session, seq - 1)?,
+            };
+            crate::check_link(session, &prev, &record)?;
+            self.db.insert(key, value).map_err(|e| self.storage(e))?;
+            last.insert(session, record);
+            recovered += 1;
+        }
+        for (session, record) in last {
+            self.repair_meta(session, &record)?;
+        }
+        Ok(recovered)
+    }
+
+    /// The record at `seq` as a chain head; an error if it is missing.
+    pub(super) fn stored_head_at(&self, session: Uuid, seq: u64) -> Result<Head, LogError> {
+        let bytes = self
+            .db
+            .get(event_key(session, seq))
+            .map_err(|e| self.storage(e))?;
+        let Some(bytes) = bytes else {
+            return Err(LogError::Corrupt {
+                session,
+                seq,
+                reason: "missing record: a later record survived a crash without it".into(),
+            });
+        };
+        let record = Record::open(session, seq, &bytes)?;
+        Ok(Head {
+            seq,
+            hash: record.hash,
+        })
+    }
+
+    /// Moves the session's head in sled up to `last`, its last write-ahead
+    /// record, unless it is there already (a checkpoint wrote it and the
+    /// emptying of the write-ahead file did not follow).
+    pub(super) fn repair_meta(&self, session: Uuid, last: &Record) -> Result<(), LogError> {
+        let meta = self.load_meta(session)?;
+        if meta
+            .as_ref()
+            .is_some_and(|m| m.head_seq >= last.envelope.seq)
+        {
+            return Ok(());
+        }
+        let mut meta = meta.unwrap_or_else(|| StoredMeta::new(last.envelope.ts_ms));
+        meta.advance(last);
+        self.db
+            .insert(meta_key(session), encode_meta(&meta))
+            .map_err(|e| self.storage(e))?;
+        Ok(())
+    }
+
+    /// Sessions and records, from the session heads (one key per session).
+    pub(super) fn count(&self) -> Result<Totals, LogError> {
+        let sessions = self.sessions()?;
+        Ok(Totals {
+            sessions: sessions.len() as u64,
+            records: sessions.iter().map(|m| m.events).sum(),
+        })
+    }
+
+    /// Refuses a directory whose sled holds fewer sessions or records than
+    /// its last checkpoint recorded: sled lost synced data (a torn or
+    /// truncated file it recovered a prefix of), and resuming from the rest
+    /// would silently drop acknowledged events.
+    pub(super) fn check_anchor(&self, now: Totals) -> Result<(), LogError> {
+        let path = self.dir.join(ANCHOR_FILE);
+        let Some(then) = Totals::load(&path).map_err(|source| LogError::Io {
+            path: path.display().to_string(),
+            source: std::sync::Arc::new(source),
+        })?
+        else {
+            return Ok(());
+        };
+        if now.sessions < then.sessions || now.records < then.records {
+            return Err(LogError::LostRecords {
+                dir: self.dir.display().to_string(),
+                expected: then,
+                found: now,
+            });
+        }
+        Ok(())
+    }
+
+    pub(super) fn keys(&self) -> crate::keys::KeyFiles {
+        crate::keys::KeyFiles::new(&self.dir)
+    }
+
+    pub(super) fn key_io(&self, source: std::io::Error) -> LogError {
+        LogError::Io {
+            path: self.dir.join(crate::KEYS_DIR).display().to_string(),
+            source: std::sync::Arc::new(source),
+        }
+    }
+
+    pub(super) fn storage(&self, source: sled::Error) -> LogError {
+        LogError::Storage {
+            dir: self.dir.display().to_string(),
+            source: std::sync::Arc::new(source),
+        }
+    }
+
+    pub(super) fn load_meta(&self, session: Uuid) -> Result<Option<StoredMeta>, LogError> {
+        let Some(bytes) = self
+            .db
+            .get(meta_key(session))
+            .map_err(|e| self.storage(e))?
+        else {
+            return Ok(None);
+        };
+        rmp_serde::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| LogError::Corrupt {
+                session,
+                seq: 0,
+                reason: format!("session metadata does not decode: {e}"),
+            })
+    }
+}
+
+impl Shared {
+    /// Inserts an append's records. On failure, removes what it inserted
+    /// (best effort), so a refused append leaves no record.
+    pub(super) fn insert_all(&self, frames: Vec<Frame>) -> Result<(), LogError> {
+        let keys: Vec<Vec<u8>> = frames.iter().map(|(k, _)| k.clone()).collect();
+        let result = frames
+            .into_iter()
+            .try_for_each(|(key, bytes)| self.db.insert(key, bytes).map(drop));
+        result.map_err(|e| {
+            for key in keys {
+                let _ = self.db.remove(key);
+            }
+            self.storage(e)
+        })
+    }
+
+    /// The range scan stops at the first record over the budget: its bytes
+    /// are fetched, no later record's are, and none past the budget is
+    /// decoded or hashed.
+    pub(super) fn read_bounded(
+        &self,
+        session: Uuid,
+        from: u64,
+        to: u64,
+        max_bytes: usize,
+    ) -> Result<Vec<Record>, LogError> {
+        let from = from.max(1);
+        if from > to {
+            return Ok(Vec::new());
+        }
+        let mut spent: Option<usize> = None;
+        let stored = self
+            .db
+            .range(event_key(session, from)..=event_key(session, to))
+            .map(|item| {
+                let (key, value) = item.map_err(|e| self.storage(e))?;
+                Ok((parse_event_key(&key).1, value))
+            })
+            .take_while(|item| {
+                let Ok((_, value)) = item else {
+                    return true;
+                };
+                let total = spent.map_or(value.len(), |s| s.saturating_add(value.len()));
+                let fits = spent.is_none() || total <= max_bytes;
+                if fits {
+                    spent = Some(total);
+                }
+                fits
+            });
+        let long = to.saturating_sub(from) >= PARALLEL_OPEN_MIN;
+        let records = scan_and_open(session, stored, long)?;
+        crate::check_run(session, from, &records)?;
+        Ok(records)
+    }
+
+    /// Every session's head: sled's, where the cache (appends since the
+    /// last checkpoint) holds no newer one.
+    pub(super) fn sessions(&self) -> Result<Vec<SessionMeta>, LogError> {
+        let mut heads = self.stored_sessions()?;
+        let metas = self.metas.lock().expect("meta lock poisoned");
+        for head in &mut heads {
+            if let Some(meta) = metas.get(&head.session) {
+                *head = session_meta(head.session, meta.clone());
+            }
+        }
+        let known: HashSet<Uuid> = heads.iter().map(|h| h.session).collect();
+        let new = metas.iter().filter(|(id, _)| !known.contains(id));
+        heads.extend(new.map(|(id, meta)| session_meta(*id, meta.clone())));
+        heads.sort_by_key(|h| h.session);
+        Ok(heads)
+    }
+
+    /// Every session's head as sled holds it.
+    pub(super) fn stored_sessions(&self) -> Result<Vec<SessionMeta>, LogError> {
+        let mut out = Vec::new();
+        for item in self.db.scan_prefix([META_PREFIX]) {
+            let (key, value) = item.map_err(|e| self.storage(e))?;
+            let session = Uuid::from_slice(&key[1..]).map_err(|e| LogError::Corrupt {
+                session: Uuid::nil(),
+                seq: 0,
+                reason: format!("bad session key: {e}"),
+            })?;
+            let meta: StoredMeta =
+                rmp_serde::from_slice(&value).map_err(|e| LogError::Corrupt {
+                    session,
+                    seq: 0,
+                    reason: format!("session metadata does not decode: {e}"),
+                })?;
+            out.push(session_meta(session, meta));
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,683 @@
+use super::*;
+use crate::conformance::event;
+use std::sync::Arc;
+
+/// sled as the conformance suite sees it: one directory per store.
+struct Sled;
+
+#[async_trait::async_trait]
+impl crate::conformance::Backend for Sled {
+    type Store = tempfile::TempDir;
+
+    async fn create(&self) -> tempfile::TempDir {
+        tempfile::tempdir().unwrap()
+    }
+
+    /// sled may hold its lock a moment after the last handle dropped.
+    async fn open(&self, dir: &tempfile::TempDir) -> Result<Arc<dyn EventLog>, LogError> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            match SledLog::open(dir.path()) {
+                Err(LogError::Locked { .. }) if std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await
+                }
+                opened => return opened.map(|log| Arc::new(log) as Arc<dyn EventLog>),
+            }
+        }
+    }
+
+    async fn tamper(&self, dir: &tempfile::TempDir, session: Uuid, seq: u64) {
+        let log = reopen(dir.path());
+        let key = event_key(session, seq);
+        let mut bytes = log.shared.db.get(key).unwrap().unwrap().to_vec();
+        let n = bytes.len();
+        bytes[n - 40] ^= 1;
+        log.shared.db.insert(key, bytes).unwrap();
+    }
+
+    async fn remove(&self, dir: &tempfile::TempDir, session: Uuid, seq: u64) {
+        let log = reopen(dir.path());
+        log.shared.db.remove(event_key(session, seq)).unwrap();
+    }
+
+    fn shared(&self) -> bool {
+        false
+    }
+}
+
+crate::conformance_tests!(Sled);
+
+/// Opens `dir` again; sled may hold its lock a moment after the last
+/// handle dropped.
+fn reopen(dir: &Path) -> SledLog {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        match SledLog::open(dir) {
+            Err(LogError::Locked { .. }) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            opened => return opened.unwrap(),
+        }
+    }
+}
+
+/// Bytes of the files under `dir`, as `du -b` counts them.
+fn bytes_under(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| {
+            let entry = entry.unwrap();
+            match entry.metadata().unwrap() {
+                m if m.is_dir() => bytes_under(&entry.path()),
+                m => m.len(),
+            }
+        })
+        .sum()
+}
+
+/// Text of `len` bytes from a small vocabulary, as compressible as
+/// prose (not a run of one letter).
+fn prose(seed: &mut u64, len: usize) -> Vec<u8> {
+    const WORDS: [&str; 16] = [
+        "the", "invoice", "customer", "charged", "amount", "refund", "total", "order", "of",
+        "account", "pending", "was", "and", "billing", "for", "status",
+    ];
+    let mut text = String::new();
+    while text.len() < len {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let word = WORDS[(*seed >> 60) as usize];
+        text.push_str(word);
+        text.push_str(if *seed & 0xff < 20 { ". " } else { " " });
+        if *seed & 0xff00 < 0x0a00 {
+            text.push_str(&(*seed % 100_000).to_string());
+            text.push(' ');
+        }
+    }
+    text.truncate(len);
+    text.into_bytes()
+}
+
+/// A 1,000-turn session (user message, tool call, tool started, tool
+/// result, answer; a summary written at the end of each turn, as the
+/// runtime does) takes at most twice its sealed records on disk,
+/// write-ahead file included (1.4 to 1.5 times, as sled's cleaning
+/// falls). sled uncompressed, with 512 KiB segments and the write-ahead
+/// file emptied every 64 MiB, took 4.6 times.
+#[tokio::test]
+async fn a_long_session_takes_little_more_room_than_its_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = reopen(dir.path());
+    let s = Uuid::now_v7();
+    let mut seed = 1;
+    let mut seq = 0;
+    for turn in 0..1000 {
+        for (kind, len) in [
+            ("UserMessage", 200),
+            ("ModelReplied", 120),
+            ("ToolStarted", 60),
+            ("ToolFinished", 400),
+            ("ModelReplied", 300),
+        ] {
+            seq += 1;
+            let event = NewEvent {
+                kind: kind.into(),
+                schema: 1,
+                caused_by: None,
+                payload: prose(&mut seed, len),
+            };
+            log.append(s, seq, vec![event]).await.unwrap();
+            log.barrier(Durability::Flushed).await.unwrap();
+        }
+        let summary = format!("{{\"seq\":{seq},\"turn\":{turn},\"status\":\"done\"}}");
+        log.put_derived(s, "summary", &prose(&mut seed, 250))
+            .await
+            .unwrap();
+        log.put_derived(s, "status", summary.as_bytes())
+            .await
+            .unwrap();
+    }
+    let sealed: u64 = log
+        .shared
+        .db
+        .scan_prefix([EVENT_PREFIX])
+        .map(|item| item.unwrap().1.len() as u64)
+        .sum();
+    let on_disk = bytes_under(dir.path());
+    let ratio = on_disk as f64 / sealed as f64;
+    eprintln!("{seq} records, {sealed} sealed bytes, {on_disk} on disk: {ratio:.2}x");
+    assert!(
+        ratio <= 2.0,
+        "{on_disk} bytes on disk for {sealed} sealed: {ratio:.2}x"
+    );
+    drop(log);
+    let log = reopen(dir.path());
+    assert_eq!(log.verify(s).await.unwrap(), seq);
+}
+
+#[tokio::test]
+async fn a_data_directory_keeps_the_sled_settings_it_was_created_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Uuid::now_v7();
+    {
+        // What mneme created before compression.
+        let db = sled::Config::new()
+            .path(dir.path())
+            .flush_every_ms(None)
+            .open()
+            .unwrap();
+        db.flush().unwrap();
+    }
+    assert_eq!(created_with(dir.path()), Some((false, 512 << 10)));
+    let log = reopen(dir.path());
+    log.append(s, 1, vec![event(1)]).await.unwrap();
+    drop(log);
+    let log = reopen(dir.path());
+    assert_eq!(log.verify(s).await.unwrap(), 1);
+    let fresh = tempfile::tempdir().unwrap();
+    drop(reopen(fresh.path()));
+    assert_eq!(created_with(fresh.path()), Some((true, SEGMENT_BYTES)));
+}
+
+#[tokio::test]
+async fn second_opener_is_told_who_holds_the_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let _log = SledLog::open_as(dir.path(), "mneme run").unwrap();
+    let note = format!("pid {}: mneme run", std::process::id());
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join(HOLDER_FILE)).unwrap(),
+        note,
+        "the pid and what the holder is, nothing else"
+    );
+    // sled's lock is per process (flock on a separate open file description);
+    // within one process the second open must also fail, naming the holder.
+    let err = SledLog::open(dir.path())
+        .err()
+        .expect("second open must fail");
+    let text = err.to_string();
+    assert!(matches!(err, LogError::Locked { .. }), "{text}");
+    assert!(text.contains(&note), "{text}");
+}
+
+#[tokio::test]
+async fn a_directory_this_process_closed_opens_once_sled_lets_go_of_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // sled still locked by this process, with no handle of the log open.
+    let lingering = sled_config(dir.path()).open().unwrap();
+    write_holder(dir.path(), "a handle just dropped");
+    let released = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        drop(lingering);
+    });
+    let log = SledLog::open(dir.path()).expect("waited for sled to let go");
+    released.join().unwrap();
+    // While a handle is open, a second open is refused at once.
+    let started = std::time::Instant::now();
+    assert!(matches!(
+        SledLog::open(dir.path()),
+        Err(LogError::Locked { .. })
+    ));
+    assert!(started.elapsed() < std::time::Duration::from_secs(1));
+    drop(log);
+}
+
+#[tokio::test]
+async fn the_directory_and_the_files_of_the_log_are_its_owners_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o7777;
+    let parent = tempfile::tempdir().unwrap();
+    let dir = parent.path().join("data");
+    let s = Uuid::now_v7();
+    {
+        let log = reopen(&dir);
+        log.append(s, 1, vec![event(1)]).await.unwrap();
+    } // checkpointed: the anchor is written
+    assert_eq!(mode(&dir), 0o700);
+    for file in [WAL_FILE, HOLDER_FILE, ANCHOR_FILE] {
+        assert_eq!(mode(&dir.join(file)), 0o600, "{file}");
+    }
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let log = reopen(&dir);
+    assert_eq!(mode(&dir), 0o700, "a loose directory is tightened");
+    assert_eq!(log.verify(s).await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn records_sled_lost_are_replayed_from_the_write_ahead_file() {
+    let s = Uuid::now_v7();
+    let source = tempfile::tempdir().unwrap();
+    let wal = {
+        let log = reopen(source.path());
+        log.append(s, 1, vec![event(1), event(2)]).await.unwrap();
+        log.append(s, 3, vec![event(3)]).await.unwrap();
+        log.barrier(Durability::Synced).await.unwrap();
+        std::fs::read(source.path().join(WAL_FILE)).unwrap()
+    };
+    // A sled directory that never got the records, with the write-ahead
+    // file that did: what a crash before sled's own flush leaves behind.
+    let target = tempfile::tempdir().unwrap();
+    drop(reopen(target.path()));
+    std::fs::write(target.path().join(WAL_FILE), wal).unwrap();
+    let log = reopen(target.path());
+    assert_eq!(log.recovered(), 3);
+    assert_eq!(log.verify(s).await.unwrap(), 3);
+    assert_eq!(
+        std::fs::metadata(target.path().join(WAL_FILE))
+            .unwrap()
+            .len(),
+        crate::wal::FILE_HEADER as u64,
+        "checkpointed: the header alone"
+    );
+    drop(log);
+    let log = reopen(target.path());
+    assert_eq!(log.recovered(), 0, "nothing left to replay");
+    assert_eq!(log.read(s, 3, 3).await.unwrap()[0].envelope.kind, "K3");
+}
+
+#[tokio::test]
+async fn a_data_directory_with_a_version_1_write_ahead_file_opens_and_moves_to_version_2() {
+    let s = Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0001);
+    let dir = tempfile::tempdir().unwrap();
+    drop(reopen(dir.path()));
+    let path = dir.path().join(WAL_FILE);
+    std::fs::write(&path, crate::wal::v1_file()).unwrap();
+    let log = reopen(dir.path());
+    assert_eq!(log.recovered(), 3);
+    assert_eq!(log.verify(s).await.unwrap(), 3);
+    let emptied = std::fs::read(&path).unwrap();
+    assert_eq!(
+        emptied.len(),
+        crate::wal::FILE_HEADER,
+        "checkpointed: a version 2 header alone"
+    );
+    assert_eq!(emptied[..8], *b"MWAL\x02\0\0\0");
+    log.append(s, 4, vec![event(4)]).await.unwrap();
+    log.barrier(Durability::Synced).await.unwrap();
+    let wal = std::fs::read(&path).unwrap();
+    drop(log);
+    // The new record replays from the version 2 file into a sled that
+    // lost it.
+    let target = tempfile::tempdir().unwrap();
+    drop(reopen(target.path()));
+    std::fs::write(target.path().join(WAL_FILE), crate::wal::v1_file()).unwrap();
+    drop(reopen(target.path()));
+    std::fs::write(target.path().join(WAL_FILE), wal).unwrap();
+    let log = reopen(target.path());
+    assert_eq!(log.recovered(), 1);
+    assert_eq!(log.read(s, 4, 4).await.unwrap()[0].envelope.kind, "K4");
+    assert_eq!(log.verify(s).await.unwrap(), 4);
+}
+
+#[tokio::test]
+async fn records_sled_loses_after_a_checkpoint_are_caught_by_the_anchor() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Uuid::now_v7();
+    {
+        let log = reopen(dir.path());
+        log.append(s, 1, vec![event(1), event(2), event(3)])
+            .await
+            .unwrap();
+    } // checkpointed on close: the anchor says 1 session, 3 records
+    {
+        // sled recovers a shorter prefix: the last record and its head are
+        // gone, and what is left is a valid, shorter chain.
+        let log = reopen(dir.path());
+        let mut meta = log.shared.load_meta(s).unwrap().unwrap();
+        let second = log.read(s, 2, 2).await.unwrap().remove(0);
+        meta.head_seq = 2;
+        meta.head_hash = second.hash;
+        log.shared.db.remove(event_key(s, 3)).unwrap();
+        log.shared
+            .db
+            .insert(meta_key(s), encode_meta(&meta))
+            .unwrap();
+        log.shared.db.flush().unwrap();
+        // Nothing went through the write-ahead file, so closing does not
+        // checkpoint: the anchor keeps saying 3.
+    }
+    let err = SledLog::open(dir.path())
+        .err()
+        .expect("a shortened log must be refused");
+    let text = err.to_string();
+    assert!(matches!(err, LogError::LostRecords { .. }), "{text}");
+    assert!(
+        text.contains("3 records") && text.contains("now holds 1 and 2"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_head_reaches_sled_at_the_checkpoint_and_is_served_from_the_cache_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Uuid::now_v7();
+    {
+        let log = reopen(dir.path());
+        log.append(s, 1, vec![event(1), event(2)]).await.unwrap();
+        assert_eq!(
+            log.shared.db.get(meta_key(s)).unwrap(),
+            None,
+            "one insert an append"
+        );
+        let listed = log.sessions().await.unwrap();
+        assert_eq!((listed[0].session, listed[0].events), (s, 2));
+        assert_eq!(log.head(s).await.unwrap().seq, 2);
+    }
+    // Closing checkpoints: the head is in sled, and the log opens with
+    // nothing to replay.
+    let log = reopen(dir.path());
+    assert_eq!(log.recovered(), 0);
+    assert!(log.shared.db.get(meta_key(s)).unwrap().is_some());
+    assert_eq!(log.sessions().await.unwrap()[0].events, 2);
+}
+
+/// A session's head goes into sled only at checkpoints; a crash after
+/// sled wrote a later record leaves the head behind it, and opening
+/// moves it up from the write-ahead file.
+#[tokio::test]
+async fn a_head_that_lags_its_records_is_repaired_on_open() {
+    let (dir, crashed) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let s = Uuid::now_v7();
+    {
+        let log = reopen(dir.path());
+        log.append(s, 1, vec![event(1)]).await.unwrap();
+        log.writer.lock().await.checkpoint().unwrap();
+        log.append(s, 2, vec![event(2)]).await.unwrap();
+        // Record 2 reaches sled's file; its head would at the next
+        // checkpoint. The crash comes first.
+        log.shared.db.flush().unwrap();
+        copy_dir(dir.path(), crashed.path());
+    }
+    let log = reopen(crashed.path());
+    assert_eq!(log.recovered(), 0, "sled held the record already");
+    assert_eq!(log.head(s).await.unwrap().seq, 2);
+    assert_eq!(log.verify(s).await.unwrap(), 2);
+    log.append(s, 3, vec![event(3)]).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_synced_barriers_share_fdatasyncs() {
+    const TASKS: usize = 8;
+    const APPENDS: u64 = 40;
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(reopen(dir.path()));
+    log.barrier(Durability::Synced).await.unwrap();
+    assert_eq!(
+        log.syncs(),
+        0,
+        "nothing appended since the open's checkpoint"
+    );
+    let start = Arc::new(tokio::sync::Barrier::new(TASKS));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|_| {
+            let (log, start) = (log.clone(), start.clone());
+            tokio::spawn(async move {
+                let s = Uuid::now_v7();
+                start.wait().await;
+                for seq in 1..=APPENDS {
+                    log.append(s, seq, vec![event(seq as u8)]).await.unwrap();
+                    log.barrier(Durability::Synced).await.unwrap();
+                }
+                s
+            })
+        })
+        .collect();
+    for task in tasks {
+        let s = task.await.unwrap();
+        assert_eq!(log.verify(s).await.unwrap(), APPENDS);
+    }
+    let syncs = log.syncs();
+    let barriers = TASKS as u64 * APPENDS;
+    assert!(
+        (1..barriers).contains(&syncs),
+        "{syncs} fdatasyncs for {barriers} barriers"
+    );
+    log.barrier(Durability::Synced).await.unwrap();
+    assert_eq!(log.syncs(), syncs, "everything is covered already");
+    log.append(Uuid::now_v7(), 1, vec![event(1)]).await.unwrap();
+    log.barrier(Durability::Synced).await.unwrap();
+    assert_eq!(log.syncs(), syncs + 1);
+}
+
+#[tokio::test]
+async fn an_append_dropped_before_it_returns_happened_whole_or_not_at_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = reopen(dir.path());
+    let s = Uuid::now_v7();
+    log.append(s, 1, vec![event(1)]).await.unwrap();
+    // While another holds the writer, an append waits for it; dropped
+    // then, it never happened.
+    let held = log.writer.lock().await;
+    let waited = tokio::time::timeout(
+        std::time::Duration::from_millis(20),
+        log.append(s, 2, vec![event(2), event(3)]),
+    )
+    .await;
+    assert!(waited.is_err(), "the append waited for the writer");
+    drop(held);
+    assert_eq!(log.head(s).await.unwrap().seq, 1, "nothing of it stored");
+    // Once it has the writer it runs to its end without waiting again.
+    log.append(s, 2, vec![event(2), event(3)]).await.unwrap();
+    assert_eq!(log.verify(s).await.unwrap(), 3);
+    drop(log);
+    assert_eq!(reopen(dir.path()).verify(s).await.unwrap(), 3);
+}
+
+#[tokio::test]
+async fn a_failed_sync_fails_its_waiters_and_a_checkpoint_covers_its_range() {
+    let is_eio = |r: Result<(), LogError>| matches!(r, Err(LogError::Io { source, .. }) if source.raw_os_error() == Some(libc::EIO));
+    let dir = tempfile::tempdir().unwrap();
+    let log = reopen(dir.path());
+    let s = Uuid::now_v7();
+    log.append(s, 1, vec![event(1)]).await.unwrap();
+    log.shared.fail_syncs.store(1, Ordering::Relaxed);
+    // The barrier the failed sync answers hears of it; one enqueued at
+    // the same moment is either in its batch (and hears of it too) or
+    // in the next, which a checkpoint covers.
+    let (a, b) = tokio::join!(
+        log.barrier(Durability::Synced),
+        log.barrier(Durability::Synced)
+    );
+    assert!(is_eio(a), "the first barrier's sync failed");
+    assert!(b.is_ok() || is_eio(b));
+    assert_eq!(log.syncs(), 1);
+    // The pages may be gone: the next barrier checkpoints, not syncs.
+    log.barrier(Durability::Synced).await.unwrap();
+    assert_eq!(log.syncs(), 1, "covered by a checkpoint");
+    assert_eq!(
+        std::fs::metadata(dir.path().join(WAL_FILE)).unwrap().len(),
+        crate::wal::FILE_HEADER as u64,
+        "checkpointed: the header alone"
+    );
+    log.barrier(Durability::Synced).await.unwrap();
+    assert_eq!(log.syncs(), 1, "already durable");
+    log.append(s, 2, vec![event(2)]).await.unwrap();
+    log.barrier(Durability::Synced).await.unwrap();
+    assert_eq!(log.syncs(), 2, "syncing again once covered");
+    assert_eq!(log.verify(s).await.unwrap(), 2);
+}
+
+/// Copies the files under `from` into `to` (a closed data directory).
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.metadata().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// A power cut kept sled's unsynced write of record 5 (never
+/// acknowledged) and took its write-ahead frame; the session had no
+/// other frame, so its head stays 4 and record 5 sits in sled past it.
+/// The session goes on: another record 5 is appended and acknowledged
+/// by a synced barrier, then a crash before the next checkpoint. On
+/// open the acknowledged frame replaces what sled held at its key.
+#[tokio::test]
+async fn a_frame_replaces_the_unacknowledged_record_sled_kept_at_its_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Uuid::now_v7();
+    {
+        let log = reopen(dir.path());
+        log.append(s, 1, vec![event(1), event(2), event(3), event(4)])
+            .await
+            .unwrap();
+    } // checkpointed: head 4 in sled, anchor 4 records
+    {
+        // sled persisted an unacknowledged record 5 (the frame was lost).
+        let db = sled_config(dir.path()).open().unwrap();
+        let bytes = db.get(event_key(s, 4)).unwrap().unwrap();
+        let four = Record::open(s, 4, &bytes).unwrap();
+        let (_, orphan) = Record::seal(Envelope {
+            session: s,
+            seq: 5,
+            event_id: Uuid::now_v7(),
+            ts_ms: now_ms(),
+            caused_by: None,
+            schema: 1,
+            kind: "ORPHAN".into(),
+            prev_hash: four.hash,
+            payload: b"never acknowledged".to_vec(),
+        })
+        .unwrap();
+        db.insert(event_key(s, 5), orphan).unwrap();
+        db.flush().unwrap();
+    }
+    let before = tempfile::tempdir().unwrap();
+    copy_dir(dir.path(), before.path());
+    let wal = {
+        let log = reopen(dir.path());
+        assert_eq!(log.head(s).await.unwrap().seq, 4);
+        log.append(s, 5, vec![event(5)]).await.unwrap();
+        log.barrier(Durability::Synced).await.unwrap(); // acknowledged
+        std::fs::read(dir.path().join(WAL_FILE)).unwrap()
+    };
+    // The crash: sled's disk as before (the insert stayed in sled's
+    // memory), the write-ahead file holding the synced frame.
+    std::fs::write(before.path().join(WAL_FILE), wal).unwrap();
+    let log = reopen(before.path());
+    let five = log.read(s, 5, 5).await.unwrap().remove(0);
+    assert_eq!(
+        five.envelope.kind, "K5",
+        "the acknowledged record 5 is lost"
+    );
+}
+
+/// After an fsync of sled's data file failed (EIO: the kernel may have
+/// dropped the pages, and sled will not write them again), no later
+/// checkpoint may trust its own fsync: the write-ahead file is never
+/// emptied again, a barrier that needs a checkpoint fails, and appends
+/// are refused, by name, until the log is opened again, which replays
+/// the write-ahead file and has every record.
+#[tokio::test]
+async fn after_a_failed_fsync_of_sled_no_checkpoint_empties_the_write_ahead_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = reopen(dir.path());
+    let s = Uuid::now_v7();
+    log.append(s, 1, vec![event(1)]).await.unwrap();
+    log.shared.fail_syncs.store(1, Ordering::Relaxed);
+    assert!(
+        log.barrier(Durability::Synced).await.is_err(),
+        "wal sync failed"
+    );
+    log.shared.fail_data_syncs.store(1, Ordering::Relaxed);
+    assert!(
+        log.barrier(Durability::Synced).await.is_err(),
+        "sled fsync failed"
+    );
+    let third = log.barrier(Durability::Synced).await;
+    let wal = std::fs::metadata(dir.path().join(WAL_FILE)).unwrap().len();
+    assert!(
+        third.is_err(),
+        "barrier Ok; write-ahead file emptied to {wal} bytes; record 1's bytes were \
+         last fsynced by nothing that succeeded"
+    );
+    assert!(
+        wal > crate::wal::FILE_HEADER as u64,
+        "the write-ahead file keeps the record"
+    );
+    let refused = log.append(s, 2, vec![event(2)]).await.unwrap_err();
+    assert!(
+        std::error::Error::source(&refused)
+            .is_some_and(|e| e.to_string().contains("open the log again")),
+        "{refused}: {:?}",
+        std::error::Error::source(&refused)
+    );
+    drop(log);
+    assert_eq!(reopen(dir.path()).verify(s).await.unwrap(), 1);
+}
+
+/// The same when only sled's fsync failed: the next checkpoint, whose
+/// own fsync succeeds, must not empty the write-ahead file either.
+#[tokio::test]
+async fn after_a_failed_fsync_of_sled_alone_the_next_checkpoint_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = reopen(dir.path());
+    let s = Uuid::now_v7();
+    log.append(s, 1, vec![event(1)]).await.unwrap();
+    log.shared.fail_data_syncs.store(1, Ordering::Relaxed);
+    let failed = log.writer.lock().await.checkpoint();
+    assert!(failed.is_err(), "the data file's fsync failed");
+    assert!(
+        log.writer.lock().await.checkpoint().is_err(),
+        "a later one is refused"
+    );
+    let wal = std::fs::metadata(dir.path().join(WAL_FILE)).unwrap().len();
+    assert!(
+        wal > crate::wal::FILE_HEADER as u64,
+        "the write-ahead file keeps the record"
+    );
+    log.barrier(Durability::Synced).await.unwrap();
+    drop(log);
+    assert_eq!(reopen(dir.path()).verify(s).await.unwrap(), 1);
+}
+
+/// The anchor is compared before the write-ahead file is replayed:
+/// records appended since the checkpoint (another session's) must not
+/// make up for checkpointed ones sled lost.
+#[tokio::test]
+async fn records_replayed_since_a_checkpoint_do_not_hide_what_sled_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
+    {
+        let log = reopen(dir.path());
+        log.append(a, 1, vec![event(1), event(2), event(3)])
+            .await
+            .unwrap();
+    } // checkpointed: anchor 1 session, 3 records
+    let crashed = tempfile::tempdir().unwrap();
+    copy_dir(dir.path(), crashed.path());
+    let wal = {
+        let log = reopen(dir.path());
+        log.append(b, 1, vec![event(1)]).await.unwrap();
+        log.barrier(Durability::Synced).await.unwrap();
+        std::fs::read(dir.path().join(WAL_FILE)).unwrap()
+    };
+    {
+        // sled lost the end of what the checkpoint synced: A's record 3
+        // and the head that named it (as in the anchor test above).
+        let db = sled_config(crashed.path()).open().unwrap();
+        let two = Record::open(a, 2, &db.get(event_key(a, 2)).unwrap().unwrap()).unwrap();
+        let mut meta: StoredMeta =
+            rmp_serde::from_slice(&db.get(meta_key(a)).unwrap().unwrap()).unwrap();
+        meta.head_seq = 2;
+        meta.head_hash = two.hash;
+        db.remove(event_key(a, 3)).unwrap();
+        db.insert(meta_key(a), encode_meta(&meta)).unwrap();
+        db.flush().unwrap();
+    }
+    std::fs::write(crashed.path().join(WAL_FILE), wal).unwrap();
+    let opened = SledLog::open(crashed.path());
+    let verified = match &opened {
+        Ok(log) => Some(log.verify(a).await.unwrap()),
+        Err(_) => None,
+    };
+    assert!(
+        matches!(opened, Err(LogError::LostRecords { .. })),
+        "opened; session A verifies to {verified:?} records of the 3 acknowledged"
+    );
+}

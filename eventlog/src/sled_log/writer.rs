@@ -1,0 +1,356 @@
+//! The writer (appends: the write-ahead file, then sled's memory, on the
+//! caller's task) and the sync thread (every fdatasync and checkpoint,
+//! group commit of synced barriers).
+
+use super::*;
+
+/// What callers ask of the sync thread.
+pub(super) enum Request {
+    /// A synced barrier: answered once everything appended before it was
+    /// enqueued is on stable storage.
+    Sync(oneshot::Sender<Result<(), LogError>>),
+    /// The write-ahead file grew past [`CHECKPOINT_BYTES`]: empty it.
+    Checkpoint,
+}
+
+/// The writer: the only owner of the write-ahead file.
+///
+/// Positions are values of `appended`. A failed sync fails every waiter of
+/// its batch; after one, the kernel may have dropped the file's dirty pages,
+/// so a later `fdatasync` proves nothing about them: until a checkpoint
+/// (sled flush and fsync, from sled's copy in memory) covers the failed
+/// range, syncs checkpoint instead.
+pub(super) struct Writer {
+    pub(super) shared: Arc<Shared>,
+    pub(super) wal: Wal,
+    /// Sessions and records in the log, kept for the checkpoint anchor.
+    pub(super) totals: Totals,
+    /// Bytes ever appended to the write-ahead file by appends that
+    /// succeeded, since the log was opened. Never decreases (the file itself
+    /// is emptied at checkpoints).
+    pub(super) appended: u64,
+    /// sled's blob files synced by a checkpoint already.
+    pub(super) synced_blobs: HashSet<(std::ffi::OsString, u64)>,
+    /// Everything up to this position is on stable storage.
+    pub(super) durable: u64,
+    /// A sync failed and no checkpoint has covered its range since.
+    pub(super) suspect: bool,
+    /// What failed when an fsync of sled's files did, if one has. The
+    /// kernel may have dropped the pages it could not write, and sled will
+    /// not write them again, so no later fsync proves them durable: the
+    /// write-ahead file, which still holds every record since the last
+    /// checkpoint, is never emptied again by this process, and appends are
+    /// refused until the log is opened again (which replays it into sled).
+    pub(super) sled_unsynced: Option<String>,
+    /// Sessions whose head in sled lags the cached one: appended to since
+    /// the last checkpoint, which writes their heads (until then the
+    /// write-ahead file holds their records, and recovery repairs a head
+    /// from the records).
+    pub(super) stale_heads: HashSet<Uuid>,
+    /// A checkpoint was asked of the sync thread and has not run yet.
+    pub(super) checkpoint_asked: bool,
+}
+
+/// The sync thread: `fdatasync`s of the write-ahead file for synced
+/// barriers, and checkpoints.
+pub(super) struct Syncer {
+    pub(super) writer: Arc<tokio::sync::Mutex<Writer>>,
+    pub(super) shared: Arc<Shared>,
+    /// The write-ahead file's descriptor, for the barriers' `fdatasync`.
+    pub(super) wal_sync: File,
+}
+
+/// Tests: EIO while `failures` (then counted down) is above zero.
+#[cfg(test)]
+pub(super) fn injected_eio(failures: &std::sync::atomic::AtomicU32) -> std::io::Result<()> {
+    match failures.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)) {
+        Ok(_) => Err(std::io::Error::from_raw_os_error(libc::EIO)),
+        Err(_) => Ok(()),
+    }
+}
+
+impl Syncer {
+    /// Serves requests until every handle is gone, then checkpoints.
+    pub(super) fn run(self, queue: mpsc::Receiver<Request>) {
+        while let Ok(first) = queue.recv() {
+            let mut waiters = Vec::new();
+            let mut checkpoint = false;
+            for request in std::iter::once(first).chain(queue.try_iter()) {
+                match request {
+                    Request::Sync(reply) => waiters.push(reply),
+                    Request::Checkpoint => checkpoint = true,
+                }
+            }
+            if checkpoint {
+                let mut writer = self.writer.blocking_lock();
+                writer.checkpoint_asked = false;
+                // A failed checkpoint is asked again by the next append;
+                // the write-ahead file keeps the records meanwhile.
+                let _ = writer.checkpoint();
+            }
+            if !waiters.is_empty() {
+                let result = self.sync();
+                for waiter in waiters {
+                    let _ = waiter.send(result.as_ref().map(|_| ()).map_err(Clone::clone));
+                }
+            }
+        }
+        // A clean close checkpoints, so the next open has nothing to replay.
+        // If it fails, the write-ahead file still holds every record.
+        let _ = self.writer.blocking_lock().checkpoint();
+    }
+
+    /// Makes everything appended so far durable: one `fdatasync` of the
+    /// write-ahead file (appends go on meanwhile), or a checkpoint while a
+    /// failed sync's range is not covered yet; nothing if nothing was
+    /// appended since.
+    pub(super) fn sync(&self) -> Result<(), LogError> {
+        let target = {
+            let mut writer = self.writer.blocking_lock();
+            if writer.all_durable() {
+                return Ok(());
+            }
+            if writer.suspect {
+                return writer.checkpoint();
+            }
+            writer.appended
+        };
+        self.shared.syncs.fetch_add(1, Ordering::Relaxed);
+        let result = self.sync_data().map_err(|source| LogError::Io {
+            path: self.shared.dir.join(WAL_FILE).display().to_string(),
+            source: std::sync::Arc::new(source),
+        });
+        let mut writer = self.writer.blocking_lock();
+        match &result {
+            Ok(()) => writer.durable = writer.durable.max(target),
+            Err(_) => writer.suspect = true,
+        }
+        result
+    }
+
+    pub(super) fn sync_data(&self) -> std::io::Result<()> {
+        #[cfg(test)]
+        injected_eio(&self.shared.fail_syncs)?;
+        self.wal_sync.sync_data()
+    }
+}
+
+impl Writer {
+    /// Makes sled's copy durable, records the anchor, then empties the
+    /// write-ahead file. Everything appended is then durable.
+    pub(super) fn checkpoint(&mut self) -> Result<(), LogError> {
+        self.checkpoint_files()?;
+        self.durable = self.appended;
+        self.suspect = false;
+        Ok(())
+    }
+
+    pub(super) fn checkpoint_files(&mut self) -> Result<(), LogError> {
+        if self.wal.is_empty() {
+            return Ok(());
+        }
+        self.refuse_if_sled_unsynced()?;
+        self.store_heads()?;
+        let shared = &self.shared;
+        shared.db.flush().map_err(|e| shared.storage(e))?;
+        let io = |path: PathBuf| {
+            move |source| LogError::Io {
+                path: path.display().to_string(),
+                source: std::sync::Arc::new(source),
+            }
+        };
+        let synced = self
+            .sync_data_file()
+            .map_err(io(shared.dir.join("db")))
+            .and_then(|()| {
+                sync_blobs(&shared.dir.join("blobs"), &mut self.synced_blobs)
+                    .map_err(io(shared.dir.join("blobs")))
+            });
+        if let Err(error) = &synced {
+            self.sled_unsynced = Some(error.to_string());
+        }
+        synced?;
+        let shared = &self.shared;
+        let anchor = shared.dir.join(ANCHOR_FILE);
+        self.totals.store(&anchor).map_err(io(anchor))?;
+        crate::crash::point(crate::crash::LOG_CHECKPOINT_SYNCED);
+        self.wal
+            .truncate()
+            .map_err(io(self.wal.path().to_path_buf()))
+    }
+
+    /// Writes into sled the cached head of every session appended to
+    /// since the last checkpoint.
+    pub(super) fn store_heads(&mut self) -> Result<(), LogError> {
+        let shared = &self.shared;
+        let heads: Vec<(Uuid, Vec<u8>)> = {
+            let metas = shared.metas.lock().expect("meta lock poisoned");
+            (self.stale_heads.iter())
+                .filter_map(|id| metas.get(id).map(|meta| (*id, encode_meta(meta))))
+                .collect()
+        };
+        for (session, meta) in heads {
+            (shared.db.insert(meta_key(session), meta)).map_err(|e| shared.storage(e))?;
+        }
+        self.stale_heads.clear();
+        Ok(())
+    }
+
+    /// The session's meta, from the cache or from sled.
+    pub(super) fn meta_of(&self, session: Uuid) -> Result<Option<StoredMeta>, LogError> {
+        let cached = self
+            .shared
+            .metas
+            .lock()
+            .expect("meta lock poisoned")
+            .get(&session)
+            .cloned();
+        match cached {
+            Some(meta) => Ok(Some(meta)),
+            None => self.shared.load_meta(session),
+        }
+    }
+
+    pub(super) fn append(
+        &mut self,
+        session: Uuid,
+        expected_seq: u64,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<Record>, LogError> {
+        self.refuse_if_sled_unsynced()?;
+        let meta = self.meta_of(session)?;
+        let head_seq = meta.as_ref().map_or(0, |m| m.head_seq);
+        if expected_seq != head_seq + 1 {
+            return Err(LogError::Conflict {
+                session,
+                expected: expected_seq,
+                actual: head_seq + 1,
+            });
+        }
+        let now = now_ms();
+        let mut meta = meta.unwrap_or_else(|| StoredMeta::new(now));
+        let mut sealed = Vec::with_capacity(events.len());
+        let mut records = Vec::with_capacity(events.len());
+        for event in events {
+            let envelope = Envelope {
+                session,
+                seq: meta.head_seq + 1,
+                event_id: Uuid::now_v7(),
+                ts_ms: now,
+                caused_by: event.caused_by,
+                schema: event.schema,
+                kind: event.kind,
+                prev_hash: meta.head_hash,
+                payload: event.payload,
+            };
+            let (record, bytes) = Record::seal(envelope)?;
+            meta.advance(&record);
+            sealed.push(bytes);
+            records.push(record);
+        }
+        self.store(session, meta, &records, sealed)?;
+        Ok(records)
+    }
+
+    pub(super) fn import(&mut self, session: Uuid, sealed: Vec<Vec<u8>>) -> Result<Head, LogError> {
+        self.refuse_if_sled_unsynced()?;
+        let meta = self.meta_of(session)?;
+        let head = meta.as_ref().map_or(Head::EMPTY, |m| Head {
+            seq: m.head_seq,
+            hash: m.head_hash,
+        });
+        let records = crate::open_sealed(session, head, &sealed)?;
+        let Some(first) = records.first() else {
+            return Ok(head);
+        };
+        let mut meta = meta.unwrap_or_else(|| StoredMeta::new(first.envelope.ts_ms));
+        for record in &records {
+            meta.advance(record);
+        }
+        let head = Head {
+            seq: meta.head_seq,
+            hash: meta.head_hash,
+        };
+        self.store(session, meta, &records, sealed)?;
+        Ok(head)
+    }
+
+    /// Stores checked, sealed records that follow the session's head: first
+    /// in the write-ahead file, then in sled; `meta` is the head after them.
+    pub(super) fn store(
+        &mut self,
+        session: Uuid,
+        meta: StoredMeta,
+        records: &[Record],
+        sealed: Vec<Vec<u8>>,
+    ) -> Result<(), LogError> {
+        let new_session = records.first().is_some_and(|r| r.envelope.seq == 1);
+        let frames: Vec<Frame> = records
+            .iter()
+            .zip(sealed)
+            .map(|(r, bytes)| (event_key(session, r.envelope.seq).to_vec(), bytes))
+            .collect();
+        let appended = self.wal.append(&frames).map_err(|source| LogError::Io {
+            path: self.wal.path().display().to_string(),
+            source: std::sync::Arc::new(source),
+        })?;
+        crate::crash::point(crate::crash::LOG_WAL_WRITTEN);
+        // Plain inserts, not a sled batch: a batch forces sled to write and
+        // sync its buffer on every append. Atomicity comes from the
+        // write-ahead file. The session's head goes into sled at the next
+        // checkpoint (each insert costs sled a compression); until then it
+        // is served from the cache, and recovery repairs it from the
+        // records the write-ahead file holds.
+        if let Err(e) = self.shared.insert_all(frames) {
+            self.wal.cut_back_to(appended.before);
+            return Err(e);
+        }
+        self.stale_heads.insert(session);
+        self.appended += appended.bytes;
+        self.totals.records += records.len() as u64;
+        self.totals.sessions += u64::from(new_session);
+        self.shared
+            .metas
+            .lock()
+            .expect("meta lock poisoned")
+            .insert(session, meta);
+        Ok(())
+    }
+
+    /// The error of a log whose sled failed an fsync (see
+    /// [`Writer::sled_unsynced`]), if it did.
+    pub(super) fn refuse_if_sled_unsynced(&self) -> Result<(), LogError> {
+        match &self.sled_unsynced {
+            None => Ok(()),
+            Some(failed) => Err(LogError::Io {
+                path: self.shared.dir.display().to_string(),
+                source: std::sync::Arc::new(std::io::Error::other(format!(
+                    "an fsync of sled's files failed earlier ({failed}); after a failed fsync \
+                     no later one proves those pages durable, so this process takes no more \
+                     appends and keeps the write-ahead file; open the log again (restart \
+                     mneme) to replay it into sled"
+                ))),
+            }),
+        }
+    }
+
+    /// `fdatasync` of sled's data file.
+    pub(super) fn sync_data_file(&self) -> std::io::Result<()> {
+        #[cfg(test)]
+        injected_eio(&self.shared.fail_data_syncs)?;
+        self.shared.data_file.sync_data()
+    }
+
+    /// Whether everything appended is durable already.
+    pub(super) fn all_durable(&self) -> bool {
+        self.durable >= self.appended
+    }
+
+    /// Whether the write-ahead file is due to be emptied and no checkpoint
+    /// was asked for yet (once this answers yes, it is asked for).
+    pub(super) fn checkpoint_due(&mut self) -> bool {
+        let due = self.wal.len() > CHECKPOINT_BYTES && !self.checkpoint_asked;
+        self.checkpoint_asked |= due;
+        due
+    }
+}
