@@ -75,6 +75,40 @@ pub struct NewEvent {
     pub payload: Vec<u8>,
 }
 
+/// `events` as the records that follow `head` in `session`, sealed (each
+/// chained to the one before, stamped `ts_ms`, given a fresh event id),
+/// with their stored bytes: how every backend turns an append into records.
+pub fn seal_after(
+    session: uuid::Uuid,
+    head: crate::Head,
+    events: Vec<NewEvent>,
+    ts_ms: i64,
+) -> Result<(Vec<Record>, Vec<Vec<u8>>), crate::LogError> {
+    let mut prev = head;
+    let mut records = Vec::with_capacity(events.len());
+    let mut sealed = Vec::with_capacity(events.len());
+    for event in events {
+        let (record, bytes) = Record::seal(Envelope {
+            session,
+            seq: prev.seq + 1,
+            event_id: uuid::Uuid::now_v7(),
+            ts_ms,
+            caused_by: event.caused_by,
+            schema: event.schema,
+            kind: event.kind,
+            prev_hash: prev.hash,
+            payload: event.payload,
+        })?;
+        prev = crate::Head {
+            seq: record.envelope.seq,
+            hash: record.hash,
+        };
+        records.push(record);
+        sealed.push(bytes);
+    }
+    Ok((records, sealed))
+}
+
 /// The envelope of a stored event: everything but its own hash.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Envelope {

@@ -27,7 +27,7 @@ mod sled_log;
 #[cfg(feature = "sled")]
 mod wal;
 
-pub use envelope::{Envelope, Hash, NewEvent, Record, MAX_RECORD_BYTES, RECORD_FORMAT};
+pub use envelope::{seal_after, Envelope, Hash, NewEvent, Record, MAX_RECORD_BYTES, RECORD_FORMAT};
 #[cfg(feature = "sled")]
 pub use keys::KEYS_DIR;
 pub use lease::{Lease, LocalLeases};

@@ -32,8 +32,8 @@ mod schema;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use eventlog::{
-    open_sealed, AppendListener, Durability, Envelope, EventLog, Hash, Head, Lease, LogError,
-    NewEvent, Record, SessionMeta,
+    open_sealed, AppendListener, Durability, EventLog, Hash, Head, Lease, LogError, NewEvent,
+    Record, SessionMeta,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Once};
@@ -146,28 +146,7 @@ impl PgLog {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
-        let mut prev = head;
-        let mut records = Vec::with_capacity(events.len());
-        let mut sealed = Vec::with_capacity(events.len());
-        for event in events {
-            let (record, bytes) = Record::seal(Envelope {
-                session,
-                seq: prev.seq + 1,
-                event_id: Uuid::now_v7(),
-                ts_ms: now,
-                caused_by: event.caused_by,
-                schema: event.schema,
-                kind: event.kind.clone(),
-                prev_hash: prev.hash,
-                payload: event.payload.clone(),
-            })?;
-            prev = Head {
-                seq: record.envelope.seq,
-                hash: record.hash,
-            };
-            records.push(record);
-            sealed.push(bytes);
-        }
+        let (records, sealed) = eventlog::seal_after(session, head, events.to_vec(), now)?;
         Ok(
             match self.store_after(session, head, &records, sealed).await? {
                 Stored::Done => Ok(records),

@@ -31,8 +31,8 @@
 use crate::wal::{Frame, Wal};
 use crate::Totals;
 use crate::{
-    now_ms, Durability, Envelope, EventLog, Hash, Head, Lease, LocalLeases, LogError, NewEvent,
-    Record, SessionMeta,
+    now_ms, Durability, EventLog, Hash, Head, Lease, LocalLeases, LogError, NewEvent, Record,
+    SessionMeta,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap, HashSet};

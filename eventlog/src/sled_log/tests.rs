@@ -1,5 +1,6 @@
 use super::*;
 use crate::conformance::event;
+use crate::Envelope;
 use std::sync::Arc;
 
 /// sled as the conformance suite sees it: one directory per store.

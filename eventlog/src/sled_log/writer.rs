@@ -229,24 +229,13 @@ impl Writer {
         }
         let now = now_ms();
         let mut meta = meta.unwrap_or_else(|| StoredMeta::new(now));
-        let mut sealed = Vec::with_capacity(events.len());
-        let mut records = Vec::with_capacity(events.len());
-        for event in events {
-            let envelope = Envelope {
-                session,
-                seq: meta.head_seq + 1,
-                event_id: Uuid::now_v7(),
-                ts_ms: now,
-                caused_by: event.caused_by,
-                schema: event.schema,
-                kind: event.kind,
-                prev_hash: meta.head_hash,
-                payload: event.payload,
-            };
-            let (record, bytes) = Record::seal(envelope)?;
-            meta.advance(&record);
-            sealed.push(bytes);
-            records.push(record);
+        let head = Head {
+            seq: meta.head_seq,
+            hash: meta.head_hash,
+        };
+        let (records, sealed) = crate::seal_after(session, head, events, now)?;
+        for record in &records {
+            meta.advance(record);
         }
         self.store(session, meta, &records, sealed)?;
         Ok(records)
