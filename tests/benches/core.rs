@@ -8,6 +8,7 @@ use eventlog::{Durability, EventLog, NewEvent, SledLog};
 use mneme_e2e::bench::{
     bench_dir, bench_spec, block, charging_model, event, new_event, run_to_done, to_new_event,
 };
+use mneme_e2e::eventually_blocking;
 use replay::{Event, ModelReply, SessionState, ToolCall, ToolOutcome};
 use runtime::{Runner, Session};
 use std::fs::OpenOptions;
@@ -598,16 +599,15 @@ fn long_session_resume() {
         let dir = bench_dir(&format!("long-{n}"));
         let session = fill_compacted(&dir, n);
         // sled's threads may hold its lock a moment after the fill closed it.
-        let (log, open) = loop {
+        let what = format!("sled to release its lock on {}", dir.display());
+        let (log, open) = eventually_blocking(what, Duration::from_secs(30), || {
             let t = Instant::now();
             match SledLog::open(&dir) {
-                Ok(log) => break (log, t.elapsed()),
-                Err(eventlog::LogError::Locked { .. }) => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
+                Ok(log) => Ok((log, t.elapsed())),
+                Err(e @ eventlog::LogError::Locked { .. }) => Err(e),
                 Err(e) => panic!("{e}"),
             }
-        };
+        });
         let log: Arc<dyn EventLog> = Arc::new(log);
         let t = Instant::now();
         let loaded = block(Session::load(log.clone(), session)).unwrap();

@@ -9,6 +9,7 @@ use eventlog::{Durability, EventLog, SledLog};
 use mneme_e2e::bench::{
     agent_steps, bench_dir, bench_spec, block, daemon_address, incompressible_message, to_new_event,
 };
+use mneme_e2e::eventually_blocking;
 use replay::{Event, ModelReply};
 use std::path::Path;
 use std::sync::Arc;
@@ -111,15 +112,12 @@ fn daemon_memory(dir: &Path, sessions: usize) -> (u64, Duration) {
         .unwrap();
     let addr = daemon_address(dir);
     let wanted = format!("mneme_sessions{{status=\"idle\"}} {sessions}");
-    loop {
-        let metrics = http_get(&format!("http://{addr}/metrics"));
-        if sessions == 0 || metrics.contains(&wanted) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually_blocking(&wanted, Duration::from_secs(600), || {
+        sessions == 0 || http_get(&format!("http://{addr}/metrics")).contains(&wanted)
+    });
     let took = started.elapsed();
-    std::thread::sleep(Duration::from_millis(300)); // let allocators settle
+    // Time, not a barrier: let allocators settle before the measurement.
+    std::thread::sleep(Duration::from_millis(300));
     let rss = rss_kib(child.id());
     child.kill().unwrap();
     child.wait().unwrap();

@@ -107,9 +107,12 @@ impl NodeSink {
             .spawn()
             .unwrap_or_else(|e| panic!("starting `node {}`: {e}", script.display()));
         let address = format!("127.0.0.1:{port}");
-        while std::net::TcpStream::connect(&address).is_err() {
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        let what = format!("the node sink to listen on {address}");
+        mneme_e2e::eventually_blocking(what, std::time::Duration::from_secs(30), || {
+            std::net::TcpStream::connect(&address)
+                .map(drop)
+                .map_err(|e| e.to_string())
+        });
         NodeSink {
             child,
             url: format!("http://{address}/post"),

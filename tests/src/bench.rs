@@ -24,16 +24,14 @@ pub fn bench_dir(name: &str) -> PathBuf {
 /// (`mneme.daemon`) says where it listens.
 pub fn daemon_address(dir: &Path) -> String {
     let note = dir.join("mneme.daemon");
-    loop {
-        if let Some(addr) = std::fs::read_to_string(&note)
+    let what = format!("the daemon to write its address in {}", note.display());
+    // A daemon on a large store may take long to open it.
+    crate::eventually_blocking(what, std::time::Duration::from_secs(600), || {
+        std::fs::read_to_string(&note)
             .ok()
             .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
             .and_then(|v| v["addr"].as_str().map(String::from))
-        {
-            return addr;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    })
 }
 
 /// An agent whose one tool, `charge`, is a side-effecting HTTP call; its

@@ -215,6 +215,8 @@ impl Page {
                     self.describe()
                 ));
             }
+            // The driver's own poll (an error describing the page, not a
+            // panic; blocking, as the whole driver is), not a sleep for time.
             thread::sleep(POLL);
         }
     }
@@ -276,6 +278,7 @@ impl Page {
                     self.describe()
                 ));
             }
+            // As in `goto`: the driver's own poll, not a sleep for time.
             thread::sleep(POLL);
         }
     }

@@ -1,6 +1,6 @@
 //! A `mneme serve` process for tests, and a client for its API.
 
-use crate::mneme_bin;
+use crate::{eventually, mneme_bin};
 use serde_json::Value;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -58,22 +58,14 @@ impl DaemonProcess {
         let note = data.join("mneme.daemon");
         let _ = std::fs::remove_file(&note);
         let child = command.spawn().unwrap();
-        let started = Instant::now();
-        let addr = loop {
-            if let Some(addr) = std::fs::read_to_string(&note)
+        let what = format!("the daemon to write its address in {}", note.display());
+        let addr = eventually(what, Duration::from_secs(20), || async {
+            std::fs::read_to_string(&note)
                 .ok()
                 .and_then(|t| serde_json::from_str::<Value>(&t).ok())
                 .and_then(|v| v["addr"].as_str().map(String::from))
-            {
-                break addr;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "the daemon never wrote {}",
-                note.display()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+        })
+        .await;
         let mut headers = reqwest::header::HeaderMap::new();
         headers.insert(
             reqwest::header::AUTHORIZATION,
@@ -194,18 +186,18 @@ impl DaemonProcess {
     /// Polls until every listed session is idle; returns how long it took.
     pub async fn wait_all_idle(&self, expected: usize, limit: Duration) -> Duration {
         let started = Instant::now();
-        loop {
+        let what = format!("{expected} sessions to be idle");
+        eventually(what, limit, || async {
             let (_, sessions) = self.get("/sessions?status=idle").await;
             let idle = sessions.as_array().map_or(0, Vec::len);
             if idle >= expected {
-                return started.elapsed();
+                Ok(())
+            } else {
+                Err(format!("{idle} idle"))
             }
-            assert!(
-                started.elapsed() < limit,
-                "only {idle} of {expected} sessions finished in {limit:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        })
+        .await;
+        started.elapsed()
     }
 }
 

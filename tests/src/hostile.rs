@@ -161,6 +161,8 @@ async fn complete(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Str
                             gate.notified().await;
                         }
                     }
+                    // Time, not a barrier: the pieces of a stream arrive
+                    // apart, as a real server sends them.
                     tokio::time::sleep(std::time::Duration::from_millis(10)).await;
                     let line = lines.next()?;
                     let chunk = Ok::<_, std::io::Error>(bytes::Bytes::from(line));

@@ -10,11 +10,13 @@ use tokio::sync::oneshot;
 pub mod bench;
 pub mod browser;
 pub mod daemon;
+mod eventually;
 pub mod hostile;
 pub mod mcp;
 pub mod powercut;
 pub mod scenario;
 
+pub use eventually::{eventually, eventually_blocking, Check};
 pub use testkit::{
     serve_until_dropped, without_cache_key, Fault, Hold, MockModel, MockReply, Sink, SinkStats,
     CACHE_WINDOW,

@@ -366,6 +366,7 @@ async fn output(
     };
     let pid = child.id().unwrap() as i32;
     let waiting = tokio::spawn(child.wait_with_output());
+    // Time, not a barrier: the kill lands at a random instant of the run.
     tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
     // SAFETY: kill(2) has no memory-safety preconditions; the pid is our
     // child's and is not reaped until `waiting` finishes.
@@ -548,6 +549,8 @@ impl Operator<'_> {
                 // a moment after the killed process (its last tools may be
                 // exiting); every invariant is still checked at the end.
                 // On PostgreSQL: the killed process's lease, until it lapses.
+                // The pause is time, not a barrier: a retry, as an operator
+                // would, after the holder's last moment or the lease's TTL.
                 Some(1)
                     if stderr(&out).contains("in use by another process")
                         || stderr(&out).contains("is leased to") =>

@@ -213,6 +213,7 @@ async fn the_header_timeout_bounds_each_head_and_the_idle_timeout_the_wait_betwe
     // Between keep-alive requests, longer than a head may take is fine.
     let mut kept = TcpStream::connect(&addr).await.unwrap();
     health_over(&mut kept).await;
+    // Time, not a barrier: 2 s between requests, past the header timeout.
     tokio::time::sleep(Duration::from_secs(2)).await;
     health_over(&mut kept).await;
     let answered = Instant::now();
@@ -220,6 +221,7 @@ async fn the_header_timeout_bounds_each_head_and_the_idle_timeout_the_wait_betwe
     // A later head that stalls is bound by the header timeout.
     let mut stalled = TcpStream::connect(&addr).await.unwrap();
     health_over(&mut stalled).await;
+    // Time, not a barrier: the next head starts after a pause.
     tokio::time::sleep(Duration::from_millis(500)).await;
     stalled
         .write_all(b"GET /health HTTP/1.1\r\nHost: mneme\r\n")
@@ -295,6 +297,7 @@ async fn busy_connections_are_never_closed_and_a_full_house_refuses() {
     );
     read_until(&mut stream, &mut seen, "ToolStarted").await;
     // Past the idle timeout: only the two busy connections are left.
+    // Time, not a barrier: the idle timeout (1 s) runs out.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     match reqwest::Client::new()
         .get(daemon.url("/health"))
@@ -353,6 +356,7 @@ async fn decide_on_unknown_sessions(daemon: &DaemonProcess, log: &PathBuf) -> Ve
             ids.push(id);
         }
     }
+    // Time, not a barrier: nothing may be logged in the seconds after.
     tokio::time::sleep(Duration::from_millis(3500)).await;
     let text = std::fs::read_to_string(log).unwrap();
     for id in &ids {

@@ -3,10 +3,10 @@
 //! turn, or rejected, as the agent says; and kept across a SIGKILL.
 
 use mneme_e2e::daemon::DaemonProcess;
-use mneme_e2e::{agent_toml, command_tool, MockModel, MockReply, World};
+use mneme_e2e::{agent_toml, command_tool, eventually, MockModel, MockReply, World};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A read-only tool that says it started (a file appears), then waits
 /// until the test opens its gate.
@@ -86,14 +86,7 @@ impl Setup {
 }
 
 async fn wait_until(done: impl Fn() -> bool, what: &str) {
-    let started = Instant::now();
-    while !done() {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "waited for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(what, Duration::from_secs(20), || async { done() }).await;
 }
 
 async fn events(daemon: &DaemonProcess, id: &str) -> Vec<Value> {
@@ -108,26 +101,33 @@ fn kinds(events: &[Value]) -> Vec<&str> {
 
 /// Waits until session `id`'s log holds an event of `kind`.
 async fn wait_for_kind(daemon: &DaemonProcess, id: &str, kind: &str) {
-    let started = Instant::now();
-    while !kinds(&events(daemon, id).await).contains(&kind) {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "no {kind} in {id}'s log"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let what = format!("a {kind} in {id}'s log");
+    eventually(what, Duration::from_secs(20), || async {
+        let events = events(daemon, id).await;
+        let kinds = kinds(&events);
+        if kinds.contains(&kind) {
+            Ok(())
+        } else {
+            Err(format!("{kinds:?}"))
+        }
+    })
+    .await;
 }
 
 async fn wait_idle(daemon: &DaemonProcess, id: &str) -> Value {
-    let started = Instant::now();
-    loop {
-        let (_, session) = daemon.get(&format!("/sessions/{id}")).await;
-        if session["status"] == "idle" {
-            return session;
-        }
-        assert!(started.elapsed() < Duration::from_secs(20), "{session}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        format!("{id} to be idle"),
+        Duration::from_secs(20),
+        || async {
+            let (_, session) = daemon.get(&format!("/sessions/{id}")).await;
+            if session["status"] == "idle" {
+                Ok(session)
+            } else {
+                Err(session)
+            }
+        },
+    )
+    .await
 }
 
 /// Starts a turn with "first" and waits until its tool runs.

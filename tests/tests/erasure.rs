@@ -370,6 +370,7 @@ async fn erasure_on_postgres_leaves_nothing_in_a_dump() {
 async fn retention_erases_idle_sessions_from_the_command_line_and_the_daemon() {
     let private = Private::new(World::new()).await;
     let old = private.planted_session().await;
+    // Time, not a barrier: `old` is idle for longer than 1 s.
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     let fresh = private.planted_session().await;
     let out = private.run_ok(&["erase", "--idle-for", "1s"]).await;
@@ -391,17 +392,22 @@ async fn retention_erases_idle_sessions_from_the_command_line_and_the_daemon() {
     // The daemon sweeps on its own.
     let mut command = DaemonProcess::command(&private.world.data(), &["--retain", "2s"]);
     command.env("MNEME_MASTER_KEY", &private.key);
-    let daemon = DaemonProcess::launch(command, &private.world.data()).await;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        let (code, view) = daemon.get(&format!("/sessions/{fresh}")).await;
-        assert_eq!(code, 200, "{view}");
-        if view["status"] == "erased" {
-            break;
+    let log = private.world.dir.path().join("daemon.log");
+    let daemon = DaemonProcess::launch_logged(command, &private.world.data(), &log).await;
+    // Until the daemon says it erased the session: its status says erased
+    // as soon as SessionErased is recorded, a moment before the key is gone.
+    let what = "the daemon to erase the idle session";
+    eventually(what, std::time::Duration::from_secs(20), || async {
+        let said = std::fs::read_to_string(&log).unwrap_or_default();
+        if said.contains(&format!("erased session {fresh}")) {
+            Ok(())
+        } else {
+            Err(said)
         }
-        assert!(std::time::Instant::now() < deadline, "never erased: {view}");
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+    })
+    .await;
+    let (code, view) = daemon.get(&format!("/sessions/{fresh}")).await;
+    assert_eq!((code, &view["status"]), (200, &json!("erased")), "{view}");
     let (_, events) = daemon.get(&format!("/sessions/{fresh}/events")).await;
     let text = events.to_string();
     assert!(
@@ -441,14 +447,12 @@ async fn a_session_erased_while_its_turn_runs_is_stopped_first() {
         )
         .await;
     assert!(code < 300, "{code}");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !started.exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the tool never started"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    eventually(
+        "the tool to start",
+        std::time::Duration::from_secs(20),
+        || async { started.exists() },
+    )
+    .await;
     let response = daemon
         .http
         .delete(daemon.url(&format!("/sessions/{id}")))

@@ -62,11 +62,16 @@ async fn sigkill_one_of_two_daemons_mid_load_and_the_other_finishes_every_sessio
     for (status, body) in futures_util::future::join_all(posts).await {
         assert_eq!(status, 202, "{body}");
     }
-    let started = Instant::now();
-    while sink.stats().path("charge").effects < (SESSIONS / 5) as u64 {
-        assert!(started.elapsed() < Duration::from_secs(60), "no progress");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let what = format!("{} sessions to charge", SESSIONS / 5);
+    eventually(what, Duration::from_secs(60), || async {
+        let stats = sink.stats();
+        if stats.path("charge").effects >= (SESSIONS / 5) as u64 {
+            Ok(())
+        } else {
+            Err(format!("{:?}", stats.paths))
+        }
+    })
+    .await;
     doomed.kill().await;
     let emailed_at_kill = sink.stats().path("email").effects;
     assert!(
@@ -155,6 +160,7 @@ async fn a_daemon_frozen_past_its_leases_is_fenced_when_it_wakes() {
     );
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGCONT) };
+    // Time, not a barrier: the woken daemon may append nothing within 3 s.
     tokio::time::sleep(Duration::from_secs(3)).await;
     for (id, count) in ids.iter().zip(before) {
         let (_, events) = survivor.get(&format!("/sessions/{id}/events")).await;
@@ -214,7 +220,19 @@ async fn a_daemon_fenced_out_of_a_session_still_records_a_decision_on_it() {
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGCONT) };
     // The woken turn's next append is refused as fenced; the turn ends.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    eventually(
+        "the fenced turn to end",
+        Duration::from_secs(20),
+        || async {
+            let running = fenced.metric("mneme_turns_running").await;
+            if running == 0 {
+                Ok(())
+            } else {
+                Err(format!("{running} turns running"))
+            }
+        },
+    )
+    .await;
 
     let (status, end) = fenced
         .post(
@@ -236,8 +254,8 @@ async fn a_daemon_fenced_out_of_a_session_still_records_a_decision_on_it() {
 /// Waits (up to a minute) until `daemon` shows session `id` waiting for an
 /// approval; returns that call's id.
 async fn awaiting_approval(daemon: &DaemonProcess, id: &str) -> String {
-    let started = Instant::now();
-    loop {
+    let what = format!("{id} to wait for an approval");
+    eventually(what, Duration::from_secs(60), || async {
         let (_, plan) = daemon.get(&format!("/sessions/{id}/replay")).await;
         let waiting = plan["calls"].as_array().and_then(|calls| {
             calls
@@ -245,12 +263,9 @@ async fn awaiting_approval(daemon: &DaemonProcess, id: &str) -> String {
                 .find(|c| c["decision"] == "awaiting_approval")
                 .and_then(|c| c["call_id"].as_str())
         });
-        if let Some(call) = waiting {
-            return call.to_string();
-        }
-        assert!(started.elapsed() < Duration::from_secs(60), "{plan}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        waiting.map(String::from).ok_or(plan)
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -367,18 +382,15 @@ async fn a_pause_asked_of_one_daemon_stops_the_turn_running_on_another() {
         asked["running_on"].as_str().unwrap().starts_with("daemon@"),
         "{asked}"
     );
-    let started = Instant::now();
-    loop {
+    eventually("the turn to pause", Duration::from_secs(20), || async {
         let (_, view) = other.get(&format!("/sessions/{id}")).await;
         if view["status"] == "paused" {
-            break;
+            Ok(())
+        } else {
+            Err(view)
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "never paused: {view}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     let (_, paused) = other
         .get(&format!("/sessions/{id}/events?kind=SessionPaused"))
         .await;
@@ -408,8 +420,8 @@ async fn a_pause_asked_of_a_daemon_stops_a_turn_the_cli_runs() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let started = Instant::now();
-    let asked = loop {
+    let what = "a pause to reach the turn the CLI runs";
+    let asked = eventually(what, Duration::from_secs(20), || async {
         let (_, asked) = daemon
             .post(&format!("/sessions/{id}/pause"), &json!({}))
             .await;
@@ -417,11 +429,12 @@ async fn a_pause_asked_of_a_daemon_stops_a_turn_the_cli_runs() {
             .as_str()
             .is_some_and(|o| o.starts_with("cli@"))
         {
-            break asked;
+            Ok(asked)
+        } else {
+            Err(asked)
         }
-        assert!(started.elapsed() < Duration::from_secs(20), "{asked}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    })
+    .await;
     assert_eq!(asked["pause_requested"], true, "{asked}");
     let out = tokio::time::timeout(Duration::from_secs(30), cli.wait_with_output())
         .await

@@ -250,16 +250,13 @@ async fn everything() -> Everything {
             .expect("node runs"),
         url: format!("http://127.0.0.1:{port}/mcp"),
     };
-    for _ in 0..200 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-        {
-            return server;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    panic!("server-everything did not listen on {port}");
+    let what = format!("server-everything to listen on {port}");
+    eventually(what, std::time::Duration::from_secs(10), || async {
+        let connected = tokio::net::TcpStream::connect(("127.0.0.1", port)).await;
+        connected.map(drop)
+    })
+    .await;
+    server
 }
 
 #[tokio::test]
@@ -584,15 +581,16 @@ async fn no_server_is_left_behind_when_mneme_is_killed() {
         )
         .await;
     assert_eq!(out.status.code(), None, "killed: {}", stderr(&out));
-    let mut left = processes_naming(&marker);
-    for _ in 0..50 {
+    let what = "no server process left behind";
+    eventually(what, std::time::Duration::from_secs(5), || async {
+        let left = processes_naming(&marker);
         if left.is_empty() {
-            break;
+            Ok(())
+        } else {
+            Err(format!("{left:?}"))
         }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        left = processes_naming(&marker);
-    }
-    assert!(left.is_empty(), "left behind: {left:?}");
+    })
+    .await;
     assert!(Path::new(&marker).exists());
 }
 
@@ -776,27 +774,29 @@ async fn a_pause_cancels_a_running_mcp_call() {
             .unwrap_or_default()
             .contains("tools/call")
     };
-    for _ in 0..100 {
-        if called() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    assert!(called(), "the call reached the server");
+    let what = "the call to reach the server";
+    eventually(what, std::time::Duration::from_secs(5), || async {
+        called()
+    })
+    .await;
     let asked = std::time::Instant::now();
     let (status, body) = daemon
         .post(&format!("/sessions/{id}/pause"), &json!({}))
         .await;
     assert_eq!(status, 200, "{body}");
-    let mut session = Value::Null;
-    for _ in 0..100 {
-        session = daemon.get(&format!("/sessions/{id}")).await.1;
-        if session["status"] == "paused" {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    assert_eq!(session["status"], "paused", "{session}");
+    eventually(
+        "the turn to pause",
+        std::time::Duration::from_secs(5),
+        || async {
+            let (_, session) = daemon.get(&format!("/sessions/{id}")).await;
+            if session["status"] == "paused" {
+                Ok(())
+            } else {
+                Err(session)
+            }
+        },
+    )
+    .await;
     assert!(
         asked.elapsed().as_secs() < 10,
         "paused without waiting out the call"

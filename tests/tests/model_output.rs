@@ -574,15 +574,16 @@ async fn a_daemons_clients_follow_a_streamed_reply_as_it_comes() {
     assert_eq!(text, "Streamed as it comes, piece one; through the daemon.");
     assert!(seen.contains("event: delta"), "{seen}");
     // Recorded whole, once durable.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
+    let what = "the streamed answer to be recorded whole";
+    eventually(what, std::time::Duration::from_secs(10), || async {
         let (_, session) = daemon.get(&format!("/sessions/{id}")).await;
         if session["answer"] == "Streamed as it comes, piece one; through the daemon." {
-            break;
+            Ok(())
+        } else {
+            Err(session)
         }
-        assert!(std::time::Instant::now() < deadline, "{session}");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     daemon.kill().await;
 }
 

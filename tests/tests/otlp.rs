@@ -65,20 +65,15 @@ impl Collector {
 
     /// Waits (up to 20 s) until at least `n` spans arrived.
     async fn wait_for(&self, n: usize) -> Vec<Span> {
-        let started = Instant::now();
-        loop {
+        eventually(format!("{n} spans"), Duration::from_secs(20), || async {
             let spans = self.spans();
             if spans.len() >= n {
-                return spans;
+                Ok(spans)
+            } else {
+                Err(format!("{} spans: {:?}", spans.len(), names(&spans)))
             }
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "{} spans, expected {n}: {:?}",
-                spans.len(),
-                names(&spans)
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        })
+        .await
     }
 
     /// Every byte received, as one text (to look for what must not be there).

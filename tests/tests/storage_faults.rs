@@ -102,15 +102,15 @@ async fn append_synced(log: &SledLog, session: uuid::Uuid, seq: u64) -> Result<(
 /// Reopens in this process. sled's background threads may hold its file
 /// lock for a moment after the handle is dropped, so this waits up to 5 s.
 fn reopen(data: &std::path::Path) -> SledLog {
-    for _ in 0..100 {
-        match SledLog::open(data) {
-            Err(LogError::Locked { .. }) => {
-                std::thread::sleep(std::time::Duration::from_millis(50))
-            }
-            other => return other.unwrap(),
-        }
-    }
-    panic!("sled never released its lock on {}", data.display());
+    let what = format!("sled to release its lock on {}", data.display());
+    eventually_blocking(
+        what,
+        std::time::Duration::from_secs(5),
+        || match SledLog::open(data) {
+            Err(e @ LogError::Locked { .. }) => Err(e),
+            other => Ok(other.unwrap()),
+        },
+    )
 }
 
 #[tokio::test]

@@ -327,6 +327,7 @@ async fn a_model_that_always_calls_a_tool_stops_at_the_turn_budget() {
     assert_eq!(model.requests().len(), 5);
     // Recovery does not resume it, nor does a resume without --extend.
     let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    // Time, not a barrier: nothing may happen within 2 s.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (_, session) = daemon.get(&format!("/sessions/{id}")).await;
     assert_eq!(session["status"], "paused", "{session}");
@@ -646,15 +647,16 @@ async fn tool_processes_end_with_mneme_and_do_not_hold_it() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let pid = loop {
-        if let Some(pid) = std::fs::read_to_string(&pids)
-            .ok()
-            .and_then(|t| t.trim().parse::<i32>().ok())
-        {
-            break pid;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let pid = eventually(
+        "the long tool to start",
+        Duration::from_secs(30),
+        || async {
+            std::fs::read_to_string(&pids)
+                .ok()
+                .and_then(|t| t.trim().parse::<i32>().ok())
+        },
+    )
+    .await;
     assert_eq!(
         std::fs::read_to_string(&runs).unwrap().lines().count(),
         1,
@@ -662,19 +664,16 @@ async fn tool_processes_end_with_mneme_and_do_not_hold_it() {
     );
     child.start_kill().unwrap();
     child.wait().await.unwrap();
-    let mut alive = true;
-    for _ in 0..100 {
+    let what = format!("the tool process {pid} to die with the SIGKILLed mneme");
+    eventually(what, Duration::from_secs(2), || async {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        alive = !stat.is_empty() && !stat.contains(") Z ");
-        if !alive {
-            break;
+        if stat.is_empty() || stat.contains(") Z ") {
+            Ok(())
+        } else {
+            Err(format!("alive: {stat}"))
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(
-        !alive,
-        "the tool process {pid} outlived the SIGKILLed mneme"
-    );
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -797,6 +796,7 @@ async fn a_reply_that_grows_past_a_record_fails_the_turn_once() {
     let id = session_id(&out);
     // Recorded as failed: a daemon's recovery does not ask again.
     let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    // Time, not a barrier: nothing may happen within 2 s.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (_, session) = daemon.get(&format!("/sessions/{id}")).await;
     assert_eq!(session["status"], "failed", "{session}");

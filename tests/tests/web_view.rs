@@ -215,6 +215,7 @@ async fn a_person_signs_in_finds_a_session_approves_its_call_and_compares_a_fork
     let attacker = blocking(|| browser.new_page());
     blocking(|| attacker.goto(&forged.url));
     blocking(|| attacker.wait_for("document.title === 'sent'", WAIT));
+    // Time, not a barrier: nothing may be cancelled within 500 ms.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (_, view) = daemon.get(&format!("/sessions/{id}")).await;
     assert_ne!(
@@ -628,14 +629,14 @@ async fn ui_open_keeps_the_link_off_command_lines() {
     assert!(out.status.success(), "{}", stderr(&out));
     let link = stdout(&out).trim().to_string();
     let code = link.split("code=").nth(1).unwrap();
-    let mut args = String::new();
-    for _ in 0..50 {
-        args = std::fs::read_to_string(&seen).unwrap_or_default();
-        if !args.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let args = eventually(
+        "the browser to be opened",
+        Duration::from_secs(5),
+        || async {
+            Some(std::fs::read_to_string(&seen).unwrap_or_default()).filter(|a| !a.is_empty())
+        },
+    )
+    .await;
     assert!(
         !args.contains(code),
         "the code is on the browser's command line: {args}"
