@@ -52,6 +52,7 @@ macro_rules! conformance_tests {
             derived_data_is_kept_per_session_and_name,
             a_key_is_kept_once_per_session_until_destroyed,
             import_copies_records_byte_for_byte,
+            sealed_reads_give_each_record_with_its_stored_bytes,
             import_refuses_a_broken_chain_and_stores_nothing,
             a_record_over_the_size_limit_is_refused_and_nothing_is_stored,
             leases_exclude_other_owners_until_released_or_expired,
@@ -466,6 +467,31 @@ pub async fn import_copies_records_byte_for_byte<B: Backend>(b: &B) {
     let appended = target.append(s, 4, vec![event(4)]).await.unwrap();
     assert_eq!(appended[0].envelope.prev_hash, records[2].hash);
     assert_eq!(target.sessions().await.unwrap()[0].events, 4);
+}
+
+/// `read_sealed` gives the records `read` gives, each with bytes that open
+/// to it and that an import takes: what an export carries.
+pub async fn sealed_reads_give_each_record_with_its_stored_bytes<B: Backend>(b: &B) {
+    let (from, to) = (b.create().await, b.create().await);
+    let s = Uuid::now_v7();
+    let source = b.open(&from).await.unwrap();
+    source
+        .append(s, 1, (1..=5).map(event).collect())
+        .await
+        .unwrap();
+    let (records, bytes) = source.read_sealed(s, 2, 4).await.unwrap();
+    assert_eq!(records, source.read(s, 2, 4).await.unwrap());
+    assert_eq!(bytes.len(), 3);
+    for (record, bytes) in records.iter().zip(&bytes) {
+        let seq = record.envelope.seq;
+        assert_eq!(&Record::open(s, seq, bytes).unwrap(), record);
+    }
+    assert_eq!(bytes, sealed(&records), "the bytes a seal of each gives");
+    let (all, all_bytes) = source.read_sealed(s, 1, u64::MAX).await.unwrap();
+    assert_eq!(all.len(), 5);
+    let target = b.open(&to).await.unwrap();
+    assert_eq!(target.import(s, all_bytes).await.unwrap().hash, all[4].hash);
+    assert_eq!(source.read_sealed(s, 6, 9).await.unwrap().0, Vec::new());
 }
 
 /// An import with a gap, an altered byte, or records that do not follow

@@ -334,6 +334,32 @@ pub trait EventLog: Send + Sync {
     ) -> Result<Vec<Record>, LogError>;
 
     /// The head of `session` ([`Head::EMPTY`] if it has no records).
+    /// [`EventLog::read`], each record with its bytes exactly as stored
+    /// (what an export carries). By default the records are sealed again
+    /// and refused if that does not give their stored hash; a backend that
+    /// keeps the bytes gives them as they are.
+    async fn read_sealed(
+        &self,
+        session: Uuid,
+        from: u64,
+        to: u64,
+    ) -> Result<(Vec<Record>, Vec<Vec<u8>>), LogError> {
+        let records = self.read(session, from, to).await?;
+        let mut sealed = Vec::with_capacity(records.len());
+        for record in &records {
+            let (resealed, bytes) = Record::seal(record.envelope.clone())?;
+            if resealed.hash != record.hash {
+                return Err(LogError::Corrupt {
+                    session,
+                    seq: record.envelope.seq,
+                    reason: "this build cannot re-encode the record to its stored bytes (written by another encoder); export it with the mneme that wrote it".into(),
+                });
+            }
+            sealed.push(bytes);
+        }
+        Ok((records, sealed))
+    }
+
     async fn head(&self, session: Uuid) -> Result<Head, LogError>;
 
     /// Metadata of every session, ordered by session id (UUID v7: by creation).

@@ -542,6 +542,33 @@ impl EventLog for PgLog {
         self.read_range(session, from, to, None).await
     }
 
+    async fn read_sealed(
+        &self,
+        session: Uuid,
+        from: u64,
+        to: u64,
+    ) -> Result<(Vec<Record>, Vec<Vec<u8>>), LogError> {
+        let from = from.max(1);
+        let (lo, hi) = (from as i64, to.min(i64::MAX as u64) as i64);
+        let rows = self
+            .db()
+            .query(
+                "read records as stored",
+                "SELECT seq, record FROM mneme_events \
+                 WHERE session = $1 AND seq BETWEEN $2 AND $3 ORDER BY seq",
+                &[&session, &lo, &hi],
+            )
+            .await?;
+        let (mut records, mut sealed) = (Vec::with_capacity(rows.len()), Vec::new());
+        for row in &rows {
+            let bytes: Vec<u8> = row.get(1);
+            records.push(Record::open(session, row.get::<_, i64>(0) as u64, &bytes)?);
+            sealed.push(bytes);
+        }
+        eventlog::check_run(session, from, &records)?;
+        Ok((records, sealed))
+    }
+
     /// One query: a running sum of the records' sizes (`octet_length`,
     /// which PostgreSQL answers from a value's header, without fetching or
     /// decompressing it) picks the records that fit; only those are sent.

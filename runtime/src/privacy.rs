@@ -419,6 +419,16 @@ impl EventLog for SealedLog {
         self.open_all(session, records).await
     }
 
+    /// As stored: encrypted, as an export carries them.
+    async fn read_sealed(
+        &self,
+        session: Uuid,
+        from: u64,
+        to: u64,
+    ) -> Result<(Vec<Record>, Vec<Vec<u8>>), LogError> {
+        self.inner.read_sealed(session, from, to).await
+    }
+
     async fn read_bounded(
         &self,
         session: Uuid,

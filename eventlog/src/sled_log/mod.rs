@@ -382,6 +382,17 @@ impl EventLog for SledLog {
         self.read_bounded(session, from, to, usize::MAX).await
     }
 
+    /// On the blocking pool: a range may be long.
+    async fn read_sealed(
+        &self,
+        session: Uuid,
+        from: u64,
+        to: u64,
+    ) -> Result<(Vec<Record>, Vec<Vec<u8>>), LogError> {
+        self.blocking(move |shared| shared.read_sealed(session, from, to))
+            .await
+    }
+
     /// On the blocking pool: a range may be long (see `Shared::read_bounded`).
     async fn read_bounded(
         &self,

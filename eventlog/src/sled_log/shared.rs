@@ -232,6 +232,27 @@ impl Shared {
         Ok(records)
     }
 
+    /// Records `from..=to` of `session` with their stored bytes.
+    pub(super) fn read_sealed(
+        &self,
+        session: Uuid,
+        from: u64,
+        to: u64,
+    ) -> Result<(Vec<Record>, Vec<Vec<u8>>), LogError> {
+        let from = from.max(1);
+        let (mut records, mut sealed) = (Vec::new(), Vec::new());
+        if from > to {
+            return Ok((records, sealed));
+        }
+        for item in (self.db).range(event_key(session, from)..=event_key(session, to)) {
+            let (key, value) = item.map_err(|e| self.storage(e))?;
+            records.push(Record::open(session, parse_event_key(&key).1, &value)?);
+            sealed.push(value.to_vec());
+        }
+        crate::check_run(session, from, &records)?;
+        Ok((records, sealed))
+    }
+
     /// Every session's head: sled's, where the cache (appends since the
     /// last checkpoint) holds no newer one.
     pub(super) fn sessions(&self) -> Result<Vec<SessionMeta>, LogError> {
