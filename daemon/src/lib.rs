@@ -16,6 +16,7 @@ mod heads;
 mod http;
 mod metrics;
 mod openapi;
+mod statuses;
 pub mod token;
 mod ui;
 
@@ -30,6 +31,7 @@ use runtime::pause::{self, PAUSED_ON_REQUEST};
 use runtime::runner::{Runner, TurnEnd};
 use runtime::service::Service;
 use runtime::snapshot::Summary;
+use statuses::Statuses;
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -120,37 +122,24 @@ pub struct DaemonConfig {
 /// What the daemon shares between requests and turns.
 pub(crate) struct Daemon {
     pub(crate) service: Service,
-    pub(crate) runner: Runner,
+    /// How turns run: one per session at a time.
+    pub(crate) scheduler: Scheduler,
     pub(crate) config: DaemonConfig,
     pub(crate) metrics: Arc<Metrics>,
-    locks: Mutex<HashMap<Uuid, Arc<tokio::sync::Mutex<()>>>>,
-    statuses: Mutex<HashMap<Uuid, String>>,
-    pause_requests: Arc<Mutex<HashSet<Uuid>>>,
-    /// The turns under way (each listens for pause requests made through
-    /// other processes).
-    listening: Arc<pause::Listening>,
+    /// Each session's status and approval deadline, as last seen.
+    pub(crate) statuses: Statuses,
     /// Cancelled on SIGTERM or ctrl-c: no new turns, running ones pause at
     /// their next step, live streams end.
     pub(crate) shutdown: CancellationToken,
-    /// The turn tasks; a shutdown waits for them.
-    pub(crate) turns: TaskTracker,
     /// Each session's durable head, for live streams.
     pub(crate) heads: Arc<DurableHeads>,
-    /// Messages posted while a turn of their session runs here, for that
-    /// turn to record.
-    pub(crate) inboxes: Arc<Inboxes>,
     /// (session, text) as streamed replies arrive (never recorded as such:
     /// the whole reply is).
     pub(crate) deltas: broadcast::Sender<(Uuid, Arc<str>)>,
-    /// Recently active sessions, folded and ready for their next turn.
-    hot: Mutex<HotSessions>,
     /// What requests must carry in `Authorization`.
     bearer: token::Expected,
     /// Browsers signed in to the web view, and codes that sign one in.
     pub(crate) sign_ins: Arc<ui::SignIns>,
-    /// Sessions with calls waiting for approval, and the earliest deadline
-    /// (milliseconds since the Unix epoch) of those that have one.
-    deadlines: Mutex<HashMap<Uuid, i64>>,
 }
 
 /// Bytes of hot sessions (folded state and rendered prompt, estimated)
@@ -209,6 +198,69 @@ impl HotSessions {
     }
 }
 
+/// How the daemon runs turns: one per session at a time (each session's
+/// turn lock), the turns under way (tracked, so a shutdown waits for them,
+/// and listening for pause requests made through other processes),
+/// messages posted while a turn of their session runs, and the sessions
+/// kept folded between their turns.
+pub(crate) struct Scheduler {
+    pub(crate) runner: Runner,
+    locks: Mutex<HashMap<Uuid, Arc<tokio::sync::Mutex<()>>>>,
+    pause_requests: Arc<Mutex<HashSet<Uuid>>>,
+    listening: Arc<pause::Listening>,
+    /// The turn tasks; a shutdown waits for them.
+    pub(crate) turns: TaskTracker,
+    /// Messages posted while a turn of their session runs here, for that
+    /// turn to record.
+    pub(crate) inboxes: Arc<Inboxes>,
+    /// Recently active sessions, folded and ready for their next turn.
+    hot: Mutex<HotSessions>,
+}
+
+impl Scheduler {
+    fn lock_for(&self, id: Uuid) -> Arc<tokio::sync::Mutex<()>> {
+        self.locks
+            .lock()
+            .expect("locks")
+            .entry(id)
+            .or_default()
+            .clone()
+    }
+
+    /// Turns of `id` asked for and not ended: the one running and those
+    /// waiting for it.
+    pub(crate) fn turns_of(&self, id: Uuid) -> usize {
+        let locks = self.locks.lock().expect("locks");
+        locks.get(&id).map_or(0, |lock| Arc::strong_count(lock) - 1)
+    }
+
+    /// Asks the running turn of `id` to pause at its next step boundary;
+    /// false if no turn is running.
+    pub(crate) fn request_pause(&self, id: Uuid) -> bool {
+        let active = self.is_running(id);
+        if active {
+            self.pause_requests.lock().expect("pause lock").insert(id);
+        }
+        active
+    }
+
+    /// Whether a turn of `id` runs in this daemon now.
+    pub(crate) fn is_running(&self, id: Uuid) -> bool {
+        self.listening.has(id)
+    }
+
+    /// Withdraws a pause request no turn consumed.
+    pub(crate) fn withdraw_pause(&self, id: Uuid) {
+        self.pause_requests.lock().expect("pause lock").remove(&id);
+    }
+
+    /// Drops the turn locks of sessions nothing holds or waits for.
+    pub(crate) fn forget_idle_locks(&self) {
+        let mut locks = self.locks.lock().expect("locks");
+        locks.retain(|_, lock| Arc::strong_count(lock) > 1);
+    }
+}
+
 impl Daemon {
     fn new(
         service: Service,
@@ -242,95 +294,36 @@ impl Daemon {
             let _ = published.send((id, text.into()));
         });
         let inboxes: Arc<Inboxes> = Arc::default();
+        let runner = service
+            .runner()
+            .with_stop(stop)
+            .with_call_cap(config.max_parallel_calls)
+            .with_deltas(publish)
+            .with_inboxes(inboxes.clone());
         Daemon {
             bearer: token::Expected::new(&config.token),
             sign_ins: Arc::default(),
-            runner: service
-                .runner()
-                .with_stop(stop)
-                .with_call_cap(config.max_parallel_calls)
-                .with_deltas(publish)
-                .with_inboxes(inboxes.clone()),
-            inboxes,
+            scheduler: Scheduler {
+                runner,
+                locks: Mutex::default(),
+                pause_requests,
+                listening,
+                turns: TaskTracker::new(),
+                inboxes,
+                hot: Mutex::default(),
+            },
             deltas,
             service,
             config,
             metrics,
-            locks: Mutex::default(),
-            statuses: Mutex::default(),
-            pause_requests,
-            listening,
+            statuses: Statuses::default(),
             shutdown,
-            turns: TaskTracker::new(),
             heads,
-            hot: Mutex::default(),
-            deadlines: Mutex::default(),
         }
-    }
-
-    /// Notes when `id`'s wait for approval ends, as `state` says (or that
-    /// nothing of it waits with a deadline).
-    pub(crate) fn note_deadline(&self, id: Uuid, state: &replay::SessionState) {
-        self.set_deadline(id, state.approval_deadline_ms());
-    }
-
-    fn set_deadline(&self, id: Uuid, at: Option<i64>) {
-        let mut deadlines = self.deadlines.lock().expect("deadlines");
-        match at {
-            Some(at) => deadlines.insert(id, at),
-            None => deadlines.remove(&id),
-        };
-    }
-
-    fn lock_for(&self, id: Uuid) -> Arc<tokio::sync::Mutex<()>> {
-        self.locks
-            .lock()
-            .expect("locks")
-            .entry(id)
-            .or_default()
-            .clone()
-    }
-
-    /// Turns of `id` asked for and not ended: the one running and those
-    /// waiting for it.
-    pub(crate) fn turns_of(&self, id: Uuid) -> usize {
-        let locks = self.locks.lock().expect("locks");
-        locks.get(&id).map_or(0, |lock| Arc::strong_count(lock) - 1)
-    }
-
-    pub(crate) fn set_status(&self, id: Uuid, status: impl std::fmt::Display) {
-        self.statuses
-            .lock()
-            .expect("statuses")
-            .insert(id, status.to_string());
-    }
-
-    /// Sessions by status, as last seen.
-    pub(crate) fn status_counts(&self) -> HashMap<String, usize> {
-        let mut counts = HashMap::new();
-        for status in self.statuses.lock().expect("statuses").values() {
-            *counts.entry(status.clone()).or_default() += 1;
-        }
-        counts
     }
 
     pub(crate) fn is_shutting_down(&self) -> bool {
         self.shutdown.is_cancelled()
-    }
-
-    /// Asks the running turn of `id` to pause at its next step boundary;
-    /// false if no turn is running.
-    pub(crate) fn request_pause(&self, id: Uuid) -> bool {
-        let active = self.is_running(id);
-        if active {
-            self.pause_requests.lock().expect("pause lock").insert(id);
-        }
-        active
-    }
-
-    /// Whether a turn of `id` runs in this daemon now.
-    pub(crate) fn is_running(&self, id: Uuid) -> bool {
-        self.listening.has(id)
     }
 
     /// Asks the turn of `id` that another process sharing the store runs
@@ -369,11 +362,6 @@ impl Daemon {
         HeldLease::acquire(log, id, &self.config.owner, self.config.lease_ttl).await
     }
 
-    /// Withdraws a pause request no turn consumed.
-    pub(crate) fn withdraw_pause(&self, id: Uuid) {
-        self.pause_requests.lock().expect("pause lock").remove(&id);
-    }
-
     /// Runs one turn of `id` to its end, once `lock` (the session's, from
     /// [`Daemon::lock_for`]) is ours: one turn per session at a time.
     async fn turn(
@@ -386,17 +374,17 @@ impl Daemon {
         // Refused while another process runs it (a message's poster hears
         // of it from the turn's end).
         let lease = self.hold(id).await?;
-        self.listening.start(id, lease.token());
-        self.inboxes.open(id);
+        self.scheduler.listening.start(id, lease.token());
+        self.scheduler.inboxes.open(id);
         let result = self.clone().turn_locked(id, start).await;
         // Normally the turn took everything posted to it already.
-        self.inboxes.close(
+        self.scheduler.inboxes.close(
             id,
             "the turn ended before it could record the message: post it again",
         );
-        self.listening.stop(id);
+        self.scheduler.listening.stop(id);
         // A pause asked for during the turn's last step has nothing to pause.
-        self.withdraw_pause(id);
+        self.scheduler.withdraw_pause(id);
         match &result {
             // Interrupted (a shutdown, an error): the lease lapses on drop
             // and whichever daemon looks next takes the session over.
@@ -412,7 +400,7 @@ impl Daemon {
         id: Uuid,
         start: TurnStart,
     ) -> Result<TurnEnd, RuntimeError> {
-        let hot = self.hot.lock().expect("hot sessions").take(id);
+        let hot = self.scheduler.hot.lock().expect("hot sessions").take(id);
         // Adopting other tools changes the spec: the hot copy will not do.
         let refresh = matches!(
             start,
@@ -425,7 +413,7 @@ impl Daemon {
             Some(hot) if !refresh && hot.session.is_current().await? => (hot.session, hot.parts),
             _ => {
                 let mut session = self.service.load(id).await?;
-                let parts = Arc::new(self.runner.parts(&mut session).await?);
+                let parts = Arc::new(self.scheduler.runner.parts(&mut session).await?);
                 (session, parts)
             }
         };
@@ -436,23 +424,23 @@ impl Daemon {
         let opened = self.service.open_turn(&mut session, start).await?;
         if refresh {
             // Built again from the tools the session adopted.
-            parts = Arc::new(self.runner.parts(&mut session).await?);
+            parts = Arc::new(self.scheduler.runner.parts(&mut session).await?);
         }
         if let Opened::Ended(end) = opened {
-            self.note_deadline(id, session.state());
-            self.set_status(id, session.state().status());
-            self.hot
+            self.statuses.saw(id, session.state());
+            self.scheduler
+                .hot
                 .lock()
                 .expect("hot sessions")
                 .put(id, session, parts);
             return Ok(end);
         }
-        self.set_status(id, session.state().status());
-        let mut end = self.runner.drive_with(&mut session, &parts).await;
+        self.statuses.saw(id, session.state());
+        let mut end = self.scheduler.runner.drive_with(&mut session, &parts).await;
         // Messages posted as the turn ended are recorded before its inbox
         // closes: later ones start turns of their own.
-        while end.is_ok() && !self.inboxes.close_if_empty(id) {
-            if let Err(e) = self.runner.take_messages(&mut session).await {
+        while end.is_ok() && !self.scheduler.inboxes.close_if_empty(id) {
+            if let Err(e) = self.scheduler.runner.take_messages(&mut session).await {
                 end = Err(e);
             }
         }
@@ -461,9 +449,9 @@ impl Daemon {
         if end.is_ok() && replay::plan(session.state()).next == replay::NextStep::Deliver {
             self.spawn_turn(id, TurnStart::Deliver);
         }
-        self.set_status(id, session.state().status());
-        self.note_deadline(id, session.state());
-        self.hot
+        self.statuses.saw(id, session.state());
+        self.scheduler
+            .hot
             .lock()
             .expect("hot sessions")
             .put(id, session, parts);
@@ -479,8 +467,8 @@ impl Daemon {
         let daemon = self.clone();
         // Taken now, so the turns of a session are counted from the moment
         // they are asked for (see `Daemon::turns_of`).
-        let lock = self.lock_for(id);
-        self.turns.spawn(async move {
+        let lock = self.scheduler.lock_for(id);
+        self.scheduler.turns.spawn(async move {
             let result = daemon.clone().turn(id, start, lock).await;
             match &result {
                 // Another daemon runs it: nothing went wrong here.
@@ -509,12 +497,6 @@ impl Daemon {
         Control::new(self.service.clone(), Scheduled(self.clone()))
     }
 
-    /// Drops the turn locks of sessions nothing holds or waits for.
-    fn forget_idle_locks(&self) {
-        let mut locks = self.locks.lock().expect("locks");
-        locks.retain(|_, lock| Arc::strong_count(lock) > 1);
-    }
-
     /// Folds every session once to learn its status, and resumes those that
     /// were running when the last process died (or paused by a shutdown).
     async fn recover(self: Arc<Self>) {
@@ -533,8 +515,7 @@ impl Daemon {
                     continue;
                 }
             };
-            self.set_status(meta.session, &summary.status);
-            self.set_deadline(meta.session, summary.approval_expires_ms);
+            self.statuses.saw_summary(meta.session, &summary);
             if runtime::control::was_interrupted(&summary) {
                 recovered += 1;
                 self.spawn_turn(
@@ -565,7 +546,7 @@ impl Daemon {
             match self.service.idle_since(since).await {
                 Ok(idle) => {
                     for id in idle {
-                        if self.is_shutting_down() || self.is_running(id) {
+                        if self.is_shutting_down() || self.scheduler.is_running(id) {
                             continue;
                         }
                         match api::erase(&self, id, &reason, "mneme retention").await {
@@ -601,7 +582,7 @@ impl Daemon {
                 () = self.shutdown.cancelled() => return,
                 () = tokio::time::sleep(LOOK_FOR_EXPIRED_APPROVALS) => {}
             }
-            self.forget_idle_locks();
+            self.scheduler.forget_idle_locks();
             if read_at.elapsed() >= READ_APPROVAL_DEADLINES {
                 read_at = tokio::time::Instant::now();
                 match self.service.listing().await {
@@ -609,7 +590,7 @@ impl Daemon {
                         let read = listing.into_iter().filter_map(|(meta, summary)| {
                             Some((meta.session, summary.ok()?.approval_expires_ms?))
                         });
-                        *self.deadlines.lock().expect("deadlines") = read.collect();
+                        self.statuses.read_deadlines(read);
                     }
                     Err(e) => runtime::warn_line!(
                         "mneme serve: cannot read the deadlines of approvals: {e}"
@@ -617,16 +598,11 @@ impl Daemon {
                 }
             }
             let now = runtime::text::now_ms();
-            let due: Vec<Uuid> = (self.deadlines.lock().expect("deadlines").iter())
-                .filter(|(_, at)| **at <= now)
-                .map(|(id, _)| *id)
-                .collect();
-            for id in due {
-                if self.is_shutting_down() || self.is_running(id) {
+            for id in self.statuses.due(now) {
+                if self.is_shutting_down() || self.scheduler.is_running(id) {
                     continue;
                 }
-                // Noted again by the turn if something still waits.
-                self.set_deadline(id, None);
+                self.statuses.forget_deadline(id);
                 self.spawn_turn(id, TurnStart::Expire);
             }
         }
@@ -634,7 +610,7 @@ impl Daemon {
 
     /// Forgets every copy of session `id`'s state this daemon keeps.
     pub(crate) fn forget(&self, id: Uuid) {
-        self.hot.lock().expect("hot sessions").take(id);
+        self.scheduler.hot.lock().expect("hot sessions").take(id);
     }
 
     async fn take_over_lapsed(self: Arc<Self>) {
@@ -653,7 +629,7 @@ impl Daemon {
             };
             for lease in lapsed {
                 let id = lease.session;
-                if self.is_shutting_down() || self.is_running(id) {
+                if self.is_shutting_down() || self.scheduler.is_running(id) {
                     continue;
                 }
                 match self.needs_takeover(id).await {
@@ -676,7 +652,7 @@ impl Daemon {
                     // the lease must lapse (the next look resumes the
                     // session), not be released.
                     Ok(false) => {
-                        let lock = self.lock_for(id);
+                        let lock = self.scheduler.lock_for(id);
                         let Ok(_turn) = lock.try_lock() else { continue };
                         let Ok(lease) = self.hold(id).await else {
                             continue;
@@ -707,11 +683,14 @@ impl Daemon {
     /// waits for them up to what is `left` of the grace period.
     async fn drain(&self, left: Duration) {
         self.shutdown.cancel();
-        self.turns.close();
-        if tokio::time::timeout(left, self.turns.wait()).await.is_err() {
+        self.scheduler.turns.close();
+        if tokio::time::timeout(left, self.scheduler.turns.wait())
+            .await
+            .is_err()
+        {
             runtime::warn_line!(
                 "mneme serve: {} turns still running after {:?}; their calls resume on the next start",
-                self.turns.len(),
+                self.scheduler.turns.len(),
                 self.config.shutdown_grace
             );
         }
@@ -726,15 +705,15 @@ pub(crate) struct Scheduled(Arc<Daemon>);
 #[async_trait::async_trait]
 impl Turns for Scheduled {
     async fn hold(&self, id: Uuid) -> Result<Hold, RuntimeError> {
-        let guard = self.0.lock_for(id).lock_owned().await;
+        let guard = self.0.scheduler.lock_for(id).lock_owned().await;
         let lease = self.0.hold(id).await?;
         // No turn runs: a pause asked of one has nothing to pause.
-        self.0.withdraw_pause(id);
+        self.0.scheduler.withdraw_pause(id);
         Ok(Hold::new(lease, Some(Box::new(guard))))
     }
 
     async fn stop(&self, id: Uuid) -> Result<(), RuntimeError> {
-        if !self.0.request_pause(id) {
+        if !self.0.scheduler.request_pause(id) {
             self.0.wait_for_turn_elsewhere(id).await?;
         }
         Ok(())
@@ -745,8 +724,7 @@ impl Turns for Scheduled {
     }
 
     fn changed(&self, session: &runtime::Session) {
-        self.0.set_status(session.id(), session.state().status());
-        self.0.note_deadline(session.id(), session.state());
+        self.0.statuses.saw(session.id(), session.state());
     }
 }
 

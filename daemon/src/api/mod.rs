@@ -295,8 +295,8 @@ async fn health() -> Json<Health> {
 #[utoipa::path(get, path = "/metrics",
     responses((status = 200, description = "Prometheus text format 0.0.4", body = String, content_type = "text/plain")))]
 async fn metrics(State(daemon): State<Shared>) -> impl IntoResponse {
-    let running = daemon.turns.len();
-    let text = daemon.metrics.render(&daemon.status_counts(), running);
+    let running = daemon.scheduler.turns.len();
+    let text = daemon.metrics.render(&daemon.statuses.counts(), running);
     ([(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)], text)
 }
 
@@ -348,7 +348,7 @@ async fn create_session(
         Some(text) => daemon.service.start(spec, text).await?,
         None => daemon.service.create(spec).await?,
     };
-    daemon.set_status(session.id(), session.state().status());
+    daemon.statuses.saw(session.id(), session.state());
     Ok((
         StatusCode::CREATED,
         Json(Created {
@@ -438,7 +438,7 @@ const MAX_TURNS_ASKED: usize = 4;
 /// requests that do not wait: one that waits holds its connection, which
 /// the connection cap bounds).
 fn refuse_when_turns_wait(daemon: &Daemon, id: Uuid) -> Result<(), ApiError> {
-    let asked = daemon.turns_of(id);
+    let asked = daemon.scheduler.turns_of(id);
     if asked >= MAX_TURNS_ASKED {
         return Err(ApiError(
             StatusCode::TOO_MANY_REQUESTS,
@@ -482,7 +482,7 @@ async fn post_message(
 ) -> Result<Response, ApiError> {
     refuse_when_stopping(&daemon)?;
     daemon.service.ensure_exists(id).await?; // 404 before spawning
-    let text = match daemon.inboxes.post(id, body.text) {
+    let text = match daemon.scheduler.inboxes.post(id, body.text) {
         Ok(answer) => return mid_turn(&daemon, id, body.wait, answer).await,
         Err(text) => text, // no turn of it runs here
     };
@@ -629,7 +629,7 @@ async fn pause(
         pause_requested: true,
         running_on,
     };
-    if daemon.request_pause(id) {
+    if daemon.scheduler.request_pause(id) {
         return Ok(Json(requested(None)));
     }
     let Some(owner) = daemon.ask_pause_elsewhere(id).await? else {
@@ -839,7 +839,7 @@ async fn decide(
     // Turns asked for already continue the session: without `wait`, one
     // more would add nothing but a task waiting (a request with `wait`
     // holds its connection, which the connection cap bounds).
-    if !wait && daemon.turns_of(id) >= MAX_TURNS_ASKED {
+    if !wait && daemon.scheduler.turns_of(id) >= MAX_TURNS_ASKED {
         return Ok((StatusCode::ACCEPTED, Json(decided(true))).into_response());
     }
     let turn = control.resume(id, &by, false);

@@ -171,7 +171,7 @@ impl Follow {
     /// another daemon appended is in the store, committed).
     async fn durable_head(&self) -> Option<u64> {
         let head = self.daemon.service.log().head(self.id).await.ok()?.seq;
-        if !self.daemon.is_running(self.id) {
+        if !self.daemon.scheduler.is_running(self.id) {
             return Some(head);
         }
         Some(
