@@ -343,7 +343,7 @@ impl Daemon {
             return Ok(());
         };
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while self.service.log().lease(id).await?.is_some() {
+        while self.service.log().leases().lease(id).await?.is_some() {
             if std::time::Instant::now() > deadline {
                 return Err(RuntimeError::InvalidRequest {
                     session: id,
@@ -620,7 +620,7 @@ impl Daemon {
                 () = self.shutdown.cancelled() => return,
                 () = tokio::time::sleep(every) => {}
             }
-            let lapsed = match self.service.log().expired_leases().await {
+            let lapsed = match self.service.log().leases().expired_leases().await {
                 Ok(lapsed) => lapsed,
                 Err(e) => {
                     runtime::warn_line!("mneme serve: cannot list lapsed leases: {e}");

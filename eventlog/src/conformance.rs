@@ -402,21 +402,47 @@ pub async fn derived_data_is_kept_per_session_and_name<B: Backend>(b: &B) {
     let store = b.create().await;
     let log = b.open(&store).await.unwrap();
     let (s, t) = (Uuid::now_v7(), Uuid::now_v7());
-    assert_eq!(log.get_derived(s, "snapshot").await.unwrap(), None);
-    log.put_derived(s, "snapshot", b"one").await.unwrap();
-    log.put_derived(s, "summary", b"two").await.unwrap();
-    log.put_derived(s, "snapshot", b"three").await.unwrap();
     assert_eq!(
-        log.get_derived(s, "snapshot").await.unwrap().as_deref(),
+        log.side_store().get_derived(s, "snapshot").await.unwrap(),
+        None
+    );
+    log.side_store()
+        .put_derived(s, "snapshot", b"one")
+        .await
+        .unwrap();
+    log.side_store()
+        .put_derived(s, "summary", b"two")
+        .await
+        .unwrap();
+    log.side_store()
+        .put_derived(s, "snapshot", b"three")
+        .await
+        .unwrap();
+    assert_eq!(
+        log.side_store()
+            .get_derived(s, "snapshot")
+            .await
+            .unwrap()
+            .as_deref(),
         Some(&b"three"[..])
     );
     assert_eq!(
-        log.get_derived(s, "summary").await.unwrap().as_deref(),
+        log.side_store()
+            .get_derived(s, "summary")
+            .await
+            .unwrap()
+            .as_deref(),
         Some(&b"two"[..])
     );
-    assert_eq!(log.get_derived(t, "snapshot").await.unwrap(), None);
     assert_eq!(
-        log.get_derived_many("snapshot", &[t, s, t]).await.unwrap(),
+        log.side_store().get_derived(t, "snapshot").await.unwrap(),
+        None
+    );
+    assert_eq!(
+        log.side_store()
+            .get_derived_many("snapshot", &[t, s, t])
+            .await
+            .unwrap(),
         vec![None, Some(b"three".to_vec()), None]
     );
 }
@@ -427,21 +453,30 @@ pub async fn a_key_is_kept_once_per_session_until_destroyed<B: Backend>(b: &B) {
     let store = b.create().await;
     let log = b.open(&store).await.unwrap();
     let (s, t) = (Uuid::now_v7(), Uuid::now_v7());
-    assert_eq!(log.get_key(s).await.unwrap(), None);
-    assert_eq!(log.put_key(s, b"first").await.unwrap(), b"first");
-    assert_eq!(log.put_key(s, b"second").await.unwrap(), b"first");
-    assert_eq!(log.put_key(t, b"other").await.unwrap(), b"other");
+    assert_eq!(log.side_store().get_key(s).await.unwrap(), None);
+    assert_eq!(
+        log.side_store().put_key(s, b"first").await.unwrap(),
+        b"first"
+    );
+    assert_eq!(
+        log.side_store().put_key(s, b"second").await.unwrap(),
+        b"first"
+    );
+    assert_eq!(
+        log.side_store().put_key(t, b"other").await.unwrap(),
+        b"other"
+    );
     drop(log);
     let log = b.open(&store).await.unwrap();
     assert_eq!(
-        log.get_key(s).await.unwrap().as_deref(),
+        log.side_store().get_key(s).await.unwrap().as_deref(),
         Some(&b"first"[..])
     );
-    log.destroy_key(s).await.unwrap();
-    log.destroy_key(s).await.unwrap();
-    assert_eq!(log.get_key(s).await.unwrap(), None);
+    log.side_store().destroy_key(s).await.unwrap();
+    log.side_store().destroy_key(s).await.unwrap();
+    assert_eq!(log.side_store().get_key(s).await.unwrap(), None);
     assert_eq!(
-        log.get_key(t).await.unwrap().as_deref(),
+        log.side_store().get_key(t).await.unwrap().as_deref(),
         Some(&b"other"[..])
     );
 }
@@ -593,62 +628,63 @@ pub async fn leases_exclude_other_owners_until_released_or_expired<B: Backend>(b
     let log = b.open(&store).await.unwrap();
     let s = Uuid::now_v7();
     let long = Duration::from_secs(60);
-    assert_eq!(log.lease(s).await.unwrap(), None);
-    let a = log.acquire_lease(s, "a", long).await.unwrap();
+    assert_eq!(log.leases().lease(s).await.unwrap(), None);
+    let a = log.leases().acquire_lease(s, "a", long).await.unwrap();
     assert_eq!(
-        log.lease(s).await.unwrap().map(|l| l.owner),
+        log.leases().lease(s).await.unwrap().map(|l| l.owner),
         Some("a".into())
     );
-    match log.acquire_lease(s, "b", long).await.unwrap_err() {
+    match log.leases().acquire_lease(s, "b", long).await.unwrap_err() {
         LogError::LeaseHeld { owner, .. } => assert_eq!(owner, "a"),
         other => panic!("{other}"),
     }
-    let renewed = log.renew_lease(&a, long).await.unwrap();
+    let renewed = log.leases().renew_lease(&a, long).await.unwrap();
     assert!(renewed.expires_ms >= a.expires_ms);
-    let again = log.acquire_lease(s, "a", long).await.unwrap();
+    let again = log.leases().acquire_lease(s, "a", long).await.unwrap();
     assert!(
         again.token > a.token,
         "every acquisition is a new holding, even by the same owner"
     );
     assert!(matches!(
-        log.renew_lease(&a, long).await,
+        log.leases().renew_lease(&a, long).await,
         Err(LogError::Fenced { .. })
     ));
     let a = again;
-    log.release_lease(&a).await.unwrap();
+    log.leases().release_lease(&a).await.unwrap();
     let b1 = log
+        .leases()
         .acquire_lease(s, "b", Duration::from_millis(300))
         .await
         .unwrap();
     assert!(b1.token > a.token);
-    assert!(log.expired_leases().await.unwrap().is_empty());
+    assert!(log.leases().expired_leases().await.unwrap().is_empty());
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
-        log.lease(s).await.unwrap(),
+        log.leases().lease(s).await.unwrap(),
         None,
         "a lapsed lease is not live"
     );
-    let expired = log.expired_leases().await.unwrap();
+    let expired = log.leases().expired_leases().await.unwrap();
     assert_eq!(expired.len(), 1);
     assert_eq!(
         (expired[0].session, &expired[0].owner),
         (s, &"b".to_string())
     );
-    let c = log.acquire_lease(s, "c", long).await.unwrap();
+    let c = log.leases().acquire_lease(s, "c", long).await.unwrap();
     assert!(c.token > b1.token);
     assert!(matches!(
-        log.renew_lease(&b1, long).await.unwrap_err(),
+        log.leases().renew_lease(&b1, long).await.unwrap_err(),
         LogError::Fenced { .. }
     ));
-    log.release_lease(&b1).await.unwrap();
+    log.leases().release_lease(&b1).await.unwrap();
     assert!(
         matches!(
-            log.acquire_lease(s, "d", long).await,
+            log.leases().acquire_lease(s, "d", long).await,
             Err(LogError::LeaseHeld { .. })
         ),
         "releasing a lease that was taken over leaves the new owner's alone"
     );
-    assert!(log.expired_leases().await.unwrap().is_empty());
+    assert!(log.leases().expired_leases().await.unwrap().is_empty());
 }
 
 /// A pause request is kept with the live lease and heard once, by the
@@ -666,41 +702,66 @@ pub async fn a_pause_request_is_for_one_holding_of_the_lease<B: Backend>(b: &B) 
     let (s, other) = (Uuid::now_v7(), Uuid::now_v7());
     let long = Duration::from_secs(60);
     assert_eq!(
-        asker.request_pause(s).await.unwrap(),
+        asker.leases().request_pause(s).await.unwrap(),
         None,
         "nobody runs it"
     );
-    let a = log.acquire_lease(s, "a", long).await.unwrap();
-    assert!(!log.take_pause_request(s, a.token).await.unwrap());
-    let asked = asker.request_pause(s).await.unwrap().unwrap();
+    let a = log.leases().acquire_lease(s, "a", long).await.unwrap();
+    assert!(!log.leases().take_pause_request(s, a.token).await.unwrap());
+    let asked = asker.leases().request_pause(s).await.unwrap().unwrap();
     assert_eq!((asked.owner.as_str(), asked.token), ("a", a.token));
-    assert!(!log.take_pause_request(s, a.token + 1).await.unwrap());
-    assert!(!log.take_pause_request(other, a.token).await.unwrap());
-    assert!(log.take_pause_request(s, a.token).await.unwrap());
+    assert!(!log
+        .leases()
+        .take_pause_request(s, a.token + 1)
+        .await
+        .unwrap());
+    assert!(!log
+        .leases()
+        .take_pause_request(other, a.token)
+        .await
+        .unwrap());
+    assert!(log.leases().take_pause_request(s, a.token).await.unwrap());
     assert!(
-        !log.take_pause_request(s, a.token).await.unwrap(),
+        !log.leases().take_pause_request(s, a.token).await.unwrap(),
         "a request is heard once"
     );
 
     // One left over never pauses a later holding, even of the same owner.
-    asker.request_pause(s).await.unwrap().unwrap();
-    let again = log.acquire_lease(s, "a", long).await.unwrap();
-    assert!(!log.take_pause_request(s, again.token).await.unwrap());
-    asker.request_pause(s).await.unwrap().unwrap();
-    log.release_lease(&again).await.unwrap();
-    assert_eq!(asker.request_pause(s).await.unwrap(), None, "released");
-    let b1 = log.acquire_lease(s, "b", long).await.unwrap();
-    assert!(!log.take_pause_request(s, b1.token).await.unwrap());
+    asker.leases().request_pause(s).await.unwrap().unwrap();
+    let again = log.leases().acquire_lease(s, "a", long).await.unwrap();
+    assert!(!log
+        .leases()
+        .take_pause_request(s, again.token)
+        .await
+        .unwrap());
+    asker.leases().request_pause(s).await.unwrap().unwrap();
+    log.leases().release_lease(&again).await.unwrap();
+    assert_eq!(
+        asker.leases().request_pause(s).await.unwrap(),
+        None,
+        "released"
+    );
+    let b1 = log.leases().acquire_lease(s, "b", long).await.unwrap();
+    assert!(!log.leases().take_pause_request(s, b1.token).await.unwrap());
 
     // A lapsed lease is asked nothing.
-    log.release_lease(&b1).await.unwrap();
+    log.leases().release_lease(&b1).await.unwrap();
     let short = log
+        .leases()
         .acquire_lease(s, "c", Duration::from_millis(200))
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(asker.request_pause(s).await.unwrap(), None, "lapsed");
-    assert!(!log.take_pause_request(s, short.token).await.unwrap());
+    assert_eq!(
+        asker.leases().request_pause(s).await.unwrap(),
+        None,
+        "lapsed"
+    );
+    assert!(!log
+        .leases()
+        .take_pause_request(s, short.token)
+        .await
+        .unwrap());
 }
 
 /// A writer whose lease was taken over cannot append; the new owner can; a
@@ -715,7 +776,8 @@ pub async fn a_taken_over_owner_is_fenced<B: Backend>(b: &B) {
     let new = b.open(&store).await.unwrap();
     let third = b.open(&store).await.unwrap();
     let s = Uuid::now_v7();
-    old.acquire_lease(s, "old", Duration::from_millis(200))
+    old.leases()
+        .acquire_lease(s, "old", Duration::from_millis(200))
         .await
         .unwrap();
     old.append(s, 1, vec![event(1)]).await.unwrap();
@@ -725,6 +787,7 @@ pub async fn a_taken_over_owner_is_fenced<B: Backend>(b: &B) {
     ));
     tokio::time::sleep(Duration::from_millis(400)).await;
     let lease = new
+        .leases()
         .acquire_lease(s, "new", Duration::from_secs(60))
         .await
         .unwrap();
@@ -747,7 +810,7 @@ pub async fn a_taken_over_owner_is_fenced<B: Backend>(b: &B) {
         third.append(s, 3, vec![event(7)]).await.unwrap_err(),
         LogError::LeaseHeld { .. }
     ));
-    new.release_lease(&lease).await.unwrap();
+    new.leases().release_lease(&lease).await.unwrap();
     third.append(s, 3, vec![event(4)]).await.unwrap();
     assert_eq!(kinds(new.as_ref(), s).await, vec!["K1", "K3", "K4"]);
 }
@@ -760,18 +823,27 @@ pub async fn a_live_lease_of_a_gone_holder_is_taken_over_at_once<B: Backend>(b: 
     let log = b.open(&store).await.unwrap();
     let s = Uuid::now_v7();
     let long = Duration::from_secs(60);
-    let gone = log.acquire_lease(s, "gone", long).await.unwrap();
+    let gone = log.leases().acquire_lease(s, "gone", long).await.unwrap();
     log.append(s, 1, vec![event(1)]).await.unwrap();
-    let taken = log.take_over_lease(&gone, "heir", long).await.unwrap();
+    let taken = log
+        .leases()
+        .take_over_lease(&gone, "heir", long)
+        .await
+        .unwrap();
     assert_eq!(taken.owner, "heir");
     assert!(taken.token > gone.token);
-    assert_eq!(log.lease(s).await.unwrap(), Some(taken.clone()));
+    assert_eq!(log.leases().lease(s).await.unwrap(), Some(taken.clone()));
     assert!(matches!(
-        log.renew_lease(&gone, long).await.unwrap_err(),
+        log.leases().renew_lease(&gone, long).await.unwrap_err(),
         LogError::Fenced { .. }
     ));
     // The holding named is no longer the lease: refused, the heir keeps it.
-    match log.take_over_lease(&gone, "late", long).await.unwrap_err() {
+    match log
+        .leases()
+        .take_over_lease(&gone, "late", long)
+        .await
+        .unwrap_err()
+    {
         LogError::LeaseHeld { owner, .. } => assert_eq!(owner, "heir"),
         other => panic!("{other}"),
     }

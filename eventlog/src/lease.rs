@@ -72,7 +72,7 @@ impl LocalLeases {
     }
 
     /// Grants `owner` the lease `held` names if it is still that holding
-    /// (see [`crate::EventLog::take_over_lease`]).
+    /// (see [`crate::Leases::take_over_lease`]).
     pub fn take_over(&self, held: &Lease, owner: &str, ttl: Duration) -> Result<Lease, LogError> {
         let mut leases = self.leases.lock().expect("lease lock poisoned");
         match leases.get_mut(&held.session) {

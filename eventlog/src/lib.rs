@@ -374,46 +374,6 @@ pub trait EventLog: Send + Sync {
             .find(|m| m.session == session))
     }
 
-    /// Stores data derived from `session`'s events (a snapshot, a summary)
-    /// under `name`, replacing what was there. Derived data is not part of
-    /// the chain and not covered by barriers: it may be lost or stale after a
-    /// crash, and whoever reads it must check it against the log.
-    async fn put_derived(&self, session: Uuid, name: &str, bytes: &[u8]) -> Result<(), LogError>;
-
-    /// What [`EventLog::put_derived`] stored under `name`, if anything.
-    async fn get_derived(&self, session: Uuid, name: &str) -> Result<Option<Vec<u8>>, LogError>;
-
-    /// [`EventLog::get_derived`] of `name` for each of `sessions`, in order.
-    async fn get_derived_many(
-        &self,
-        name: &str,
-        sessions: &[Uuid],
-    ) -> Result<Vec<Option<Vec<u8>>>, LogError> {
-        let mut out = Vec::with_capacity(sessions.len());
-        for session in sessions {
-            out.push(self.get_derived(*session, name).await?);
-        }
-        Ok(out)
-    }
-
-    /// The key kept for `session` by [`EventLog::put_key`], unless it was
-    /// destroyed. Keys are opaque bytes to the log (the caller wraps
-    /// them); they live beside the chain, not in it.
-    async fn get_key(&self, session: Uuid) -> Result<Option<Vec<u8>>, LogError>;
-
-    /// Keeps `key` for `session` unless a key is kept for it already, and
-    /// returns the key kept (of two racing callers, both get the winner's).
-    /// Durable when it returns, whatever the barriers: records written
-    /// under a key must never outlive it by accident.
-    async fn put_key(&self, session: Uuid, key: &[u8]) -> Result<Vec<u8>, LogError>;
-
-    /// Destroys the key of `session` for good: after it returns, no file
-    /// this store controls holds it (sled: the key file is overwritten
-    /// with zeros, synced and removed; PostgreSQL: the row is deleted and
-    /// the table vacuumed, though the server's write-ahead segments keep it
-    /// until they are recycled). Destroying a key not kept does nothing.
-    async fn destroy_key(&self, session: Uuid) -> Result<(), LogError>;
-
     /// Returns once everything appended before the call is at least as
     /// durable as `durability` says.
     ///
@@ -427,6 +387,53 @@ pub trait EventLog: Send + Sync {
     /// the first bad record. Returns the new head.
     async fn import(&self, session: Uuid, sealed: Vec<Vec<u8>>) -> Result<Head, LogError>;
 
+    /// Who may write each session, and the pause requests kept with it.
+    fn leases(&self) -> &dyn Leases;
+
+    /// What is kept beside the chain: derived data and session keys.
+    fn side_store(&self) -> &dyn SideStore;
+
+    /// Asks to be told of appends made by other processes sharing this
+    /// store. A store that one process owns has none to tell.
+    fn follow(&self, _listener: AppendListener) {}
+
+    /// Checks the whole chain of `session`: every record's hash, the link to
+    /// its predecessor, gapless seqs, and that the head matches the last record.
+    /// Returns the number of records checked.
+    async fn verify(&self, session: Uuid) -> Result<u64, LogError> {
+        let head = self.head(session).await?;
+        let mut prev = Head::EMPTY;
+        let mut from = 1;
+        while from <= head.seq {
+            let to = head.seq.min(from + 4095);
+            for record in self.read(session, from, to).await? {
+                check_link(session, &prev, &record)?;
+                prev = Head {
+                    seq: record.envelope.seq,
+                    hash: record.hash,
+                };
+            }
+            from = to + 1;
+        }
+        if prev != head {
+            return Err(LogError::Corrupt {
+                session,
+                seq: prev.seq + 1,
+                reason: format!(
+                    "session head says seq {} but the chain ends at seq {}",
+                    head.seq, prev.seq
+                ),
+            });
+        }
+        Ok(head.seq)
+    }
+}
+
+/// Who may write a session, for how long, fenced by a token; and the pause
+/// requests kept with a holding. One per store, whatever wraps its records
+/// (see [`EventLog::leases`]).
+#[async_trait::async_trait]
+pub trait Leases: Send + Sync {
     /// Grants `owner` the lease of `session` for `ttl`, unless another owner
     /// holds a live one ([`LogError::LeaseHeld`]). Every grant, even of an
     /// owner's own live lease, has a new token greater than all before it,
@@ -477,41 +484,52 @@ pub trait EventLog: Send + Sync {
     /// token is `token`. A request is taken by the call that sees it: the
     /// next call answers false until another is made.
     async fn take_pause_request(&self, session: Uuid, token: u64) -> Result<bool, LogError>;
+}
 
-    /// Asks to be told of appends made by other processes sharing this
-    /// store. A store that one process owns has none to tell.
-    fn follow(&self, _listener: AppendListener) {}
+/// What a store keeps beside the chain, outside its records and barriers:
+/// data derived from a session's events (checked against the log by whoever
+/// reads it) and each session's key (see [`EventLog::side_store`]).
+#[async_trait::async_trait]
+pub trait SideStore: Send + Sync {
+    /// Stores data derived from `session`'s events (a snapshot, a summary)
+    /// under `name`, replacing what was there. Derived data is not part of
+    /// the chain and not covered by barriers: it may be lost or stale after a
+    /// crash, and whoever reads it must check it against the log.
+    async fn put_derived(&self, session: Uuid, name: &str, bytes: &[u8]) -> Result<(), LogError>;
 
-    /// Checks the whole chain of `session`: every record's hash, the link to
-    /// its predecessor, gapless seqs, and that the head matches the last record.
-    /// Returns the number of records checked.
-    async fn verify(&self, session: Uuid) -> Result<u64, LogError> {
-        let head = self.head(session).await?;
-        let mut prev = Head::EMPTY;
-        let mut from = 1;
-        while from <= head.seq {
-            let to = head.seq.min(from + 4095);
-            for record in self.read(session, from, to).await? {
-                check_link(session, &prev, &record)?;
-                prev = Head {
-                    seq: record.envelope.seq,
-                    hash: record.hash,
-                };
-            }
-            from = to + 1;
+    /// What [`SideStore::put_derived`] stored under `name`, if anything.
+    async fn get_derived(&self, session: Uuid, name: &str) -> Result<Option<Vec<u8>>, LogError>;
+
+    /// [`SideStore::get_derived`] of `name` for each of `sessions`, in order.
+    async fn get_derived_many(
+        &self,
+        name: &str,
+        sessions: &[Uuid],
+    ) -> Result<Vec<Option<Vec<u8>>>, LogError> {
+        let mut out = Vec::with_capacity(sessions.len());
+        for session in sessions {
+            out.push(self.get_derived(*session, name).await?);
         }
-        if prev != head {
-            return Err(LogError::Corrupt {
-                session,
-                seq: prev.seq + 1,
-                reason: format!(
-                    "session head says seq {} but the chain ends at seq {}",
-                    head.seq, prev.seq
-                ),
-            });
-        }
-        Ok(head.seq)
+        Ok(out)
     }
+
+    /// The key kept for `session` by [`SideStore::put_key`], unless it was
+    /// destroyed. Keys are opaque bytes to the log (the caller wraps
+    /// them); they live beside the chain, not in it.
+    async fn get_key(&self, session: Uuid) -> Result<Option<Vec<u8>>, LogError>;
+
+    /// Keeps `key` for `session` unless a key is kept for it already, and
+    /// returns the key kept (of two racing callers, both get the winner's).
+    /// Durable when it returns, whatever the barriers: records written
+    /// under a key must never outlive it by accident.
+    async fn put_key(&self, session: Uuid, key: &[u8]) -> Result<Vec<u8>, LogError>;
+
+    /// Destroys the key of `session` for good: after it returns, no file
+    /// this store controls holds it (sled: the key file is overwritten
+    /// with zeros, synced and removed; PostgreSQL: the row is deleted and
+    /// the table vacuumed, though the server's write-ahead segments keep it
+    /// until they are recycled). Destroying a key not kept does nothing.
+    async fn destroy_key(&self, session: Uuid) -> Result<(), LogError>;
 }
 
 /// Checks that `record` directly follows `prev` in `session`'s chain.

@@ -32,8 +32,8 @@ mod schema;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use eventlog::{
-    open_sealed, AppendListener, Durability, EventLog, Hash, Head, Lease, LogError, NewEvent,
-    Record, SessionMeta,
+    open_sealed, AppendListener, Durability, EventLog, Hash, Head, Lease, Leases, LogError,
+    NewEvent, Record, SessionMeta, SideStore,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Once};
@@ -537,11 +537,9 @@ impl EventLog for PgLog {
             .await?
             .map_err(conflict)
     }
-
     async fn read(&self, session: Uuid, from: u64, to: u64) -> Result<Vec<Record>, LogError> {
         self.read_range(session, from, to, None).await
     }
-
     async fn read_sealed(
         &self,
         session: Uuid,
@@ -568,7 +566,6 @@ impl EventLog for PgLog {
         eventlog::check_run(session, from, &records)?;
         Ok((records, sealed))
     }
-
     /// One query: a running sum of the records' sizes (`octet_length`,
     /// which PostgreSQL answers from a value's header, without fetching or
     /// decompressing it) picks the records that fit; only those are sent.
@@ -582,14 +579,12 @@ impl EventLog for PgLog {
         let budget = i64::try_from(max_bytes).unwrap_or(i64::MAX);
         self.read_range(session, from, to, Some(budget)).await
     }
-
     async fn head(&self, session: Uuid) -> Result<Head, LogError> {
         let db = self.db();
         let head = db.head(session).await?;
         self.remember_head(session, head);
         Ok(head)
     }
-
     async fn sessions(&self) -> Result<Vec<SessionMeta>, LogError> {
         let db = self.db();
         let rows = db
@@ -601,7 +596,6 @@ impl EventLog for PgLog {
             .await?;
         Ok(rows.iter().map(meta_of).collect())
     }
-
     async fn meta(&self, session: Uuid) -> Result<Option<SessionMeta>, LogError> {
         let db = self.db();
         let rows = db
@@ -613,110 +607,11 @@ impl EventLog for PgLog {
             .await?;
         Ok(rows.first().map(meta_of))
     }
-
-    async fn put_derived(&self, session: Uuid, name: &str, bytes: &[u8]) -> Result<(), LogError> {
-        let db = self.db();
-        let (name, bytes) = (name.to_string(), bytes.to_vec());
-        db.query(
-            "store derived data",
-            "INSERT INTO mneme_derived (session, name, bytes) VALUES ($1, $2, $3) \
-                 ON CONFLICT (session, name) DO UPDATE SET bytes = EXCLUDED.bytes",
-            &[&session, &name, &bytes],
-        )
-        .await
-        .map(drop)
-    }
-
-    async fn get_key(&self, session: Uuid) -> Result<Option<Vec<u8>>, LogError> {
-        let rows = self
-            .db()
-            .query(
-                "read a session key",
-                "SELECT wrapped FROM mneme_session_keys WHERE session = $1",
-                &[&session],
-            )
-            .await?;
-        Ok(rows.first().map(|row| row.get(0)))
-    }
-
-    /// One statement: an insert that finds a key returns it. One that lost
-    /// a race to a transaction its snapshot does not see reads again.
-    async fn put_key(&self, session: Uuid, key: &[u8]) -> Result<Vec<u8>, LogError> {
-        let key = key.to_vec();
-        let rows = self
-            .db()
-            .query(
-                "store a session key",
-                "WITH new AS (INSERT INTO mneme_session_keys (session, wrapped) VALUES ($1, $2) \
-                     ON CONFLICT (session) DO NOTHING RETURNING wrapped) \
-                 SELECT wrapped FROM new UNION ALL \
-                 SELECT wrapped FROM mneme_session_keys WHERE session = $1",
-                &[&session, &key],
-            )
-            .await?;
-        match rows.first() {
-            Some(row) => Ok(row.get(0)),
-            None => Ok(self.get_key(session).await?.unwrap_or(key)),
-        }
-    }
-
-    /// Deletes the row, then vacuums the table so the dead row's bytes are
-    /// reclaimed in the table's pages (the server's write-ahead segments
-    /// keep it until recycled).
-    async fn destroy_key(&self, session: Uuid) -> Result<(), LogError> {
-        let db = self.db();
-        db.query(
-            "destroy a session key",
-            "DELETE FROM mneme_session_keys WHERE session = $1",
-            &[&session],
-        )
-        .await?;
-        let client = db.client().await?;
-        client
-            .batch_execute("VACUUM mneme_session_keys")
-            .await
-            .map_err(db.fail("vacuum the session keys"))
-    }
-
-    async fn get_derived(&self, session: Uuid, name: &str) -> Result<Option<Vec<u8>>, LogError> {
-        let db = self.db();
-        let name = name.to_string();
-        let rows = db
-            .query(
-                "read derived data",
-                "SELECT bytes FROM mneme_derived WHERE session = $1 AND name = $2",
-                &[&session, &name],
-            )
-            .await?;
-        Ok(rows.first().map(|row| row.get(0)))
-    }
-
-    /// One query for all of `sessions`.
-    async fn get_derived_many(
-        &self,
-        name: &str,
-        sessions: &[Uuid],
-    ) -> Result<Vec<Option<Vec<u8>>>, LogError> {
-        let db = self.db();
-        let (name, wanted) = (name.to_string(), sessions.to_vec());
-        let rows = db
-            .query(
-                "read derived data",
-                "SELECT session, bytes FROM mneme_derived WHERE name = $1 AND session = ANY($2)",
-                &[&name, &wanted],
-            )
-            .await?;
-        let mut found: HashMap<Uuid, Vec<u8>> =
-            rows.iter().map(|row| (row.get(0), row.get(1))).collect();
-        Ok(sessions.iter().map(|s| found.remove(s)).collect())
-    }
-
     /// Every append is durable once its transaction committed, before
     /// `append` returned: there is nothing to wait for.
     async fn barrier(&self, _durability: Durability) -> Result<(), LogError> {
         Ok(())
     }
-
     async fn import(&self, session: Uuid, sealed: Vec<Vec<u8>>) -> Result<Head, LogError> {
         let head = self.head(session).await?;
         let records = open_sealed(session, head, &sealed)?;
@@ -736,7 +631,25 @@ impl EventLog for PgLog {
             }),
         }
     }
+    fn follow(&self, listener: AppendListener) {
+        self.listeners
+            .lock()
+            .expect("listener lock poisoned")
+            .push(listener);
+        self.listening.call_once(|| self.start_listening());
+    }
 
+    fn leases(&self) -> &dyn Leases {
+        self
+    }
+
+    fn side_store(&self) -> &dyn SideStore {
+        self
+    }
+}
+
+#[async_trait::async_trait]
+impl Leases for PgLog {
     async fn acquire_lease(
         &self,
         session: Uuid,
@@ -761,7 +674,6 @@ impl EventLog for PgLog {
             .await?;
         self.granted(session, &rows).await
     }
-
     async fn take_over_lease(
         &self,
         held: &Lease,
@@ -784,7 +696,6 @@ impl EventLog for PgLog {
             .await?;
         self.granted(session, &rows).await
     }
-
     async fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<Lease, LogError> {
         let db = self.db();
         let (session, token, ttl) = (lease.session, lease.token as i64, ttl_ms(ttl));
@@ -814,7 +725,6 @@ impl EventLog for PgLog {
             }
         }
     }
-
     async fn release_lease(&self, lease: &Lease) -> Result<(), LogError> {
         {
             let mut held = self.held.lock().expect("lease lock poisoned");
@@ -832,7 +742,6 @@ impl EventLog for PgLog {
         .await
         .map(drop)
     }
-
     async fn expired_leases(&self) -> Result<Vec<Lease>, LogError> {
         let db = self.db();
         let rows = db
@@ -847,7 +756,6 @@ impl EventLog for PgLog {
             .await?;
         Ok(rows.iter().map(lease_of).collect())
     }
-
     async fn lease(&self, session: Uuid) -> Result<Option<Lease>, LogError> {
         let db = self.db();
         let rows = db
@@ -862,7 +770,6 @@ impl EventLog for PgLog {
             .await?;
         Ok(rows.first().map(lease_of))
     }
-
     async fn request_pause(&self, session: Uuid) -> Result<Option<Lease>, LogError> {
         let db = self.db();
         let rows = db
@@ -878,7 +785,6 @@ impl EventLog for PgLog {
             .await?;
         Ok(rows.first().map(lease_of))
     }
-
     /// One statement, which writes only when a request is there: the turn
     /// asks once a second.
     async fn take_pause_request(&self, session: Uuid, token: u64) -> Result<bool, LogError> {
@@ -894,13 +800,100 @@ impl EventLog for PgLog {
             .await?;
         Ok(!rows.is_empty())
     }
+}
 
-    fn follow(&self, listener: AppendListener) {
-        self.listeners
-            .lock()
-            .expect("listener lock poisoned")
-            .push(listener);
-        self.listening.call_once(|| self.start_listening());
+#[async_trait::async_trait]
+impl SideStore for PgLog {
+    async fn put_derived(&self, session: Uuid, name: &str, bytes: &[u8]) -> Result<(), LogError> {
+        let db = self.db();
+        let (name, bytes) = (name.to_string(), bytes.to_vec());
+        db.query(
+            "store derived data",
+            "INSERT INTO mneme_derived (session, name, bytes) VALUES ($1, $2, $3) \
+                 ON CONFLICT (session, name) DO UPDATE SET bytes = EXCLUDED.bytes",
+            &[&session, &name, &bytes],
+        )
+        .await
+        .map(drop)
+    }
+    async fn get_key(&self, session: Uuid) -> Result<Option<Vec<u8>>, LogError> {
+        let rows = self
+            .db()
+            .query(
+                "read a session key",
+                "SELECT wrapped FROM mneme_session_keys WHERE session = $1",
+                &[&session],
+            )
+            .await?;
+        Ok(rows.first().map(|row| row.get(0)))
+    }
+    /// One statement: an insert that finds a key returns it. One that lost
+    /// a race to a transaction its snapshot does not see reads again.
+    async fn put_key(&self, session: Uuid, key: &[u8]) -> Result<Vec<u8>, LogError> {
+        let key = key.to_vec();
+        let rows = self
+            .db()
+            .query(
+                "store a session key",
+                "WITH new AS (INSERT INTO mneme_session_keys (session, wrapped) VALUES ($1, $2) \
+                     ON CONFLICT (session) DO NOTHING RETURNING wrapped) \
+                 SELECT wrapped FROM new UNION ALL \
+                 SELECT wrapped FROM mneme_session_keys WHERE session = $1",
+                &[&session, &key],
+            )
+            .await?;
+        match rows.first() {
+            Some(row) => Ok(row.get(0)),
+            None => Ok(self.side_store().get_key(session).await?.unwrap_or(key)),
+        }
+    }
+    /// Deletes the row, then vacuums the table so the dead row's bytes are
+    /// reclaimed in the table's pages (the server's write-ahead segments
+    /// keep it until recycled).
+    async fn destroy_key(&self, session: Uuid) -> Result<(), LogError> {
+        let db = self.db();
+        db.query(
+            "destroy a session key",
+            "DELETE FROM mneme_session_keys WHERE session = $1",
+            &[&session],
+        )
+        .await?;
+        let client = db.client().await?;
+        client
+            .batch_execute("VACUUM mneme_session_keys")
+            .await
+            .map_err(db.fail("vacuum the session keys"))
+    }
+    async fn get_derived(&self, session: Uuid, name: &str) -> Result<Option<Vec<u8>>, LogError> {
+        let db = self.db();
+        let name = name.to_string();
+        let rows = db
+            .query(
+                "read derived data",
+                "SELECT bytes FROM mneme_derived WHERE session = $1 AND name = $2",
+                &[&session, &name],
+            )
+            .await?;
+        Ok(rows.first().map(|row| row.get(0)))
+    }
+    /// One query for all of `sessions`.
+    async fn get_derived_many(
+        &self,
+        name: &str,
+        sessions: &[Uuid],
+    ) -> Result<Vec<Option<Vec<u8>>>, LogError> {
+        let db = self.db();
+        let (name, wanted) = (name.to_string(), sessions.to_vec());
+        let rows = db
+            .query(
+                "read derived data",
+                "SELECT session, bytes FROM mneme_derived WHERE name = $1 AND session = ANY($2)",
+                &[&name, &wanted],
+            )
+            .await?;
+        let mut found: HashMap<Uuid, Vec<u8>> =
+            rows.iter().map(|row| (row.get(0), row.get(1))).collect();
+        Ok(sessions.iter().map(|s| found.remove(s)).collect())
     }
 }
 
@@ -1079,6 +1072,7 @@ mod tests {
         let log = PgLog::connect(&url).await.unwrap();
         let s = Uuid::now_v7();
         let lease = log
+            .leases()
             .acquire_lease(s, "old", Duration::from_secs(60))
             .await
             .unwrap();
@@ -1115,9 +1109,13 @@ mod tests {
         log.append(s, 2, vec![eventlog::conformance::event(2)])
             .await
             .unwrap();
-        let asked = newer.request_pause(s).await.unwrap().unwrap();
+        let asked = newer.leases().request_pause(s).await.unwrap().unwrap();
         assert_eq!(asked.token, lease.token);
-        assert!(log.take_pause_request(s, lease.token).await.unwrap());
+        assert!(log
+            .leases()
+            .take_pause_request(s, lease.token)
+            .await
+            .unwrap());
         log.append(s, 3, vec![eventlog::conformance::event(3)])
             .await
             .unwrap();

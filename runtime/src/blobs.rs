@@ -1,7 +1,7 @@
 //! Binary content tools return by reference (an MCP server's images,
 //! audio, embedded files), kept beside the log under its SHA-256.
 //!
-//! A blob is derived data (`EventLog::put_derived`): outside the chain and
+//! A blob is derived data (`SideStore::put_derived`): outside the chain and
 //! the barriers, so it may be missing after a crash, and it is checked
 //! against the digest the log recorded whenever it is read. The event that
 //! refers to it records its size and digest, never its bytes.
@@ -35,6 +35,7 @@ impl tools::BlobStore for SessionBlobs {
     async fn keep(&self, digest: &str, bytes: &[u8]) -> Result<(), String> {
         let stored = self
             .log
+            .side_store()
             .put_derived(self.session, &name(digest), bytes)
             .await;
         stored.map_err(|e| e.to_string())
@@ -49,6 +50,7 @@ pub async fn read(
     digest: &str,
 ) -> Result<Option<Vec<u8>>, RuntimeError> {
     let bytes = log
+        .side_store()
         .get_derived(session, &name(&digest.to_ascii_lowercase()))
         .await?;
     Ok(bytes.filter(|b| replay::digest_hex(b).eq_ignore_ascii_case(digest)))

@@ -114,7 +114,7 @@ impl HeldLease {
         owner: &str,
         ttl: Duration,
     ) -> Result<HeldLease, LogError> {
-        let lease = log.acquire_lease(session, owner, ttl).await?;
+        let lease = log.leases().acquire_lease(session, owner, ttl).await?;
         Ok(HeldLease::holding(log, lease, ttl))
     }
 
@@ -153,14 +153,14 @@ impl HeldLease {
                         expires_ms,
                     };
                     // Taken over only while it is still the exited holder's.
-                    let Some(held) = log.lease(session).await? else {
+                    let Some(held) = log.leases().lease(session).await? else {
                         continue; // released meanwhile
                     };
                     if held.owner != holder {
                         refusal = Some(held_by(&held.owner));
                         continue;
                     }
-                    match log.take_over_lease(&held, owner, ttl).await {
+                    match log.leases().take_over_lease(&held, owner, ttl).await {
                         Ok(lease) => {
                             crate::log_line!(
                                 "mneme: session {session} was leased to {holder}, which has exited: taken over"
@@ -192,7 +192,7 @@ impl HeldLease {
         self.renewer.abort();
         self.released = true;
         let lease = self.current();
-        if let Err(e) = self.log.release_lease(&lease).await {
+        if let Err(e) = self.log.leases().release_lease(&lease).await {
             crate::warn_line!("mneme: releasing the lease of {}: {e}", lease.session);
         }
     }
@@ -204,7 +204,7 @@ impl HeldLease {
         self.renewer.abort();
         self.released = true;
         let lease = self.current();
-        match self.log.renew_lease(&lease, Duration::ZERO).await {
+        match self.log.leases().renew_lease(&lease, Duration::ZERO).await {
             Ok(_) | Err(LogError::Fenced { .. }) => {}
             Err(e) => crate::warn_line!("mneme: handing over the lease of {}: {e}", lease.session),
         }
@@ -223,7 +223,7 @@ async fn renew(log: Arc<dyn EventLog>, lease: Arc<Mutex<Lease>>, ttl: Duration) 
     loop {
         every.tick().await;
         let current = lease.lock().expect("lease lock").clone();
-        match log.renew_lease(&current, ttl).await {
+        match log.leases().renew_lease(&current, ttl).await {
             Ok(renewed) => *lease.lock().expect("lease lock") = renewed,
             Err(e @ LogError::Fenced { .. }) => {
                 crate::warn_line!("mneme: {e}");
@@ -247,7 +247,7 @@ impl Drop for HeldLease {
         self.renewer.abort();
         let (log, lease) = (self.log.clone(), self.current());
         let lapse = async move {
-            match log.renew_lease(&lease, Duration::ZERO).await {
+            match log.leases().renew_lease(&lease, Duration::ZERO).await {
                 Ok(_) | Err(LogError::Fenced { .. }) => {}
                 Err(e) => {
                     crate::warn_line!("mneme: handing over the lease of {}: {e}", lease.session)

@@ -1,5 +1,5 @@
 //! Pauses asked for across processes that share a store. A request is kept
-//! by the store with the session's lease ([`EventLog::request_pause`]),
+//! by the store with the session's lease ([`eventlog::Leases::request_pause`]),
 //! naming the holding of the lease the turn runs under; the process running
 //! that turn (a daemon or the CLI) looks for it between steps, at most once
 //! a second. A request names one holding of the lease, so one left over
@@ -31,7 +31,11 @@ const LOOK_EVERY: Duration = Duration::from_secs(1);
 /// Asks the turn running session `id` under a live lease, wherever it runs,
 /// to pause. Returns that lease's owner, or `None` if no turn runs.
 pub async fn ask(log: &dyn EventLog, id: Uuid) -> Result<Option<String>, LogError> {
-    Ok(log.request_pause(id).await?.map(|lease| lease.owner))
+    Ok(log
+        .leases()
+        .request_pause(id)
+        .await?
+        .map(|lease| lease.owner))
 }
 
 /// The turns of this process that listen for pause requests, each by the
@@ -80,6 +84,9 @@ impl Listening {
             turn.looked = Instant::now();
             turn.token
         };
-        log.take_pause_request(id, token).await.unwrap_or(false)
+        log.leases()
+            .take_pause_request(id, token)
+            .await
+            .unwrap_or(false)
     }
 }

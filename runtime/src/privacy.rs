@@ -12,7 +12,7 @@
 //! (snapshots, summaries, blobs) is encrypted under the same key.
 //!
 //! Reading through a `SealedLog` gives back the events as written. Once
-//! the session's key is destroyed ([`EventLog::destroy_key`]), it gives
+//! the session's key is destroyed ([`eventlog::SideStore::destroy_key`]), it gives
 //! the outlines: the session's shape (kinds, times, tools, effects,
 //! idempotency keys, tokens) with its content erased, and its derived data
 //! reads as absent. Sessions written without a master key, or before one
@@ -22,14 +22,14 @@ use crate::error::RuntimeError;
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use eventlog::{
-    AppendListener, Durability, EventLog, Head, Lease, LogError, NewEvent, Record, SessionMeta,
+    AppendListener, Durability, EventLog, Head, Leases, LogError, NewEvent, Record, SessionMeta,
+    SideStore,
 };
 use replay::Event;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 use uuid::Uuid;
 
 /// The bit of an envelope's `schema` that marks a sealed payload (an
@@ -241,7 +241,7 @@ impl SealedLog {
         if let Some(key) = self.cached(session) {
             return Ok(key);
         }
-        let Some(wrapped) = self.inner.get_key(session).await? else {
+        let Some(wrapped) = self.inner.side_store().get_key(session).await? else {
             return Ok(self.remember(session, SessionKey::None));
         };
         let master = self.master.as_ref().ok_or_else(|| LogError::Encrypted {
@@ -267,6 +267,7 @@ impl SealedLog {
                 })?;
                 let kept = self
                     .inner
+                    .side_store()
                     .put_key(session, &master.wrap(session, &fresh)?)
                     .await?;
                 let cipher = master.unwrap(session, &kept)?;
@@ -413,12 +414,10 @@ impl EventLog for SealedLog {
             .map(|record| Self::open(&key, record))
             .collect()
     }
-
     async fn read(&self, session: Uuid, from: u64, to: u64) -> Result<Vec<Record>, LogError> {
         let records = self.inner.read(session, from, to).await?;
         self.open_all(session, records).await
     }
-
     /// As stored: encrypted, as an export carries them.
     async fn read_sealed(
         &self,
@@ -428,7 +427,6 @@ impl EventLog for SealedLog {
     ) -> Result<(Vec<Record>, Vec<Vec<u8>>), LogError> {
         self.inner.read_sealed(session, from, to).await
     }
-
     async fn read_bounded(
         &self,
         session: Uuid,
@@ -442,119 +440,88 @@ impl EventLog for SealedLog {
             .await?;
         self.open_all(session, records).await
     }
-
     async fn head(&self, session: Uuid) -> Result<Head, LogError> {
         self.inner.head(session).await
     }
-
     async fn sessions(&self) -> Result<Vec<SessionMeta>, LogError> {
         self.inner.sessions().await
     }
-
     async fn meta(&self, session: Uuid) -> Result<Option<SessionMeta>, LogError> {
         self.inner.meta(session).await
     }
+    async fn barrier(&self, durability: Durability) -> Result<(), LogError> {
+        self.inner.barrier(durability).await
+    }
+    async fn import(&self, session: Uuid, sealed: Vec<Vec<u8>>) -> Result<Head, LogError> {
+        self.inner.import(session, sealed).await
+    }
+    fn follow(&self, listener: AppendListener) {
+        self.inner.follow(listener)
+    }
+    async fn verify(&self, session: Uuid) -> Result<u64, LogError> {
+        self.inner.verify(session).await
+    }
 
+    fn leases(&self) -> &dyn Leases {
+        self.inner.leases()
+    }
+
+    fn side_store(&self) -> &dyn SideStore {
+        self
+    }
+}
+
+#[async_trait::async_trait]
+impl SideStore for SealedLog {
     async fn put_derived(&self, session: Uuid, name: &str, bytes: &[u8]) -> Result<(), LogError> {
         match self.key(session).await? {
             SessionKey::Destroyed => Ok(()),
-            SessionKey::None => self.inner.put_derived(session, name, bytes).await,
+            SessionKey::None => {
+                self.inner
+                    .side_store()
+                    .put_derived(session, name, bytes)
+                    .await
+            }
             SessionKey::Some(cipher) => {
                 let sealed = encrypt(&cipher, bytes, &derived_aad(session, name), session)?;
                 let stored = [DERIVED_MAGIC.as_slice(), &sealed].concat();
-                self.inner.put_derived(session, name, &stored).await
+                self.inner
+                    .side_store()
+                    .put_derived(session, name, &stored)
+                    .await
             }
         }
     }
-
     async fn get_derived(&self, session: Uuid, name: &str) -> Result<Option<Vec<u8>>, LogError> {
-        let bytes = self.inner.get_derived(session, name).await?;
+        let bytes = self.inner.side_store().get_derived(session, name).await?;
         self.open_derived(session, name, bytes).await
     }
-
     async fn get_derived_many(
         &self,
         name: &str,
         sessions: &[Uuid],
     ) -> Result<Vec<Option<Vec<u8>>>, LogError> {
-        let found = self.inner.get_derived_many(name, sessions).await?;
+        let found = self
+            .inner
+            .side_store()
+            .get_derived_many(name, sessions)
+            .await?;
         let mut out = Vec::with_capacity(found.len());
         for (session, bytes) in sessions.iter().zip(found) {
             out.push(self.open_derived(*session, name, bytes).await?);
         }
         Ok(out)
     }
-
     async fn get_key(&self, session: Uuid) -> Result<Option<Vec<u8>>, LogError> {
-        self.inner.get_key(session).await
+        self.inner.side_store().get_key(session).await
     }
-
     async fn put_key(&self, session: Uuid, key: &[u8]) -> Result<Vec<u8>, LogError> {
         self.keys.lock().expect("keys lock").remove(&session);
-        self.inner.put_key(session, key).await
+        self.inner.side_store().put_key(session, key).await
     }
-
     async fn destroy_key(&self, session: Uuid) -> Result<(), LogError> {
         self.remember(session, SessionKey::Destroyed);
-        self.inner.destroy_key(session).await
-    }
-
-    async fn barrier(&self, durability: Durability) -> Result<(), LogError> {
-        self.inner.barrier(durability).await
-    }
-
-    async fn import(&self, session: Uuid, sealed: Vec<Vec<u8>>) -> Result<Head, LogError> {
-        self.inner.import(session, sealed).await
-    }
-
-    async fn acquire_lease(
-        &self,
-        session: Uuid,
-        owner: &str,
-        ttl: Duration,
-    ) -> Result<Lease, LogError> {
-        self.inner.acquire_lease(session, owner, ttl).await
-    }
-
-    async fn take_over_lease(
-        &self,
-        held: &Lease,
-        owner: &str,
-        ttl: Duration,
-    ) -> Result<Lease, LogError> {
-        self.inner.take_over_lease(held, owner, ttl).await
-    }
-
-    async fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<Lease, LogError> {
-        self.inner.renew_lease(lease, ttl).await
-    }
-
-    async fn release_lease(&self, lease: &Lease) -> Result<(), LogError> {
-        self.inner.release_lease(lease).await
-    }
-
-    async fn expired_leases(&self) -> Result<Vec<Lease>, LogError> {
-        self.inner.expired_leases().await
-    }
-
-    async fn lease(&self, session: Uuid) -> Result<Option<Lease>, LogError> {
-        self.inner.lease(session).await
-    }
-
-    async fn request_pause(&self, session: Uuid) -> Result<Option<Lease>, LogError> {
-        self.inner.request_pause(session).await
-    }
-
-    async fn take_pause_request(&self, session: Uuid, token: u64) -> Result<bool, LogError> {
-        self.inner.take_pause_request(session, token).await
-    }
-
-    fn follow(&self, listener: AppendListener) {
-        self.inner.follow(listener)
-    }
-
-    async fn verify(&self, session: Uuid) -> Result<u64, LogError> {
-        self.inner.verify(session).await
+        self.inner.side_store().destroy_key(session).await
     }
 }
 
@@ -607,7 +574,8 @@ mod tests {
         let log = SealedLog::new(raw.clone(), Some(master()));
         let id = Uuid::now_v7();
         log.append(id, 1, events()).await.unwrap();
-        log.put_derived(id, "snapshot", SECRET.as_bytes())
+        log.side_store()
+            .put_derived(id, "snapshot", SECRET.as_bytes())
             .await
             .unwrap();
 
@@ -622,7 +590,12 @@ mod tests {
             replay::EVENT_SCHEMA,
             "nothing to seal"
         );
-        let derived = raw.get_derived(id, "snapshot").await.unwrap().unwrap();
+        let derived = raw
+            .side_store()
+            .get_derived(id, "snapshot")
+            .await
+            .unwrap()
+            .unwrap();
         assert!(!String::from_utf8_lossy(&derived).contains(SECRET));
 
         let read = log.read(id, 1, 2).await.unwrap();
@@ -633,7 +606,11 @@ mod tests {
         assert_eq!(decoded(&read), original);
         assert_eq!(read[0].hash, stored[0].hash, "the hash is the stored one");
         assert_eq!(
-            log.get_derived(id, "snapshot").await.unwrap().as_deref(),
+            log.side_store()
+                .get_derived(id, "snapshot")
+                .await
+                .unwrap()
+                .as_deref(),
             Some(SECRET.as_bytes())
         );
 
@@ -642,7 +619,7 @@ mod tests {
         let err = keyless.read(id, 1, 2).await.unwrap_err();
         assert!(err.to_string().contains("--master-key"), "{err}");
 
-        log.destroy_key(id).await.unwrap();
+        log.side_store().destroy_key(id).await.unwrap();
         for reader in [&log, &SealedLog::new(raw.clone(), Some(master()))] {
             let erased = decoded(&reader.read(id, 1, 2).await.unwrap());
             assert_eq!(
@@ -652,7 +629,14 @@ mod tests {
                 }
             );
             assert_eq!(erased[1], original[1]);
-            assert_eq!(reader.get_derived(id, "snapshot").await.unwrap(), None);
+            assert_eq!(
+                reader
+                    .side_store()
+                    .get_derived(id, "snapshot")
+                    .await
+                    .unwrap(),
+                None
+            );
         }
         assert_eq!(log.verify(id).await.unwrap(), 2, "the chain still holds");
     }
@@ -667,7 +651,7 @@ mod tests {
             .await
             .unwrap();
         assert!(holds_secret(&raw.read(id, 1, 2).await.unwrap()));
-        assert_eq!(raw.get_key(id).await.unwrap(), None);
+        assert_eq!(raw.side_store().get_key(id).await.unwrap(), None);
         // A master key given later leaves an older session in the clear.
         let later = SealedLog::new(raw.clone(), Some(master()));
         later.append(id, 3, events()).await.unwrap();

@@ -460,7 +460,7 @@ impl Service {
     ) -> Result<(), RuntimeError> {
         let id = session.id();
         if session.state().erased.is_none() {
-            if self.log.get_key(id).await?.is_none() {
+            if self.log.side_store().get_key(id).await?.is_none() {
                 return Err(RuntimeError::InvalidRequest {
                     session: id,
                     reason: "it was written without encryption (mneme had no --master-key when it began), so its content cannot be erased: records are never rewritten".into(),
@@ -474,7 +474,7 @@ impl Service {
             session.barrier(self.durability).await?;
             crate::crash::point(crate::crash::ERASE_RECORDED);
         }
-        self.log.destroy_key(id).await?;
+        self.log.side_store().destroy_key(id).await?;
         Ok(())
     }
 
@@ -484,7 +484,9 @@ impl Service {
     pub async fn idle_since(&self, idle_since_ms: i64) -> Result<Vec<Uuid>, RuntimeError> {
         let mut idle = Vec::new();
         for meta in self.log.sessions().await? {
-            if meta.updated_ms < idle_since_ms && self.log.get_key(meta.session).await?.is_some() {
+            if meta.updated_ms < idle_since_ms
+                && self.log.side_store().get_key(meta.session).await?.is_some()
+            {
                 idle.push(meta.session);
             }
         }
@@ -708,7 +710,7 @@ impl Service {
         if row.status != crate::api::SessionStatus::Running || row.parent.is_some() {
             return Ok(());
         }
-        let idle = self.log.lease(row.session).await?.is_none();
+        let idle = self.log.leases().lease(row.session).await?.is_none();
         row.interrupted = Some(idle && driven);
         row.pending = Some(idle && !driven);
         Ok(())

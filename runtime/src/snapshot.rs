@@ -56,6 +56,7 @@ pub async fn store(
 ) -> Result<(), eventlog::LogError> {
     let _one_at_a_time = STORE.lock().await;
     let stored_seq = log
+        .side_store()
         .get_derived(session, SNAPSHOT)
         .await?
         .and_then(|bytes| rmp_serde::from_slice::<Stored>(&bytes).ok())
@@ -72,13 +73,16 @@ pub async fn store(
         state: encoded,
     };
     let bytes = rmp_serde::to_vec_named(&stored).expect("snapshots always encode");
-    log.put_derived(session, SNAPSHOT, &bytes).await
+    log.side_store()
+        .put_derived(session, SNAPSHOT, &bytes)
+        .await
 }
 
 /// The newest snapshot of `session` that checks out against the log, or
 /// why there is none to use.
 pub async fn load(log: &dyn EventLog, session: Uuid) -> Result<SessionState, String> {
     let bytes = log
+        .side_store()
         .get_derived(session, SNAPSHOT)
         .await
         .map_err(|e| e.to_string())?
@@ -249,12 +253,16 @@ pub async fn store_summary(
     state: &SessionState,
 ) -> Result<(), eventlog::LogError> {
     let bytes = rmp_serde::to_vec_named(&Summary::of(state)).expect("summaries always encode");
-    log.put_derived(session, SUMMARY, &bytes).await
+    log.side_store().put_derived(session, SUMMARY, &bytes).await
 }
 
 /// The stored summary of `session`, if it describes seq `head`.
 pub async fn fresh_summary(log: &dyn EventLog, session: Uuid, head: u64) -> Option<Summary> {
-    let bytes = log.get_derived(session, SUMMARY).await.ok()??;
+    let bytes = log
+        .side_store()
+        .get_derived(session, SUMMARY)
+        .await
+        .ok()??;
     summary_at(&bytes, head)
 }
 
@@ -262,7 +270,7 @@ pub async fn fresh_summary(log: &dyn EventLog, session: Uuid, head: u64) -> Opti
 /// head, read together.
 pub async fn fresh_summaries(log: &dyn EventLog, sessions: &[(Uuid, u64)]) -> Vec<Option<Summary>> {
     let ids: Vec<Uuid> = sessions.iter().map(|(id, _)| *id).collect();
-    let Ok(stored) = log.get_derived_many(SUMMARY, &ids).await else {
+    let Ok(stored) = log.side_store().get_derived_many(SUMMARY, &ids).await else {
         return vec![None; sessions.len()];
     };
     stored
@@ -338,10 +346,18 @@ mod tests {
         assert_eq!(loaded.state(), &full);
 
         // A damaged snapshot is ignored: the log is folded instead.
-        let mut bytes = log.get_derived(id, SNAPSHOT).await.unwrap().unwrap();
+        let mut bytes = log
+            .side_store()
+            .get_derived(id, SNAPSHOT)
+            .await
+            .unwrap()
+            .unwrap();
         let n = bytes.len();
         bytes[n - 3] ^= 0xff;
-        log.put_derived(id, SNAPSHOT, &bytes).await.unwrap();
+        log.side_store()
+            .put_derived(id, SNAPSHOT, &bytes)
+            .await
+            .unwrap();
         assert!(load(log.as_ref(), id)
             .await
             .unwrap_err()
@@ -435,7 +451,7 @@ mod tests {
         drop(busy);
         // The lock is fair: once it is ours again, the queued task is done.
         drop(STORE.lock().await);
-        let stored = raw.get_derived(id, SNAPSHOT).await.unwrap();
+        let stored = raw.side_store().get_derived(id, SNAPSHOT).await.unwrap();
         assert!(
             stored.is_none_or(|bytes| !String::from_utf8_lossy(&bytes).contains("m1")),
             "the erased text was stored in the clear"

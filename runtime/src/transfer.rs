@@ -90,7 +90,7 @@ pub async fn export(
 ) -> Result<u64, TransferError> {
     let mut written = 0;
     for &session in sessions {
-        if let Some(wrapped) = log.get_key(session).await? {
+        if let Some(wrapped) = log.side_store().get_key(session).await? {
             let line = KeyLine {
                 session,
                 wrapped_key: hex::encode(wrapped),
@@ -185,7 +185,9 @@ pub async fn import(
             // A session this store holds without a key was written in the
             // clear or erased (its key destroyed): a key from a file would
             // make it look encrypted, or bring the erased content back.
-            if log.head(key.session).await?.seq > 0 && log.get_key(key.session).await?.is_none() {
+            if log.head(key.session).await?.seq > 0
+                && log.side_store().get_key(key.session).await?.is_none()
+            {
                 return Err(TransferError::BadLine {
                     line: line_no,
                     reason: format!(
@@ -195,7 +197,7 @@ pub async fn import(
                     ),
                 });
             }
-            if log.put_key(key.session, &wrapped).await? != wrapped {
+            if log.side_store().put_key(key.session, &wrapped).await? != wrapped {
                 return Err(TransferError::BadLine {
                     line: line_no,
                     reason: format!(
@@ -504,8 +506,8 @@ mod tests {
             .unwrap();
         let old_export = exported(raw.as_ref(), &[id]).await;
         // erase: record, then destroy the key (as Service::erase does)
-        log.destroy_key(id).await.unwrap();
-        assert_eq!(raw.get_key(id).await.unwrap(), None);
+        log.side_store().destroy_key(id).await.unwrap();
+        assert_eq!(raw.side_store().get_key(id).await.unwrap(), None);
 
         let result = import(raw.as_ref(), &mut old_export.as_bytes()).await;
         let fresh = SealedLog::new(raw.clone(), Some(master()));
@@ -515,7 +517,7 @@ mod tests {
         assert!(
             result.is_err() && !text.contains("SECRET-TEXT"),
             "import: {result:?}; key back: {}; content reads: {text:?}",
-            raw.get_key(id).await.unwrap().is_some()
+            raw.side_store().get_key(id).await.unwrap().is_some()
         );
     }
 
@@ -529,9 +531,9 @@ mod tests {
         let line = format!("{{\"session\":\"{a}\",\"wrapped_key\":\"01\"}}\n");
         let result = import(&target, &mut line.as_bytes()).await;
         assert!(
-            result.is_err() && target.get_key(a).await.unwrap().is_none(),
+            result.is_err() && target.side_store().get_key(a).await.unwrap().is_none(),
             "import: {result:?}; key now kept: {:?}",
-            target.get_key(a).await.unwrap()
+            target.side_store().get_key(a).await.unwrap()
         );
     }
 

@@ -435,7 +435,7 @@ fn snapshot_resume() {
         assert_eq!(from, (n - 100) as u64, "the snapshot was used");
         {
             let log = SledLog::open(&dir).unwrap();
-            block(log.put_derived(session, "snapshot", b"")).unwrap(); // unusable: ignored
+            block(log.side_store().put_derived(session, "snapshot", b"")).unwrap(); // unusable: ignored
         }
         let (full, from) = resume();
         assert_eq!(from, 0, "no snapshot was used");
@@ -617,7 +617,7 @@ fn long_session_resume() {
             "resumed from the snapshot"
         );
         assert_eq!(loaded.state().last_seq as usize, n);
-        block(log.put_derived(session, "snapshot", b"")).unwrap();
+        block(log.side_store().put_derived(session, "snapshot", b"")).unwrap();
         let t = Instant::now();
         let full = block(Session::load(log, session)).unwrap();
         let replay = t.elapsed();

@@ -414,7 +414,7 @@ async fn get_session(
     Ok(Json(SessionView {
         summary: row,
         answer: session.state().answer().map(String::from),
-        running_on: log.lease(id).await?.map(|lease| lease.owner),
+        running_on: log.leases().lease(id).await?.map(|lease| lease.owner),
         in_doubt: session
             .state()
             .calls_in_doubt()

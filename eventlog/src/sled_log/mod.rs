@@ -29,11 +29,11 @@
 //! tokio's blocking pool.
 
 use crate::wal::{Frame, Wal};
-use crate::Totals;
 use crate::{
     now_ms, Durability, EventLog, Hash, Head, Lease, LocalLeases, LogError, NewEvent, Record,
     SessionMeta,
 };
+use crate::{Leases, SideStore, Totals};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::File;
@@ -323,65 +323,13 @@ impl EventLog for SledLog {
         self.with_writer(|writer| writer.append(session, expected_seq, events))
             .await
     }
-
     async fn import(&self, session: Uuid, sealed: Vec<Vec<u8>>) -> Result<Head, LogError> {
         self.with_writer(|writer| writer.import(session, sealed))
             .await
     }
-
-    async fn acquire_lease(
-        &self,
-        session: Uuid,
-        owner: &str,
-        ttl: std::time::Duration,
-    ) -> Result<Lease, LogError> {
-        self.shared.leases.acquire(session, owner, ttl)
-    }
-
-    async fn take_over_lease(
-        &self,
-        held: &Lease,
-        owner: &str,
-        ttl: std::time::Duration,
-    ) -> Result<Lease, LogError> {
-        self.shared.leases.take_over(held, owner, ttl)
-    }
-
-    async fn renew_lease(
-        &self,
-        lease: &Lease,
-        ttl: std::time::Duration,
-    ) -> Result<Lease, LogError> {
-        self.shared.leases.renew(lease, ttl)
-    }
-
-    async fn release_lease(&self, lease: &Lease) -> Result<(), LogError> {
-        self.shared.leases.release(lease);
-        Ok(())
-    }
-
-    async fn expired_leases(&self) -> Result<Vec<Lease>, LogError> {
-        Ok(self.shared.leases.expired())
-    }
-
-    async fn lease(&self, session: Uuid) -> Result<Option<Lease>, LogError> {
-        Ok(self.shared.leases.live(session))
-    }
-
-    /// Kept with the lease, in memory: one process owns the store, and its
-    /// leases (and their tokens) do not outlive it.
-    async fn request_pause(&self, session: Uuid) -> Result<Option<Lease>, LogError> {
-        Ok(self.shared.leases.request_pause(session))
-    }
-
-    async fn take_pause_request(&self, session: Uuid, token: u64) -> Result<bool, LogError> {
-        Ok(self.shared.leases.take_pause_request(session, token))
-    }
-
     async fn read(&self, session: Uuid, from: u64, to: u64) -> Result<Vec<Record>, LogError> {
         self.read_bounded(session, from, to, usize::MAX).await
     }
-
     /// On the blocking pool: a range may be long.
     async fn read_sealed(
         &self,
@@ -392,7 +340,6 @@ impl EventLog for SledLog {
         self.blocking(move |shared| shared.read_sealed(session, from, to))
             .await
     }
-
     /// On the blocking pool: a range may be long (see `Shared::read_bounded`).
     async fn read_bounded(
         &self,
@@ -407,50 +354,6 @@ impl EventLog for SledLog {
         self.blocking(move |shared| shared.read_bounded(session, from, to, max_bytes))
             .await
     }
-
-    /// Inline: one insert into sled's memory (derived data is not covered
-    /// by barriers, so nothing waits for a disk here).
-    async fn put_derived(&self, session: Uuid, name: &str, bytes: &[u8]) -> Result<(), LogError> {
-        self.shared
-            .db
-            .insert(derived_key(session, name), bytes)
-            .map(drop)
-            .map_err(|e| self.shared.storage(e))
-    }
-
-    /// On the blocking pool: a file read.
-    async fn get_key(&self, session: Uuid) -> Result<Option<Vec<u8>>, LogError> {
-        self.blocking(move |shared| shared.keys().get(session).map_err(|e| shared.key_io(e)))
-            .await
-    }
-
-    /// On the blocking pool: a file written and synced.
-    async fn put_key(&self, session: Uuid, key: &[u8]) -> Result<Vec<u8>, LogError> {
-        let key = key.to_vec();
-        self.blocking(move |shared| {
-            shared
-                .keys()
-                .put(session, &key)
-                .map_err(|e| shared.key_io(e))
-        })
-        .await
-    }
-
-    /// On the blocking pool: a file overwritten, synced and removed.
-    async fn destroy_key(&self, session: Uuid) -> Result<(), LogError> {
-        self.blocking(move |shared| shared.keys().destroy(session).map_err(|e| shared.key_io(e)))
-            .await
-    }
-
-    /// Inline: a point lookup in sled's page cache.
-    async fn get_derived(&self, session: Uuid, name: &str) -> Result<Option<Vec<u8>>, LogError> {
-        self.shared
-            .db
-            .get(derived_key(session, name))
-            .map(|v| v.map(|v| v.to_vec()))
-            .map_err(|e| self.shared.storage(e))
-    }
-
     /// Inline: from the writer's cache, else one point lookup in sled.
     async fn head(&self, session: Uuid) -> Result<Head, LogError> {
         if let Some(meta) = self
@@ -473,12 +376,10 @@ impl EventLog for SledLog {
                 hash: m.head_hash,
             }))
     }
-
     /// On the blocking pool: a scan of every session's meta.
     async fn sessions(&self) -> Result<Vec<SessionMeta>, LogError> {
         self.blocking(|shared| shared.sessions()).await
     }
-
     /// Every append is in the write-ahead file (in the OS's hands) once
     /// `append` returns, so `Flushed` costs nothing.
     ///
@@ -499,5 +400,100 @@ impl EventLog for SledLog {
         let (reply, answer) = oneshot::channel();
         self.send(Request::Sync(reply))?;
         answer.await.map_err(|_| self.shared.writer_stopped())?
+    }
+
+    fn leases(&self) -> &dyn Leases {
+        self
+    }
+
+    fn side_store(&self) -> &dyn SideStore {
+        self
+    }
+}
+
+#[async_trait::async_trait]
+impl Leases for SledLog {
+    async fn acquire_lease(
+        &self,
+        session: Uuid,
+        owner: &str,
+        ttl: std::time::Duration,
+    ) -> Result<Lease, LogError> {
+        self.shared.leases.acquire(session, owner, ttl)
+    }
+    async fn take_over_lease(
+        &self,
+        held: &Lease,
+        owner: &str,
+        ttl: std::time::Duration,
+    ) -> Result<Lease, LogError> {
+        self.shared.leases.take_over(held, owner, ttl)
+    }
+    async fn renew_lease(
+        &self,
+        lease: &Lease,
+        ttl: std::time::Duration,
+    ) -> Result<Lease, LogError> {
+        self.shared.leases.renew(lease, ttl)
+    }
+    async fn release_lease(&self, lease: &Lease) -> Result<(), LogError> {
+        self.shared.leases.release(lease);
+        Ok(())
+    }
+    async fn expired_leases(&self) -> Result<Vec<Lease>, LogError> {
+        Ok(self.shared.leases.expired())
+    }
+    async fn lease(&self, session: Uuid) -> Result<Option<Lease>, LogError> {
+        Ok(self.shared.leases.live(session))
+    }
+    /// Kept with the lease, in memory: one process owns the store, and its
+    /// leases (and their tokens) do not outlive it.
+    async fn request_pause(&self, session: Uuid) -> Result<Option<Lease>, LogError> {
+        Ok(self.shared.leases.request_pause(session))
+    }
+    async fn take_pause_request(&self, session: Uuid, token: u64) -> Result<bool, LogError> {
+        Ok(self.shared.leases.take_pause_request(session, token))
+    }
+}
+
+#[async_trait::async_trait]
+impl SideStore for SledLog {
+    /// Inline: one insert into sled's memory (derived data is not covered
+    /// by barriers, so nothing waits for a disk here).
+    async fn put_derived(&self, session: Uuid, name: &str, bytes: &[u8]) -> Result<(), LogError> {
+        self.shared
+            .db
+            .insert(derived_key(session, name), bytes)
+            .map(drop)
+            .map_err(|e| self.shared.storage(e))
+    }
+    /// On the blocking pool: a file read.
+    async fn get_key(&self, session: Uuid) -> Result<Option<Vec<u8>>, LogError> {
+        self.blocking(move |shared| shared.keys().get(session).map_err(|e| shared.key_io(e)))
+            .await
+    }
+    /// On the blocking pool: a file written and synced.
+    async fn put_key(&self, session: Uuid, key: &[u8]) -> Result<Vec<u8>, LogError> {
+        let key = key.to_vec();
+        self.blocking(move |shared| {
+            shared
+                .keys()
+                .put(session, &key)
+                .map_err(|e| shared.key_io(e))
+        })
+        .await
+    }
+    /// On the blocking pool: a file overwritten, synced and removed.
+    async fn destroy_key(&self, session: Uuid) -> Result<(), LogError> {
+        self.blocking(move |shared| shared.keys().destroy(session).map_err(|e| shared.key_io(e)))
+            .await
+    }
+    /// Inline: a point lookup in sled's page cache.
+    async fn get_derived(&self, session: Uuid, name: &str) -> Result<Option<Vec<u8>>, LogError> {
+        self.shared
+            .db
+            .get(derived_key(session, name))
+            .map(|v| v.map(|v| v.to_vec()))
+            .map_err(|e| self.shared.storage(e))
     }
 }

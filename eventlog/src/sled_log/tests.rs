@@ -132,10 +132,12 @@ async fn a_long_session_takes_little_more_room_than_its_records() {
             log.barrier(Durability::Flushed).await.unwrap();
         }
         let summary = format!("{{\"seq\":{seq},\"turn\":{turn},\"status\":\"done\"}}");
-        log.put_derived(s, "summary", &prose(&mut seed, 250))
+        log.side_store()
+            .put_derived(s, "summary", &prose(&mut seed, 250))
             .await
             .unwrap();
-        log.put_derived(s, "status", summary.as_bytes())
+        log.side_store()
+            .put_derived(s, "status", summary.as_bytes())
             .await
             .unwrap();
     }
