@@ -121,6 +121,19 @@ impl DaemonProcess {
         (status, response.json().await.unwrap_or(Value::Null))
     }
 
+    /// Posts the message `text` to session `id` (202: a turn starts).
+    pub async fn message(&self, id: &str, text: &str) -> (u16, Value) {
+        let body = serde_json::json!({ "text": text });
+        self.post(&format!("/sessions/{id}/messages"), &body).await
+    }
+
+    /// Posts the message `text` to session `id` and waits for the turn's
+    /// end (200, and how it ended).
+    pub async fn message_and_wait(&self, id: &str, text: &str) -> (u16, Value) {
+        let body = serde_json::json!({ "text": text, "wait": true });
+        self.post(&format!("/sessions/{id}/messages"), &body).await
+    }
+
     /// POST with owned arguments, for many requests at once.
     pub async fn post_owned(&self, path: String, body: Value) -> (u16, Value) {
         self.post(&path, &body).await

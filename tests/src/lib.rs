@@ -15,8 +15,10 @@ pub mod hostile;
 pub mod mcp;
 pub mod powercut;
 pub mod scenario;
+mod testbed;
 
 pub use eventually::{eventually, eventually_blocking, Check};
+pub use testbed::{Testbed, TestbedBuilder};
 pub use testkit::{
     serve_until_dropped, without_cache_key, Fault, Hold, MockModel, MockReply, Sink, SinkStats,
     CACHE_WINDOW,
@@ -308,6 +310,21 @@ pub fn assert_billed_once(sink: &Sink, sessions: usize) {
         2 * sessions,
         "one key per side-effecting call, every retry reused it"
     );
+}
+
+/// Waits (up to `timeout`) until `sink` applied at least `n` effects on
+/// `path`.
+pub async fn effects_reach(sink: &Sink, path: &str, n: u64, timeout: std::time::Duration) {
+    let what = format!("{n} effects on {path}");
+    eventually(what, timeout, || async {
+        let stats = sink.stats();
+        if stats.path(path).effects >= n {
+            Ok(())
+        } else {
+            Err(format!("{:?}", stats.paths))
+        }
+    })
+    .await
 }
 
 /// xorshift64*: small, fast, and reproducible from its seed (the random

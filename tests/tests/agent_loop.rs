@@ -27,15 +27,6 @@ fn tool_messages(body: &[u8]) -> Vec<(String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parallel_calls_run_concurrently_and_return_in_call_order() {
-    let world = World::new();
-    let model = MockModel::start(
-        vec![
-            MockReply::calls(&[("slow", json!({})), ("fast", json!({}))]),
-            MockReply::answer("both done"),
-        ],
-        Fault::None,
-    )
-    .await;
     let tools = [
         command_tool(
             "slow",
@@ -50,11 +41,16 @@ async fn parallel_calls_run_concurrently_and_return_in_call_order() {
             10,
         ),
     ];
-    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &tools));
-    let started = Instant::now();
-    let out = world
-        .run(&["run", "--agent", agent.to_str().unwrap(), "go"])
+    let bed = Testbed::new()
+        .replies(vec![
+            MockReply::calls(&[("slow", json!({})), ("fast", json!({}))]),
+            MockReply::answer("both done"),
+        ])
+        .tools(tools)
         .await;
+    let (world, model) = (&bed.world, &bed.model);
+    let started = Instant::now();
+    let out = bed.run_agent("go").await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
         started.elapsed() < Duration::from_millis(1500),
@@ -62,7 +58,7 @@ async fn parallel_calls_run_concurrently_and_return_in_call_order() {
         started.elapsed()
     );
     let session = session_id(&out);
-    let kinds = event_kinds(&world, &session).await;
+    let kinds = event_kinds(world, &session).await;
     let finished: Vec<&str> = kinds
         .iter()
         .map(String::as_str)
@@ -92,24 +88,17 @@ async fn parallel_calls_run_concurrently_and_return_in_call_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_continues_over_several_turns_with_usage_totals() {
-    let world = World::new();
-    let model = MockModel::start(
-        vec![
+    // An 8B GQA shape: 131,072 KV bytes a token.
+    let shape = "context_window = 8192\nkv = { layers = 32, kv_heads = 8, head_dim = 128, dtype_bytes = 2 }\n";
+    let bed = Testbed::new()
+        .replies(vec![
             MockReply::answer("first answer"),
             MockReply::answer("second answer"),
-        ],
-        Fault::None,
-    )
-    .await;
-    // An 8B GQA shape: 131,072 KV bytes a token.
-    let shape = "timeout_secs = 10\ncontext_window = 8192\nkv = { layers = 32, kv_heads = 8, head_dim = 128, dtype_bytes = 2 }\n";
-    let agent = world.write(
-        "agent.toml",
-        &agent_toml(&model.base_url(), &[]).replace("timeout_secs = 10\n", shape),
-    );
-    let out = world
-        .run(&["run", "--agent", agent.to_str().unwrap(), "one"])
+        ])
+        .model_options(shape)
         .await;
+    let (world, model) = (&bed.world, &bed.model);
+    let out = bed.run_agent("one").await;
     assert_eq!(stdout(&out).trim(), "first answer");
     let session = session_id(&out);
     let out = world
@@ -147,7 +136,7 @@ async fn a_session_continues_over_several_turns_with_usage_totals() {
     );
     // Each reply records the digest and size of the exact bytes the server
     // received (kept as the prompt grows, not recomputed over it).
-    let replies: Vec<Value> = log_events(&world, &session)
+    let replies: Vec<Value> = log_events(world, &session)
         .await
         .into_iter()
         .filter(|r| r["kind"] == "ModelReplied")
@@ -162,7 +151,6 @@ async fn a_session_continues_over_several_turns_with_usage_totals() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_tools_send_arguments_as_the_query_and_the_key_as_a_header() {
-    let world = World::new();
     let app = axum::Router::new().route(
         "/weather",
         get(
@@ -177,23 +165,19 @@ async fn get_tools_send_arguments_as_the_query_and_the_key_as_a_header() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    let model = MockModel::start(
-        vec![
-            MockReply::calls(&[("weather", json!({"city": "Oslo", "days": 2}))]),
-            MockReply::answer("sunny"),
-        ],
-        Fault::None,
-    )
-    .await;
     let tool = format!(
         "name = \"weather\"\nkind = \"http\"\nmethod = \"GET\"\nurl = \"http://{addr}/weather\"\neffect = \"read_only\"\n"
     );
-    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[tool]));
-    let out = world
-        .run(&["run", "--agent", agent.to_str().unwrap(), "weather?"])
+    let bed = Testbed::new()
+        .replies(vec![
+            MockReply::calls(&[("weather", json!({"city": "Oslo", "days": 2}))]),
+            MockReply::answer("sunny"),
+        ])
+        .tools([tool])
         .await;
+    let out = bed.run_agent("weather?").await;
     assert!(out.status.success(), "{}", stderr(&out));
-    let results = tool_messages(&model.bodies()[1]);
+    let results = tool_messages(&bed.model.bodies()[1]);
     let result: Value = serde_json::from_str(&results[0].1).unwrap();
     assert_eq!(result["status"], 200);
     assert_eq!(
@@ -212,37 +196,34 @@ async fn get_tools_send_arguments_as_the_query_and_the_key_as_a_header() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeated_call_ids_in_one_reply_each_run_once() {
     let world = World::new();
-    let model = MockModel::start(
-        vec![
-            MockReply::calls(&[("count", json!({"n": 1})), ("count", json!({"n": 2}))]),
-            MockReply::answer("counted"),
-        ],
-        Fault::RepeatCallIds,
-    )
-    .await;
     let runs = world.dir.path().join("runs.log");
     let script = format!(
         "cat >> {}; echo >> {}; echo ok",
         runs.display(),
         runs.display()
     );
-    let tools = [command_tool(
-        "count",
-        &["sh", "-c", &script],
-        "read_only",
-        10,
-    )];
-    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &tools));
-    let out = world
-        .run(&["run", "--agent", agent.to_str().unwrap(), "go"])
+    let bed = Testbed::new()
+        .in_world(world)
+        .replies(vec![
+            MockReply::calls(&[("count", json!({"n": 1})), ("count", json!({"n": 2}))]),
+            MockReply::answer("counted"),
+        ])
+        .fault(Fault::RepeatCallIds)
+        .tools([command_tool(
+            "count",
+            &["sh", "-c", &script],
+            "read_only",
+            10,
+        )])
         .await;
+    let out = bed.run_agent("go").await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(
         std::fs::read_to_string(&runs).unwrap().lines().count(),
         2,
         "each call ran once"
     );
-    let ids: Vec<String> = tool_messages(&model.bodies()[1])
+    let ids: Vec<String> = tool_messages(&bed.model.bodies()[1])
         .into_iter()
         .map(|(id, _)| id)
         .collect();
@@ -251,23 +232,17 @@ async fn repeated_call_ids_in_one_reply_each_run_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tool_that_requires_approval_waits_for_a_person() {
-    let world = World::new();
-    let sink = Sink::start().await.unwrap();
-    let model = MockModel::start(
-        vec![
+    let bed = Testbed::new()
+        .replies(vec![
             MockReply::calls(&[("refund", json!({"n": 1}))]),
             MockReply::answer("handled"),
-        ],
-        Fault::None,
-    )
-    .await;
-    let tool = refund_needing_approval(&sink);
-    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[tool]));
+        ])
+        .sink_tools(|sink| vec![refund_needing_approval(sink)])
+        .await;
+    let (world, model, sink) = (&bed.world, &bed.model, &bed.sink);
     let mut sessions = Vec::new();
     for _ in 0..2 {
-        let out = world
-            .run(&["run", "--agent", agent.to_str().unwrap(), "refund ada"])
-            .await;
+        let out = bed.run_agent("refund ada").await;
         assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
         assert!(stderr(&out).contains("mneme approve"), "{}", stderr(&out));
         sessions.push(session_id(&out));
@@ -304,22 +279,13 @@ async fn a_tool_that_requires_approval_waits_for_a_person() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prompt_near_the_context_window_is_compacted_and_the_log_keeps_everything() {
-    let world = World::new();
-    let model = MockModel::start(vec![MockReply::answer("noted"); 8], Fault::None).await;
     // About 100 tokens at 4 bytes a token: the third turn crosses 80%.
-    let agent = agent_toml(&model.base_url(), &[]).replace(
-        "timeout_secs = 10\n",
-        "timeout_secs = 10\ncontext_window = 100\n",
-    );
-    let agent = world.write("agent.toml", &agent);
-    let out = world
-        .run(&[
-            "run",
-            "--agent",
-            agent.to_str().unwrap(),
-            "FIRST-QUESTION about ada",
-        ])
+    let bed = Testbed::new()
+        .replies(vec![MockReply::answer("noted"); 8])
+        .model_options("context_window = 100\n")
         .await;
+    let (world, model) = (&bed.world, &bed.model);
+    let out = bed.run_agent("FIRST-QUESTION about ada").await;
     let session = session_id(&out);
     for text in [
         "second question about bob",
@@ -350,7 +316,7 @@ async fn a_prompt_near_the_context_window_is_compacted_and_the_log_keeps_everyth
     );
     assert!(last.contains("fourth question about dave"));
     // The rebuild from the log gives the prompt that was sent.
-    let rebuilt = String::from_utf8(rebuilt_request(&world, &session).await).unwrap();
+    let rebuilt = String::from_utf8(rebuilt_request(world, &session).await).unwrap();
     let messages_sent = &last[..last.rfind("}]").unwrap() + 1];
     assert!(
         rebuilt.starts_with(messages_sent),

@@ -8,7 +8,6 @@
 //! crash right after an edited approval is recorded resumes with the
 //! edited arguments, once.
 
-use mneme_e2e::daemon::DaemonProcess;
 use mneme_e2e::*;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -49,13 +48,12 @@ fn the<'a>(events: &'a [(u64, String, Value)], kind: &str) -> &'a Value {
     &found.unwrap_or_else(|| panic!("no {kind} in {events:?}")).2
 }
 
-/// A model that asks to refund 1 cent, then answers.
-async fn refund_model() -> MockModel {
-    let replies = vec![
+/// What the model says: refund 1 cent, then the answer.
+fn refund_replies() -> Vec<MockReply> {
+    vec![
         MockReply::calls(&[("refund", json!({"n": 1}))]),
         MockReply::answer("Refunded."),
-    ];
-    MockModel::start(replies, Fault::None).await
+    ]
 }
 
 /// Whether `text` is a UTC time as the views give it (RFC 3339 with
@@ -65,29 +63,29 @@ fn is_rfc3339(text: &str) -> bool {
     b.len() == 24 && b[4] == b'-' && b[10] == b'T' && b[19] == b'.' && text.ends_with('Z')
 }
 
-/// Runs an agent whose `refund` waits for approval (with `extra` lines in
-/// its tool table; its model reads replies of at most 2 KiB) until it
-/// stops on the call; the session id.
-async fn waiting_session(world: &World, model: &MockModel, sink: &Sink, extra: &str) -> String {
-    let tool = format!("{}{extra}", refund_needing_approval(sink));
-    let agent = agent_toml(&model.base_url(), &[tool]).replace(
-        "timeout_secs = 10\n",
-        "timeout_secs = 10\nmax_response_bytes = 2048\n",
-    );
-    let agent = world.write("agent.toml", &agent);
-    let out = world
-        .run(&["run", "--agent", agent.to_str().unwrap(), "refund ada"])
-        .await;
+/// An agent whose `refund` waits for approval (with `extra` lines in its
+/// tool table; its model reads replies of at most 2 KiB).
+async fn refunds(extra: &str) -> Testbed {
+    let extra = extra.to_string();
+    Testbed::new()
+        .replies(refund_replies())
+        .sink_tools(move |sink| vec![refund_needing_approval(sink) + &extra])
+        .model_options("max_response_bytes = 2048\n")
+        .await
+}
+
+/// Runs `bed`'s agent until it stops on the call; the session id.
+async fn waiting_session(bed: &Testbed) -> String {
+    let out = bed.run_agent("refund ada").await;
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     session_id(&out)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edited_approval_runs_the_persons_arguments_once_and_the_model_is_told() {
-    let world = World::new();
-    let sink = Sink::start().await.unwrap();
-    let model = refund_model().await;
-    let id = waiting_session(&world, &model, &sink, "").await;
+    let bed = refunds("").await;
+    let id = waiting_session(&bed).await;
+    let (world, sink, model) = (&bed.world, &bed.sink, &bed.model);
     let out = world
         .run(&[
             "approve",
@@ -112,7 +110,7 @@ async fn an_edited_approval_runs_the_persons_arguments_once_and_the_model_is_tol
 
     // The log: who edited, to what; the model's own arguments stay in its
     // reply; the tool started with the edited ones.
-    let log = logged_events(&world, &id).await;
+    let log = logged_events(world, &id).await;
     let decided = the(&log, "ApprovalDecided");
     assert_eq!(decided["by"], "ada", "{decided}");
     assert_eq!(decided["args"], r#"{"n":2}"#, "{decided}");
@@ -122,8 +120,8 @@ async fn an_edited_approval_runs_the_persons_arguments_once_and_the_model_is_tol
     assert_eq!(the(&log, "ToolStarted")["args"], r#"{"n":2}"#);
     // Written as version 2 (an older build refuses it by name rather than
     // run the model's arguments); the rest stays version 1.
-    assert_eq!(schema_of(&world, &id, "ApprovalDecided").await, 2);
-    assert_eq!(schema_of(&world, &id, "ApprovalRequested").await, 1);
+    assert_eq!(schema_of(world, &id, "ApprovalDecided").await, 2);
+    assert_eq!(schema_of(world, &id, "ApprovalRequested").await, 1);
     let text = stdout(&world.run(&["log", &id, "--kind", "ApprovalDecided"]).await);
     assert!(
         text.contains(r#"call_0_0 approved with edited arguments by ada: {"n":2}"#),
@@ -155,18 +153,17 @@ async fn an_edited_approval_runs_the_persons_arguments_once_and_the_model_is_tol
         .await;
     assert!(out.status.success(), "{}", stderr(&out));
     let fork = stdout(&out).trim().to_string();
-    assert_eq!(&rebuilt_request(&world, &fork).await, sent);
+    assert_eq!(&rebuilt_request(world, &fork).await, sent);
     let out = world.run(&["verify", &id]).await;
     assert!(out.status.success(), "{}", stderr(&out));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn edited_arguments_that_are_not_json_or_too_large_are_refused_and_nothing_is_recorded() {
-    let world = World::new();
-    let sink = Sink::start().await.unwrap();
-    let model = refund_model().await;
-    let id = waiting_session(&world, &model, &sink, "").await;
-    let before = logged_events(&world, &id).await.len();
+    let bed = refunds("").await;
+    let id = waiting_session(&bed).await;
+    let (world, sink) = (&bed.world, &bed.sink);
+    let before = logged_events(world, &id).await.len();
     let out = world
         .run(&["approve", &id, "call_0_0", "--edit-args", r#"{"n": "#])
         .await;
@@ -195,7 +192,7 @@ async fn edited_arguments_that_are_not_json_or_too_large_are_refused_and_nothing
         .await;
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert_eq!(
-        logged_events(&world, &id).await.len(),
+        logged_events(world, &id).await.len(),
         before,
         "nothing recorded"
     );
@@ -210,11 +207,10 @@ async fn edited_arguments_that_are_not_json_or_too_large_are_refused_and_nothing
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_not_given_in_time_is_denied_as_expired_by_resume_and_the_model_is_told() {
-    let world = World::new();
-    let sink = Sink::start().await.unwrap();
-    let model = refund_model().await;
+    let bed = refunds("approval_timeout = \"2s\"\n").await;
     let asked = Instant::now();
-    let id = waiting_session(&world, &model, &sink, "approval_timeout = \"2s\"\n").await;
+    let id = waiting_session(&bed).await;
+    let (world, model, sink) = (&bed.world, &bed.model, &bed.sink);
     let out = world.run(&["sessions", "--json"]).await;
     let row: Value = serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
     let expires = row["approval_expires_at"].as_str().unwrap().to_string();
@@ -224,7 +220,7 @@ async fn an_approval_not_given_in_time_is_denied_as_expired_by_resume_and_the_mo
         listing.contains(&format!("approval expires {expires}")),
         "{listing}"
     );
-    let log = logged_events(&world, &id).await;
+    let log = logged_events(world, &id).await;
     assert!(the(&log, "ApprovalRequested")["expires_at_ms"].is_i64());
 
     // Before the deadline nothing changes on its own.
@@ -243,7 +239,7 @@ async fn an_approval_not_given_in_time_is_denied_as_expired_by_resume_and_the_mo
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(stderr(&out).contains("expired"), "{}", stderr(&out));
     assert_eq!(
-        logged_events(&world, &id).await.len(),
+        logged_events(world, &id).await.len(),
         log.len(),
         "nothing recorded"
     );
@@ -252,7 +248,7 @@ async fn an_approval_not_given_in_time_is_denied_as_expired_by_resume_and_the_mo
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out).trim(), "Refunded.");
     assert_eq!(sink.stats().path("refund").hits, 0, "never ran");
-    let log = logged_events(&world, &id).await;
+    let log = logged_events(world, &id).await;
     let decided = the(&log, "ApprovalDecided");
     assert_eq!(
         (&decided["approved"], &decided["by"], &decided["reason"]),
@@ -270,26 +266,19 @@ async fn an_approval_not_given_in_time_is_denied_as_expired_by_resume_and_the_mo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_daemon_expires_an_approval_on_its_own_and_takes_edited_arguments() {
-    let world = World::new();
-    let sink = Sink::start().await.unwrap();
-    let model = refund_model().await;
-    let daemon = DaemonProcess::start(&world.data(), &[]).await;
-    let timed = format!(
-        "{}approval_timeout = \"2s\"\n",
-        refund_needing_approval(&sink)
-    );
-    let waiting = |tool: String| agent_toml(&model.base_url(), &[tool]);
-    let expiring = daemon.create(&waiting(timed)).await;
-    let edited = daemon
-        .create(&waiting(refund_needing_approval(&sink)))
+    let mut bed = Testbed::new()
+        .replies(refund_replies())
+        .sink_tools(|sink| vec![refund_needing_approval(sink)])
+        .daemon()
+        .await;
+    let edited = bed.create().await;
+    let (daemon, model, sink) = (bed.take_daemon(), &bed.model, &bed.sink);
+    let timed = refund_needing_approval(sink) + "approval_timeout = \"2s\"\n";
+    let expiring = daemon
+        .create(&agent_toml(&model.base_url(), &[timed]))
         .await;
     for id in [&expiring, &edited] {
-        let (status, end) = daemon
-            .post(
-                &format!("/sessions/{id}/messages"),
-                &json!({"text": "refund ada", "wait": true}),
-            )
-            .await;
+        let (status, end) = daemon.message_and_wait(id, "refund ada").await;
         assert_eq!(status, 200, "{end}");
         assert_eq!(end["awaiting_approval"][0]["call_id"], "call_0_0", "{end}");
     }
@@ -364,10 +353,9 @@ async fn the_daemon_expires_an_approval_on_its_own_and_takes_edited_arguments() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_right_after_an_edited_approval_resumes_with_the_edited_arguments_once() {
-    let world = World::new();
-    let sink = Sink::start().await.unwrap();
-    let model = refund_model().await;
-    let id = waiting_session(&world, &model, &sink, "").await;
+    let bed = refunds("").await;
+    let id = waiting_session(&bed).await;
+    let (world, sink, model) = (&bed.world, &bed.sink, &bed.model);
     let out = world
         .run_crashing(
             &[
@@ -388,14 +376,14 @@ async fn a_crash_right_after_an_edited_approval_resumes_with_the_edited_argument
         0,
         "it crashed before the tool"
     );
-    let kinds = event_kinds(&world, &id).await;
+    let kinds = event_kinds(world, &id).await;
     assert_eq!(kinds.last().unwrap(), "SessionResumed", "{kinds:?}");
     let out = world.run(&["resume", &id]).await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out).trim(), "Refunded.");
     assert_eq!(sink.bodies("refund"), [json!({"n": 5})]);
     assert_eq!(sink.stats().path("refund").effects, 1);
-    let log = logged_events(&world, &id).await;
+    let log = logged_events(world, &id).await;
     assert_eq!(the(&log, "ToolStarted")["args"], r#"{"n":5}"#);
     let told = tool_messages(model.bodies().last().unwrap());
     assert!(
@@ -405,9 +393,8 @@ async fn a_crash_right_after_an_edited_approval_resumes_with_the_edited_argument
         "{told:?}"
     );
     // Every request equals an uncrashed run's, byte for byte.
-    let (calm, calm_sink) = (World::new(), Sink::start().await.unwrap());
-    let calm_model = refund_model().await;
-    let other = waiting_session(&calm, &calm_model, &calm_sink, "").await;
+    let calm = refunds("").await;
+    let other = waiting_session(&calm).await;
     let edit = [
         "approve",
         &other,
@@ -419,5 +406,5 @@ async fn a_crash_right_after_an_edited_approval_resumes_with_the_edited_argument
     ];
     let out = calm.run(&edit).await;
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(model.bodies(), calm_model.bodies());
+    assert_eq!(model.bodies(), calm.model.bodies());
 }

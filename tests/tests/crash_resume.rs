@@ -3,7 +3,6 @@
 
 use mneme_e2e::*;
 use serde_json::json;
-use std::path::PathBuf;
 
 const MESSAGE: &str = "Charge customer 1, look them up, then email them.";
 
@@ -15,72 +14,43 @@ fn replies() -> Vec<MockReply> {
     ]
 }
 
-struct Setup {
-    world: World,
-    model: MockModel,
-    sink: Sink,
-    agent: PathBuf,
+/// The billing agent (charge, look up, email) in `world`.
+async fn setup_in(world: World) -> Testbed {
+    Testbed::new()
+        .in_world(world)
+        .replies(replies())
+        .sink_tools(|sink| billing_tools(sink).to_vec())
+        .await
 }
 
-async fn setup() -> Setup {
+async fn setup() -> Testbed {
     setup_in(World::new()).await
 }
 
-async fn setup_in(world: World) -> Setup {
-    let model = MockModel::start(replies(), Fault::None).await;
-    let sink = Sink::start().await.unwrap();
-    let tools = billing_tools(&sink);
-    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &tools));
-    Setup {
-        world,
-        model,
-        sink,
-        agent,
-    }
+/// `mneme run` of the billing agent with crash point `point` armed; the
+/// process must die there. Returns the session it named.
+async fn run_crashing_at(s: &Testbed, point: &str) -> String {
+    let out = (s.world)
+        .run_crashing(&["run", "--agent", s.agent_arg(), MESSAGE], point)
+        .await;
+    assert!(
+        !out.status.success(),
+        "the crash point {point} must kill the run"
+    );
+    session_id(&out)
 }
 
-impl Setup {
-    /// `mneme run` of the billing agent with crash point `point` armed;
-    /// the process must die there. Returns the session it named.
-    async fn run_crashing_at(&self, point: &str) -> String {
-        let out = self
-            .world
-            .run_crashing(
-                &["run", "--agent", self.agent.to_str().unwrap(), MESSAGE],
-                point,
-            )
-            .await;
-        assert!(
-            !out.status.success(),
-            "the crash point {point} must kill the run"
-        );
-        session_id(&out)
-    }
+/// `mneme run` of the billing agent, SIGKILLed while the sink holds its
+/// email (applied, not yet answered). Returns the session it named.
+async fn killed_while_emailing(s: &Testbed) -> String {
+    session_id(&s.run_killed_in("email", MESSAGE).await)
+}
 
-    /// `mneme run` of the billing agent, SIGKILLed while the sink holds its
-    /// email (applied, not yet answered). Returns the session it named.
-    async fn killed_while_emailing(&self) -> String {
-        let hold = self.sink.hold("email");
-        let mut child = self
-            .world
-            .spawn_until_applied(
-                &["run", "--agent", self.agent.to_str().unwrap(), MESSAGE],
-                hold.applied,
-            )
-            .await;
-        child.start_kill().unwrap(); // SIGKILL
-        let killed = child.wait_with_output().await.unwrap();
-        assert!(!killed.status.success());
-        drop(hold.release);
-        session_id(&killed)
-    }
-
-    /// `mneme resume SESSION`, which must succeed.
-    async fn resume_ok(&self, session: &str) -> std::process::Output {
-        let out = self.world.run(&["resume", session]).await;
-        assert!(out.status.success(), "resume failed: {}", stderr(&out));
-        out
-    }
+/// `mneme resume SESSION`, which must succeed.
+async fn resume_ok(s: &Testbed, session: &str) -> std::process::Output {
+    let out = s.run(&["resume", session]).await;
+    assert!(out.status.success(), "resume failed: {}", stderr(&out));
+    out
 }
 
 /// What an uncrashed run sends and ends with.
@@ -107,10 +77,7 @@ async fn cache_tokens(world: &World, session: &str) -> (u64, u64) {
 
 async fn reference() -> Reference {
     let s = setup().await;
-    let out = s
-        .world
-        .run(&["run", "--agent", s.agent.to_str().unwrap(), MESSAGE])
-        .await;
+    let out = s.run_agent(MESSAGE).await;
     assert!(
         out.status.success(),
         "uncrashed run failed: {}",
@@ -146,7 +113,7 @@ fn assert_requests_match(crashed: &[Vec<u8>], reference: &Reference) {
 }
 
 async fn assert_finished_like_reference(
-    s: &Setup,
+    s: &Testbed,
     session: &str,
     answer: &str,
     reference: &Reference,
@@ -180,10 +147,10 @@ async fn assert_finished_like_reference(
 async fn sigkill_while_side_effect_is_in_flight_then_resume() {
     let reference = reference().await;
     let s = setup().await;
-    let session = s.killed_while_emailing().await;
+    let session = killed_while_emailing(&s).await;
     assert_eq!(s.sink.stats().path("email").hits, 1);
 
-    let out = s.resume_ok(&session).await;
+    let out = resume_ok(&s, &session).await;
     assert_eq!(
         s.sink.stats().path("email").hits,
         2,
@@ -209,7 +176,7 @@ async fn sigkill_after_tool_returned_before_tool_finished_then_resume() {
     let reference = reference().await;
     let s = setup().await;
     // The third tool return is the email (charge and lookup run first).
-    let session = s.run_crashing_at("tool_returned:3").await;
+    let session = run_crashing_at(&s, "tool_returned:3").await;
     let kinds = event_kinds(&s.world, &session).await;
     assert_eq!(
         kinds.last().map(String::as_str),
@@ -218,7 +185,7 @@ async fn sigkill_after_tool_returned_before_tool_finished_then_resume() {
     );
     assert_eq!(s.sink.stats().path("email").effects, 1);
 
-    let out = s.resume_ok(&session).await;
+    let out = resume_ok(&s, &session).await;
     assert_finished_like_reference(&s, &session, &stdout(&out), &reference).await;
 }
 
@@ -226,8 +193,8 @@ async fn sigkill_after_tool_returned_before_tool_finished_then_resume() {
 async fn crash_before_model_reply_is_appended_asks_the_model_again() {
     let reference = reference().await;
     let s = setup().await;
-    let session = s.run_crashing_at("model_replied_before_append:2").await;
-    let out = s.resume_ok(&session).await;
+    let session = run_crashing_at(&s, "model_replied_before_append:2").await;
+    let out = resume_ok(&s, &session).await;
     assert_eq!(
         s.model.bodies().len(),
         4,
@@ -239,34 +206,28 @@ async fn crash_before_model_reply_is_appended_asks_the_model_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn command_tool_without_key_support_ends_in_doubt_and_resolve_continues() {
     let world = World::new();
-    let model = MockModel::start(
-        vec![
-            MockReply::calls(&[("notify", json!({"n": 1}))]),
-            MockReply::answer("Notified."),
-        ],
-        Fault::None,
-    )
-    .await;
     let effects = world.dir.path().join("effects.log");
     let script = format!(
         "cat >/dev/null; echo \"$MNEME_IDEMPOTENCY_KEY\" >> {}; echo '{{\"sent\":true}}'",
         effects.display()
     );
-    let agent = world.write(
-        "agent.toml",
-        &agent_toml(
-            &model.base_url(),
-            &[command_tool(
-                "notify",
-                &["sh", "-c", &script],
-                "side_effect",
-                10,
-            )],
-        ),
-    );
+    let bed = Testbed::new()
+        .in_world(world)
+        .replies(vec![
+            MockReply::calls(&[("notify", json!({"n": 1}))]),
+            MockReply::answer("Notified."),
+        ])
+        .tools([command_tool(
+            "notify",
+            &["sh", "-c", &script],
+            "side_effect",
+            10,
+        )])
+        .await;
+    let world = &bed.world;
     let out = world
         .run_crashing(
-            &["run", "--agent", agent.to_str().unwrap(), "notify them"],
+            &["run", "--agent", bed.agent_arg(), "notify them"],
             "tool_returned",
         )
         .await;
@@ -285,14 +246,14 @@ async fn command_tool_without_key_support_ends_in_doubt_and_resolve_continues() 
         stderr(&out)
     );
     assert!(stderr(&out).contains("mneme resolve"), "{}", stderr(&out));
-    let kinds = event_kinds(&world, &session).await;
+    let kinds = event_kinds(world, &session).await;
     assert_eq!(&kinds[kinds.len() - 2..], ["ToolInDoubt", "SessionPaused"]);
     let sessions = stdout(&world.run(&["sessions", "--json"]).await);
     assert!(sessions.contains("\"status\":\"paused\""), "{sessions}");
     // Resuming again changes nothing: still waiting for a person.
     let again = world.run(&["resume", &session]).await;
     assert_eq!(again.status.code(), Some(3));
-    assert_eq!(event_kinds(&world, &session).await.len(), kinds.len());
+    assert_eq!(event_kinds(world, &session).await.len(), kinds.len());
 
     let wrong = world
         .run(&["resolve", &session, "call_9_9", "--fail", "x"])
@@ -341,10 +302,10 @@ async fn resume_right_after_a_sigkill_on_postgres_takes_the_dead_lease_over() {
         ..World::on_postgres()
     })
     .await;
-    let session = s.killed_while_emailing().await;
+    let session = killed_while_emailing(&s).await;
 
     let started = std::time::Instant::now();
-    let out = s.resume_ok(&session).await;
+    let out = resume_ok(&s, &session).await;
     let took = started.elapsed();
     println!("resume after a same-host SIGKILL on PostgreSQL: {took:?}");
     assert!(
@@ -368,7 +329,7 @@ async fn resume_right_after_a_sigkill_on_postgres_takes_the_dead_lease_over() {
 async fn two_resumers_at_once_one_wins_and_nothing_runs_twice() {
     let s = setup().await;
     // A session that crashed with the charge started but not finished.
-    let session = s.run_crashing_at("tool_started_durable").await;
+    let session = run_crashing_at(&s, "tool_started_durable").await;
     let hold = s.sink.hold("charge");
     let first = s
         .world

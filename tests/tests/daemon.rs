@@ -6,27 +6,23 @@ use mneme_e2e::*;
 use serde_json::{json, Value};
 use std::time::Duration;
 
-fn billing_agent(model: &MockModel, sink: &Sink) -> String {
-    agent_toml(&model.base_url(), &billing_tools(sink))
+/// The billing agent (see [`billing_replies`]) and its sink.
+fn billing() -> TestbedBuilder {
+    Testbed::new()
+        .replies(billing_replies())
+        .sink_tools(|sink| billing_tools(sink).to_vec())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_runs_a_turn_and_shows_its_log() {
-    let world = World::new();
     let mut replies = billing_replies();
     replies.push(MockReply::answer("Nothing more to do."));
-    let model = MockModel::start(replies, Fault::None).await;
-    let sink = Sink::start().await.unwrap();
-    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let mut bed = billing().replies(replies).daemon().await;
+    let (daemon, sink) = (bed.daemon(), &bed.sink);
     let (status, health) = daemon.get("/health").await;
     assert_eq!((status, health["status"].as_str()), (200, Some("ok")));
-    let id = daemon.create(&billing_agent(&model, &sink)).await;
-    let (status, end) = daemon
-        .post(
-            &format!("/sessions/{id}/messages"),
-            &json!({"text": "charge ada", "wait": true}),
-        )
-        .await;
+    let id = bed.create().await;
+    let (status, end) = daemon.message_and_wait(&id, "charge ada").await;
     assert_eq!(status, 200, "{end}");
     assert_eq!(end["answer"], "Charged and emailed.");
     let (_, session) = daemon.get(&format!("/sessions/{id}")).await;
@@ -56,18 +52,13 @@ async fn the_api_runs_a_turn_and_shows_its_log() {
     let (_, openapi) = daemon.get("/openapi.json").await;
     assert!(openapi["paths"]["/sessions/{id}/messages"].is_object());
     assert_eq!(sink.stats().path("charge").effects, 1);
-    let (status, end) = daemon
-        .post(
-            &format!("/sessions/{id}/messages"),
-            &json!({"text": "again", "wait": true}),
-        )
-        .await;
+    let (status, end) = daemon.message_and_wait(&id, "again").await;
     assert_eq!(
         (status, end["answer"].as_str()),
         (200, Some("Nothing more to do.")),
         "{end}"
     );
-    assert!(daemon.terminate().await.success());
+    assert!(bed.take_daemon().terminate().await.success());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -128,15 +119,11 @@ async fn wrong_tokens_and_bad_bodies_are_refused_and_change_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_event_stream_replays_history_then_follows() {
-    let world = World::new();
-    let model = MockModel::start(
-        vec![MockReply::answer("one"), MockReply::answer("two")],
-        Fault::None,
-    )
-    .await;
-    let daemon = DaemonProcess::start(&world.data(), &[]).await;
-    let agent = agent_toml(&model.base_url(), &[]);
-    let (content_type, seen) = follow_two_turns(&daemon, &daemon, &agent).await;
+    let bed = Testbed::new()
+        .replies(vec![MockReply::answer("one"), MockReply::answer("two")])
+        .await;
+    let daemon = DaemonProcess::start(&bed.world.data(), &[]).await;
+    let (content_type, seen) = follow_two_turns(&daemon, &daemon, &bed.agent_toml).await;
     assert_eq!(content_type, "text/event-stream");
     assert!(
         seen.contains("event: SessionStarted") && seen.contains("event: ModelReplied"),
@@ -159,34 +146,24 @@ async fn kinds_of(daemon: &DaemonProcess, id: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_under_load_then_restart_finishes_every_session_exactly_once() {
     const SESSIONS: usize = 200;
-    let world = World::new();
-    let model = MockModel::start(billing_replies(), Fault::None).await;
-    let sink = Sink::start().await.unwrap();
-    let agent = billing_agent(&model, &sink);
-    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let mut bed = billing().daemon().await;
     let mut ids = Vec::new();
     for _ in 0..SESSIONS {
-        ids.push(daemon.create(&agent).await);
+        ids.push(bed.create().await);
     }
-    let posts = ids.iter().map(|id| {
-        daemon.post_owned(
-            format!("/sessions/{id}/messages"),
-            json!({"text": "charge and email"}),
-        )
-    });
+    let daemon = bed.take_daemon();
+    let posts = ids.iter().map(|id| daemon.message(id, "charge and email"));
     for (status, body) in futures_util::future::join_all(posts).await {
         assert_eq!(status, 202, "{body}");
     }
     // Kill it mid-load: some sessions charged, most not finished.
-    let what = format!("{} sessions to charge", SESSIONS / 5);
-    eventually(what, Duration::from_secs(60), || async {
-        let stats = sink.stats();
-        if stats.path("charge").effects >= (SESSIONS / 5) as u64 {
-            Ok(())
-        } else {
-            Err(format!("{:?}", stats.paths))
-        }
-    })
+    let sink = &bed.sink;
+    effects_reach(
+        sink,
+        "charge",
+        (SESSIONS / 5) as u64,
+        Duration::from_secs(60),
+    )
     .await;
     daemon.kill().await;
     let done_before = sink.stats().path("email").effects;
@@ -195,11 +172,11 @@ async fn sigkill_under_load_then_restart_finishes_every_session_exactly_once() {
         "the kill came too late to test anything"
     );
 
-    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let daemon = DaemonProcess::start(&bed.world.data(), &[]).await;
     daemon
         .wait_all_idle(SESSIONS, Duration::from_secs(180))
         .await;
-    assert_billed_once(&sink, SESSIONS);
+    assert_billed_once(sink, SESSIONS);
     daemon
         .assert_verified_with_answer(&ids, "Charged and emailed.")
         .await;
@@ -212,38 +189,33 @@ async fn sigkill_under_load_then_restart_finishes_every_session_exactly_once() {
 async fn sigterm_lets_running_calls_finish_pauses_the_rest_and_restart_resumes() {
     const SESSIONS: usize = 4;
     let world = World::new();
-    let model = MockModel::start(
-        vec![
-            MockReply::calls(&[("slow", json!({}))]),
-            MockReply::answer("done"),
-        ],
-        Fault::None,
-    )
-    .await;
     let started_dir = world.dir.path().join("started");
     std::fs::create_dir(&started_dir).unwrap();
     let script = format!(
         "cat >/dev/null; touch {}/$MNEME_SESSION_ID; sleep 1; echo slow-done",
         started_dir.display()
     );
-    let agent = agent_toml(
-        &model.base_url(),
-        &[command_tool(
+    let mut bed = Testbed::new()
+        .in_world(world)
+        .replies(vec![
+            MockReply::calls(&[("slow", json!({}))]),
+            MockReply::answer("done"),
+        ])
+        .tools([command_tool(
             "slow",
             &["sh", "-c", &script],
             "read_only",
             10,
-        )],
-    );
-    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+        )])
+        .daemon()
+        .await;
     let mut ids = Vec::new();
     for _ in 0..SESSIONS {
-        let id = daemon.create(&agent).await;
-        daemon
-            .post(&format!("/sessions/{id}/messages"), &json!({"text": "go"}))
-            .await;
+        let id = bed.create().await;
+        bed.daemon().message(&id, "go").await;
         ids.push(id);
     }
+    let daemon = bed.take_daemon();
     eventually(
         "every slow call to start",
         Duration::from_secs(30),
@@ -260,7 +232,7 @@ async fn sigterm_lets_running_calls_finish_pauses_the_rest_and_restart_resumes()
     let status = daemon.terminate().await;
     assert!(status.success(), "exit {status:?}");
 
-    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let daemon = DaemonProcess::start(&bed.world.data(), &[]).await;
     daemon
         .wait_all_idle(SESSIONS, Duration::from_secs(60))
         .await;
@@ -288,29 +260,26 @@ async fn sigterm_lets_running_calls_finish_pauses_the_rest_and_restart_resumes()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_beside_a_running_daemon_goes_through_it_with_the_same_output() {
-    let world = World::new();
-    let model = MockModel::start(
-        vec![
+    let mut bed = Testbed::new()
+        .replies(vec![
             MockReply::calls(&[("slow_write", json!({}))]),
             MockReply::answer("gave up on it"),
-        ],
-        Fault::None,
-    )
-    .await;
-    let tools = [command_tool(
-        "slow_write",
-        &["sleep", "30"],
-        "side_effect",
-        1,
-    )];
-    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &tools));
-    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+        ])
+        .tools([command_tool(
+            "slow_write",
+            &["sleep", "30"],
+            "side_effect",
+            1,
+        )])
+        .daemon()
+        .await;
+    let daemon = bed.take_daemon();
     let cli = |args: &[&str]| {
-        let mut command = world.mneme();
+        let mut command = bed.world.mneme();
         command.args(args).env("MNEME_TOKEN", TOKEN);
         command
     };
-    let out = cli(&["run", "--agent", agent.to_str().unwrap(), "write it"])
+    let out = cli(&["run", "--agent", bed.agent_arg(), "write it"])
         .output()
         .await
         .unwrap();
@@ -362,33 +331,19 @@ async fn the_cli_beside_a_running_daemon_goes_through_it_with_the_same_output() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fork_branches_a_session_and_cancel_stops_one() {
-    let world = World::new();
-    let model = MockModel::start(
-        vec![
+    let slow = ["sh", "-c", "cat >/dev/null; sleep 1; echo ok"];
+    let mut bed = Testbed::new()
+        .replies(vec![
             MockReply::answer("one"),
             MockReply::calls(&[("slow", json!({}))]),
             MockReply::answer("two"),
-        ],
-        Fault::None,
-    )
-    .await;
-    let agent = agent_toml(
-        &model.base_url(),
-        &[command_tool(
-            "slow",
-            &["sh", "-c", "cat >/dev/null; sleep 1; echo ok"],
-            "read_only",
-            10,
-        )],
-    );
-    let daemon = DaemonProcess::start(&world.data(), &[]).await;
-    let parent = daemon.create(&agent).await;
-    let (_, end) = daemon
-        .post(
-            &format!("/sessions/{parent}/messages"),
-            &json!({"text": "first", "wait": true}),
-        )
+        ])
+        .tools([command_tool("slow", &slow, "read_only", 10)])
+        .daemon()
         .await;
+    let parent = bed.create().await;
+    let daemon = bed.take_daemon();
+    let (_, end) = daemon.message_and_wait(&parent, "first").await;
     assert_eq!(end["answer"], "one");
     // Fork after the first answer (SessionStarted, UserMessage, ModelReplied).
     let (status, forked) = daemon
@@ -404,12 +359,7 @@ async fn fork_branches_a_session_and_cancel_stops_one() {
     );
     assert_eq!(events.as_array().unwrap().len(), 4);
     // The branch goes on by itself; cancel it while its tool runs.
-    daemon
-        .post(
-            &format!("/sessions/{child}/messages"),
-            &json!({"text": "second"}),
-        )
-        .await;
+    daemon.message(&child, "second").await;
     eventually(
         "the branch's tool to start",
         Duration::from_secs(20),
@@ -574,25 +524,17 @@ async fn a_generated_token_is_private_and_secrets_never_reach_the_log_or_api() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decisions_can_be_recorded_without_continuing_and_idle_sessions_cannot_be_paused() {
-    let world = World::new();
-    let sink = Sink::start().await.unwrap();
-    let model = MockModel::start(
-        vec![
+    let mut bed = Testbed::new()
+        .replies(vec![
             MockReply::calls(&[("refund", json!({"n": 1}))]),
             MockReply::answer("refunded"),
-        ],
-        Fault::None,
-    )
-    .await;
-    let tool = refund_needing_approval(&sink);
-    let daemon = DaemonProcess::start(&world.data(), &[]).await;
-    let id = daemon.create(&agent_toml(&model.base_url(), &[tool])).await;
-    let (_, end) = daemon
-        .post(
-            &format!("/sessions/{id}/messages"),
-            &json!({"text": "refund", "wait": true}),
-        )
+        ])
+        .sink_tools(|sink| vec![refund_needing_approval(sink)])
+        .daemon()
         .await;
+    let id = bed.create().await;
+    let (daemon, sink) = (bed.take_daemon(), &bed.sink);
+    let (_, end) = daemon.message_and_wait(&id, "refund").await;
     assert_eq!(end["awaiting_approval"][0]["call_id"], "call_0_0", "{end}");
     let (status, _) = daemon
         .post(&format!("/sessions/{id}/pause"), &json!({}))
@@ -626,18 +568,13 @@ async fn decisions_can_be_recorded_without_continuing_and_idle_sessions_cannot_b
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hot_session_changed_between_turns_is_loaded_again() {
-    let world = World::new();
-    let model = MockModel::start(
-        vec![MockReply::answer("one"), MockReply::answer("two")],
-        Fault::None,
-    )
-    .await;
-    let daemon = DaemonProcess::start(&world.data(), &[]).await;
-    let id = daemon.create(&agent_toml(&model.base_url(), &[])).await;
-    let messages = format!("/sessions/{id}/messages");
-    let (status, end) = daemon
-        .post(&messages, &json!({"text": "first", "wait": true}))
+    let mut bed = Testbed::new()
+        .replies(vec![MockReply::answer("one"), MockReply::answer("two")])
+        .daemon()
         .await;
+    let id = bed.create().await;
+    let daemon = bed.take_daemon();
+    let (status, end) = daemon.message_and_wait(&id, "first").await;
     assert_eq!(
         (status, end["answer"].as_str()),
         (200, Some("one")),
@@ -649,9 +586,7 @@ async fn a_hot_session_changed_between_turns_is_loaded_again() {
         .post(&format!("/sessions/{id}/cancel"), &json!({"by": "ops"}))
         .await;
     assert_eq!(status, 200, "{body}");
-    let (status, end) = daemon
-        .post(&messages, &json!({"text": "second", "wait": true}))
-        .await;
+    let (status, end) = daemon.message_and_wait(&id, "second").await;
     assert_eq!(
         (status, end["answer"].as_str()),
         (200, Some("two")),
@@ -682,16 +617,13 @@ async fn a_hot_session_changed_between_turns_is_loaded_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_stream_resumes_after_the_last_event_id_it_had() {
-    let world = World::new();
-    let model = MockModel::start(vec![MockReply::answer("one")], Fault::None).await;
-    let daemon = DaemonProcess::start(&world.data(), &[]).await;
-    let id = daemon.create(&agent_toml(&model.base_url(), &[])).await;
-    let (status, _) = daemon
-        .post(
-            &format!("/sessions/{id}/messages"),
-            &json!({"text": "go", "wait": true}),
-        )
+    let mut bed = Testbed::new()
+        .replies(vec![MockReply::answer("one")])
+        .daemon()
         .await;
+    let id = bed.create().await;
+    let daemon = bed.take_daemon();
+    let (status, _) = daemon.message_and_wait(&id, "go").await;
     assert_eq!(status, 200);
     // Each frame's id is its seq; a reconnect from id 2 goes on at 3.
     let response = daemon

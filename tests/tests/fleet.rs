@@ -20,10 +20,18 @@ async fn daemon_with_ttl(world: &World, name: &str, store: &str, ttl_ms: &str) -
     DaemonProcess::start(&data, &["--store", store, "--lease-ttl-ms", ttl_ms]).await
 }
 
-/// The billing agent, its lookup slow enough that every turn is under way
-/// when the daemon running it stops.
-fn slow_billing_agent(model: &MockModel, sink: &Sink) -> String {
-    let [charge, _, email] = billing_tools(sink);
+/// The billing agent on a fresh PostgreSQL store (for daemons given
+/// [`store_of`] it).
+fn billing() -> TestbedBuilder {
+    Testbed::new()
+        .on_postgres()
+        .replies(billing_replies())
+        .sink_tools(|sink| billing_tools(sink).to_vec())
+}
+
+/// The billing agent on a fresh PostgreSQL store, its lookup slow enough
+/// that every turn is under way when the daemon running it stops.
+fn slow_billing() -> TestbedBuilder {
     let slow_lookup = command_tool(
         "lookup",
         &[
@@ -34,43 +42,45 @@ fn slow_billing_agent(model: &MockModel, sink: &Sink) -> String {
         "read_only",
         10,
     );
-    agent_toml(&model.base_url(), &[charge, slow_lookup, email])
+    Testbed::new()
+        .on_postgres()
+        .replies(billing_replies())
+        .sink_tools(|sink| {
+            let [charge, _, email] = billing_tools(sink);
+            vec![charge, slow_lookup, email]
+        })
+}
+
+/// The PostgreSQL store of `bed`.
+fn store_of(bed: &Testbed) -> &str {
+    bed.world.store.as_deref().expect("a testbed on PostgreSQL")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_one_of_two_daemons_mid_load_and_the_other_finishes_every_session_once() {
     const SESSIONS: usize = 50;
-    let world = World::new();
-    let store = pg_store();
-    let model = MockModel::start(billing_replies(), Fault::None).await;
-    let sink = Sink::start().await.unwrap();
-    let agent = agent_toml(&model.base_url(), &billing_tools(&sink));
-    let doomed = daemon_on(&world, "a", &store).await;
-    let survivor = daemon_on(&world, "b", &store).await;
+    let bed = billing().await;
+    let (store, sink, agent) = (store_of(&bed), &bed.sink, &bed.agent_toml);
+    let doomed = daemon_on(&bed.world, "a", store).await;
+    let survivor = daemon_on(&bed.world, "b", store).await;
     let mut ids = Vec::new();
     for i in 0..SESSIONS {
         let daemon = if i % 2 == 0 { &doomed } else { &survivor };
-        ids.push(daemon.create(&agent).await);
+        ids.push(daemon.create(agent).await);
     }
     let posts = ids.iter().enumerate().map(|(i, id)| {
         let daemon = if i % 2 == 0 { &doomed } else { &survivor };
-        daemon.post_owned(
-            format!("/sessions/{id}/messages"),
-            json!({"text": "charge and email"}),
-        )
+        daemon.message(id, "charge and email")
     });
     for (status, body) in futures_util::future::join_all(posts).await {
         assert_eq!(status, 202, "{body}");
     }
-    let what = format!("{} sessions to charge", SESSIONS / 5);
-    eventually(what, Duration::from_secs(60), || async {
-        let stats = sink.stats();
-        if stats.path("charge").effects >= (SESSIONS / 5) as u64 {
-            Ok(())
-        } else {
-            Err(format!("{:?}", stats.paths))
-        }
-    })
+    effects_reach(
+        sink,
+        "charge",
+        (SESSIONS / 5) as u64,
+        Duration::from_secs(60),
+    )
     .await;
     doomed.kill().await;
     let emailed_at_kill = sink.stats().path("email").effects;
@@ -82,7 +92,7 @@ async fn sigkill_one_of_two_daemons_mid_load_and_the_other_finishes_every_sessio
     survivor
         .wait_all_idle(SESSIONS, Duration::from_secs(120))
         .await;
-    assert_billed_once(&sink, SESSIONS);
+    assert_billed_once(sink, SESSIONS);
     survivor
         .assert_verified_with_answer(&ids, "Charged and emailed.")
         .await;
@@ -97,21 +107,16 @@ async fn sigkill_one_of_two_daemons_mid_load_and_the_other_finishes_every_sessio
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_frozen_past_its_leases_is_fenced_when_it_wakes() {
     const SESSIONS: usize = 8;
-    let world = World::new();
-    let store = pg_store();
-    let model = MockModel::start(billing_replies(), Fault::None).await;
-    let sink = Sink::start().await.unwrap();
-    let agent = slow_billing_agent(&model, &sink);
-    let frozen = daemon_on(&world, "a", &store).await;
-    let survivor = daemon_on(&world, "b", &store).await;
+    let bed = slow_billing().await;
+    let (store, sink) = (store_of(&bed), &bed.sink);
+    let frozen = daemon_on(&bed.world, "a", store).await;
+    let survivor = daemon_on(&bed.world, "b", store).await;
     let mut ids = Vec::new();
     for _ in 0..SESSIONS {
-        ids.push(frozen.create(&agent).await);
+        ids.push(frozen.create(&bed.agent_toml).await);
     }
     for id in &ids {
-        let (status, body) = frozen
-            .post(&format!("/sessions/{id}/messages"), &json!({"text": "go"}))
-            .await;
+        let (status, body) = frozen.message(id, "go").await;
         assert_eq!(status, 202, "{body}");
     }
     let pid = frozen.child.id().unwrap() as i32;
@@ -170,7 +175,7 @@ async fn a_daemon_frozen_past_its_leases_is_fenced_when_it_wakes() {
             "the woken daemon appended to {id} after it was taken over"
         );
     }
-    assert_billed_once(&sink, SESSIONS);
+    assert_billed_once(sink, SESSIONS);
     survivor
         .assert_verified_with_answer(&ids, "Charged and emailed.")
         .await;
@@ -183,35 +188,22 @@ async fn a_daemon_frozen_past_its_leases_is_fenced_when_it_wakes() {
 /// decision is taken under a fresh lease, not with the fenced turn's token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_fenced_out_of_a_session_still_records_a_decision_on_it() {
-    let world = World::new();
-    let store = pg_store();
-    let sink = Sink::start().await.unwrap();
-    let model = MockModel::start(
-        vec![
+    let slow_lookup = ["sh", "-c", "cat >/dev/null; sleep 2; echo '{}'"];
+    let bed = Testbed::new()
+        .on_postgres()
+        .replies(vec![
             MockReply::calls(&[("lookup", json!({"n": 1}))]),
             MockReply::calls(&[("refund", json!({"n": 2}))]),
             MockReply::answer("refunded"),
-        ],
-        Fault::None,
-    )
-    .await;
-    let slow_lookup = command_tool(
-        "lookup",
-        &["sh", "-c", "cat >/dev/null; sleep 2; echo '{}'"],
-        "read_only",
-        10,
-    );
-    let refund = refund_needing_approval(&sink);
-    let agent = agent_toml(&model.base_url(), &[slow_lookup, refund]);
-    let fenced = daemon_on(&world, "a", &store).await;
-    let survivor = daemon_on(&world, "b", &store).await;
-    let id = fenced.create(&agent).await;
-    let (status, body) = fenced
-        .post(
-            &format!("/sessions/{id}/messages"),
-            &json!({"text": "refund"}),
-        )
+        ])
+        .tools([command_tool("lookup", &slow_lookup, "read_only", 10)])
+        .sink_tools(|sink| vec![refund_needing_approval(sink)])
         .await;
+    let (store, sink) = (store_of(&bed), &bed.sink);
+    let fenced = daemon_on(&bed.world, "a", store).await;
+    let survivor = daemon_on(&bed.world, "b", store).await;
+    let id = fenced.create(&bed.agent_toml).await;
+    let (status, body) = fenced.message(&id, "refund").await;
     assert_eq!(status, 202, "{body}");
     let pid = fenced.child.id().unwrap() as i32;
     // SAFETY: kill(2) has no memory-safety preconditions; the pid is our child's.
@@ -270,17 +262,13 @@ async fn awaiting_approval(daemon: &DaemonProcess, id: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_runs_on_one_daemon_and_the_other_streams_it_live() {
-    let world = World::new();
-    let store = pg_store();
-    let model = MockModel::start(
-        vec![MockReply::answer("one"), MockReply::answer("two")],
-        Fault::None,
-    )
-    .await;
-    let runner = daemon_on(&world, "a", &store).await;
-    let watcher = daemon_on(&world, "b", &store).await;
-    let agent = agent_toml(&model.base_url(), &[]);
-    let (_, seen) = follow_two_turns(&runner, &watcher, &agent).await;
+    let bed = Testbed::new()
+        .on_postgres()
+        .replies(vec![MockReply::answer("one"), MockReply::answer("two")])
+        .await;
+    let runner = daemon_on(&bed.world, "a", store_of(&bed)).await;
+    let watcher = daemon_on(&bed.world, "b", store_of(&bed)).await;
+    let (_, seen) = follow_two_turns(&runner, &watcher, &bed.agent_toml).await;
     assert_eq!(seen.matches("event: UserMessage").count(), 2, "{seen}");
     assert!(runner.terminate().await.success());
     assert!(watcher.terminate().await.success());
@@ -291,19 +279,14 @@ async fn a_daemon_shut_down_mid_turn_hands_its_sessions_over_at_once() {
     const SESSIONS: usize = 6;
     // Leases far longer than the test: only a handover can explain a takeover.
     const LONG_TTL_MS: &str = "120000";
-    let world = World::new();
-    let store = pg_store();
-    let model = MockModel::start(billing_replies(), Fault::None).await;
-    let sink = Sink::start().await.unwrap();
-    let agent = slow_billing_agent(&model, &sink);
-    let leaving = daemon_with_ttl(&world, "a", &store, LONG_TTL_MS).await;
-    let staying = daemon_with_ttl(&world, "b", &store, LONG_TTL_MS).await;
+    let bed = slow_billing().await;
+    let (store, sink) = (store_of(&bed), &bed.sink);
+    let leaving = daemon_with_ttl(&bed.world, "a", store, LONG_TTL_MS).await;
+    let staying = daemon_with_ttl(&bed.world, "b", store, LONG_TTL_MS).await;
     let mut ids = Vec::new();
     for _ in 0..SESSIONS {
-        let id = leaving.create(&agent).await;
-        let (status, body) = leaving
-            .post(&format!("/sessions/{id}/messages"), &json!({"text": "go"}))
-            .await;
+        let id = leaving.create(&bed.agent_toml).await;
+        let (status, body) = leaving.message(&id, "go").await;
         assert_eq!(status, 202, "{body}");
         ids.push(id);
     }
@@ -321,7 +304,7 @@ async fn a_daemon_shut_down_mid_turn_hands_its_sessions_over_at_once() {
         SESSIONS as u64,
         "every session paused by the shutdown moved to the other daemon"
     );
-    assert_billed_once(&sink, SESSIONS);
+    assert_billed_once(sink, SESSIONS);
     staying
         .assert_verified_with_answer(&ids, "Charged and emailed.")
         .await;
@@ -331,9 +314,7 @@ async fn a_daemon_shut_down_mid_turn_hands_its_sessions_over_at_once() {
 /// Two daemons on one store; `runner` is in the slow lookup of a turn of
 /// session `id`, `other` runs nothing.
 struct Fleet {
-    _world: World,
-    _model: MockModel,
-    sink: Sink,
+    bed: Testbed,
     runner: DaemonProcess,
     other: DaemonProcess,
     id: String,
@@ -341,22 +322,14 @@ struct Fleet {
 
 impl Fleet {
     async fn with_a_turn_running() -> Fleet {
-        let world = World::new();
-        let store = pg_store();
-        let model = MockModel::start(billing_replies(), Fault::None).await;
-        let sink = Sink::start().await.unwrap();
-        let agent = slow_billing_agent(&model, &sink);
-        let runner = daemon_on(&world, "a", &store).await;
-        let other = daemon_on(&world, "b", &store).await;
-        let id = runner.create(&agent).await;
-        let (status, body) = runner
-            .post(&format!("/sessions/{id}/messages"), &json!({"text": "go"}))
-            .await;
+        let bed = slow_billing().await;
+        let runner = daemon_on(&bed.world, "a", store_of(&bed)).await;
+        let other = daemon_on(&bed.world, "b", store_of(&bed)).await;
+        let id = runner.create(&bed.agent_toml).await;
+        let (status, body) = runner.message(&id, "go").await;
         assert_eq!(status, 202, "{body}");
         Fleet {
-            _world: world,
-            _model: model,
-            sink,
+            bed,
             runner,
             other,
             id,
@@ -373,7 +346,7 @@ impl Fleet {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_asked_of_one_daemon_stops_the_turn_running_on_another() {
     let fleet = Fleet::with_a_turn_running().await;
-    let (other, sink, id) = (&fleet.other, &fleet.sink, &fleet.id);
+    let (other, sink, id) = (&fleet.other, &fleet.bed.sink, &fleet.id);
     let (status, asked) = other
         .post(&format!("/sessions/{id}/pause"), &json!({}))
         .await;
@@ -407,12 +380,10 @@ async fn a_pause_asked_of_one_daemon_stops_the_turn_running_on_another() {
 /// a daemon, as a daemon's turn would.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_asked_of_a_daemon_stops_a_turn_the_cli_runs() {
-    let world = World::on_postgres();
-    let store = world.store.clone().unwrap();
-    let model = MockModel::start(billing_replies(), Fault::None).await;
-    let sink = Sink::start().await.unwrap();
-    let daemon = daemon_on(&world, "a", &store).await;
-    let id = daemon.create(&slow_billing_agent(&model, &sink)).await;
+    let bed = slow_billing().await;
+    let (world, sink) = (&bed.world, &bed.sink);
+    let daemon = daemon_on(world, "a", store_of(&bed)).await;
+    let id = daemon.create(&bed.agent_toml).await;
     let cli = world
         .mneme()
         .args(["run", "--session", &id, "go"])
@@ -446,7 +417,7 @@ async fn a_pause_asked_of_a_daemon_stops_a_turn_the_cli_runs() {
         "{}",
         stderr(&out)
     );
-    resumes_after_a_pause_before_the_email(&daemon, &sink, &id).await;
+    resumes_after_a_pause_before_the_email(&daemon, sink, &id).await;
     assert!(daemon.terminate().await.success());
 }
 
@@ -472,7 +443,7 @@ async fn resumes_after_a_pause_before_the_email(daemon: &DaemonProcess, sink: &S
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_asked_of_one_daemon_stops_the_turn_on_another_then_records_it() {
     let fleet = Fleet::with_a_turn_running().await;
-    let (runner, other, sink, id) = (&fleet.runner, &fleet.other, &fleet.sink, &fleet.id);
+    let (runner, other, sink, id) = (&fleet.runner, &fleet.other, &fleet.bed.sink, &fleet.id);
     let (status, cancelled) = other
         .post(&format!("/sessions/{id}/cancel"), &json!({"by": "ops"}))
         .await;

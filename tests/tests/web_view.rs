@@ -39,30 +39,40 @@ fn screenshot(page: &Page, name: &str) {
     blocking(|| page.screenshot(&dir.join(format!("{name}.png"))));
 }
 
+/// The billing agent (see [`billing_replies`]) and its sink.
+fn billing() -> TestbedBuilder {
+    Testbed::new()
+        .replies(billing_replies())
+        .sink_tools(|sink| billing_tools(sink).to_vec())
+}
+
+/// A daemon and an agent whose `refund` on the sink waits for approval.
+fn refund_on_approval(replies: Vec<MockReply>) -> TestbedBuilder {
+    Testbed::new()
+        .replies(replies)
+        .sink_tools(|sink| vec![refund_needing_approval(sink)])
+        .daemon()
+}
+
+/// Session `id`, given `text`, waits for the approval of `call_0_0`.
+async fn waits_for_approval(daemon: &DaemonProcess, id: &str, text: &str) {
+    let (_, end) = daemon.message_and_wait(id, text).await;
+    assert_eq!(end["awaiting_approval"][0]["call_id"], "call_0_0", "{end}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_person_signs_in_finds_a_session_approves_its_call_and_compares_a_fork() {
-    let world = World::new();
-    let sink = Sink::start().await.unwrap();
-    let model = MockModel::start(
-        vec![
-            MockReply::calls(&[("refund", json!({"n": 7}))]),
-            MockReply::answer("Refunded."),
-            MockReply::answer("Anything else?"),
-        ],
-        Fault::None,
-    )
+    let mut bed = refund_on_approval(vec![
+        MockReply::calls(&[("refund", json!({"n": 7}))]),
+        MockReply::answer("Refunded."),
+        MockReply::answer("Anything else?"),
+    ])
     .await;
-    let tool = refund_needing_approval(&sink);
-    let daemon = DaemonProcess::start(&world.data(), &[]).await;
-    let id = daemon.create(&agent_toml(&model.base_url(), &[tool])).await;
+    let id = bed.create().await;
+    let daemon = bed.take_daemon();
+    let (world, model, sink) = (&bed.world, &bed.model, &bed.sink);
     daemon.create(&agent_toml(&model.base_url(), &[])).await;
-    let (_, end) = daemon
-        .post(
-            &format!("/sessions/{id}/messages"),
-            &json!({"text": HOSTILE_MESSAGE, "wait": true}),
-        )
-        .await;
-    assert_eq!(end["awaiting_approval"][0]["call_id"], "call_0_0", "{end}");
+    waits_for_approval(&daemon, &id, HOSTILE_MESSAGE).await;
 
     // A page of the log, as the view reads it; a followed stream has no end.
     let (_, page_of) = daemon
@@ -80,7 +90,7 @@ async fn a_person_signs_in_finds_a_session_approves_its_call_and_compares_a_fork
         .await;
     assert_eq!(status, 400);
 
-    let link = sign_in_link(&world, "ada").await;
+    let link = sign_in_link(world, "ada").await;
     install_chromium();
     let browser = blocking(Browser::start);
     let page = blocking(|| browser.new_page());
@@ -521,33 +531,19 @@ async fn a_streamed_reply_shows_on_the_page_as_it_arrives() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_call_is_approved_with_edited_arguments_and_an_expired_one_says_so() {
-    let world = World::new();
-    let sink = Sink::start().await.unwrap();
-    let model = MockModel::start(
-        vec![
-            MockReply::calls(&[("refund", json!({"n": 7}))]),
-            MockReply::answer("Refunded."),
-        ],
-        Fault::None,
-    )
+    let mut bed = refund_on_approval(vec![
+        MockReply::calls(&[("refund", json!({"n": 7}))]),
+        MockReply::answer("Refunded."),
+    ])
     .await;
-    let daemon = DaemonProcess::start(&world.data(), &[]).await;
-    let agent = |extra: &str| {
-        let tool = format!("{}{extra}", refund_needing_approval(&sink));
-        agent_toml(&model.base_url(), &[tool])
-    };
-    let edited = daemon.create(&agent("")).await;
-    let expiring = daemon.create(&agent("approval_timeout = \"1s\"\n")).await;
+    let edited = bed.create().await;
+    let (daemon, model, sink) = (bed.take_daemon(), &bed.model, &bed.sink);
+    let tool = refund_needing_approval(sink) + "approval_timeout = \"1s\"\n";
+    let expiring = daemon.create(&agent_toml(&model.base_url(), &[tool])).await;
     for id in [&edited, &expiring] {
-        let (_, end) = daemon
-            .post(
-                &format!("/sessions/{id}/messages"),
-                &json!({"text": "refund ada", "wait": true}),
-            )
-            .await;
-        assert_eq!(end["awaiting_approval"][0]["call_id"], "call_0_0", "{end}");
+        waits_for_approval(&daemon, id, "refund ada").await;
     }
-    let (browser, page) = signed_in_page(&world, "ada", WAIT).await;
+    let (browser, page) = signed_in_page(&bed.world, "ada", WAIT).await;
 
     // The waiting call's arguments, editable; approved with the person's.
     blocking(|| page.eval(&format!("location.hash = '#/s/{edited}'")));
@@ -652,16 +648,13 @@ async fn ui_open_keeps_the_link_off_command_lines() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rerun_links_to_its_original_and_its_diff() {
-    let world = World::new();
-    let model = MockModel::start(vec![MockReply::answer("Hello.")], Fault::None).await;
-    let daemon = DaemonProcess::start(&world.data(), &[]).await;
-    let original = daemon.create(&agent_toml(&model.base_url(), &[])).await;
-    let (_, end) = daemon
-        .post(
-            &format!("/sessions/{original}/messages"),
-            &json!({"text": "hi", "wait": true}),
-        )
+    let mut bed = Testbed::new()
+        .replies(vec![MockReply::answer("Hello.")])
+        .daemon()
         .await;
+    let original = bed.create().await;
+    let (daemon, world, model) = (bed.take_daemon(), &bed.world, &bed.model);
+    let (_, end) = daemon.message_and_wait(&original, "hi").await;
     assert_eq!(end["answer"], "Hello.", "{end}");
     let spec = json!({"name": "other", "model": {"provider": "openai", "base_url": model.base_url(), "model": "newer-model"}});
     let (status, report) = daemon
@@ -672,7 +665,7 @@ async fn a_rerun_links_to_its_original_and_its_diff() {
         .await;
     assert_eq!(status, 200, "{report}");
     let rerun = report["rerun"]["session"].as_str().unwrap().to_string();
-    let (browser, page) = signed_in_page(&world, "ada", WAIT).await;
+    let (browser, page) = signed_in_page(world, "ada", WAIT).await;
     blocking(|| page.eval(&format!("location.hash = '#/s/{rerun}'")));
     let shown = blocking(|| {
         page.wait_for(
@@ -720,32 +713,15 @@ async fn a_rerun_links_to_its_original_and_its_diff() {
 /// would not be what the tool gets.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_approval_box_shows_bidi_overrides_escaped() {
-    let world = World::new();
-    let sink = Sink::start().await.unwrap();
     // Stored: the account "\u{202e}1337-tcca" (reads "acct-7331" on screen).
-    let model = MockModel::start(
-        vec![
-            MockReply::calls(&[("refund", json!({"n": 7, "to": "\u{202e}1337-tcca\u{202c}"}))]),
-            MockReply::answer("Refunded."),
-        ],
-        Fault::None,
-    )
+    let mut bed = refund_on_approval(vec![
+        MockReply::calls(&[("refund", json!({"n": 7, "to": "\u{202e}1337-tcca\u{202c}"}))]),
+        MockReply::answer("Refunded."),
+    ])
     .await;
-    let daemon = DaemonProcess::start(&world.data(), &[]).await;
-    let id = daemon
-        .create(&agent_toml(
-            &model.base_url(),
-            &[refund_needing_approval(&sink)],
-        ))
-        .await;
-    let (_, end) = daemon
-        .post(
-            &format!("/sessions/{id}/messages"),
-            &json!({"text": "refund", "wait": true}),
-        )
-        .await;
-    assert_eq!(end["awaiting_approval"][0]["call_id"], "call_0_0", "{end}");
-    let (browser, page) = signed_in_page(&world, "ada", WAIT).await;
+    let id = bed.create().await;
+    waits_for_approval(bed.daemon(), &id, "refund").await;
+    let (browser, page) = bed.signed_in("ada").await;
     blocking(|| page.eval(&format!("location.hash = '#/s/{id}'")));
     let shown = blocking(|| {
         page.wait_for(
@@ -762,7 +738,7 @@ async fn the_approval_box_shows_bidi_overrides_escaped() {
     );
     drop(page);
     drop(browser);
-    assert!(daemon.terminate().await.success());
+    assert!(bed.take_daemon().terminate().await.success());
 }
 
 /// U+061C ARABIC LETTER MARK is a bidi control like U+200F: a model's
@@ -904,19 +880,11 @@ fn grouped(n: u64) -> String {
 /// rows among them; the events stay one click away, all of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_conversation_shows_each_call_as_one_card_and_each_replys_figures_once() {
-    let world = World::new();
-    let sink = Sink::start().await.unwrap();
-    let model = MockModel::start(billing_replies(), Fault::None).await;
-    let daemon = DaemonProcess::start(&world.data(), &[]).await;
-    let id = daemon
-        .create(&agent_toml(&model.base_url(), &billing_tools(&sink)))
-        .await;
-    let (_, end) = daemon
-        .post(
-            &format!("/sessions/{id}/messages"),
-            &json!({"text": "Charge customer 1, then email them.", "wait": true}),
-        )
-        .await;
+    let mut bed = billing().daemon().await;
+    let id = bed.create().await;
+    let (daemon, world) = (bed.take_daemon(), &bed.world);
+    let text = "Charge customer 1, then email them.";
+    let (_, end) = daemon.message_and_wait(&id, text).await;
     assert_eq!(end["answer"], "Charged and emailed.", "{end}");
     let (_, records) = daemon.get(&format!("/sessions/{id}/events")).await;
     let records = records.as_array().unwrap().clone();
@@ -930,7 +898,7 @@ async fn the_conversation_shows_each_call_as_one_card_and_each_replys_figures_on
     let replies = of_kind("ModelReplied");
     assert_eq!((started.len(), replies.len()), (3, 3));
 
-    let (browser, page) = signed_in_page(&world, "ada", WAIT).await;
+    let (browser, page) = signed_in_page(world, "ada", WAIT).await;
     blocking(|| page.eval(&format!("location.hash = '#/s/{id}'")));
     blocking(|| {
         page.wait_for(
@@ -1027,25 +995,10 @@ async fn the_conversation_shows_each_call_as_one_card_and_each_replys_figures_on
 /// second one's result, and a note where the resume took the turn up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_runs_attempt_shows_as_process_died() {
-    let world = World::new();
-    let sink = Sink::start().await.unwrap();
-    let model = MockModel::start(billing_replies(), Fault::None).await;
-    let agent = world.write(
-        "agent.toml",
-        &agent_toml(&model.base_url(), &billing_tools(&sink)),
-    );
+    let bed = billing().await;
+    let world = &bed.world;
     let message = "Charge customer 1, look them up, then email them.";
-    let hold = sink.hold("email");
-    let mut child = world
-        .spawn_until_applied(
-            &["run", "--agent", agent.to_str().unwrap(), message],
-            hold.applied,
-        )
-        .await;
-    child.start_kill().unwrap(); // SIGKILL, inside the email
-    let killed = child.wait_with_output().await.unwrap();
-    assert!(!killed.status.success());
-    drop(hold.release);
+    let killed = bed.run_killed_in("email", message).await;
     let id = session_id(&killed);
     let out = world.run(&["resume", &id]).await;
     assert!(out.status.success(), "resume failed: {}", stderr(&out));
@@ -1066,7 +1019,7 @@ async fn a_killed_runs_attempt_shows_as_process_died() {
     assert_eq!(email.len(), 2, "two attempts of the email: {records}");
     let call = email[0]["call_id"].as_str().unwrap().to_string();
 
-    let (browser, page) = signed_in_page(&world, "ada", WAIT).await;
+    let (browser, page) = signed_in_page(world, "ada", WAIT).await;
     blocking(|| page.eval(&format!("location.hash = '#/s/{id}'")));
     for view in ["#conversation", "#timeline"] {
         let attempts = blocking(|| {
@@ -1114,30 +1067,26 @@ async fn a_killed_runs_attempt_shows_as_process_died() {
 /// with a link to its parent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_list_shows_titles_and_marks_forks() {
-    let world = World::new();
-    let model = MockModel::start(
-        vec![MockReply::answer("Hello."), MockReply::answer("Again.")],
-        Fault::None,
-    )
-    .await;
-    let daemon = DaemonProcess::start(&world.data(), &[]).await;
-    let original = daemon.create(&agent_toml(&model.base_url(), &[])).await;
-    let said = "greet <b>ada</b>\u{202e} please";
-    let (_, end) = daemon
-        .post(
-            &format!("/sessions/{original}/messages"),
-            &json!({"text": said, "wait": true}),
-        )
+    let mut bed = Testbed::new()
+        .replies(vec![
+            MockReply::answer("Hello."),
+            MockReply::answer("Again."),
+        ])
+        .daemon()
         .await;
+    let original = bed.create().await;
+    let (daemon, world) = (bed.take_daemon(), &bed.world);
+    let said = "greet <b>ada</b>\u{202e} please";
+    let (_, end) = daemon.message_and_wait(&original, said).await;
     assert_eq!(end["answer"], "Hello.", "{end}");
     let (status, forked) = daemon
         .post(&format!("/sessions/{original}/fork"), &json!({"at": 2}))
         .await;
     assert_eq!(status, 201, "{forked}");
     let fork = forked["session"].as_str().unwrap().to_string();
-    let empty = daemon.create(&agent_toml(&model.base_url(), &[])).await;
+    let empty = daemon.create(&bed.agent_toml).await;
 
-    let (browser, page) = signed_in_page(&world, "ada", WAIT).await;
+    let (browser, page) = signed_in_page(world, "ada", WAIT).await;
     let row = |id: &str| {
         blocking(|| {
             page.wait_for(
