@@ -3,17 +3,19 @@
 //! holds its message (and resumes to its answer), never a session with
 //! only its start. Through the daemon, `first_message` does the same.
 
-use mneme_e2e::daemon::DaemonProcess;
 use mneme_e2e::scenario::log_events;
 use mneme_e2e::*;
 use serde_json::{json, Value};
 
 /// Kills `mneme run --agent` at `point` and checks what the store holds.
 async fn killed_as_it_starts(world: World, point: &str) {
-    let model = MockModel::start(vec![MockReply::answer("Hello.")], Fault::None).await;
-    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[]));
+    let bed = Testbed::new()
+        .in_world(world)
+        .replies(vec![MockReply::answer("Hello.")])
+        .await;
+    let world = &bed.world;
     let out = world
-        .run_crashing(&["run", "--agent", agent.to_str().unwrap(), "hi"], point)
+        .run_crashing(&["run", "--agent", bed.agent_arg(), "hi"], point)
         .await;
     assert_eq!(
         out.status.code(),
@@ -29,7 +31,7 @@ async fn killed_as_it_starts(world: World, point: &str) {
     assert!(rows.len() <= 1, "{rows:?}");
     for row in rows {
         let id = row["session"].as_str().unwrap();
-        let kinds: Vec<Value> = (log_events(&world, id).await.iter())
+        let kinds: Vec<Value> = (log_events(world, id).await.iter())
             .map(|e| e["kind"].clone())
             .collect();
         assert_eq!(kinds, ["SessionStarted", "UserMessage"], "{point}");
@@ -60,10 +62,12 @@ async fn a_run_killed_as_it_starts_on_postgres_leaves_its_message_or_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_starts_a_session_with_its_first_message() {
-    let world = World::new();
-    let model = MockModel::start(vec![MockReply::answer("Hello.")], Fault::None).await;
-    let daemon = DaemonProcess::start(&world.data(), &[]).await;
-    let spec: Value = toml::from_str(&agent_toml(&model.base_url(), &[])).unwrap();
+    let mut bed = Testbed::new()
+        .replies(vec![MockReply::answer("Hello.")])
+        .daemon()
+        .await;
+    let daemon = bed.take_daemon();
+    let spec: Value = toml::from_str(&bed.agent_toml).unwrap();
     let (status, created) = daemon
         .post("/sessions", &json!({"spec": spec, "first_message": "hi"}))
         .await;

@@ -64,29 +64,25 @@ async fn payments() -> (Shared, String, tokio::sync::oneshot::Sender<()>) {
 
 /// A world whose agent charges once through a key-ignoring HTTP tool with
 /// a check, then answers.
-async fn charging_world(base: &str) -> (World, MockModel, std::path::PathBuf) {
-    let world = World::new();
-    let model = MockModel::start(
-        vec![
-            MockReply::calls(&[("charge", json!({"amount": 500}))]),
-            MockReply::answer("Charged."),
-        ],
-        Fault::None,
-    )
-    .await;
+async fn charging_world(base: &str) -> Testbed {
     let tool = http_tool("charge", &format!("{base}/charge"), "side_effect")
         + "honours_idempotency_key = false\n"
         + &format!("check = {{ url = \"{base}/charges?key={{key}}&amount={{args.amount}}\" }}\n");
-    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[tool]));
-    (world, model, agent)
+    Testbed::new()
+        .replies(vec![
+            MockReply::calls(&[("charge", json!({"amount": 500}))]),
+            MockReply::answer("Charged."),
+        ])
+        .tools([tool])
+        .await
 }
 
-async fn crash_then_resume(world: &World, agent: &std::path::Path, at: &str) -> (String, String) {
+/// `bed`'s agent run with crash point `at` armed, then resumed: the
+/// session and the resume's answer.
+async fn crash_then_resume(bed: &Testbed, at: &str) -> (String, String) {
+    let world = &bed.world;
     let out = world
-        .run_crashing(
-            &["run", "--agent", agent.to_str().unwrap(), "charge ada"],
-            at,
-        )
+        .run_crashing(&["run", "--agent", bed.agent_arg(), "charge ada"], at)
         .await;
     assert!(
         !out.status.success(),
@@ -118,10 +114,11 @@ fn checked_events(log: &str) -> Vec<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_charge_interrupted_after_it_applied_is_settled_by_the_check() {
     let (payments, base, _stop) = payments().await;
-    let (world, model, agent) = charging_world(&base).await;
-    let (session, answer) = crash_then_resume(&world, &agent, "tool_returned").await;
+    let bed = charging_world(&base).await;
+    let (world, model) = (&bed.world, &bed.model);
+    let (session, answer) = crash_then_resume(&bed, "tool_returned").await;
     assert!(answer.contains("Charged."), "{answer}");
-    let (log, events) = charged_once(&payments, &world, &session).await;
+    let (log, events) = charged_once(&payments, world, &session).await;
     assert_eq!(events.len(), 2, "{log}");
     let checked = &events[0]["event"]["ToolChecked"];
     assert_eq!(
@@ -153,10 +150,10 @@ async fn a_charge_interrupted_after_it_applied_is_settled_by_the_check() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_charge_interrupted_before_it_applied_runs_again_with_its_key() {
     let (payments, base, _stop) = payments().await;
-    let (world, _model, agent) = charging_world(&base).await;
-    let (session, answer) = crash_then_resume(&world, &agent, "tool_started_durable").await;
+    let bed = charging_world(&base).await;
+    let (session, answer) = crash_then_resume(&bed, "tool_started_durable").await;
     assert!(answer.contains("Charged."), "{answer}");
-    let (log, events) = charged_once(&payments, &world, &session).await;
+    let (log, events) = charged_once(&payments, &bed.world, &session).await;
     assert_eq!(
         events[0]["event"]["ToolChecked"]["answer"], "NotApplied",
         "{log}"
@@ -194,10 +191,11 @@ async fn a_check_that_cannot_tell_leaves_the_call_in_doubt() {
     ] {
         let (payments, base, _stop) = payments().await;
         *payments.bad_answer.lock().unwrap() = Some((status, body));
-        let (world, _model, agent) = charging_world(&base).await;
+        let bed = charging_world(&base).await;
+        let world = &bed.world;
         let out = world
             .run_crashing(
-                &["run", "--agent", agent.to_str().unwrap(), "charge ada"],
+                &["run", "--agent", bed.agent_arg(), "charge ada"],
                 "tool_returned",
             )
             .await;

@@ -237,24 +237,15 @@ async fn the_header_timeout_bounds_each_head_and_the_idle_timeout_the_wait_betwe
 /// connection busy, a new one is refused and the daemon says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn busy_connections_are_never_closed_and_a_full_house_refuses() {
-    let world = World::new();
-    let model = MockModel::start(
-        vec![
+    let slow = ["sh", "-c", "cat >/dev/null; sleep 4; echo ok"];
+    let bed = Testbed::new()
+        .replies(vec![
             MockReply::calls(&[("slow", json!({}))]),
             MockReply::answer("done"),
-        ],
-        Fault::None,
-    )
-    .await;
-    let agent = agent_toml(
-        &model.base_url(),
-        &[command_tool(
-            "slow",
-            &["sh", "-c", "cat >/dev/null; sleep 4; echo ok"],
-            "read_only",
-            10,
-        )],
-    );
+        ])
+        .tools([command_tool("slow", &slow, "read_only", 10)])
+        .await;
+    let (world, agent) = (&bed.world, bed.agent_toml.clone());
     let command = DaemonProcess::command(
         &world.data(),
         &[
@@ -266,7 +257,7 @@ async fn busy_connections_are_never_closed_and_a_full_house_refuses() {
             "1",
         ],
     );
-    let (daemon, log) = launch_logged(&world, command).await;
+    let (daemon, log) = launch_logged(world, command).await;
     let http = fresh_client();
     let created: Value = http
         .post(daemon.url("/sessions"))
@@ -512,10 +503,12 @@ async fn weak_tokens_and_readable_token_files_are_refused() {
 /// other error (finding 14), and the CLI shows it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_error_is_json_with_its_reason() {
-    let world = World::new();
-    let model = MockModel::start(vec![MockReply::answer("hi")], Fault::None).await;
-    let daemon = DaemonProcess::start(&world.data(), &["--max-body-bytes", "1024"]).await;
-    let id = daemon.create(&agent_toml(&model.base_url(), &[])).await;
+    let mut bed = Testbed::new()
+        .replies(vec![MockReply::answer("hi")])
+        .daemon_with(&["--max-body-bytes", "1024"])
+        .await;
+    let id = bed.create().await;
+    let daemon = bed.take_daemon();
     let messages = daemon.url(&format!("/sessions/{id}/messages"));
     let http = &daemon.http;
     let cases = [
@@ -588,8 +581,7 @@ async fn every_error_is_json_with_its_reason() {
             .unwrap_or_else(|| panic!("{what}: {body}"));
         assert!(error.contains(reason), "{what}: {error}");
     }
-    let out = world
-        .mneme()
+    let out = (bed.world.mneme())
         .args(["run", "--session", &id, &"y".repeat(2000)])
         .env("MNEME_TOKEN", TOKEN)
         .output()
@@ -668,10 +660,12 @@ async fn a_taken_port_is_named() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fork_at_seq_0_says_what_to_give() {
-    let world = World::new();
-    let model = MockModel::start(vec![MockReply::answer("hi")], Fault::None).await;
-    let daemon = DaemonProcess::start(&world.data(), &[]).await;
-    let id = daemon.create(&agent_toml(&model.base_url(), &[])).await;
+    let mut bed = Testbed::new()
+        .replies(vec![MockReply::answer("hi")])
+        .daemon()
+        .await;
+    let id = bed.create().await;
+    let daemon = bed.take_daemon();
     let (status, body) = daemon
         .post(&format!("/sessions/{id}/fork"), &json!({"at": 0}))
         .await;
@@ -692,22 +686,21 @@ async fn a_fork_at_seq_0_says_what_to_give() {
 /// before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resumes_while_a_turn_runs_are_refused_past_a_few() {
-    let world = World::new();
-    let model = MockModel::start(
-        vec![
+    let bed = Testbed::new()
+        .replies(vec![
             MockReply::calls(&[("slow", json!({}))]),
             MockReply::answer("done"),
-        ],
-        Fault::None,
-    )
-    .await;
-    let slow = command_tool("slow", &["sh", "-c", "sleep 10; echo ok"], "read_only", 30);
-    let agent = agent_toml(&model.base_url(), &[slow]);
-    let daemon = DaemonProcess::start(&world.data(), &[]).await;
-    let id = daemon.create(&agent).await;
-    let (status, _) = daemon
-        .post_owned(format!("/sessions/{id}/messages"), json!({"text": "go"}))
+        ])
+        .tools([command_tool(
+            "slow",
+            &["sh", "-c", "sleep 10; echo ok"],
+            "read_only",
+            30,
+        )])
+        .daemon()
         .await;
+    let (daemon, id) = (bed.daemon(), bed.create().await);
+    let (status, _) = daemon.message(&id, "go").await;
     assert_eq!(status, 202);
     let (status, code) = daemon.post("/ui/codes", &json!({"name": "ada"})).await;
     assert_eq!(status, 201, "{code}");
@@ -744,10 +737,11 @@ async fn resumes_while_a_turn_runs_are_refused_past_a_few() {
 /// 400, not an overflow (a panic that cut the connection in a debug build).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_largest_after_is_a_clear_error() {
-    let world = World::new();
-    let model = MockModel::start(vec![MockReply::answer("done")], Fault::None).await;
-    let daemon = DaemonProcess::start(&world.data(), &[]).await;
-    let id = daemon.create(&agent_toml(&model.base_url(), &[])).await;
+    let bed = Testbed::new()
+        .replies(vec![MockReply::answer("done")])
+        .daemon()
+        .await;
+    let (daemon, id) = (bed.daemon(), bed.create().await);
     let answer = (daemon.http)
         .get(daemon.url(&format!("/sessions/{id}/events?after={}", u64::MAX)))
         .send()

@@ -7,19 +7,14 @@ use serde_json::Value;
 
 #[tokio::test]
 async fn a_fork_runs_on_from_its_seq_and_the_diff_shows_where_it_parted() {
-    let world = World::new();
-    let model = MockModel::start(
-        vec![
+    let bed = Testbed::new()
+        .replies(vec![
             MockReply::answer("First answer."),
             MockReply::answer("Second answer."),
-        ],
-        Fault::None,
-    )
-    .await;
-    let path = world.write("agent.toml", &agent_toml(&model.base_url(), &[]));
-    let out = world
-        .run(&["run", "--agent", path.to_str().unwrap(), "one"])
+        ])
         .await;
+    let (world, model) = (&bed.world, &bed.model);
+    let out = bed.run_agent("one").await;
     assert!(out.status.success(), "{}", stderr(&out));
     let parent = named_session(&out).unwrap();
     let out = world.run(&["run", "--session", &parent, "two"]).await;
@@ -52,7 +47,7 @@ async fn a_fork_runs_on_from_its_seq_and_the_diff_shows_where_it_parted() {
     );
 
     // A branch on another model: recorded, and its requests name it.
-    let other = agent_toml(&model.base_url(), &[]).replace("test-model", "other-model");
+    let other = bed.agent_toml.replace("test-model", "other-model");
     let other = world.write("other.toml", &other);
     let out = world
         .run(&[

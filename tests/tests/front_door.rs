@@ -11,53 +11,36 @@ use std::time::{Duration, Instant};
 
 /// A world with the billing agent (charge, lookup, email) on a scripted
 /// model and a sink.
-struct Billing {
-    world: World,
-    _model: MockModel,
-    sink: Sink,
-    agent: String,
+async fn billing() -> Testbed {
+    Testbed::new()
+        .replies(billing_replies())
+        .sink_tools(|sink| billing_tools(sink).to_vec())
+        .await
 }
 
-async fn billing() -> Billing {
-    let world = World::new();
-    let model = MockModel::start(billing_replies(), Fault::None).await;
-    let sink = Sink::start().await.unwrap();
-    let agent = world.write(
-        "agent.toml",
-        &agent_toml(&model.base_url(), &billing_tools(&sink)),
-    );
-    Billing {
-        world,
-        _model: model,
-        sink,
-        agent: agent.to_str().unwrap().to_string(),
-    }
+/// A session of `b`'s agent run to its answer.
+async fn answered(b: &Testbed) -> String {
+    let out = b.run_agent("go").await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    session_id(&out)
 }
 
-impl Billing {
-    /// A session run to its answer.
-    async fn answered(&self) -> String {
-        let out = self.world.run(&["run", "--agent", &self.agent, "go"]).await;
-        assert!(out.status.success(), "{}", stderr(&out));
-        session_id(&out)
-    }
-
-    /// `mneme run`, inside its charge: the sink holds the charge's answer
-    /// back until the sender fires or is dropped.
-    async fn inside_the_charge(&self) -> (tokio::process::Child, tokio::sync::oneshot::Sender<()>) {
-        let hold = self.sink.hold("charge");
-        let child = self
-            .world
-            .spawn_until_applied(&["run", "--agent", &self.agent, "go"], hold.applied)
-            .await;
-        (child, hold.release)
-    }
+/// `mneme run` of `b`'s agent, inside its charge: the sink holds the
+/// charge's answer back until the sender fires or is dropped.
+async fn inside_the_charge(
+    b: &Testbed,
+) -> (tokio::process::Child, tokio::sync::oneshot::Sender<()>) {
+    let hold = b.sink.hold("charge");
+    let child = (b.world)
+        .spawn_until_applied(&["run", "--agent", b.agent_arg(), "go"], hold.applied)
+        .await;
+    (child, hold.release)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_pipe_ends_output_quietly() {
     let b = billing().await;
-    let id = b.answered().await;
+    let id = answered(&b).await;
     let commands: [&[&str]; 6] = [
         &["log", &id],
         &["log", &id, "--json"],
@@ -161,18 +144,15 @@ async fn a_server_that_is_down_is_named_as_refusing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_missing_from_the_daemon_names_the_daemons_environment() {
-    let world = World::new();
-    let model = MockModel::start(vec![MockReply::answer("hi")], Fault::None).await;
-    let text = agent_toml(&model.base_url(), &[]).replace(
-        "model = \"test-model\"",
-        "model = \"test-model\"\napi_key_env = \"MNEME_TEST_KEY_NOBODY_SET\"",
-    );
-    let agent = world.write("agent.toml", &text);
-    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let bed = Testbed::new()
+        .replies(vec![MockReply::answer("hi")])
+        .model_options("api_key_env = \"MNEME_TEST_KEY_NOBODY_SET\"\n")
+        .daemon()
+        .await;
+    let daemon = bed.daemon();
     // The variable is set where the command runs, not where the daemon does.
-    let out = world
-        .mneme()
-        .args(["run", "--agent", agent.to_str().unwrap(), "hi"])
+    let out = (bed.world.mneme())
+        .args(["run", "--agent", bed.agent_arg(), "hi"])
         .env(
             "MNEME_TEST_KEY_NOBODY_SET",
             "sk-the-shell-has-it-0123456789",
@@ -194,7 +174,7 @@ async fn a_key_missing_from_the_daemon_names_the_daemons_environment() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_run_is_interrupted_and_its_resume_is_recorded() {
     let b = billing().await;
-    let (mut run, _hold) = b.inside_the_charge().await;
+    let (mut run, _hold) = inside_the_charge(&b).await;
     run.start_kill().unwrap();
     run.wait().await.unwrap();
     let rows = stdout(&b.world.run(&["sessions", "--json"]).await);
@@ -257,7 +237,7 @@ async fn a_killed_run_is_interrupted_and_its_resume_is_recorded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_work_beside_a_running_run_and_writes_say_what_to_do() {
     let b = billing().await;
-    let (run, hold) = b.inside_the_charge().await;
+    let (run, hold) = inside_the_charge(&b).await;
     let pid = run.id().unwrap();
     let rows = b.world.run(&["sessions", "--json"]).await;
     assert!(rows.status.success(), "{}", stderr(&rows));
@@ -291,7 +271,10 @@ async fn reads_work_beside_a_running_run_and_writes_say_what_to_do() {
         log.contains("ToolStarted") && log.contains("charge"),
         "{log}"
     );
-    for args in [vec!["run", "--agent", &b.agent, "again"], vec!["export"]] {
+    for args in [
+        vec!["run", "--agent", b.agent_arg(), "again"],
+        vec!["export"],
+    ] {
         let out = b.world.run(&args).await;
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
@@ -314,8 +297,8 @@ async fn reads_work_beside_a_running_run_and_writes_say_what_to_do() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_are_named_by_any_unique_prefix() {
     let b = billing().await;
-    let first = b.answered().await;
-    let second = b.answered().await;
+    let first = answered(&b).await;
+    let second = answered(&b).await;
     let shared = first
         .chars()
         .zip(second.chars())
@@ -573,7 +556,7 @@ async fn each_commands_help_shows_its_own_options_and_an_example() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn progress_is_told_on_a_terminal_and_not_in_a_pipe() {
     let b = billing().await;
-    let out = b.world.run(&["run", "--agent", &b.agent, "go"]).await;
+    let out = b.world.run(&["run", "--agent", b.agent_arg(), "go"]).await;
     assert!(out.status.success());
     assert!(
         !stderr(&out).contains("mneme: step"),
@@ -589,7 +572,7 @@ async fn progress_is_told_on_a_terminal_and_not_in_a_pipe() {
             b.world.data().to_str().unwrap(),
             "run",
             "--agent",
-            &b.agent,
+            b.agent_arg(),
             "go",
         ]
         .map(String::from),

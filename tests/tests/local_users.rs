@@ -11,14 +11,12 @@ const MESSAGE: &str = "my api key is SECRET-MESSAGE-MARKER";
 
 /// A world with one finished session.
 async fn world_with_a_session() -> World {
-    let world = World::new();
-    let model = MockModel::start(vec![MockReply::answer("noted")], Fault::None).await;
-    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[]));
-    let out = world
-        .run(&["run", "--agent", agent.to_str().unwrap(), MESSAGE])
+    let bed = Testbed::new()
+        .replies(vec![MockReply::answer("noted")])
         .await;
+    let out = bed.run_agent(MESSAGE).await;
     assert!(out.status.success(), "{}", stderr(&out));
-    world
+    bed.world
 }
 
 fn mode(path: &Path) -> u32 {
@@ -167,25 +165,15 @@ async fn a_data_directory_mneme_cannot_write_is_refused_saying_why_and_what_to_d
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_tool_creates_files_with_its_users_umask_not_mnemes() {
-    let world = World::new();
-    let model = MockModel::start(
-        vec![
+    let umask = ["sh", "-c", "cat >/dev/null; umask"];
+    let bed = Testbed::new()
+        .replies(vec![
             MockReply::calls(&[("umask", serde_json::json!({}))]),
             MockReply::answer("done"),
-        ],
-        Fault::None,
-    )
-    .await;
-    let tool = command_tool(
-        "umask",
-        &["sh", "-c", "cat >/dev/null; umask"],
-        "read_only",
-        5,
-    );
-    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[tool]));
-    let out = world
-        .run(&["run", "--agent", agent.to_str().unwrap(), "go"])
+        ])
+        .tools([command_tool("umask", &umask, "read_only", 5)])
         .await;
+    let out = bed.run_agent("go").await;
     assert!(out.status.success(), "{}", stderr(&out));
     // This process's umask, which the mneme it started inherited.
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
@@ -199,7 +187,7 @@ async fn a_command_tool_creates_files_with_its_users_umask_not_mnemes() {
         ours, "0077",
         "the test needs a umask other than mneme's own"
     );
-    let bodies = model.bodies();
+    let bodies = bed.model.bodies();
     let last = String::from_utf8_lossy(bodies.last().unwrap());
     assert!(
         last.contains(&format!("\"content\":\"\\\"{ours}\\\"\"")),

@@ -25,33 +25,25 @@ async fn on_store_ok(world: &World, store: &str, args: &[&str]) -> std::process:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sled_log_exported_and_imported_into_postgres_verifies_and_runs_on() {
-    let world = World::new();
-    let model = MockModel::start(
-        vec![
+    let bed = Testbed::new()
+        .replies(vec![
             MockReply::calls(&[("charge", json!({"n": 1})), ("lookup", json!({"n": 2}))]),
             MockReply::answer("Charged."),
             MockReply::answer("Still here."),
-        ],
-        Fault::None,
-    )
-    .await;
-    let sink = Sink::start().await.unwrap();
-    let tools = billing_tools(&sink);
-    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &tools));
-    let out = run_ok(
-        &world,
-        &["run", "--agent", agent.to_str().unwrap(), "charge"],
-    )
-    .await;
+        ])
+        .sink_tools(|sink| billing_tools(sink).to_vec())
+        .await;
+    let (world, sink) = (&bed.world, &bed.sink);
+    let out = run_ok(world, &["run", "--agent", bed.agent_arg(), "charge"]).await;
     let id = session_id(&out);
     let dump = world.dir.path().join("dump.jsonl");
-    run_ok(&world, &["export", "-o", dump.to_str().unwrap()]).await;
+    run_ok(world, &["export", "-o", dump.to_str().unwrap()]).await;
     let sled_export = std::fs::read_to_string(&dump).unwrap();
-    let sled_prompt = run_ok(&world, &["replay", &id, "--raw"]).await.stdout;
+    let sled_prompt = run_ok(world, &["replay", &id, "--raw"]).await.stdout;
 
     let pg = pg_store();
     let dump_path = dump.to_str().unwrap();
-    let imported = on_store_ok(&world, &pg, &["import", dump_path]).await;
+    let imported = on_store_ok(world, &pg, &["import", dump_path]).await;
     let records = sled_export.lines().count();
     assert!(
         stderr(&imported).contains(&format!(
@@ -60,32 +52,33 @@ async fn a_sled_log_exported_and_imported_into_postgres_verifies_and_runs_on() {
         "{}",
         stderr(&imported)
     );
-    let verified = on_store_ok(&world, &pg, &["verify", "--json"]).await;
+    let verified = on_store_ok(world, &pg, &["verify", "--json"]).await;
     let verdict: Value = serde_json::from_slice(&verified.stdout).unwrap();
     assert_eq!(verdict["ok"], true, "{verdict}");
-    let pg_prompt = on_store_ok(&world, &pg, &["replay", &id, "--raw"]).await;
+    let pg_prompt = on_store_ok(world, &pg, &["replay", &id, "--raw"]).await;
     assert_eq!(pg_prompt.stdout, sled_prompt);
-    let pg_export = on_store_ok(&world, &pg, &["export"]).await;
+    let pg_export = on_store_ok(world, &pg, &["export"]).await;
     assert_eq!(stdout(&pg_export), sled_export);
 
     // Importing the same dump again adds nothing: every record is held.
-    let again = on_store_ok(&world, &pg, &["import", dump_path]).await;
+    let again = on_store_ok(world, &pg, &["import", dump_path]).await;
     let expected = format!("imported 0 records into 1 sessions ({records} already held)");
     assert!(stderr(&again).contains(&expected), "{}", stderr(&again));
 
     // The session goes on on PostgreSQL, its earlier effect not repeated.
-    let answer = on_store_ok(&world, &pg, &["run", "--session", &id, "still there?"]).await;
+    let answer = on_store_ok(world, &pg, &["run", "--session", &id, "still there?"]).await;
     assert_eq!(stdout(&answer).trim(), "Still here.");
     assert_eq!(sink.stats().path("charge").effects, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_altered_dump_is_refused_at_its_line_and_what_preceded_it_verifies() {
-    let world = World::new();
-    let model = MockModel::start(vec![MockReply::answer("hello")], Fault::None).await;
-    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[]));
-    run_ok(&world, &["run", "--agent", agent.to_str().unwrap(), "hi"]).await;
-    let text = stdout(&run_ok(&world, &["export"]).await);
+    let bed = Testbed::new()
+        .replies(vec![MockReply::answer("hello")])
+        .await;
+    let world = &bed.world;
+    run_ok(world, &["run", "--agent", bed.agent_arg(), "hi"]).await;
+    let text = stdout(&run_ok(world, &["export"]).await);
     let mut lines: Vec<String> = text.lines().map(String::from).collect();
     assert!(lines.len() >= 3, "{text}");
     // Flip one hex digit of the third record's sealed bytes.
@@ -98,10 +91,10 @@ async fn an_altered_dump_is_refused_at_its_line_and_what_preceded_it_verifies() 
     let dump = world.write("altered.jsonl", &(lines.join("\n") + "\n"));
 
     let store = pg_store();
-    let out = on_store(&world, &store, &["import", dump.to_str().unwrap()]).await;
+    let out = on_store(world, &store, &["import", dump.to_str().unwrap()]).await;
     assert!(!out.status.success());
     assert!(stderr(&out).contains("line 3"), "{}", stderr(&out));
-    let listed = on_store_ok(&world, &store, &["verify", "--json"]).await;
+    let listed = on_store_ok(world, &store, &["verify", "--json"]).await;
     let verdict: Value = serde_json::from_slice(&listed.stdout).unwrap();
     assert_eq!(
         (&verdict["ok"], &verdict["events"]),

@@ -204,21 +204,14 @@ const CONTENT: [&str; 4] = [
 const QUESTION: &str = "Who is customer 7? (question-8d1f)";
 const ANSWER: &str = "Customer 7 is Ada (answer-5c2e).";
 
-/// A model that asks for `lookup` once, then answers; the agent file.
-async fn lookup_world(world: &World) -> (MockModel, String) {
-    let model = MockModel::start(
-        vec![
+/// A model that asks for `lookup` once, then answers, and its agent.
+fn lookup_world() -> TestbedBuilder {
+    Testbed::new()
+        .replies(vec![
             MockReply::calls(&[("lookup", json!({"customer": 7}))]),
             MockReply::answer(ANSWER),
-        ],
-        Fault::None,
-    )
-    .await;
-    let agent = world.write(
-        "agent.toml",
-        &agent_toml(&model.base_url(), &[lookup_tool()]),
-    );
-    (model, agent.to_str().unwrap().to_string())
+        ])
+        .tools([lookup_tool()])
 }
 
 /// The span of the turn of `session` that started from `seq`: its ids
@@ -334,12 +327,12 @@ fn check_tool(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_is_one_trace_of_its_model_calls_and_tool_runs_without_content() {
-    let world = World::new();
+    let bed = lookup_world().await;
+    let (world, agent) = (&bed.world, bed.agent_arg());
     let collector = Collector::start().await;
-    let (_model, agent) = lookup_world(&world).await;
     let out = world
         .mneme()
-        .args(["run", "--agent", &agent, QUESTION])
+        .args(["run", "--agent", agent, QUESTION])
         .args(["--otlp-endpoint", &collector.endpoint()])
         .output()
         .await
@@ -361,7 +354,7 @@ async fn a_turn_is_one_trace_of_its_model_calls_and_tool_runs_without_content() 
             "invoke_agent test-agent"
         ]
     );
-    let log = log_events(&world, &session.to_string()).await;
+    let log = log_events(world, &session.to_string()).await;
     let turn = one(&spans, "invoke_agent test-agent");
     // SessionStarted is 1, the user's message 2: the turn started there.
     check_turn_ids(turn, session, 2);
@@ -425,12 +418,12 @@ async fn a_turn_is_one_trace_of_its_model_calls_and_tool_runs_without_content() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn content_is_exported_when_asked_clipped() {
-    let world = World::new();
+    let bed = lookup_world().await;
+    let (world, agent) = (&bed.world, bed.agent_arg());
     let collector = Collector::start().await;
-    let (_model, agent) = lookup_world(&world).await;
     let out = world
         .mneme()
-        .args(["run", "--agent", &agent, QUESTION])
+        .args(["run", "--agent", agent, QUESTION])
         .args(["--otlp-endpoint", &collector.endpoint(), "--otlp-content"])
         .output()
         .await
@@ -501,23 +494,19 @@ fn named_unsorted<'a>(spans: &'a [Span], name: &str) -> Vec<&'a Span> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_resumed_after_an_approval_links_to_the_turn_it_continues() {
-    let world = World::new();
     let collector = Collector::start().await;
-    let sink = Sink::start().await.unwrap();
-    let model = MockModel::start(
-        vec![
+    let bed = Testbed::new()
+        .replies(vec![
             MockReply::calls(&[("refund", json!({"n": 1}))]),
             MockReply::answer("refunded"),
-        ],
-        Fault::None,
-    )
-    .await;
-    let tool = refund_needing_approval(&sink);
-    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[tool]));
+        ])
+        .sink_tools(|sink| vec![refund_needing_approval(sink)])
+        .await;
+    let world = &bed.world;
     let endpoint = collector.endpoint();
     let out = world
         .mneme()
-        .args(["run", "--agent", agent.to_str().unwrap(), "refund ada"])
+        .args(["run", "--agent", bed.agent_arg(), "refund ada"])
         .args(["--otlp-endpoint", &endpoint])
         .output()
         .await
@@ -547,7 +536,7 @@ async fn a_turn_resumed_after_an_approval_links_to_the_turn_it_continues() {
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out).trim(), "refunded");
-    let log = log_events(&world, &session.to_string()).await;
+    let log = log_events(world, &session.to_string()).await;
     let (resumed_at, _) = events_of(&log, "SessionResumed")[0].clone();
     let spans = collector.spans();
     let turns = named_unsorted(&spans, "invoke_agent test-agent");
@@ -587,14 +576,14 @@ async fn a_turn_resumed_after_an_approval_links_to_the_turn_it_continues() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_resumed_after_a_crash_links_to_the_crashed_turn() {
-    let world = World::new();
+    let bed = lookup_world().await;
+    let (world, agent) = (&bed.world, bed.agent_arg());
     let collector = Collector::start().await;
-    let (_model, agent) = lookup_world(&world).await;
     let endpoint = collector.endpoint();
     // Killed once its call is durably started, before the tool runs.
     let out = world
         .mneme()
-        .args(["run", "--agent", &agent, QUESTION])
+        .args(["run", "--agent", agent, QUESTION])
         .args(["--otlp-endpoint", &endpoint])
         .env("MNEME_CRASH_AT", "tool_started_durable")
         .output()
@@ -602,7 +591,7 @@ async fn a_turn_resumed_after_a_crash_links_to_the_crashed_turn() {
         .unwrap();
     assert_eq!(out.status.code(), None, "killed: {}", stderr(&out));
     let session: Uuid = session_id(&out).parse().unwrap();
-    let crashed_at = log_events(&world, &session.to_string()).await.len() as u64;
+    let crashed_at = log_events(world, &session.to_string()).await.len() as u64;
     let out = world
         .mneme()
         .args(["resume", &session.to_string()])
@@ -612,7 +601,7 @@ async fn a_turn_resumed_after_a_crash_links_to_the_crashed_turn() {
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out).trim(), ANSWER);
-    let log = log_events(&world, &session.to_string()).await;
+    let log = log_events(world, &session.to_string()).await;
     let spans = collector.spans();
     let turn = &one(&spans, "invoke_agent test-agent").clone();
     // The resume recorded the crash, then the turn went on from there.
@@ -648,8 +637,8 @@ async fn a_turn_resumed_after_a_crash_links_to_the_crashed_turn() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collector_that_is_down_costs_a_warning_not_the_run() {
-    let world = World::new();
-    let (_model, agent) = lookup_world(&world).await;
+    let bed = lookup_world().await;
+    let (world, agent) = (&bed.world, bed.agent_arg());
     // A port nobody listens on: connections are refused.
     let closed = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -658,7 +647,7 @@ async fn a_collector_that_is_down_costs_a_warning_not_the_run() {
     let started = Instant::now();
     let out = world
         .mneme()
-        .args(["run", "--agent", &agent, QUESTION])
+        .args(["run", "--agent", agent, QUESTION])
         .args(["--otlp-endpoint", &format!("http://{closed}")])
         .output()
         .await
@@ -672,7 +661,7 @@ async fn a_collector_that_is_down_costs_a_warning_not_the_run() {
     );
     assert_eq!(err.matches("traces not exported").count(), 1, "{err}");
     assert!(started.elapsed() < Duration::from_secs(10));
-    let log = log_events(&world, &session_id(&out)).await;
+    let log = log_events(world, &session_id(&out)).await;
     assert_eq!(log.last().unwrap()["kind"], "ModelReplied");
 
     // Nor does a collector that refuses what it is sent.
@@ -687,7 +676,7 @@ async fn a_collector_that_is_down_costs_a_warning_not_the_run() {
     };
     let out = world
         .mneme()
-        .args(["run", "--agent", &agent, QUESTION])
+        .args(["run", "--agent", agent, QUESTION])
         .args(["--otlp-endpoint", &format!("http://{}", refusing.0)])
         .output()
         .await
@@ -703,7 +692,7 @@ async fn a_collector_that_is_down_costs_a_warning_not_the_run() {
     // An endpoint that is not a URL is a usage error, before anything runs.
     let out = world
         .mneme()
-        .args(["run", "--agent", &agent, QUESTION])
+        .args(["run", "--agent", agent, QUESTION])
         .args(["--otlp-endpoint", "localhost:4318"])
         .output()
         .await
@@ -714,20 +703,14 @@ async fn a_collector_that_is_down_costs_a_warning_not_the_run() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_daemon_traces_the_turns_it_runs() {
-    let world = World::new();
     let collector = Collector::start().await;
-    let (model, _) = lookup_world(&world).await;
     let endpoint = collector.endpoint();
-    let daemon = DaemonProcess::start(&world.data(), &["--otlp-endpoint", &endpoint]).await;
-    let id = daemon
-        .create(&agent_toml(&model.base_url(), &[lookup_tool()]))
+    let mut bed = lookup_world()
+        .daemon_with(&["--otlp-endpoint", &endpoint])
         .await;
-    let (status, end) = daemon
-        .post(
-            &format!("/sessions/{id}/messages"),
-            &json!({"text": QUESTION, "wait": true}),
-        )
-        .await;
+    let id = bed.create().await;
+    let daemon = bed.take_daemon();
+    let (status, end) = daemon.message_and_wait(&id, QUESTION).await;
     assert_eq!(status, 200, "{end}");
     let spans = collector.wait_for(4).await;
     let session: Uuid = id.parse().unwrap();

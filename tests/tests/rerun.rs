@@ -32,22 +32,24 @@ fn other_replies() -> Vec<MockReply> {
 /// A recorded session and an agent file on the other model: (world, sink,
 /// the other model's server, the original's id, the other agent file).
 async fn recorded() -> (World, Sink, MockModel, MockModel, String, String) {
-    let world = World::new();
-    let sink = Sink::start().await.unwrap();
-    let model = MockModel::start(original_replies(), Fault::None).await;
-    let other = MockModel::start(other_replies(), Fault::None).await;
-    let tools = billing_tools(&sink);
-    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &tools));
-    let out = world
-        .run(&["run", "--agent", agent.to_str().unwrap(), "one"])
+    let bed = Testbed::new()
+        .replies(original_replies())
+        .sink_tools(|sink| billing_tools(sink).to_vec())
         .await;
+    let other = MockModel::start(other_replies(), Fault::None).await;
+    let out = bed.run_agent("one").await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out).trim(), "Charged.");
     let original = session_id(&out);
-    let out = world.run(&["run", "--session", &original, "two"]).await;
+    let out = bed.run(&["run", "--session", &original, "two"]).await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out).trim(), "Emailed.");
-    let text = agent_toml(&other.base_url(), &tools).replace("test-model", "other-model");
+    let text = (bed.agent_toml)
+        .replace(&bed.model.base_url(), &other.base_url())
+        .replace("test-model", "other-model");
+    let Testbed {
+        world, sink, model, ..
+    } = bed;
     let other_agent = world.write("other.toml", &text);
     let other_agent = other_agent.to_str().unwrap().to_string();
     (world, sink, model, other, original, other_agent)

@@ -7,31 +7,19 @@ use serde_json::json;
 
 /// A finished session of three tool-using turns; returns (world, session).
 async fn finished_session() -> (World, String) {
-    let world = World::new();
-    let model = MockModel::start(
-        vec![
+    let lookup = ["sh", "-c", "cat >/dev/null; echo 42"];
+    let bed = Testbed::new()
+        .replies(vec![
             MockReply::calls(&[("lookup", json!({"n": 1}))]),
             MockReply::answer("UNIQUE-ANSWER-MARKER"),
-        ],
-        Fault::None,
-    )
-    .await;
-    let tools = [command_tool(
-        "lookup",
-        &["sh", "-c", "cat >/dev/null; echo 42"],
-        "read_only",
-        10,
-    )];
-    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &tools));
+        ])
+        .tools([command_tool("lookup", &lookup, "read_only", 10)])
+        .await;
+    let world = &bed.world;
     // No snapshots: the marker is then only in the records themselves.
     let out = world
         .mneme()
-        .args([
-            "run",
-            "--agent",
-            agent.to_str().unwrap(),
-            "UNIQUE-MESSAGE-MARKER",
-        ])
+        .args(["run", "--agent", bed.agent_arg(), "UNIQUE-MESSAGE-MARKER"])
         .env("MNEME_SNAPSHOT_EVERY", "0")
         .output()
         .await
@@ -44,7 +32,7 @@ async fn finished_session() -> (World, String) {
         "a fresh log verifies: {}",
         stdout(&verify)
     );
-    (world, session)
+    (bed.world, session)
 }
 
 fn event_key(session: &uuid::Uuid, seq: u64) -> Vec<u8> {
@@ -160,14 +148,14 @@ const WAL_HEADER: u64 = 20;
 
 /// A session whose process died right after its last synced barrier: every
 /// record is in the write-ahead file, none was checkpointed into sled.
-async fn session_only_in_the_write_ahead_file() -> (World, String, MockModel) {
-    let world = World::new();
-    let model =
-        MockModel::start(vec![MockReply::answer("UNIQUE-ANSWER-MARKER")], Fault::None).await;
-    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[]));
+async fn session_only_in_the_write_ahead_file() -> (Testbed, String) {
+    let bed = Testbed::new()
+        .replies(vec![MockReply::answer("UNIQUE-ANSWER-MARKER")])
+        .await;
+    let world = &bed.world;
     let out = world
         .run_crashing(
-            &["run", "--agent", agent.to_str().unwrap(), "hello"],
+            &["run", "--agent", bed.agent_arg(), "hello"],
             "turn_answered",
         )
         .await;
@@ -177,12 +165,13 @@ async fn session_only_in_the_write_ahead_file() -> (World, String, MockModel) {
         .unwrap()
         .len();
     assert!(wal > WAL_HEADER, "the records are in the write-ahead file");
-    (world, session, model)
+    (bed, session)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_only_in_the_write_ahead_file_are_recovered() {
-    let (world, session, _model) = session_only_in_the_write_ahead_file().await;
+    let (bed, session) = session_only_in_the_write_ahead_file().await;
+    let world = &bed.world;
     let out = world.run(&["verify", &session]).await;
     assert!(out.status.success(), "{}", stdout(&out));
     assert!(stdout(&out).contains("3 events"), "{}", stdout(&out));
@@ -197,7 +186,8 @@ async fn records_only_in_the_write_ahead_file_are_recovered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn damage_inside_the_write_ahead_file_refuses_the_directory() {
-    let (world, _session, _model) = session_only_in_the_write_ahead_file().await;
+    let (bed, _session) = session_only_in_the_write_ahead_file().await;
+    let world = &bed.world;
     let path = world.data().join("mneme.wal");
     let mut bytes = std::fs::read(&path).unwrap();
     let first_frame = WAL_HEADER as usize;
@@ -219,7 +209,8 @@ async fn damage_inside_the_write_ahead_file_refuses_the_directory() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_torn_last_write_is_set_aside_named_and_the_turn_redone() {
-    let (world, session, model) = session_only_in_the_write_ahead_file().await;
+    let (bed, session) = session_only_in_the_write_ahead_file().await;
+    let (world, model) = (&bed.world, &bed.model);
     let path = world.data().join("mneme.wal");
     let mut bytes = std::fs::read(&path).unwrap();
     // The last frame's last 10 bytes never reached the preallocated zeros.
@@ -342,12 +333,13 @@ async fn reply_carrying_forged_frames() -> (World, String, Vec<u8>, usize) {
         let v2 = Forgery::v2(Forgery::SALT_GUESS, aim, Forgery::PREV_GUESS);
         let frames = [Forgery::v1(), v2.clone()].concat();
         let reply = format!("here you go: {}", String::from_utf8(frames).unwrap());
-        let world = World::new();
-        let model = MockModel::start(vec![MockReply::answer(&reply)], Fault::None).await;
-        let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[]));
+        let bed = Testbed::new()
+            .replies(vec![MockReply::answer(&reply)])
+            .await;
+        let world = &bed.world;
         let out = world
             .run_crashing(
-                &["run", "--agent", agent.to_str().unwrap(), "hello"],
+                &["run", "--agent", bed.agent_arg(), "hello"],
                 "model_reply_appended",
             )
             .await;
@@ -356,7 +348,7 @@ async fn reply_carrying_forged_frames() -> (World, String, Vec<u8>, usize) {
         let wal = std::fs::read(world.data().join("mneme.wal")).unwrap();
         let landed = find(&wal, &v2).expect("the reply is in the write-ahead file");
         if landed as u64 == aim {
-            return (world, session, wal, landed + v2.len());
+            return (bed.world, session, wal, landed + v2.len());
         }
         aim = landed as u64;
     }
@@ -489,8 +481,11 @@ async fn a_history_chained_again_passes_verify_but_not_its_signed_heads() {
     .trim()
     .to_string();
 
-    let model = MockModel::start(vec![MockReply::answer("Hello.")], Fault::None).await;
-    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[]));
+    let bed = Testbed::new()
+        .in_world(world)
+        .replies(vec![MockReply::answer("Hello.")])
+        .await;
+    let (world, agent) = (&bed.world, bed.agent_arg());
     let out = world
         .mneme()
         .args([
@@ -498,7 +493,7 @@ async fn a_history_chained_again_passes_verify_but_not_its_signed_heads() {
             "--signing-key",
             key.to_str().unwrap(),
             "--agent",
-            agent.to_str().unwrap(),
+            agent,
             "hi",
         ])
         .output()
@@ -548,9 +543,7 @@ async fn a_history_chained_again_passes_verify_but_not_its_signed_heads() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stdout(&out).contains("rewritten"), "{}", stdout(&out));
     // A session never signed is not vouched for.
-    let unsigned = world
-        .run(&["run", "--agent", agent.to_str().unwrap(), "again"])
-        .await;
+    let unsigned = bed.run_agent("again").await;
     let unsigned = session_id(&unsigned);
     let out = world.run(&["verify", &unsigned, "--key", &public]).await;
     assert_eq!(out.status.code(), Some(1));
@@ -564,24 +557,18 @@ async fn a_daemon_signs_each_turn_and_verify_through_it_checks_the_heads() {
     let key = keys.path().join("signing.key");
     let out = world.run(&["keygen", "--out", key.to_str().unwrap()]).await;
     let public = stdout(&out).trim().to_string();
-    let model = MockModel::start(
-        vec![MockReply::answer("Hello."), MockReply::answer("Again.")],
-        Fault::None,
-    )
-    .await;
-    let daemon = mneme_e2e::daemon::DaemonProcess::start(
-        &world.data(),
-        &["--signing-key", key.to_str().unwrap()],
-    )
-    .await;
-    let id = daemon.create(&agent_toml(&model.base_url(), &[])).await;
+    let mut bed = Testbed::new()
+        .in_world(world)
+        .replies(vec![
+            MockReply::answer("Hello."),
+            MockReply::answer("Again."),
+        ])
+        .daemon_with(&["--signing-key", key.to_str().unwrap()])
+        .await;
+    let id = bed.create().await;
+    let (daemon, world) = (bed.take_daemon(), &bed.world);
     for text in ["one", "two"] {
-        let (status, _) = daemon
-            .post(
-                &format!("/sessions/{id}/messages"),
-                &json!({"text": text, "wait": true}),
-            )
-            .await;
+        let (status, _) = daemon.message_and_wait(&id, text).await;
         assert_eq!(status, 200);
     }
     // Through the daemon that holds the data directory.
