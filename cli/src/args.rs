@@ -157,7 +157,7 @@ pub(crate) enum Command {
     /// Read JSON lines written by `export` into this store, checking every
     /// hash and chain link; the way from sled to PostgreSQL.
     #[command(
-        after_help = "Examples:\n  mneme import all.jsonl\n  mneme --store postgres://mneme@127.0.0.1/mneme import all.jsonl"
+        after_help = "Examples:\n  mneme import all.jsonl\n  mneme import --append later.jsonl\n  mneme --store postgres://mneme@127.0.0.1/mneme import all.jsonl"
     )]
     Import(ImportArgs),
     /// A self-contained story: a crash mid-run, a resume, and proof that
@@ -555,6 +555,11 @@ pub(crate) struct ExportArgs {
 pub(crate) struct ImportArgs {
     /// The file to read (default: stdin).
     pub(crate) input: Option<PathBuf>,
+    /// Add records past the head of sessions this store already holds
+    /// (refused without it: anyone can extend a chain), naming each
+    /// session added to and the seqs added.
+    #[arg(long)]
+    pub(crate) append: bool,
     #[command(flatten, next_help_heading = "Store options")]
     pub(crate) store: StoreOptions,
 }

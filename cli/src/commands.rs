@@ -391,13 +391,9 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Import(a) => {
-            let done = sessions.import(a.input.as_deref()).await?;
-            say!(
-                "imported {} records into {} sessions ({} already held); every chain verifies",
-                done.records,
-                done.sessions.len(),
-                done.already_held
-            );
+            let policy = runtime::transfer::Policy { append: a.append };
+            let report = sessions.import(a.input.as_deref(), policy).await?;
+            imported(&report);
             Ok(ExitCode::SUCCESS)
         }
         Command::Serve(_)
@@ -446,6 +442,34 @@ async fn check(args: &crate::CheckArgs) -> Result<ExitCode> {
         n => say!("mneme check: {file}: nothing fails, {n} warnings"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Says what an import stored, and of each session it stored to, what a
+/// session of it would reach and whether it is at rest.
+fn imported(report: &crate::sessions::ImportReport) {
+    let done = &report.imported;
+    say!(
+        "imported {} records into {} sessions ({} already held); every chain verifies",
+        done.records,
+        done.sessions.len(),
+        done.already_held
+    );
+    for (session, first, last) in &done.appended {
+        say!("  added to session {session}: seq {first}–{last} (--append)");
+    }
+    for (id, reach, refused, status) in &report.sessions {
+        let rest = match status.as_str() {
+            "paused" => format!("at rest: nothing runs it until `mneme resume {id}`"),
+            status => status.to_string(),
+        };
+        say!("  session {id}: {rest}; a session of it reaches:");
+        for line in reach {
+            say!("    {line}");
+        }
+        if let Some(why) = refused {
+            say!("    its agent spec is refused as an agent file would be: {why}");
+        }
+    }
 }
 
 /// Checks session `verified.session`'s signed heads with `key`, marking

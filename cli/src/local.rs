@@ -335,7 +335,11 @@ impl Sessions for Local {
         })
     }
 
-    async fn import(&self, input: Option<&Path>) -> Result<runtime::transfer::Imported> {
+    async fn import(
+        &self,
+        input: Option<&Path>,
+        policy: runtime::transfer::Policy,
+    ) -> Result<crate::sessions::ImportReport> {
         let mut reader: Box<dyn std::io::BufRead + Send> = match input {
             Some(path) => Box::new(std::io::BufReader::new(
                 std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?,
@@ -343,14 +347,27 @@ impl Sessions for Local {
             None => Box::new(std::io::BufReader::new(std::io::stdin())),
         };
         let origin = input.map_or("stdin".to_string(), |p| p.display().to_string());
-        let done = runtime::transfer::import(self.raw.as_ref(), &mut reader)
+        let imported = runtime::transfer::import(self.raw.as_ref(), &mut reader, policy)
             .await
             .with_context(|| format!("importing {origin}"))?;
         self.log().barrier(eventlog::Durability::Synced).await?;
-        for id in &done.sessions {
+        for id in &imported.sessions {
             self.log().verify(*id).await?;
         }
-        Ok(done)
+        let mut sessions = Vec::new();
+        for id in &imported.changed {
+            // Unreadable here (written under another master key): nothing
+            // can run it either.
+            let at_rest = self.service.at_rest_after_import(*id, &origin).await;
+            let (spec, refused) = at_rest.unwrap_or((None, None));
+            let reach = spec.map_or(Vec::new(), |spec| runtime::preflight::reach(&spec));
+            let status = match self.service.current_summary(*id).await {
+                Ok(summary) => summary.status,
+                Err(e) => format!("unreadable here ({e})"),
+            };
+            sessions.push((*id, reach, refused, status));
+        }
+        Ok(crate::sessions::ImportReport { imported, sessions })
     }
 }
 

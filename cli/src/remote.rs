@@ -342,7 +342,11 @@ impl Sessions for Remote {
         Err(self.holds_the_store())
     }
 
-    async fn import(&self, _: Option<&Path>) -> Result<runtime::transfer::Imported> {
+    async fn import(
+        &self,
+        _: Option<&Path>,
+        _: runtime::transfer::Policy,
+    ) -> Result<crate::sessions::ImportReport> {
         Err(self.holds_the_store())
     }
 }

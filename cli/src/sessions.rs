@@ -142,8 +142,23 @@ pub trait Sessions: Send + Sync {
     async fn export(&self, session: Option<Uuid>, output: Option<&Path>) -> Result<Exported>;
 
     /// Reads JSON lines written by `export` from `input` (default: stdin)
-    /// into the store, and verifies every session it wrote to.
-    async fn import(&self, input: Option<&Path>) -> Result<runtime::transfer::Imported>;
+    /// into the store as `policy` allows, verifies every session it wrote
+    /// to, and puts each at rest (see `Service::at_rest_after_import`).
+    async fn import(
+        &self,
+        input: Option<&Path>,
+        policy: runtime::transfer::Policy,
+    ) -> Result<ImportReport>;
+}
+
+/// What an import stored, and of each session it stored records of, what
+/// a session of it reaches and whether it was put at rest.
+pub struct ImportReport {
+    /// Records and sessions.
+    pub imported: runtime::transfer::Imported,
+    /// Each session stored to: its id, what it reaches (a line each), why
+    /// its spec is refused if it is, and its status now.
+    pub sessions: Vec<(Uuid, Vec<String>, Option<String>, String)>,
 }
 
 /// What an export wrote.

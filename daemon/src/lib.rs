@@ -516,7 +516,7 @@ impl Daemon {
                 }
             };
             self.statuses.saw_summary(meta.session, &summary);
-            if runtime::control::was_interrupted(&summary) {
+            if self.resumes_on_its_own(meta.session, &summary).await {
                 recovered += 1;
                 self.spawn_turn(
                     meta.session,
@@ -674,9 +674,15 @@ impl Daemon {
         if !self.service.exists(id).await? {
             return Ok(false);
         }
-        Ok(runtime::control::was_interrupted(
-            &self.service.current_summary(id).await?,
-        ))
+        Ok(self.resumes_on_its_own(id, &self.service.current_summary(id).await?).await)
+    }
+
+    /// Whether whoever finds session `id` (with `summary`) must resume it:
+    /// it was interrupted mid-turn, and no import of it is unfinished.
+    async fn resumes_on_its_own(&self, id: Uuid, summary: &Summary) -> bool {
+        let log = self.service.log().as_ref();
+        runtime::control::was_interrupted(summary)
+            && !runtime::transfer::importing(log, id).await.unwrap_or(true)
     }
 
     /// Stops taking turns, lets running ones pause at a step boundary, and

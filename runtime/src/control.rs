@@ -101,6 +101,14 @@ impl Service {
                     let _ = recorded.send(seq);
                 }
             }
+            TurnStart::Resume { .. } | TurnStart::Recover { .. }
+                if crate::transfer::importing(self.log().as_ref(), session.id()).await? =>
+            {
+                return Err(RuntimeError::InvalidRequest {
+                    session: session.id(),
+                    reason: "an import of it did not finish: nothing runs it until that import is run again to its end".into(),
+                });
+            }
             TurnStart::Resume { by, extend_budget } => {
                 // Not stopped, yet running, and its lease ours: what ran
                 // it died (a turn no step of which was recorded just runs).

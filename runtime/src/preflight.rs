@@ -76,6 +76,69 @@ async fn check_agent(spec: &AgentSpec, prefix: &str, findings: &mut Vec<Finding>
     )));
 }
 
+/// Everything a session of `spec` reaches outside this process, a line
+/// each: the model server and the variable its key comes from, each tool's
+/// URL or program, each check, each MCP server, each sub-agent's the same
+/// way (indented). What a person should read before running a spec that
+/// came from elsewhere (an import).
+pub fn reach(spec: &AgentSpec) -> Vec<String> {
+    let mut lines = Vec::new();
+    reach_of(spec, "", &mut lines);
+    lines
+}
+
+fn reach_of(spec: &AgentSpec, indent: &str, lines: &mut Vec<String>) {
+    let model = &spec.model;
+    let key = match &model.api_key_env {
+        Some(var) => format!("its key from ${var}"),
+        None => "no key".to_string(),
+    };
+    lines.push(format!(
+        "{indent}model {} ({}, model {:?}, {key})",
+        replay::spec::redact_url(model.base_url()),
+        model.provider,
+        model.model
+    ));
+    for server in &spec.mcp {
+        let how = match (&server.command, &server.url) {
+            (Some(command), _) => format!("runs {command:?}"),
+            (_, Some(url)) => replay::spec::redact_url(url),
+            _ => String::new(),
+        };
+        let headers: Vec<&str> = server.headers_env.values().map(String::as_str).collect();
+        let headers = match headers.is_empty() {
+            true => String::new(),
+            false => format!(", headers from ${}", headers.join(", $")),
+        };
+        lines.push(format!("{indent}MCP server {:?}: {how}{headers}", server.name));
+    }
+    for tool in spec.tools.iter().filter(|t| t.kind != ToolKind::Mcp) {
+        let what = match (&tool.command, &tool.url) {
+            (Some(command), _) => format!("runs {command:?}"),
+            (_, Some(url)) => format!("{} {}", tool.http_method(), replay::spec::redact_url(url)),
+            _ => format!("{:?}", tool.kind).to_lowercase(),
+        };
+        let env = match tool.env.is_empty() {
+            true => String::new(),
+            false => format!(", given ${}", tool.env.join(", $")),
+        };
+        lines.push(format!(
+            "{indent}tool {:?} ({}): {what}{env}",
+            tool.name,
+            tool.effect
+        ));
+        if let Some(check) = &tool.check {
+            lines.push(format!("{indent}  its check: {}", replay::spec::redact_url(&check.url)));
+        }
+        if let Some(check) = &tool.check_command {
+            lines.push(format!("{indent}  its check runs {check:?}"));
+        }
+        if let Some(child) = tool.child_spec() {
+            reach_of(child, &format!("{indent}    "), lines);
+        }
+    }
+}
+
 /// A finding whose subject is filled in later.
 struct Found(Verdict, String);
 

@@ -257,6 +257,47 @@ impl Service {
         Ok(true)
     }
 
+    /// Puts session `id`, which an import (from `origin`) just stored
+    /// records of, at rest: if something would run it (it is running,
+    /// failed or paused otherwise), or its agent spec is not one an agent
+    /// file could give, a pause is recorded that only a person's resume
+    /// (by id) ends. Returns its spec, and why it was refused if it was.
+    pub async fn at_rest_after_import(
+        &self,
+        id: Uuid,
+        origin: &str,
+    ) -> Result<(Option<AgentSpec>, Option<String>), RuntimeError> {
+        let mut session = self.load(id).await?;
+        let state = session.state();
+        let spec = state.spec.clone();
+        let refused = spec.as_ref().and_then(|s| s.validate().err());
+        let at_rest = matches!(
+            state.status(),
+            Status::Idle | Status::Cancelled | Status::Erased | Status::Empty
+        );
+        let already = state
+            .paused
+            .as_deref()
+            .is_some_and(crate::transfer::at_rest_after_import);
+        if (at_rest && refused.is_none()) || already || state.parent.is_some() {
+            return Ok((spec, refused));
+        }
+        let why = match &refused {
+            Some(reason) => format!("; its agent spec is refused as an agent file would be: {reason}"),
+            None => String::new(),
+        };
+        let event = Event::SessionPaused {
+            reason: format!(
+                "{} from {origin}{why}: nothing runs it until a person resumes it by id",
+                crate::transfer::IMPORTED
+            ),
+            budget: false,
+        };
+        session.append(vec![event], None).await?;
+        session.barrier(self.durability).await?;
+        Ok((spec, refused))
+    }
+
     /// A runner with this service's durability.
     pub fn runner(&self) -> Runner {
         let mut runner = Runner::new(self.durability);

@@ -231,13 +231,15 @@ impl Summary {
     /// (a resume records it as denied and goes on).
     /// A sub-agent never is: its parent's turn resumes it (two drivers
     /// would race for its lease).
+    /// An imported session at rest is not: only a person resumes it, by id.
     pub fn resumable(&self) -> bool {
         let pending = self
             .status
             .parse::<Status>()
             .is_ok_and(|status| status.resumable(self.waits_for_a_person))
             || self.approval_expired(crate::text::now_ms());
-        pending && self.parent.is_none()
+        let imported = (self.paused.as_deref()).is_some_and(crate::transfer::at_rest_after_import);
+        pending && self.parent.is_none() && !imported
     }
 
     /// Whether a call's wait for approval ended at or before `now_ms`.

@@ -7,6 +7,9 @@
 //! to the one before, and refuses a line whose readable fields disagree with
 //! its sealed bytes, naming the line. Records the target already holds,
 //! identical, are skipped, so an interrupted import can simply run again.
+//! The chain proves a file's records belong together, not who wrote them:
+//! records past the head of a session the target held before the import
+//! are refused unless asked for ([`Policy::append`]), and then listed.
 //!
 //! A session encrypted at rest ([`crate::privacy`]) exports as it is
 //! stored: records with encrypted fields, and a line with its key as the
@@ -138,10 +141,43 @@ fn line_of(record: &Record, sealed: &[u8]) -> Line {
 pub struct Imported {
     /// Sessions written to or found complete, in the order first seen.
     pub sessions: Vec<Uuid>,
+    /// Sessions this import stored records of (new, or added to).
+    pub changed: Vec<Uuid>,
     /// Records stored.
     pub records: u64,
     /// Records skipped because the store already held them, identical.
     pub already_held: u64,
+    /// Records added to sessions the store held before the import: the
+    /// session and the seqs, first and last (only with [`Policy::append`]).
+    pub appended: Vec<(Uuid, u64, u64)>,
+}
+
+/// The derived data that marks a session an import created and has not
+/// finished: a run of the import again may go on with it, and nothing
+/// resumes it meanwhile (see [`importing`]).
+const IMPORTING: &str = "importing";
+
+/// Whether an import created `session` and did not finish it (it stopped,
+/// or the process died): nothing may run it until an import finishes it.
+pub async fn importing(log: &dyn EventLog, session: Uuid) -> Result<bool, LogError> {
+    let marker = log.side_store().get_derived(session, IMPORTING).await?;
+    Ok(marker.is_some_and(|m| !m.is_empty()))
+}
+
+/// How the pause that keeps an imported session at rest begins.
+pub const IMPORTED: &str = "imported";
+
+/// Whether a pause's `reason` is the one an import records.
+pub fn at_rest_after_import(reason: &str) -> bool {
+    reason.starts_with(IMPORTED)
+}
+
+/// What an import may do besides creating sessions.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Policy {
+    /// Add records past the head of a session the store already holds
+    /// (else such records are refused, naming the session and the seqs).
+    pub append: bool,
 }
 
 /// A checked line waiting to be stored.
@@ -160,8 +196,14 @@ struct Pending {
 pub async fn import(
     log: &dyn EventLog,
     input: &mut (dyn BufRead + Send),
+    policy: Policy,
 ) -> Result<Imported, TransferError> {
     let mut imported = Imported::default();
+    let mut target = Target {
+        log,
+        policy,
+        held_before: std::collections::HashMap::new(),
+    };
     let mut batch: Vec<Pending> = Vec::new();
     let mut current: Option<Run> = None;
     let mut bytes = Vec::new();
@@ -170,7 +212,7 @@ pub async fn import(
             Ok(Some(text)) => text,
             Ok(None) => break,
             Err(e) => {
-                flush(log, current, &mut batch, &mut imported).await?;
+                target.flush(current, &mut batch, &mut imported).await?;
                 return Err(e);
             }
         };
@@ -211,7 +253,7 @@ pub async fn import(
         let (session, pending) = match parse_line(line_no, text) {
             Ok(parsed) => parsed,
             Err(e) => {
-                flush(log, current, &mut batch, &mut imported).await?;
+                target.flush(current, &mut batch, &mut imported).await?;
                 return Err(e);
             }
         };
@@ -220,7 +262,7 @@ pub async fn import(
             || batch.len() as u64 >= BATCH
             || held >= BATCH_BYTES
         {
-            flush(log, current, &mut batch, &mut imported).await?;
+            target.flush(current, &mut batch, &mut imported).await?;
         }
         if batch.is_empty() {
             current = Some(Run {
@@ -231,7 +273,14 @@ pub async fn import(
         }
         batch.push(pending);
     }
-    flush(log, current, &mut batch, &mut imported).await?;
+    target.flush(current, &mut batch, &mut imported).await?;
+    // Durable before the marks go: a crash now leaves them marked.
+    log.barrier(eventlog::Durability::Synced).await?;
+    for session in target.held_before.keys() {
+        log.side_store()
+            .put_derived(*session, IMPORTING, b"")
+            .await?;
+    }
     Ok(imported)
 }
 
@@ -274,64 +323,114 @@ struct Run {
     seq: u64,
 }
 
-/// Stores one session's run of lines, after skipping those the store
-/// already holds (each must be identical to the held record).
-async fn flush(
-    log: &dyn EventLog,
-    current: Option<Run>,
-    batch: &mut Vec<Pending>,
-    imported: &mut Imported,
-) -> Result<(), TransferError> {
-    let Some(run) = current else {
-        return Ok(());
-    };
-    if batch.is_empty() {
-        return Ok(());
-    }
-    let session = run.session;
-    // The line of the record at `seq`'s place in the run (its own seq may
-    // be another: that is what was wrong with it).
-    let lines: Vec<usize> = batch.iter().map(|p| p.line).collect();
-    let line_of = |seq: u64| {
-        let at = usize::try_from(seq.saturating_sub(run.seq)).unwrap_or(usize::MAX);
-        lines.get(at).copied().unwrap_or(run.line)
-    };
-    let head = log.head(session).await?.seq;
-    let held = batch.iter().take_while(|p| p.seq <= head).count();
-    if held > 0 {
-        let stored = log.read(session, run.seq, batch[held - 1].seq).await?;
-        for (i, pending) in batch[..held].iter().enumerate() {
-            let same = stored
-                .get(i)
-                .is_some_and(|r| r.envelope.seq == pending.seq && r.hash == pending.hash);
-            if !same {
+/// The store an import writes to, and what it knew before the import.
+struct Target<'a> {
+    log: &'a dyn EventLog,
+    policy: Policy,
+    /// Each session's head when the import first met it.
+    held_before: std::collections::HashMap<Uuid, u64>,
+}
+
+impl Target<'_> {
+    /// Stores one session's run of lines, after skipping those the store
+    /// already holds (each must be identical to the held record); records
+    /// past the head of a session held before the import only as the
+    /// policy allows.
+    async fn flush(
+        &mut self,
+        current: Option<Run>,
+        batch: &mut Vec<Pending>,
+        imported: &mut Imported,
+    ) -> Result<(), TransferError> {
+        let Some(run) = current else {
+            return Ok(());
+        };
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let (log, session) = (self.log, run.session);
+        // The line of the record at `seq`'s place in the run (its own seq
+        // may be another: that is what was wrong with it).
+        let lines: Vec<usize> = batch.iter().map(|p| p.line).collect();
+        let line_of = |seq: u64| {
+            let at = usize::try_from(seq.saturating_sub(run.seq)).unwrap_or(usize::MAX);
+            lines.get(at).copied().unwrap_or(run.line)
+        };
+        let head = log.head(session).await?.seq;
+        let before = match self.held_before.get(&session) {
+            Some(before) => *before,
+            None => {
+                // A session an earlier run of an import created and did
+                // not finish is its to go on with; a new one is marked so.
+                let before = match importing(log, session).await? {
+                    true => 0,
+                    false => head,
+                };
+                if before == 0 {
+                    log.side_store()
+                        .put_derived(session, IMPORTING, b"1")
+                        .await?;
+                }
+                self.held_before.insert(session, before);
+                before
+            }
+        };
+        let held = batch.iter().take_while(|p| p.seq <= head).count();
+        if held > 0 {
+            let stored = log.read(session, run.seq, batch[held - 1].seq).await?;
+            for (i, pending) in batch[..held].iter().enumerate() {
+                let same = stored
+                    .get(i)
+                    .is_some_and(|r| r.envelope.seq == pending.seq && r.hash == pending.hash);
+                if !same {
+                    return Err(TransferError::BadLine {
+                        line: line_of(pending.seq),
+                        reason: format!(
+                            "session {session} seq {}: differs from the record this store already holds",
+                            pending.seq
+                        ),
+                    });
+                }
+            }
+        }
+        let added = (batch.get(held).map(|p| p.seq), batch.last().map(|p| p.seq));
+        if let (true, (Some(first), Some(last))) = (before > 0, added) {
+            if !self.policy.append {
                 return Err(TransferError::BadLine {
-                    line: line_of(pending.seq),
+                    line: line_of(first),
                     reason: format!(
-                        "session {session} seq {}: differs from the record this store already holds",
-                        pending.seq
+                        "session {session}: this store holds it up to seq {head}, and the file adds seq {first}–{last}; \
+                         an import does not add to a session it holds (anyone can extend a chain): \
+                         `mneme import --append` adds them, naming each session it adds to"
                     ),
                 });
             }
+            match imported.appended.iter_mut().find(|(s, ..)| *s == session) {
+                Some((_, _, to)) => *to = last,
+                None => imported.appended.push((session, first, last)),
+            }
         }
+        let fresh: Vec<Vec<u8>> = batch.drain(..).skip(held).map(|p| p.sealed).collect();
+        let count = fresh.len() as u64;
+        if !fresh.is_empty() {
+            log.import(session, fresh).await.map_err(|e| match e {
+                LogError::Corrupt { seq, reason, .. } => TransferError::BadLine {
+                    line: line_of(seq),
+                    reason: format!("session {session} seq {seq}: {reason}"),
+                },
+                other => other.into(),
+            })?;
+            if !imported.changed.contains(&session) {
+                imported.changed.push(session);
+            }
+        }
+        if !imported.sessions.contains(&session) {
+            imported.sessions.push(session);
+        }
+        imported.records += count;
+        imported.already_held += held as u64;
+        Ok(())
     }
-    let fresh: Vec<Vec<u8>> = batch.drain(..).skip(held).map(|p| p.sealed).collect();
-    let count = fresh.len() as u64;
-    if !fresh.is_empty() {
-        log.import(session, fresh).await.map_err(|e| match e {
-            LogError::Corrupt { seq, reason, .. } => TransferError::BadLine {
-                line: line_of(seq),
-                reason: format!("session {session} seq {seq}: {reason}"),
-            },
-            other => other.into(),
-        })?;
-    }
-    if !imported.sessions.contains(&session) {
-        imported.sessions.push(session);
-    }
-    imported.records += count;
-    imported.already_held += held as u64;
-    Ok(())
 }
 
 /// The session and sealed bytes of one line, after checking that its
@@ -403,13 +502,17 @@ mod tests {
         let text = exported(&source, &[a, b]).await;
         assert_eq!(text.lines().count(), 5);
         let (_dir2, target) = log_with(&[]).await;
-        let done = import(&target, &mut text.as_bytes()).await.unwrap();
+        let done = import(&target, &mut text.as_bytes(), Policy::default())
+            .await
+            .unwrap();
         assert_eq!(
             done,
             Imported {
                 sessions: vec![a, b],
+                changed: vec![a, b],
                 records: 5,
-                already_held: 0
+                already_held: 0,
+                appended: Vec::new(),
             }
         );
         for id in [a, b] {
@@ -442,7 +545,7 @@ mod tests {
         ];
         for (input, line, what) in cases {
             let (_dir2, target) = log_with(&[]).await;
-            let err = import(&target, &mut input.as_bytes())
+            let err = import(&target, &mut input.as_bytes(), Policy::default())
                 .await
                 .unwrap_err()
                 .to_string();
@@ -457,23 +560,79 @@ mod tests {
         let text = exported(&source, &[a]).await;
         let (_dir2, target) = log_with(&[]).await;
         let first_two: String = text.lines().take(2).map(|l| format!("{l}\n")).collect();
-        import(&target, &mut first_two.as_bytes()).await.unwrap();
-        let done = import(&target, &mut text.as_bytes()).await.unwrap();
+        // A run that stops after two lines, as a killed process does.
+        let mut partial = Target {
+            log: &target,
+            policy: Policy::default(),
+            held_before: Default::default(),
+        };
+        let mut pending: Vec<Pending> = (first_two.lines().enumerate())
+            .map(|(i, line)| parse_line(i + 1, line).unwrap().1)
+            .collect();
+        let run = Run {
+            session: a,
+            line: 1,
+            seq: 1,
+        };
+        partial
+            .flush(Some(run), &mut pending, &mut Imported::default())
+            .await
+            .unwrap();
+        assert!(
+            importing(&target, a).await.unwrap(),
+            "marked while unfinished"
+        );
+        let done = import(&target, &mut text.as_bytes(), Policy::default())
+            .await
+            .unwrap();
         assert_eq!((done.records, done.already_held), (1, 2));
         assert_eq!(
             target.read(a, 1, 3).await.unwrap(),
             source.read(a, 1, 3).await.unwrap()
         );
-        let again = import(&target, &mut text.as_bytes()).await.unwrap();
+        assert!(!importing(&target, a).await.unwrap(), "finished");
+        let again = import(&target, &mut text.as_bytes(), Policy::default())
+            .await
+            .unwrap();
         assert_eq!((again.records, again.already_held), (0, 3));
 
         // A held seq whose record differs is refused, naming its line.
         let (_dir3, other) = log_with(&[(a, 3)]).await;
-        let err = import(&other, &mut text.as_bytes())
+        let err = import(&other, &mut text.as_bytes(), Policy::default())
             .await
             .unwrap_err()
             .to_string();
         assert!(err.contains("line 1") && err.contains("differs"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn records_past_a_held_sessions_head_are_refused_unless_appended() {
+        let a = Uuid::now_v7();
+        let (_dir, source) = log_with(&[(a, 4)]).await;
+        let text = exported(&source, &[a]).await;
+        let first_two: String = text.lines().take(2).map(|l| format!("{l}\n")).collect();
+        let (_dir2, target) = log_with(&[]).await;
+        import(&target, &mut first_two.as_bytes(), Policy::default())
+            .await
+            .unwrap();
+        // Held up to seq 2 and finished: the file's seq 3–4 would extend it.
+        let err = import(&target, &mut text.as_bytes(), Policy::default())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("line 3") && err.contains("holds it up to seq 2"),
+            "{err}"
+        );
+        assert!(
+            err.contains("adds seq 3–4") && err.contains("--append"),
+            "{err}"
+        );
+        assert_eq!(target.head(a).await.unwrap().seq, 2, "nothing was added");
+        let append = Policy { append: true };
+        let done = import(&target, &mut text.as_bytes(), append).await.unwrap();
+        assert_eq!(done.appended, vec![(a, 3, 4)]);
+        assert_eq!(target.head(a).await.unwrap(), source.head(a).await.unwrap());
     }
 
     use crate::privacy::{MasterKey, SealedLog};
@@ -509,7 +668,7 @@ mod tests {
         log.side_store().destroy_key(id).await.unwrap();
         assert_eq!(raw.side_store().get_key(id).await.unwrap(), None);
 
-        let result = import(raw.as_ref(), &mut old_export.as_bytes()).await;
+        let result = import(raw.as_ref(), &mut old_export.as_bytes(), Policy::default()).await;
         let fresh = SealedLog::new(raw.clone(), Some(master()));
         let text =
             String::from_utf8_lossy(&fresh.read(id, 1, 1).await.unwrap()[0].envelope.payload)
@@ -529,7 +688,7 @@ mod tests {
         let a = Uuid::now_v7();
         let (_dir, target) = log_with(&[(a, 2)]).await;
         let line = format!("{{\"session\":\"{a}\",\"wrapped_key\":\"01\"}}\n");
-        let result = import(&target, &mut line.as_bytes()).await;
+        let result = import(&target, &mut line.as_bytes(), Policy::default()).await;
         assert!(
             result.is_err() && target.side_store().get_key(a).await.unwrap().is_none(),
             "import: {result:?}; key now kept: {:?}",
@@ -560,7 +719,9 @@ mod tests {
             read: read.clone(),
         });
         let (_dir, target) = log_with(&[]).await;
-        let err = import(&target, &mut input).await.unwrap_err();
+        let err = import(&target, &mut input, Policy::default())
+            .await
+            .unwrap_err();
         let consumed = read.load(std::sync::atomic::Ordering::Relaxed);
         assert!(
             consumed <= 40 << 20,
@@ -587,7 +748,7 @@ mod tests {
         let mut input = exported(&source, &[a]).await.into_bytes();
         input.extend_from_slice(b"\xff\n");
         let (_dir2, target) = log_with(&[]).await;
-        let err = import(&target, &mut input.as_slice())
+        let err = import(&target, &mut input.as_slice(), Policy::default())
             .await
             .unwrap_err()
             .to_string();
@@ -607,9 +768,13 @@ mod tests {
         let text = exported(&source, &[a]).await;
         let lines: Vec<&str> = text.lines().collect();
         let (_dir2, target) = log_with(&[]).await;
-        import(&target, &mut format!("{}\n", lines[0]).as_bytes())
-            .await
-            .unwrap();
+        import(
+            &target,
+            &mut format!("{}\n", lines[0]).as_bytes(),
+            Policy::default(),
+        )
+        .await
+        .unwrap();
         target
             .append(
                 a,
@@ -625,7 +790,7 @@ mod tests {
             .unwrap();
         // line 1: seq 1, line 2: blank, line 3: seq 2 (differs), line 4: seq 3
         let input = format!("{}\n\n{}\n{}\n", lines[0], lines[1], lines[2]);
-        let err = import(&target, &mut input.as_bytes())
+        let err = import(&target, &mut input.as_bytes(), Policy::default())
             .await
             .unwrap_err()
             .to_string();
