@@ -112,8 +112,15 @@ pub(crate) enum Command {
     )]
     Log(LogArgs),
     /// Check hash chains; exits non-zero naming the first bad seq.
-    #[command(after_help = "Examples:\n  mneme verify\n  mneme verify 01a23562 --key signing.pub")]
+    #[command(
+        after_help = "Examples:\n  mneme verify\n  mneme verify 01a23562 --key signing.pub\n  mneme verify --key signing.pub --witness heads.jsonl"
+    )]
     Verify(VerifyArgs),
+    /// Write every signed head as JSON lines: a witness to keep apart from
+    /// the store, for `mneme verify --key PUB --witness FILE`, which then
+    /// tells a session deleted, cut or rewritten since.
+    #[command(after_help = "Examples:\n  mneme heads --output ~/witness/heads.jsonl")]
+    Heads(HeadsArgs),
     /// Dry run: the rebuilt prompt and the resume plan, running nothing.
     #[command(
         after_help = "Examples:\n  mneme replay 01a23562\n  mneme replay 01a23562 --raw > next-request.json"
@@ -398,11 +405,29 @@ pub(crate) struct VerifyArgs {
     pub(crate) session: Option<SessionRef>,
     /// Also check every signed head against this public key (hex, or a file
     /// holding it): each must be its, and match the record it names; a
-    /// session without one fails.
+    /// session without one fails, and so do records after the last one
+    /// (but a turn still running).
     #[arg(long)]
     pub(crate) key: Option<String>,
+    /// With --key: the store must still hold every head this file (from
+    /// `mneme heads`) witnessed: a session gone, or cut or rewritten before
+    /// a witnessed head, fails.
+    #[arg(long, requires = "key", value_name = "FILE")]
+    pub(crate) witness: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) json: JsonFlag,
+    #[command(flatten, next_help_heading = "Store options")]
+    pub(crate) store: StoreOptions,
+}
+
+#[derive(Args)]
+pub(crate) struct HeadsArgs {
+    /// Only this session (default: every session).
+    pub(crate) session: Option<SessionRef>,
+    /// Write here instead of stdout (keep it where whoever can rewrite the
+    /// store cannot).
+    #[arg(long, short)]
+    pub(crate) output: Option<PathBuf>,
     #[command(flatten, next_help_heading = "Store options")]
     pub(crate) store: StoreOptions,
 }
@@ -580,6 +605,7 @@ impl Command {
             Command::Sessions(a) => &a.store,
             Command::Log(a) => &a.store,
             Command::Verify(a) => &a.store,
+            Command::Heads(a) => &a.store,
             Command::Replay(a) => &a.store,
             Command::Fork(a) => &a.store,
             Command::Diff(a) => &a.store,

@@ -14,7 +14,7 @@ use runtime::api::PostMessage;
 use runtime::api::{Approve, DecisionAnswer, Erase, Resolve, SessionStatus, TurnOutcome, Verified};
 use runtime::privacy::{MasterKey, SealedLog};
 use runtime::service::Service;
-use runtime::signing::{HeadKey, HeadSigner};
+use runtime::signing::{HeadKey, HeadSigner, Witnessed};
 use runtime::telemetry::{self, OtlpConfig, Tracer};
 use runtime::{views, TurnEnd};
 use serde::Serialize;
@@ -135,6 +135,7 @@ fn reads_only(command: &Command) -> bool {
         Command::Sessions(_)
             | Command::Log(_)
             | Command::Verify(_)
+            | Command::Heads(_)
             | Command::Replay(_)
             | Command::Diff(_)
             | Command::Blob(_)
@@ -151,6 +152,7 @@ fn nothing_here(command: &Command, store: &StoreName) -> Result<ExitCode> {
         Command::Diff(a) => Some(&a.a),
         Command::Blob(a) => Some(&a.session),
         Command::Verify(a) => a.session.as_ref(),
+        Command::Heads(a) => a.session.as_ref(),
         Command::Export(a) => a.session.as_ref(),
         _ => None,
     };
@@ -278,7 +280,29 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
                 }
                 results.push(to_json(&verified));
             }
+            if let (Some(key), Some(file)) = (&key, &a.witness) {
+                results.extend(witnessed(sessions, key, file).await?.iter().map(to_json));
+            }
             Ok(crate::render::verify(&results, a.json.json))
+        }
+        Command::Heads(a) => {
+            let ids = match a.session {
+                Some(named) => vec![named.resolve(sessions).await?],
+                None => sessions.ids().await?,
+            };
+            let mut text = String::new();
+            for id in ids {
+                for head in heads_of(sessions, id).await? {
+                    text.push_str(&serde_json::to_string(&head)?);
+                    text.push('\n');
+                }
+            }
+            match a.output {
+                Some(path) => std::fs::write(&path, text)
+                    .with_context(|| format!("writing {}", path.display()))?,
+                None => crate::out::write(text.as_bytes()),
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Command::Erase(a) => erase(sessions, a).await,
         Command::Fork(a) => {
@@ -492,18 +516,127 @@ async fn signed_heads(
             ))
         })
         .collect::<Result<_>>()?;
-    match key.check(id, &records) {
-        Ok((heads, last)) => {
+    let failed = |why: String, verified: &mut Verified| {
+        verified.ok = false;
+        verified.error = Some(format!("signed heads: {why}"));
+    };
+    let vouched = match key.check(id, &records) {
+        Ok(vouched) => vouched,
+        Err(why) => {
+            failed(why, verified);
+            return Ok(());
+        }
+    };
+    let last = match vouched.at_ms {
+        0 => format!("{} copied from the session it was forked from", vouched.copied),
+        at => format!("the last signed {}", runtime::views::format_time(at)),
+    };
+    let checked = format!(
+        "{} signed heads check out ({last}), vouching for seq 1–{}",
+        vouched.heads + vouched.copied,
+        vouched.through
+    );
+    match vouched.unvouched {
+        None => verified.signed = Some(checked),
+        // A turn under way signs when it ends.
+        Some((first, last)) if running_now(sessions, id).await? => {
             verified.signed = Some(format!(
-                "{heads} signed heads check out, the last for seq {last}"
+                "{checked}; seq {first}–{last} are a turn still running (signed when it ends)"
             ))
         }
-        Err(why) => {
-            verified.ok = false;
-            verified.error = Some(format!("signed heads: {why}"));
-        }
+        Some((first, last)) => failed(
+            format!("seq {first}–{last} are not vouched for: {checked}, and nothing signed after it"),
+            verified,
+        ),
     }
     Ok(())
+}
+
+/// The signed heads session `id` holds of its own, as a witness keeps them.
+async fn heads_of(sessions: &dyn Sessions, id: Uuid) -> Result<Vec<Witnessed>> {
+    let mut heads = Vec::new();
+    for row in sessions.events(id).await? {
+        let event: replay::Event = serde_json::from_value(row["event"].clone())?;
+        if let replay::Event::HeadSigned {
+            seq,
+            hash,
+            at_ms,
+            key,
+            signature,
+        } = event
+        {
+            let witnessed = Witnessed {
+                session: id,
+                seq,
+                hash,
+                at_ms,
+                key,
+                signature,
+            };
+            heads.push(witnessed);
+        }
+    }
+    Ok(heads)
+}
+
+/// Checks that the store still holds every head the witness `file` saw,
+/// each signed with `key`: one result per witnessed session (failed, with
+/// why, if it is gone, or cut or rewritten before a witnessed head).
+async fn witnessed(sessions: &dyn Sessions, key: &HeadKey, file: &Path) -> Result<Vec<Verified>> {
+    let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let held = sessions.ids().await?;
+    let mut by_session: std::collections::BTreeMap<Uuid, Vec<Witnessed>> = Default::default();
+    for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let head: Witnessed = serde_json::from_str(line)
+            .with_context(|| format!("{} line {}: not a witnessed head", file.display(), n + 1))?;
+        if !key.signed(&head) {
+            bail!("{} line {}: a head this key did not sign", file.display(), n + 1);
+        }
+        by_session.entry(head.session).or_default().push(head);
+    }
+    let mut results = Vec::new();
+    for (id, heads) in by_session {
+        let latest = heads.iter().map(|h| h.seq).max().unwrap_or(0);
+        let mut verified = Verified {
+            session: id,
+            ok: true,
+            events: None,
+            head: None,
+            error: None,
+            signed: Some(format!("the witness's {} heads, to seq {latest}, are held", heads.len())),
+        };
+        let fault = match held.contains(&id) {
+            false => Some(format!("the witness saw it to seq {latest}; the store no longer holds it")),
+            true => {
+                let rows = sessions.events(id).await?;
+                verified.events = Some(rows.len() as u64);
+                heads.iter().find_map(|head| {
+                    let stored = rows.iter().find(|r| r["seq"].as_u64() == Some(head.seq));
+                    let hash = stored.and_then(|r| r["hash"].as_str());
+                    (hash != Some(head.hash.as_str())).then(|| match hash {
+                        None => format!("the witness saw seq {} (signed {}); the store holds {} records: cut", head.seq, runtime::views::format_time(head.at_ms), rows.len()),
+                        Some(_) => format!("seq {} holds another record than the witness saw (signed {}): rewritten", head.seq, runtime::views::format_time(head.at_ms)),
+                    })
+                })
+            }
+        };
+        if let Some(why) = fault {
+            verified.ok = false;
+            verified.signed = None;
+            verified.error = Some(format!("witness: {why}"));
+        }
+        results.push(verified);
+    }
+    Ok(results)
+}
+
+/// Whether a turn of session `id` runs now, under a live lease.
+async fn running_now(sessions: &dyn Sessions, id: Uuid) -> Result<bool> {
+    let rows = sessions.list().await?;
+    let row = rows.iter().find(|r| r.session == id);
+    Ok(row.is_some_and(|r| {
+        r.status == SessionStatus::Running && r.interrupted == Some(false) && r.pending == Some(false)
+    }))
 }
 
 /// `mneme keygen --out FILE`: a new signing key, kept outside the data

@@ -333,13 +333,13 @@ impl Runner {
             session.traced_by(Some(trace));
         }
         let mut end = self.steps(session, parts).await;
-        let signed = match &end {
-            Ok(_) => self.sign_head(session).await,
-            Err(_) => Ok(()),
-        };
-        match signed {
-            Ok(()) => come_to_rest(session).await,
-            Err(error) => end = Err(error),
+        // A turn that failed is signed too: what it recorded is history.
+        // (A turn cut off from its lease or its store cannot sign: its
+        // own error stands.)
+        match (self.sign_head(session).await, &end) {
+            (Ok(()), _) => come_to_rest(session).await,
+            (Err(error), Ok(_)) => end = Err(error),
+            (Err(_), Err(_)) => {}
         }
         if let Some(trace) = session.traced_by(None) {
             trace.end(end.as_ref(), session.state());

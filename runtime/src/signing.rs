@@ -98,17 +98,21 @@ impl HeadKey {
     }
 
     /// Checks the signed heads among `records` ((seq, hash, event) of one
-    /// session, in order): each must be this key's, its signature good, and
-    /// the record it names must hold the hash it signed. Returns how many
-    /// check out and the last seq they vouch for; an error names the first
-    /// that does not, or says there is none.
-    pub fn check(
-        &self,
-        session: Uuid,
-        records: &[(u64, String, Event)],
-    ) -> Result<(usize, u64), String> {
+    /// session, in order): each must be this key's, its signature good,
+    /// and the record it names must hold the hash it signed; and every
+    /// record after the last one vouched for must be a signed head itself,
+    /// else those records are named as not vouched for. Heads a fork
+    /// copied from its parent vouch for the parent's history (they are
+    /// checked against the parent's id) and the copy itself. An error
+    /// names the first fault, or says no head is signed.
+    pub fn check(&self, session: Uuid, records: &[(u64, String, Event)]) -> Result<Vouched, String> {
         let mine = hex::encode(self.0.as_bytes());
-        let mut vouched = (0, 0);
+        // A fork's records up to `copied` are its parent's history.
+        let (parent, copied) = match records.first() {
+            Some((1, _, Event::SessionForked { parent, at_seq, .. })) => (Some(*parent), at_seq + 1),
+            _ => (None, 1),
+        };
+        let mut vouched = Vouched::default();
         for (at, _, event) in records {
             let Event::HeadSigned {
                 seq,
@@ -123,25 +127,93 @@ impl HeadKey {
             if *key != mine {
                 return Err(format!("seq {at}: a head signed by another key ({key})"));
             }
+            let of = match (*at <= copied, parent) {
+                (true, Some(parent)) => parent,
+                _ => session,
+            };
             let signature = hex::decode(signature)
                 .ok()
                 .and_then(|b| Signature::from_slice(&b).ok())
                 .ok_or_else(|| format!("seq {at}: a malformed signature"))?;
             self.0
-                .verify(&statement(session, *seq, hash, *at_ms), &signature)
+                .verify(&statement(of, *seq, hash, *at_ms), &signature)
                 .map_err(|_| format!("seq {at}: the signature does not match its head"))?;
+            if of != session {
+                // The parent's head: it vouches for the copy of its history.
+                vouched.copied += 1;
+                vouched.through = copied;
+                continue;
+            }
             let held = records.iter().find(|(s, _, _)| s == seq).map(|(_, h, _)| h);
             if held != Some(hash) {
                 return Err(format!(
                     "seq {seq} does not hold the hash signed at seq {at}: the history was rewritten"
                 ));
             }
-            vouched = (vouched.0 + 1, *seq);
+            vouched.heads += 1;
+            vouched.through = *seq;
+            vouched.at_ms = *at_ms;
         }
-        match vouched {
-            (0, _) => Err("no head signed: nothing vouches for this history".into()),
-            found => Ok(found),
+        if vouched.heads + vouched.copied == 0 {
+            return Err("no head signed: nothing vouches for this history".into());
         }
+        let unvouched: Vec<u64> = (records.iter())
+            .filter(|(seq, _, event)| {
+                *seq > vouched.through && !matches!(event, Event::HeadSigned { .. })
+            })
+            .map(|(seq, _, _)| *seq)
+            .collect();
+        vouched.unvouched = match (unvouched.first(), unvouched.last()) {
+            (Some(first), Some(last)) => Some((*first, *last)),
+            _ => None,
+        };
+        Ok(vouched)
+    }
+}
+
+/// What the signed heads of a session vouch for.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Vouched {
+    /// Its own heads that check out.
+    pub heads: usize,
+    /// Heads a fork copied from its parent that check out.
+    pub copied: usize,
+    /// The last seq they vouch for.
+    pub through: u64,
+    /// When its last own head was signed (ms since the Unix epoch; 0: none).
+    pub at_ms: i64,
+    /// Records after that, not vouched for (first and last seq), if any.
+    pub unvouched: Option<(u64, u64)>,
+}
+
+/// One signed head as a witness keeps it (`mneme heads`): enough to tell
+/// later whether the store still extends what was seen.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Witnessed {
+    /// The session.
+    pub session: Uuid,
+    /// The record it vouches for.
+    pub seq: u64,
+    /// That record's hash (hex).
+    pub hash: String,
+    /// When it was signed (ms since the Unix epoch).
+    pub at_ms: i64,
+    /// The public key (hex).
+    pub key: String,
+    /// The signature (hex).
+    pub signature: String,
+}
+
+impl HeadKey {
+    /// Whether `witnessed` is a head this key signed (not whether the store
+    /// still holds it).
+    pub fn signed(&self, witnessed: &Witnessed) -> bool {
+        let statement = statement(witnessed.session, witnessed.seq, &witnessed.hash, witnessed.at_ms);
+        let signature = hex::decode(&witnessed.signature)
+            .ok()
+            .and_then(|b| Signature::from_slice(&b).ok());
+        hex::encode(self.0.as_bytes()) == witnessed.key
+            && signature.is_some_and(|signature| self.0.verify(&statement, &signature).is_ok())
     }
 }
 
@@ -158,13 +230,57 @@ mod tests {
     }
 
     #[test]
+    fn records_after_the_last_signed_head_are_not_vouched_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let signer = HeadSigner::generate(&dir.path().join("k")).unwrap();
+        let key = HeadKey::parse(&signer.public_hex()).unwrap();
+        let s = Uuid::now_v7();
+        let mut log = records(s, &signer);
+        for seq in 3..=5 {
+            log.push((seq, format!("h{seq}"), Event::UserMessage { text: "pay mallory".into() }));
+        }
+        let vouched = key.check(s, &log).unwrap();
+        assert_eq!(vouched.unvouched, Some((3, 5)));
+        log.push((6, "h6".into(), signer.sign(s, 5, "h5")));
+        assert_eq!(key.check(s, &log).unwrap().unvouched, None);
+    }
+
+    #[test]
+    fn a_forks_copied_heads_vouch_for_its_parents_history() {
+        let dir = tempfile::tempdir().unwrap();
+        let signer = HeadSigner::generate(&dir.path().join("k")).unwrap();
+        let key = HeadKey::parse(&signer.public_hex()).unwrap();
+        let (parent, child) = (Uuid::now_v7(), Uuid::now_v7());
+        let mut log = vec![(
+            1,
+            "f".to_string(),
+            Event::SessionForked {
+                parent,
+                at_seq: 2,
+                rerun: None,
+            },
+        )];
+        // The parent's two records, re-chained in the child.
+        log.push((2, "c2".into(), Event::UserMessage { text: "hi".into() }));
+        log.push((3, "c3".into(), signer.sign(parent, 1, "p1")));
+        let vouched = key.check(child, &log).unwrap();
+        assert_eq!((vouched.copied, vouched.through, vouched.unvouched), (1, 3, None));
+        log.push((4, "c4".into(), Event::UserMessage { text: "more".into() }));
+        assert_eq!(key.check(child, &log).unwrap().unvouched, Some((4, 4)));
+        // A parent's head is not one of the child's own.
+        log[2].2 = signer.sign(child, 1, "p1");
+        assert!(key.check(child, &log).unwrap_err().contains("does not match"));
+    }
+
+    #[test]
     fn a_signed_head_checks_out_and_a_rewritten_one_does_not() {
         let dir = tempfile::tempdir().unwrap();
         let signer = HeadSigner::generate(&dir.path().join("k")).unwrap();
         let key = HeadKey::parse(&signer.public_hex()).unwrap();
         let s = Uuid::now_v7();
         let mut log = records(s, &signer);
-        assert_eq!(key.check(s, &log), Ok((1, 1)));
+        let vouched = key.check(s, &log).unwrap();
+        assert_eq!((vouched.heads, vouched.through, vouched.unvouched), (1, 1, None));
         log[0].1 = "forged".into();
         assert!(key.check(s, &log).unwrap_err().contains("rewritten"));
         let other = HeadSigner::generate(&dir.path().join("k2")).unwrap();
