@@ -435,7 +435,8 @@ fn snapshot_resume() {
         assert_eq!(from, (n - 100) as u64, "the snapshot was used");
         {
             let log = SledLog::open(&dir).unwrap();
-            block(log.side_store().put_derived(session, "snapshot", b"")).unwrap(); // unusable: ignored
+            // An unusable snapshot: ignored.
+            block(log.side_store().put_derived(session, "snapshot", b"")).unwrap();
         }
         let (full, from) = resume();
         assert_eq!(from, 0, "no snapshot was used");

@@ -242,6 +242,9 @@ async fn an_unknown_session_on_postgres_is_named_and_leaves_no_lease() {
     }
     let store = world.store.clone().unwrap();
     let log = pglog::PgLog::connect(&store).await.unwrap();
-    let leftover = eventlog::EventLog::leases(&log).expired_leases().await.unwrap();
+    let leftover = eventlog::EventLog::leases(&log)
+        .expired_leases()
+        .await
+        .unwrap();
     assert!(leftover.is_empty(), "{leftover:?}");
 }

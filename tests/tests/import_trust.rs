@@ -139,7 +139,10 @@ async fn sessions_made_elsewhere_arrive_at_rest_and_say_what_they_reach() {
         .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["answer"], "done", "{body}");
-    assert!(model.bodies().len() > requests_before, "its requests were sent");
+    assert!(
+        model.bodies().len() > requests_before,
+        "its requests were sent"
+    );
     assert!(!marker.exists(), "the other one still rests");
 }
 
