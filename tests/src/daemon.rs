@@ -1,7 +1,8 @@
 //! A `mneme serve` process for tests, and a client for its API.
 
-use crate::{eventually, mneme_bin};
+use crate::{eventually, mneme_bin, Sink};
 use serde_json::Value;
+use std::future::Future;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};
@@ -212,6 +213,26 @@ impl DaemonProcess {
         .await;
         started.elapsed()
     }
+}
+
+/// Sends `posts` at once; each must be accepted (202).
+pub async fn all_accepted(posts: impl IntoIterator<Item = impl Future<Output = (u16, Value)>>) {
+    for (status, body) in futures_util::future::join_all(posts).await {
+        assert_eq!(status, 202, "{body}");
+    }
+}
+
+/// SIGKILLs `daemon` mid-load: once a fifth of `sessions` billing sessions
+/// charged on `sink` (within a minute); most must not have finished
+/// (emailed) by then.
+pub async fn kill_mid_load(daemon: DaemonProcess, sink: &Sink, sessions: usize) {
+    let fifth = (sessions / 5) as u64;
+    crate::effects_reach(sink, "charge", fifth, Duration::from_secs(60)).await;
+    daemon.kill().await;
+    assert!(
+        sink.stats().path("email").effects < sessions as u64,
+        "the kill came too late to test anything"
+    );
 }
 
 /// Reads an event stream into `seen` until it contains `needle`; fails if

@@ -146,6 +146,32 @@ impl World {
     pub async fn run(&self, args: &[&str]) -> Output {
         self.mneme().args(args).output().await.unwrap()
     }
+
+    /// Runs one turn of `agent` per message: the first starts a session
+    /// (`mneme run --agent`), each next one goes on in it (`--session`);
+    /// panics naming the turn that fails. The session and each turn's
+    /// output.
+    pub async fn run_turns(
+        &self,
+        agent: &std::path::Path,
+        messages: impl IntoIterator<Item = String>,
+    ) -> (String, Vec<Output>) {
+        let mut session: Option<String> = None;
+        let mut outputs = Vec::new();
+        for (turn, message) in messages.into_iter().enumerate() {
+            let out = match &session {
+                None => {
+                    let agent = agent.to_str().unwrap();
+                    self.run(&["run", "--agent", agent, &message]).await
+                }
+                Some(id) => self.run(&["run", "--session", id, &message]).await,
+            };
+            assert!(out.status.success(), "turn {turn}: {}", stderr(&out));
+            session.get_or_insert_with(|| session_id(&out));
+            outputs.push(out);
+        }
+        (session.expect("at least one message"), outputs)
+    }
 }
 
 impl Default for World {

@@ -285,16 +285,15 @@ async fn a_prompt_near_the_context_window_is_compacted_and_the_log_keeps_everyth
         .model_options("context_window = 100\n")
         .await;
     let (world, model) = (&bed.world, &bed.model);
-    let out = bed.run_agent("FIRST-QUESTION about ada").await;
-    let session = session_id(&out);
-    for text in [
+    let messages = [
+        "FIRST-QUESTION about ada",
         "second question about bob",
         "third question about carol",
         "fourth question about dave",
-    ] {
-        let out = world.run(&["run", "--session", &session, text]).await;
-        assert!(out.status.success(), "{}", stderr(&out));
-    }
+    ];
+    let (session, _) = world
+        .run_turns(&bed.agent, messages.map(String::from))
+        .await;
     let log = stdout(&world.run(&["log", &session]).await);
     assert!(
         log.contains("ContextCompacted") && log.contains("SUMMARY of"),

@@ -157,15 +157,13 @@ print(json.dumps({
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_generated_from_the_document_drives_the_daemon() {
     let tools = python_tools();
-    let world = World::new();
-    let model = MockModel::start(vec![MockReply::answer("Hello from mneme.")], Fault::None).await;
+    let bed = Testbed::new()
+        .replies(vec![MockReply::answer("Hello from mneme.")])
+        .await;
+    let world = &bed.world;
     let agents = world.dir.path().join("agents");
     std::fs::create_dir_all(&agents).unwrap();
-    std::fs::write(
-        agents.join("helper.toml"),
-        agent_toml(&model.base_url(), &[]),
-    )
-    .unwrap();
+    std::fs::write(agents.join("helper.toml"), &bed.agent_toml).unwrap();
     let agents = agents.to_str().unwrap();
     let daemon = DaemonProcess::start(&world.data(), &["--agents", agents]).await;
     let (_, document) = served_document(&daemon, world.dir.path()).await;

@@ -43,27 +43,29 @@ async fn malformed_agent_file_is_named_and_nothing_is_written() {
     );
 }
 
-async fn run_against(fault: Fault) -> (World, std::process::Output, MockModel) {
-    let world = World::new();
-    let model = MockModel::start(vec![MockReply::answer("fine")], fault).await;
-    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[]));
-    let out = world
-        .run(&["run", "--agent", agent.to_str().unwrap(), "hello"])
+/// A run of an agent whose model misbehaves with `fault`: the testbed and
+/// the run's output.
+async fn run_against(fault: Fault) -> (Testbed, std::process::Output) {
+    let bed = Testbed::new()
+        .replies(vec![MockReply::answer("fine")])
+        .fault(fault)
         .await;
-    (world, out, model)
+    let out = bed.run_agent("hello").await;
+    (bed, out)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn model_server_errors_are_retried_then_reported_and_logged() {
-    let (_, out, model) = run_against(Fault::Fail500(2)).await;
+    let (bed, out) = run_against(Fault::Fail500(2)).await;
     assert!(
         out.status.success(),
         "two 500s are retried: {}",
         stderr(&out)
     );
-    assert_eq!(model.bodies().len(), 3);
+    assert_eq!(bed.model.bodies().len(), 3);
 
-    let (world, out, _) = run_against(Fault::Fail500(100)).await;
+    let (bed, out) = run_against(Fault::Fail500(100)).await;
+    let world = &bed.world;
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
     assert!(
@@ -72,7 +74,7 @@ async fn model_server_errors_are_retried_then_reported_and_logged() {
     );
     let session = session_id(&out);
     assert_eq!(
-        event_kinds(&world, &session).await,
+        event_kinds(world, &session).await,
         ["SessionStarted", "UserMessage", "SessionFinished"]
     );
     assert!(world.run(&["verify"]).await.status.success());
@@ -82,7 +84,8 @@ async fn model_server_errors_are_retried_then_reported_and_logged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_from_the_model_is_a_clear_error() {
-    let (world, out, _) = run_against(Fault::Garbage).await;
+    let (bed, out) = run_against(Fault::Garbage).await;
+    let world = &bed.world;
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
     assert!(
@@ -105,24 +108,19 @@ async fn unreachable_model_server_is_named() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hanging_tools_time_out_read_only_as_error_side_effect_in_doubt() {
-    let world = World::new();
-    let model = MockModel::start(
-        vec![
+    let bed = Testbed::new()
+        .replies(vec![
             MockReply::calls(&[("slow_read", json!({})), ("slow_write", json!({}))]),
             MockReply::answer("gave up"),
-        ],
-        Fault::None,
-    )
-    .await;
-    let tools = [
-        command_tool("slow_read", &["sleep", "30"], "read_only", 1),
-        command_tool("slow_write", &["sleep", "30"], "side_effect", 1),
-    ];
-    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &tools));
-    let started = Instant::now();
-    let out = world
-        .run(&["run", "--agent", agent.to_str().unwrap(), "go"])
+        ])
+        .tools([
+            command_tool("slow_read", &["sleep", "30"], "read_only", 1),
+            command_tool("slow_write", &["sleep", "30"], "side_effect", 1),
+        ])
         .await;
+    let world = &bed.world;
+    let started = Instant::now();
+    let out = bed.run_agent("go").await;
     assert!(
         started.elapsed() < Duration::from_secs(20),
         "timeouts must fire"
@@ -149,35 +147,20 @@ async fn hanging_tools_time_out_read_only_as_error_side_effect_in_doubt() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_process_is_told_who_holds_the_data_directory() {
-    let world = World::new();
-    let model = MockModel::start(
-        vec![
+    let bed = Testbed::new()
+        .replies(vec![
             MockReply::calls(&[("hold", json!({}))]),
             MockReply::answer("ok"),
-        ],
-        Fault::None,
-    )
-    .await;
-    let sink = Sink::start().await.unwrap();
-    let hold = sink.hold("hold");
-    let agent = world.write(
-        "agent.toml",
-        &agent_toml(
-            &model.base_url(),
-            &[http_tool("hold", &sink.url("hold"), "idempotent")],
-        ),
-    );
-    let first = world
-        .spawn_until_applied(
-            &["run", "--agent", agent.to_str().unwrap(), "go"],
-            hold.applied,
-        )
+        ])
+        .sink_tools(|sink| vec![http_tool("hold", &sink.url("hold"), "idempotent")])
+        .await;
+    let hold = bed.sink.hold("hold");
+    let first = (bed.world)
+        .spawn_until_applied(&["run", "--agent", bed.agent_arg(), "go"], hold.applied)
         .await;
     // A second writer is refused, told who holds the directory and what
     // to do (reads go through the holder: see front_door.rs).
-    let out = world
-        .run(&["run", "--agent", agent.to_str().unwrap(), "again"])
-        .await;
+    let out = bed.run_agent("again").await;
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
     assert!(
@@ -192,14 +175,11 @@ async fn a_second_process_is_told_who_holds_the_data_directory() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_resolve_arguments_change_nothing() {
-    let world = World::new();
-    let model = MockModel::start(vec![MockReply::answer("ok")], Fault::None).await;
-    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[]));
-    let out = world
-        .run(&["run", "--agent", agent.to_str().unwrap(), "go"])
-        .await;
+    let bed = Testbed::new().replies(vec![MockReply::answer("ok")]).await;
+    let world = &bed.world;
+    let out = bed.run_agent("go").await;
     let session = session_id(&out);
-    let before = event_kinds(&world, &session).await;
+    let before = event_kinds(world, &session).await;
     let out = world
         .run(&[
             "resolve",
@@ -215,7 +195,7 @@ async fn bad_resolve_arguments_change_nothing() {
         .run(&["resolve", &session, "call_0_0", "--retry"])
         .await;
     assert!(stderr(&out).contains("not in doubt"), "{}", stderr(&out));
-    assert_eq!(event_kinds(&world, &session).await, before);
+    assert_eq!(event_kinds(world, &session).await, before);
 }
 
 /// Commands naming a session the store does not hold are refused by name,

@@ -1,7 +1,7 @@
 //! `mneme serve` end to end: the API, its security, live streams, recovery
 //! after SIGKILL under load, and graceful shutdown.
 
-use mneme_e2e::daemon::{follow_two_turns, DaemonProcess, TOKEN};
+use mneme_e2e::daemon::{all_accepted, follow_two_turns, kill_mid_load, DaemonProcess, TOKEN};
 use mneme_e2e::*;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -152,25 +152,10 @@ async fn sigkill_under_load_then_restart_finishes_every_session_exactly_once() {
         ids.push(bed.create().await);
     }
     let daemon = bed.take_daemon();
-    let posts = ids.iter().map(|id| daemon.message(id, "charge and email"));
-    for (status, body) in futures_util::future::join_all(posts).await {
-        assert_eq!(status, 202, "{body}");
-    }
+    all_accepted(ids.iter().map(|id| daemon.message(id, "charge and email"))).await;
     // Kill it mid-load: some sessions charged, most not finished.
     let sink = &bed.sink;
-    effects_reach(
-        sink,
-        "charge",
-        (SESSIONS / 5) as u64,
-        Duration::from_secs(60),
-    )
-    .await;
-    daemon.kill().await;
-    let done_before = sink.stats().path("email").effects;
-    assert!(
-        done_before < SESSIONS as u64,
-        "the kill came too late to test anything"
-    );
+    kill_mid_load(daemon, sink, SESSIONS).await;
 
     let daemon = DaemonProcess::start(&bed.world.data(), &[]).await;
     daemon

@@ -2,7 +2,7 @@
 //! daemon when their owner dies, every side effect still happens once, and
 //! live streams follow sessions that another daemon runs.
 
-use mneme_e2e::daemon::{follow_two_turns, DaemonProcess};
+use mneme_e2e::daemon::{all_accepted, follow_two_turns, kill_mid_load, DaemonProcess};
 use mneme_e2e::*;
 use serde_json::json;
 use std::time::{Duration, Instant};
@@ -72,22 +72,8 @@ async fn sigkill_one_of_two_daemons_mid_load_and_the_other_finishes_every_sessio
         let daemon = if i % 2 == 0 { &doomed } else { &survivor };
         daemon.message(id, "charge and email")
     });
-    for (status, body) in futures_util::future::join_all(posts).await {
-        assert_eq!(status, 202, "{body}");
-    }
-    effects_reach(
-        sink,
-        "charge",
-        (SESSIONS / 5) as u64,
-        Duration::from_secs(60),
-    )
-    .await;
-    doomed.kill().await;
-    let emailed_at_kill = sink.stats().path("email").effects;
-    assert!(
-        emailed_at_kill < SESSIONS as u64,
-        "the kill came too late to test anything"
-    );
+    all_accepted(posts).await;
+    kill_mid_load(doomed, sink, SESSIONS).await;
 
     survivor
         .wait_all_idle(SESSIONS, Duration::from_secs(120))

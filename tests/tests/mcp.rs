@@ -40,8 +40,15 @@ fn world_with_notes() -> (World, std::path::PathBuf) {
 #[tokio::test]
 async fn the_filesystem_server_writes_and_reads_with_the_effects_the_agent_file_gives() {
     let (world, notes) = world_with_notes();
-    let model = MockModel::start(
-        vec![
+    let fs = stdio_server(
+        "fs",
+        &servers().filesystem,
+        &[notes.to_str().unwrap()],
+        "[mcp.tools]\nread_text_file = \"read_only\"\nwrite_file = { effect = \"idempotent\" }\n",
+    );
+    let bed = Testbed::new()
+        .in_world(world)
+        .replies(vec![
             MockReply::calls(&[(
                 "fs__write_file",
                 json!({"path": "a.txt", "content": "hello"}),
@@ -49,20 +56,11 @@ async fn the_filesystem_server_writes_and_reads_with_the_effects_the_agent_file_
             MockReply::calls(&[("fs__read_text_file", json!({"path": "a.txt"}))]),
             MockReply::calls(&[("fs__read_text_file", json!({"path": "missing.txt"}))]),
             MockReply::answer("It says hello."),
-        ],
-        Fault::None,
-    )
-    .await;
-    let fs = stdio_server(
-        "fs",
-        &servers().filesystem,
-        &[notes.to_str().unwrap()],
-        "[mcp.tools]\nread_text_file = \"read_only\"\nwrite_file = { effect = \"idempotent\" }\n",
-    );
-    let path = world.write("agent.toml", &agent(&model, &[fs]));
-    let out = world
-        .run(&["run", "--agent", path.to_str().unwrap(), "note it"])
+        ])
+        .agent_extra(&fs)
         .await;
+    let (world, model) = (&bed.world, &bed.model);
+    let out = bed.run_agent("note it").await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out).trim(), "It says hello.");
     assert_eq!(
@@ -86,13 +84,13 @@ async fn the_filesystem_server_writes_and_reads_with_the_effects_the_agent_file_
     );
     // The result read back is the server's structured content, and a
     // server's isError is a tool error for the model.
-    let finished = events_of(&world, &session, "ToolFinished").await;
+    let finished = events_of(world, &session, "ToolFinished").await;
     assert_eq!(finished[1]["outcome"]["Ok"], "{\"content\":\"hello\"}");
     let error = finished[2]["outcome"]["Err"].as_str().unwrap();
     assert!(error.contains("ENOENT"), "{error}");
     // Effects: the file's policy; tools it does not name, the server's
     // default (side_effect), whatever the server's annotations claim.
-    let started = events_of(&world, &session, "ToolStarted").await;
+    let started = events_of(world, &session, "ToolStarted").await;
     assert_eq!(started[0]["effect"], "idempotent");
     assert_eq!(started[1]["effect"], "read_only");
     let view = json_of(&world.run(&["replay", "--json", &session]).await);
@@ -125,16 +123,18 @@ async fn the_filesystem_server_writes_and_reads_with_the_effects_the_agent_file_
 #[tokio::test]
 async fn trusted_annotations_set_the_effects_no_policy_names() {
     let world = World::new();
-    let model = MockModel::start(vec![MockReply::answer("ok")], Fault::None).await;
     let memory = memory_server(
         "mem",
         &world.dir.path().join("memory.jsonl"),
         "trust_annotations = true\n[mcp.tools]\nread_graph = \"side_effect\"\ndelete_relations = \"idempotent\"\n",
     );
-    let path = world.write("agent.toml", &agent(&model, &[memory]));
-    let out = world
-        .run(&["run", "--agent", path.to_str().unwrap(), "hi"])
+    let bed = Testbed::new()
+        .in_world(world)
+        .replies(vec![MockReply::answer("ok")])
+        .agent_extra(&memory)
         .await;
+    let world = &bed.world;
+    let out = bed.run_agent("hi").await;
     assert!(out.status.success(), "{}", stderr(&out));
     let view = json_of(
         &world
@@ -598,32 +598,30 @@ async fn no_server_is_left_behind_when_mneme_is_killed() {
 /// is refused when the session is created, naming the server.
 #[tokio::test]
 async fn the_daemon_runs_mcp_tools_and_refreshes_them_on_request() {
-    use mneme_e2e::daemon::DaemonProcess;
     let (world, notes) = world_with_notes();
-    let model = MockModel::start(
-        vec![
-            MockReply::calls(&[(
-                "fs__write_file",
-                json!({"path": "d.txt", "content": "daemon"}),
-            )]),
-            MockReply::answer("Written."),
-            MockReply::answer("Same tools."),
-        ],
-        Fault::None,
-    )
-    .await;
     let fs = stdio_server(
         "fs",
         &servers().filesystem,
         &[notes.to_str().unwrap()],
         "[mcp.tools]\nwrite_file = \"idempotent\"\n",
     );
-    let daemon = DaemonProcess::start(&world.dir.path().join("data"), &[]).await;
-    let id = daemon.create(&agent(&model, &[fs])).await;
-    let path = format!("/sessions/{id}/messages");
-    let (status, end) = daemon
-        .post(&path, &json!({"text": "write", "wait": true}))
+    let mut bed = Testbed::new()
+        .in_world(world)
+        .replies(vec![
+            MockReply::calls(&[(
+                "fs__write_file",
+                json!({"path": "d.txt", "content": "daemon"}),
+            )]),
+            MockReply::answer("Written."),
+            MockReply::answer("Same tools."),
+        ])
+        .agent_extra(&fs)
+        .daemon()
         .await;
+    let id = bed.create().await;
+    let (daemon, model) = (bed.take_daemon(), &bed.model);
+    let path = format!("/sessions/{id}/messages");
+    let (status, end) = daemon.message_and_wait(&id, "write").await;
     assert_eq!(status, 200, "{end}");
     assert_eq!(end["answer"], "Written.", "{end}");
     assert_eq!(

@@ -242,20 +242,9 @@ async fn compaction_counts_tokens_as_the_server_does() {
         &format!("timeout_secs = 10\ncontext_window = {WINDOW}\n"),
     );
     let agent = world.write("agent.toml", &agent);
-    let mut session: Option<String> = None;
-    for turn in 0..8 {
-        let message = format!("turn {turn}: {}", "a long line of facts. ".repeat(12));
-        let out = match &session {
-            None => {
-                world
-                    .run(&["run", "--agent", agent.to_str().unwrap(), &message])
-                    .await
-            }
-            Some(id) => world.run(&["run", "--session", id, &message]).await,
-        };
-        assert!(out.status.success(), "turn {turn}: {}", stderr(&out));
-        session.get_or_insert_with(|| session_id(&out));
-    }
+    let messages =
+        (0..8).map(|turn| format!("turn {turn}: {}", "a long line of facts. ".repeat(12)));
+    world.run_turns(&agent, messages).await;
     let requests = model.requests();
     let compactions = requests
         .iter()
@@ -605,20 +594,11 @@ async fn a_servers_context_error_compacts_the_newest_entries_too_and_the_turn_go
     })
     .await;
     let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[]));
-    let mut session: Option<String> = None;
-    for turn in 0..6 {
-        let message = format!("turn {turn}: {}", "a line of facts to keep. ".repeat(20));
-        let out = match &session {
-            None => {
-                world
-                    .run(&["run", "--agent", agent.to_str().unwrap(), &message])
-                    .await
-            }
-            Some(id) => world.run(&["run", "--session", id, &message]).await,
-        };
-        assert!(out.status.success(), "turn {turn}: {}", stderr(&out));
-        assert_eq!(stdout(&out).trim(), "noted");
-        session.get_or_insert_with(|| session_id(&out));
+    let messages =
+        (0..6).map(|turn| format!("turn {turn}: {}", "a line of facts to keep. ".repeat(20)));
+    let (session, outputs) = world.run_turns(&agent, messages).await;
+    for out in &outputs {
+        assert_eq!(stdout(out).trim(), "noted");
     }
     let requests = model.requests();
     let refused = requests
@@ -626,7 +606,7 @@ async fn a_servers_context_error_compacts_the_newest_entries_too_and_the_turn_go
         .filter(|r| !r.to_string().contains("[mneme:compact]") && r.to_string().len() > LIMIT)
         .count();
     assert!(refused > 0, "the server refused a request for its context");
-    let kinds = event_kinds(&world, session.as_ref().unwrap()).await;
+    let kinds = event_kinds(&world, &session).await;
     assert!(kinds.contains(&"ContextCompacted".to_string()), "{kinds:?}");
     assert!(
         !kinds.contains(&"SessionFinished".to_string()),

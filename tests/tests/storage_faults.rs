@@ -228,14 +228,11 @@ async fn a_disk_that_reports_no_size_is_not_taken_for_a_full_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_on_a_full_disk_says_so_and_loses_nothing() {
     let disk = SmallDisk::new("8m");
-    let world = World::new();
     let data = disk.mount.join("data");
-    let model = MockModel::start(
-        vec![MockReply::answer("one"), MockReply::answer("two")],
-        Fault::None,
-    )
-    .await;
-    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[]));
+    let bed = Testbed::new()
+        .replies(vec![MockReply::answer("one"), MockReply::answer("two")])
+        .await;
+    let agent = &bed.agent;
     let run = |args: Vec<String>| {
         let mut command = tokio::process::Command::new(mneme_bin());
         command.arg("--data-dir").arg(&data).args(args);

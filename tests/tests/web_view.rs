@@ -477,6 +477,29 @@ async fn cross_site_cancel(daemon: &DaemonProcess, id: &str) -> Forged {
     }
 }
 
+/// A daemon on `world` and a session whose agent streams from the model
+/// at `model_url` (`model_lines` in its `[model]`), open on a signed-in
+/// page that follows it live: the daemon, the session, the browser and
+/// the page.
+async fn streaming_session_on_a_page(
+    world: &World,
+    model_url: &str,
+    model_lines: &str,
+) -> (DaemonProcess, String, Browser, Page) {
+    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let agent = agent_toml(model_url, &[]).replace("timeout_secs = 10\n", model_lines);
+    let id = daemon.create(&agent).await;
+    let (browser, page) = signed_in_page(world, "ada", WAIT).await;
+    blocking(|| page.eval(&format!("location.hash = '#/s/{id}'")));
+    blocking(|| {
+        page.wait_for(
+            "document.getElementById('live').textContent.includes('live')",
+            WAIT,
+        )
+    });
+    (daemon, id, browser, page)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streamed_reply_shows_on_the_page_as_it_arrives() {
     let world = World::new();
@@ -490,18 +513,9 @@ async fn a_streamed_reply_shows_on_the_page_as_it_arrives() {
         }
     })
     .await;
-    let daemon = DaemonProcess::start(&world.data(), &[]).await;
-    let agent = agent_toml(&model.base_url(), &[])
-        .replace("timeout_secs = 10\n", "timeout_secs = 10\nstream = true\n");
-    let id = daemon.create(&agent).await;
-    let (browser, page) = signed_in_page(&world, "ada", WAIT).await;
-    blocking(|| page.eval(&format!("location.hash = '#/s/{id}'")));
-    blocking(|| {
-        page.wait_for(
-            "document.getElementById('live').textContent.includes('live')",
-            WAIT,
-        )
-    });
+    let lines = "timeout_secs = 10\nstream = true\n";
+    let (daemon, id, browser, page) =
+        streaming_session_on_a_page(&world, &model.base_url(), lines).await;
 
     let (status, _) = daemon
         .post(&format!("/sessions/{id}/messages"), &json!({"text": "go"}))
@@ -818,18 +832,9 @@ async fn a_long_streamed_reply_shows_only_its_end_while_it_arrives() {
         }
     })
     .await;
-    let daemon = DaemonProcess::start(&world.data(), &[]).await;
-    let agent = agent_toml(&model.base_url(), &[])
-        .replace("timeout_secs = 10\n", "timeout_secs = 120\nstream = true\n");
-    let id = daemon.create(&agent).await;
-    let (browser, page) = signed_in_page(&world, "ada", WAIT).await;
-    blocking(|| page.eval(&format!("location.hash = '#/s/{id}'")));
-    blocking(|| {
-        page.wait_for(
-            "document.getElementById('live').textContent.includes('live')",
-            WAIT,
-        )
-    });
+    let lines = "timeout_secs = 120\nstream = true\n";
+    let (daemon, id, browser, page) =
+        streaming_session_on_a_page(&world, &model.base_url(), lines).await;
     // The longest the box of arriving text ever was.
     blocking(|| {
         page.eval(
