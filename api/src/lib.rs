@@ -405,6 +405,9 @@ pub struct InDoubtCall {
     /// Its tool (empty from daemons older than this field).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub tool: String,
+    /// Its arguments as the model gave them (empty from older daemons).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub arguments: String,
 }
 
 impl From<&Waiting> for InDoubtCall {
@@ -413,6 +416,7 @@ impl From<&Waiting> for InDoubtCall {
             call_id: w.call_id.clone(),
             reason: w.reason.clone(),
             tool: w.tool.clone(),
+            arguments: w.arguments.clone(),
         }
     }
 }
@@ -425,6 +429,10 @@ pub struct AwaitingCall {
     pub call_id: String,
     /// Its tool.
     pub tool: String,
+    /// Its arguments as the model gave them (empty from older daemons):
+    /// what an approval lets the tool run with.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub arguments: String,
 }
 
 /// How a turn (or a resume) ended.
@@ -493,6 +501,7 @@ impl TurnOutcome {
                 let calls = calls.iter().map(|w| AwaitingCall {
                     call_id: w.call_id.clone(),
                     tool: w.tool.clone(),
+                    arguments: w.arguments.clone(),
                 });
                 outcome.awaiting_approval = Some(calls.collect());
             }
@@ -530,6 +539,7 @@ impl TurnOutcome {
                             call_id: c.call_id.clone(),
                             tool: c.tool.clone(),
                             reason: c.reason.clone(),
+                            arguments: c.arguments.clone(),
                         })
                         .collect(),
                 )
@@ -540,6 +550,7 @@ impl TurnOutcome {
                             call_id: c.call_id.clone(),
                             tool: c.tool.clone(),
                             reason: replay::APPROVAL_REQUIRED.into(),
+                            arguments: c.arguments.clone(),
                         })
                         .collect(),
                 )
@@ -1056,6 +1067,7 @@ mod tests {
                 call_id: "call_1".into(),
                 tool: "charge".into(),
                 reason: reason.into(),
+                arguments: r#"{"cents":100}"#.into(),
             }]
         };
         for end in [

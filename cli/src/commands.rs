@@ -983,6 +983,19 @@ impl StreamToStdout {
     }
 }
 
+/// Says a call's `arguments` whole, one line each, as JSON parsed and
+/// pretty-printed (what the tool is given, not what a long line or a
+/// repeated key would show), or as they are if they do not parse.
+fn say_arguments(arguments: &str) {
+    let shown = serde_json::from_str::<serde_json::Value>(arguments)
+        .ok()
+        .and_then(|v| serde_json::to_string_pretty(&v).ok())
+        .unwrap_or_else(|| arguments.to_string());
+    for line in shown.lines() {
+        say!("      {line}");
+    }
+}
+
 /// Prints how a drive ended and gives the exit code for it; the answer is
 /// not printed again if it was `streamed` as it came.
 fn report_end(id: Uuid, end: &TurnEnd, json: bool, streamed: bool) -> Result<ExitCode> {
@@ -1020,7 +1033,8 @@ fn report_end(id: Uuid, end: &TurnEnd, json: bool, streamed: bool) -> Result<Exi
             say!("mneme: session {id} paused: tool calls wait for approval");
             for waiting in calls {
                 let call = &waiting.call_id;
-                say!("  {call}: {} {}", waiting.tool, waiting.reason);
+                say!("  {call}: {} {}, with these arguments:", waiting.tool, waiting.reason);
+                say_arguments(&waiting.arguments);
                 say!("    mneme approve {id} {call} [--deny | --edit-args JSON]");
             }
             Ok(ExitCode::from(EXIT_NEEDS_DECISION))

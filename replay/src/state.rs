@@ -229,6 +229,8 @@ pub struct Waiting {
     pub tool: String,
     /// Why it waits: why it is in doubt, or [`APPROVAL_REQUIRED`].
     pub reason: String,
+    /// Its arguments, as the model gave them (or as a person edited them).
+    pub arguments: String,
 }
 
 /// Why a call awaiting approval waits.
@@ -240,6 +242,7 @@ impl Waiting {
             call_id: call.call.id.clone(),
             tool: call.call.name.clone(),
             reason: reason.to_string(),
+            arguments: call.arguments().to_string(),
         }
     }
 }

@@ -984,13 +984,22 @@ fn refusal(reply: &replay::ModelReply, max_calls: u64) -> Option<String> {
     }
     let unparsed = calls
         .iter()
-        .find(|c| serde_json::from_str::<serde::de::IgnoredAny>(&c.arguments).is_err());
-    if let Some(call) = unparsed {
-        return Some(format!(
-            "the arguments of call {} ({}) are not valid JSON, so none of its calls ran. \
-             Make the calls again with JSON arguments.",
-            call.id, call.name
-        ));
+        .find_map(|c| serde_json::from_str::<OnceEach>(&c.arguments).err().map(|e| (c, e)));
+    if let Some((call, error)) = unparsed {
+        return Some(match error.is_data() {
+            // A person approving could be shown one value and the tool
+            // given the other.
+            true => format!(
+                "the arguments of call {} ({}) {error}, so none of its calls ran. \
+                 Make the calls again with each key once.",
+                call.id, call.name
+            ),
+            false => format!(
+                "the arguments of call {} ({}) are not valid JSON, so none of its calls ran. \
+                 Make the calls again with JSON arguments.",
+                call.id, call.name
+            ),
+        });
     }
     (calls.len() as u64 > max_calls).then(|| {
         format!(
@@ -999,6 +1008,66 @@ fn refusal(reply: &replay::ModelReply, max_calls: u64) -> Option<String> {
             calls.len()
         )
     })
+}
+
+/// JSON that parses, and in which no object holds a key twice (parsers
+/// differ on which of the two they keep).
+struct OnceEach;
+
+impl<'de> serde::Deserialize<'de> for OnceEach {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<OnceEach, D::Error> {
+        d.deserialize_any(OnceEachVisitor)
+    }
+}
+
+struct OnceEachVisitor;
+
+impl<'de> serde::de::Visitor<'de> for OnceEachVisitor {
+    type Value = OnceEach;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("JSON")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<OnceEach, E> {
+        Ok(OnceEach)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<OnceEach, E> {
+        Ok(OnceEach)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<OnceEach, E> {
+        Ok(OnceEach)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<OnceEach, E> {
+        Ok(OnceEach)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<OnceEach, E> {
+        Ok(OnceEach)
+    }
+
+    fn visit_unit<E>(self) -> Result<OnceEach, E> {
+        Ok(OnceEach)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<OnceEach, A::Error> {
+        while seq.next_element::<OnceEach>()?.is_some() {}
+        Ok(OnceEach)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<OnceEach, A::Error> {
+        let mut seen = std::collections::HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if !seen.insert(key.clone()) {
+                return Err(serde::de::Error::custom(format!("hold the key {key:?} twice")));
+            }
+            map.next_value::<OnceEach>()?;
+        }
+        Ok(OnceEach)
+    }
 }
 
 /// Share of the context window a prompt may fill before it is compacted.
