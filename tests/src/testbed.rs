@@ -33,7 +33,8 @@ const SIGN_IN_WAIT: Duration = Duration::from_secs(20);
 pub struct Testbed {
     /// The data directory (or store) and every file of the test.
     pub world: World,
-    /// The scripted model the agent file points to.
+    /// The scripted model the agent file points to (unless built with
+    /// [`TestbedBuilder::model_url`]).
     pub model: MockModel,
     /// The side-effect sink, started for every testbed.
     pub sink: Sink,
@@ -53,6 +54,7 @@ pub struct TestbedBuilder {
     replies: Vec<MockReply>,
     fault: Fault,
     tools: Vec<Tools>,
+    model_url: Option<String>,
     model_options: String,
     agent_extra: String,
     daemon: Option<Vec<String>>,
@@ -68,6 +70,7 @@ impl Testbed {
             replies: Vec::new(),
             fault: Fault::None,
             tools: Vec::new(),
+            model_url: None,
             model_options: String::new(),
             agent_extra: String::new(),
             daemon: None,
@@ -180,6 +183,14 @@ impl TestbedBuilder {
         self
     }
 
+    /// The agent file's model is the server at `url` (a hostile one the
+    /// test started, say), not the testbed's scripted model, which then
+    /// goes unasked.
+    pub fn model_url(mut self, url: &str) -> TestbedBuilder {
+        self.model_url = Some(url.to_string());
+        self
+    }
+
     /// Lines for the agent file's `[model]` table (`context_window = 100`).
     pub fn model_options(mut self, lines: &str) -> TestbedBuilder {
         self.model_options.push_str(lines);
@@ -208,7 +219,8 @@ impl TestbedBuilder {
         let model = MockModel::start(self.replies, self.fault).await;
         let sink = Sink::start().await.unwrap();
         let tools: Vec<String> = self.tools.into_iter().flat_map(|t| t(&sink)).collect();
-        let mut text = agent_toml(&model.base_url(), &[]);
+        let url = self.model_url.unwrap_or_else(|| model.base_url());
+        let mut text = agent_toml(&url, &[]);
         text.push_str(&self.model_options);
         for tool in &tools {
             text.push_str("[[tools]]\n");

@@ -46,22 +46,18 @@ fn user_text(request: &Value) -> String {
         .join("\n")
 }
 
-/// An agent with the sink's `charge` and `[model] max_tokens = 30`.
-fn agent(model: &HostileModel, sink: &Sink) -> String {
-    agent_toml(
-        &model.base_url(),
-        &[http_tool("charge", &sink.url("charge"), "side_effect")],
-    )
-    .replace(
-        "timeout_secs = 10\n",
-        "timeout_secs = 10\nmax_tokens = 30\n",
-    )
+/// An agent on `model` with the sink's `charge` and `[model] max_tokens =
+/// 30`.
+async fn charging(model: &HostileModel) -> Testbed {
+    Testbed::new()
+        .model_url(&model.base_url())
+        .sink_tools(|sink| vec![http_tool("charge", &sink.url("charge"), "side_effect")])
+        .model_options("max_tokens = 30\n")
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tool_call_cut_off_by_the_token_limit_never_starts_and_gets_room_to_finish() {
-    let sink = Sink::start().await.unwrap();
-    let world = World::new();
     let model = HostileModel::start(|n, request, _| {
         assert_history_parses(request);
         match n {
@@ -85,15 +81,14 @@ async fn a_tool_call_cut_off_by_the_token_limit_never_starts_and_gets_room_to_fi
         }
     })
     .await;
-    let agent = world.write("agent.toml", &agent(&model, &sink));
-    let out = world
-        .run(&["run", "--agent", agent.to_str().unwrap(), "charge ada"])
-        .await;
+    let bed = charging(&model).await;
+    let (world, sink) = (&bed.world, &bed.sink);
+    let out = bed.run_agent("charge ada").await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out).trim(), "charged");
     assert_eq!(model.requests().len(), 3);
     assert_eq!(sink.stats().path("charge").effects, 1);
-    let kinds = event_kinds(&world, &session_id(&out)).await;
+    let kinds = event_kinds(world, &session_id(&out)).await;
     assert_eq!(
         kinds.iter().filter(|k| *k == "ToolStarted").count(),
         1,
@@ -109,8 +104,6 @@ async fn a_tool_call_cut_off_by_the_token_limit_never_starts_and_gets_room_to_fi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_cut_off_in_a_row_fails_the_turn_and_a_resume_asks_again() {
-    let sink = Sink::start().await.unwrap();
-    let world = World::new();
     let model = HostileModel::start(|n, request, _| {
         assert_history_parses(request);
         match n {
@@ -122,10 +115,9 @@ async fn a_second_cut_off_in_a_row_fails_the_turn_and_a_resume_asks_again() {
         }
     })
     .await;
-    let agent = world.write("agent.toml", &agent(&model, &sink));
-    let out = world
-        .run(&["run", "--agent", agent.to_str().unwrap(), "charge ada"])
-        .await;
+    let bed = charging(&model).await;
+    let (world, sink) = (&bed.world, &bed.sink);
+    let out = bed.run_agent("charge ada").await;
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("twice in a row (the second time with max_tokens = 60)"),
@@ -147,8 +139,6 @@ async fn a_second_cut_off_in_a_row_fails_the_turn_and_a_resume_asks_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn arguments_that_are_not_json_never_start_a_call() {
-    let sink = Sink::start().await.unwrap();
-    let world = World::new();
     let model = HostileModel::start(|n, request, _| {
         assert_history_parses(request);
         match n {
@@ -164,13 +154,12 @@ async fn arguments_that_are_not_json_never_start_a_call() {
         }
     })
     .await;
-    let agent = world.write("agent.toml", &agent(&model, &sink));
-    let out = world
-        .run(&["run", "--agent", agent.to_str().unwrap(), "charge ada"])
-        .await;
+    let bed = charging(&model).await;
+    let (world, sink) = (&bed.world, &bed.sink);
+    let out = bed.run_agent("charge ada").await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(sink.stats().path("charge").hits, 0);
-    let kinds = event_kinds(&world, &session_id(&out)).await;
+    let kinds = event_kinds(world, &session_id(&out)).await;
     assert!(!kinds.contains(&"ToolStarted".to_string()), "{kinds:?}");
 }
 

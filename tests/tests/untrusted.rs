@@ -150,6 +150,14 @@ fn agent_with(model: &HostileModel, tools: &[String], extra: &str) -> String {
     agent_toml(&model.base_url(), tools) + extra
 }
 
+/// A testbed whose agent runs on `model` with `tools`.
+async fn on_model(model: &HostileModel, tools: impl IntoIterator<Item = String>) -> Testbed {
+    Testbed::new()
+        .model_url(&model.base_url())
+        .tools(tools)
+        .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_huge_or_endless_model_reply_is_cut_off_in_bounded_memory() {
     for (what, answer) in [
@@ -496,7 +504,6 @@ async fn text_from_outside_cannot_drive_the_terminal() {
     // OSC 52 (write the clipboard), a screen clear, a C1 CSI and a bidi
     // override, in an answer, in a call id and in arguments.
     const HOSTILE: &str = "\u{1b}]52;c;aGVsbG8=\u{7}\u{1b}[2J\u{9b}31m\u{202e}";
-    let world = World::new();
     let model = HostileModel::start(|n, _, _| match n {
         0 => Answer::Json(completion(
             Some(HOSTILE),
@@ -508,10 +515,9 @@ async fn text_from_outside_cannot_drive_the_terminal() {
         )),
     })
     .await;
-    let agent = world.write("agent.toml", &agent_with(&model, &[lookup_tool()], ""));
-    let out = world
-        .run(&["run", "--agent", agent.to_str().unwrap(), HOSTILE])
-        .await;
+    let bed = on_model(&model, [lookup_tool()]).await;
+    let world = &bed.world;
+    let out = bed.run_agent(HOSTILE).await;
     assert!(out.status.success(), "{}", stderr(&out));
     let id = session_id(&out);
     let dangerous = |bytes: &[u8]| {
@@ -774,7 +780,6 @@ async fn a_daemon_caps_the_calls_running_across_its_sessions() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reply_that_grows_past_a_record_fails_the_turn_once() {
-    let world = World::new();
     // Arguments as a JSON object of 1e9s: 4 bytes each on the wire, 13 once
     // re-encoded, so a 6 MiB response becomes a reply over 16 MiB.
     let numbers = vec!["1e9"; 1_500_000].join(",");
@@ -783,10 +788,8 @@ async fn a_reply_that_grows_past_a_record_fails_the_turn_once() {
     );
     assert!(body.len() < 8 << 20);
     let model = HostileModel::start(move |_, _, _| Answer::Status(200, body.clone())).await;
-    let agent = world.write("agent.toml", &agent_with(&model, &[lookup_tool()], ""));
-    let out = world
-        .run(&["run", "--agent", agent.to_str().unwrap(), "grow"])
-        .await;
+    let bed = on_model(&model, [lookup_tool()]).await;
+    let out = bed.run_agent("grow").await;
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("limit of 16777216"),
@@ -795,7 +798,7 @@ async fn a_reply_that_grows_past_a_record_fails_the_turn_once() {
     );
     let id = session_id(&out);
     // Recorded as failed: a daemon's recovery does not ask again.
-    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let daemon = DaemonProcess::start(&bed.world.data(), &[]).await;
     // Time, not a barrier: nothing may happen within 2 s.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (_, session) = daemon.get(&format!("/sessions/{id}")).await;
