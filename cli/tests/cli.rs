@@ -1,6 +1,6 @@
 //! The CLI's surface: help, usage errors and exit codes. (Behaviour under
-//! crashes is tested end to end in the workspace's `tests/` crate, which
-//! runs the binary this package builds.)
+//! crashes is tested end to end by the other files here, with the support
+//! of the `mneme-e2e` crate in `tests/`.)
 
 use std::process::Command;
 

@@ -11,7 +11,6 @@
 use eventlog::{Durability, EventLog, SledLog};
 use mneme_e2e::bench::{bench_dir, bench_spec, block, daemon_address, new_event, to_new_event};
 use mneme_e2e::browser::Browser;
-use mneme_e2e::mneme_bin;
 use runtime::Session;
 use std::path::Path;
 use std::sync::Arc;
@@ -50,6 +49,23 @@ fn fill(log: &Arc<dyn EventLog>, events: usize) -> Uuid {
     ))
     .unwrap();
     id
+}
+
+/// The `mneme` binary: `MNEME_BIN`, else the one beside this benchmark
+/// (`cargo build --release --bin mneme` makes it: the benchmark's package
+/// does not build the binary).
+fn mneme_bin() -> std::path::PathBuf {
+    if let Some(bin) = std::env::var_os("MNEME_BIN") {
+        return bin.into();
+    }
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().unwrap().parent().unwrap().join("mneme");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build --release --bin mneme` first",
+        bin.display()
+    );
+    bin
 }
 
 /// Starts `mneme serve` on `dir`; its child process and address.

@@ -24,21 +24,55 @@ pub use testkit::{
     CACHE_WINDOW,
 };
 
-/// Path of the `mneme` binary: `MNEME_BIN`, else next to the test executable
-/// (cargo builds it for the runtime package's own CLI tests).
+/// The `mneme` binary cargo built for the test crate in which
+/// [`binary!`] stands; `MNEME_BIN` names another.
+#[doc(hidden)]
+pub static REGISTERED_BIN: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+
+/// Names the `mneme` binary the tests of this crate drive, before they
+/// run: every file of `cli/tests/` begins with
+/// `mneme_e2e::binary!(env!("CARGO_BIN_EXE_mneme"));`, so the tests run the
+/// binary cargo built with them, never one left from an earlier build.
+///
+/// (It registers the path from the program's `.init_array`, the way a
+/// constructor runs on Linux, since a test harness has no `main` of ours.)
+#[macro_export]
+macro_rules! binary {
+    ($path:expr) => {
+        #[used]
+        #[link_section = ".init_array"]
+        static __MNEME_E2E_BINARY: extern "C" fn() = {
+            extern "C" fn register() {
+                let _ = $crate::REGISTERED_BIN.set($path);
+            }
+            register
+        };
+    };
+}
+
+/// Path of the `mneme` binary: `MNEME_BIN`, else the one the test crate
+/// named with [`binary!`]; panics saying so when neither is given.
 pub fn mneme_bin() -> PathBuf {
     if let Some(bin) = std::env::var_os("MNEME_BIN") {
         return PathBuf::from(bin);
     }
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap();
-    let bin = dir.join("mneme");
-    assert!(
-        bin.exists(),
-        "{} is missing: run `cargo build --bin mneme` (cargo test --workspace builds it)",
-        bin.display()
-    );
-    bin
+    let bin = REGISTERED_BIN.get().unwrap_or_else(|| {
+        panic!(
+            "no mneme binary: an end-to-end test lives in cli/tests/ and begins with \
+             `mneme_e2e::binary!(env!(\"CARGO_BIN_EXE_mneme\"));` (or set MNEME_BIN)"
+        )
+    });
+    PathBuf::from(bin)
+}
+
+/// The repository's root.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// `tests/fixtures/`: the frozen and captured inputs of the tests.
+pub fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures")
 }
 
 /// A data directory, an agent file and the `mneme` commands to use them.

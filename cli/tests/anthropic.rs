@@ -1,0 +1,175 @@
+//! The native Anthropic provider against a loopback server that speaks the
+//! Messages API's documented shapes: `tool_use`/`tool_result` blocks,
+//! prompt-cache breakpoints on the stable prefix, cache reads counted as
+//! cached tokens, streaming events, the same resume rules.
+
+mneme_e2e::binary!(env!("CARGO_BIN_EXE_mneme"));
+
+use mneme_e2e::hostile::{Answer, HostileModel};
+use mneme_e2e::*;
+use serde_json::{json, Value};
+
+const KEY: &str = "sk-ant-test-0123456789abcdef";
+
+/// An agent on the Messages API at `model`, with `tools`.
+fn agent(model: &HostileModel, tools: &[String], extra: &str) -> String {
+    agent_toml(&model.base_url(), tools)
+        .replace("provider = \"openai\"", "provider = \"anthropic\"")
+        .replace(
+            "timeout_secs = 10\n",
+            &format!("timeout_secs = 10\napi_key_env = \"ANTHROPIC_TEST_KEY\"\n{extra}"),
+        )
+}
+
+/// Runs `mneme ARGS` with the test's API key in the environment.
+async fn run_with_key(world: &World, args: &[&str]) -> std::process::Output {
+    world
+        .mneme()
+        .args(args)
+        .env("ANTHROPIC_TEST_KEY", KEY)
+        .output()
+        .await
+        .unwrap()
+}
+
+/// A Messages API message with `blocks`, stopping for `stop_reason`, the
+/// cache having served `cache_read` prompt tokens.
+fn message(blocks: Value, stop_reason: &str, cache_read: u64) -> Answer {
+    Answer::Json(json!({
+        "id": "msg_1", "type": "message", "role": "assistant", "model": "test-model",
+        "content": blocks, "stop_reason": stop_reason, "stop_sequence": null,
+        "usage": {"input_tokens": 20, "output_tokens": 10,
+                  "cache_creation_input_tokens": 0, "cache_read_input_tokens": cache_read}}))
+}
+
+/// Indices (message, block) of the conversation's cache breakpoints.
+fn breakpoints(request: &Value) -> Vec<(usize, usize)> {
+    let mut marked = Vec::new();
+    for (i, m) in request["messages"].as_array().unwrap().iter().enumerate() {
+        for (j, b) in m["content"].as_array().unwrap().iter().enumerate() {
+            if b["cache_control"]["type"] == "ephemeral" {
+                marked.push((i, j));
+            }
+        }
+    }
+    marked
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_on_the_messages_api_calls_tools_and_hits_the_prompt_cache() {
+    let sink = Sink::start().await.unwrap();
+    let world = World::new();
+    let model = HostileModel::start(|n, request, headers| {
+        assert_eq!(headers["x-api-key"], KEY);
+        assert_eq!(headers["anthropic-version"], "2023-06-01");
+        assert!(headers.get("authorization").is_none());
+        assert_eq!(request["system"][0]["cache_control"]["type"], "ephemeral");
+        assert_eq!(request["tools"][0]["cache_control"]["type"], "ephemeral");
+        assert_eq!(request["tools"][0]["input_schema"]["type"], "object");
+        assert!(request["max_tokens"].as_u64().unwrap() > 0);
+        match n {
+            0 => message(
+                json!([{"type": "text", "text": "Charging."},
+                       {"type": "tool_use", "id": "toolu_01", "name": "charge", "input": {"n": 1}}]),
+                "tool_use",
+                0,
+            ),
+            1 => {
+                let messages = request["messages"].as_array().unwrap();
+                let result = &messages[2]["content"][0];
+                assert_eq!(result["type"], "tool_result");
+                assert_eq!(result["tool_use_id"], "toolu_01");
+                assert_eq!(messages[1]["content"][1]["input"], json!({"n": 1}));
+                // The conversation before the newest entry (the reply and
+                // its results) ends at a breakpoint.
+                assert_eq!(breakpoints(request), [(0, 0)]);
+                message(json!([{"type": "text", "text": "Charged."}]), "end_turn", 300)
+            }
+            _ => {
+                assert_eq!(breakpoints(request), [(3, 0)], "{request}");
+                message(json!([{"type": "text", "text": "You are welcome."}]), "end_turn", 350)
+            }
+        }
+    })
+    .await;
+    let tools = [http_tool("charge", &sink.url("charge"), "side_effect")];
+    let agent = world.write("agent.toml", &agent(&model, &tools, ""));
+    let out = run_with_key(
+        &world,
+        &["run", "--agent", agent.to_str().unwrap(), "charge ada"],
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "Charged.");
+    let id = session_id(&out);
+    let out = run_with_key(&world, &["run", "--session", &id, "thanks"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(sink.stats().path("charge").effects, 1);
+    let out = world.run(&["sessions", "--json"]).await;
+    let row: Value = serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
+    // Prompt tokens: 20 uncached + the cache's reads, per request.
+    assert_eq!(row["cached_tokens"], 650, "{row}");
+    assert_eq!(row["prompt_tokens"], 60 + 650, "{row}");
+    let log = world.run(&["log", "--json", &id]).await;
+    assert!(!stdout(&log).contains(KEY), "the key stays out of the log");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_message_reaches_stdout_and_a_cut_off_call_never_starts() {
+    let sink = Sink::start().await.unwrap();
+    let world = World::new();
+    let events = |blocks: Vec<Value>, stop: &str| -> Vec<String> {
+        let mut out = vec![json!({"type": "message_start", "message": {"id": "m", "usage": {"input_tokens": 9, "output_tokens": 1}}}).to_string()];
+        for (i, block) in blocks.into_iter().enumerate() {
+            match block["type"].as_str().unwrap() {
+                "text" => {
+                    out.push(json!({"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}}).to_string());
+                    for piece in block["pieces"].as_array().unwrap() {
+                        out.push(json!({"type": "content_block_delta", "index": i, "delta": {"type": "text_delta", "text": piece}}).to_string());
+                    }
+                }
+                _ => {
+                    out.push(json!({"type": "content_block_start", "index": i, "content_block": {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}}).to_string());
+                    out.push(json!({"type": "content_block_delta", "index": i, "delta": {"type": "input_json_delta", "partial_json": block["json"]}}).to_string());
+                }
+            }
+            out.push(json!({"type": "content_block_stop", "index": i}).to_string());
+        }
+        out.push(json!({"type": "message_delta", "delta": {"stop_reason": stop}, "usage": {"output_tokens": 12}}).to_string());
+        out.push(json!({"type": "message_stop"}).to_string());
+        out
+    };
+    let model = HostileModel::start(move |n, request, _| {
+        assert_eq!(request["stream"], true);
+        let (blocks, stop) = match n {
+            // Cut off by max_tokens in the middle of the call's input.
+            0 => (vec![json!({"type": "tool_use", "id": "toolu_a", "name": "charge", "json": "{\"n\": "})], "max_tokens"),
+            1 => {
+                assert_eq!(request["max_tokens"], 200, "room to finish: twice max_tokens");
+                (vec![json!({"type": "tool_use", "id": "toolu_b", "name": "charge", "json": "{\"n\": 1}"})], "tool_use")
+            }
+            _ => (vec![json!({"type": "text", "pieces": ["Charged ", "once."]})], "end_turn"),
+        };
+        Answer::Stream { events: events(blocks, stop), gate: None, then_stall: false }
+    })
+    .await;
+    let tools = [http_tool("charge", &sink.url("charge"), "side_effect")];
+    let agent = world.write(
+        "agent.toml",
+        &agent(&model, &tools, "stream = true\nmax_tokens = 100\n"),
+    );
+    let out = run_with_key(
+        &world,
+        &["run", "--agent", agent.to_str().unwrap(), "charge ada"],
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "Charged once.\n");
+    assert_eq!(sink.stats().path("charge").effects, 1);
+    let kinds = event_kinds(&world, &session_id(&out)).await;
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "ToolStarted").count(),
+        1,
+        "{kinds:?}"
+    );
+}

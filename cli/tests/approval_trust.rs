@@ -1,0 +1,105 @@
+//! A person sees what they approve: a model's arguments that hold a key
+//! twice (one value shown, another given to the tool) never start a call,
+//! and a call waiting for approval is shown with its arguments whole.
+
+mneme_e2e::binary!(env!("CARGO_BIN_EXE_mneme"));
+
+use mneme_e2e::hostile::{completion, Answer, HostileModel};
+use mneme_e2e::*;
+use serde_json::{json, Value};
+
+/// A reply calling `tool` with `arguments` exactly as written.
+fn raw_call(tool: &str, arguments: &str) -> Answer {
+    Answer::Json(
+        json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": "",
+        "tool_calls": [{"id": "c1", "type": "function",
+                        "function": {"name": tool, "arguments": arguments}}]},
+        "finish_reason": "tool_calls"}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 30}}),
+    )
+}
+
+fn user_text(request: &Value) -> String {
+    (request["messages"].as_array().unwrap().iter())
+        .filter(|m| m["role"] == "user")
+        .filter_map(|m| m["content"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arguments_that_hold_a_key_twice_never_start_a_call() {
+    let world = World::new();
+    let sink = Sink::start().await.unwrap();
+    // What a person would read first, padded away from what the tool gets.
+    let padded = format!(
+        "{{\"to\": \"alice\",{}\"to\": \"attacker-iban-DE00\", \"cents\": 100}}",
+        "\n".repeat(400)
+    );
+    let model = HostileModel::start(move |n, request, _| match n {
+        0 => raw_call("refund", &padded),
+        _ => {
+            let told = user_text(request);
+            assert!(told.contains("hold the key \"to\" twice"), "{told}");
+            Answer::Json(completion(Some("could not refund"), &[]))
+        }
+    })
+    .await;
+    let agent = world.write(
+        "agent.toml",
+        &agent_toml(&model.base_url(), &[refund_needing_approval(&sink)]),
+    );
+    let out = world
+        .run(&["run", "--agent", agent.to_str().unwrap(), "refund alice"])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let kinds = event_kinds(&world, &session_id(&out)).await;
+    for kind in ["ApprovalRequested", "ToolStarted"] {
+        assert!(!kinds.contains(&kind.to_string()), "{kinds:?}");
+    }
+    assert_eq!(sink.stats().path("refund").hits, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_waiting_for_approval_is_shown_with_its_arguments_whole() {
+    let world = World::new();
+    let sink = Sink::start().await.unwrap();
+    let long = "x".repeat(300);
+    let arguments = json!({"order": 7, "to": "alice", "note": long});
+    let model = MockModel::start(
+        vec![MockReply::calls(&[("refund", arguments)])],
+        Fault::None,
+    )
+    .await;
+    let agent = world.write(
+        "agent.toml",
+        &agent_toml(&model.base_url(), &[refund_needing_approval(&sink)]),
+    );
+    let out = world
+        .run(&["run", "--agent", agent.to_str().unwrap(), "refund"])
+        .await;
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(
+        said.contains("refund requires approval, with these arguments:"),
+        "{said}"
+    );
+    // One key a line, pretty-printed, nothing clipped.
+    for line in [
+        "\"order\": 7",
+        "\"to\": \"alice\"",
+        &format!("\"note\": \"{long}\""),
+    ] {
+        assert!(
+            said.lines().any(|l| l.trim().trim_end_matches(',') == line),
+            "{line}: {said}"
+        );
+    }
+    // The API says the same.
+    let json = world.run(&["resume", &session_id(&out), "--json"]).await;
+    let outcome: Value = serde_json::from_str(stdout(&json).trim()).unwrap();
+    let waiting = &outcome["awaiting_approval"][0];
+    assert_eq!(waiting["tool"], "refund", "{outcome}");
+    let given: Value = serde_json::from_str(waiting["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(given["to"], "alice");
+}

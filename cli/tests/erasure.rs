@@ -1,0 +1,483 @@
+//! Erasure through the real binary: sessions encrypted at rest under keys
+//! of their own (`--master-key`), `mneme erase` destroying a key, the
+//! session's shape and chain left, nothing of its content or key left in
+//! any file (or PostgreSQL dump); a crash in the middle of an erasure; and
+//! retention, from the command line and from the daemon.
+
+mneme_e2e::binary!(env!("CARGO_BIN_EXE_mneme"));
+
+use mneme_e2e::daemon::DaemonProcess;
+use mneme_e2e::*;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+const MESSAGE: &str = "PLANTED-MESSAGE-7d1f: my card is 4111";
+const ARGUMENT: &str = "PLANTED-ARGUMENT-9c2e";
+/// What the tool answers; its command computes it, so the agent spec (in
+/// the clear by design) does not hold it.
+const RESULT: &str = "PLANTED-RESULT-1002";
+const ANSWER: &str = "PLANTED-ANSWER-5e40";
+const PLANTED: [&str; 4] = [MESSAGE, ARGUMENT, RESULT, ANSWER];
+
+/// A world whose commands encrypt at rest with a master key kept beside
+/// (not inside) the data directory, and snapshot after every event (so
+/// derived data holds the transcript too).
+struct Private {
+    world: World,
+    key: PathBuf,
+}
+
+impl Private {
+    async fn new(world: World) -> Private {
+        let key = world.dir.path().join("master.key");
+        let out = world
+            .run(&["keygen", "--master", "--out", key.to_str().unwrap()])
+            .await;
+        assert!(out.status.success(), "{}", stderr(&out));
+        Private { world, key }
+    }
+
+    fn mneme(&self) -> tokio::process::Command {
+        let mut command = self.world.mneme();
+        command
+            .env("MNEME_MASTER_KEY", &self.key)
+            .env("MNEME_SNAPSHOT_EVERY", "1");
+        command
+    }
+
+    async fn run(&self, args: &[&str]) -> Output {
+        self.mneme().args(args).output().await.unwrap()
+    }
+
+    async fn run_ok(&self, args: &[&str]) -> Output {
+        let out = self.run(args).await;
+        assert!(out.status.success(), "mneme {args:?}: {}", stderr(&out));
+        out
+    }
+
+    /// Runs one turn that plants every marker: the message, a tool call's
+    /// argument, its result, and the answer. Returns the session id.
+    async fn planted_session(&self) -> String {
+        let model = MockModel::start(
+            vec![
+                MockReply::calls(&[("lookup", json!({ "card": ARGUMENT }))]),
+                MockReply::answer(ANSWER),
+            ],
+            Fault::None,
+        )
+        .await;
+        let echo = "cat >/dev/null; echo \"{\\\"found\\\":\\\"PLANTED-RESULT-$((1000+2))\\\"}\"";
+        let tools = [command_tool("lookup", &["sh", "-c", echo], "read_only", 10)];
+        let agent = self
+            .world
+            .write("agent.toml", &agent_toml(&model.base_url(), &tools));
+        let out = self
+            .run_ok(&["run", "--agent", agent.to_str().unwrap(), MESSAGE])
+            .await;
+        assert!(stdout(&out).contains(ANSWER));
+        session_id(&out)
+    }
+
+    /// The session's key as the store keeps it (hex), from an export.
+    async fn wrapped_key(&self, session: &str) -> String {
+        let out = self.run_ok(&["export", session]).await;
+        let line: Value = serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
+        line["wrapped_key"]
+            .as_str()
+            .expect("a key line first")
+            .to_string()
+    }
+
+    async fn log_text(&self, session: &str) -> String {
+        stdout(&self.run_ok(&["log", session, "--json"]).await)
+    }
+
+    async fn kinds(&self, session: &str) -> Vec<String> {
+        let log = self.log_text(session).await;
+        log.lines()
+            .map(|line| serde_json::from_str::<Value>(line).unwrap()["kind"].to_string())
+            .collect()
+    }
+}
+
+/// Every file under `dir`, its bytes, and every value sled keeps there
+/// (decompressed: sled compresses its pages, so the files alone would hide
+/// plaintext).
+fn every_byte(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(path) = pending.pop() {
+        if path.is_dir() {
+            pending.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+        } else {
+            found.push((path.display().to_string(), std::fs::read(&path).unwrap()));
+        }
+    }
+    let db = eventlog::sled_config(dir).open().unwrap();
+    for entry in db.iter() {
+        let (key, value) = entry.unwrap();
+        found.push((format!("sled value {}", hex::encode(&key)), value.to_vec()));
+    }
+    found
+}
+
+fn holding<'a>(places: &'a [(String, Vec<u8>)], needle: &[u8]) -> Vec<&'a str> {
+    places
+        .iter()
+        .filter(|(_, bytes)| bytes.windows(needle.len()).any(|w| w == needle))
+        .map(|(name, _)| name.as_str())
+        .collect()
+}
+
+fn assert_shape_left(log: &str) {
+    assert!(log.contains("[erased]"), "{log}");
+    for kind in [
+        "SessionStarted",
+        "UserMessage",
+        "ModelReplied",
+        "ToolStarted",
+        "ToolFinished",
+        "SessionErased",
+    ] {
+        assert!(log.contains(kind), "{kind} missing from the shape: {log}");
+    }
+    assert!(
+        log.contains("lookup") && log.contains("mneme-"),
+        "tool and idempotency key stay: {log}"
+    );
+    assert!(
+        log.contains("by dpo") && log.contains("asked on 2026-11-30"),
+        "{log}"
+    );
+    for planted in PLANTED {
+        assert!(!log.contains(planted), "{planted} still shown: {log}");
+    }
+}
+
+async fn erase(private: &Private, session: &str) {
+    let out = private
+        .run(&[
+            "erase",
+            session,
+            "--reason",
+            "asked on 2026-11-30",
+            "--by",
+            "dpo",
+        ])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn erased_content_and_its_key_are_in_no_file_and_the_shape_and_chain_remain() {
+    let private = Private::new(World::new()).await;
+    let session = private.planted_session().await;
+    let before = private.log_text(&session).await;
+    for planted in PLANTED {
+        assert!(
+            before.contains(planted),
+            "{planted} readable with the key: {before}"
+        );
+    }
+    // Encrypted at rest: no marker in any file, nor in any value of sled.
+    let places = every_byte(&private.world.data());
+    for planted in PLANTED {
+        assert_eq!(
+            holding(&places, planted.as_bytes()),
+            Vec::<&str>::new(),
+            "{planted}"
+        );
+    }
+    let wrapped = hex::decode(private.wrapped_key(&session).await).unwrap();
+    assert!(
+        !holding(&places, &wrapped).is_empty(),
+        "the key is kept in the data directory"
+    );
+
+    erase(&private, &session).await;
+
+    let after = private.log_text(&session).await;
+    assert_shape_left(&after);
+    let places = every_byte(&private.world.data());
+    assert_eq!(
+        holding(&places, &wrapped),
+        Vec::<&str>::new(),
+        "the key is destroyed"
+    );
+    private.run_ok(&["verify", &session]).await;
+    let listed = stdout(&private.run_ok(&["sessions", "--json"]).await);
+    assert!(listed.contains("\"erased\""), "{listed}");
+
+    // Nothing runs in it again, and the refusals say why.
+    for args in [
+        vec!["resume", session.as_str()],
+        vec!["run", "--session", session.as_str(), "again"],
+        vec!["fork", session.as_str(), "--at", "2"],
+    ] {
+        let out = private.run(&args).await;
+        assert!(!out.status.success(), "{args:?} ran");
+        assert!(
+            stderr(&out).contains("erased"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+    // An export carries the shape, and no key.
+    let export = stdout(&private.run_ok(&["export", &session]).await);
+    assert!(!export.contains("wrapped_key") && !export.is_empty());
+    // Erasing again is harmless.
+    erase(&private, &session).await;
+}
+
+/// The control: without a master key, the same search finds the content
+/// (so the search above can fail), and erasure is refused by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_written_without_a_master_key_is_found_and_cannot_be_erased() {
+    let private = Private::new(World::new()).await;
+    let plain = Private {
+        key: private.world.dir.path().join("no-such-key"),
+        world: World::new(),
+    };
+    let model = MockModel::start(vec![MockReply::answer(ANSWER)], Fault::None).await;
+    let agent = plain
+        .world
+        .write("agent.toml", &agent_toml(&model.base_url(), &[]));
+    let out = plain
+        .world
+        .run(&["run", "--agent", agent.to_str().unwrap(), MESSAGE])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let session = session_id(&out);
+    let places = every_byte(&plain.world.data());
+    assert!(!holding(&places, MESSAGE.as_bytes()).is_empty());
+    let out = plain
+        .world
+        .run(&["erase", &session, "--reason", "asked", "--by", "dpo"])
+        .await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("written without encryption"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_the_erasure_is_recorded_leaves_it_erased_and_erase_finishes_it() {
+    let private = Private::new(World::new()).await;
+    let session = private.planted_session().await;
+    let wrapped = hex::decode(private.wrapped_key(&session).await).unwrap();
+    let out = private
+        .mneme()
+        .args([
+            "erase",
+            &session,
+            "--reason",
+            "asked on 2026-11-30",
+            "--by",
+            "dpo",
+        ])
+        .env("MNEME_CRASH_AT", "erase_recorded")
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success(), "the crash point was not reached");
+    // The old content is still readable, but the session is erased: it
+    // verifies, and nothing runs in it.
+    private.run_ok(&["verify", &session]).await;
+    let listed = stdout(&private.run_ok(&["sessions", "--json"]).await);
+    assert!(listed.contains("\"erased\""), "{listed}");
+    assert!(!private.run(&["resume", &session]).await.status.success());
+    erase(&private, &session).await;
+    assert_shape_left(&private.log_text(&session).await);
+    let places = every_byte(&private.world.data());
+    assert_eq!(holding(&places, &wrapped), Vec::<&str>::new());
+    let kinds = private.kinds(&session).await;
+    let erasures = kinds.iter().filter(|k| *k == "\"SessionErased\"").count();
+    assert_eq!(erasures, 1, "recorded once: {kinds:?}");
+}
+
+/// An export carries the encrypted records and the wrapped key: imported
+/// elsewhere (with the same master key), the session reads as before, and
+/// erasing it there works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exported_session_imported_elsewhere_reads_and_erases_there() {
+    let source = Private::new(World::new()).await;
+    let session = source.planted_session().await;
+    let export = source.world.dir.path().join("export.jsonl");
+    source
+        .run_ok(&["export", &session, "-o", export.to_str().unwrap()])
+        .await;
+    let text = std::fs::read_to_string(&export).unwrap();
+    for planted in PLANTED {
+        assert!(
+            !text.contains(planted),
+            "{planted} in the clear in the export"
+        );
+    }
+    let target = Private {
+        world: World::new(),
+        key: source.key.clone(),
+    };
+    target.run_ok(&["import", export.to_str().unwrap()]).await;
+    let log = target.log_text(&session).await;
+    for planted in PLANTED {
+        assert!(
+            log.contains(planted),
+            "{planted} not readable after import: {log}"
+        );
+    }
+    erase(&target, &session).await;
+    assert_shape_left(&target.log_text(&session).await);
+    assert!(
+        source.log_text(&session).await.contains(MESSAGE),
+        "the source keeps its own"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn erasure_on_postgres_leaves_nothing_in_a_dump() {
+    let private = Private::new(World::on_postgres()).await;
+    let session = private.planted_session().await;
+    let wrapped = private.wrapped_key(&session).await;
+    let dump = || {
+        let ctl = std::env::var("MNEME_TEST_PG_CTL").expect("MNEME_TEST_PG_CTL");
+        let pg_ctl = ctl
+            .split_whitespace()
+            .find(|w| w.ends_with("/pg_ctl"))
+            .unwrap();
+        let server = std::env::var("MNEME_TEST_PG").unwrap();
+        stdout_of_success(
+            std::process::Command::new(pg_ctl.replace("/pg_ctl", "/pg_dump"))
+                .args(["--data-only", &server]),
+        )
+    };
+    let before = dump();
+    assert!(before.contains(&wrapped), "pg_dump shows the key table");
+    for planted in PLANTED {
+        assert!(!before.contains(planted), "{planted} in the clear");
+        assert!(
+            !before.contains(&hex::encode(planted)),
+            "{planted} in the clear (bytea)"
+        );
+    }
+    erase(&private, &session).await;
+    assert_shape_left(&private.log_text(&session).await);
+    assert!(!dump().contains(&wrapped), "the key is destroyed");
+    private.run_ok(&["verify", &session]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_erases_idle_sessions_from_the_command_line_and_the_daemon() {
+    let private = Private::new(World::new()).await;
+    let old = private.planted_session().await;
+    // Time, not a barrier: `old` is idle for longer than 1 s.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let fresh = private.planted_session().await;
+    let out = private.run_ok(&["erase", "--idle-for", "1s"]).await;
+    assert!(
+        stderr(&out).contains(&format!("session {old}: erased")),
+        "{}",
+        stderr(&out)
+    );
+    let kinds = private.kinds(&fresh).await;
+    assert!(
+        !kinds.contains(&"\"SessionErased\"".to_string()),
+        "{kinds:?}"
+    );
+    assert!(private
+        .log_text(&old)
+        .await
+        .contains("retention: idle longer than 1s"));
+
+    // The daemon sweeps on its own.
+    let mut command = DaemonProcess::command(&private.world.data(), &["--retain", "2s"]);
+    command.env("MNEME_MASTER_KEY", &private.key);
+    let log = private.world.dir.path().join("daemon.log");
+    let daemon = DaemonProcess::launch_logged(command, &private.world.data(), &log).await;
+    // Until the daemon says it erased the session: its status says erased
+    // as soon as SessionErased is recorded, a moment before the key is gone.
+    let what = "the daemon to erase the idle session";
+    eventually(what, std::time::Duration::from_secs(20), || async {
+        let said = std::fs::read_to_string(&log).unwrap_or_default();
+        if said.contains(&format!("erased session {fresh}")) {
+            Ok(())
+        } else {
+            Err(said)
+        }
+    })
+    .await;
+    let (code, view) = daemon.get(&format!("/sessions/{fresh}")).await;
+    assert_eq!((code, &view["status"]), (200, &json!("erased")), "{view}");
+    let (_, events) = daemon.get(&format!("/sessions/{fresh}/events")).await;
+    let text = events.to_string();
+    assert!(
+        text.contains("mneme retention") && !text.contains(ANSWER),
+        "{text}"
+    );
+    daemon.terminate().await;
+}
+
+/// A session erased while its turn runs: the turn stops at its next step
+/// (the model is not asked again), then the session is erased.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_erased_while_its_turn_runs_is_stopped_first() {
+    let private = Private::new(World::new()).await;
+    let model = MockModel::start(
+        vec![
+            MockReply::calls(&[("slow", json!({ "card": ARGUMENT }))]),
+            MockReply::answer(ANSWER),
+        ],
+        Fault::None,
+    )
+    .await;
+    let started = private.world.dir.path().join("started");
+    let slow = format!(
+        "cat >/dev/null; touch {}; sleep 2; echo 1",
+        started.display()
+    );
+    let tools = [command_tool("slow", &["sh", "-c", &slow], "read_only", 10)];
+    let mut command = DaemonProcess::command(&private.world.data(), &[]);
+    command.env("MNEME_MASTER_KEY", &private.key);
+    let daemon = DaemonProcess::launch(command, &private.world.data()).await;
+    let id = daemon.create(&agent_toml(&model.base_url(), &tools)).await;
+    let (code, _) = daemon
+        .post(
+            &format!("/sessions/{id}/messages"),
+            &json!({ "text": MESSAGE }),
+        )
+        .await;
+    assert!(code < 300, "{code}");
+    eventually(
+        "the tool to start",
+        std::time::Duration::from_secs(20),
+        || async { started.exists() },
+    )
+    .await;
+    let response = daemon
+        .http
+        .delete(daemon.url(&format!("/sessions/{id}")))
+        .json(&json!({ "reason": "asked on 2026-11-30", "by": "dpo" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["status"], "erased", "{body}");
+    let (_, view) = daemon.get(&format!("/sessions/{id}")).await;
+    assert_eq!(view["status"], "erased", "{view}");
+    let (_, events) = daemon.get(&format!("/sessions/{id}/events")).await;
+    let text = events.to_string();
+    assert!(
+        text.contains("SessionErased") && !text.contains(MESSAGE),
+        "{text}"
+    );
+    assert_eq!(model.bodies().len(), 1, "the model was asked again");
+    let (code, refused) = daemon
+        .post(&format!("/sessions/{id}/resume"), &json!({}))
+        .await;
+    assert_eq!(code, 409, "{refused}");
+    assert!(refused["error"].to_string().contains("erased"), "{refused}");
+    daemon.terminate().await;
+}

@@ -1,0 +1,631 @@
+//! What a new user meets at the command line, through the real binary: a
+//! closed pipe, a server that is down or silent, a
+//! killed run, reads beside a running one, ids by prefix, a preflight, the
+//! help of each command.
+
+mneme_e2e::binary!(env!("CARGO_BIN_EXE_mneme"));
+
+use mneme_e2e::daemon::DaemonProcess;
+use mneme_e2e::*;
+use serde_json::{json, Value};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+/// A world with the billing agent (charge, lookup, email) on a scripted
+/// model and a sink.
+async fn billing() -> Testbed {
+    Testbed::new()
+        .replies(billing_replies())
+        .sink_tools(|sink| billing_tools(sink).to_vec())
+        .await
+}
+
+/// A session of `b`'s agent run to its answer.
+async fn answered(b: &Testbed) -> String {
+    let out = b.run_agent("go").await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    session_id(&out)
+}
+
+/// `mneme run` of `b`'s agent, inside its charge: the sink holds the
+/// charge's answer back until the sender fires or is dropped.
+async fn inside_the_charge(
+    b: &Testbed,
+) -> (tokio::process::Child, tokio::sync::oneshot::Sender<()>) {
+    let hold = b.sink.hold("charge");
+    let child = (b.world)
+        .spawn_until_applied(&["run", "--agent", b.agent_arg(), "go"], hold.applied)
+        .await;
+    (child, hold.release)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_pipe_ends_output_quietly() {
+    let b = billing().await;
+    let id = answered(&b).await;
+    let commands: [&[&str]; 6] = [
+        &["log", &id],
+        &["log", &id, "--json"],
+        &["sessions", "--json"],
+        &["sessions"],
+        &["replay", &id],
+        &["export"],
+    ];
+    for args in commands {
+        let mut child = b
+            .world
+            .mneme()
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader is gone before the first line is written.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().await.unwrap();
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+        assert!(
+            !err.contains("panicked") && !err.contains("Broken pipe"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// A port that accepts connections and never answers.
+async fn silent_port() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    (addr, task)
+}
+
+fn agent_on(url: &str, model_lines: &str) -> String {
+    format!("name = \"x\"\n[model]\nprovider = \"openai\"\nbase_url = \"{url}\"\nmodel = \"m\"\n{model_lines}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_url_on_a_silent_port_fails_fast_saying_each_retry() {
+    let world = World::new();
+    let (addr, _server) = silent_port().await;
+    let agent = world.write(
+        "agent.toml",
+        &agent_on(&format!("https://{addr}/v1"), "connect_timeout_secs = 1\n"),
+    );
+    let started = Instant::now();
+    let out = world
+        .run(&["run", "--agent", agent.to_str().unwrap(), "hi"])
+        .await;
+    // Four attempts of one second each and the waits between them; the
+    // request timeout (120 s) never comes into it.
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    let id = session_id(&out);
+    for attempt in 1..=3 {
+        assert!(
+            err.contains(&format!("(attempt {attempt} of 4); trying again in")),
+            "{err}"
+        );
+    }
+    assert!(err.contains("no connection within 1 s"), "{err}");
+    assert!(err.contains("is the scheme right?"), "{err}");
+    assert!(
+        err.contains(&format!("`mneme resume {id}` continues it")),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_is_down_is_named_as_refusing() {
+    let world = World::new();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = closed.local_addr().unwrap();
+    drop(closed);
+    let agent = world.write("agent.toml", &agent_on(&format!("http://{addr}/v1"), ""));
+    let out = world
+        .run(&["run", "--agent", agent.to_str().unwrap(), "hi"])
+        .await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("connection refused: nothing listens there"),
+        "{err}"
+    );
+    assert!(err.contains(&addr.to_string()), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_missing_from_the_daemon_names_the_daemons_environment() {
+    let bed = Testbed::new()
+        .replies(vec![MockReply::answer("hi")])
+        .model_options("api_key_env = \"MNEME_TEST_KEY_NOBODY_SET\"\n")
+        .daemon()
+        .await;
+    let daemon = bed.daemon();
+    // The variable is set where the command runs, not where the daemon does.
+    let out = (bed.world.mneme())
+        .args(["run", "--agent", bed.agent_arg(), "hi"])
+        .env(
+            "MNEME_TEST_KEY_NOBODY_SET",
+            "sk-the-shell-has-it-0123456789",
+        )
+        .env("MNEME_TOKEN", mneme_e2e::daemon::TOKEN)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    let named = format!("mneme serve, pid {}", daemon.pid());
+    assert!(
+        err.contains("MNEME_TEST_KEY_NOBODY_SET") && err.contains(&named),
+        "{err}"
+    );
+    assert!(!err.contains("sk-the-shell-has-it"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_run_is_interrupted_and_its_resume_is_recorded() {
+    let b = billing().await;
+    let (mut run, _hold) = inside_the_charge(&b).await;
+    run.start_kill().unwrap();
+    run.wait().await.unwrap();
+    let rows = stdout(&b.world.run(&["sessions", "--json"]).await);
+    let row: Value = serde_json::from_str(rows.lines().next().unwrap()).unwrap();
+    let id = row["session"].as_str().unwrap().to_string();
+    assert_eq!(row["status"], "running", "{row}");
+    assert_eq!(row["interrupted"], true, "{row}");
+    let listing = stdout(&b.world.run(&["sessions"]).await);
+    assert!(listing.contains("interrupted"), "{listing}");
+    assert!(listing.contains("process died: mneme resume "), "{listing}");
+    assert!(
+        listing.contains("\"go\""),
+        "the first message as the title: {listing}"
+    );
+
+    let out = b.world.run(&["resume", &id]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let events = logged_events(&b.world, &id).await;
+    let resumed: Vec<&Value> = (events.iter())
+        .filter(|(_, kind, _)| kind == "SessionResumed")
+        .map(|(_, _, event)| event)
+        .collect();
+    assert_eq!(resumed.len(), 1, "{events:?}");
+    assert_eq!(resumed[0]["after_crash"], true, "{events:?}");
+    assert_eq!(resumed[0]["by"], "mneme resume");
+    let log = stdout(&b.world.run(&["log", &id]).await);
+    assert!(
+        log.contains("after the process running the turn died"),
+        "{log}"
+    );
+    let rows = stdout(&b.world.run(&["sessions", "--json"]).await);
+    assert!(!rows.contains("\"interrupted\""), "{rows}");
+    assert_billed_once(&b.sink, 1);
+
+    // A fork at the first message runs, but nothing ever ran it: it is
+    // pending, not interrupted, and its resume records no crash.
+    let fork = stdout(&b.world.run(&["fork", &id, "--at", "2"]).await);
+    let fork = fork.trim();
+    let rows = stdout(&b.world.run(&["sessions", "--json"]).await);
+    let row: Value = (rows.lines())
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|r| r["session"] == fork)
+        .unwrap();
+    assert_eq!(row["status"], "running", "{row}");
+    assert_eq!(
+        (&row["interrupted"], &row["pending"]),
+        (&json!(false), &json!(true))
+    );
+    let listing = stdout(&b.world.run(&["sessions"]).await);
+    assert!(
+        listing.contains("pending") && listing.contains("no step recorded yet: mneme resume"),
+        "{listing}"
+    );
+    let out = b.world.run(&["resume", fork]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let kinds = event_kinds(&b.world, fork).await;
+    assert!(!kinds.contains(&"SessionResumed".to_string()), "{kinds:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_work_beside_a_running_run_and_writes_say_what_to_do() {
+    let b = billing().await;
+    let (run, hold) = inside_the_charge(&b).await;
+    let pid = run.id().unwrap();
+    let rows = b.world.run(&["sessions", "--json"]).await;
+    assert!(rows.status.success(), "{}", stderr(&rows));
+    let row: Value = serde_json::from_str(stdout(&rows).lines().next().unwrap()).unwrap();
+    let id = row["session"].as_str().unwrap().to_string();
+    assert_eq!(row["status"], "running");
+    assert!(
+        row.get("interrupted") == Some(&json!(false)),
+        "it runs: {row}"
+    );
+    let prefix = &id[..13];
+    for args in [
+        vec!["sessions"],
+        vec!["log", prefix],
+        vec!["log", prefix, "--json"],
+        vec!["verify"],
+        vec!["verify", prefix],
+        vec!["replay", prefix],
+        vec!["replay", prefix, "--raw"],
+    ] {
+        let out = b.world.run(&args).await;
+        assert!(
+            out.status.success(),
+            "{args:?} beside the run: {}",
+            stderr(&out)
+        );
+        assert!(!stdout(&out).is_empty(), "{args:?}");
+    }
+    let log = stdout(&b.world.run(&["log", prefix]).await);
+    assert!(
+        log.contains("ToolStarted") && log.contains("charge"),
+        "{log}"
+    );
+    for args in [
+        vec!["run", "--agent", b.agent_arg(), "again"],
+        vec!["export"],
+    ] {
+        let out = b.world.run(&args).await;
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains(&format!("mneme run, pid {pid}")),
+            "{args:?}: {err}"
+        );
+        assert!(err.contains("wait for it to finish"), "{args:?}: {err}");
+    }
+    drop(hold);
+    let out = run.wait_with_output().await.unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        !b.world.data().join("mneme.reader").exists(),
+        "the note is gone"
+    );
+    assert_billed_once(&b.sink, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_are_named_by_any_unique_prefix() {
+    let b = billing().await;
+    let first = answered(&b).await;
+    let second = answered(&b).await;
+    let shared = first
+        .chars()
+        .zip(second.chars())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let unique = &second[..shared + 1];
+    let out = b.world.run(&["log", unique, "--json"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains(&second) && !stdout(&out).contains(&first));
+    let out = b
+        .world
+        .run(&["replay", &second.to_uppercase()[..shared + 1]])
+        .await;
+    assert!(out.status.success(), "upper case too: {}", stderr(&out));
+
+    let ambiguous = b.world.run(&["log", &second[..shared]]).await;
+    assert_eq!(ambiguous.status.code(), Some(1));
+    assert!(
+        stderr(&ambiguous).contains("2 sessions begin with"),
+        "{}",
+        stderr(&ambiguous)
+    );
+    let data = b.world.data().display().to_string();
+    for missing in ["fff", "01a2ffff-0000-7000-8000-000000000000"] {
+        let out = b.world.run(&["log", missing]).await;
+        assert_eq!(out.status.code(), Some(1));
+        let err = stderr(&out);
+        assert!(
+            err.contains(&format!(
+                "no session {missing} in the data directory {data}"
+            )),
+            "{err}"
+        );
+    }
+    let bad = b.world.run(&["log", "not-an-id!"]).await;
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    // The listing shows each id as the prefix commands take.
+    let listing = stdout(&b.world.run(&["sessions"]).await);
+    let shown: Vec<&str> = (listing.lines().skip(1))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(shown.len(), 2, "{listing}");
+    for short in shown {
+        let out = b.world.run(&["verify", short]).await;
+        assert!(out.status.success(), "{short}: {}", stderr(&out));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_never_creates_a_data_directory() {
+    let world = World::new();
+    let out = world.run(&["sessions"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("does not exist yet"),
+        "{}",
+        stderr(&out)
+    );
+    let out = world.run(&["log", "01a2"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("no session 01a2 in the data directory"),
+        "{}",
+        stderr(&out)
+    );
+    for args in [vec!["verify"], vec!["export"], vec!["sessions", "--json"]] {
+        let out = world.run(&args).await;
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        assert_eq!(stdout(&out), "", "{args:?}");
+    }
+    assert!(!world.data().exists(), "nothing was made");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_is_required_where_the_server_picks_one_by_name() {
+    let world = World::new();
+    let agent = world.write(
+        "agent.toml",
+        "name = \"x\"\n[model]\nprovider = \"anthropic\"\napi_key_env = \"ANTHROPIC_API_KEY\"\n",
+    );
+    let started = Instant::now();
+    let out = world
+        .run(&["run", "--agent", agent.to_str().unwrap(), "hi"])
+        .await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let err = stderr(&out);
+    assert!(
+        err.contains("provider = \"anthropic\" needs model"),
+        "{err}"
+    );
+    assert_eq!(stdout(&world.run(&["sessions", "--json"]).await), "");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_finds_what_a_session_would_fail_on_and_runs_no_tool() {
+    let world = World::new();
+    let model = MockModel::start(
+        vec![MockReply::calls(&[("charge", json!({"n": 1}))])],
+        Fault::None,
+    )
+    .await;
+    let sink = Sink::start().await.unwrap();
+    let good = world.write(
+        "good.toml",
+        &agent_toml(&model.base_url(), &billing_tools(&sink)),
+    );
+    let out = world
+        .run(&["check", "--agent", good.to_str().unwrap()])
+        .await;
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    let report = stdout(&out);
+    assert!(report.contains("with a tool call: charge("), "{report}");
+    assert!(report.contains("tool \"lookup\": runs /"), "{report}");
+    assert!(
+        report.contains(&format!("{} accepts connections", sink.url("charge"))),
+        "{report}"
+    );
+    assert!(!report.contains("FAIL"), "{report}");
+    assert_eq!(sink.stats().path("charge").hits, 0, "no tool was called");
+    assert!(!world.data().exists(), "a check needs no data directory");
+
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let down = closed.local_addr().unwrap();
+    drop(closed);
+    let tools = [
+        http_tool("charge", &format!("http://{down}/charge"), "side_effect"),
+        command_tool("lookup", &["./no-such-script.sh"], "read_only", 5),
+    ];
+    let broken = world.write(
+        "broken.toml",
+        &agent_toml(&format!("http://{down}/v1"), &tools),
+    );
+    let out = world
+        .run(&["check", "--agent", broken.to_str().unwrap(), "--json"])
+        .await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let findings: Vec<Value> = (stdout(&out).lines())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let verdict = |what: &str| {
+        findings
+            .iter()
+            .find(|f| f["what"].as_str().unwrap().starts_with(what))
+            .unwrap_or_else(|| panic!("{what}: {findings:?}"))
+            .clone()
+    };
+    assert_eq!(verdict("tool \"charge\"")["verdict"], "fail");
+    let lookup = verdict("tool \"lookup\"");
+    assert_eq!(lookup["verdict"], "fail");
+    assert!(
+        lookup["detail"]
+            .as_str()
+            .unwrap()
+            .contains("does not exist"),
+        "{lookup}"
+    );
+    let server = verdict("model server");
+    assert_eq!(server["verdict"], "fail");
+    assert!(
+        server["detail"]
+            .as_str()
+            .unwrap()
+            .contains("connection refused"),
+        "{server}"
+    );
+    assert!(stderr(&out).contains("3 of 3 checks"), "{}", stderr(&out));
+
+    // A model that answers in words is a warning, not a failure.
+    let talker = MockModel::start(vec![MockReply::answer("Hello!")], Fault::None).await;
+    let talks = world.write("talks.toml", &agent_toml(&talker.base_url(), &[]));
+    let out = world
+        .run(&["check", "--agent", talks.to_str().unwrap()])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).starts_with("warn"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("instead of a tool call"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_commands_help_shows_its_own_options_and_an_example() {
+    let world = World::new();
+    // The options a command's help lists (not the words of its text).
+    let help = |command: &'static str| {
+        let out = std::process::Command::new(mneme_bin())
+            .args([command, "--help"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{command}");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let options: Vec<String> = (text.lines())
+            .map(str::trim_start)
+            .filter(|l| l.starts_with("--"))
+            .map(|l| l.split([' ', ',']).next().unwrap().to_string())
+            .collect();
+        (text, options)
+    };
+    let lists = |options: &[String], option: &str| options.iter().any(|o| o == option);
+    let store_only = [
+        "--sled-cache-mib",
+        "--lease-ttl-ms",
+        "--durability",
+        "--master-key",
+    ];
+    let turns_only = ["--otlp-endpoint", "--signing-key"];
+    for command in ["keygen", "check", "demo", "ui"] {
+        let (text, options) = help(command);
+        for option in store_only.iter().chain(&turns_only) {
+            assert!(
+                !lists(&options, option),
+                "{command} --help lists {option}: {text}"
+            );
+        }
+    }
+    for command in ["sessions", "log", "verify", "export"] {
+        let (text, options) = help(command);
+        assert!(
+            lists(&options, "--durability") && lists(&options, "--store"),
+            "{text}"
+        );
+        assert!(
+            !lists(&options, "--otlp-endpoint"),
+            "{command} runs no turn: {text}"
+        );
+    }
+    for command in ["run", "resume", "approve", "serve"] {
+        let (text, options) = help(command);
+        assert!(
+            lists(&options, "--durability") && lists(&options, "--otlp-endpoint"),
+            "{text}"
+        );
+    }
+    let commands = [
+        "run", "resume", "sessions", "log", "verify", "replay", "fork", "diff", "rerun", "blob",
+        "resolve", "approve", "export", "import", "demo", "serve", "keygen", "erase", "check",
+        "ui",
+    ];
+    for command in commands {
+        let (text, _) = help(command);
+        assert!(text.contains("Examples:\n  mneme "), "{command}: {text}");
+    }
+    // The store may still come before the command, as it always could.
+    let out = world
+        .mneme_std()
+        .args(["sessions", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_is_told_on_a_terminal_and_not_in_a_pipe() {
+    let b = billing().await;
+    let out = b.world.run(&["run", "--agent", b.agent_arg(), "go"]).await;
+    assert!(out.status.success());
+    assert!(
+        !stderr(&out).contains("mneme: step"),
+        "piped: {}",
+        stderr(&out)
+    );
+
+    // Under a terminal (script(1) gives the command one).
+    let mut line = vec![mneme_bin().display().to_string()];
+    line.extend(
+        [
+            "--data-dir",
+            b.world.data().to_str().unwrap(),
+            "run",
+            "--agent",
+            b.agent_arg(),
+            "go",
+        ]
+        .map(String::from),
+    );
+    let out = tokio::process::Command::new("script")
+        .args(["-qec", &line.join(" "), "/dev/null"])
+        .env("MNEME_SNAPSHOT_EVERY", "3")
+        .output()
+        .await
+        .expect("script(1), from util-linux");
+    let shown = String::from_utf8_lossy(&out.stdout).replace('\r', "");
+    assert!(out.status.success(), "{shown}");
+    assert!(
+        shown.contains("mneme: step 1: calls charge, lookup;"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("mneme: running charge (call call_0_0)"),
+        "{shown}"
+    );
+    assert!(shown.contains("mneme: charge finished in"), "{shown}");
+    assert!(shown.contains("mneme: step 3: answered;"), "{shown}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_says_what_a_create_takes_and_where_things_are() {
+    let world = World::new();
+    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let http = reqwest::Client::new();
+    let answer = http
+        .post(daemon.url("/sessions"))
+        .bearer_auth(mneme_e2e::daemon::TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 400);
+    let error: Value = answer.json().await.unwrap();
+    let error = error["error"].as_str().unwrap();
+    assert!(
+        error.contains("no request body") && error.contains("{\"agent\": \"NAME\"}"),
+        "{error}"
+    );
+    assert!(error.contains("application/toml"), "{error}");
+    let (status, index) = daemon.get("/").await;
+    assert_eq!(status, 200, "{index}");
+    assert_eq!(index["openapi"], "/openapi.json");
+    assert!(
+        index["web_view"].as_str().unwrap().starts_with("/ui/"),
+        "{index}"
+    );
+    // Without a token too.
+    let open = http.get(daemon.url("/")).send().await.unwrap();
+    assert_eq!(open.status(), 200);
+}
