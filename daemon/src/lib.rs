@@ -674,7 +674,9 @@ impl Daemon {
         if !self.service.exists(id).await? {
             return Ok(false);
         }
-        Ok(self.resumes_on_its_own(id, &self.service.current_summary(id).await?).await)
+        Ok(self
+            .resumes_on_its_own(id, &self.service.current_summary(id).await?)
+            .await)
     }
 
     /// Whether whoever finds session `id` (with `summary`) must resume it:

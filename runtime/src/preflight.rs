@@ -110,7 +110,10 @@ fn reach_of(spec: &AgentSpec, indent: &str, lines: &mut Vec<String>) {
             true => String::new(),
             false => format!(", headers from ${}", headers.join(", $")),
         };
-        lines.push(format!("{indent}MCP server {:?}: {how}{headers}", server.name));
+        lines.push(format!(
+            "{indent}MCP server {:?}: {how}{headers}",
+            server.name
+        ));
     }
     for tool in spec.tools.iter().filter(|t| t.kind != ToolKind::Mcp) {
         let what = match (&tool.command, &tool.url) {
@@ -124,11 +127,13 @@ fn reach_of(spec: &AgentSpec, indent: &str, lines: &mut Vec<String>) {
         };
         lines.push(format!(
             "{indent}tool {:?} ({}): {what}{env}",
-            tool.name,
-            tool.effect
+            tool.name, tool.effect
         ));
         if let Some(check) = &tool.check {
-            lines.push(format!("{indent}  its check: {}", replay::spec::redact_url(&check.url)));
+            lines.push(format!(
+                "{indent}  its check: {}",
+                replay::spec::redact_url(&check.url)
+            ));
         }
         if let Some(check) = &tool.check_command {
             lines.push(format!("{indent}  its check runs {check:?}"));

@@ -982,9 +982,11 @@ fn refusal(reply: &replay::ModelReply, max_calls: u64) -> Option<String> {
                 .into(),
         );
     }
-    let unparsed = calls
-        .iter()
-        .find_map(|c| serde_json::from_str::<OnceEach>(&c.arguments).err().map(|e| (c, e)));
+    let unparsed = calls.iter().find_map(|c| {
+        serde_json::from_str::<OnceEach>(&c.arguments)
+            .err()
+            .map(|e| (c, e))
+    });
     if let Some((call, error)) = unparsed {
         return Some(match error.is_data() {
             // A person approving could be shown one value and the tool
@@ -1062,7 +1064,9 @@ impl<'de> serde::de::Visitor<'de> for OnceEachVisitor {
         let mut seen = std::collections::HashSet::new();
         while let Some(key) = map.next_key::<String>()? {
             if !seen.insert(key.clone()) {
-                return Err(serde::de::Error::custom(format!("hold the key {key:?} twice")));
+                return Err(serde::de::Error::custom(format!(
+                    "hold the key {key:?} twice"
+                )));
             }
             map.next_value::<OnceEach>()?;
         }

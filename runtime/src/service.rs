@@ -283,7 +283,9 @@ impl Service {
             return Ok((spec, refused));
         }
         let why = match &refused {
-            Some(reason) => format!("; its agent spec is refused as an agent file would be: {reason}"),
+            Some(reason) => {
+                format!("; its agent spec is refused as an agent file would be: {reason}")
+            }
             None => String::new(),
         };
         let event = Event::SessionPaused {
