@@ -56,7 +56,7 @@ pub async fn dispatch(cli: Cli, holder: &str) -> Result<ExitCode> {
     let turns = turn_options.is_some();
     let signer = turn_options
         .and_then(|t| t.signing_key.as_deref())
-        .map(HeadSigner::load)
+        .map(|path| HeadSigner::load(path, Some(&data_dir)))
         .transpose()?
         .map(Arc::new);
     let endpoint = turn_options.and_then(|t| t.otlp_endpoint.as_deref());
@@ -528,7 +528,10 @@ async fn signed_heads(
         }
     };
     let last = match vouched.at_ms {
-        0 => format!("{} copied from the session it was forked from", vouched.copied),
+        0 => format!(
+            "{} copied from the session it was forked from",
+            vouched.copied
+        ),
         at => format!("the last signed {}", runtime::views::format_time(at)),
     };
     let checked = format!(
@@ -545,7 +548,9 @@ async fn signed_heads(
             ))
         }
         Some((first, last)) => failed(
-            format!("seq {first}–{last} are not vouched for: {checked}, and nothing signed after it"),
+            format!(
+                "seq {first}–{last} are not vouched for: {checked}, and nothing signed after it"
+            ),
             verified,
         ),
     }
@@ -583,14 +588,23 @@ async fn heads_of(sessions: &dyn Sessions, id: Uuid) -> Result<Vec<Witnessed>> {
 /// each signed with `key`: one result per witnessed session (failed, with
 /// why, if it is gone, or cut or rewritten before a witnessed head).
 async fn witnessed(sessions: &dyn Sessions, key: &HeadKey, file: &Path) -> Result<Vec<Verified>> {
-    let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
     let held = sessions.ids().await?;
     let mut by_session: std::collections::BTreeMap<Uuid, Vec<Witnessed>> = Default::default();
-    for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+    for (n, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
         let head: Witnessed = serde_json::from_str(line)
             .with_context(|| format!("{} line {}: not a witnessed head", file.display(), n + 1))?;
         if !key.signed(&head) {
-            bail!("{} line {}: a head this key did not sign", file.display(), n + 1);
+            bail!(
+                "{} line {}: a head this key did not sign",
+                file.display(),
+                n + 1
+            );
         }
         by_session.entry(head.session).or_default().push(head);
     }
@@ -603,10 +617,15 @@ async fn witnessed(sessions: &dyn Sessions, key: &HeadKey, file: &Path) -> Resul
             events: None,
             head: None,
             error: None,
-            signed: Some(format!("the witness's {} heads, to seq {latest}, are held", heads.len())),
+            signed: Some(format!(
+                "the witness's {} heads, to seq {latest}, are held",
+                heads.len()
+            )),
         };
         let fault = match held.contains(&id) {
-            false => Some(format!("the witness saw it to seq {latest}; the store no longer holds it")),
+            false => Some(format!(
+                "the witness saw it to seq {latest}; the store no longer holds it"
+            )),
             true => {
                 let rows = sessions.events(id).await?;
                 verified.events = Some(rows.len() as u64);
@@ -635,7 +654,9 @@ async fn running_now(sessions: &dyn Sessions, id: Uuid) -> Result<bool> {
     let rows = sessions.list().await?;
     let row = rows.iter().find(|r| r.session == id);
     Ok(row.is_some_and(|r| {
-        r.status == SessionStatus::Running && r.interrupted == Some(false) && r.pending == Some(false)
+        r.status == SessionStatus::Running
+            && r.interrupted == Some(false)
+            && r.pending == Some(false)
     }))
 }
 
@@ -1033,7 +1054,11 @@ fn report_end(id: Uuid, end: &TurnEnd, json: bool, streamed: bool) -> Result<Exi
             say!("mneme: session {id} paused: tool calls wait for approval");
             for waiting in calls {
                 let call = &waiting.call_id;
-                say!("  {call}: {} {}, with these arguments:", waiting.tool, waiting.reason);
+                say!(
+                    "  {call}: {} {}, with these arguments:",
+                    waiting.tool,
+                    waiting.reason
+                );
                 say_arguments(&waiting.arguments);
                 say!("    mneme approve {id} {call} [--deny | --edit-args JSON]");
             }

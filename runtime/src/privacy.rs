@@ -72,17 +72,8 @@ impl MasterKey {
     /// refused if its group or others can read it, or if it lies inside
     /// `data_dir` (a copy of the directory would carry its own key).
     pub fn load(path: &Path, data_dir: Option<&Path>) -> Result<MasterKey, RuntimeError> {
-        if let Some(dir) = data_dir {
-            let inside = |p: &Path| p.canonicalize().ok();
-            if let (Some(file), Some(dir)) = (inside(path), inside(dir)) {
-                if file.starts_with(&dir) {
-                    return Err(key_error(
-                        path,
-                        format!("it lies inside the data directory {}: keep it elsewhere, or a copy of the directory carries the key to all its content", dir.display()),
-                    ));
-                }
-            }
-        }
+        let why = "a copy of the directory carries the key to all its content";
+        crate::secret::outside(path, data_dir, why).map_err(|e| key_error(path, e))?;
         let secret =
             crate::secret::load(path, "mneme keygen --master").map_err(|e| key_error(path, e))?;
         Ok(MasterKey::from_bytes(&secret))

@@ -59,3 +59,19 @@ pub(crate) fn random<const N: usize>() -> Result<[u8; N], getrandom::Error> {
     getrandom::getrandom(&mut bytes)?;
     Ok(bytes)
 }
+
+/// Refuses a key file inside `data_dir`: a copy of the directory must not
+/// carry the key (`why` says what it would then give away).
+pub(crate) fn outside(path: &Path, data_dir: Option<&Path>, why: &str) -> Result<(), String> {
+    let Some(dir) = data_dir else {
+        return Ok(());
+    };
+    let canonical = |p: &Path| p.canonicalize().ok();
+    match (canonical(path), canonical(dir)) {
+        (Some(file), Some(dir)) if file.starts_with(&dir) => Err(format!(
+            "it lies inside the data directory {}: keep it elsewhere, or {why}",
+            dir.display()
+        )),
+        _ => Ok(()),
+    }
+}

@@ -46,8 +46,11 @@ impl HeadSigner {
     }
 
     /// The key in `path` (as [`HeadSigner::generate`] writes it); refused
-    /// if its group or others can read it.
-    pub fn load(path: &Path) -> Result<HeadSigner, RuntimeError> {
+    /// if its group or others can read it, or if it lies inside `data_dir`
+    /// (whoever can rewrite the store must not hold the key).
+    pub fn load(path: &Path, data_dir: Option<&Path>) -> Result<HeadSigner, RuntimeError> {
+        let why = "whoever can rewrite the store holds the key that vouches for it";
+        crate::secret::outside(path, data_dir, why).map_err(|e| error(path, e))?;
         let seed = crate::secret::load(path, "mneme keygen").map_err(|e| error(path, e))?;
         Ok(HeadSigner {
             key: SigningKey::from_bytes(&seed),
@@ -105,11 +108,17 @@ impl HeadKey {
     /// copied from its parent vouch for the parent's history (they are
     /// checked against the parent's id) and the copy itself. An error
     /// names the first fault, or says no head is signed.
-    pub fn check(&self, session: Uuid, records: &[(u64, String, Event)]) -> Result<Vouched, String> {
+    pub fn check(
+        &self,
+        session: Uuid,
+        records: &[(u64, String, Event)],
+    ) -> Result<Vouched, String> {
         let mine = hex::encode(self.0.as_bytes());
         // A fork's records up to `copied` are its parent's history.
         let (parent, copied) = match records.first() {
-            Some((1, _, Event::SessionForked { parent, at_seq, .. })) => (Some(*parent), at_seq + 1),
+            Some((1, _, Event::SessionForked { parent, at_seq, .. })) => {
+                (Some(*parent), at_seq + 1)
+            }
             _ => (None, 1),
         };
         let mut vouched = Vouched::default();
@@ -208,7 +217,12 @@ impl HeadKey {
     /// Whether `witnessed` is a head this key signed (not whether the store
     /// still holds it).
     pub fn signed(&self, witnessed: &Witnessed) -> bool {
-        let statement = statement(witnessed.session, witnessed.seq, &witnessed.hash, witnessed.at_ms);
+        let statement = statement(
+            witnessed.session,
+            witnessed.seq,
+            &witnessed.hash,
+            witnessed.at_ms,
+        );
         let signature = hex::decode(&witnessed.signature)
             .ok()
             .and_then(|b| Signature::from_slice(&b).ok());
@@ -237,7 +251,13 @@ mod tests {
         let s = Uuid::now_v7();
         let mut log = records(s, &signer);
         for seq in 3..=5 {
-            log.push((seq, format!("h{seq}"), Event::UserMessage { text: "pay mallory".into() }));
+            log.push((
+                seq,
+                format!("h{seq}"),
+                Event::UserMessage {
+                    text: "pay mallory".into(),
+                },
+            ));
         }
         let vouched = key.check(s, &log).unwrap();
         assert_eq!(vouched.unvouched, Some((3, 5)));
@@ -264,12 +284,24 @@ mod tests {
         log.push((2, "c2".into(), Event::UserMessage { text: "hi".into() }));
         log.push((3, "c3".into(), signer.sign(parent, 1, "p1")));
         let vouched = key.check(child, &log).unwrap();
-        assert_eq!((vouched.copied, vouched.through, vouched.unvouched), (1, 3, None));
-        log.push((4, "c4".into(), Event::UserMessage { text: "more".into() }));
+        assert_eq!(
+            (vouched.copied, vouched.through, vouched.unvouched),
+            (1, 3, None)
+        );
+        log.push((
+            4,
+            "c4".into(),
+            Event::UserMessage {
+                text: "more".into(),
+            },
+        ));
         assert_eq!(key.check(child, &log).unwrap().unvouched, Some((4, 4)));
         // A parent's head is not one of the child's own.
         log[2].2 = signer.sign(child, 1, "p1");
-        assert!(key.check(child, &log).unwrap_err().contains("does not match"));
+        assert!(key
+            .check(child, &log)
+            .unwrap_err()
+            .contains("does not match"));
     }
 
     #[test]
@@ -280,7 +312,10 @@ mod tests {
         let s = Uuid::now_v7();
         let mut log = records(s, &signer);
         let vouched = key.check(s, &log).unwrap();
-        assert_eq!((vouched.heads, vouched.through, vouched.unvouched), (1, 1, None));
+        assert_eq!(
+            (vouched.heads, vouched.through, vouched.unvouched),
+            (1, 1, None)
+        );
         log[0].1 = "forged".into();
         assert!(key.check(s, &log).unwrap_err().contains("rewritten"));
         let other = HeadSigner::generate(&dir.path().join("k2")).unwrap();
@@ -295,7 +330,7 @@ mod tests {
             "never overwritten"
         );
         assert_eq!(
-            HeadSigner::load(&dir.path().join("k"))
+            HeadSigner::load(&dir.path().join("k"), None)
                 .unwrap()
                 .public_hex(),
             signer.public_hex()
