@@ -605,6 +605,24 @@ impl ModelSpec {
         self.validate_model_name().map_err(model)?;
         positive("timeout_secs", self.timeout_secs).map_err(model)?;
         positive("connect_timeout_secs", self.connect_timeout_secs).map_err(model)?;
+        let numbers = [
+            ("temperature", self.temperature),
+            ("input_cost_per_mtok", self.input_cost_per_mtok),
+            ("output_cost_per_mtok", self.output_cost_per_mtok),
+            (
+                "cached_input_cost_per_mtok",
+                self.cached_input_cost_per_mtok,
+            ),
+            ("cache_write_cost_per_mtok", self.cache_write_cost_per_mtok),
+        ];
+        if let Some((name, value)) = numbers
+            .into_iter()
+            .find_map(|(name, v)| v.filter(|v| !v.is_finite() || *v < 0.0).map(|v| (name, v)))
+        {
+            return Err(model(format!(
+                "{name} = {value}: must be a finite number, 0 or more"
+            )));
+        }
         positive("max_tokens", self.max_tokens).map_err(model)?;
         positive("max_completion_tokens", self.max_completion_tokens).map_err(model)?;
         within(

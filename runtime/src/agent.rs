@@ -4,6 +4,9 @@ use crate::error::RuntimeError;
 use replay::AgentSpec;
 use std::path::Path;
 
+/// The largest agent file read: an agent file is a few kilobytes.
+pub const MAX_AGENT_FILE_BYTES: u64 = 1 << 20;
+
 /// Reads and checks the agent file at `path`. A scripted provider's script
 /// path is made absolute (relative to the agent file), so a session resumes
 /// from any working directory. Each tool of kind `agent` gets its child's
@@ -24,7 +27,8 @@ fn load_nested(
         origin: origin.clone(),
         reason,
     };
-    let text = std::fs::read_to_string(path).map_err(|e| error(format!("cannot read: {e}")))?;
+    let text = crate::model::read_small_file(&origin, MAX_AGENT_FILE_BYTES)
+        .map_err(|e| error(format!("cannot read: {e}")))?;
     let mut spec: AgentSpec = toml::from_str(&text).map_err(|e| error(e.to_string()))?;
     for (server, line) in spec.mcp.iter_mut().zip(mcp_header_lines(&text)) {
         server.declared_at = Some(format!("{origin}:{line}"));
