@@ -121,10 +121,12 @@ pub(crate) fn operations() -> utoipa::openapi::OpenApi {
 /// view's pages (`/ui/`, not part of the API).
 pub(crate) fn router(daemon: Shared, stopped: CancellationToken) -> Router {
     let (guarded, _) = guarded_routes().split_for_parts();
-    let guarded = guarded.layer(axum::middleware::from_fn_with_state(
-        daemon.clone(),
-        require_token,
-    ));
+    let guarded = guarded
+        .layer(axum::middleware::from_fn_with_state(
+            daemon.clone(),
+            require_token,
+        ))
+        .layer(axum::middleware::map_response(no_store));
     let (open, _) = open_routes().split_for_parts();
     let limit = daemon.config.max_body_bytes;
     let sign_ins = daemon.sign_ins.clone();
@@ -133,6 +135,13 @@ pub(crate) fn router(daemon: Shared, stopped: CancellationToken) -> Router {
         .merge(ui::routes(sign_ins))
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn_with_state(limit, errors_as_json))
+}
+
+/// What a session holds is kept by no cache, the browser's included.
+async fn no_store(mut response: Response) -> Response {
+    let never = header::HeaderValue::from_static("no-store");
+    response.headers_mut().insert(header::CACHE_CONTROL, never);
+    response
 }
 
 /// The most of a non-JSON error's text kept as its reason.
@@ -451,6 +460,24 @@ fn refuse_when_turns_wait(daemon: &Daemon, id: Uuid) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// A web view sign-in may not send messages (they run tools): nor may it
+/// start a turn no step of which was recorded (a fork at a user message, a
+/// session created with its first message), which is one by another name.
+/// (Behind a turn that runs here already, a resume only waits its turn.)
+async fn refuse_a_turn_nobody_started(daemon: &Daemon, id: Uuid) -> Result<(), ApiError> {
+    if daemon.scheduler.turns_of(id) > 0 {
+        return Ok(());
+    }
+    let summary = daemon.service.current_summary(id).await?;
+    if summary.status == "running" && !summary.turn_driven {
+        return Err(ApiError(
+            StatusCode::FORBIDDEN,
+            format!("session {id}: no step of its turn was recorded, so resuming it starts a model turn (it runs tools), which a web view sign-in may not: use the token"),
+        ));
+    }
+    Ok(())
+}
+
 fn refuse_when_stopping(daemon: &Daemon) -> Result<(), ApiError> {
     if daemon.is_shutting_down() {
         return Err(ApiError(
@@ -594,6 +621,9 @@ async fn resume(
     refuse_when_stopping(&daemon)?;
     daemon.service.ensure_exists(id).await?; // 404 before spawning
     daemon.service.refuse_if_erased(id).await?; // 409
+    if signed_in.is_some() {
+        refuse_a_turn_nobody_started(&daemon, id).await?; // 403
+    }
     let body = body.map(|Json(b)| b).unwrap_or_default();
     if !body.wait {
         refuse_when_turns_wait(&daemon, id)?;
