@@ -137,6 +137,20 @@ impl SignIns {
             .find(|(_, expected)| same(expected, &key))
             .map(|(name, _)| SignedIn(name))
     }
+
+    /// Ends the request's sign-in, if it carries a live one (cookie and
+    /// key together, as [`SignIns::who`] takes them); whether it did.
+    fn sign_out(&self, headers: &HeaderMap) -> bool {
+        let Some(key) = headers.get(ACTION_HEADER).and_then(|k| k.to_str().ok()) else {
+            return false;
+        };
+        let key = digest(key);
+        let mut browsers = self.browsers.lock().expect("sign-ins lock");
+        let signed_in = cookies(headers, COOKIE)
+            .map(digest)
+            .find(|cookie| browsers.get(cookie).is_some_and(|(_, k)| same(&k, &key)));
+        signed_in.is_some_and(|cookie| browsers.0.remove(&cookie).is_some())
+    }
 }
 
 /// Whether two digests are equal, in time that does not depend on where
@@ -208,6 +222,7 @@ pub(crate) fn routes(sign_ins: Arc<SignIns>) -> Router {
         )
         .route("/ui/login", get(login))
         .route("/ui/me", get(me))
+        .route("/ui/logout", axum::routing::post(logout))
         .with_state(sign_ins)
 }
 
@@ -291,6 +306,36 @@ async fn me(State(sign_ins): State<Arc<SignIns>>, headers: HeaderMap) -> Respons
     }
 }
 
+/// `POST /ui/logout`: ends the browser's sign-in (its cookie and key no
+/// longer sign in anywhere) and clears its cookie; 401 if it carried none.
+/// Like any change a browser makes, refused from another origin.
+async fn logout(
+    State(sign_ins): State<Arc<SignIns>>,
+    method: Method,
+    headers: HeaderMap,
+) -> Response {
+    if let Some(why) = cross_site_refusal(&method, &headers) {
+        return (
+            StatusCode::FORBIDDEN,
+            axum::Json(serde_json::json!({ "error": why })),
+        )
+            .into_response();
+    }
+    if !sign_ins.sign_out(&headers) {
+        let error = serde_json::json!({ "error": "not signed in" });
+        return (StatusCode::UNAUTHORIZED, axum::Json(error)).into_response();
+    }
+    let mut response = StatusCode::NO_CONTENT.into_response();
+    let clear = format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0");
+    let headers = response.headers_mut();
+    headers.insert(
+        header::SET_COOKIE,
+        HeaderValue::from_str(&clear).expect("a valid header"),
+    );
+    guard(headers);
+    response
+}
+
 const REFUSED: &str = "<!doctype html><meta charset=utf-8><title>mneme: sign-in refused</title>\
 <h1>This sign-in link does not work</h1>\
 <p>It was used already, or it is older than two minutes. Run <code>mneme ui</code> for a new one.</p>";
@@ -341,6 +386,21 @@ mod tests {
         assert!(!view_may(&Method::POST, "/sessions/x/messages"));
         assert!(!view_may(&Method::POST, "/ui/codes"));
         assert!(!view_may(&Method::DELETE, "/sessions/x"));
+    }
+
+    #[test]
+    fn signing_out_takes_the_cookie_and_key_together_and_ends_the_sign_in() {
+        let sign_ins = SignIns::default();
+        let (cookie, key) = sign_ins.redeem(&sign_ins.issue("ada").unwrap()).unwrap();
+        let cookie = format!("{COOKIE}={cookie}");
+        assert!(
+            !sign_ins.sign_out(&signed(&cookie, "forged")),
+            "the cookie alone"
+        );
+        assert!(sign_ins.who(&signed(&cookie, &key)).is_some());
+        assert!(sign_ins.sign_out(&signed(&cookie, &key)));
+        assert!(sign_ins.who(&signed(&cookie, &key)).is_none(), "signed out");
+        assert!(!sign_ins.sign_out(&signed(&cookie, &key)), "once");
     }
 
     #[test]

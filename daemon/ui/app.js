@@ -962,13 +962,28 @@ async function whoAmI() {
   try {
     const me = await api("/ui/me");
     document.getElementById("who").textContent = visible(`signed in as ${me.name}`);
+    document.getElementById("sign-out").hidden = false;
   } catch (_) { /* the page says so */ }
+}
+
+// Ends the sign-in on the daemon (its cookie and key stop working) and
+// forgets the key here.
+async function signOut() {
+  try { await api("/ui/logout", {}); } catch (_) { /* signed out either way */ }
+  localStorage.removeItem(KEY);
+  for (const source of live) source.stop();
+  live = [];
+  shown++;
+  document.getElementById("who").textContent = "signed out: run `mneme ui` to sign in again";
+  document.getElementById("sign-out").hidden = true;
+  document.getElementById("main").textContent = "";
 }
 
 window.addEventListener("hashchange", route);
 document.addEventListener("keydown", onKey);
 document.addEventListener("DOMContentLoaded", () => {
   document.getElementById("help-button").addEventListener("click", toggleHelp);
+  document.getElementById("sign-out").addEventListener("click", signOut);
   whoAmI();
   route();
 });
