@@ -253,7 +253,9 @@ impl McpServerSpec {
             )));
         }
         match (&self.command, &self.url) {
-            (Some(command), None) if !command.is_empty() => {}
+            (Some(command), None) if !command.is_empty() => {
+                crate::spec::check_program("command", command).map_err(me)?
+            }
             (None, Some(url)) => crate::spec::check_http_url("url", url).map_err(me)?,
             _ => {
                 return Err(me(

@@ -274,15 +274,18 @@ impl ToolSpec {
                 }
                 Ok(())
             }
-            ToolKind::Command if self.command.as_ref().is_none_or(|c| c.is_empty()) => {
-                Err(tool("kind = \"command\" needs a command".into()))
-            }
+            ToolKind::Command => match self.command.as_deref() {
+                Some(command) if !command.is_empty() => {
+                    check_program("command", command).map_err(tool)
+                }
+                _ => Err(tool("kind = \"command\" needs a command".into())),
+            },
             ToolKind::Mcp if self.mcp.is_none() => Err(tool(
                 "kind = \"mcp\" tools come from an [[mcp]] server's list, not from [[tools]]"
                     .into(),
             )),
             ToolKind::Agent => self.validate_agent().map_err(tool),
-            ToolKind::Command | ToolKind::Native | ToolKind::Mcp => Ok(()),
+            ToolKind::Native | ToolKind::Mcp => Ok(()),
         }
     }
 
@@ -332,8 +335,24 @@ impl ToolSpec {
             (None, Some(command)) if command.is_empty() => {
                 Err("check_command is empty: give a program and its arguments".into())
             }
-            _ => Ok(()),
+            (None, Some(command)) => check_program("check_command", command),
+            (None, None) => Ok(()),
         }
+    }
+}
+
+/// Refuses a program (`command`'s first word) given as a relative path
+/// (`./charge.sh`, `bin/x`): it would name another file depending on the
+/// directory mneme starts in. An agent file's are anchored to the file when
+/// it is loaded; a name without a slash is looked up on PATH.
+pub fn check_program(field: &str, command: &[String]) -> Result<(), String> {
+    match command.first() {
+        Some(program) if program.contains('/') && !program.starts_with('/') => Err(format!(
+            "{field} program {program:?} is a relative path, which would run whatever file \
+             that path names from the directory mneme starts in: give an absolute path, or a \
+             name found on PATH"
+        )),
+        _ => Ok(()),
     }
 }
 

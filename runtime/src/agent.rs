@@ -7,9 +7,10 @@ use std::path::Path;
 /// The largest agent file read: an agent file is a few kilobytes.
 pub const MAX_AGENT_FILE_BYTES: u64 = 1 << 20;
 
-/// Reads and checks the agent file at `path`. A scripted provider's script
-/// path is made absolute (relative to the agent file), so a session resumes
-/// from any working directory. Each tool of kind `agent` gets its child's
+/// Reads and checks the agent file at `path`. Its relative paths (a
+/// scripted provider's script, a program given as `./charge.sh`) are made
+/// absolute, relative to the agent file, so a session resumes from any
+/// working directory and runs the same files. Each tool of kind `agent` gets its child's
 /// spec loaded (from `agent`, relative to this file) and pinned in it, and
 /// the `message` parameters if it gives none; a file that names itself,
 /// directly or not, is refused.
@@ -41,14 +42,39 @@ fn load_nested(
     let children = pin_children(&mut spec, path, above);
     above.pop();
     children?;
+    anchor_paths(&mut spec, path.parent().unwrap_or(Path::new("."))).map_err(error)?;
     spec.validate().map_err(error)?;
-    if let Some(script) = &spec.model.script {
-        let base = path.parent().unwrap_or(Path::new("."));
-        let absolute = std::path::absolute(base.join(script))
-            .map_err(|e| error(format!("script path {script:?}: {e}")))?;
-        spec.model.script = Some(absolute.display().to_string());
-    }
     Ok(spec)
+}
+
+/// Makes the file's relative paths absolute, relative to its directory
+/// `base`: the scripted provider's script, and each program given as a path
+/// (a tool's `command` and `check_command`, an MCP server's `command`; a
+/// bare name is left to PATH).
+fn anchor_paths(spec: &mut AgentSpec, base: &Path) -> Result<(), String> {
+    let absolute = |path: &str| {
+        std::path::absolute(base.join(path))
+            .map(|p| p.display().to_string())
+            .map_err(|e| format!("path {path:?}: {e}"))
+    };
+    if let Some(script) = &mut spec.model.script {
+        *script = absolute(script)?;
+    }
+    let commands = spec
+        .tools
+        .iter_mut()
+        .flat_map(|tool| [tool.command.as_mut(), tool.check_command.as_mut()]);
+    let servers = spec.mcp.iter_mut().map(|server| server.command.as_mut());
+    for program in commands
+        .chain(servers)
+        .flatten()
+        .filter_map(|c| c.first_mut())
+    {
+        if program.contains('/') && !program.starts_with('/') {
+            *program = absolute(program)?;
+        }
+    }
+    Ok(())
 }
 
 /// Loads the child spec of each tool of kind `agent` of `spec` (declared
@@ -146,6 +172,46 @@ parameters = { type = "object", properties = { customer = { type = "string" }, c
             .to_string();
         assert!(
             err.contains("agent.toml:6") && err.contains("exactly one of command"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn programs_given_as_paths_run_from_beside_the_file_and_other_relative_ones_are_refused() {
+        let text = "name = \"x\"\n[model]\nprovider = \"scripted\"\nmodel = \"m\"\nscript = \"s.json\"\n\
+             [[tools]]\nname = \"charge\"\nkind = \"command\"\ncommand = [\"./charge.sh\", \"--live\"]\n\
+             check_command = [\"bin/charged\"]\neffect = \"side_effect\"\n\
+             [[tools]]\nname = \"echo\"\nkind = \"command\"\ncommand = [\"cat\"]\neffect = \"read_only\"\n\
+             [[mcp]]\nname = \"fs\"\ncommand = [\"servers/fs\"]\n";
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        std::fs::write(&path, text).unwrap();
+        let spec = load_agent_file(&path).unwrap();
+        let beside = |name: &str| dir.path().join(name).display().to_string();
+        let charge = spec.tool("charge").unwrap();
+        assert_eq!(
+            charge.command.as_ref().unwrap(),
+            &[beside("charge.sh"), "--live".into()]
+        );
+        assert_eq!(
+            charge.check_command.as_ref().unwrap(),
+            &[beside("bin/charged")]
+        );
+        assert_eq!(
+            spec.tool("echo").unwrap().command.as_ref().unwrap(),
+            &["cat"],
+            "PATH's"
+        );
+        assert_eq!(
+            spec.mcp[0].command.as_ref().unwrap(),
+            &[beside("servers/fs")]
+        );
+        // A spec that arrives whole (the API, an import) has no file to
+        // anchor them to: refused, naming the program.
+        let unanchored: AgentSpec = toml::from_str(text).unwrap();
+        let err = unanchored.validate().unwrap_err();
+        assert!(
+            err.contains("check_command program \"bin/charged\" is a relative path"),
             "{err}"
         );
     }
