@@ -704,30 +704,13 @@ async fn resumes_while_a_turn_runs_are_refused_past_a_few() {
     let (daemon, id) = (bed.daemon(), bed.create().await);
     let (status, _) = daemon.message(&id, "go").await;
     assert_eq!(status, 202);
-    let (status, code) = daemon.post("/ui/codes", &json!({"name": "ada"})).await;
-    assert_eq!(status, 201, "{code}");
-    let browser = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
-    let login = (browser.get(daemon.url(code["login"].as_str().unwrap())))
-        .send()
-        .await
-        .unwrap();
-    let cookie = login.headers()["set-cookie"].to_str().unwrap();
-    let cookie = cookie.split(';').next().unwrap().to_string();
-    let location = login.headers()["location"].to_str().unwrap();
-    let key = location.split("#signin=").nth(1).unwrap().to_string();
+    let browser = daemon.sign_in("ada").await;
     let mut statuses = Vec::new();
     for _ in 0..40 {
-        let answer = (browser.post(daemon.url(&format!("/sessions/{id}/resume"))))
-            .header("cookie", &cookie)
-            .header("x-mneme-ui", &key)
-            .json(&json!({}))
-            .send()
-            .await
-            .unwrap();
-        statuses.push(answer.status().as_u16());
+        let (status, _) = browser
+            .post(&format!("/sessions/{id}/resume"), &json!({}))
+            .await;
+        statuses.push(status);
     }
     let accepted = statuses.iter().filter(|s| **s == 202).count();
     let refused = statuses.iter().filter(|s| **s == 429).count();

@@ -197,6 +197,35 @@ impl DaemonProcess {
             .unwrap()
     }
 
+    /// Signs in to the web view as `name` the way a browser does (a code
+    /// from `POST /ui/codes`, its login link followed once): a client that
+    /// sends the sign-in's cookie and key, and not the token.
+    pub async fn sign_in(&self, name: &str) -> SignedIn {
+        let (status, code) = self
+            .post("/ui/codes", &serde_json::json!({"name": name}))
+            .await;
+        assert_eq!(status, 201, "{code}");
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap();
+        let login = http.get(self.url(code["login"].as_str().unwrap()));
+        let login = login.send().await.unwrap();
+        let header = |name: &str| login.headers()[name].to_str().unwrap().to_string();
+        let cookie = header("set-cookie").split(';').next().unwrap().to_string();
+        let key = header("location")
+            .split("#signin=")
+            .nth(1)
+            .unwrap()
+            .to_string();
+        SignedIn {
+            http,
+            base: self.base.clone(),
+            cookie,
+            key,
+        }
+    }
+
     /// Polls until every listed session is idle; returns how long it took.
     pub async fn wait_all_idle(&self, expected: usize, limit: Duration) -> Duration {
         let started = Instant::now();
@@ -288,4 +317,32 @@ pub async fn follow_two_turns(
         .await;
     read_until(&mut stream, &mut seen, "\"two\"").await;
     (content_type, seen)
+}
+
+/// A web view sign-in, used as a browser would (no token): from
+/// [`DaemonProcess::sign_in`].
+pub struct SignedIn {
+    http: reqwest::Client,
+    base: String,
+    /// `mneme_ui=…`, as the browser sends it.
+    pub cookie: String,
+    /// The key the page sends beside the cookie (`x-mneme-ui`).
+    pub key: String,
+}
+
+impl SignedIn {
+    /// A request to `path` with the sign-in's cookie and key.
+    pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        (self.http.request(method, format!("{}{path}", self.base)))
+            .header("cookie", &self.cookie)
+            .header("x-mneme-ui", &self.key)
+    }
+
+    /// POST `body` (JSON) to `path`: the status and the JSON answer.
+    pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let response = self.request(reqwest::Method::POST, path).json(body);
+        let response = response.send().await.unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
 }
