@@ -230,3 +230,81 @@ async fn an_unknown_session_on_postgres_is_named_and_leaves_no_lease() {
         .unwrap();
     assert!(leftover.is_empty(), "{leftover:?}");
 }
+
+/// Numbers no model server can take, and a file no agent file is: refused
+/// at load, naming the file and the field or the bound, before any session
+/// starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_numbers_and_oversized_agent_files_are_refused_at_load() {
+    let world = World::new();
+    let model = agent_toml("http://127.0.0.1:9/v1", &[]); // ends in [model]
+    let padding = format!("# {}\n", "x".repeat(1 << 20));
+    for (extra, named) in [
+        ("temperature = nan\n", "temperature = NaN"),
+        ("temperature = -0.5\n", "temperature = -0.5"),
+        ("input_cost_per_mtok = -1.0\n", "input_cost_per_mtok = -1"),
+        ("output_cost_per_mtok = inf\n", "output_cost_per_mtok = inf"),
+        (padding.as_str(), "larger than 1048576 bytes"),
+    ] {
+        let agent = world.write("agent.toml", &format!("{model}{extra}"));
+        let out = world
+            .run(&["run", "--agent", agent.to_str().unwrap(), "hi"])
+            .await;
+        assert_eq!(out.status.code(), Some(1), "{named}: {}", stderr(&out));
+        let error = stderr(&out);
+        assert!(
+            error.contains("agent.toml") && error.contains(named),
+            "{named}: {error}"
+        );
+    }
+    assert_eq!(stdout(&world.run(&["sessions", "--json"]).await), "");
+}
+
+/// A program given as a path is the one beside the agent file, wherever
+/// mneme starts (not whatever the working directory holds under that
+/// name); a spec posted whole has no file to be beside, and is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relative_program_is_the_one_beside_its_agent_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut bed = Testbed::new()
+        .replies(vec![
+            MockReply::calls(&[("hello", json!({}))]),
+            MockReply::answer("done"),
+        ])
+        .tools([command_tool("hello", &["./hello.sh"], "read_only", 10)])
+        .await;
+    let elsewhere = tempfile::tempdir().unwrap();
+    let says =
+        |place: &str| format!("#!/bin/sh\ncat >/dev/null\necho '{{\"from\":\"{place}\"}}'\n");
+    for (dir, place) in [(bed.world.dir.path(), "beside"), (elsewhere.path(), "cwd")] {
+        let script = dir.join("hello.sh");
+        std::fs::write(&script, says(place)).unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let out = (bed.world.mneme())
+        .current_dir(elsewhere.path())
+        .args(["run", "--agent", bed.agent_arg(), "hi"])
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let asked = String::from_utf8_lossy(&bed.model.bodies()[1]).to_string();
+    assert!(
+        asked.contains("beside") && !asked.contains("cwd"),
+        "{asked}"
+    );
+
+    let daemon = bed.start_daemon(&[]).await;
+    let posted = (daemon.http.post(daemon.url("/sessions")))
+        .header("content-type", "application/toml")
+        .body(bed.agent_toml.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(posted.status(), 400);
+    let error = posted.text().await.unwrap();
+    assert!(
+        error.contains(r#"\"./hello.sh\" is a relative path"#),
+        "{error}"
+    );
+}

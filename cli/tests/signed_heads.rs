@@ -195,3 +195,28 @@ async fn a_witness_tells_a_session_deleted_or_cut() {
         "{rows:?}"
     );
 }
+
+/// A signing key kept in the data directory would travel with every copy
+/// of the store, to whoever can rewrite it: refused, as the master key is,
+/// before anything runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signing_key_inside_the_data_directory_is_refused() {
+    let s = signed(vec![MockReply::answer("one")], Fault::None).await;
+    let out = s.world.run(&["run", "--agent", &s.agent, "hello"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let inside = s.world.data().join("signing.key");
+    std::fs::rename(&s.key, &inside).unwrap();
+    let inside = inside.to_str().unwrap();
+    let out = s
+        .world
+        .run(&["run", "--signing-key", inside, "--agent", &s.agent, "again"])
+        .await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let error = stderr(&out);
+    assert!(
+        error.contains(inside) && error.contains("inside the data directory"),
+        "{error}"
+    );
+    let sessions = stdout(&s.world.run(&["sessions", "--json"]).await);
+    assert_eq!(sessions.lines().count(), 1, "no second session: {sessions}");
+}
