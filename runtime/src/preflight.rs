@@ -197,8 +197,8 @@ async fn check_tool(tool: &replay::ToolSpec) -> Option<Found> {
     }
 }
 
-/// Where `program` is found as a command tool would run it: a path
-/// (relative to the directory mneme runs in), or a name on `PATH`.
+/// Where `program` is found as a command tool would run it: a path (the
+/// loader made an agent file's absolute), or a name on `PATH`.
 fn find_program(program: &str) -> Result<std::path::PathBuf, String> {
     use std::os::unix::fs::PermissionsExt;
     let runnable = |path: &std::path::Path| {
