@@ -14,6 +14,68 @@ pub fn clip(text: &str, max: usize) -> String {
     format!("{clipped}…")
 }
 
+/// A call's arguments laid out afresh, as a person should read them before
+/// a tool gets them: whitespace between tokens dropped (so padding cannot
+/// push a member out of sight) and, with `pretty`, one member a line,
+/// indented two spaces; every string and number kept byte for byte (no
+/// float rounding of a long number). Text that is not JSON is returned as
+/// it is.
+pub fn laid_out(arguments: &str, pretty: bool) -> String {
+    if serde_json::from_str::<serde::de::IgnoredAny>(arguments).is_err() {
+        return arguments.to_string();
+    }
+    let mut out = String::with_capacity(arguments.len());
+    let break_line = |out: &mut String, depth: usize| {
+        if pretty {
+            out.push('\n');
+            out.push_str(&"  ".repeat(depth));
+        }
+    };
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    let mut chars = arguments.chars().peekable();
+    while let Some(c) = chars.next() {
+        if in_string {
+            out.push(c);
+            (in_string, escaped) = match (escaped, c) {
+                (true, _) => (true, false),
+                (false, '\\') => (true, true),
+                (false, '"') => (false, false),
+                (false, _) => (true, false),
+            };
+            continue;
+        }
+        match c {
+            '"' => {
+                in_string = true;
+                out.push(c);
+            }
+            '{' | '[' => {
+                out.push(c);
+                while chars.next_if(|c| c.is_whitespace()).is_some() {}
+                if let Some(close) = chars.next_if(|c| matches!(c, '}' | ']')) {
+                    out.push(close); // empty: on one line
+                    continue;
+                }
+                depth += 1;
+                break_line(&mut out, depth);
+            }
+            '}' | ']' => {
+                depth = depth.saturating_sub(1);
+                break_line(&mut out, depth);
+                out.push(c);
+            }
+            ',' => {
+                out.push(c);
+                break_line(&mut out, depth);
+            }
+            ':' if pretty => out.push_str(": "),
+            c if c.is_whitespace() => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// A one-line summary of `event` for people: what happened, with the
 /// figures that matter (tokens, effects, keys, who decided); long texts are
 /// clipped. Not escaped for a terminal or a page: the caller does that.
@@ -62,7 +124,7 @@ pub fn summary(event: &Event) -> String {
             let calls: Vec<String> = r
                 .tool_calls
                 .iter()
-                .map(|c| format!("{}({}) {}", c.name, c.id, clip(&c.arguments, 60)))
+                .map(|c| format!("{}({}) {}", c.name, c.id, clip(&laid_out(&c.arguments, false), 60)))
                 .collect();
             let what = match (&r.content, calls.is_empty()) {
                 (Some(text), true) => format!("answer {:?}", clip(text, 80)),
@@ -253,5 +315,27 @@ pub fn summary(event: &Event) -> String {
             tools.len(),
             clip(&changes.join("; "), 200)
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::laid_out;
+
+    #[test]
+    fn arguments_are_laid_out_afresh_with_every_value_kept_exactly() {
+        let padded = format!(
+            "{{\"to\": \"alice\",{}\"cents\" :12345678901234567890123, \"memo\": \"a,  b: {{c}}\\\"\", \"tags\": [ ], \"at\": {{}}}}",
+            "\n".repeat(400)
+        );
+        assert_eq!(
+            laid_out(&padded, false),
+            r#"{"to":"alice","cents":12345678901234567890123,"memo":"a,  b: {c}\"","tags":[],"at":{}}"#
+        );
+        assert_eq!(
+            laid_out(r#"{"a":[1,{"b":null}],"c":"x"}"#, true),
+            "{\n  \"a\": [\n    1,\n    {\n      \"b\": null\n    }\n  ],\n  \"c\": \"x\"\n}"
+        );
+        assert_eq!(laid_out("not json {", true), "not json {", "as it is");
     }
 }

@@ -711,6 +711,11 @@ pub struct WaitingCall {
     pub tool: String,
     /// Its arguments, exactly as the model sent them.
     pub arguments: String,
+    /// The tool's description as the session pinned it, which the model
+    /// was shown (an MCP server's own words, for its tools): shown beside
+    /// the call, so a person sees what the model was told about it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
     /// `approval` or `decision`.
     pub waits_for: String,
     /// Why.

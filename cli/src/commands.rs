@@ -399,6 +399,8 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
             };
             let call = (a.session.resolve(sessions).await?, a.call_id.as_str());
             let json = a.decision.json.json;
+            let edited = a.edit_args.as_deref();
+            crate::approving::say_what_is_decided(sessions, call, edited, a.deny).await;
             decide(sessions, call, Decision::Approve(body), verb, json).await
         }
         Command::Export(a) => {
@@ -1004,19 +1006,6 @@ impl StreamToStdout {
     }
 }
 
-/// Says a call's `arguments` whole, one line each, as JSON parsed and
-/// pretty-printed (what the tool is given, not what a long line or a
-/// repeated key would show), or as they are if they do not parse.
-fn say_arguments(arguments: &str) {
-    let shown = serde_json::from_str::<serde_json::Value>(arguments)
-        .ok()
-        .and_then(|v| serde_json::to_string_pretty(&v).ok())
-        .unwrap_or_else(|| arguments.to_string());
-    for line in shown.lines() {
-        say!("      {line}");
-    }
-}
-
 /// Prints how a drive ended and gives the exit code for it; the answer is
 /// not printed again if it was `streamed` as it came.
 fn report_end(id: Uuid, end: &TurnEnd, json: bool, streamed: bool) -> Result<ExitCode> {
@@ -1059,7 +1048,7 @@ fn report_end(id: Uuid, end: &TurnEnd, json: bool, streamed: bool) -> Result<Exi
                     waiting.tool,
                     waiting.reason
                 );
-                say_arguments(&waiting.arguments);
+                crate::approving::say_arguments(&waiting.arguments);
                 say!("    mneme approve {id} {call} [--deny | --edit-args JSON]");
             }
             Ok(ExitCode::from(EXIT_NEEDS_DECISION))

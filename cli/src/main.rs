@@ -13,6 +13,7 @@ macro_rules! say {
 
 #[macro_use]
 mod out;
+mod approving;
 mod args;
 mod commands;
 mod demo;

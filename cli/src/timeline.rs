@@ -3,7 +3,7 @@
 use crate::LogArgs;
 use anyhow::{bail, Result};
 use eventlog::EventLog;
-use replay::Event;
+use replay::{Event, ToolCall};
 use runtime::session::read_events;
 use runtime::text::for_terminal;
 use runtime::{describe, views};
@@ -45,7 +45,7 @@ pub fn print(rows: &[Value], args: &LogArgs) -> Result<ExitCode> {
         );
     }
     // Tool events belong to the latest reply; ids may repeat across replies.
-    let mut tool_of_call = HashMap::new();
+    let mut calls = HashMap::new();
     let mut spec = None;
     for row in rows {
         if crate::out::closed() {
@@ -56,10 +56,8 @@ pub fn print(rows: &[Value], args: &LogArgs) -> Result<ExitCode> {
             spec = Some(s.clone());
         }
         if let Event::ModelReplied(reply) = &event {
-            tool_of_call = reply
-                .tool_calls
-                .iter()
-                .map(|c| (c.id.clone(), c.name.clone()))
+            calls = (reply.tool_calls.iter())
+                .map(|c| (c.id.clone(), c.clone()))
                 .collect();
         }
         let ts = row["ts"].as_str().unwrap_or_default();
@@ -69,7 +67,7 @@ pub fn print(rows: &[Value], args: &LogArgs) -> Result<ExitCode> {
             || args
                 .tool
                 .as_ref()
-                .is_some_and(|t| !concerns_tool(&event, t, &tool_of_call))
+                .is_some_and(|t| !concerns_tool(&event, t, &calls))
         {
             continue;
         }
@@ -90,6 +88,11 @@ pub fn print(rows: &[Value], args: &LogArgs) -> Result<ExitCode> {
                 describe::summary(&event)
             );
             outln!("{}", for_terminal(&line));
+            if let Some(call) = awaiting_approval(&event, &calls) {
+                for line in describe::laid_out(&call.arguments, true).lines() {
+                    outln!("{}", for_terminal(&format!("        {line}")));
+                }
+            }
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -111,8 +114,20 @@ fn child_of(row: &Value, event: &Event, spec: Option<&replay::AgentSpec>) -> Opt
     Some(replay::child_session_id(session, idempotency_key))
 }
 
-fn concerns_tool(event: &Event, tool: &str, tool_of_call: &HashMap<String, String>) -> bool {
-    let call_is = |id: &str| tool_of_call.get(id).is_some_and(|t| t == tool);
+/// The call an `ApprovalRequested` asks a person about: its arguments are
+/// shown whole under the row, laid out afresh, as they are to be approved.
+fn awaiting_approval<'a>(
+    event: &Event,
+    calls: &'a HashMap<String, ToolCall>,
+) -> Option<&'a ToolCall> {
+    match event {
+        Event::ApprovalRequested { call_id, .. } => calls.get(call_id),
+        _ => None,
+    }
+}
+
+fn concerns_tool(event: &Event, tool: &str, calls: &HashMap<String, ToolCall>) -> bool {
+    let call_is = |id: &str| calls.get(id).is_some_and(|c| c.name == tool);
     match event {
         Event::ModelReplied(reply) => reply.tool_calls.iter().any(|c| c.name == tool),
         Event::ToolStarted { tool: t, .. } => t == tool,

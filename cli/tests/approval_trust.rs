@@ -4,20 +4,9 @@
 
 mneme_e2e::binary!(env!("CARGO_BIN_EXE_mneme"));
 
-use mneme_e2e::hostile::{completion, Answer, HostileModel};
+use mneme_e2e::hostile::{completion, raw_call, Answer, HostileModel};
 use mneme_e2e::*;
 use serde_json::{json, Value};
-
-/// A reply calling `tool` with `arguments` exactly as written.
-fn raw_call(tool: &str, arguments: &str) -> Answer {
-    Answer::Json(
-        json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": "",
-        "tool_calls": [{"id": "c1", "type": "function",
-                        "function": {"name": tool, "arguments": arguments}}]},
-        "finish_reason": "tool_calls"}],
-        "usage": {"prompt_tokens": 10, "completion_tokens": 30}}),
-    )
-}
 
 fn user_text(request: &Value) -> String {
     (request["messages"].as_array().unwrap().iter())
@@ -102,4 +91,71 @@ async fn a_call_waiting_for_approval_is_shown_with_its_arguments_whole() {
     assert_eq!(waiting["tool"], "refund", "{outcome}");
     let given: Value = serde_json::from_str(waiting["arguments"].as_str().unwrap()).unwrap();
     assert_eq!(given["to"], "alice");
+}
+
+/// Arguments padded to push a member out of sight, with a number too long
+/// for a float, are laid out afresh wherever a person reads them before
+/// the tool gets them: the pause message, `log` (the reply's row compact,
+/// the approval's row with them whole under it) and `approve`, which says
+/// what it approves and what the model was told of the tool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn padded_arguments_are_laid_out_afresh_for_the_person_deciding() {
+    let world = World::new();
+    let sink = Sink::start().await.unwrap();
+    let padded = format!(
+        "{{\"note\": \"fine\",{}\"to\": \"mallory-iban\", \"cents\": 12345678901234567890123}}",
+        "\n".repeat(400)
+    );
+    let model = HostileModel::start(move |n, _, _| match n {
+        0 => raw_call("refund", &padded),
+        _ => Answer::Json(completion(Some("refunded"), &[])),
+    })
+    .await;
+    let agent = world.write(
+        "agent.toml",
+        &agent_toml(&model.base_url(), &[refund_needing_approval(&sink)]),
+    );
+    let out = world
+        .run(&["run", "--agent", agent.to_str().unwrap(), "refund"])
+        .await;
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let id = session_id(&out);
+    let members = [
+        "\"to\": \"mallory-iban\"",
+        "\"cents\": 12345678901234567890123",
+    ];
+    let shows_each = |text: &str, what: &str| {
+        for member in members {
+            let found = text
+                .lines()
+                .any(|l| l.trim().trim_end_matches(',') == member);
+            assert!(found, "{what} shows {member}: {text}");
+        }
+    };
+    shows_each(&stderr(&out), "the pause message");
+
+    let log = stdout(&world.run(&["log", &id]).await);
+    let reply = log.lines().find(|l| l.contains("ModelReplied")).unwrap();
+    assert!(
+        reply.contains(r#"refund(c1) {"note":"fine","to":"mallory-iban""#),
+        "{reply}"
+    );
+    let under_the_approval: String = (log.lines())
+        .skip_while(|l| !l.contains("ApprovalRequested"))
+        .skip(1)
+        .take_while(|l| !l.starts_with('#'))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    shows_each(&under_the_approval, "log, under ApprovalRequested");
+
+    let out = world.run(&["approve", &id, "c1", "--by", "ada"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(said.contains("approving c1 of session"), "{said}");
+    assert!(
+        said.contains("what the model was told of refund: \"refund\""),
+        "{said}"
+    );
+    shows_each(&said, "approve");
+    assert_eq!(sink.stats().path("refund").effects, 1);
 }

@@ -62,6 +62,39 @@ function visible(text) {
     (c) => `\\u{${c.codePointAt(0).toString(16)}}`);
 }
 
+// A call's arguments laid out afresh (pretty: one member a line), as a
+// person should read them: padding between tokens cannot push a member out
+// of sight, and every string and number is kept as written (JSON.parse
+// would round a long number). Text that is not JSON is shown as it is.
+// (The CLI's describe::laid_out does the same.)
+function laidOut(text, pretty = true) {
+  try { JSON.parse(text); } catch (_) { return String(text); }
+  let out = "", depth = 0, inString = false, escaped = false;
+  const breakLine = () => { if (pretty) out += "\n" + "  ".repeat(depth); };
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (inString) {
+      out += c;
+      if (escaped) escaped = false;
+      else if (c === "\\") escaped = true;
+      else if (c === '"') inString = false;
+      continue;
+    }
+    if (c === '"') { inString = true; out += c; }
+    else if (c === "{" || c === "[") {
+      out += c;
+      let j = i + 1;
+      while (j < text.length && /\s/.test(text[j])) j++;
+      if (text[j] === "}" || text[j] === "]") { out += text[j]; i = j; continue; }
+      depth++; breakLine();
+    } else if (c === "}" || c === "]") { depth = Math.max(0, depth - 1); breakLine(); out += c; }
+    else if (c === ",") { out += c; breakLine(); }
+    else if (c === ":") out += pretty ? ": " : ":";
+    else if (!/\s/.test(c)) out += c;
+  }
+  return out;
+}
+
 // An element: attributes (on* as listeners), then children (strings as text).
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -368,8 +401,10 @@ function waitingPanel(id, view) {
       el("p", {}, el("strong", {}, call.tool), " ", el("code", { class: "call-id" }, clip(call.call_id, 64)),
         ` ${call.waits_for === "approval" ? "waits for approval" : `is in doubt: ${clip(call.reason, 300)}`}`,
         call.expires_at ? el("span", { class: "expires" }, ` until ${call.expires_at} (then it is denied as expired)`) : null),
+      call.description ? el("p", { class: "tool-description" }, "What the model was told of this tool: ",
+        el("q", {}, clip(call.description, 2000))) : null,
       call.waits_for === "approval" ? approvalButtons(id, call)
-        : [el("pre", { class: "arguments", "aria-label": "Arguments" }, clip(call.arguments, 2000)), doubtButtons(id, call)])));
+        : [el("pre", { class: "arguments whole", "aria-label": "Arguments" }, laidOut(call.arguments)), doubtButtons(id, call)])));
 }
 
 function decide(id, call, action, body) {
@@ -386,11 +421,12 @@ function decide(id, call, action, body) {
 // The call's arguments, editable: approved as they are, or (changed) with
 // the person's, which the tool then runs with (recorded with their name).
 function approvalButtons(id, call) {
-  const args = el("textarea", { class: "edit-args", rows: 4, spellcheck: "false", "aria-label": "Arguments" });
-  // Shown escaped like every session text: a bidi override would make the
-  // arguments read other than what the tool gets. Left as shown, the call
-  // is approved with its own arguments.
-  const shown = visible(call.arguments);
+  // Shown whole, laid out afresh and escaped like every session text (a
+  // bidi override would make the arguments read other than what the tool
+  // gets). Left as shown, the call is approved with its own arguments.
+  const shown = visible(laidOut(call.arguments));
+  const rows = Math.min(Math.max(shown.split("\n").length, 4), 24);
+  const args = el("textarea", { class: "edit-args", rows, spellcheck: "false", "aria-label": "Arguments" });
   args.value = shown;
   const approve = async () => {
     const edited = args.value !== shown;
@@ -632,7 +668,7 @@ function callCard(callId, page) {
   const key = el("code", { class: "key" });
   const keyLine = el("span", { class: "key-line", hidden: true }, "key ", key);
   const args = page.argsOf.get(callId);
-  const argsBox = el("pre", { class: "arguments", "aria-label": "Arguments", hidden: args === undefined }, args === undefined ? "" : clip(args, 1000));
+  const argsBox = el("pre", { class: "arguments", "aria-label": "Arguments", hidden: args === undefined }, args === undefined ? "" : clip(laidOut(args, false), 1000));
   const attempts = el("ol", { class: "attempts", "aria-label": "Attempts" });
   const status = el("p", { class: "call-status" });
   const edited = el("pre", { class: "edited-args", "aria-label": "Edited arguments", hidden: true });
@@ -680,7 +716,7 @@ function callCard(callId, page) {
         effect.textContent = visible(f.effect);
         key.textContent = visible(f.idempotency_key);
         keyLine.hidden = false;
-        if (argsBox.hidden) { argsBox.textContent = visible(clip(f.args, 1000)); argsBox.hidden = false; }
+        if (argsBox.hidden) { argsBox.textContent = visible(clip(laidOut(f.args, false), 1000)); argsBox.hidden = false; }
         // A new attempt while the last is open: the process running it died.
         for (const a of byAttempt.values()) if (a.open) die(a);
         current = attemptRow(f.attempt, record.ts, record.seq);
@@ -723,7 +759,7 @@ function callCard(callId, page) {
         status.classList.add("expired");
       } else if (kind === "ApprovalDecided" && f.approved && f.args) {
         status.textContent = visible(`Approved with edited arguments by ${f.by} (#${record.seq}):`);
-        edited.textContent = visible(clip(f.args, 2000));
+        edited.textContent = visible(clip(laidOut(f.args, false), 2000));
         edited.hidden = false;
       } else if (kind === "ApprovalDecided") {
         status.textContent = visible(`${f.approved ? "Approved" : "Denied"} by ${f.by} (#${record.seq})`);

@@ -217,6 +217,10 @@ pub fn waiting_calls(state: &SessionState) -> Vec<WaitingCall> {
                 call_id: c.call.id.clone(),
                 tool: c.call.name.clone(),
                 arguments: c.call.arguments.clone(),
+                description: (state.spec.as_ref())
+                    .and_then(|spec| spec.tool(&c.call.name))
+                    .map(|tool| tool.description.clone())
+                    .unwrap_or_default(),
                 waits_for: waits_for.into(),
                 reason,
                 expires_at: (waits_for == "approval")

@@ -196,6 +196,17 @@ pub fn completion(content: Option<&str>, calls: &[(&str, &str, Value)]) -> Value
            "usage": {"prompt_tokens": 10, "completion_tokens": 5}})
 }
 
+/// A chat completion with one call (id `c1`) of `tool` whose arguments are
+/// `arguments` exactly as written (padded, repeated keys, not JSON).
+pub fn raw_call(tool: &str, arguments: &str) -> Answer {
+    Answer::Json(json!({"choices": [{"index": 0,
+        "message": {"role": "assistant", "content": "",
+            "tool_calls": [{"id": "c1", "type": "function",
+                            "function": {"name": tool, "arguments": arguments}}]},
+        "finish_reason": "tool_calls"}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 30}}))
+}
+
 /// A chat completion with `n` calls of `tool` (no arguments), with ids
 /// `<prefix>0`, `<prefix>1`, …
 pub fn calls_of(tool: &str, n: usize, prefix: &str) -> Value {
