@@ -242,7 +242,9 @@ pub struct Cancel {
     pub by: String,
 }
 
-/// `DELETE /sessions/{id}`'s body: erase the session's content.
+/// `DELETE /sessions/{id}`'s body: erase the session's content, and by
+/// default every session derived from it (its forks, reruns and
+/// sub-agents, and theirs), each of which holds a copy under its own key.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct Erase {
@@ -250,9 +252,20 @@ pub struct Erase {
     pub reason: String,
     /// Who asks (recorded).
     pub by: String,
+    /// Erase the sessions derived from it too (default). `false` erases
+    /// only this one; the answer then names the derived sessions that
+    /// still hold copies of its content.
+    #[serde(default = "cascade_by_default")]
+    #[cfg_attr(feature = "openapi", schema(default = true))]
+    pub cascade: bool,
 }
 
-/// A session whose content was erased.
+fn cascade_by_default() -> bool {
+    true
+}
+
+/// A session whose content was erased, and what became of the sessions
+/// derived from it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct Erased {
@@ -260,6 +273,78 @@ pub struct Erased {
     pub session: Uuid,
     /// Always `erased`.
     pub status: SessionStatus,
+    /// Every session this request erased: `session` first, then the
+    /// derived sessions it erased with it.
+    #[serde(default)]
+    pub erased: Vec<Uuid>,
+    /// Every session derived from `session`, transitively (a fork of its
+    /// fork too), nearest first, each with what became of it.
+    #[serde(default)]
+    pub derived: Vec<DerivedSession>,
+}
+
+/// A session derived from an erased one, holding a copy of (part of) its
+/// content under a key of its own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct DerivedSession {
+    /// The derived session.
+    pub session: Uuid,
+    /// The session it was derived from (the erased one, or another
+    /// derived session).
+    pub from: Uuid,
+    /// How it was derived.
+    pub link: Derivation,
+    /// What this request did with it.
+    pub outcome: DerivedOutcome,
+    /// Why it could not be erased (`outcome` `failed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// How a session was derived from another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum Derivation {
+    /// `mneme fork`: it began as a copy of the other's history.
+    Fork,
+    /// `mneme rerun`: it re-runs the other's user messages.
+    Rerun,
+    /// A call of the other's agent tool started it.
+    SubAgent,
+}
+
+impl Derivation {
+    /// How people read it: "fork", "rerun", "sub-agent".
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Derivation::Fork => "fork",
+            Derivation::Rerun => "rerun",
+            Derivation::SubAgent => "sub-agent",
+        }
+    }
+}
+
+impl std::fmt::Display for Derivation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What an erasure did with a derived session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum DerivedOutcome {
+    /// Erased with the named session, recorded in its own `SessionErased`.
+    Erased,
+    /// It was erased before: skipped (a key a crash left is destroyed).
+    AlreadyErased,
+    /// Not erased (`cascade` `false`): it still holds a copy.
+    Kept,
+    /// It could not be erased (`error` says why): it still holds a copy.
+    Failed,
 }
 
 /// A session cancelled.

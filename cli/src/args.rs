@@ -189,9 +189,11 @@ pub(crate) enum Command {
     Keygen(KeygenArgs),
     /// Erase a session's content for good (its key is destroyed): its
     /// shape stays and its chain still verifies; nothing runs in it again.
+    /// Every session derived from it (its forks, reruns and sub-agents,
+    /// and theirs) holds a copy, and is erased with it unless --only-this.
     /// With --idle-for instead of a session: every session idle that long.
     #[command(
-        after_help = "Examples:\n  mneme erase 01a23562 --reason \"asked by the user\"\n  mneme erase --idle-for 30d"
+        after_help = "Examples:\n  mneme erase 01a23562 --reason \"asked by the user\"\n  mneme erase 01a23562 --reason \"asked by the user\" --only-this\n  mneme erase --idle-for 30d"
     )]
     Erase(EraseArgs),
     /// Preflight an agent file: reach what a session of it would (the
@@ -242,6 +244,12 @@ pub(crate) struct EraseArgs {
     /// Who asks (recorded in the log).
     #[arg(long, env = "USER", default_value = "unknown")]
     pub(crate) by: String,
+    /// Erase only the session named, not the sessions derived from it
+    /// (forks, reruns, sub-agents): those are named, as still holding
+    /// copies of its content. --idle-for judges each session by its own
+    /// idleness, and so always erases only the idle ones.
+    #[arg(long)]
+    pub(crate) only_this: bool,
     #[command(flatten, next_help_heading = "Store options")]
     pub(crate) store: StoreOptions,
 }

@@ -11,7 +11,10 @@ use eventlog::{EventLog, SledLog};
 use pglog::PgLog;
 use runtime::agent::load_agent_file;
 use runtime::api::PostMessage;
-use runtime::api::{Approve, DecisionAnswer, Erase, Resolve, SessionStatus, TurnOutcome, Verified};
+use runtime::api::{
+    Approve, DecisionAnswer, DerivedOutcome, DerivedSession, Erase, Resolve, SessionStatus,
+    TurnOutcome, Verified,
+};
 use runtime::privacy::{MasterKey, SealedLog};
 use runtime::service::Service;
 use runtime::signing::{HeadKey, HeadSigner, Witnessed};
@@ -693,13 +696,16 @@ fn keygen(data_dir: &Path, out: &Path, master: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Erases the session `a` names, or every session idle longer than its
-/// window (those that cannot be erased are named, and fail the command).
+/// Erases the session `a` names and, unless `--only-this`, every session
+/// derived from it; or every session idle longer than its window, each
+/// alone (a session derived from one and not idle is kept, and named).
+/// Those that cannot be erased are named, and fail the command.
 async fn erase(sessions: &dyn Sessions, a: crate::EraseArgs) -> Result<ExitCode> {
-    let (ids, reason) = match (a.session, a.idle_for) {
+    let (ids, reason, cascade) = match (a.session, a.idle_for) {
         (Some(named), _) => (
             vec![named.resolve(sessions).await?],
             a.reason.unwrap_or_default(),
+            !a.only_this,
         ),
         (None, Some(window)) => {
             let since = runtime::text::now_ms() - window.as_millis() as i64;
@@ -714,18 +720,38 @@ async fn erase(sessions: &dyn Sessions, a: crate::EraseArgs) -> Result<ExitCode>
                     runtime::text::window(window)
                 )
             });
-            (idle.map(|row| row.session).collect(), reason)
+            let ids: Vec<Uuid> = idle.map(|row| row.session).collect();
+            (ids, reason, false)
         }
         (None, None) => bail!("mneme erase needs a session, or --idle-for WINDOW"),
     };
     let mut code = ExitCode::SUCCESS;
-    for id in ids {
+    for &id in &ids {
         let request = Erase {
             reason: reason.clone(),
             by: a.by.clone(),
+            cascade,
         };
         match sessions.erase(id, request).await {
-            Ok(_) => say!("session {id}: erased"),
+            Ok(erased) => {
+                say!("session {id}: erased");
+                // A sweep says of the others only what still holds a copy
+                // (those it reaches on their own are said then).
+                let sweep = a.idle_for.is_some();
+                let derived = erased.derived.iter().filter(|d| {
+                    !(sweep
+                        && (ids.contains(&d.session) || d.outcome == DerivedOutcome::AlreadyErased))
+                });
+                for line in derived.map(|d| erased_line(id, d)) {
+                    match line {
+                        Ok(line) => say!("{line}"),
+                        Err(line) => {
+                            runtime::warn_line!("{line}");
+                            code = ExitCode::FAILURE;
+                        }
+                    }
+                }
+            }
             Err(e) => {
                 runtime::warn_line!("mneme: session {id}: not erased: {e:#}");
                 code = ExitCode::FAILURE;
@@ -733,6 +759,31 @@ async fn erase(sessions: &dyn Sessions, a: crate::EraseArgs) -> Result<ExitCode>
         }
     }
     Ok(code)
+}
+
+/// What became of session `derived`, derived from erased session `root`,
+/// in a line: `Err` when it could not be erased (the command fails).
+fn erased_line(root: Uuid, derived: &DerivedSession) -> Result<String, String> {
+    let id = derived.session;
+    let how = match derived.from == root {
+        true => format!("a {} of {root}", derived.link),
+        false => format!(
+            "a {} of {}, derived from {root}",
+            derived.link, derived.from
+        ),
+    };
+    match derived.outcome {
+        DerivedOutcome::Erased => Ok(format!("session {id}: erased with {root} ({how})")),
+        DerivedOutcome::AlreadyErased => Ok(format!("session {id}: already erased ({how})")),
+        DerivedOutcome::Kept => Ok(format!(
+            "session {id}: still holds a copy of {root}'s content ({how}): not erased; \
+             `mneme erase {id}` erases it"
+        )),
+        DerivedOutcome::Failed => Err(format!(
+            "mneme: session {id}: still holds a copy of {root}'s content ({how}): not erased: {}",
+            derived.error.as_deref().unwrap_or("unknown error")
+        )),
+    }
 }
 
 /// Runs `turn`, its streamed text shown on stdout as it comes unless

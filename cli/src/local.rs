@@ -213,11 +213,7 @@ impl Sessions for Local {
 
     async fn erase(&self, id: Uuid, erase: runtime::api::Erase) -> Result<runtime::api::Erased> {
         let control = self.control(None);
-        control.erase(id, &erase.reason, &erase.by).await?;
-        Ok(runtime::api::Erased {
-            session: id,
-            status: runtime::api::SessionStatus::Erased,
-        })
+        Ok(control.erase_with_derived(id, &erase, &|_| {}).await?)
     }
 
     async fn fork(&self, id: Uuid, at: u64, spec: Option<AgentSpec>) -> Result<Forked> {

@@ -86,8 +86,9 @@ pub trait Sessions: Send + Sync {
     /// With `spec`, the fork runs with it from there on.
     async fn fork(&self, id: Uuid, at: u64, spec: Option<AgentSpec>) -> Result<Forked>;
 
-    /// Erases session `id`'s content (see `Service::erase`); a running
-    /// turn stops first.
+    /// Erases session `id`'s content (see `Service::erase`), and unless
+    /// `erase.cascade` is false every session derived from it (see
+    /// `Control::erase_with_derived`); a running turn stops first.
     async fn erase(&self, id: Uuid, erase: runtime::api::Erase) -> Result<runtime::api::Erased>;
 
     /// Sessions `a` and `b` compared.

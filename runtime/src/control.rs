@@ -17,6 +17,17 @@ use std::future::Future;
 use std::pin::Pin;
 use uuid::Uuid;
 
+/// The reason recorded in derived session `found`'s erasure, erased with
+/// session `root` for `reason`: that reason, and what it was erased with.
+pub fn erased_with(reason: &str, root: Uuid, found: &crate::service::Derived) -> String {
+    let how = if found.from == root {
+        format!("its {}", found.link)
+    } else {
+        format!("a {} of {}, derived from it", found.link, found.from)
+    };
+    format!("{reason} (erased with session {root}: {how})")
+}
+
 /// Reason recorded when a shutdown pauses a turn; such sessions are resumed
 /// when a daemon starts again.
 pub const SHUTDOWN_REASON: &str = "daemon shutting down";
@@ -295,6 +306,66 @@ impl<T: Turns> Control<T> {
         self.done(hold, &session, erased).await
     }
 
+    /// Erases session `id` as `request` asks, and with it (unless
+    /// `request.cascade` is false) every session derived from it
+    /// ([`Service::derived`]: its forks, reruns and sub-agents, and
+    /// theirs), each of which holds a copy of its content under a key of
+    /// its own. Each derived session records its own `SessionErased`, its
+    /// reason saying it was erased with `id` ([`erased_with`]); one erased
+    /// already is skipped (a key a crash left is destroyed), one that
+    /// cannot be erased is named with why, and the rest go on. `id` is
+    /// erased first: a crash between erasures leaves a state a second call
+    /// finishes, the links being kept after an erasure. `each` is told
+    /// each session this touched (erased, or failed), as soon as it has.
+    /// Without cascade, the answer names the derived sessions that still
+    /// hold copies.
+    pub async fn erase_with_derived(
+        &self,
+        id: Uuid,
+        request: &api::Erase,
+        each: &(dyn Fn(Uuid) + Send + Sync),
+    ) -> Result<api::Erased, RuntimeError> {
+        use api::DerivedOutcome as Outcome;
+        self.service.ensure_exists(id).await?;
+        let derived = self.service.derived(id).await?;
+        let erased = self.erase(id, &request.reason, &request.by).await;
+        each(id);
+        erased?;
+        let mut answer = api::Erased {
+            session: id,
+            status: api::SessionStatus::Erased,
+            erased: vec![id],
+            derived: Vec::with_capacity(derived.len()),
+        };
+        for found in derived {
+            let (outcome, error) = match (found.erased, request.cascade) {
+                (true, false) => (Outcome::AlreadyErased, None),
+                (false, false) => (Outcome::Kept, None),
+                (already, true) => {
+                    let reason = erased_with(&request.reason, id, &found);
+                    let erased = self.erase(found.session, &reason, &request.by).await;
+                    each(found.session);
+                    match erased {
+                        Err(e) => (Outcome::Failed, Some(e.to_string())),
+                        Ok(()) if already => (Outcome::AlreadyErased, None),
+                        Ok(()) => {
+                            answer.erased.push(found.session);
+                            (Outcome::Erased, None)
+                        }
+                    }
+                }
+            };
+            answer.derived.push(api::DerivedSession {
+                session: found.session,
+                from: found.from,
+                link: found.link,
+                outcome,
+                error,
+            });
+        }
+        Ok(answer)
+    }
+
     /// A new session holding session `id`'s events up to seq `at`, run
     /// with `spec` from there on if given (`by` recorded as who changed it).
     pub async fn fork(
@@ -365,5 +436,285 @@ impl<T: Turns> Control<T> {
         }
         self.turns.changed(session);
         recorded
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use api::{Derivation, DerivedOutcome, Erase};
+    use eventlog::{Durability, EventLog, SledLog};
+    use replay::Event;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// Holds sessions under a lease of its own; runs no turn.
+    struct NoTurns(Arc<dyn EventLog>);
+
+    #[async_trait::async_trait]
+    impl Turns for NoTurns {
+        async fn hold(&self, id: Uuid) -> Result<Hold, RuntimeError> {
+            let lease =
+                HeldLease::acquire(self.0.clone(), id, "test", Duration::from_secs(30)).await?;
+            Ok(Hold::new(lease, None))
+        }
+
+        async fn stop(&self, _id: Uuid) -> Result<(), RuntimeError> {
+            Ok(())
+        }
+
+        fn run(&self, _id: Uuid, _start: TurnStart) -> TurnTask {
+            unreachable!("no turn runs in these tests")
+        }
+    }
+
+    fn spec() -> AgentSpec {
+        toml::from_str("name = \"t\"\n[model]\nprovider = \"scripted\"\nscript = \"unused.json\"\n")
+            .unwrap()
+    }
+
+    /// A session `root` with a message; its fork `fork` (at that message),
+    /// the fork's own fork `grandchild`, a rerun `rerun` of `root`, a
+    /// sub-agent `child` of it, and a session of its own, `other`. Each but
+    /// `plain` has a key, as under a master key.
+    struct Family {
+        control: Control<NoTurns>,
+        root: Uuid,
+        fork: Uuid,
+        grandchild: Uuid,
+        rerun: Uuid,
+        child: Uuid,
+        other: Uuid,
+    }
+
+    async fn family(dir: &std::path::Path) -> Family {
+        let log: Arc<dyn EventLog> = Arc::new(SledLog::open(dir).unwrap());
+        let service = Service::new(log.clone(), Durability::Flushed);
+        let mut root = service.create(spec()).await.unwrap();
+        let text = "my card is 4111".to_string();
+        service.post_message(&mut root, text).await.unwrap();
+        let root = root.id();
+        let fork = service.fork(root, 2, None).await.unwrap().id();
+        let grandchild = service.fork(fork, 3, None).await.unwrap().id();
+        let (rerun, _) = service.start_rerun(root, spec(), false).await.unwrap();
+        let mut child = service.create(spec()).await.unwrap();
+        let spawned = Event::SpawnedBy {
+            parent: root,
+            seq: 2,
+            call_id: "call_0_0".into(),
+        };
+        child.append(vec![spawned], None).await.unwrap();
+        let other = service.create(spec()).await.unwrap().id();
+        let family = Family {
+            control: Control::new(service, NoTurns(log.clone())),
+            root,
+            fork,
+            grandchild,
+            rerun: rerun.id(),
+            child: child.id(),
+            other,
+        };
+        for id in family.all() {
+            log.side_store().put_key(id, b"wrapped").await.unwrap();
+        }
+        family
+    }
+
+    impl Family {
+        fn all(&self) -> [Uuid; 6] {
+            let (root, fork, grandchild) = (self.root, self.fork, self.grandchild);
+            [root, fork, grandchild, self.rerun, self.child, self.other]
+        }
+
+        fn log(&self) -> &Arc<dyn EventLog> {
+            self.control.service().log()
+        }
+
+        async fn erasure(&self, id: Uuid) -> Option<(String, String)> {
+            let session = self.control.service().load(id).await.unwrap();
+            session.state().erased.clone()
+        }
+
+        async fn keyed(&self, id: Uuid) -> bool {
+            self.log().side_store().get_key(id).await.unwrap().is_some()
+        }
+    }
+
+    fn erase(cascade: bool) -> Erase {
+        Erase {
+            reason: "asked".into(),
+            by: "dpo".into(),
+            cascade,
+        }
+    }
+
+    fn outcomes(erased: &api::Erased) -> Vec<(Uuid, DerivedOutcome)> {
+        erased
+            .derived
+            .iter()
+            .map(|d| (d.session, d.outcome))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn the_derived_sessions_are_found_transitively_nearest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = family(dir.path()).await;
+        let derived = f.control.service().derived(f.root).await.unwrap();
+        let found: Vec<_> = derived
+            .iter()
+            .map(|d| (d.session, d.from, d.link))
+            .collect();
+        let mut first = vec![
+            (f.fork, f.root, Derivation::Fork),
+            (f.rerun, f.root, Derivation::Rerun),
+            (f.child, f.root, Derivation::SubAgent),
+        ];
+        first.sort_by_key(|(id, _, _)| *id);
+        let mut near = found[..3].to_vec();
+        near.sort_by_key(|(id, _, _)| *id);
+        assert_eq!(near, first);
+        assert_eq!(found[3..], [(f.grandchild, f.fork, Derivation::Fork)]);
+        assert!(derived.iter().all(|d| !d.erased));
+        let of_fork = f.control.service().derived(f.fork).await.unwrap();
+        assert_eq!(of_fork.len(), 1);
+        assert_eq!(of_fork[0].session, f.grandchild);
+        assert!(f
+            .control
+            .service()
+            .derived(f.other)
+            .await
+            .unwrap()
+            .is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_erasure_reaches_every_derived_session_each_recording_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = family(dir.path()).await;
+        let touched = std::sync::Mutex::new(Vec::new());
+        let each = |id| touched.lock().unwrap().push(id);
+        let erased = (f.control.erase_with_derived(f.root, &erase(true), &each))
+            .await
+            .unwrap();
+        assert_eq!(erased.erased[0], f.root);
+        assert_eq!(erased.erased.len(), 5, "{erased:?}");
+        assert_eq!(*touched.lock().unwrap(), erased.erased);
+        assert!(erased
+            .derived
+            .iter()
+            .all(|d| d.outcome == DerivedOutcome::Erased));
+        for id in &erased.erased {
+            assert!(!f.keyed(*id).await, "{id} keeps its key");
+        }
+        let (by, reason) = f.erasure(f.grandchild).await.unwrap();
+        assert_eq!(by, "dpo");
+        let said = format!(
+            "asked (erased with session {}: a fork of {}, derived from it)",
+            f.root, f.fork
+        );
+        assert_eq!(reason, said);
+        let (_, reason) = f.erasure(f.child).await.unwrap();
+        assert_eq!(
+            reason,
+            format!("asked (erased with session {}: its sub-agent)", f.root)
+        );
+        assert_eq!(f.erasure(f.root).await.unwrap().1, "asked");
+        assert!(f.erasure(f.other).await.is_none() && f.keyed(f.other).await);
+
+        // Again: nothing left to do, each derived one named as erased before.
+        let again = (f.control.erase_with_derived(f.root, &erase(true), &|_| {}))
+            .await
+            .unwrap();
+        assert_eq!(again.erased, [f.root]);
+        assert!(again
+            .derived
+            .iter()
+            .all(|d| d.outcome == DerivedOutcome::AlreadyErased));
+        let log = crate::session::read_events(f.log().as_ref(), f.fork).await;
+        let erasures = log
+            .unwrap()
+            .iter()
+            .filter(|(_, e)| matches!(e, Event::SessionErased { .. }))
+            .count();
+        assert_eq!(erasures, 1, "recorded once");
+    }
+
+    #[tokio::test]
+    async fn without_cascade_only_the_named_is_erased_and_the_rest_are_named_as_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = family(dir.path()).await;
+        let erased = (f.control.erase_with_derived(f.root, &erase(false), &|_| {}))
+            .await
+            .unwrap();
+        assert_eq!(erased.erased, [f.root]);
+        assert_eq!(erased.derived.len(), 4);
+        assert!(erased
+            .derived
+            .iter()
+            .all(|d| d.outcome == DerivedOutcome::Kept));
+        for id in [f.fork, f.grandchild, f.rerun, f.child] {
+            assert!(f.erasure(id).await.is_none() && f.keyed(id).await);
+        }
+        // A later erasure of the fork reaches its own fork, and names the
+        // root as erased (it is not derived from the fork).
+        let fork = (f.control.erase_with_derived(f.fork, &erase(true), &|_| {}))
+            .await
+            .unwrap();
+        assert_eq!(fork.erased, [f.fork, f.grandchild]);
+    }
+
+    /// A crash between erasures: the root erased, its fork's erasure
+    /// recorded but its key not yet destroyed, the rest untouched; a
+    /// second erasure finishes every one.
+    #[tokio::test]
+    async fn a_second_erasure_finishes_what_a_crash_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = family(dir.path()).await;
+        f.control.erase(f.root, "asked", "dpo").await.unwrap();
+        let mut fork = f.control.service().load(f.fork).await.unwrap();
+        let event = Event::SessionErased {
+            reason: "asked".into(),
+            by: "dpo".into(),
+        };
+        fork.append(vec![event], None).await.unwrap();
+        let erased = (f.control.erase_with_derived(f.root, &erase(true), &|_| {}))
+            .await
+            .unwrap();
+        let mut said = outcomes(&erased);
+        said.sort_by_key(|(id, _)| *id);
+        let mut wanted = vec![
+            (f.fork, DerivedOutcome::AlreadyErased),
+            (f.grandchild, DerivedOutcome::Erased),
+            (f.rerun, DerivedOutcome::Erased),
+            (f.child, DerivedOutcome::Erased),
+        ];
+        wanted.sort_by_key(|(id, _)| *id);
+        assert_eq!(said, wanted);
+        for id in [f.root, f.fork, f.grandchild, f.rerun, f.child] {
+            assert!(!f.keyed(id).await, "{id} keeps its key");
+        }
+    }
+
+    /// A derived session that cannot be erased (written without a key) is
+    /// named with why; the others are erased all the same.
+    #[tokio::test]
+    async fn a_derived_session_that_cannot_be_erased_is_named_and_the_rest_go_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = family(dir.path()).await;
+        f.log().side_store().destroy_key(f.rerun).await.unwrap();
+        let erased = (f.control.erase_with_derived(f.root, &erase(true), &|_| {}))
+            .await
+            .unwrap();
+        let failed = erased
+            .derived
+            .iter()
+            .find(|d| d.session == f.rerun)
+            .unwrap();
+        assert_eq!(failed.outcome, DerivedOutcome::Failed);
+        let error = failed.error.as_deref().unwrap();
+        assert!(error.contains("without encryption"), "{error}");
+        assert_eq!(erased.erased.len(), 4, "{erased:?}");
+        assert!(!erased.erased.contains(&f.rerun));
     }
 }

@@ -521,6 +521,52 @@ impl Service {
         Ok(())
     }
 
+    /// Every session derived from session `id`, transitively (a fork of
+    /// its fork too), nearest first: its forks and reruns (their first
+    /// event names it) and its sub-agents (their `SpawnedBy` names it),
+    /// each holding a copy of some of its content under a key of its own.
+    /// From the listing's summaries, which keep these links after an
+    /// erasure, so a second erasure finds what a first one did not finish.
+    pub async fn derived(&self, id: Uuid) -> Result<Vec<Derived>, RuntimeError> {
+        let mut links = Vec::new();
+        let mut erased = std::collections::HashSet::new();
+        for (meta, summary) in self.listing().await? {
+            // An unreadable session names no link that can be read.
+            let Ok(summary) = summary else { continue };
+            if summary.status == Status::Erased.to_string() {
+                erased.insert(meta.session);
+            }
+            if summary.forked_from.is_some() || summary.parent.is_some() {
+                links.extend(self.own_links(meta.session, &summary).await);
+            }
+        }
+        Ok(derived_from(id, &links)
+            .into_iter()
+            .map(|(session, from, link)| Derived {
+                session,
+                from,
+                link,
+                erased: erased.contains(&session),
+            })
+            .collect())
+    }
+
+    /// The links session `id` (which `summary` describes) has to the
+    /// session it was derived from: read from its first append, which
+    /// holds them (a fork's copy of its parent's history holds the
+    /// parent's own links, which the fold also sees); from `summary` if
+    /// that cannot be read.
+    async fn own_links(&self, id: Uuid, summary: &Summary) -> Vec<Link> {
+        let first = self.log.read(id, 1, 2).await.ok().and_then(|records| {
+            let events = records.iter().map(crate::session::decode);
+            events.collect::<Result<Vec<Event>, _>>().ok()
+        });
+        match first {
+            Some(first) => links_of(id, &first),
+            None => summary_links_of(id, summary),
+        }
+    }
+
     /// Sessions last changed before `idle_since_ms` (milliseconds since
     /// the Unix epoch) whose content can still be erased: encrypted, and
     /// not erased with their key destroyed.
@@ -771,6 +817,86 @@ impl Service {
     }
 }
 
+/// A session derived from another (see [`Service::derived`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Derived {
+    /// The derived session.
+    pub session: Uuid,
+    /// The session it was derived from.
+    pub from: Uuid,
+    /// How.
+    pub link: crate::api::Derivation,
+    /// Whether it was erased already.
+    pub erased: bool,
+}
+
+/// A link from a derived session to the one it was derived from:
+/// (derived, from, how).
+pub type Link = (Uuid, Uuid, crate::api::Derivation);
+
+/// The link session `id` has to the session it was derived from, as its
+/// `first` events (its first two) record it: a fork's or a rerun's first
+/// event names its parent; a sub-agent's `SpawnedBy` follows its start.
+/// Whatever comes later (a fork's copy of its parent's own links) is not
+/// its own.
+pub fn links_of(id: Uuid, first: &[Event]) -> Vec<Link> {
+    use crate::api::Derivation;
+    match first {
+        [Event::SessionForked { parent, rerun, .. }, ..] => {
+            let how = match rerun {
+                Some(_) => Derivation::Rerun,
+                None => Derivation::Fork,
+            };
+            vec![(id, *parent, how)]
+        }
+        [Event::SessionStarted { .. }, Event::SpawnedBy { parent, .. }, ..] => {
+            vec![(id, *parent, Derivation::SubAgent)]
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// The links of session `id` as its summary tells them, where its first
+/// events cannot be read: the last fork link its fold saw (for a fork of
+/// a fork, the first fork's parent: an ancestor all the same), and the
+/// sub-agent's parent.
+fn summary_links_of(id: Uuid, summary: &Summary) -> Vec<Link> {
+    use crate::api::Derivation;
+    let mut links = Vec::new();
+    match (summary.rerun_of, summary.forked_from) {
+        (Some(of), _) => links.push((id, of, Derivation::Rerun)),
+        (None, Some(of)) => links.push((id, of, Derivation::Fork)),
+        (None, None) => {}
+    }
+    if let Some(parent) = summary.parent {
+        links.push((id, parent, Derivation::SubAgent));
+    }
+    links
+}
+
+/// The sessions derived from `root` through `links` ((derived, from,
+/// how), in any order), transitively, nearest first (breadth first, each
+/// level in the order of `links`): each named once, by the first link that
+/// reaches it, and never `root` itself, whatever cycles the links hold.
+pub fn derived_from(root: Uuid, links: &[Link]) -> Vec<Link> {
+    let mut seen = std::collections::HashSet::from([root]);
+    let mut found = Vec::new();
+    let mut frontier = vec![root];
+    while !frontier.is_empty() {
+        let mut next = Vec::new();
+        for from in frontier {
+            for &(derived, of, link) in links {
+                if of == from && seen.insert(derived) {
+                    found.push((derived, from, link));
+                    next.push(derived);
+                }
+            }
+        }
+        frontier = next;
+    }
+    found
+}
+
 /// A session in a listing: its metadata and its summary (or why it could
 /// not be read).
 pub type Listed = (SessionMeta, Result<Summary, RuntimeError>);
@@ -833,6 +959,74 @@ mod tests {
     use super::*;
     use eventlog::SledLog;
     use replay::{ModelReply, ToolCall};
+
+    /// A session's own link is in its first append; what a fork copied of
+    /// its parent's history (the parent's own links) is not its own.
+    #[test]
+    fn a_sessions_own_link_is_the_one_its_first_append_holds() {
+        use crate::api::Derivation::{Fork, Rerun, SubAgent};
+        let [id, parent, grandparent] = [1, 2, 3].map(Uuid::from_u128);
+        let spec: AgentSpec = toml::from_str(
+            "name = \"t\"\n[model]\nprovider = \"scripted\"\nscript = \"unused.json\"\n",
+        )
+        .unwrap();
+        let started = Event::SessionStarted {
+            spec: Box::new(spec),
+        };
+        let forked = |parent, rerun| Event::SessionForked {
+            parent,
+            at_seq: 2,
+            rerun,
+        };
+        let spawned = Event::SpawnedBy {
+            parent: grandparent,
+            seq: 4,
+            call_id: "call_0_0".into(),
+        };
+        let rerun = replay::RerunOf {
+            through_seq: 3,
+            live_tools: false,
+        };
+        let of_fork = [forked(parent, None), forked(grandparent, None)];
+        assert_eq!(links_of(id, &of_fork), [(id, parent, Fork)]);
+        let of_child = [forked(parent, None), started.clone(), spawned.clone()];
+        assert_eq!(links_of(id, &of_child), [(id, parent, Fork)]);
+        let a_rerun = [forked(parent, Some(rerun)), started.clone()];
+        assert_eq!(links_of(id, &a_rerun), [(id, parent, Rerun)]);
+        let a_child = [started.clone(), spawned];
+        assert_eq!(links_of(id, &a_child), [(id, grandparent, SubAgent)]);
+        let message = Event::UserMessage { text: "hi".into() };
+        assert!(links_of(id, &[started, message]).is_empty());
+        assert!(links_of(id, &[]).is_empty());
+    }
+
+    #[test]
+    fn derived_sessions_are_found_transitively_each_once_nearest_first() {
+        use crate::api::Derivation::{Fork, Rerun, SubAgent};
+        let [root, a, b, c, d, other] = [1, 2, 3, 4, 5, 6].map(Uuid::from_u128);
+        let links = [
+            (c, a, Fork),        // a fork of a fork
+            (a, root, Fork),     // a fork
+            (b, root, Rerun),    // a rerun
+            (c, b, SubAgent),    // reached twice: named by the first link
+            (d, c, SubAgent),    // three levels down
+            (other, d, Fork),    // ...
+            (root, other, Fork), // a cycle no store holds: root never named
+        ];
+        let found = derived_from(root, &links);
+        assert_eq!(
+            found,
+            [
+                (a, root, Fork),
+                (b, root, Rerun),
+                (c, a, Fork),
+                (d, c, SubAgent),
+                (other, d, Fork)
+            ]
+        );
+        assert_eq!(derived_from(d, &links[4..6]), [(other, d, Fork)]);
+        assert!(derived_from(other, &links[..6]).is_empty());
+    }
 
     /// A session whose call `refund` (approval needed, its approval
     /// expiring at `expires_at_ms`) waits for a person, and which a person

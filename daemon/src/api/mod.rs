@@ -694,21 +694,23 @@ async fn cancel(
 /// Erases the session's content for good (a running turn stops at its
 /// next step first): records who asked and why, then destroys the
 /// session's key. Its shape (events, kinds, times, tools, keys, tokens)
-/// stays, and its chain still verifies.
+/// stays, and its chain still verifies. Unless `cascade` is false, every
+/// session derived from it (forks, reruns, sub-agents, transitively) is
+/// erased with it, each recording its own erasure; the answer lists what
+/// was erased, and what still holds a copy.
 #[utoipa::path(delete, path = "/sessions/{id}", params(SessionPath), request_body = Erase,
     responses(
-        (status = 200, description = "Erased", body = Erased),
+        (status = 200, description = "Erased, with what became of the sessions derived from it", body = Erased),
         (status = 409, description = "Written without encryption, or held by another daemon", body = wire::ApiError)))]
 async fn erase_session(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
     Json(body): Json<Erase>,
 ) -> Result<Json<Erased>, ApiError> {
-    erase(&daemon, id, &body.reason, &body.by).await?;
-    Ok(Json(Erased {
-        session: id,
-        status: SessionStatus::Erased,
-    }))
+    // Every copy of an erased session's state this daemon keeps goes too.
+    let forget = |erased: Uuid| daemon.forget(erased);
+    let control = daemon.control();
+    Ok(Json(control.erase_with_derived(id, &body, &forget).await?))
 }
 
 /// Stops a running turn of session `id`, then erases it under its lease,
