@@ -236,18 +236,24 @@ impl McpServer {
         let mut tools = Vec::new();
         let mut cursor: Option<String> = None;
         let mut cursors = std::collections::HashSet::new();
-        for _ in 0..MAX_LIST_PAGES {
+        // One deadline for the whole list: a server that answers each page
+        // just in time must not stretch it to 64 timeouts.
+        let deadline = tokio::time::Instant::now() + self.spec.timeout();
+        for page in 0..MAX_LIST_PAGES {
             let params = match &cursor {
                 Some(cursor) => json!({"cursor": cursor}),
                 None => json!({}),
             };
-            let page = tokio::time::timeout(
-                self.spec.timeout(),
-                self.request("tools/list", params, None),
-            )
-            .await
-            .map_err(|_| self.failure("no answer to tools/list in time".into()))?
-            .map_err(|e| self.failure(format!("tools/list: {e}")))?;
+            let late = || {
+                let within = self.spec.timeout().as_secs_f64();
+                self.failure(format!(
+                    "tools/list did not finish within {within} s (timeout_secs; {page} pages listed)"
+                ))
+            };
+            let page = tokio::time::timeout_at(deadline, self.request("tools/list", params, None))
+                .await
+                .map_err(|_| late())?
+                .map_err(|e| self.failure(format!("tools/list: {e}")))?;
             let listed: Vec<ListedTool> = serde_json::from_value(
                 page.get("tools").cloned().unwrap_or(Value::Null),
             )
@@ -796,6 +802,11 @@ mod hostile_servers {
     /// A stdio server (`sh`) that answers initialize and the messages the
     /// `case` arms of `cases` match, with a timeout of 1 s.
     fn sh_server(cases: &str) -> McpServerSpec {
+        sh_server_within(cases, 1)
+    }
+
+    /// [`sh_server`], with a timeout of `secs`.
+    fn sh_server_within(cases: &str, secs: u64) -> McpServerSpec {
         const SCRIPT: &str = r#"
 while IFS= read -r line; do
   id=$(printf '%s' "$line" | sed -n 's/.*"id":\([0-9]*\).*/\1/p')
@@ -807,7 +818,7 @@ done
 "#;
         let script = SCRIPT.replace("CASES", cases);
         server_spec(&format!(
-            "name = \"s\"\ncommand = [\"sh\", \"-c\", {script:?}]\ntimeout_secs = 1\n"
+            "name = \"s\"\ncommand = [\"sh\", \"-c\", {script:?}]\ntimeout_secs = {secs}\n"
         ))
     }
 
@@ -828,15 +839,30 @@ done
 
     #[tokio::test]
     async fn an_endless_tool_list_is_refused() {
-        // Empty pages, each with a new cursor.
-        let spec = sh_server(
+        // Empty pages, each with a new cursor (all 64 well within 10 s).
+        let spec = sh_server_within(
             r#"*'"tools/list"'*) printf '{"jsonrpc":"2.0","id":%s,"result":{"tools":[],"nextCursor":"page-%s"}}\n' "$id" "$id" ;;"#,
+            10,
+        );
+        let listed = tokio::time::timeout(Duration::from_secs(15), pin_tools(&spec)).await;
+        let refused = listed
+            .expect("pin_tools (timeout_secs = 10) still paging after 15 s")
+            .unwrap_err();
+        assert!(refused.to_string().contains("past 64 pages"), "{refused}");
+    }
+
+    #[tokio::test]
+    async fn a_tool_list_paged_slowly_has_one_deadline() {
+        // Each page in 0.4 s, within the 1 s timeout; the whole list not.
+        let spec = sh_server(
+            r#"*'"tools/list"'*) sleep 0.4; printf '{"jsonrpc":"2.0","id":%s,"result":{"tools":[],"nextCursor":"page-%s"}}\n' "$id" "$id" ;;"#,
         );
         let listed = tokio::time::timeout(Duration::from_secs(5), pin_tools(&spec)).await;
         let refused = listed
             .expect("pin_tools (timeout_secs = 1) still paging after 5 s")
             .unwrap_err();
-        assert!(refused.to_string().contains("past 64 pages"), "{refused}");
+        let refused = refused.to_string();
+        assert!(refused.contains("did not finish within 1 s"), "{refused}");
     }
 
     /// Answers tools/call with a JSON-RPC error quoting the request's
