@@ -708,6 +708,39 @@ async fn hostile_call(tool: &str) -> (World, std::process::Output, std::path::Pa
     (world, out, received)
 }
 
+/// `--refresh-tools` adopts a server's new list only as a spec a session
+/// could start with: a list naming one tool twice is refused, naming it,
+/// and nothing is recorded.
+#[tokio::test]
+async fn a_refreshed_list_that_names_a_tool_twice_is_refused() {
+    let world = World::new();
+    let received = world.dir.path().join("received.jsonl");
+    let model = MockModel::start(
+        vec![MockReply::answer("one"), MockReply::answer("two")],
+        Fault::None,
+    )
+    .await;
+    let entry = hostile_entry(&received, "[mcp.tools]\nask = \"read_only\"\n");
+    let path = world.write("agent.toml", &agent(&model, &[entry]));
+    let out = world
+        .run(&["run", "--agent", path.to_str().unwrap(), "go"])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = session_id(&out);
+    let before = event_kinds(&world, &id).await;
+    std::fs::write(format!("{}.twice", received.display()), "").unwrap();
+    let out = world
+        .run(&["run", "--session", &id, "--refresh-tools", "again"])
+        .await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let error = stderr(&out);
+    assert!(
+        error.contains("tool \"bad__ask\" is defined twice") && error.contains("nothing adopted"),
+        "{error}"
+    );
+    assert_eq!(event_kinds(&world, &id).await, before, "nothing recorded");
+}
+
 /// A server that floods, hangs, dies mid-call, or asks the client things:
 /// each bounded, each a call whose outcome is unknown (a key-ignoring side
 /// effect goes in doubt, naming why), the cancellation sent on a timeout,

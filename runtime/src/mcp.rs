@@ -62,6 +62,7 @@ pub async fn refresh(
     let origin = format!("session {}", session.id());
     let mut adopted = Vec::new();
     let mut events = Vec::new();
+    let mut refreshed = spec.clone();
     for server in &spec.mcp {
         let tools = tools::mcp::offered_tools(server)
             .await
@@ -70,6 +71,7 @@ pub async fn refresh(
         if changes.is_empty() {
             continue;
         }
+        refreshed = refreshed.with_mcp_tools(&server.name, &tools);
         adopted.push((server.name.clone(), changes.clone()));
         events.push(Event::McpToolsRefreshed {
             server: server.name.clone(),
@@ -78,6 +80,15 @@ pub async fn refresh(
             by: by.to_string(),
         });
     }
+    // Adopted only whole, and only as a spec a session could start with.
+    refreshed.validate().map_err(|reason| {
+        spec_error(
+            &origin,
+            format!(
+                "the servers' lists now give a spec that is refused ({reason}): nothing adopted"
+            ),
+        )
+    })?;
     if !events.is_empty() {
         session.append(events, None).await?;
     }
