@@ -299,3 +299,30 @@ async fn one_message_more_than_may_wait_is_a_429_and_is_not_recorded() {
         .contains(&"third".to_string()));
     assert!(daemon.terminate().await.success());
 }
+
+/// Rejected messages are recorded (never delivered), so they are bounded
+/// as waiting ones are: past `max_waiting_messages` in one turn, each more
+/// is a 429 and is not recorded (before, every one was).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejected_messages_past_the_bound_are_a_429_and_are_not_recorded() {
+    let setup = setup_with(Some("reject"), "max_waiting_messages = 2\n").await;
+    let daemon = DaemonProcess::start(&setup.world.data(), &[]).await;
+    let id = first_turn_running(&setup, &daemon).await;
+    let path = format!("/sessions/{id}/messages");
+    let mut statuses = Vec::new();
+    for n in 0..5 {
+        let (status, _) = daemon.post(&path, &json!({"text": format!("m{n}")})).await;
+        statuses.push(status);
+    }
+    assert_eq!(statuses, [409, 409, 429, 429, 429]);
+    setup.open_gate();
+    let session = wait_idle(&daemon, &id).await;
+    assert_eq!(session["answer"], "first answer", "{session}");
+    let recorded = events(&daemon, &id).await;
+    let count = kinds(&recorded)
+        .iter()
+        .filter(|k| **k == "MidTurnMessage")
+        .count();
+    assert_eq!(count, 2, "only the first two were recorded");
+    assert!(daemon.terminate().await.success());
+}

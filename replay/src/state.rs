@@ -199,6 +199,10 @@ pub struct TurnSpend {
     pub tool_calls: u64,
     /// Cost of the replies.
     pub cost: f64,
+    /// Messages that arrived mid-turn and were rejected (recorded, never
+    /// delivered: `mid_turn_messages = "reject"`).
+    #[serde(default)]
+    pub rejected_messages: u64,
 }
 
 /// Whether `event` is one only a process driving a turn records.
@@ -481,16 +485,14 @@ impl SessionState {
                 self.spec = Some(*spec)
             }
             Event::UserMessage { text } => self.open_turn_with(seq, text),
-            Event::MidTurnMessage { text, policy } => {
-                if policy != crate::spec::MidTurn::Reject {
-                    let interrupt = policy == crate::spec::MidTurn::Interrupt;
-                    self.mailbox.push(WaitingMessage {
-                        seq,
-                        text,
-                        interrupt,
-                    });
-                }
-            }
+            Event::MidTurnMessage { text, policy } => match policy {
+                crate::spec::MidTurn::Reject => self.turn.rejected_messages += 1,
+                _ => self.mailbox.push(WaitingMessage {
+                    seq,
+                    text,
+                    interrupt: policy == crate::spec::MidTurn::Interrupt,
+                }),
+            },
             Event::MidTurnDelivered { arrived } => {
                 match self.mailbox.iter().position(|m| m.seq == arrived) {
                     Some(at) => {

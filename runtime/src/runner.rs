@@ -167,23 +167,28 @@ impl Runner {
         };
         let spec = session.spec()?;
         let (policy, room) = (spec.mid_turn_messages, spec.limits.waiting_messages());
-        let mut waiting = session.state().mailbox.len() as u64;
+        // Rejected messages are recorded too: bounded as waiting ones are.
+        let (mut counted, held) = match policy {
+            MidTurn::Reject => (
+                session.state().turn.rejected_messages,
+                "were rejected this turn",
+            ),
+            _ => (session.state().mailbox.len() as u64, "wait for this turn"),
+        };
         let mut incoming = Vec::new();
         for m in inboxes.take(session.id()) {
             let refused = match session.state().past_the_window(&m.text) {
                 Some(reason) => Some(Refused::Invalid(reason)),
-                None if policy != MidTurn::Reject && waiting >= room => {
-                    Some(Refused::Full(format!(
-                    "{waiting} messages wait for this turn already ([limits] max_waiting_messages \
-                     = {room}): it was not recorded; send it once the turn has ended"
-                )))
-                }
+                None if counted >= room => Some(Refused::Full(format!(
+                    "{counted} messages {held} already ([limits] max_waiting_messages = {room}): \
+                     it was not recorded; send it once the turn has ended"
+                ))),
                 None => None,
             };
             match refused {
                 Some(refused) => m.answer(Err(refused)),
                 None => {
-                    waiting += u64::from(policy != MidTurn::Reject);
+                    counted += 1;
                     incoming.push(m);
                 }
             }
