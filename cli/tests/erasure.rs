@@ -481,3 +481,245 @@ async fn a_session_erased_while_its_turn_runs_is_stopped_first() {
     assert!(refused["error"].to_string().contains("erased"), "{refused}");
     daemon.terminate().await;
 }
+
+/// The head seq of `session`: where a fork holding all of it forks.
+async fn head(private: &Private, session: &str) -> String {
+    private.kinds(session).await.len().to_string()
+}
+
+/// A fork of `session` holding all of it.
+async fn fork_all(private: &Private, session: &str) -> String {
+    let at = head(private, session).await;
+    let out = private.run_ok(&["fork", session, "--at", &at]).await;
+    stdout(&out).trim().to_string()
+}
+
+/// The status `mneme sessions --json` gives each session.
+async fn statuses(private: &Private) -> std::collections::HashMap<String, String> {
+    let listed = stdout(&private.run_ok(&["sessions", "--json"]).await);
+    (listed.lines())
+        .map(|line| serde_json::from_str::<Value>(line).unwrap())
+        .map(|row| {
+            let id = row["session"].as_str().unwrap().to_string();
+            (id, row["status"].as_str().unwrap().to_string())
+        })
+        .collect()
+}
+
+/// Erases `session` with `extra` arguments; its stderr.
+async fn erase_saying(private: &Private, session: &str, extra: &[&str]) -> String {
+    let mut args = vec![
+        "erase",
+        session,
+        "--reason",
+        "asked on 2026-11-30",
+        "--by",
+        "dpo",
+    ];
+    args.extend(extra);
+    stderr(&private.run_ok(&args).await)
+}
+
+/// A session's copies elsewhere in the store are erased with it: its fork,
+/// the fork's own fork and its rerun each hold its content under a key of
+/// their own, and each is erased too, recording why, and named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn erasing_a_session_erases_its_forks_and_reruns_with_it() {
+    let private = Private::new(World::new()).await;
+    let parent = private.planted_session().await;
+    let fork = fork_all(&private, &parent).await;
+    let fork_of_fork = fork_all(&private, &fork).await;
+    let model = MockModel::start(vec![MockReply::answer("another answer")], Fault::None).await;
+    let other = private
+        .world
+        .write("other.toml", &agent_toml(&model.base_url(), &[]));
+    let out = private
+        .run_ok(&["rerun", &parent, "--agent", other.to_str().unwrap()])
+        .await;
+    let rerun = session_id(&out);
+    let copies = [fork.clone(), fork_of_fork.clone(), rerun.clone()];
+    let mut keys = Vec::new();
+    for copy in &copies {
+        let log = private.log_text(copy).await;
+        assert!(log.contains(MESSAGE), "{copy} holds no copy: {log}");
+        keys.push(hex::decode(private.wrapped_key(copy).await).unwrap());
+    }
+    keys.push(hex::decode(private.wrapped_key(&parent).await).unwrap());
+
+    let said = erase_saying(&private, &parent, &[]).await;
+    for line in [
+        format!("session {parent}: erased"),
+        format!("session {fork}: erased with {parent} (a fork of {parent})"),
+        format!("session {fork_of_fork}: erased with {parent} (a fork of {fork}, derived from {parent})"),
+        format!("session {rerun}: erased with {parent} (a rerun of {parent})"),
+    ] {
+        assert!(said.contains(&line), "{line:?} not said: {said}");
+    }
+    // Every key gone; no planted text in any file; each session says why.
+    let places = every_byte(&private.world.data());
+    for key in &keys {
+        assert_eq!(holding(&places, key), Vec::<&str>::new(), "a key is kept");
+    }
+    for planted in PLANTED {
+        assert_eq!(holding(&places, planted.as_bytes()), Vec::<&str>::new());
+    }
+    let statuses = statuses(&private).await;
+    for session in copies.iter().chain([&parent]) {
+        assert_eq!(statuses[session], "erased", "{session}: {statuses:?}");
+        let log = private.log_text(session).await;
+        for planted in PLANTED {
+            assert!(!log.contains(planted), "{planted} readable in {session}");
+        }
+        private.run_ok(&["verify", session]).await;
+    }
+    for (copy, how) in [
+        (&fork, "its fork".to_string()),
+        (&fork_of_fork, format!("a fork of {fork}, derived from it")),
+        (&rerun, "its rerun".to_string()),
+    ] {
+        let log = private.log_text(copy).await;
+        let reason = format!("asked on 2026-11-30 (erased with session {parent}: {how})");
+        assert!(log.contains(&reason) && log.contains("by dpo"), "{log}");
+    }
+    // Again: nothing to do, the copies named as erased before.
+    let again = erase_saying(&private, &parent, &[]).await;
+    let line = format!("session {fork}: already erased (a fork of {parent})");
+    assert!(again.contains(&line), "{again}");
+}
+
+/// `--only-this` erases the one named, and names the fork that still
+/// holds a copy; erasing the fork then is its own erasure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_this_erases_the_one_named_and_names_the_copies_left() {
+    let private = Private::new(World::new()).await;
+    let parent = private.planted_session().await;
+    let fork = fork_all(&private, &parent).await;
+    let fork_key = hex::decode(private.wrapped_key(&fork).await).unwrap();
+    let said = erase_saying(&private, &parent, &["--only-this"]).await;
+    assert!(
+        said.contains(&format!("session {parent}: erased")),
+        "{said}"
+    );
+    let kept = format!(
+        "session {fork}: still holds a copy of {parent}'s content (a fork of {parent}): not erased"
+    );
+    assert!(said.contains(&kept), "{said}");
+    let statuses = statuses(&private).await;
+    assert_eq!(statuses[&parent], "erased");
+    assert_ne!(statuses[&fork], "erased");
+    assert!(private.log_text(&fork).await.contains(MESSAGE));
+    let places = every_byte(&private.world.data());
+    assert!(!holding(&places, &fork_key).is_empty(), "the fork's key");
+    private.run_ok(&["verify", &parent]).await;
+
+    let said = erase_saying(&private, &fork, &[]).await;
+    assert!(said.contains(&format!("session {fork}: erased")), "{said}");
+    let log = private.log_text(&fork).await;
+    assert!(
+        !log.contains(MESSAGE) && !log.contains("erased with"),
+        "{log}"
+    );
+}
+
+/// A crash between erasures (the fork's erasure recorded, its key not yet
+/// destroyed): a second erasure of the parent finishes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_erasures_is_finished_by_a_second_erase() {
+    let private = Private::new(World::new()).await;
+    let parent = private.planted_session().await;
+    let fork = fork_all(&private, &parent).await;
+    let fork_key = hex::decode(private.wrapped_key(&fork).await).unwrap();
+    let out = private
+        .mneme()
+        .args(["erase", &parent, "--reason", "asked", "--by", "dpo"])
+        .env("MNEME_CRASH_AT", "erase_recorded:2")
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success(), "the crash point was not reached");
+    assert_eq!(statuses(&private).await[&fork], "erased");
+    let places = every_byte(&private.world.data());
+    assert!(!holding(&places, &fork_key).is_empty(), "crashed before");
+    let said = erase_saying(&private, &parent, &[]).await;
+    let line = format!("session {fork}: already erased (a fork of {parent})");
+    assert!(said.contains(&line), "{said}");
+    let places = every_byte(&private.world.data());
+    assert_eq!(holding(&places, &fork_key), Vec::<&str>::new());
+    let kinds = private.kinds(&fork).await;
+    let erasures = kinds.iter().filter(|k| *k == "\"SessionErased\"").count();
+    assert_eq!(erasures, 1, "recorded once: {kinds:?}");
+    private.run_ok(&["verify", &fork]).await;
+}
+
+/// A sub-agent holds what its parent's call gave it; through the daemon,
+/// `"cascade": false` names it as holding a copy, and by default it is
+/// erased with its parent, the answer listing both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_erases_a_sub_agent_with_its_parent_unless_told_not_to() {
+    let private = Private::new(World::new()).await;
+    let parent_model = MockModel::start(
+        vec![
+            MockReply::calls(&[("helper", json!({ "message": MESSAGE }))]),
+            MockReply::answer(ANSWER),
+        ],
+        Fault::None,
+    )
+    .await;
+    let child_model = MockModel::start(vec![MockReply::answer(RESULT)], Fault::None).await;
+    std::fs::create_dir(private.world.dir.path().join("agents")).unwrap();
+    let child = agent_toml(&child_model.base_url(), &[]).replace("test-agent", "helper");
+    private.world.write("agents/helper.toml", &child);
+    let helper = "name = \"helper\"\ndescription = \"The helper\"\nkind = \"agent\"\n\
+                  agent = \"agents/helper.toml\"\neffect = \"read_only\"\n";
+    let agent = private.world.write(
+        "parent.toml",
+        &agent_toml(&parent_model.base_url(), &[helper.to_string()]),
+    );
+    let out = private
+        .run_ok(&["run", "--agent", agent.to_str().unwrap(), "ask the helper"])
+        .await;
+    let parent = session_id(&out);
+    let statuses_before = statuses(&private).await;
+    let child = statuses_before
+        .keys()
+        .find(|s| **s != parent)
+        .unwrap()
+        .clone();
+    assert!(private.log_text(&child).await.contains(MESSAGE));
+
+    let mut command = DaemonProcess::command(&private.world.data(), &[]);
+    command.env("MNEME_MASTER_KEY", &private.key);
+    let daemon = DaemonProcess::launch(command, &private.world.data()).await;
+    let delete = |body: Value| {
+        let request = daemon
+            .http
+            .delete(daemon.url(&format!("/sessions/{parent}")));
+        async move {
+            let response = request.json(&body).send().await.unwrap();
+            assert_eq!(response.status().as_u16(), 200);
+            response.json::<Value>().await.unwrap()
+        }
+    };
+    let only = delete(json!({ "reason": "asked", "by": "dpo", "cascade": false })).await;
+    assert_eq!(only["erased"], json!([parent]), "{only}");
+    let kept =
+        json!([{ "session": child, "from": parent, "link": "sub_agent", "outcome": "kept" }]);
+    assert_eq!(only["derived"], kept, "{only}");
+    let (_, view) = daemon.get(&format!("/sessions/{child}")).await;
+    assert_ne!(view["status"], "erased", "{view}");
+
+    let all = delete(json!({ "reason": "asked", "by": "dpo" })).await;
+    assert_eq!(all["erased"], json!([parent, child]), "{all}");
+    assert_eq!(all["derived"][0]["outcome"], "erased", "{all}");
+    let (_, view) = daemon.get(&format!("/sessions/{child}")).await;
+    assert_eq!(view["status"], "erased", "{view}");
+    let (_, events) = daemon.get(&format!("/sessions/{child}/events")).await;
+    let text = events.to_string();
+    assert!(
+        text.contains(&format!("erased with session {parent}: its sub-agent"))
+            && !text.contains(MESSAGE)
+            && !text.contains(RESULT),
+        "{text}"
+    );
+    daemon.terminate().await;
+}
