@@ -723,3 +723,50 @@ async fn the_daemon_erases_a_sub_agent_with_its_parent_unless_told_not_to() {
     );
     daemon.terminate().await;
 }
+
+/// An unkeyed SHA-256 of an erased request let a 4-digit PIN in it be
+/// found by guessing: an encrypted session's request digests are keyed by
+/// its key, so neither the store nor `log` holds the plain one, before or
+/// after erasure. (The control, in the clear, holds it: the search can
+/// fail.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_encrypted_sessions_request_digests_mean_nothing_without_its_key() {
+    async fn one_turn(world: &World, mneme: tokio::process::Command) -> (String, String) {
+        let model = MockModel::start(vec![MockReply::answer("ok")], Fault::None).await;
+        let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[]));
+        let mut mneme = mneme;
+        let out = (mneme.args(["run", "--agent", agent.to_str().unwrap(), "my pin is 4821"]))
+            .output()
+            .await
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        (session_id(&out), replay::digest_hex(&model.raw_bodies()[0]))
+    }
+    let clear = World::new();
+    let (_, plain) = one_turn(&clear, clear.mneme()).await;
+    let places = every_byte(&clear.data());
+    assert!(
+        !holding(&places, plain.as_bytes()).is_empty(),
+        "the control"
+    );
+
+    let private = Private::new(World::new()).await;
+    let (session, plain) = one_turn(&private.world, private.mneme()).await;
+    let recorded = |log: &str| -> String {
+        let reply = log.lines().find(|l| l.contains("ModelReplied")).unwrap();
+        let reply: Value = serde_json::from_str(reply).unwrap();
+        reply["event"]["ModelReplied"]["request_digest"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let log = stdout(&private.run_ok(&["log", &session, "--json"]).await);
+    let keyed = recorded(&log);
+    assert_eq!(keyed.len(), 64, "{keyed}");
+    assert_ne!(keyed, plain);
+    erase(&private, &session).await;
+    let log = stdout(&private.run_ok(&["log", &session, "--json"]).await);
+    assert_eq!(recorded(&log), keyed, "the outline keeps the keyed digest");
+    let places = every_byte(&private.world.data());
+    assert_eq!(holding(&places, plain.as_bytes()), Vec::<&str>::new());
+}

@@ -89,7 +89,7 @@ impl MasterKey {
         Ok(wrapped)
     }
 
-    fn unwrap(&self, session: Uuid, wrapped: &[u8]) -> Result<XChaCha20Poly1305, LogError> {
+    fn unwrap(&self, session: Uuid, wrapped: &[u8]) -> Result<SessionCipher, LogError> {
         let refused = |reason: &str| LogError::Encrypted {
             session,
             reason: reason.into(),
@@ -103,8 +103,65 @@ impl MasterKey {
         let key: [u8; 32] = key
             .try_into()
             .map_err(|_| refused("its key has the wrong length"))?;
-        Ok(XChaCha20Poly1305::new(&key.into()))
+        Ok(SessionCipher::new(&key))
     }
+}
+
+/// What a session's key opens: its records' personal fields and derived
+/// data (sealed with the key), and its digests (keyed by a subkey).
+struct SessionCipher {
+    aead: XChaCha20Poly1305,
+    /// HMAC key of the session's request and prefix digests: equal
+    /// requests still have equal digests within the session, and once the
+    /// key is destroyed a digest says nothing of what was asked (an
+    /// unkeyed SHA-256 of a request could be matched against guesses).
+    digests: [u8; 32],
+}
+
+impl SessionCipher {
+    fn new(key: &[u8; 32]) -> SessionCipher {
+        SessionCipher {
+            aead: XChaCha20Poly1305::new(key.into()),
+            digests: hmac_sha256(key, b"mneme session digests"),
+        }
+    }
+
+    /// Keys `event`'s digests of what was sent (a model reply's request and
+    /// prefix digests) and rounds its request's size to [`SIZE_BUCKET`]
+    /// bytes; whether it had any.
+    fn key_digests(&self, event: &mut Event) -> bool {
+        let Event::ModelReplied(reply) = event else {
+            return false;
+        };
+        for digest in [&mut reply.request_digest, &mut reply.prefix_digest] {
+            if !digest.is_empty() {
+                *digest = hex::encode(hmac_sha256(&self.digests, digest.as_bytes()));
+            }
+        }
+        reply.request_bytes = reply.request_bytes.div_ceil(SIZE_BUCKET) * SIZE_BUCKET;
+        true
+    }
+}
+
+/// The size a sealed session's request sizes are rounded up to.
+const SIZE_BUCKET: u64 = 256;
+
+/// HMAC-SHA-256 (RFC 2104) of `message` under `key` (at most a block).
+fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    const BLOCK: usize = 64;
+    let mut padded = [0u8; BLOCK];
+    padded[..key.len()].copy_from_slice(key);
+    let pad = |byte: u8| padded.map(|k| k ^ byte);
+    let inner = Sha256::new()
+        .chain_update(pad(0x36))
+        .chain_update(message)
+        .finalize();
+    Sha256::new()
+        .chain_update(pad(0x5c))
+        .chain_update(inner)
+        .finalize()
+        .into()
 }
 
 fn wrap_aad(session: Uuid) -> Vec<u8> {
@@ -178,7 +235,7 @@ enum SessionKey {
     /// process (the store cannot tell the two apart).
     None,
     /// Its key.
-    Some(Arc<XChaCha20Poly1305>),
+    Some(Arc<SessionCipher>),
     /// This process destroyed its key: its records read as their outlines,
     /// and its derived data is neither read nor written (a snapshot taken
     /// before the erasure and stored after it would hold the erased text,
@@ -272,7 +329,7 @@ impl SealedLog {
     /// `event`, to be stored at `seq`, as an outline and its personal
     /// fields encrypted; unchanged if it has none.
     fn seal(
-        cipher: &XChaCha20Poly1305,
+        cipher: &SessionCipher,
         session: Uuid,
         seq: u64,
         event: NewEvent,
@@ -283,19 +340,25 @@ impl SealedLog {
         };
         let mut outline = Event::decode(event.schema, &event.payload)
             .map_err(|e| refused(format!("cannot seal it: {e}")))?;
+        let keyed = cipher.key_digests(&mut outline);
         let fields: Vec<String> = outline
             .personal_fields_mut()
             .into_iter()
             .map(|field| std::mem::replace(field, replay::ERASED.into()))
             .collect();
-        if fields.is_empty() {
-            return Ok(event);
+        match (fields.is_empty(), keyed) {
+            (true, false) => return Ok(event),
+            (true, true) => {
+                let payload = outline.encode();
+                return Ok(NewEvent { payload, ..event });
+            }
+            (false, _) => {}
         }
         let plain = rmp_serde::to_vec(&fields).map_err(|e| refused(e.to_string()))?;
         let sealed = Sealed {
             outline: outline.encode(),
             fields: encrypt(
-                cipher,
+                &cipher.aead,
                 &plain,
                 &record_aad(session, seq, &event.kind),
                 session,
@@ -327,7 +390,7 @@ impl SealedLog {
             SessionKey::None | SessionKey::Destroyed => sealed.outline,
             SessionKey::Some(cipher) => {
                 let aad = record_aad(envelope.session, envelope.seq, &envelope.kind);
-                let plain = decrypt(cipher, &sealed.fields, &aad)
+                let plain = decrypt(&cipher.aead, &sealed.fields, &aad)
                     .ok_or_else(|| corrupt("its fields do not open with the session's key"))?;
                 let fields: Vec<String> =
                     rmp_serde::from_slice(&plain).map_err(|_| corrupt("fields do not decode"))?;
@@ -376,7 +439,9 @@ impl SealedLog {
             return Ok((!matches!(key, Ok(SessionKey::Destroyed))).then_some(bytes));
         };
         Ok(match key {
-            Ok(SessionKey::Some(cipher)) => decrypt(&cipher, sealed, &derived_aad(session, name)),
+            Ok(SessionKey::Some(cipher)) => {
+                decrypt(&cipher.aead, sealed, &derived_aad(session, name))
+            }
             _ => None,
         })
     }
@@ -474,7 +539,7 @@ impl SideStore for SealedLog {
                     .await
             }
             SessionKey::Some(cipher) => {
-                let sealed = encrypt(&cipher, bytes, &derived_aad(session, name), session)?;
+                let sealed = encrypt(&cipher.aead, bytes, &derived_aad(session, name), session)?;
                 let stored = [DERIVED_MAGIC.as_slice(), &sealed].concat();
                 self.inner
                     .side_store()
@@ -630,6 +695,85 @@ mod tests {
             );
         }
         assert_eq!(log.verify(id).await.unwrap(), 2, "the chain still holds");
+    }
+
+    #[test]
+    fn hmac_sha256_is_rfc_4231s() {
+        let mac = hmac_sha256(b"Jefe", b"what do ya want for nothing?");
+        assert_eq!(
+            hex::encode(mac),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+
+    /// A reply to the request `body`, `bytes` long, with its digests.
+    fn reply_to(body: &str, bytes: u64) -> NewEvent {
+        let event = Event::ModelReplied(replay::ModelReply {
+            content: Some(SECRET.into()),
+            request_digest: replay::digest_hex(body.as_bytes()),
+            prefix_digest: replay::digest_hex(b"prefix"),
+            request_bytes: bytes,
+            ..Default::default()
+        });
+        NewEvent {
+            kind: event.kind().into(),
+            schema: replay::EVENT_SCHEMA,
+            caused_by: None,
+            payload: event.encode(),
+        }
+    }
+
+    fn digests(records: &[Record]) -> Vec<(String, u64)> {
+        (decoded(records).into_iter())
+            .map(|event| match event {
+                Event::ModelReplied(r) => (r.request_digest, r.request_bytes),
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
+    /// The digest of an erased request must not be matched against
+    /// guesses (a 4-digit PIN was found in 10 ms from an unkeyed SHA-256):
+    /// a sealed session's digests are keyed by its key, equal within the
+    /// session, different across sessions, and its sizes rounded.
+    #[tokio::test]
+    async fn a_sealed_sessions_digests_are_keyed_and_its_sizes_rounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let raw: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.path()).unwrap());
+        let log = SealedLog::new(raw.clone(), Some(master()));
+        let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
+        let pin = "my pin is 4821";
+        let plain = replay::digest_hex(pin.as_bytes());
+        log.append(a, 1, vec![reply_to(pin, 1000), reply_to(pin, 1)])
+            .await
+            .unwrap();
+        log.append(b, 1, vec![reply_to(pin, 256)]).await.unwrap();
+        let (in_a, in_b) = (
+            digests(&log.read(a, 1, 2).await.unwrap()),
+            digests(&log.read(b, 1, 1).await.unwrap()),
+        );
+        assert_eq!(in_a[0].0, in_a[1].0, "equal requests, equal digests");
+        assert_ne!(in_a[0].0, in_b[0].0, "another session, another key");
+        assert_ne!(in_a[0].0, plain);
+        assert_eq!([in_a[0].1, in_a[1].1, in_b[0].1], [1024, 256, 256]);
+        log.side_store().destroy_key(a).await.unwrap();
+        let outlines = raw.read(a, 1, 2).await.unwrap();
+        let stored: String = outlines
+            .iter()
+            .map(|r| String::from_utf8_lossy(&r.envelope.payload).to_string())
+            .collect();
+        assert!(!stored.contains(&plain), "no unkeyed digest in the store");
+        assert_eq!(digests(&log.read(a, 1, 2).await.unwrap())[0].0, in_a[0].0);
+        // A session written in the clear keeps its plain digests.
+        let clear = Uuid::now_v7();
+        SealedLog::new(raw.clone(), None)
+            .append(clear, 1, vec![reply_to(pin, 1000)])
+            .await
+            .unwrap();
+        assert_eq!(
+            digests(&raw.read(clear, 1, 1).await.unwrap()),
+            [(plain, 1000)]
+        );
     }
 
     #[tokio::test]
