@@ -208,6 +208,50 @@ fn a_turn_is_driven_once_a_process_records_its_work_and_a_forks_copy_is_not() {
 }
 
 #[test]
+fn a_forks_links_are_its_own_not_those_of_the_history_it_copies() {
+    let [grandparent, parent, caller] = [7, 8, 9].map(uuid::Uuid::from_u128);
+    let started = Event::SessionStarted {
+        spec: Box::new(spec()),
+    };
+    let hi = Event::UserMessage { text: "hi".into() };
+    let a_rerun = vec![
+        Event::SessionForked {
+            parent: grandparent,
+            at_seq: 0,
+            rerun: Some(crate::RerunOf {
+                through_seq: 4,
+                live_tools: false,
+            }),
+        },
+        started.clone(),
+        hi.clone(),
+    ];
+    let a_sub_agent = vec![
+        started,
+        Event::SpawnedBy {
+            parent: caller,
+            seq: 3,
+            call_id: "c1".into(),
+        },
+        hi,
+    ];
+    for history in [a_rerun, a_sub_agent] {
+        let at_seq = history.len() as u64;
+        let mut fork = vec![Event::SessionForked {
+            parent,
+            at_seq,
+            rerun: None,
+        }];
+        fork.extend(history.iter().cloned());
+        let (original, state) = (fold(&history), fold(&fork));
+        assert!(original.rerun.is_some() || original.parent.is_some());
+        assert_eq!(state.forked_from, Some((parent, at_seq)));
+        assert_eq!(state.rerun, None, "a fork of a rerun is not a rerun");
+        assert_eq!(state.parent, None, "a fork of a sub-agent is not one");
+    }
+}
+
+#[test]
 fn a_resume_after_a_crash_goes_on_with_the_same_turn_and_prompt() {
     let mut events = story()[..7].to_vec();
     let before = fold(&events);
