@@ -237,3 +237,79 @@ async fn an_import_does_not_add_to_a_held_session_unless_asked_and_then_lists_it
         "the edited refund ran on its own"
     );
 }
+
+/// With signed heads, `--append` is not enough: the records it adds must be
+/// covered by a head signed with the key that signed the held history (the
+/// chain proves nothing about who wrote them; only the key's holder can
+/// vouch). An approval made elsewhere without the key is refused, naming
+/// the records; the same approval made with the key is added.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_to_a_signed_history_must_be_signed_with_its_key() {
+    let here = World::new();
+    let sink = Sink::start().await.unwrap();
+    let model = MockModel::start(
+        vec![
+            MockReply::calls(&[("refund", json!({"n": 7}))]),
+            MockReply::answer("refunded"),
+        ],
+        Fault::None,
+    )
+    .await;
+    let key = here.dir.path().join("signing.key");
+    let out = here.run(&["keygen", "--out", key.to_str().unwrap()]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let key = key.to_str().unwrap();
+    let agent = here.write(
+        "agent.toml",
+        &agent_toml(&model.base_url(), &[refund_needing_approval(&sink)]),
+    );
+    let agent = agent.to_str().unwrap();
+    let out = here
+        .run(&["run", "--signing-key", key, "--agent", agent, "refund"])
+        .await;
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let session = session_id(&out);
+    let before = exported(&here, "before.jsonl");
+    let approved_elsewhere = |name: &'static str, signed: bool| {
+        let (before, session) = (before.clone(), session.clone());
+        async move {
+            let elsewhere = World::new();
+            let out = elsewhere.run(&["import", before.to_str().unwrap()]).await;
+            assert!(out.status.success(), "{}", stderr(&out));
+            let edited = r#"{"n": 7, "to": "mallory-iban"}"#;
+            let approve = ["approve", &session, "call_0_0", "--edit-args", edited];
+            let out = elsewhere
+                .run(&[&approve[..], &["--no-resume"]].concat())
+                .await;
+            assert!(out.status.success(), "{}", stderr(&out));
+            // Its turn goes on (a person's resume by id), signed or not.
+            let resume = ["resume", &session, "--signing-key", key];
+            let resume = if signed { &resume[..] } else { &resume[..2] };
+            let out = elsewhere.run(resume).await;
+            assert!(out.status.success(), "{}", stderr(&out));
+            let file = exported(&elsewhere, name);
+            (elsewhere, file) // the file lives as long as its world
+        }
+    };
+
+    let (_unsigned_world, unsigned) = approved_elsewhere("unsigned.jsonl", false).await;
+    let out = here
+        .run(&["import", "--append", unsigned.to_str().unwrap()])
+        .await;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!("session {session}: the file appends seq"))
+            && err.contains("not covered by a head it signed"),
+        "{err}"
+    );
+    let listed = stdout(&here.run(&["sessions", "--json"]).await);
+    assert!(listed.contains(r#""events":6,"#), "nothing added: {listed}");
+
+    let (_signed_world, signed) = approved_elsewhere("signed.jsonl", true).await;
+    let out = here
+        .run(&["import", "--append", signed.to_str().unwrap()])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains(&format!("added to session {session}")));
+}

@@ -470,8 +470,8 @@ impl SessionState {
             // A fork's links are its first event's: the history it copies
             // holds its parent's own (a fork of a fork, of a rerun, of a
             // sub-agent), which are not this session's.
-            Event::SessionForked { .. } | Event::SpawnedBy { .. }
-                if self.forked_from.is_some() => {}
+            Event::SessionForked { .. } | Event::SpawnedBy { .. } if self.forked_from.is_some() => {
+            }
             Event::SessionForked {
                 parent,
                 at_seq,

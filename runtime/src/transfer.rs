@@ -18,6 +18,7 @@
 //! An erased session has no key left: it exports as its shape.
 
 use eventlog::{EventLog, LogError, Record};
+use replay::Event;
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, Write};
 use uuid::Uuid;
@@ -405,6 +406,12 @@ impl Target<'_> {
                     ),
                 });
             }
+            if let Some(reason) = unvouched_append(log, session, head, &batch[held..]).await? {
+                return Err(TransferError::BadLine {
+                    line: line_of(first),
+                    reason,
+                });
+            }
             match imported.appended.iter_mut().find(|(s, ..)| *s == session) {
                 Some((_, _, to)) => *to = last,
                 None => imported.appended.push((session, first, last)),
@@ -435,6 +442,68 @@ impl Target<'_> {
 
 /// The session and sealed bytes of one line, after checking that its
 /// readable fields say what the sealed bytes say.
+/// Why records `appended` to `session` (held up to `head`) may not be
+/// added, if its held history carries signed heads: each appended record
+/// must be covered by a head signed with the key that signed them (anyone
+/// can compute a chain; only the key's holder can vouch for one), checked
+/// within this run of the file's lines.
+async fn unvouched_append(
+    log: &dyn EventLog,
+    session: Uuid,
+    head: u64,
+    appended: &[Pending],
+) -> Result<Option<String>, TransferError> {
+    let held = log.read(session, 1, head).await?;
+    let as_checked = |record: &Record| {
+        // A record sealed at rest does not decode here (a head never is
+        // sealed): it counts as content, which is what it is.
+        let content = || Event::UserMessage {
+            text: String::new(),
+        };
+        let event = crate::session::decode(record).unwrap_or_else(|_| content());
+        (record.envelope.seq, record.hash.to_hex(), event)
+    };
+    let mut records: Vec<(u64, String, Event)> = held.iter().map(as_checked).collect();
+    let key = records.iter().rev().find_map(|(_, _, event)| match event {
+        Event::HeadSigned { key, .. } => Some(key.clone()),
+        _ => None,
+    });
+    let Some(key) = key else {
+        return Ok(None); // nothing signed: nothing to keep vouched for
+    };
+    for pending in appended {
+        let record =
+            Record::open(session, pending.seq, &pending.sealed).map_err(|e| LogError::Corrupt {
+                session,
+                seq: pending.seq,
+                reason: e.to_string(),
+            })?;
+        records.push(as_checked(&record));
+    }
+    let refused = |why: String| {
+        Some(format!(
+            "session {session}: the file appends seq {}–{} to a history whose heads are signed by key {key}, \
+             and {why}: an appended history must be vouched for by that key",
+            appended[0].seq,
+            appended[appended.len() - 1].seq
+        ))
+    };
+    let signer = crate::signing::HeadKey::parse(&key).map_err(|e| LogError::Corrupt {
+        session,
+        seq: head,
+        reason: e.to_string(),
+    })?;
+    Ok(match signer.check(session, &records) {
+        Err(why) => refused(why),
+        Ok(vouched) => match vouched.unvouched {
+            Some((from, to)) if to >= appended[0].seq => refused(format!(
+                "seq {from}–{to} are not covered by a head it signed"
+            )),
+            _ => None,
+        },
+    })
+}
+
 fn parse_line(line: usize, text: &str) -> Result<(Uuid, Pending), TransferError> {
     let bad = |reason: String| TransferError::BadLine { line, reason };
     let parsed: Line =
