@@ -4,10 +4,12 @@
 //! reached) makes the process SIGKILL itself at that point: no destructors,
 //! no flush, no buffered write reaches the kernel, exactly as an abrupt death
 //! looks to the files. Unset, a crash point costs one atomic load after the
-//! first call. Each crate lists its own points; this one lists the log's.
+//! first call. Only a build with the `crash-points` feature (the one the
+//! fault tests drive) arms them: in any other, a point is nothing and
+//! `MNEME_CRASH_AT` is ignored. Each crate lists its own points; this one
+//! lists the log's.
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::OnceLock;
 
 /// A place on the write path where a fault test may kill the process, by
 /// its name in `MNEME_CRASH_AT`. Points are constants of the crate that
@@ -50,7 +52,14 @@ struct Armed {
     seen: AtomicU32,
 }
 
+#[cfg(not(feature = "crash-points"))]
 fn armed() -> Option<&'static Armed> {
+    None
+}
+
+#[cfg(feature = "crash-points")]
+fn armed() -> Option<&'static Armed> {
+    use std::sync::OnceLock;
     static ARMED: OnceLock<Option<Armed>> = OnceLock::new();
     ARMED
         .get_or_init(|| {
