@@ -207,8 +207,7 @@ impl Sessions for Local {
     }
 
     async fn replay(&self, id: Uuid) -> Result<ReplayView> {
-        let session = self.service.load(id).await?;
-        Ok(views::replay_view(id, session.state()))
+        Ok(self.service.replay_view(id).await?)
     }
 
     async fn erase(&self, id: Uuid, erase: runtime::api::Erase) -> Result<runtime::api::Erased> {
@@ -246,8 +245,7 @@ impl Sessions for Local {
     }
 
     async fn next_request(&self, id: Uuid) -> Result<Vec<u8>> {
-        let mut session = self.service.load(id).await?;
-        Ok(session.next_request()?.to_vec())
+        Ok(self.service.next_request(id).await?)
     }
 
     async fn post_message(

@@ -95,6 +95,19 @@ impl Service {
         Ok(self.observe(Session::load(self.log.clone(), id).await?))
     }
 
+    /// The dry run of `id`: its next request rebuilt and what resuming
+    /// would do with each open call (`mneme replay`). Nothing is recorded.
+    pub async fn replay_view(&self, id: Uuid) -> Result<api::ReplayView, RuntimeError> {
+        let session = self.load(id).await?;
+        Ok(crate::views::replay_view(id, session.state()))
+    }
+
+    /// The exact bytes of `id`'s next model request, as it would be sent
+    /// (`mneme replay --raw`). Nothing is recorded.
+    pub async fn next_request(&self, id: Uuid) -> Result<Vec<u8>, RuntimeError> {
+        Ok(self.load(id).await?.next_request()?.to_vec())
+    }
+
     /// The blob of session `id` whose SHA-256 is `digest` (binary content a
     /// tool returned by reference; see [`crate::blobs`]).
     pub async fn blob(&self, id: Uuid, digest: &str) -> Result<Vec<u8>, RuntimeError> {

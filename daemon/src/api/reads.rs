@@ -24,8 +24,7 @@ pub(super) async fn replay_view(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
 ) -> Result<Json<ReplayView>, ApiError> {
-    let session = daemon.service.load(id).await?;
-    Ok(Json(views::replay_view(id, session.state())))
+    Ok(Json(daemon.service.replay_view(id).await?))
 }
 
 /// Binary content a tool returned by reference (an MCP server's image,
@@ -107,7 +106,6 @@ pub(super) async fn next_request(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
 ) -> Result<Response, ApiError> {
-    let mut session = daemon.service.load(id).await?;
-    let body = session.next_request()?.to_vec();
+    let body = daemon.service.next_request(id).await?;
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
