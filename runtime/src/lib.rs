@@ -31,6 +31,7 @@ pub mod inbox;
 pub mod lease;
 pub mod mcp;
 pub mod model;
+pub mod outbound;
 pub mod pause;
 pub mod preflight;
 pub mod privacy;

@@ -158,7 +158,9 @@ enum Wire {
 const ANTHROPIC_VERSION: &str = "2023-06-01";
 
 /// A client of a model server over HTTP: any OpenAI-compatible
-/// `/chat/completions` endpoint, or Anthropic's Messages API.
+/// `/chat/completions` endpoint, or Anthropic's Messages API. Its
+/// connections come from the process's pool ([`crate::outbound::client`]),
+/// shared with every other model client of the same connect timeout.
 pub struct HttpModelClient {
     http: reqwest::Client,
     wire: Wire,
@@ -200,11 +202,9 @@ impl HttpModelClient {
         }
         let timeout = spec.model.timeout();
         let connect_timeout = spec.model.connect_timeout().min(timeout);
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(connect_timeout)
-            .build()
-            .map_err(|e| ModelError::Config(e.to_string()))?;
+        // The process's pool: a client per session kept each one's
+        // connection open (see `outbound`).
+        let http = crate::outbound::client(connect_timeout).map_err(ModelError::Config)?;
         let base = replay::spec::redact_url(base.trim_end_matches('/'));
         let path = match wire {
             Wire::ChatCompletions => "chat/completions",
@@ -283,6 +283,7 @@ impl HttpModelClient {
         let mut request = self
             .http
             .post(&self.url)
+            .timeout(self.timeout)
             .header("content-type", "application/json")
             .body(body.to_vec());
         request = match (self.wire, &self.api_key) {
