@@ -119,6 +119,77 @@ pub struct DaemonConfig {
     pub tracer: Option<Arc<runtime::telemetry::Tracer>>,
 }
 
+/// Files a turn may open that are not open yet, estimated: its model
+/// request's connection and the name lookup before it. (Counting what each
+/// turn has open exactly would mean following every socket and pipe it
+/// opens; what turns have open already is in the files counted open, so a
+/// running turn is counted twice for what it holds, never not at all.) A
+/// turn's model requests go one at a time, a retry's after the last one's
+/// connection closed; between turns, connections go back to the process's
+/// pool, which keeps few (`runtime::outbound`).
+const FILES_PER_TURN: u64 = 2;
+
+/// Files a tool call may open that are not open yet, estimated: a command
+/// tool's pipes (stdin, stdout, stderr), or those of a session's MCP server
+/// it starts (whose pipes stay open with the session, and are counted open
+/// from then on), or an HTTP tool's or a sub-agent's connection. Calls run
+/// at once across the daemon are at most `--max-parallel-calls`.
+const FILES_PER_CALL: u64 = 3;
+
+/// Files kept free of turns: for the log's own (a checkpoint, a
+/// snapshot), new connections (`/health`), and the listing that counts
+/// open files: a sixteenth of the limit, at least 16.
+fn spare_files(limit: u64) -> u64 {
+    (limit / 16).max(16)
+}
+
+/// Whether one more turn fits under the open-file `limit` beside the
+/// files `open` now (None: they could not be counted) and the `turns`
+/// running or admitted, of which `calls` tool calls may run at once: what
+/// they may open ([`FILES_PER_TURN`] a turn, [`FILES_PER_CALL`] a call at
+/// once) and [`spare_files`] must fit. If not, why, for a 503.
+fn fits_one_more_turn(limit: u64, open: Option<u64>, turns: u64, calls: u64) -> Result<(), String> {
+    let spare = spare_files(limit);
+    let raise =
+        "try again once turns have ended, or raise the limit (`ulimit -n`, systemd's LimitNOFILE=)";
+    let Some(open) = open else {
+        return Err(format!(
+            "the daemon is near its open-file limit (? of {limit}): it cannot list its open files; {raise}"
+        ));
+    };
+    let turns = turns + 1;
+    let pending = turns * FILES_PER_TURN + turns.min(calls) * FILES_PER_CALL;
+    let needed = open + pending;
+    if needed + spare <= limit {
+        return Ok(());
+    }
+    Err(format!(
+        "the daemon is near its open-file limit ({needed} of {limit}): {open} files are open, {pending} more may be opened by the turns under way and this one ({turns} of them: {FILES_PER_TURN} a turn for its model request, {FILES_PER_CALL} a tool call at once) and {spare} are kept free; {raise}"
+    ))
+}
+
+/// The daemon's open-file budget of turns (see [`Daemon::admit_turn`]).
+struct FileBudget {
+    /// The soft `RLIMIT_NOFILE` when the daemon started; None if unlimited.
+    limit: Option<u64>,
+    /// Tool calls running at once across every session.
+    calls: u64,
+    /// Turns admitted whose task has not started yet.
+    admitting: std::sync::atomic::AtomicU64,
+}
+
+/// A turn's place in the open-file budget, from its admission until its
+/// task runs (then the task counts); given back on drop.
+pub(crate) struct Admitted<'a>(Option<&'a std::sync::atomic::AtomicU64>);
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        if let Some(admitting) = self.0 {
+            admitting.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
 /// What the daemon shares between requests and turns.
 pub(crate) struct Daemon {
     pub(crate) service: Service,
@@ -140,6 +211,8 @@ pub(crate) struct Daemon {
     bearer: token::Expected,
     /// Browsers signed in to the web view, and codes that sign one in.
     pub(crate) sign_ins: Arc<ui::SignIns>,
+    /// What turns may open, against the open-file limit.
+    files: FileBudget,
 }
 
 /// Bytes of hot sessions (folded state and rendered prompt, estimated)
@@ -301,6 +374,11 @@ impl Daemon {
             .with_deltas(publish)
             .with_inboxes(inboxes.clone());
         Daemon {
+            files: FileBudget {
+                limit: runtime::outbound::open_file_limit(),
+                calls: config.max_parallel_calls as u64,
+                admitting: Default::default(),
+            },
             bearer: token::Expected::new(&config.token),
             sign_ins: Arc::default(),
             scheduler: Scheduler {
@@ -324,6 +402,26 @@ impl Daemon {
 
     pub(crate) fn is_shutting_down(&self) -> bool {
         self.shutdown.is_cancelled()
+    }
+
+    /// Admits one more turn asked for through the API if what it and the
+    /// turns under way may open fits under the open-file limit beside the
+    /// files open now (see [`fits_one_more_turn`]); else why not. Hold the
+    /// answer until the turn's task is spawned. Turns the daemon starts on
+    /// its own (recovery, a takeover, an expired approval, a message that
+    /// waited) are not refused, and are counted.
+    pub(crate) fn admit_turn(&self) -> Result<Admitted<'_>, String> {
+        use std::sync::atomic::Ordering;
+        let Some(limit) = self.files.limit else {
+            return Ok(Admitted(None));
+        };
+        let admitting = &self.files.admitting;
+        let others = admitting.fetch_add(1, Ordering::SeqCst);
+        let admitted = Admitted(Some(admitting));
+        let turns = self.scheduler.turns.len() as u64 + others;
+        let open = runtime::outbound::open_files();
+        fits_one_more_turn(limit, open, turns, self.files.calls)?;
+        Ok(admitted)
     }
 
     /// Asks the turn of `id` that another process sharing the store runs
@@ -860,5 +958,49 @@ impl ShutdownSignals {
             _ = self.interrupt.recv() => {}
             _ = self.term.recv() => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_turn_fits_while_what_turns_may_open_and_the_spare_fit() {
+        // 256 files: 16 kept free; 40 open; each turn 2, each call at once 3.
+        assert!(fits_one_more_turn(256, Some(40), 0, 64).is_ok());
+        // 40 turns and this one: 82 + 123 = 205 more, 245 + 16 > 256.
+        assert!(fits_one_more_turn(256, Some(40), 40, 64).is_err());
+        // 39 and this one: 80 + 120 = 200 more, 240 + 16 = 256.
+        assert!(fits_one_more_turn(256, Some(40), 39, 64).is_ok());
+        // Calls at once are capped across the daemon: past the cap a turn
+        // costs only its model request.
+        assert!(fits_one_more_turn(1024, Some(100), 300, 64).is_ok());
+        assert!(fits_one_more_turn(1024, Some(100), 300, 1024).is_err());
+    }
+
+    #[test]
+    fn a_refusal_says_how_near_the_limit_and_why() {
+        let said = fits_one_more_turn(256, Some(250), 0, 64).unwrap_err();
+        assert!(
+            said.starts_with("the daemon is near its open-file limit (255 of 256): 250 files are open, 5 more may be opened by the turns under way and this one (1 of them"),
+            "{said}"
+        );
+        assert!(
+            said.contains("16 are kept free") && said.contains("ulimit -n"),
+            "{said}"
+        );
+        let said = fits_one_more_turn(256, None, 0, 64).unwrap_err();
+        assert!(
+            said.contains("(? of 256): it cannot list its open files"),
+            "{said}"
+        );
+    }
+
+    #[test]
+    fn the_spare_is_a_sixteenth_of_the_limit_and_at_least_16() {
+        assert_eq!(spare_files(64), 16);
+        assert_eq!(spare_files(256), 16);
+        assert_eq!(spare_files(1024), 64);
     }
 }

@@ -488,20 +488,31 @@ fn refuse_when_stopping(daemon: &Daemon) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// 503 while the daemon shuts down, or when one more turn could take it
+/// past its open-file limit ([`Daemon::admit_turn`], saying how near);
+/// else the turn's place in the budget, to hold until its task is spawned.
+fn admit_turn(daemon: &Daemon) -> Result<crate::Admitted<'_>, ApiError> {
+    refuse_when_stopping(daemon)?;
+    daemon
+        .admit_turn()
+        .map_err(|reason| ApiError(StatusCode::SERVICE_UNAVAILABLE, reason))
+}
+
 /// Records the message (durable before this returns) and runs the turn in
 /// the background; with `"wait": true`, answers when the turn ends. 409
 /// while another daemon sharing the store runs the session (the error
 /// names it). While a turn of the session runs here, the message is
 /// recorded at once and the agent's `mid_turn_messages` decides: `queue`
 /// (its own turn follows), `interrupt` (the running turn takes it at its
-/// next step) or `reject` (409, recorded).
+/// next step) or `reject` (409, recorded). Otherwise a turn near the
+/// daemon's open-file limit is refused (503), recording nothing.
 #[utoipa::path(post, path = "/sessions/{id}/messages", params(SessionPath), request_body = PostMessage,
     responses(
         (status = 202, description = "Recorded; the turn runs", body = MessageAccepted),
         (status = 200, description = "With `wait`: the turn ended", body = TurnOutcome),
         (status = 409, description = "Another daemon runs the session, or a turn runs and the agent rejects messages mid-turn (the message is recorded)", body = wire::ApiError),
         (status = 429, description = "A turn runs and `max_waiting_messages` messages wait already (not recorded)", body = wire::ApiError),
-        (status = 503, description = "The daemon is shutting down", body = wire::ApiError)))]
+        (status = 503, description = "The daemon is shutting down, or near its open-file limit (not recorded)", body = wire::ApiError)))]
 async fn post_message(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
@@ -513,6 +524,7 @@ async fn post_message(
         Ok(answer) => return mid_turn(&daemon, id, body.wait, answer).await,
         Err(text) => text, // no turn of it runs here
     };
+    let admitted = admit_turn(&daemon)?;
     let (recorded, seq) = tokio::sync::oneshot::channel();
     let message = TurnStart::Message {
         text,
@@ -520,6 +532,7 @@ async fn post_message(
         recorded: Some(recorded),
     };
     let turn = daemon.control().post_message(id, message);
+    drop(admitted); // its task counts now
     let Ok(seq) = seq.await else {
         // Not recorded: the turn's end says why.
         return Err(match turn.await {
@@ -611,14 +624,14 @@ async fn answer_turn(
         (status = 200, description = "With `wait`: the turn ended", body = TurnOutcome),
         (status = 409, description = "Another daemon runs the session", body = wire::ApiError),
         (status = 429, description = "Without `wait`: turns of the session are asked for already (a few)", body = wire::ApiError),
-        (status = 503, description = "The daemon is shutting down", body = wire::ApiError)))]
+        (status = 503, description = "The daemon is shutting down, or near its open-file limit", body = wire::ApiError)))]
 async fn resume(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
     signed_in: Option<Extension<SignedIn>>,
     body: Option<Json<Resume>>,
 ) -> Result<Response, ApiError> {
-    refuse_when_stopping(&daemon)?;
+    let admitted = admit_turn(&daemon)?;
     daemon.service.ensure_exists(id).await?; // 404 before spawning
     daemon.service.refuse_if_erased(id).await?; // 409
     if signed_in.is_some() {
@@ -631,6 +644,7 @@ async fn resume(
     let turn = daemon
         .control()
         .resume(id, &who(&signed_in, "api"), body.extend);
+    drop(admitted); // its task counts now
     if !body.wait {
         let resuming = Resuming {
             session: id,
@@ -762,13 +776,14 @@ async fn fork(
 #[utoipa::path(post, path = "/sessions/{id}/rerun", params(SessionPath), request_body = wire::Rerun,
     responses(
         (status = 200, description = "The rerun ran (`stopped` says if a turn did not end answered)", body = wire::RerunReport),
-        (status = 503, description = "The daemon is shutting down", body = wire::ApiError)))]
+        (status = 503, description = "The daemon is shutting down, or near its open-file limit", body = wire::ApiError)))]
 async fn rerun(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
     Json(body): Json<wire::Rerun>,
 ) -> Result<Json<wire::RerunReport>, ApiError> {
-    refuse_when_stopping(&daemon)?;
+    // Held through the rerun: its turns count twice, never not at all.
+    let _admitted = admit_turn(&daemon)?;
     let control = daemon.control();
     let report = control.rerun(id, body.spec, body.live_tools, &|_| {});
     Ok(Json(report.await?))
@@ -782,7 +797,7 @@ async fn rerun(
         (status = 200, description = "Recorded, not continued; or with `wait`, the continued turn's end", body = wire::DecisionAnswer),
         (status = 202, description = "Recorded; the session continues", body = Decided),
         (status = 409, description = "The call is not in doubt, or another daemon holds the session", body = wire::ApiError),
-        (status = 503, description = "The daemon is shutting down", body = wire::ApiError)))]
+        (status = 503, description = "The daemon is shutting down, or (with `continue`) near its open-file limit (not recorded)", body = wire::ApiError)))]
 async fn resolve(
     State(daemon): State<Shared>,
     Path((id, call)): Path<(Uuid, String)>,
@@ -814,7 +829,7 @@ async fn resolve(
         (status = 202, description = "Recorded; the session continues", body = Decided),
         (status = 400, description = "The edited arguments are not JSON, or come with a denial", body = wire::ApiError),
         (status = 409, description = "The call does not wait for approval (or its approval expired; or the edited arguments exceed the session's bound), or another daemon holds the session", body = wire::ApiError),
-        (status = 503, description = "The daemon is shutting down", body = wire::ApiError)))]
+        (status = 503, description = "The daemon is shutting down, or (with `continue`) near its open-file limit (not recorded)", body = wire::ApiError)))]
 async fn approve(
     State(daemon): State<Shared>,
     Path((id, call)): Path<(Uuid, String)>,
@@ -850,6 +865,8 @@ async fn approve(
 /// Records a person's decision on call `call` of session `id` as `by`,
 /// then continues the session if `next.0` asks and nothing else waits,
 /// answering at once or, if `next.1` asks, when the continued turn ends.
+/// One that would continue is refused near the open-file limit (503)
+/// before anything is recorded.
 async fn decide(
     daemon: &Shared,
     (id, call): (Uuid, &str),
@@ -857,7 +874,10 @@ async fn decide(
     by: String,
     (proceed, wait): (bool, bool),
 ) -> Result<Response, ApiError> {
-    refuse_when_stopping(daemon)?;
+    let admitted = match proceed {
+        true => Some(admit_turn(daemon)?),
+        false => refuse_when_stopping(daemon).map(|()| None)?,
+    };
     let control = daemon.control();
     let can_continue = control.decide(id, call, decision, &by).await?;
     let decided = |continuing| Decided {
@@ -875,6 +895,7 @@ async fn decide(
         return Ok((StatusCode::ACCEPTED, Json(decided(true))).into_response());
     }
     let turn = control.resume(id, &by, false);
+    drop(admitted); // its task counts now
     if !wait {
         return Ok((StatusCode::ACCEPTED, Json(decided(true))).into_response());
     }
