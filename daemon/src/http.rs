@@ -539,10 +539,10 @@ fn reserved_files(limit: u64) -> u64 {
 /// to what its open-file limit leaves beside the files open now and those
 /// kept for everything else; an error if that is none.
 pub(crate) fn connection_cap(asked: usize) -> Result<usize, RuntimeError> {
-    let Some(limit) = open_file_limit() else {
+    let Some(limit) = runtime::outbound::open_file_limit() else {
         return Ok(asked);
     };
-    let open = open_files();
+    let open = runtime::outbound::open_files().unwrap_or(0);
     let reserved = reserved_files(limit);
     let room = usize::try_from(limit.saturating_sub(open + reserved)).unwrap_or(usize::MAX);
     if room == 0 {
@@ -556,23 +556,4 @@ pub(crate) fn connection_cap(asked: usize) -> Result<usize, RuntimeError> {
         );
     }
     Ok(asked.min(room))
-}
-
-/// This process's soft limit of open files; None if unlimited or unknown.
-fn open_file_limit() -> Option<u64> {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit(2) writes one rlimit through a valid pointer.
-    let failed = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0;
-    (!failed && limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur)
-}
-
-/// Files this process has open now (0 if that cannot be told).
-fn open_files() -> u64 {
-    std::fs::read_dir("/proc/self/fd")
-        .or_else(|_| std::fs::read_dir("/dev/fd"))
-        // The listing holds a descriptor of its own.
-        .map_or(0, |listing| listing.count().saturating_sub(1) as u64)
 }

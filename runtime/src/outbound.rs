@@ -1,6 +1,6 @@
 //! What this process opens toward others: one pool of HTTP connections to
-//! model servers, shared by every session, and what it can tell of its
-//! open files.
+//! model servers and HTTP tools, shared by every session, and what it can
+//! tell of its open files.
 //!
 //! A `reqwest::Client` is a connection pool, keyed by scheme, host and
 //! port. One client per session kept each session's last connection open
@@ -24,6 +24,10 @@ pub const MAX_IDLE_PER_HOST: usize = 8;
 
 /// How long an idle connection is kept before it is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The connect timeout of HTTP tools and checks, which share the pool of
+/// that timeout (a call's own `timeout_secs` bounds it too).
+pub const TOOL_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Pools kept, one per distinct connect timeout. Past it (specs naming
 /// more distinct timeouts than that), a client gets a pool of its own,

@@ -278,9 +278,18 @@ impl Runner {
         native: Vec<Arc<dyn Tool>>,
     ) -> Result<TurnParts, RuntimeError> {
         let spec = session.spec()?.clone();
+        let with_tools = |model| {
+            let http = crate::outbound::client(crate::outbound::TOOL_CONNECT_TIMEOUT).map_err(
+                |reason| tools::ToolError::Config {
+                    tool: "*".into(),
+                    reason: format!("cannot build HTTP client: {reason}"),
+                },
+            )?;
+            Ok((model, Toolbox::for_agent(&spec, native, http)?))
+        };
         let setup = match client_for(&spec)
             .map_err(RuntimeError::from)
-            .and_then(|model| Ok((model, Toolbox::for_agent(&spec, native)?)))
+            .and_then(with_tools)
         {
             Ok((model, toolbox)) if !spec.mcp.is_empty() => match toolbox.check_mcp(&spec).await {
                 Ok(report) => crate::mcp::record_changes(session, report)

@@ -182,19 +182,32 @@ impl Toolbox {
         specs: &[ToolSpec],
         native: Vec<Arc<dyn Tool>>,
     ) -> Result<Toolbox, ToolError> {
-        Toolbox::build(specs, &[], native)
+        let client = reqwest::Client::builder()
+            .build()
+            .map_err(|e| ToolError::Config {
+                tool: "*".into(),
+                reason: format!("cannot build HTTP client: {e}"),
+            })?;
+        Toolbox::build(specs, &[], native, client)
     }
 
     /// Every tool of `agent`: [`Toolbox::with_native`] for its own tools,
     /// and its pinned MCP tools, whose servers start when first needed.
-    pub fn for_agent(agent: &AgentSpec, native: Vec<Arc<dyn Tool>>) -> Result<Toolbox, ToolError> {
-        Toolbox::build(&agent.tools, &agent.mcp, native)
+    /// HTTP tools and checks send through `http`: the process's pool, so
+    /// a session's toolbox keeps no connections of its own.
+    pub fn for_agent(
+        agent: &AgentSpec,
+        native: Vec<Arc<dyn Tool>>,
+        http: reqwest::Client,
+    ) -> Result<Toolbox, ToolError> {
+        Toolbox::build(&agent.tools, &agent.mcp, native, http)
     }
 
     fn build(
         specs: &[ToolSpec],
         servers: &[McpServerSpec],
         native: Vec<Arc<dyn Tool>>,
+        client: reqwest::Client,
     ) -> Result<Toolbox, ToolError> {
         let connectors: HashMap<&str, Arc<mcp::McpConnector>> = servers
             .iter()
@@ -214,12 +227,6 @@ impl Toolbox {
             }
             given.insert(spec.name.clone(), tool);
         }
-        let client = reqwest::Client::builder()
-            .build()
-            .map_err(|e| ToolError::Config {
-                tool: "*".into(),
-                reason: format!("cannot build HTTP client: {e}"),
-            })?;
         let mut tools: HashMap<String, Arc<dyn Tool>> = HashMap::new();
         for spec in specs {
             let tool: Arc<dyn Tool> = match spec.kind {
