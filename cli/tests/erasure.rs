@@ -770,3 +770,48 @@ async fn an_encrypted_sessions_request_digests_mean_nothing_without_its_key() {
     let places = every_byte(&private.world.data());
     assert_eq!(holding(&places, plain.as_bytes()), Vec::<&str>::new());
 }
+
+/// A model can make a tool name of anything it read (`send_pin_4821`): a
+/// name the spec does not have is recorded as `unknown_tool_<i>`, the
+/// model's own kept with the content (encrypted, in no file, erased with
+/// it), and sent back to the model as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_name_the_model_invented_is_content() {
+    const INVENTED: &str = "send_pin_4821";
+    let private = Private::new(World::new()).await;
+    let model = MockModel::start(
+        vec![
+            MockReply::calls(&[(INVENTED, json!({}))]),
+            MockReply::answer("ok"),
+        ],
+        Fault::None,
+    )
+    .await;
+    let agent = private
+        .world
+        .write("agent.toml", &agent_toml(&model.base_url(), &[]));
+    let out = private
+        .run_ok(&["run", "--agent", agent.to_str().unwrap(), "hi"])
+        .await;
+    let session = session_id(&out);
+    let asked = String::from_utf8_lossy(&model.raw_bodies()[1]).to_string();
+    assert!(
+        asked.contains(&format!(r#""name":"{INVENTED}""#)),
+        "sent back as it was: {asked}"
+    );
+    assert!(asked.contains("no tool named"), "{asked}");
+    let call = |log: &str| -> Value {
+        let reply = log.lines().find(|l| l.contains("ModelReplied")).unwrap();
+        let reply: Value = serde_json::from_str(reply).unwrap();
+        reply["event"]["ModelReplied"]["tool_calls"][0].clone()
+    };
+    let log = stdout(&private.run_ok(&["log", &session, "--json"]).await);
+    assert_eq!(call(&log)["name"], "unknown_tool_0", "{log}");
+    assert_eq!(call(&log)["invented"], INVENTED, "readable with the key");
+    let places = every_byte(&private.world.data());
+    assert_eq!(holding(&places, INVENTED.as_bytes()), Vec::<&str>::new());
+    erase(&private, &session).await;
+    let log = stdout(&private.run_ok(&["log", &session, "--json"]).await);
+    assert_eq!(call(&log)["name"], "unknown_tool_0");
+    assert!(!log.contains(INVENTED), "{log}");
+}

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 /// is written with the version it needs: [`Event::schema`]). Older
 /// versions are read; newer ones are refused with
 /// [`DecodeError::UnknownSchema`].
-pub const EVENT_SCHEMA: u16 = 4;
+pub const EVENT_SCHEMA: u16 = 5;
 
 /// One thing that happened in a session. Immutable once appended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -335,10 +335,37 @@ impl ModelReply {
 pub struct ToolCall {
     /// The model's id for the call.
     pub id: String,
-    /// The tool's name.
+    /// The tool's name; `unknown_tool_<i>` (its place in the reply) for a
+    /// tool the spec does not have (see [`ToolCall::invented`]).
     pub name: String,
     /// Arguments as a JSON text, exactly as received.
     pub arguments: String,
+    /// The name the model gave a tool the spec does not have. A model can
+    /// make one of anything it read, so it is kept here, with the content
+    /// (encrypted at rest, erased with it, out of content-off traces),
+    /// and not as the call's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invented: Option<String>,
+}
+
+impl ToolCall {
+    /// The tool's name as the model sent it: what the conversation repeats
+    /// to it.
+    pub fn sent_name(&self) -> &str {
+        self.invented.as_deref().unwrap_or(&self.name)
+    }
+}
+
+/// Names each call of `calls` to a tool that `known` does not know
+/// `unknown_tool_<i>`, keeping the model's name as its
+/// [`ToolCall::invented`].
+pub fn set_invented_names_aside(calls: &mut [ToolCall], known: impl Fn(&str) -> bool) {
+    for (i, call) in calls.iter_mut().enumerate() {
+        if call.invented.is_none() && !known(&call.name) {
+            let invented = std::mem::replace(&mut call.name, format!("unknown_tool_{i}"));
+            call.invented = Some(invented);
+        }
+    }
 }
 
 /// Token usage of one model request.
@@ -480,11 +507,16 @@ impl Event {
     pub fn personal_fields_mut(&mut self) -> Vec<&mut String> {
         match self {
             Event::UserMessage { text } | Event::MidTurnMessage { text, .. } => vec![text],
-            Event::ModelReplied(reply) => reply
-                .content
-                .iter_mut()
-                .chain(reply.tool_calls.iter_mut().map(|c| &mut c.arguments))
-                .collect(),
+            Event::ModelReplied(reply) => {
+                let calls = reply.tool_calls.iter_mut();
+                let (arguments, invented): (Vec<_>, Vec<_>) = calls
+                    .map(|c| (&mut c.arguments, c.invented.as_mut()))
+                    .unzip();
+                (reply.content.iter_mut())
+                    .chain(arguments)
+                    .chain(invented.into_iter().flatten())
+                    .collect()
+            }
             Event::ToolStarted { args, .. } => vec![args],
             Event::ApprovalDecided {
                 args: Some(args), ..
@@ -514,7 +546,8 @@ impl Event {
     /// mid-turn (their two events, and a spec's `mid_turn_messages`), a
     /// rerun's link, and a call a rerun answered from the record or did not
     /// run; 4 added sub-agents: a spec with a tool of kind `agent`, a
-    /// child's `SpawnedBy`, a call's finish naming its child. A build that
+    /// child's `SpawnedBy`, a call's finish naming its child; 5 a tool name
+    /// the model invented, set aside as content. A build that
     /// reads only older versions then refuses such an event by name instead
     /// of misreading it (it would run a call with the model's arguments
     /// where a person gave others, drop a waiting message, resume a rerun
@@ -522,6 +555,9 @@ impl Event {
     /// event stays readable by it.
     pub fn schema(&self) -> u16 {
         match self {
+            Event::ModelReplied(reply) if reply.tool_calls.iter().any(|c| c.invented.is_some()) => {
+                5
+            }
             Event::SessionStarted { spec } | Event::SpecChanged { spec, .. }
                 if spec.has_agent_tools() =>
             {

@@ -484,7 +484,7 @@ fn wire_calls(calls: &[CallState]) -> Vec<WireToolCall> {
             id: c.call.id.clone(),
             kind: "function",
             function: WireFunction {
-                name: c.call.name.clone(),
+                name: c.call.sent_name().to_string(),
                 arguments: wire_arguments(&c.call.arguments),
             },
         })

@@ -69,6 +69,7 @@ fn call(id: &str, name: &str) -> ToolCall {
         id: id.into(),
         name: name.into(),
         arguments: format!("{{\"x\":{}}}", id.len()),
+        invented: None,
     }
 }
 
@@ -410,6 +411,40 @@ fn an_interrupted_call_with_a_check_is_checked_before_anything_else() {
         messages(&state).last().unwrap().content.as_deref(),
         Some("{\"sent\":true}")
     );
+}
+
+#[test]
+fn a_tool_name_the_model_invented_is_set_aside_as_content_and_sent_back_as_it_was() {
+    let mut calls = vec![call("c1", "charge"), call("c2", "send_pin_4821")];
+    let spec = spec();
+    event::set_invented_names_aside(&mut calls, |name| spec.tool(name).is_some());
+    assert_eq!(
+        (calls[0].name.as_str(), calls[0].invented.as_deref()),
+        ("charge", None)
+    );
+    assert_eq!(calls[1].name, "unknown_tool_1");
+    assert_eq!(calls[1].sent_name(), "send_pin_4821");
+    let mut reply = reply(None, calls);
+    assert_eq!(
+        reply.schema(),
+        5,
+        "a build that would send its set-aside name refuses it"
+    );
+    let personal: Vec<String> = reply
+        .personal_fields_mut()
+        .into_iter()
+        .map(|f| f.clone())
+        .collect();
+    assert!(
+        personal.contains(&"send_pin_4821".to_string()),
+        "{personal:?}"
+    );
+    // The next request repeats the model's own name, byte for byte.
+    let mut events = story()[..2].to_vec();
+    events.push(reply);
+    let body = String::from_utf8(next_request("s", &fold(&events)).unwrap()).unwrap();
+    assert!(body.contains(r#""name":"send_pin_4821""#), "{body}");
+    assert!(!body.contains("unknown_tool_1"), "{body}");
 }
 
 #[test]
@@ -1981,11 +2016,13 @@ fn recorded() -> Vec<(u64, Event)> {
         id: id.into(),
         name: "charge".into(),
         arguments: args.into(),
+        invented: None,
     };
     let lookup = ToolCall {
         id: "c2".into(),
         name: "lookup".into(),
         arguments: r#"{"who": "ada", "n": 1}"#.into(),
+        invented: None,
     };
     let events = vec![
         Event::SessionStarted {

@@ -86,6 +86,7 @@ pub fn parse_message(text: &str) -> Result<ModelReply, String> {
                 id,
                 name,
                 arguments: input.to_string(),
+                invented: None,
             }),
             Block::Other => {}
         }
@@ -247,6 +248,7 @@ impl Chunks for MessageChunks {
                     id,
                     name,
                     arguments: if json.is_empty() { "{}".into() } else { json },
+                    invented: None,
                 }),
                 PartialBlock::Other => {}
             }

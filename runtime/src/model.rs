@@ -567,6 +567,7 @@ fn parse_reply(url: &str, text: &str) -> Result<ModelReply, ModelError> {
                 serde_json::Value::Null => "{}".to_string(),
                 other => other.to_string(),
             },
+            invented: None,
         })
         .collect();
     Ok(ModelReply {
@@ -672,6 +673,7 @@ impl ModelClient for ScriptedClient {
                 id: format!("call_{}_{k}", index + 1),
                 name: call.name.clone(),
                 arguments: call.arguments.to_string(),
+                invented: None,
             })
             .collect();
         Ok(ModelReply {

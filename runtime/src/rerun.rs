@@ -230,6 +230,7 @@ mod tests {
                     id: format!("c{i}"),
                     name: name.to_string(),
                     arguments: args.to_string(),
+                    invented: None,
                 })
                 .collect(),
             usage: Usage {

@@ -565,6 +565,9 @@ impl Runner {
         reply.request_bytes = request.len() as u64;
         reply.prefix_digest = session.prefix_digest();
         replay::event::normalize_call_ids(&mut reply.tool_calls);
+        let spec = session.spec()?;
+        let known = |name: &str| spec.tool(name).is_some();
+        replay::event::set_invented_names_aside(&mut reply.tool_calls, known);
         let max_calls = session.spec()?.limits.calls_per_reply();
         reply.refused = refusal(&reply, max_calls);
         let cut_off = reply.cut_off();
@@ -737,7 +740,10 @@ impl Runner {
                     )),
                     None => settled.push(Event::ToolFinished {
                         call_id: plan.call_id.clone(),
-                        outcome: ToolOutcome::Err(format!("no tool named {:?}", plan.tool)),
+                        outcome: ToolOutcome::Err(format!(
+                            "no tool named {:?}",
+                            state.call.sent_name()
+                        )),
                         duration_ms: 0,
                         settled_by_check: false,
                         rerun: None,

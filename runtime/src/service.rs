@@ -1060,6 +1060,7 @@ mod tests {
             id: "call_0_0".into(),
             name: "refund".into(),
             arguments: "{}".into(),
+            invented: None,
         };
         let events = vec![
             Event::UserMessage { text: "go".into() },

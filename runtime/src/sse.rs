@@ -149,6 +149,7 @@ impl Chunks for ChatChunks {
                 } else {
                     c.arguments
                 },
+                invented: None,
             })
             .collect();
         Ok(ModelReply {

@@ -337,7 +337,7 @@ fn output_messages(reply: &replay::ModelReply) -> String {
                 .unwrap_or_else(|_| serde_json::Value::String(call.arguments.clone())),
             false => serde_json::Value::String(clip(&call.arguments)),
         };
-        parts.push(serde_json::json!({"type": "tool_call", "id": call.id, "name": call.name, "arguments": arguments}));
+        parts.push(serde_json::json!({"type": "tool_call", "id": call.id, "name": call.sent_name(), "arguments": arguments}));
     }
     serde_json::json!([{"role": "assistant", "parts": parts, "finish_reason": reply.finish_reason}])
         .to_string()

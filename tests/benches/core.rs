@@ -478,6 +478,7 @@ fn prompt_rebuild() {
                     id: format!("call_{turn}"),
                     name: "charge".into(),
                     arguments: "{\"n\":1}".into(),
+                    invented: None,
                 }],
                 ..Default::default()
             }),

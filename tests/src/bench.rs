@@ -70,6 +70,7 @@ pub fn event(i: usize) -> replay::Event {
                 id: call_id,
                 name: "charge".into(),
                 arguments: "{\"n\":1}".into(),
+                invented: None,
             }],
             usage: replay::Usage {
                 prompt_tokens: 1000,
