@@ -28,13 +28,13 @@ pub const DECISION_APPENDED: CrashPoint = CrashPoint::named("decision_appended")
 /// A turn's answer is durable.
 pub const TURN_ANSWERED: CrashPoint = CrashPoint::named("turn_answered");
 /// An erasure is recorded and durable; the session's key is not destroyed.
-/// Not a point of the agent loop (not in [`POINTS`]): `tests/tests/erasure.rs`
+/// Not a point of the agent loop (not in [`POINTS`]): `cli/tests/erasure.rs`
 /// crashes there.
 pub const ERASE_RECORDED: CrashPoint = CrashPoint::named("erase_recorded");
 
 /// A child session (a sub-agent) answered and its answer is durable; its
 /// parent's call has not recorded it. Not in [`POINTS`] (the matrix's
-/// scenarios have no sub-agents): `tests/tests/subagents.rs` crashes there.
+/// scenarios have no sub-agents): `cli/tests/subagents.rs` crashes there.
 pub const SUBAGENT_ANSWERED: CrashPoint = CrashPoint::named("subagent_answered");
 
 /// The agent loop's crash points, in the order a turn reaches them.

@@ -386,7 +386,7 @@ pub async fn run(scenario: &Scenario, env: &Env, faults: &Faults) -> Result<Outc
 }
 
 /// [`run`], with the power cut after every process that dies, before the
-/// next command (`tests/tests/power_cut.rs`).
+/// next command (`cli/tests/power_cut.rs`).
 pub async fn run_with(
     scenario: &Scenario,
     env: &Env,
