@@ -196,6 +196,9 @@ pub fn summary(event: &Event) -> String {
             };
             match outcome {
                 ToolOutcome::Ok(out) => {
+                    // What the model was told it came from is said above.
+                    let prefix = replay::prompt::SETTLED_BY_CHECK_PREFIX;
+                    let out = out.strip_prefix(prefix).unwrap_or(out);
                     format!("{call_id} ok in {duration_ms} ms{how}: {}", clip(out, 80))
                 }
                 ToolOutcome::Err(err) => {
@@ -211,6 +214,7 @@ pub fn summary(event: &Event) -> String {
             attempt,
             answer,
             duration_ms,
+            ..
         } => {
             let answer = match answer {
                 CheckAnswer::Applied => "applied".to_string(),

@@ -141,9 +141,17 @@ async fn a_charge_interrupted_after_it_applied_is_settled_by_the_check() {
         .as_str()
         .unwrap()
         .contains(key.as_str()));
-    // The model was told the check's result, and no person was asked.
+    // The check's answer is kept as it gave it.
+    let answered: Value = serde_json::from_str(checked["answered"].as_str().unwrap()).unwrap();
+    assert_eq!(answered["found"], "by check", "{checked}");
+    // The model was told the check's result, and that it came from the
+    // check, not the tool; no person was asked.
     let last = String::from_utf8(model.bodies().last().unwrap().clone()).unwrap();
     assert!(last.contains("by check"), "{last}");
+    assert!(
+        last.contains(replay::prompt::SETTLED_BY_CHECK_PREFIX),
+        "{last}"
+    );
     let timeline = stdout(&world.run(&["log", &session]).await);
     assert!(timeline.contains("settled by its check"), "{timeline}");
     assert!(!timeline.contains("ToolInDoubt"), "{timeline}");

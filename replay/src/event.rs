@@ -205,6 +205,11 @@ pub enum Event {
         answer: CheckAnswer,
         /// How long the check took.
         duration_ms: u64,
+        /// Applied: the result the check gave, as it gave it (the
+        /// `ToolFinished` that follows tells the model it came from the
+        /// check).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        answered: Option<String>,
     },
     /// A person's message arrived while a turn ran; the agent's
     /// `mid_turn_messages` decided what it does. A queued or interrupting
@@ -530,9 +535,14 @@ impl Event {
             },
             Event::ContextCompacted { summary, .. } => vec![summary],
             Event::ToolChecked {
-                answer: CheckAnswer::Unknown(why),
-                ..
-            } => vec![why],
+                answer, answered, ..
+            } => {
+                let why = match answer {
+                    CheckAnswer::Unknown(why) => Some(why),
+                    CheckAnswer::Applied | CheckAnswer::NotApplied => None,
+                };
+                why.into_iter().chain(answered.as_mut()).collect()
+            }
             Event::SessionFinished {
                 outcome: SessionOutcome::Failed(error),
             } => vec![error],

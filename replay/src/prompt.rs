@@ -21,6 +21,10 @@ pub const IN_DOUBT_RESULT: &str =
 pub const AWAITING_APPROVAL_RESULT: &str =
     "[mneme] this tool call is waiting for a person's approval and has not run";
 
+/// What the result of a call settled by its check starts with (the rest
+/// is the check's answer): the model is told it did not come from the tool.
+pub const SETTLED_BY_CHECK_PREFIX: &str = "[mneme] This call was interrupted before its result was recorded; its check found that it took effect, and answered: ";
+
 /// What the message that tells the model its reply was refused starts with.
 pub const REFUSED_PREFIX: &str = "[mneme] Your last reply was not acted on: ";
 

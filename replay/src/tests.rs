@@ -376,6 +376,7 @@ fn an_interrupted_call_with_a_check_is_checked_before_anything_else() {
         attempt: 1,
         answer,
         duration_ms: 4,
+        answered: None,
     };
     let mut not_applied = events.clone();
     not_applied.push(checked(CheckAnswer::NotApplied));
@@ -445,6 +446,21 @@ fn a_tool_name_the_model_invented_is_set_aside_as_content_and_sent_back_as_it_wa
     let body = String::from_utf8(next_request("s", &fold(&events)).unwrap()).unwrap();
     assert!(body.contains(r#""name":"send_pin_4821""#), "{body}");
     assert!(!body.contains("unknown_tool_1"), "{body}");
+}
+
+#[test]
+fn a_checks_answer_is_content() {
+    let mut checked = Event::ToolChecked {
+        call_id: "c1".into(),
+        attempt: 1,
+        answer: CheckAnswer::Applied,
+        duration_ms: 3,
+        answered: Some(r#"{"charge":"PIN 4821"}"#.into()),
+    };
+    let fields: Vec<String> = (checked.personal_fields_mut().into_iter())
+        .map(|f| f.clone())
+        .collect();
+    assert_eq!(fields, [r#"{"charge":"PIN 4821"}"#]);
 }
 
 #[test]
@@ -1239,6 +1255,7 @@ fn golden_bytes_of_every_event_kind() {
         attempt: 2,
         answer: CheckAnswer::Unknown("answered 503".into()),
         duration_ms: 7,
+        answered: None,
     });
     all.push(Event::ToolFinished {
         call_id: "c9".into(),

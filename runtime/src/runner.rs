@@ -960,27 +960,31 @@ impl Runner {
 fn checked(ctx: &CallContext, answer: Option<Checked>, duration_ms: u64) -> Vec<Event> {
     let answer =
         answer.unwrap_or_else(|| Checked::Unknown("this process has no check for the tool".into()));
-    let (answer, result) = match answer {
+    let (answer, answered) = match answer {
         Checked::Applied(result) => (CheckAnswer::Applied, Some(result)),
         Checked::NotApplied => (CheckAnswer::NotApplied, None),
         // Bounded by its sources: a status line, the end of stderr.
         Checked::Unknown(why) => (CheckAnswer::Unknown(why), None),
     };
     let call_id = ctx.call_id.clone();
-    let check = Event::ToolChecked {
+    let settled = answered.clone().map(|result| Event::ToolFinished {
         call_id: call_id.clone(),
-        attempt: ctx.attempt,
-        answer,
-        duration_ms,
-    };
-    let settled = result.map(|result| Event::ToolFinished {
-        call_id,
-        outcome: ToolOutcome::Ok(result),
+        outcome: ToolOutcome::Ok(format!(
+            "{}{result}",
+            replay::prompt::SETTLED_BY_CHECK_PREFIX
+        )),
         duration_ms,
         settled_by_check: true,
         rerun: None,
         child: None,
     });
+    let check = Event::ToolChecked {
+        call_id,
+        attempt: ctx.attempt,
+        answer,
+        duration_ms,
+        answered,
+    };
     std::iter::once(check).chain(settled).collect()
 }
 
