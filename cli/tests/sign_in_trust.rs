@@ -110,3 +110,31 @@ async fn signing_out_ends_the_sign_in_and_no_answer_is_cached() {
         .unwrap();
     assert_eq!(again.status(), 401, "signed out once");
 }
+
+/// Each fork copies its parent's history (20 forks of a 48 MiB session by
+/// a sign-in took 2.8 GB): a sign-in may fork ten times a minute, and a
+/// session may have at most 64 forks, whoever asks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forks_are_bounded_in_rate_for_a_sign_in_and_in_number_for_a_session() {
+    let (bed, id) = charged_once().await;
+    let daemon = bed.daemon();
+    let browser = daemon.sign_in("ada").await;
+    let path = format!("/sessions/{id}/fork");
+    let mut statuses = Vec::new();
+    for _ in 0..11 {
+        statuses.push(browser.post(&path, &json!({"at": 2})).await.0);
+    }
+    assert_eq!(statuses, [[201; 10].as_slice(), &[429]].concat());
+    let (status, refused) = browser.post(&path, &json!({"at": 2})).await;
+    assert_eq!(status, 429);
+    let refused = refused["error"].as_str().unwrap();
+    assert!(refused.contains("use the token"), "{refused}");
+    for n in 10..64 {
+        let (status, forked) = daemon.post(&path, &json!({"at": 2})).await;
+        assert_eq!(status, 201, "fork {n}: {forked}");
+    }
+    let (status, refused) = daemon.post(&path, &json!({"at": 2})).await;
+    assert_eq!(status, 409, "{refused}");
+    let refused = refused["error"].as_str().unwrap();
+    assert!(refused.contains("it has 64 forks already"), "{refused}");
+}

@@ -55,7 +55,16 @@ pub(crate) struct SignIns {
     codes: Mutex<Expiring<String>>,
     /// (name, digest of the key the script sends) by cookie digest.
     browsers: Mutex<Expiring<(String, [u8; 32])>>,
+    /// When each name's last forks were made, within [`FORK_WINDOW`].
+    forks: Mutex<HashMap<String, std::collections::VecDeque<Instant>>>,
 }
+
+/// Forks a sign-in may make in [`FORK_WINDOW`]: each copies a history, so
+/// a browser's clicks cannot fill the disk (20 forks of a 48 MiB session
+/// took 2.8 GB).
+pub const FORKS_PER_WINDOW: usize = 10;
+/// The window [`FORKS_PER_WINDOW`] counts in.
+pub const FORK_WINDOW: Duration = Duration::from_secs(60);
 
 /// Values by secret digest, each with when it lapses.
 struct Expiring<T>(HashMap<[u8; 32], (T, Instant)>);
@@ -136,6 +145,27 @@ impl SignIns {
             .filter_map(|value| browsers.get(&digest(value)))
             .find(|(_, expected)| same(expected, &key))
             .map(|(name, _)| SignedIn(name))
+    }
+
+    /// Counts a fork by `who`, or refuses it (why) if they made
+    /// [`FORKS_PER_WINDOW`] in the last [`FORK_WINDOW`].
+    pub(crate) fn may_fork(&self, who: &SignedIn) -> Result<(), String> {
+        let mut forks = self.forks.lock().expect("forks lock");
+        let now = Instant::now();
+        forks.retain(|_, made| {
+            made.retain(|at| now.duration_since(*at) < FORK_WINDOW);
+            !made.is_empty()
+        });
+        let made = forks.entry(who.0.clone()).or_default();
+        if made.len() >= FORKS_PER_WINDOW {
+            return Err(format!(
+                "{} made {FORKS_PER_WINDOW} forks in the last {} s, the most a sign-in may (each copies a history): try again in a minute, or use the token",
+                who.0,
+                FORK_WINDOW.as_secs()
+            ));
+        }
+        made.push_back(now);
+        Ok(())
     }
 
     /// Ends the request's sign-in, if it carries a live one (cookie and
@@ -386,6 +416,21 @@ mod tests {
         assert!(!view_may(&Method::POST, "/sessions/x/messages"));
         assert!(!view_may(&Method::POST, "/ui/codes"));
         assert!(!view_may(&Method::DELETE, "/sessions/x"));
+    }
+
+    #[test]
+    fn a_sign_in_forks_a_few_times_a_minute_and_each_name_counts_alone() {
+        let sign_ins = SignIns::default();
+        let (ada, bob) = (SignedIn("ada".into()), SignedIn("bob".into()));
+        for _ in 0..FORKS_PER_WINDOW {
+            sign_ins.may_fork(&ada).unwrap();
+        }
+        let refused = sign_ins.may_fork(&ada).unwrap_err();
+        assert!(
+            refused.contains("ada made 10 forks in the last 60 s"),
+            "{refused}"
+        );
+        assert!(sign_ins.may_fork(&bob).is_ok(), "another name");
     }
 
     #[test]

@@ -12,6 +12,11 @@ use replay::{AgentSpec, Event, Resolution, SessionOutcome, SessionState, Status}
 use std::sync::Arc;
 use uuid::Uuid;
 
+/// Forks one session may have. Each holds a copy of its parent's history up
+/// to its fork point (a 48 MiB session forked 20 times took 2.8 GB), so the
+/// count is bounded, as a sign-in's rate of forking is in the daemon.
+pub const MAX_FORKS: usize = 64;
+
 /// Sessions of one log, driven with one durability.
 #[derive(Clone)]
 pub struct Service {
@@ -534,6 +539,18 @@ impl Service {
         Ok(())
     }
 
+    /// How many forks of session `id` the store holds (not reruns, not
+    /// forks of its forks).
+    async fn forks_of(&self, id: Uuid) -> Result<usize, RuntimeError> {
+        let listed = self.listing().await?;
+        let fork_of_it =
+            |summary: &Summary| summary.forked_from == Some(id) && summary.rerun_of.is_none();
+        Ok(listed
+            .iter()
+            .filter(|(_, s)| s.as_ref().is_ok_and(fork_of_it))
+            .count())
+    }
+
     /// Every session derived from session `id`, transitively (a fork of
     /// its fork too), nearest first: its forks and reruns (their first
     /// event names it) and its sub-agents (their `SpawnedBy` names it),
@@ -614,11 +631,18 @@ impl Service {
                 by: by.to_string(),
             }),
         };
-        let all = read_events(self.log.as_ref(), parent).await?;
         let refuse = |reason: String| RuntimeError::InvalidRequest {
             session: parent,
             reason,
         };
+        let forks = self.forks_of(parent).await?;
+        if forks >= MAX_FORKS {
+            return Err(refuse(format!(
+                "it has {forks} forks already, the most one session may have ({MAX_FORKS}): \
+                 each holds a copy of its history; erase one (`mneme erase`) to fork again"
+            )));
+        }
+        let all = read_events(self.log.as_ref(), parent).await?;
         if all
             .iter()
             .any(|(_, e)| matches!(e, Event::SessionErased { .. }))

@@ -743,7 +743,9 @@ pub(crate) async fn erase(
 /// A new session holding this one's first `at` events; its first event
 /// names the parent and seq.
 #[utoipa::path(post, path = "/sessions/{id}/fork", params(SessionPath), request_body = Fork,
-    responses((status = 201, description = "The fork", body = Forked)))]
+    responses((status = 201, description = "The fork", body = Forked),
+        (status = 409, description = "Not forked: the session was erased, a call is under way at that seq, or it has the most forks a session may have", body = wire::ApiError),
+        (status = 429, description = "A sign-in made the most forks it may in a minute", body = wire::ApiError)))]
 async fn fork(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
@@ -756,6 +758,12 @@ async fn fork(
             "a web view sign-in cannot fork with another spec (its tools would run): use the token"
                 .into(),
         ));
+    }
+    if let Some(Extension(who)) = &signed_in {
+        let sign_ins = &daemon.sign_ins;
+        sign_ins
+            .may_fork(who)
+            .map_err(|why| ApiError(StatusCode::TOO_MANY_REQUESTS, why))?;
     }
     let by = who(&signed_in, "api");
     let spec = body.spec.map(|spec| (spec, by.as_str()));
