@@ -138,3 +138,49 @@ async fn forks_are_bounded_in_rate_for_a_sign_in_and_in_number_for_a_session() {
     let refused = refused["error"].as_str().unwrap();
     assert!(refused.contains("it has 64 forks already"), "{refused}");
 }
+
+/// A fork at a user message holds a turn nobody started: a restarted
+/// daemon's recovery left it alone only if it said so (it ran every such
+/// fork's model turn, and its tools: a sign-in's forks, then a restart,
+/// re-ran paid turns). Resumed by id, with the token, it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_daemon_does_not_run_a_fork_nobody_started() {
+    let (mut bed, id) = charged_once().await;
+    let browser = bed.daemon().sign_in("ada").await;
+    let path = format!("/sessions/{id}/fork");
+    let (status, forked) = browser.post(&path, &json!({"at": 2})).await;
+    assert_eq!(status, 201, "{forked}");
+    let fork = forked["session"].as_str().unwrap().to_string();
+    assert!(bed.take_daemon().terminate().await.success());
+    let log = bed.world.dir.path().join("restarted.log");
+    let command = mneme_e2e::daemon::DaemonProcess::command(&bed.world.data(), &[]);
+    let daemon =
+        mneme_e2e::daemon::DaemonProcess::launch_logged(command, &bed.world.data(), &log).await;
+    eventually(
+        "the daemon's recovery",
+        std::time::Duration::from_secs(20),
+        || async {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            text.contains("recovery found").then_some(())
+        },
+    )
+    .await;
+    let recovered = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        recovered.contains("recovery found 0 interrupted sessions"),
+        "{recovered}"
+    );
+    let (_, view) = daemon.get(&format!("/sessions/{fork}")).await;
+    assert_eq!(view["pending"], true, "still waits for a person: {view}");
+    assert_eq!(view["resumable"], false, "not for `resume --all`: {view}");
+    assert_eq!(
+        bed.sink.stats().path("charge").effects,
+        1,
+        "nothing charged again"
+    );
+    let (status, end) = daemon
+        .post(&format!("/sessions/{fork}/resume"), &json!({"wait": true}))
+        .await;
+    assert_eq!(status, 200, "{end}");
+    assert_eq!(bed.sink.stats().path("charge").effects, 2);
+}

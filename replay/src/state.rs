@@ -918,6 +918,16 @@ impl SessionState {
         }
     }
 
+    /// Whether the current turn was opened by a record this fork copied
+    /// from its parent (a fork at a user message): nobody asked this
+    /// session for that turn, so only a person's resume starts it.
+    pub fn turn_opened_in_its_copy(&self) -> bool {
+        let opened = self.turn_opened.seq;
+        // A fork at `at` holds its parent's records 1..=at as its 2..=at+1.
+        self.forked_from
+            .is_some_and(|(_, at)| opened != 0 && opened <= at + 1)
+    }
+
     /// Whether the token limit cut the last reply off.
     pub fn last_reply_cut_off(&self) -> bool {
         matches!(self.entries.last(), Some(Entry::Reply { reply, .. }) if reply.cut_off())

@@ -82,11 +82,13 @@ pub enum Opened {
 
 /// Whether a session stopped mid-turn without a person's say: its process
 /// died, or a shutdown paused it. Such a session is resumed by whoever
-/// takes it over. Never a sub-agent: its parent's turn resumes it.
+/// takes it over. Never a sub-agent (its parent's turn resumes it), nor a
+/// fork whose turn nobody started (it was opened in the history the fork
+/// copied: recovery ran such forks' model turns, and their tools).
 pub fn was_interrupted(summary: &Summary) -> bool {
     let shut_down = summary.paused.as_deref() == Some(SHUTDOWN_REASON);
     let stopped = summary.status == "running" || (shut_down && !summary.waits_for_a_person);
-    stopped && summary.parent.is_none()
+    stopped && summary.parent.is_none() && !summary.never_started_fork()
 }
 
 impl Service {

@@ -165,6 +165,10 @@ pub struct Summary {
     /// Whether a process drove its current turn ([`SessionState::turn_driven`]).
     #[serde(default)]
     pub turn_driven: bool,
+    /// Whether its current turn was opened in a fork's copy of its
+    /// parent's history ([`SessionState::turn_opened_in_its_copy`]).
+    #[serde(default)]
+    pub turn_opened_in_its_copy: bool,
 }
 
 /// Characters of a session's first message kept as its title.
@@ -206,6 +210,7 @@ impl Summary {
             forked_from: state.forked_from.map(|(session, _)| session),
             rerun_of: state.rerun.as_ref().map(|rerun| rerun.of),
             turn_driven: state.turn_driven,
+            turn_opened_in_its_copy: state.turn_opened_in_its_copy(),
         }
     }
 }
@@ -231,7 +236,9 @@ impl Summary {
     /// (a resume records it as denied and goes on).
     /// A sub-agent never is: its parent's turn resumes it (two drivers
     /// would race for its lease).
-    /// An imported session at rest is not: only a person resumes it, by id.
+    /// An imported session at rest is not, nor a fork whose turn nobody
+    /// started ([`Summary::never_started_fork`]): only a person resumes
+    /// them, by id.
     pub fn resumable(&self) -> bool {
         let pending = self
             .status
@@ -239,7 +246,13 @@ impl Summary {
             .is_ok_and(|status| status.resumable(self.waits_for_a_person))
             || self.approval_expired(crate::text::now_ms());
         let imported = (self.paused.as_deref()).is_some_and(crate::transfer::at_rest_after_import);
-        pending && self.parent.is_none() && !imported
+        pending && self.parent.is_none() && !imported && !self.never_started_fork()
+    }
+
+    /// Whether it is a fork whose current turn was opened in the history it
+    /// copied and never driven: nobody asked this session for that turn.
+    pub fn never_started_fork(&self) -> bool {
+        self.turn_opened_in_its_copy && !self.turn_driven
     }
 
     /// Whether a call's wait for approval ended at or before `now_ms`.
