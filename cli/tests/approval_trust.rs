@@ -16,22 +16,26 @@ fn user_text(request: &Value) -> String {
         .join("\n")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn arguments_that_hold_a_key_twice_never_start_a_call() {
+/// JSON arguments whose `first` member comes before 400 newlines and the
+/// `rest` after them: a small box shows the first alone.
+fn padded(first: &str, rest: &str) -> String {
+    format!("{{{first},{}{rest}}}", "\n".repeat(400))
+}
+
+/// A world and sink with a refund agent (each call waits for approval) on a
+/// model whose first reply calls `refund` with `arguments` exactly as
+/// written, and whose later ones are `then`'s (given the request); the run
+/// of `mneme run --agent AGENT MESSAGE`.
+async fn refund_called_with(
+    arguments: String,
+    message: &str,
+    then: impl Fn(&Value) -> Answer + Send + Sync + 'static,
+) -> (World, Sink, HostileModel, std::process::Output) {
     let world = World::new();
     let sink = Sink::start().await.unwrap();
-    // What a person would read first, padded away from what the tool gets.
-    let padded = format!(
-        "{{\"to\": \"alice\",{}\"to\": \"attacker-iban-DE00\", \"cents\": 100}}",
-        "\n".repeat(400)
-    );
     let model = HostileModel::start(move |n, request, _| match n {
-        0 => raw_call("refund", &padded),
-        _ => {
-            let told = user_text(request);
-            assert!(told.contains("hold the key \"to\" twice"), "{told}");
-            Answer::Json(completion(Some("could not refund"), &[]))
-        }
+        0 => raw_call("refund", &arguments),
+        _ => then(request),
     })
     .await;
     let agent = world.write(
@@ -39,8 +43,24 @@ async fn arguments_that_hold_a_key_twice_never_start_a_call() {
         &agent_toml(&model.base_url(), &[refund_needing_approval(&sink)]),
     );
     let out = world
-        .run(&["run", "--agent", agent.to_str().unwrap(), "refund alice"])
+        .run(&["run", "--agent", agent.to_str().unwrap(), message])
         .await;
+    (world, sink, model, out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arguments_that_hold_a_key_twice_never_start_a_call() {
+    // What a person would read first, padded away from what the tool gets.
+    let arguments = padded(
+        r#""to": "alice""#,
+        r#""to": "attacker-iban-DE00", "cents": 100"#,
+    );
+    let (world, sink, _model, out) = refund_called_with(arguments, "refund alice", |request| {
+        let told = user_text(request);
+        assert!(told.contains("hold the key \"to\" twice"), "{told}");
+        Answer::Json(completion(Some("could not refund"), &[]))
+    })
+    .await;
     assert!(out.status.success(), "{}", stderr(&out));
     let kinds = event_kinds(&world, &session_id(&out)).await;
     for kind in ["ApprovalRequested", "ToolStarted"] {
@@ -100,24 +120,12 @@ async fn a_call_waiting_for_approval_is_shown_with_its_arguments_whole() {
 /// what it approves and what the model was told of the tool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn padded_arguments_are_laid_out_afresh_for_the_person_deciding() {
-    let world = World::new();
-    let sink = Sink::start().await.unwrap();
-    let padded = format!(
-        "{{\"note\": \"fine\",{}\"to\": \"mallory-iban\", \"cents\": 12345678901234567890123}}",
-        "\n".repeat(400)
-    );
-    let model = HostileModel::start(move |n, _, _| match n {
-        0 => raw_call("refund", &padded),
-        _ => Answer::Json(completion(Some("refunded"), &[])),
+    let rest = r#""to": "mallory-iban", "cents": 12345678901234567890123"#;
+    let arguments = padded(r#""note": "fine""#, rest);
+    let (world, sink, _model, out) = refund_called_with(arguments, "refund", |_| {
+        Answer::Json(completion(Some("refunded"), &[]))
     })
     .await;
-    let agent = world.write(
-        "agent.toml",
-        &agent_toml(&model.base_url(), &[refund_needing_approval(&sink)]),
-    );
-    let out = world
-        .run(&["run", "--agent", agent.to_str().unwrap(), "refund"])
-        .await;
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     let id = session_id(&out);
     let members = [

@@ -148,10 +148,10 @@ async fn sessions_made_elsewhere_arrive_at_rest_and_say_what_they_reach() {
     assert!(!marker.exists(), "the other one still rests");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_import_does_not_add_to_a_held_session_unless_asked_and_then_lists_it() {
-    let here = World::new();
-    let sink = Sink::start().await.unwrap();
+/// A session of `here` whose refund (of `sink`) waits for approval, run
+/// with `extra` arguments (`--signing-key KEY`, say); its id, and the model
+/// (which answers "refunded" once the call is decided).
+async fn a_refund_waiting(here: &World, sink: &Sink, extra: &[&str]) -> (String, MockModel) {
     let model = MockModel::start(
         vec![
             MockReply::calls(&[("refund", json!({"n": 7}))]),
@@ -162,18 +162,29 @@ async fn an_import_does_not_add_to_a_held_session_unless_asked_and_then_lists_it
     .await;
     let agent = here.write(
         "agent.toml",
-        &agent_toml(&model.base_url(), &[refund_needing_approval(&sink)]),
+        &agent_toml(&model.base_url(), &[refund_needing_approval(sink)]),
     );
-    let out = here
-        .run(&["run", "--agent", agent.to_str().unwrap(), "refund"])
-        .await;
+    let args = [
+        &["run"],
+        extra,
+        &["--agent", agent.to_str().unwrap(), "refund"],
+    ]
+    .concat();
+    let out = here.run(&args).await;
     assert_eq!(
         out.status.code(),
         Some(3),
         "waits for approval: {}",
         stderr(&out)
     );
-    let session = session_id(&out);
+    (session_id(&out), model)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_does_not_add_to_a_held_session_unless_asked_and_then_lists_it() {
+    let here = World::new();
+    let sink = Sink::start().await.unwrap();
+    let (session, _model) = a_refund_waiting(&here, &sink, &[]).await;
     let before = exported(&here, "before.jsonl");
 
     // Elsewhere, someone approves it with other arguments.
@@ -247,28 +258,11 @@ async fn an_import_does_not_add_to_a_held_session_unless_asked_and_then_lists_it
 async fn an_append_to_a_signed_history_must_be_signed_with_its_key() {
     let here = World::new();
     let sink = Sink::start().await.unwrap();
-    let model = MockModel::start(
-        vec![
-            MockReply::calls(&[("refund", json!({"n": 7}))]),
-            MockReply::answer("refunded"),
-        ],
-        Fault::None,
-    )
-    .await;
     let key = here.dir.path().join("signing.key");
     let out = here.run(&["keygen", "--out", key.to_str().unwrap()]).await;
     assert!(out.status.success(), "{}", stderr(&out));
     let key = key.to_str().unwrap();
-    let agent = here.write(
-        "agent.toml",
-        &agent_toml(&model.base_url(), &[refund_needing_approval(&sink)]),
-    );
-    let agent = agent.to_str().unwrap();
-    let out = here
-        .run(&["run", "--signing-key", key, "--agent", agent, "refund"])
-        .await;
-    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
-    let session = session_id(&out);
+    let (session, _model) = a_refund_waiting(&here, &sink, &["--signing-key", key]).await;
     let before = exported(&here, "before.jsonl");
     let approved_elsewhere = |name: &'static str, signed: bool| {
         let (before, session) = (before.clone(), session.clone());
