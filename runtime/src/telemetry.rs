@@ -25,7 +25,7 @@
 //! to [`CONTENT_LIMIT`] bytes.
 
 use crate::error::RuntimeError;
-use crate::runner::TurnEnd;
+use api::TurnEnd;
 use eventlog::Record;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{

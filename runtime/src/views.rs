@@ -5,7 +5,7 @@ use crate::api::{
     EventRecord, PlannedCall, ReplayView, SessionStatus, SessionSummary, ToolView, TurnOutcome,
     Verified, WaitingCall,
 };
-use crate::runner::TurnEnd;
+use api::TurnEnd;
 use crate::session::decode_every_event;
 use crate::snapshot::Summary;
 use eventlog::{EventLog, Record, SessionMeta};
