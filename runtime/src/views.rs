@@ -5,9 +5,9 @@ use crate::api::{
     EventRecord, PlannedCall, ReplayView, SessionStatus, SessionSummary, ToolView, TurnOutcome,
     Verified, WaitingCall,
 };
-use api::TurnEnd;
 use crate::session::decode_every_event;
 use crate::snapshot::Summary;
+use api::TurnEnd;
 use eventlog::{EventLog, Record, SessionMeta};
 use replay::{plan, CallDecision, Event, NextStep, SessionState};
 use serde_json::Value;
