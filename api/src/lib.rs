@@ -518,6 +518,9 @@ pub struct AwaitingCall {
     /// what an approval lets the tool run with.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub arguments: String,
+    /// Its tool's pinned description: what the model was told of the tool.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
 }
 
 /// How a turn (or a resume) ended.
@@ -587,6 +590,7 @@ impl TurnOutcome {
                     call_id: w.call_id.clone(),
                     tool: w.tool.clone(),
                     arguments: w.arguments.clone(),
+                    description: w.description.clone(),
                 });
                 outcome.awaiting_approval = Some(calls.collect());
             }
@@ -625,6 +629,7 @@ impl TurnOutcome {
                             tool: c.tool.clone(),
                             reason: c.reason.clone(),
                             arguments: c.arguments.clone(),
+                            description: String::new(),
                         })
                         .collect(),
                 )
@@ -636,6 +641,7 @@ impl TurnOutcome {
                             tool: c.tool.clone(),
                             reason: replay::APPROVAL_REQUIRED.into(),
                             arguments: c.arguments.clone(),
+                            description: c.description.clone(),
                         })
                         .collect(),
                 )
@@ -1158,6 +1164,7 @@ mod tests {
                 tool: "charge".into(),
                 reason: reason.into(),
                 arguments: r#"{"cents":100}"#.into(),
+                description: String::new(),
             }]
         };
         for end in [

@@ -25,16 +25,8 @@ pub(crate) async fn say_what_is_decided(
     };
     let verb = if deny { "denying" } else { "approving" };
     say!("mneme: {verb} {call_id} of session {id}: {}", call.name);
-    let description = spec
-        .as_ref()
-        .and_then(|s| s.tool(&call.name))
-        .map(|t| &t.description);
-    if let Some(description) = description.filter(|d| !d.is_empty()) {
-        say!(
-            "    what the model was told of {}: {description:?}",
-            call.name
-        );
-    }
+    let tool = spec.as_ref().and_then(|s| s.tool(&call.name));
+    say_description(&call.name, tool.map_or("", |t| &t.description));
     match (edited, deny) {
         (Some(edited), false) => {
             say!("    with your arguments:");
@@ -64,6 +56,15 @@ fn latest_call(rows: &[serde_json::Value], call_id: &str) -> Option<(ToolCall, O
         }
     }
     found
+}
+
+/// Says what the model was told of `tool` (its pinned `description`), if
+/// anything: an MCP server's own words reach the model, and a person
+/// should read them too.
+pub(crate) fn say_description(tool: &str, description: &str) {
+    if !description.is_empty() {
+        say!("    what the model was told of {tool}: {description:?}");
+    }
 }
 
 /// Says a call's `arguments` whole, laid out afresh one member a line (what

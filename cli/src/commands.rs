@@ -1100,6 +1100,7 @@ fn report_end(id: Uuid, end: &TurnEnd, json: bool, streamed: bool) -> Result<Exi
                     waiting.reason
                 );
                 crate::approving::say_arguments(&waiting.arguments);
+                crate::approving::say_description(&waiting.tool, &waiting.description);
                 say!("    mneme approve {id} {call} [--deny | --edit-args JSON]");
             }
             Ok(ExitCode::from(EXIT_NEEDS_DECISION))

@@ -141,6 +141,8 @@ async fn padded_arguments_are_laid_out_afresh_for_the_person_deciding() {
         }
     };
     shows_each(&stderr(&out), "the pause message");
+    let told = "what the model was told of refund: \"refund\"";
+    assert!(stderr(&out).contains(told), "{}", stderr(&out));
 
     let log = stdout(&world.run(&["log", &id]).await);
     let reply = log.lines().find(|l| l.contains("ModelReplied")).unwrap();

@@ -235,18 +235,23 @@ pub struct Waiting {
     pub reason: String,
     /// Its arguments, as the model gave them (or as a person edited them).
     pub arguments: String,
+    /// Its tool's description as the session pinned it: what the model was
+    /// told of the tool (empty if the spec gives none).
+    pub description: String,
 }
 
 /// Why a call awaiting approval waits.
 pub const APPROVAL_REQUIRED: &str = "requires approval";
 
 impl Waiting {
-    fn on(call: &CallState, reason: &str) -> Waiting {
+    fn on(call: &CallState, reason: &str, spec: Option<&AgentSpec>) -> Waiting {
+        let tool = spec.and_then(|spec| spec.tool(&call.call.name));
         Waiting {
             call_id: call.call.id.clone(),
             tool: call.call.name.clone(),
             reason: reason.to_string(),
             arguments: call.arguments().to_string(),
+            description: tool.map(|t| t.description.clone()).unwrap_or_default(),
         }
     }
 }
@@ -784,7 +789,7 @@ impl SessionState {
         self.open_calls()
             .iter()
             .filter_map(|c| match &c.phase {
-                CallPhase::InDoubt(reason) => Some(Waiting::on(c, reason)),
+                CallPhase::InDoubt(reason) => Some(Waiting::on(c, reason, self.spec.as_ref())),
                 _ => None,
             })
             .collect()
@@ -795,7 +800,7 @@ impl SessionState {
         self.open_calls()
             .iter()
             .filter(|c| c.phase == CallPhase::AwaitingApproval)
-            .map(|c| Waiting::on(c, APPROVAL_REQUIRED))
+            .map(|c| Waiting::on(c, APPROVAL_REQUIRED, self.spec.as_ref()))
             .collect()
     }
 
