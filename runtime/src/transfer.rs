@@ -440,8 +440,6 @@ impl Target<'_> {
     }
 }
 
-/// The session and sealed bytes of one line, after checking that its
-/// readable fields say what the sealed bytes say.
 /// Why records `appended` to `session` (held up to `head`) may not be
 /// added, if its held history carries signed heads: each appended record
 /// must be covered by a head signed with the key that signed them (anyone
@@ -504,6 +502,8 @@ async fn unvouched_append(
     })
 }
 
+/// The session and sealed bytes of one line, after checking that its
+/// readable fields say what the sealed bytes say.
 fn parse_line(line: usize, text: &str) -> Result<(Uuid, Pending), TransferError> {
     let bad = |reason: String| TransferError::BadLine { line, reason };
     let parsed: Line =
