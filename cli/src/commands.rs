@@ -9,12 +9,12 @@ use crate::{Cli, Command, EXIT_NEEDS_DECISION};
 use anyhow::{bail, Context, Result};
 use eventlog::{EventLog, SledLog};
 use pglog::PgLog;
-use runtime::agent::load_agent_file;
 use runtime::api::PostMessage;
 use runtime::api::{
     Approve, DecisionAnswer, DerivedOutcome, DerivedSession, Erase, Resolve, SessionStatus,
     TurnOutcome, Verified,
 };
+use runtime::load_agent_file;
 use runtime::privacy::{MasterKey, SealedLog};
 use runtime::service::Service;
 use runtime::signing::{HeadKey, HeadSigner, Witnessed};

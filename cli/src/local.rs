@@ -77,7 +77,7 @@ impl Local {
 /// The error of a turn of session `id`, saying what to do next where the
 /// model server is the cause.
 fn turn_failed(id: Uuid, e: RuntimeError) -> anyhow::Error {
-    use runtime::model::ModelError;
+    use runtime::ModelError;
     let when = match &e {
         RuntimeError::Model(ModelError::Unavailable { .. }) => {
             Some("once the model server answers")

@@ -17,7 +17,7 @@ use axum::body::{Body, Bytes};
 use axum::Router;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;
-use runtime::error::RuntimeError;
+use runtime::RuntimeError;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;

@@ -24,13 +24,13 @@ pub use metrics::Metrics;
 
 use eventlog::{Durability, EventLog};
 use heads::DurableHeads;
-use runtime::error::RuntimeError;
 use runtime::inbox::Inboxes;
 use runtime::lease::HeldLease;
 use runtime::pause::{self, PAUSED_ON_REQUEST};
 use runtime::runner::{Runner, TurnEnd};
 use runtime::service::Service;
 use runtime::snapshot::Summary;
+use runtime::RuntimeError;
 use statuses::Statuses;
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;

@@ -1,7 +1,7 @@
 //! The daemon's bearer token, read, checked and compared in one place, for
 //! the daemon and for the CLI that talks to it.
 
-use runtime::error::RuntimeError;
+use runtime::RuntimeError;
 use sha2::{Digest, Sha256};
 use std::path::Path;
 

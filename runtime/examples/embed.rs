@@ -11,7 +11,7 @@
 
 use async_trait::async_trait;
 use eventlog::{Durability, SledLog};
-use mneme_runtime::agent::load_agent_file;
+use mneme_runtime::load_agent_file;
 use mneme_runtime::service::Service;
 use mneme_runtime::TurnEnd;
 use serde_json::Value;

@@ -13,12 +13,12 @@
 //! `tools::Tool` that the agent declares with `kind = "native"` and the
 //! program hands the runner ([`Runner::parts_with_native`]); see
 //! `examples/embed.rs`. Model servers speak OpenAI's chat completions or
-//! Anthropic's Messages API ([`model::ModelClient`]). The daemon's HTTP API
+//! Anthropic's Messages API ([`ModelClient`]). The daemon's HTTP API
 //! is described by the types of [`api`]; log events are `tracing` events of
 //! target `mneme` ([`text`]); turns can be traced in the OpenTelemetry format
 //! ([`telemetry`]).
 
-pub mod agent;
+mod agent;
 pub use api;
 pub use api::describe;
 mod anthropic;
@@ -26,11 +26,11 @@ mod blobs;
 pub mod control;
 pub mod crash;
 pub mod diff;
-pub mod error;
+mod error;
 pub mod inbox;
 pub mod lease;
 mod mcp;
-pub mod model;
+mod model;
 pub mod outbound;
 pub mod pause;
 pub mod preflight;
@@ -49,7 +49,9 @@ pub mod text;
 pub mod transfer;
 pub mod views;
 
+pub use agent::{load_agent_file, MAX_AGENT_FILE_BYTES};
 pub use error::RuntimeError;
+pub use model::{client_for, ModelClient, ModelError};
 pub use runner::{Runner, TurnEnd};
 pub use session::Session;
 

@@ -20,9 +20,9 @@ use runtime::api::{
     SessionView, TurnOutcome, Verified,
 };
 use runtime::control::{Decision, TurnStart, TurnTask};
-use runtime::error::RuntimeError;
 use runtime::service;
 use runtime::views;
+use runtime::RuntimeError;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -391,9 +391,7 @@ fn spec_from_json(daemon: &Daemon, body: &str) -> Result<(AgentSpec, Option<Stri
                     "agent name {name:?}: letters, digits, '-' and '_' only"
                 )));
             }
-            Ok(runtime::agent::load_agent_file(
-                &dir.join(format!("{name}.toml")),
-            )?)
+            Ok(runtime::load_agent_file(&dir.join(format!("{name}.toml")))?)
         }
         (None, Some(spec)) => Ok(spec),
         _ => Err(bad_request(format!(
