@@ -9,23 +9,28 @@
 
 mneme_e2e::binary!(env!("CARGO_BIN_EXE_mneme"));
 
+use mneme_e2e::on_a_deep_stack;
 use mneme_e2e::scenario::{self, Faults, Reach, Scenario, Store};
 use runtime::crash::CrashPoint;
 use std::collections::BTreeSet;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_crash_point_of_every_scenario_resumes_to_the_uncrashed_result() {
-    let tally = matrix(&runtime::crash::all_points(), Store::Sled).await;
-    tally.check("crash matrix");
+#[test]
+fn every_crash_point_of_every_scenario_resumes_to_the_uncrashed_result() {
+    on_a_deep_stack(|| async {
+        let tally = matrix(&runtime::crash::all_points(), Store::Sled).await;
+        tally.check("crash matrix");
+    });
 }
 
 /// The agent loop's crash points with the log on PostgreSQL, checked against
 /// the same uncrashed runs on sled. (The log's own crash points are inside
 /// sled's write path; on PostgreSQL an append is one transaction.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_agent_crash_point_resumes_to_the_uncrashed_result_on_postgres() {
-    let tally = matrix(runtime::crash::POINTS, Store::Postgres).await;
-    tally.check("crash matrix on PostgreSQL");
+#[test]
+fn every_agent_crash_point_resumes_to_the_uncrashed_result_on_postgres() {
+    on_a_deep_stack(|| async {
+        let tally = matrix(runtime::crash::POINTS, Store::Postgres).await;
+        tally.check("crash matrix on PostgreSQL");
+    });
 }
 
 #[derive(Default)]

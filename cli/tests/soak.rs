@@ -8,22 +8,22 @@
 mneme_e2e::binary!(env!("CARGO_BIN_EXE_mneme"));
 
 use mneme_e2e::scenario::{self, Faults, Store};
-use mneme_e2e::{env_number, Rng};
+use mneme_e2e::{env_number, on_a_deep_stack, Rng};
 use std::time::Instant;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn random_sigkills_never_lose_or_repeat_anything() {
+#[test]
+fn random_sigkills_never_lose_or_repeat_anything() {
     let runs = env_number("MNEME_SOAK_RUNS").unwrap_or(24);
-    soak("soak", Store::Sled, runs).await;
+    on_a_deep_stack(move || soak("soak", Store::Sled, runs));
 }
 
 /// The same on PostgreSQL, where a kill can land inside a transaction: the
 /// server then commits or aborts it whole, and the resume must agree with
 /// whichever it did.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn random_sigkills_on_postgres_never_lose_or_repeat_anything() {
+#[test]
+fn random_sigkills_on_postgres_never_lose_or_repeat_anything() {
     let runs = env_number("MNEME_SOAK_RUNS").map_or(12, |n| n / 2);
-    soak("soak on PostgreSQL", Store::Postgres, runs).await;
+    on_a_deep_stack(move || soak("soak on PostgreSQL", Store::Postgres, runs));
 }
 
 /// `runs` runs of random scenarios on `store`, each `mneme` process killed

@@ -408,3 +408,29 @@ pub fn env_number(name: &str) -> Option<u64> {
             .unwrap_or_else(|_| panic!("{name}={v:?} is not a number"))
     })
 }
+
+/// Runs the future `test` makes to its end on a runtime of two workers,
+/// driven from a thread with a 64 MiB stack (a panic in it is the
+/// caller's). The fault scenarios' futures, polled unoptimised, overflowed
+/// a test thread's 2 MiB once in a while: which path a random run takes
+/// decides how deep they go.
+pub fn on_a_deep_stack<F: std::future::Future<Output = ()>>(
+    test: impl FnOnce() -> F + Send + 'static,
+) {
+    const STACK_BYTES: usize = 64 << 20;
+    let driven = std::thread::Builder::new()
+        .stack_size(STACK_BYTES)
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_stack_size(STACK_BYTES)
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(Box::pin(test()));
+        })
+        .unwrap();
+    if let Err(panic) = driven.join() {
+        std::panic::resume_unwind(panic);
+    }
+}
