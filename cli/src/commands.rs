@@ -15,11 +15,11 @@ use runtime::api::{
     TurnOutcome, Verified,
 };
 use runtime::load_agent_file;
-use runtime::privacy::{MasterKey, SealedLog};
-use runtime::service::Service;
-use runtime::signing::{HeadKey, HeadSigner, Witnessed};
-use runtime::telemetry::{self, OtlpConfig, Tracer};
-use runtime::{views, TurnEnd};
+use runtime::store::{HeadKey, HeadSigner, Witnessed};
+use runtime::store::{MasterKey, SealedLog};
+use runtime::Service;
+use runtime::{store, TurnEnd};
+use runtime::{OtlpConfig, Tracer};
 use serde::Serialize;
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -47,7 +47,7 @@ pub async fn dispatch(cli: Cli, holder: &str) -> Result<ExitCode> {
     let lease_ttl = Duration::from_millis(options.lease_ttl_ms.max(100));
     let snapshot_every = options
         .snapshot_every
-        .unwrap_or(runtime::snapshot::DEFAULT_EVERY);
+        .unwrap_or(runtime::store::SNAPSHOT_EVERY);
     let cache_bytes = options.sled_cache_mib << 20;
     let master = options
         .master_key
@@ -93,7 +93,7 @@ pub async fn dispatch(cli: Cli, holder: &str) -> Result<ExitCode> {
                 if let Some(progress) = crate::progress::Progress::on_terminal().filter(|_| turns) {
                     service = service.observed_by(progress);
                 }
-                let owner = runtime::lease::owner_name("cli");
+                let owner = runtime::control::owner_name("cli");
                 let local: Arc<dyn Sessions> = Arc::new(Local::new(service, raw, owner, lease_ttl));
                 // A turn may take long: meanwhile, other terminals may read.
                 let reader = match (turns, &store_url) {
@@ -109,7 +109,7 @@ pub async fn dispatch(cli: Cli, holder: &str) -> Result<ExitCode> {
     .map_err(|e| store.in_error(e));
     if let Some(tracer) = tracer {
         // The last turns' spans, before the process ends: at most this long.
-        tracer.flush(telemetry::DEFAULT_TIMEOUT).await;
+        tracer.flush(OtlpConfig::DEFAULT_TIMEOUT).await;
     }
     outcome
 }
@@ -420,7 +420,7 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Import(a) => {
-            let policy = runtime::transfer::Policy { append: a.append };
+            let policy = runtime::store::Policy { append: a.append };
             let report = sessions.import(a.input.as_deref(), policy).await?;
             imported(&report);
             Ok(ExitCode::SUCCESS)
@@ -438,9 +438,9 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
 /// `mneme check --agent FILE`: one line a thing checked; exit 1 if any
 /// would fail a session.
 async fn check(args: &crate::CheckArgs) -> Result<ExitCode> {
-    use runtime::preflight::Verdict;
+    use runtime::control::Verdict;
     let spec = load_agent_file(&args.agent)?;
-    let findings = runtime::preflight::check(&spec).await;
+    let findings = runtime::control::preflight(&spec).await;
     for finding in &findings {
         match args.json.json {
             true => outln!("{}", to_json(finding)),
@@ -537,7 +537,7 @@ async fn signed_heads(
             "{} copied from the session it was forked from",
             vouched.copied
         ),
-        at => format!("the last signed {}", runtime::views::format_time(at)),
+        at => format!("the last signed {}", runtime::api::format_time(at)),
     };
     let checked = format!(
         "{} signed heads check out ({last}), vouching for seq 1–{}",
@@ -638,8 +638,8 @@ async fn witnessed(sessions: &dyn Sessions, key: &HeadKey, file: &Path) -> Resul
                     let stored = rows.iter().find(|r| r["seq"].as_u64() == Some(head.seq));
                     let hash = stored.and_then(|r| r["hash"].as_str());
                     (hash != Some(head.hash.as_str())).then(|| match hash {
-                        None => format!("the witness saw seq {} (signed {}); the store holds {} records: cut", head.seq, runtime::views::format_time(head.at_ms), rows.len()),
-                        Some(_) => format!("seq {} holds another record than the witness saw (signed {}): rewritten", head.seq, runtime::views::format_time(head.at_ms)),
+                        None => format!("the witness saw seq {} (signed {}); the store holds {} records: cut", head.seq, runtime::api::format_time(head.at_ms), rows.len()),
+                        Some(_) => format!("seq {} holds another record than the witness saw (signed {}): rewritten", head.seq, runtime::api::format_time(head.at_ms)),
                     })
                 })
             }
@@ -971,7 +971,7 @@ async fn serve(
         header_timeout: Duration::from_secs(a.header_timeout_secs),
         idle_timeout: Duration::from_secs(a.idle_timeout_secs),
         max_connections: a.max_connections,
-        owner: runtime::lease::owner_name("daemon"),
+        owner: runtime::control::owner_name("daemon"),
         lease_ttl: settings.lease_ttl,
         signer: settings.signer,
         retain: a.retain,
@@ -1069,7 +1069,7 @@ fn report_end(id: Uuid, end: &TurnEnd, json: bool, streamed: bool) -> Result<Exi
                 | TurnEnd::NeedsApproval(_)
         )
     {
-        outln!("{}", views::turn_end(id, end));
+        outln!("{}", store::turn_end(id, end));
     }
     match end {
         TurnEnd::Answered(answer) | TurnEnd::CutOffAnswer(answer) => {

@@ -11,12 +11,11 @@ use runtime::api::{
     Decided, DecisionAnswer, Forked, PostMessage, ReplayView, RerunReport, SessionDiff,
     SessionSummary, TurnOutcome, Verified,
 };
+use runtime::control::HeldLease;
 use runtime::control::{self, Control, Hold, Opened, TurnStart, TurnTask, Turns};
-use runtime::lease::HeldLease;
-use runtime::pause;
-use runtime::runner::StopCheck;
-use runtime::service::{self, Service};
-use runtime::{views, RuntimeError, TurnEnd};
+use runtime::Service;
+use runtime::StopCheck;
+use runtime::{store, RuntimeError, TurnEnd};
 use serde_json::Value;
 use std::path::Path;
 use std::sync::Arc;
@@ -139,7 +138,7 @@ impl InPlace {
         if let Opened::Ended(end) = self.service.open_turn(&mut session, start).await? {
             return Ok(end);
         }
-        let listening = Arc::new(pause::Listening::default());
+        let listening = Arc::new(control::Listening::default());
         listening.start(id, lease.token());
         let log = self.service.log().clone();
         let stop: StopCheck = Arc::new(move |id| {
@@ -148,7 +147,7 @@ impl InPlace {
                 listening
                     .asked(log.as_ref(), id)
                     .await
-                    .then(|| pause::PAUSED_ON_REQUEST.to_string())
+                    .then(|| control::PAUSED_ON_REQUEST.to_string())
             })
         });
         let mut runner = self.service.runner().with_stop(stop);
@@ -203,7 +202,7 @@ impl Sessions for Local {
     }
 
     async fn verify(&self, id: Uuid) -> Result<Verified> {
-        Ok(views::verified(self.log(), id).await)
+        Ok(store::verified(self.log(), id).await)
     }
 
     async fn replay(&self, id: Uuid) -> Result<ReplayView> {
@@ -226,7 +225,7 @@ impl Sessions for Local {
     }
 
     async fn diff(&self, a: Uuid, b: Uuid) -> Result<SessionDiff> {
-        Ok(runtime::diff::sessions(self.log(), a, b).await?)
+        Ok(runtime::store::diff_sessions(self.log(), a, b).await?)
     }
 
     async fn rerun(
@@ -284,7 +283,7 @@ impl Sessions for Local {
         let (decision, by, proceed) = match decision {
             Decision::Resolve(d) => {
                 let skip = d.skip.as_ref().map(Value::to_string);
-                let resolution = service::resolution(d.retry, skip.as_deref(), d.fail.as_deref())
+                let resolution = control::resolution(d.retry, skip.as_deref(), d.fail.as_deref())
                     .map_err(|e| anyhow::anyhow!(e))?;
                 (control::Decision::Resolve(resolution), d.by, d.proceed)
             }
@@ -322,7 +321,7 @@ impl Sessions for Local {
             Some(path) => Box::new(std::io::BufWriter::new(private_output(path)?)),
             None => Box::new(std::io::BufWriter::new(std::io::stdout())),
         };
-        let records = runtime::transfer::export(self.raw.as_ref(), &ids, &mut out).await?;
+        let records = runtime::store::export(self.raw.as_ref(), &ids, &mut out).await?;
         Ok(Exported {
             records,
             sessions: ids.len(),
@@ -332,7 +331,7 @@ impl Sessions for Local {
     async fn import(
         &self,
         input: Option<&Path>,
-        policy: runtime::transfer::Policy,
+        policy: runtime::store::Policy,
     ) -> Result<crate::sessions::ImportReport> {
         let mut reader: Box<dyn std::io::BufRead + Send> = match input {
             Some(path) => Box::new(std::io::BufReader::new(
@@ -341,7 +340,7 @@ impl Sessions for Local {
             None => Box::new(std::io::BufReader::new(std::io::stdin())),
         };
         let origin = input.map_or("stdin".to_string(), |p| p.display().to_string());
-        let imported = runtime::transfer::import(self.raw.as_ref(), &mut reader, policy)
+        let imported = runtime::store::import(self.raw.as_ref(), &mut reader, policy)
             .await
             .with_context(|| format!("importing {origin}"))?;
         self.log().barrier(eventlog::Durability::Synced).await?;
@@ -354,7 +353,7 @@ impl Sessions for Local {
             // can run it either.
             let at_rest = self.service.at_rest_after_import(*id, &origin).await;
             let (spec, refused) = at_rest.unwrap_or((None, None));
-            let reach = spec.map_or(Vec::new(), |spec| runtime::preflight::reach(&spec));
+            let reach = spec.map_or(Vec::new(), |spec| control::reach(&spec));
             let status = match self.service.current_summary(*id).await {
                 Ok(summary) => summary.status,
                 Err(e) => format!("unreadable here ({e})"),

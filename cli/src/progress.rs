@@ -4,7 +4,7 @@
 //! said when stderr is not a terminal (a script reads only what it asked for).
 
 use replay::{Event, ToolOutcome};
-use runtime::session::SessionObserver;
+use runtime::SessionObserver;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -345,7 +345,7 @@ impl Sessions for Remote {
     async fn import(
         &self,
         _: Option<&Path>,
-        _: runtime::transfer::Policy,
+        _: runtime::store::Policy,
     ) -> Result<crate::sessions::ImportReport> {
         Err(self.holds_the_store())
     }

@@ -148,7 +148,7 @@ pub trait Sessions: Send + Sync {
     async fn import(
         &self,
         input: Option<&Path>,
-        policy: runtime::transfer::Policy,
+        policy: runtime::store::Policy,
     ) -> Result<ImportReport>;
 }
 
@@ -156,7 +156,7 @@ pub trait Sessions: Send + Sync {
 /// a session of it reaches and whether it was put at rest.
 pub struct ImportReport {
     /// Records and sessions.
-    pub imported: runtime::transfer::Imported,
+    pub imported: runtime::store::Imported,
     /// Each session stored to: its id, what it reaches (a line each), why
     /// its spec is refused if it is, and its status now.
     pub sessions: Vec<(Uuid, Vec<String>, Option<String>, String)>,

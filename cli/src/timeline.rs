@@ -4,9 +4,9 @@ use crate::LogArgs;
 use anyhow::{bail, Result};
 use eventlog::EventLog;
 use replay::{Event, ToolCall};
-use runtime::session::read_events;
+use runtime::store::read_events;
 use runtime::text::for_terminal;
-use runtime::{describe, views};
+use runtime::{describe, store};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -27,7 +27,7 @@ pub async fn rows(log: &dyn EventLog, session: uuid::Uuid) -> Result<Vec<Value>>
     Ok(read_events(log, session)
         .await?
         .iter()
-        .map(|(record, event)| views::record(record, event))
+        .map(|(record, event)| store::record(record, event))
         .collect())
 }
 

@@ -11,13 +11,13 @@ mneme_e2e::binary!(env!("CARGO_BIN_EXE_mneme"));
 
 use mneme_e2e::on_a_deep_stack;
 use mneme_e2e::scenario::{self, Faults, Reach, Scenario, Store};
-use runtime::crash::CrashPoint;
+use runtime::control::crash::CrashPoint;
 use std::collections::BTreeSet;
 
 #[test]
 fn every_crash_point_of_every_scenario_resumes_to_the_uncrashed_result() {
     on_a_deep_stack(|| async {
-        let tally = matrix(&runtime::crash::all_points(), Store::Sled).await;
+        let tally = matrix(&runtime::control::crash::all_points(), Store::Sled).await;
         tally.check("crash matrix");
     });
 }
@@ -28,7 +28,7 @@ fn every_crash_point_of_every_scenario_resumes_to_the_uncrashed_result() {
 #[test]
 fn every_agent_crash_point_resumes_to_the_uncrashed_result_on_postgres() {
     on_a_deep_stack(|| async {
-        let tally = matrix(runtime::crash::POINTS, Store::Postgres).await;
+        let tally = matrix(runtime::control::crash::POINTS, Store::Postgres).await;
         tally.check("crash matrix on PostgreSQL");
     });
 }

@@ -219,7 +219,7 @@ fn lookup_world() -> TestbedBuilder {
 /// The span of the turn of `session` that started from `seq`: its ids
 /// are the derived ones, and it is a root.
 fn check_turn_ids(turn: &Span, session: Uuid, seq: u64) {
-    let (trace_id, span_id) = runtime::telemetry::turn_ids(session, seq);
+    let (trace_id, span_id) = runtime::store::turn_ids(session, seq);
     assert_eq!(turn.trace_id, trace_id, "{}", turn.name);
     assert_eq!(turn.span_id, span_id, "{}", turn.name);
     assert!(turn.parent_span_id.is_empty(), "the turn is the root");
@@ -256,10 +256,7 @@ fn check_chats(spans: &[Span], log: &[Value], turn: &Span, finish: &[&str]) {
     for ((chat, (seq, reply)), finish) in chats.iter().zip(&replies).zip(finish) {
         check_child(chat, turn);
         assert_eq!(chat.kind, SpanKind::Client as i32);
-        assert_eq!(
-            chat.span_id,
-            runtime::telemetry::event_span_id(session, *seq)
-        );
+        assert_eq!(chat.span_id, runtime::store::event_span_id(session, *seq));
         assert_eq!(text(chat, "gen_ai.operation.name"), "chat");
         assert_eq!(text(chat, "gen_ai.provider.name"), "openai");
         assert_eq!(text(chat, "gen_ai.request.model"), "test-model");
@@ -614,7 +611,7 @@ async fn a_turn_resumed_after_a_crash_links_to_the_crashed_turn() {
     assert!(flag(turn, "mneme.turn.resumed"));
     assert_eq!(text(turn, "mneme.turn.outcome"), "answered");
     assert_eq!(int(turn, "mneme.turn.continues_seq"), 2);
-    let (crashed_trace, crashed_span) = runtime::telemetry::turn_ids(session, 2);
+    let (crashed_trace, crashed_span) = runtime::store::turn_ids(session, 2);
     assert_eq!(turn.links.len(), 1);
     assert_eq!(turn.links[0].trace_id, crashed_trace);
     assert_eq!(turn.links[0].span_id, crashed_span);

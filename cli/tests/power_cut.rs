@@ -20,7 +20,7 @@ use mneme_e2e::on_a_deep_stack;
 use mneme_e2e::powercut::{self, PowerCut, Shim};
 use mneme_e2e::scenario::{self, Faults, Scenario};
 use mneme_e2e::{env_number, named_session, stderr, stdout, Rng, World};
-use runtime::crash::{self, CrashPoint};
+use runtime::control::crash::{self, CrashPoint};
 use std::time::Instant;
 
 fn seed(name: &str) -> u64 {
@@ -178,7 +178,7 @@ fn an_answered_turn_survives_a_cut_during_the_next() {
     on_a_deep_stack(|| async {
         Shim::enable_for_children();
         let sc = scenario::multi_turn_scenario();
-        let mut points: Vec<CrashPoint> = runtime::crash::all_points();
+        let mut points: Vec<CrashPoint> = runtime::control::crash::all_points();
         points.retain(|p| *p != crash::IN_DOUBT_APPENDED && *p != crash::DECISION_APPENDED);
         let mut violations = Vec::new();
         let mut kept = 0;

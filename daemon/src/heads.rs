@@ -4,7 +4,7 @@
 
 use eventlog::Record;
 use replay::Event;
-use runtime::session::SessionObserver;
+use runtime::SessionObserver;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

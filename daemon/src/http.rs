@@ -539,10 +539,10 @@ fn reserved_files(limit: u64) -> u64 {
 /// to what its open-file limit leaves beside the files open now and those
 /// kept for everything else; an error if that is none.
 pub(crate) fn connection_cap(asked: usize) -> Result<usize, RuntimeError> {
-    let Some(limit) = runtime::outbound::open_file_limit() else {
+    let Some(limit) = runtime::control::open_file_limit() else {
         return Ok(asked);
     };
-    let open = runtime::outbound::open_files().unwrap_or(0);
+    let open = runtime::control::open_files().unwrap_or(0);
     let reserved = reserved_files(limit);
     let room = usize::try_from(limit.saturating_sub(open + reserved)).unwrap_or(usize::MAX);
     if room == 0 {

@@ -24,13 +24,13 @@ pub use metrics::Metrics;
 
 use eventlog::{Durability, EventLog};
 use heads::DurableHeads;
-use runtime::inbox::Inboxes;
-use runtime::lease::HeldLease;
-use runtime::pause::{self, PAUSED_ON_REQUEST};
-use runtime::runner::{Runner, TurnEnd};
-use runtime::service::Service;
-use runtime::snapshot::Summary;
+use runtime::control::HeldLease;
+use runtime::control::Inboxes;
+use runtime::control::{pause_asked, Listening, PAUSED_ON_REQUEST};
+use runtime::store::Summary;
 use runtime::RuntimeError;
+use runtime::Service;
+use runtime::{Runner, TurnEnd};
 use statuses::Statuses;
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -112,11 +112,11 @@ pub struct DaemonConfig {
     /// daemon takes over the sessions of one that died.
     pub lease_ttl: Duration,
     /// Signs each session's head at the end of each turn, if given.
-    pub signer: Option<Arc<runtime::signing::HeadSigner>>,
+    pub signer: Option<Arc<runtime::store::HeadSigner>>,
     /// Erase sessions idle longer than this (retention), if given.
     pub retain: Option<Duration>,
     /// Traces each turn in the OpenTelemetry format, if given.
-    pub tracer: Option<Arc<runtime::telemetry::Tracer>>,
+    pub tracer: Option<Arc<runtime::Tracer>>,
 }
 
 /// Files a turn may open that are not open yet, estimated: its model
@@ -223,7 +223,7 @@ const HOT_SESSION_BYTES: usize = 64 << 20;
 /// the model client and tools its spec asks for.
 struct Hot {
     session: runtime::Session,
-    parts: Arc<runtime::runner::TurnParts>,
+    parts: Arc<runtime::TurnParts>,
     bytes: usize,
 }
 
@@ -247,7 +247,7 @@ impl HotSessions {
         Some(hot)
     }
 
-    fn put(&mut self, id: Uuid, session: runtime::Session, parts: Arc<runtime::runner::TurnParts>) {
+    fn put(&mut self, id: Uuid, session: runtime::Session, parts: Arc<runtime::TurnParts>) {
         self.take(id);
         let bytes = session.approx_bytes();
         self.bytes += bytes;
@@ -280,7 +280,7 @@ pub(crate) struct Scheduler {
     pub(crate) runner: Runner,
     locks: Mutex<HashMap<Uuid, Arc<tokio::sync::Mutex<()>>>>,
     pause_requests: Arc<Mutex<HashSet<Uuid>>>,
-    listening: Arc<pause::Listening>,
+    listening: Arc<Listening>,
     /// The turn tasks; a shutdown waits for them.
     pub(crate) turns: TaskTracker,
     /// Messages posted while a turn of their session runs here, for that
@@ -343,7 +343,7 @@ impl Daemon {
     ) -> Daemon {
         let shutdown = CancellationToken::new();
         let pause_requests: Arc<Mutex<HashSet<Uuid>>> = Arc::default();
-        let listening: Arc<pause::Listening> = Arc::default();
+        let listening: Arc<Listening> = Arc::default();
         let stop = {
             let shutdown = shutdown.clone();
             let pause_requests = pause_requests.clone();
@@ -358,12 +358,12 @@ impl Daemon {
                         return Some(PAUSED_ON_REQUEST.to_string());
                     }
                     shutdown.is_cancelled().then(|| SHUTDOWN_REASON.to_string())
-                }) as runtime::runner::StopFuture
+                }) as runtime::StopFuture
             })
         };
         let (deltas, _) = broadcast::channel(DELTAS_BUFFERED);
         let published = deltas.clone();
-        let publish: runtime::runner::DeltaSink = Arc::new(move |id, text| {
+        let publish: runtime::DeltaSink = Arc::new(move |id, text| {
             let _ = published.send((id, text.into()));
         });
         let inboxes: Arc<Inboxes> = Arc::default();
@@ -375,7 +375,7 @@ impl Daemon {
             .with_inboxes(inboxes.clone());
         Daemon {
             files: FileBudget {
-                limit: runtime::outbound::open_file_limit(),
+                limit: runtime::control::open_file_limit(),
                 calls: config.max_parallel_calls as u64,
                 admitting: Default::default(),
             },
@@ -419,19 +419,19 @@ impl Daemon {
         let others = admitting.fetch_add(1, Ordering::SeqCst);
         let admitted = Admitted(Some(admitting));
         let turns = self.scheduler.turns.len() as u64 + others;
-        let open = runtime::outbound::open_files();
+        let open = runtime::control::open_files();
         fits_one_more_turn(limit, open, turns, self.files.calls)?;
         Ok(admitted)
     }
 
     /// Asks the turn of `id` that another process sharing the store runs
-    /// (a daemon or the CLI) to pause; see [`pause::ask`]. Returns the
+    /// (a daemon or the CLI) to pause; see [`pause_asked`]. Returns the
     /// owner, or None if no turn runs anywhere.
     pub(crate) async fn ask_pause_elsewhere(
         &self,
         id: Uuid,
     ) -> Result<Option<String>, RuntimeError> {
-        Ok(pause::ask(self.service.log().as_ref(), id).await?)
+        Ok(pause_asked(self.service.log().as_ref(), id).await?)
     }
 
     /// Pauses the turn of `id` another daemon runs, if any, and waits until
@@ -782,7 +782,7 @@ impl Daemon {
     async fn resumes_on_its_own(&self, id: Uuid, summary: &Summary) -> bool {
         let log = self.service.log().as_ref();
         runtime::control::was_interrupted(summary)
-            && !runtime::transfer::importing(log, id).await.unwrap_or(true)
+            && !runtime::store::importing(log, id).await.unwrap_or(true)
     }
 
     /// Stops taking turns, lets running ones pause at a step boundary, and

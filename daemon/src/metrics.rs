@@ -9,7 +9,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use replay::Event;
-use runtime::session::SessionObserver;
+use runtime::SessionObserver;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! (what the expiry loop looks at).
 
 use replay::{SessionState, Status};
-use runtime::snapshot::Summary;
+use runtime::store::Summary;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use uuid::Uuid;

@@ -12,7 +12,7 @@
 use async_trait::async_trait;
 use eventlog::{Durability, SledLog};
 use mneme_runtime::load_agent_file;
-use mneme_runtime::service::Service;
+use mneme_runtime::Service;
 use mneme_runtime::TurnEnd;
 use serde_json::Value;
 use std::sync::atomic::{AtomicU64, Ordering};

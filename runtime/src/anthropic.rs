@@ -74,7 +74,7 @@ fn finish_reason(stop: Option<String>) -> String {
 }
 
 /// A whole Messages API response.
-pub fn parse_message(text: &str) -> Result<ModelReply, String> {
+pub(crate) fn parse_message(text: &str) -> Result<ModelReply, String> {
     let message: Message =
         serde_json::from_str(text).map_err(|e| format!("not a Messages API message: {e}"))?;
     let mut content: Option<String> = None;
@@ -104,7 +104,7 @@ pub fn parse_message(text: &str) -> Result<ModelReply, String> {
 /// `content_block_start`/`_delta`/`_stop`, `message_delta`,
 /// `message_stop`).
 #[derive(Default)]
-pub struct MessageChunks {
+pub(crate) struct MessageChunks {
     blocks: Vec<PartialBlock>,
     usage: WireUsage,
     stop_reason: Option<String>,

@@ -18,14 +18,14 @@ fn name(digest: &str) -> String {
 }
 
 /// The blobs of one session.
-pub struct SessionBlobs {
+pub(crate) struct SessionBlobs {
     log: Arc<dyn EventLog>,
     session: Uuid,
 }
 
 impl SessionBlobs {
     /// The blobs `session` keeps in `log`, to hand its tool calls.
-    pub fn of(log: Arc<dyn EventLog>, session: Uuid) -> tools::Blobs {
+    pub(crate) fn of(log: Arc<dyn EventLog>, session: Uuid) -> tools::Blobs {
         tools::Blobs(Arc::new(SessionBlobs { log, session }))
     }
 }
@@ -44,7 +44,7 @@ impl tools::BlobStore for SessionBlobs {
 
 /// The blob of `session` whose SHA-256 is `digest`, if it is kept and its
 /// bytes still have that digest.
-pub async fn read(
+pub(crate) async fn read(
     log: &dyn EventLog,
     session: Uuid,
     digest: &str,

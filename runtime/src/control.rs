@@ -6,8 +6,15 @@
 //! by the face ([`Turns`]). What a turn records before its drive, by how
 //! it starts, is written once too ([`Service::open_turn`]).
 
+pub mod crash;
+pub use crate::inbox::{Answer, Inboxes, Refused};
+pub use crate::lease::{owner_name, HeldLease, DEFAULT_TTL};
+pub use crate::outbound::{open_file_limit, open_files};
+pub use crate::pause::{ask as pause_asked, Listening, PAUSED_ON_REQUEST};
+pub use crate::preflight::{check as preflight, reach, Verdict};
+pub use crate::service::{edited_arguments, resolution};
+
 use crate::error::RuntimeError;
-use crate::lease::HeldLease;
 use crate::service::Service;
 use crate::session::Session;
 use crate::snapshot::Summary;

@@ -12,7 +12,7 @@ use replay::{Event, SessionState};
 use uuid::Uuid;
 
 /// One session's events in log order, with their seqs.
-pub type Events = [(u64, Event)];
+pub(crate) type Events = [(u64, Event)];
 
 /// Sessions `a` and `b` of `log`, compared.
 pub async fn sessions(log: &dyn EventLog, a: Uuid, b: Uuid) -> Result<SessionDiff, RuntimeError> {
@@ -39,7 +39,7 @@ fn history(events: &Events) -> &Events {
 }
 
 /// How many history events the two sessions hold alike, from the first.
-pub fn common_prefix(a: &Events, b: &Events) -> usize {
+pub(crate) fn common_prefix(a: &Events, b: &Events) -> usize {
     history(a)
         .iter()
         .zip(history(b))
@@ -80,7 +80,7 @@ fn side(id: Uuid, events: &Events, common: usize) -> DiffSide {
 }
 
 /// Sessions `a` and `b`, given their events, compared.
-pub fn diff(a: (Uuid, &Events), b: (Uuid, &Events)) -> SessionDiff {
+pub(crate) fn diff(a: (Uuid, &Events), b: (Uuid, &Events)) -> SessionDiff {
     let common = common_prefix(a.1, b.1);
     SessionDiff {
         common_events: common as u64,

@@ -40,7 +40,7 @@ pub fn owner_name(role: &str) -> String {
 /// now a later process's): its lease can only lapse, never be renewed.
 /// False whenever that cannot be told (another host or boot, a foreign
 /// name).
-pub fn owner_has_exited(owner: &str) -> bool {
+pub(crate) fn owner_has_exited(owner: &str) -> bool {
     let parts: Vec<&str> = owner
         .split_once('@')
         .map_or("", |(_, at)| at)
@@ -131,7 +131,7 @@ impl HeldLease {
     }
 
     /// Like [`HeldLease::acquire`], except that a lease held by a process of
-    /// this host that has exited (see [`owner_has_exited`]) is taken over at
+    /// this host that has exited (see `owner_has_exited`) is taken over at
     /// once: it could only lapse. Its new token fences that holding.
     pub async fn acquire_taking_over_exited(
         log: Arc<dyn EventLog>,

@@ -2,9 +2,9 @@
 //! loop that can be killed at any instant and continued from its log.
 //!
 //! A program that embeds mneme opens a store (`eventlog::SledLog`, or
-//! `pglog::PgLog`), makes a [`service::Service`] over it, creates or
-//! [loads](service::Service::load) a [`Session`], posts messages
-//! ([`service::Service::post_message`]) and drives turns with a [`Runner`]
+//! `pglog::PgLog`), makes a [`Service`] over it, creates or
+//! [loads](Service::load) a [`Session`], posts messages
+//! ([`Service::post_message`]) and drives turns with a [`Runner`]
 //! until they end ([`TurnEnd`]). Every change is an event appended to the
 //! log first; a process killed at any instant continues from the log, and a
 //! side effect that committed never runs again.
@@ -16,44 +16,67 @@
 //! Anthropic's Messages API ([`ModelClient`]). The daemon's HTTP API
 //! is described by the types of [`api`]; log events are `tracing` events of
 //! target `mneme` ([`text`]); turns can be traced in the OpenTelemetry format
-//! ([`telemetry`]).
+//! ([`Tracer`]).
+//!
+//! Beyond the names at the root, three modules: [`control`] (what a face,
+//! the command line or the daemon, can ask of a session, and what holds a
+//! session while it does), [`store`] (what is kept and how it is shown) and
+//! [`text`] (words for terminals and logs).
+
+#![warn(unreachable_pub)]
 
 mod agent;
-pub use api;
-pub use api::describe;
 mod anthropic;
 mod blobs;
 pub mod control;
-pub mod crash;
-pub mod diff;
+mod diff;
 mod error;
-pub mod inbox;
-pub mod lease;
+mod inbox;
+mod lease;
 mod mcp;
 mod model;
-pub mod outbound;
-pub mod pause;
-pub mod preflight;
-pub mod privacy;
+mod outbound;
+mod pause;
+mod preflight;
+mod privacy;
 mod rerun;
-pub mod runner;
+mod runner;
 mod secret;
-pub mod service;
-pub mod session;
-pub mod signing;
-pub mod snapshot;
+mod service;
+mod session;
+mod signing;
+mod snapshot;
 mod sse;
 mod subagent;
-pub mod telemetry;
+mod telemetry;
 pub mod text;
-pub mod transfer;
-pub mod views;
+mod transfer;
+mod views;
 
 pub use agent::{load_agent_file, MAX_AGENT_FILE_BYTES};
+pub use api;
+pub use api::describe;
 pub use error::RuntimeError;
 pub use model::{client_for, ModelClient, ModelError};
-pub use runner::{Runner, TurnEnd};
-pub use session::Session;
+pub use runner::{DeltaSink, Runner, StopCheck, StopFuture, TurnEnd, TurnParts};
+pub use service::Service;
+pub use session::{Session, SessionObserver};
+pub use telemetry::{OtlpConfig, Tracer};
+
+/// What is kept of a session beyond its live state, and the shapes it is
+/// shown in: reading and decoding its records (and the trace ids they are
+/// traced under), summaries and snapshots, keys at rest, signed heads,
+/// export and import, diffs, and the views the faces print or serve.
+pub mod store {
+    pub use crate::diff::sessions as diff_sessions;
+    pub use crate::privacy::{MasterKey, SealedLog};
+    pub use crate::session::{decode, read_events};
+    pub use crate::signing::{HeadKey, HeadSigner, Witnessed};
+    pub use crate::snapshot::{store as store_snapshot, Summary, DEFAULT_EVERY as SNAPSHOT_EVERY};
+    pub use crate::telemetry::{event_span_id, turn_ids};
+    pub use crate::transfer::{export, import, importing, Imported, Policy};
+    pub use crate::views::{record, summary_of, turn_end, verified, waiting_calls};
+}
 
 /// Makes every file this process creates from then on readable by its user
 /// only: sets the file-creation mask to 0o077 (files 0600, directories

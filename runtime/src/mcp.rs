@@ -9,7 +9,7 @@ use replay::{AgentSpec, Event, ToolKind};
 /// servers' lists as they are now (replacing any it held). Each server is
 /// started, asked and stopped; one that cannot start, or that does not list
 /// a tool the spec names, is refused with the reason.
-pub async fn pin(mut spec: AgentSpec, origin: &str) -> Result<AgentSpec, RuntimeError> {
+pub(crate) async fn pin(mut spec: AgentSpec, origin: &str) -> Result<AgentSpec, RuntimeError> {
     spec.tools.retain(|t| t.kind != ToolKind::Mcp);
     for server in spec.mcp.clone() {
         server
@@ -54,7 +54,7 @@ pub(crate) async fn record_changes(
 /// Adopts each MCP server's current list for `session` (`run
 /// --refresh-tools`): one event per server whose list changed, naming the
 /// changes and `by`. Returns the changes adopted, by server.
-pub async fn refresh(
+pub(crate) async fn refresh(
     session: &mut Session,
     by: &str,
 ) -> Result<Vec<(String, Vec<String>)>, RuntimeError> {

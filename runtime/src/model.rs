@@ -69,7 +69,7 @@ pub enum ModelError {
 
 /// Receives a reply's text as the server generates it (streaming); an
 /// empty piece ends the reply.
-pub type Deltas = dyn Fn(&str) + Send + Sync;
+pub(crate) type Deltas = dyn Fn(&str) + Send + Sync;
 
 /// Whether a server error says the server could not parse the request
 /// (llama.cpp answers HTTP 500 "Failed to parse tool call arguments as
@@ -161,7 +161,7 @@ const ANTHROPIC_VERSION: &str = "2023-06-01";
 /// `/chat/completions` endpoint, or Anthropic's Messages API. Its
 /// connections come from the process's pool ([`crate::outbound::client`]),
 /// shared with every other model client of the same connect timeout.
-pub struct HttpModelClient {
+pub(crate) struct HttpModelClient {
     http: reqwest::Client,
     wire: Wire,
     url: String,
@@ -182,7 +182,7 @@ enum Attempt {
 
 impl HttpModelClient {
     /// Builds the client; reads the API key from the variable the spec names.
-    pub fn new(spec: &AgentSpec) -> Result<HttpModelClient, ModelError> {
+    pub(crate) fn new(spec: &AgentSpec) -> Result<HttpModelClient, ModelError> {
         let base = spec.model.base_url();
         let wire = match spec.model.is_anthropic() {
             true => Wire::Messages,
@@ -580,7 +580,7 @@ fn parse_reply(url: &str, text: &str) -> Result<ModelReply, ModelError> {
 }
 
 /// Largest script a scripted model reads.
-pub const MAX_SCRIPT_BYTES: u64 = 16 << 20;
+pub(crate) const MAX_SCRIPT_BYTES: u64 = 16 << 20;
 
 /// Reads a regular file of at most `limit` bytes as text.
 pub(crate) fn read_small_file(path: &str, limit: u64) -> Result<String, String> {
@@ -604,7 +604,7 @@ pub(crate) fn read_small_file(path: &str, limit: u64) -> Result<String, String> 
 /// "tool_calls": [{"name": "...", "arguments": {...}}]}, ...]}`. The n-th
 /// model request of a session gets the n-th reply, so a resumed session
 /// continues the script where the log says it is.
-pub struct ScriptedClient {
+pub(crate) struct ScriptedClient {
     path: String,
     replies: Vec<ScriptedReply>,
 }
@@ -634,7 +634,7 @@ struct ScriptedCall {
 
 impl ScriptedClient {
     /// Reads the script at `path`.
-    pub fn load(path: &str) -> Result<ScriptedClient, ModelError> {
+    pub(crate) fn load(path: &str) -> Result<ScriptedClient, ModelError> {
         let error = |reason: String| ModelError::Script {
             path: path.to_string(),
             reason,

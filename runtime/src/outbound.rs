@@ -20,14 +20,14 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 /// Idle connections a pool keeps to one server (scheme, host and port).
-pub const MAX_IDLE_PER_HOST: usize = 8;
+pub(crate) const MAX_IDLE_PER_HOST: usize = 8;
 
 /// How long an idle connection is kept before it is closed.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The connect timeout of HTTP tools and checks, which share the pool of
 /// that timeout (a call's own `timeout_secs` bounds it too).
-pub const TOOL_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const TOOL_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Pools kept, one per distinct connect timeout. Past it (specs naming
 /// more distinct timeouts than that), a client gets a pool of its own,
@@ -74,7 +74,7 @@ impl Drop for Pool {
 /// The shared client for requests that connect within `connect_timeout`
 /// (see the module's documentation). Set each request's own timeout with
 /// `RequestBuilder::timeout`.
-pub fn client(connect_timeout: Duration) -> Result<reqwest::Client, String> {
+pub(crate) fn client(connect_timeout: Duration) -> Result<reqwest::Client, String> {
     static POOLS: OnceLock<Mutex<HashMap<Duration, Pool>>> = OnceLock::new();
     let mut pools = POOLS.get_or_init(Mutex::default).lock().expect("pools");
     pools.retain(|_, pool| pool.usable());

@@ -16,12 +16,12 @@ pub const PAUSED_ON_REQUEST: &str = "paused on request";
 
 /// How the reason of a turn's own pause for calls that wait for a person
 /// (an approval, a call in doubt) begins; the calls' ids follow.
-pub const WAITING_FOR_A_PERSON: &str = "tool calls wait for a person";
+pub(crate) const WAITING_FOR_A_PERSON: &str = "tool calls wait for a person";
 
 /// Whether the session is paused for another reason than its calls
 /// waiting for a person (a person's pause, a spent budget): a decision on
 /// the last waiting call, or its approval expiring, must not lift it.
-pub fn paused_otherwise(state: &replay::SessionState) -> bool {
+pub(crate) fn paused_otherwise(state: &replay::SessionState) -> bool {
     (state.paused.as_deref()).is_some_and(|reason| !reason.starts_with(WAITING_FOR_A_PERSON))
 }
 

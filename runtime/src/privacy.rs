@@ -34,7 +34,7 @@ use uuid::Uuid;
 
 /// The bit of an envelope's `schema` that marks a sealed payload (an
 /// outline and encrypted fields); the other bits are the event schema.
-pub const SEALED_SCHEMA: u16 = 0x8000;
+pub(crate) const SEALED_SCHEMA: u16 = 0x8000;
 
 /// The first bytes of encrypted derived data.
 const DERIVED_MAGIC: &[u8; 4] = b"mnx1";
@@ -243,9 +243,10 @@ enum SessionKey {
     Destroyed,
 }
 
-/// A store whose sessions are encrypted at rest, each under its own key:
-/// see the [module documentation](self). Everything but the payloads of
-/// records and derived data passes through to the store it wraps.
+/// A store whose sessions are encrypted at rest, each under its own key
+/// wrapped by a [`MasterKey`], so that destroying a session's key erases
+/// its content while its chain still verifies. Everything but the payloads
+/// of records and derived data passes through to the store it wraps.
 pub struct SealedLog {
     inner: Arc<dyn EventLog>,
     master: Option<MasterKey>,

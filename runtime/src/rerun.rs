@@ -15,13 +15,13 @@ use uuid::Uuid;
 
 /// The recorded calls of the session `rerun` re-runs, up to the seq it
 /// replays.
-pub async fn record(log: &dyn EventLog, rerun: &RerunState) -> Result<Record, RuntimeError> {
+pub(crate) async fn record(log: &dyn EventLog, rerun: &RerunState) -> Result<Record, RuntimeError> {
     let events = numbered(read_events(log, rerun.of).await?);
     Ok(Record::from_events(rerun.of, events, rerun.through_seq))
 }
 
 /// The report of session `rerun`, a rerun of `original`, from the log.
-pub async fn report(
+pub(crate) async fn report(
     log: &dyn EventLog,
     original: Uuid,
     rerun: Uuid,
@@ -40,7 +40,7 @@ fn numbered(events: Vec<(eventlog::Record, Event)>) -> Vec<(u64, Event)> {
 
 /// Session `rerun` compared with the session it re-runs, `original`, given
 /// their events. The original counts up to the seq the rerun replays.
-pub fn compare(original: (Uuid, &Events), rerun: (Uuid, &Events)) -> RerunReport {
+pub(crate) fn compare(original: (Uuid, &Events), rerun: (Uuid, &Events)) -> RerunReport {
     let state = SessionState::fold(rerun.1.iter().cloned());
     let (through, live_tools) = match &state.rerun {
         Some(r) => (r.through_seq, r.live_tools),

@@ -6,7 +6,7 @@
 //! 4. a ToolFinished is durable before its result reaches the model;
 //! 5. results reach the model in call order (the prompt rebuild sees to it).
 
-use crate::crash;
+use crate::control::crash;
 use crate::error::RuntimeError;
 use crate::inbox::{Accepted, Inboxes, Refused};
 use crate::model::{client_for, ModelCall, ModelClient, ModelError};
@@ -59,7 +59,7 @@ pub struct Runner {
 }
 
 /// Events a long turn appends between two signed heads, by default.
-pub const SIGN_EVERY: u64 = 1000;
+pub(crate) const SIGN_EVERY: u64 = 1000;
 
 /// What a session's turns run with: its model client and its tools (and,
 /// for a rerun, the original's recorded calls).
@@ -122,7 +122,7 @@ impl Runner {
 
     /// Signs each session's head with `signer` (a `HeadSigned` record,
     /// durable like the rest) at the end of each turn, and at checkpoints
-    /// within a long one: every `every` events ([`SIGN_EVERY`] by default).
+    /// within a long one: every `every` events (1,000 by default).
     pub fn with_signer(mut self, signer: Arc<crate::signing::HeadSigner>, every: u64) -> Runner {
         self.signer = Some((signer, every.max(1)));
         self
@@ -1099,11 +1099,11 @@ impl<'de> serde::de::Visitor<'de> for OnceEachVisitor {
 }
 
 /// Share of the context window a prompt may fill before it is compacted.
-pub const COMPACT_AT: f64 = 0.8;
+pub(crate) const COMPACT_AT: f64 = 0.8;
 
 /// How many times a call whose outcome is unknown is run, with the same
 /// idempotency key, before the model is told it failed.
-pub const MAX_TOOL_ATTEMPTS: u32 = 3;
+pub(crate) const MAX_TOOL_ATTEMPTS: u32 = 3;
 /// How often a turn with calls running looks for a stop.
 const LOOK_FOR_STOP: Duration = Duration::from_secs(1);
 const RETRY_BACKOFF: Duration = Duration::from_millis(200);

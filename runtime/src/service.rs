@@ -15,13 +15,13 @@ use uuid::Uuid;
 /// Forks one session may have. Each holds a copy of its parent's history up
 /// to its fork point (a 48 MiB session forked 20 times took 2.8 GB), so the
 /// count is bounded, as a sign-in's rate of forking is in the daemon.
-pub const MAX_FORKS: usize = 64;
+pub(crate) const MAX_FORKS: usize = 64;
 
 /// Sessions of one log, driven with one durability.
 #[derive(Clone)]
 pub struct Service {
     log: Arc<dyn EventLog>,
-    durability: Durability,
+    pub(crate) durability: Durability,
     observer: Option<Arc<dyn SessionObserver>>,
     snapshot_every: u64,
     signer: Option<Arc<crate::signing::HeadSigner>>,
@@ -41,14 +41,14 @@ impl Service {
         }
     }
 
-    /// Traces each turn its runners drive (see [`crate::telemetry`]).
+    /// Traces each turn its runners drive (see [`crate::Tracer`]).
     pub fn traced_by(mut self, tracer: Option<Arc<crate::telemetry::Tracer>>) -> Service {
         self.tracer = tracer;
         self
     }
 
     /// Signs each session's head at the end of each turn its runners drive
-    /// (see [`crate::signing`]).
+    /// (see [`crate::store::HeadSigner`]).
     pub fn signed_by(mut self, signer: Option<Arc<crate::signing::HeadSigner>>) -> Service {
         self.signer = signer;
         self
@@ -107,6 +107,25 @@ impl Service {
         Ok(crate::views::replay_view(id, session.state()))
     }
 
+    /// Session `id` as `GET /sessions/{id}` shows it: its listing row
+    /// (marked interrupted or pending when running with no live lease), its
+    /// answer, the owner of its live lease, the calls in doubt or waiting,
+    /// and its family. Nothing is recorded.
+    pub async fn session_view(&self, id: Uuid) -> Result<api::SessionView, RuntimeError> {
+        let session = self.load(id).await?;
+        let meta = (self.log.meta(id).await?).ok_or(RuntimeError::NoSuchSession(id))?;
+        let summary = Summary::of(session.state());
+        let mut row = crate::views::summary_of(&meta, &summary);
+        self.mark_running(&mut row, summary.turn_driven).await?;
+        let running_on = self.log.leases().lease(id).await?.map(|lease| lease.owner);
+        Ok(crate::views::session_view(
+            row,
+            running_on,
+            id,
+            session.state(),
+        ))
+    }
+
     /// The exact bytes of `id`'s next model request, as it would be sent
     /// (`mneme replay --raw`). Nothing is recorded.
     pub async fn next_request(&self, id: Uuid) -> Result<Vec<u8>, RuntimeError> {
@@ -114,7 +133,7 @@ impl Service {
     }
 
     /// The blob of session `id` whose SHA-256 is `digest` (binary content a
-    /// tool returned by reference; see [`crate::blobs`]).
+    /// tool returned by reference).
     pub async fn blob(&self, id: Uuid, digest: &str) -> Result<Vec<u8>, RuntimeError> {
         self.ensure_exists(id).await?;
         crate::blobs::read(self.log.as_ref(), id, digest)
@@ -126,7 +145,7 @@ impl Service {
     }
 
     /// Starts a session with `spec`; checks the spec first, and pins the
-    /// tools of its MCP servers (see [`crate::mcp::pin`]).
+    /// tools of its MCP servers.
     pub async fn create(&self, spec: AgentSpec) -> Result<Session, RuntimeError> {
         self.begin(spec, None).await
     }
@@ -156,11 +175,11 @@ impl Service {
         let mut session = session.snapshot_every(self.snapshot_every);
         let message = text.is_some();
         if message {
-            crate::crash::point(crate::crash::USER_MESSAGE_APPENDED);
+            crate::control::crash::point(crate::control::crash::USER_MESSAGE_APPENDED);
         }
         session.barrier(self.durability).await?;
         if message {
-            crate::crash::point(crate::crash::USER_MESSAGE_DURABLE);
+            crate::control::crash::point(crate::control::crash::USER_MESSAGE_DURABLE);
         }
         Ok(session)
     }
@@ -209,9 +228,9 @@ impl Service {
         let seq = session
             .append(vec![Event::UserMessage { text }], None)
             .await?;
-        crate::crash::point(crate::crash::USER_MESSAGE_APPENDED);
+        crate::control::crash::point(crate::control::crash::USER_MESSAGE_APPENDED);
         session.barrier(self.durability).await?;
-        crate::crash::point(crate::crash::USER_MESSAGE_DURABLE);
+        crate::control::crash::point(crate::control::crash::USER_MESSAGE_DURABLE);
         Ok(seq)
     }
 
@@ -488,7 +507,7 @@ impl Service {
         }
         session.append(events, None).await?;
         session.barrier(self.durability).await?;
-        crate::crash::point(crate::crash::DECISION_APPENDED);
+        crate::control::crash::point(crate::control::crash::DECISION_APPENDED);
         Ok(last)
     }
 
@@ -533,7 +552,7 @@ impl Service {
             };
             session.append(vec![event], None).await?;
             session.barrier(self.durability).await?;
-            crate::crash::point(crate::crash::ERASE_RECORDED);
+            crate::control::crash::point(crate::control::crash::ERASE_RECORDED);
         }
         self.log.side_store().destroy_key(id).await?;
         Ok(())
@@ -869,14 +888,14 @@ pub struct Derived {
 
 /// A link from a derived session to the one it was derived from:
 /// (derived, from, how).
-pub type Link = (Uuid, Uuid, crate::api::Derivation);
+pub(crate) type Link = (Uuid, Uuid, crate::api::Derivation);
 
 /// The link session `id` has to the session it was derived from, as its
 /// `first` events (its first two) record it: a fork's or a rerun's first
 /// event names its parent; a sub-agent's `SpawnedBy` follows its start.
 /// Whatever comes later (a fork's copy of its parent's own links) is not
 /// its own.
-pub fn links_of(id: Uuid, first: &[Event]) -> Vec<Link> {
+pub(crate) fn links_of(id: Uuid, first: &[Event]) -> Vec<Link> {
     use crate::api::Derivation;
     match first {
         [Event::SessionForked { parent, rerun, .. }, ..] => {
@@ -915,7 +934,7 @@ fn summary_links_of(id: Uuid, summary: &Summary) -> Vec<Link> {
 /// how), in any order), transitively, nearest first (breadth first, each
 /// level in the order of `links`): each named once, by the first link that
 /// reaches it, and never `root` itself, whatever cycles the links hold.
-pub fn derived_from(root: Uuid, links: &[Link]) -> Vec<Link> {
+pub(crate) fn derived_from(root: Uuid, links: &[Link]) -> Vec<Link> {
     let mut seen = std::collections::HashSet::from([root]);
     let mut found = Vec::new();
     let mut frontier = vec![root];
@@ -936,7 +955,7 @@ pub fn derived_from(root: Uuid, links: &[Link]) -> Vec<Link> {
 
 /// A session in a listing: its metadata and its summary (or why it could
 /// not be read).
-pub type Listed = (SessionMeta, Result<Summary, RuntimeError>);
+pub(crate) type Listed = (SessionMeta, Result<Summary, RuntimeError>);
 
 /// Parses a resolution as the CLI and the API take it: exactly one of
 /// retry, skip with a JSON result, or fail with a message.
@@ -975,7 +994,7 @@ pub fn edited_arguments(call_id: &str, args: &str, limit: u64) -> Result<String,
 }
 
 /// The refusal of anything that would run erased `session`.
-pub fn erased(session: &Session) -> RuntimeError {
+pub(crate) fn erased(session: &Session) -> RuntimeError {
     let (by, reason) = session.state().erased.clone().unwrap_or_default();
     RuntimeError::Erased {
         session: session.id(),

@@ -16,7 +16,7 @@ use std::path::Path;
 use uuid::Uuid;
 
 /// The bytes a head's signature covers.
-pub fn statement(session: Uuid, seq: u64, hash: &str, at_ms: i64) -> Vec<u8> {
+pub(crate) fn statement(session: Uuid, seq: u64, hash: &str, at_ms: i64) -> Vec<u8> {
     format!("mneme signed head v1\n{session}\n{seq}\n{hash}\n{at_ms}\n").into_bytes()
 }
 

@@ -24,12 +24,13 @@ const SUMMARY: &str = "summary";
 /// as its prompt, and a snapshot then makes resume constant-time), never
 /// otherwise (a snapshot of an uncompacted session holds the whole
 /// transcript, and loading it costs about as much as folding the log).
-pub const AUTO: u64 = u64::MAX;
+pub(crate) const AUTO: u64 = u64::MAX;
 
 /// Events between snapshots under [`AUTO`] for agents with a context window.
-pub const BOUNDED_EVERY: u64 = 1000;
+pub(crate) const BOUNDED_EVERY: u64 = 1000;
 
-/// Default setting: [`AUTO`].
+/// Default setting: picks for itself (every 1,000 events when the agent
+/// has a context window, never otherwise).
 pub const DEFAULT_EVERY: u64 = AUTO;
 
 #[derive(Serialize, Deserialize)]
@@ -80,7 +81,7 @@ pub async fn store(
 
 /// The newest snapshot of `session` that checks out against the log, or
 /// why there is none to use.
-pub async fn load(log: &dyn EventLog, session: Uuid) -> Result<SessionState, String> {
+pub(crate) async fn load(log: &dyn EventLog, session: Uuid) -> Result<SessionState, String> {
     let bytes = log
         .side_store()
         .get_derived(session, SNAPSHOT)
@@ -172,7 +173,7 @@ pub struct Summary {
 }
 
 /// Characters of a session's first message kept as its title.
-pub const TITLE_CHARS: usize = 120;
+pub(crate) const TITLE_CHARS: usize = 120;
 
 impl Summary {
     /// The summary of `state`.
@@ -262,7 +263,7 @@ impl Summary {
 }
 
 /// Writes the summary of `state`.
-pub async fn store_summary(
+pub(crate) async fn store_summary(
     log: &dyn EventLog,
     session: Uuid,
     state: &SessionState,
@@ -272,7 +273,7 @@ pub async fn store_summary(
 }
 
 /// The stored summary of `session`, if it describes seq `head`.
-pub async fn fresh_summary(log: &dyn EventLog, session: Uuid, head: u64) -> Option<Summary> {
+pub(crate) async fn fresh_summary(log: &dyn EventLog, session: Uuid, head: u64) -> Option<Summary> {
     let bytes = log
         .side_store()
         .get_derived(session, SUMMARY)
@@ -283,7 +284,10 @@ pub async fn fresh_summary(log: &dyn EventLog, session: Uuid, head: u64) -> Opti
 
 /// The stored summaries of `sessions` (id, head), each if it describes that
 /// head, read together.
-pub async fn fresh_summaries(log: &dyn EventLog, sessions: &[(Uuid, u64)]) -> Vec<Option<Summary>> {
+pub(crate) async fn fresh_summaries(
+    log: &dyn EventLog,
+    sessions: &[(Uuid, u64)],
+) -> Vec<Option<Summary>> {
     let ids: Vec<Uuid> = sessions.iter().map(|(id, _)| *id).collect();
     let Ok(stored) = log.side_store().get_derived_many(SUMMARY, &ids).await else {
         return vec![None; sessions.len()];

@@ -9,7 +9,7 @@ use replay::{ModelReply, ToolCall, Usage};
 use serde::Deserialize;
 
 /// One format of streamed events: applies each event's data.
-pub trait Chunks: Send {
+pub(crate) trait Chunks: Send {
     /// Applies one event's data (the text after `data:`).
     fn apply(&mut self, data: &str, progress: &mut Progress) -> Result<(), String>;
     /// The whole reply; an error if the stream ended before the reply did.
@@ -17,7 +17,7 @@ pub trait Chunks: Send {
 }
 
 /// The reply so far, built from a stream's events as they arrive.
-pub struct Assembly {
+pub(crate) struct Assembly {
     chunks: Box<dyn Chunks>,
     /// Bytes of an unfinished line carried to the next read.
     pending: Vec<u8>,
@@ -25,7 +25,7 @@ pub struct Assembly {
 
 /// A chat completion streamed as `chat.completion.chunk` events.
 #[derive(Debug, Default)]
-pub struct ChatChunks {
+pub(crate) struct ChatChunks {
     content: Option<String>,
     calls: Vec<PartialCall>,
     finish_reason: String,
@@ -85,7 +85,7 @@ struct FunctionDelta {
 
 /// What one read of the stream brought.
 #[derive(Debug, Default, PartialEq)]
-pub struct Progress {
+pub(crate) struct Progress {
     /// New text of the reply, in order.
     pub text: String,
     /// Whether anything of the reply (text or a call) arrived.
@@ -94,7 +94,7 @@ pub struct Progress {
 
 impl Assembly {
     /// A stream of `format`'s events.
-    pub fn new(format: Box<dyn Chunks>) -> Assembly {
+    pub(crate) fn new(format: Box<dyn Chunks>) -> Assembly {
         Assembly {
             chunks: format,
             pending: Vec::new(),
@@ -102,7 +102,7 @@ impl Assembly {
     }
 
     /// Takes the next bytes of the stream; what they added.
-    pub fn feed(&mut self, bytes: &[u8]) -> Result<Progress, String> {
+    pub(crate) fn feed(&mut self, bytes: &[u8]) -> Result<Progress, String> {
         self.pending.extend_from_slice(bytes);
         let mut progress = Progress::default();
         while let Some(end) = self.pending.iter().position(|&b| b == b'\n') {
@@ -117,7 +117,7 @@ impl Assembly {
     }
 
     /// The whole reply, once the stream ended.
-    pub fn finish(self) -> Result<ModelReply, String> {
+    pub(crate) fn finish(self) -> Result<ModelReply, String> {
         self.chunks.finish()
     }
 }

@@ -22,10 +22,10 @@ use uuid::Uuid;
 
 /// How long the lease a parent's turn takes on a child it drives lasts
 /// unless renewed (it is renewed while the child runs).
-pub const CHILD_LEASE_TTL: Duration = Duration::from_secs(30);
+pub(crate) const CHILD_LEASE_TTL: Duration = Duration::from_secs(30);
 
 /// Who resumes a child its parent's call continues (`SessionResumed::by`).
-pub const RESUMED_BY_PARENT: &str = "parent session";
+pub(crate) const RESUMED_BY_PARENT: &str = "parent session";
 
 /// One call of an agent tool, about to run its child.
 pub(crate) struct ChildCall {
@@ -63,13 +63,13 @@ pub(crate) enum ChildEnd {
 
 impl ChildCall {
     /// The child's id.
-    pub fn child_id(&self) -> Uuid {
+    pub(crate) fn child_id(&self) -> Uuid {
         child_session_id(self.parent, &self.key)
     }
 
     /// Starts or continues the child, under its own lease, until it
     /// answers, fails or waits.
-    pub async fn run(self) -> Result<ChildEnd, RuntimeError> {
+    pub(crate) async fn run(self) -> Result<ChildEnd, RuntimeError> {
         let id = self.child_id();
         let mut session = self.open_or_start(id).await?;
         let owner = crate::lease::owner_name("subagent");
@@ -165,7 +165,7 @@ impl ChildCall {
         let id = session.id();
         match end {
             TurnEnd::Answered(answer) | TurnEnd::CutOffAnswer(answer) => {
-                crate::crash::point(crate::crash::SUBAGENT_ANSWERED);
+                crate::control::crash::point(crate::control::crash::SUBAGENT_ANSWERED);
                 ChildEnd::Answered(answer, run_of(session))
             }
             TurnEnd::Failed(why) => ChildEnd::Failed(
@@ -215,7 +215,7 @@ fn drive_boxed<'a>(
 
 /// The child's user message from the call's arguments: the `message`
 /// string where there is one, else the arguments as the model sent them.
-pub fn child_message(args: &str) -> String {
+pub(crate) fn child_message(args: &str) -> String {
     let parsed: Option<serde_json::Value> = serde_json::from_str(args).ok();
     match parsed.as_ref().and_then(|v| v.get("message")) {
         Some(serde_json::Value::String(text)) => text.clone(),
@@ -259,7 +259,7 @@ fn waits_for(state: &SessionState) -> String {
 }
 
 /// What the parent's turn has left of its budgets, for a child it starts.
-pub fn remaining(state: &SessionState) -> Remaining {
+pub(crate) fn remaining(state: &SessionState) -> Remaining {
     let limits = state.spec.as_ref().map(|s| s.limits).unwrap_or_default();
     Remaining {
         steps: limits.steps_per_turn().saturating_sub(state.turn.steps),

@@ -46,14 +46,11 @@ use uuid::Uuid;
 
 /// Spans waiting to be sent, at most, by default; more are dropped (and
 /// counted) until the queue drains.
-pub const DEFAULT_QUEUE: usize = 2048;
-
-/// How long one export request may take, by default.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const DEFAULT_QUEUE: usize = 2048;
 
 /// Bytes of one text (a message, arguments, a result) a span carries at
 /// most when content is exported; longer ones are clipped.
-pub const CONTENT_LIMIT: usize = 4096;
+pub(crate) const CONTENT_LIMIT: usize = 4096;
 
 /// Spans in one export request, at most.
 const MAX_BATCH: usize = 512;
@@ -69,7 +66,7 @@ pub struct OtlpConfig {
     /// used as it is).
     pub endpoint: String,
     /// Whether spans carry messages, tool arguments and results (clipped to
-    /// [`CONTENT_LIMIT`] bytes each).
+    /// 4,096 bytes each).
     pub content: bool,
     /// Spans waiting to be sent, at most.
     pub queue: usize,
@@ -78,6 +75,9 @@ pub struct OtlpConfig {
 }
 
 impl OtlpConfig {
+    /// How long one export request may take, by default.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+
     /// Export to `endpoint`, without content, with the default queue and
     /// timeout.
     pub fn new(endpoint: impl Into<String>) -> OtlpConfig {
@@ -85,7 +85,7 @@ impl OtlpConfig {
             endpoint: endpoint.into(),
             content: false,
             queue: DEFAULT_QUEUE,
-            timeout: DEFAULT_TIMEOUT,
+            timeout: OtlpConfig::DEFAULT_TIMEOUT,
         }
     }
 }
@@ -308,7 +308,7 @@ fn user_text(state: &SessionState, seq: u64) -> Option<String> {
 
 /// `text` cut to at most [`CONTENT_LIMIT`] bytes (on a character
 /// boundary), saying how much was left out.
-pub fn clip(text: &str) -> String {
+pub(crate) fn clip(text: &str) -> String {
     if text.len() <= CONTENT_LIMIT {
         return text.to_string();
     }

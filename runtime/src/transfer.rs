@@ -34,7 +34,7 @@ const MAX_LINE_BYTES: usize = 2 * eventlog::MAX_RECORD_BYTES + (64 << 10);
 /// One exported record.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Line {
+pub(crate) struct Line {
     /// The session.
     pub session: Uuid,
     /// Its place in the session.
@@ -60,7 +60,7 @@ pub struct Line {
 /// One exported session key, wrapped by the store's master key.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct KeyLine {
+pub(crate) struct KeyLine {
     /// The session.
     pub session: Uuid,
     /// Its key as the store keeps it (hex).
@@ -166,10 +166,10 @@ pub async fn importing(log: &dyn EventLog, session: Uuid) -> Result<bool, LogErr
 }
 
 /// How the pause that keeps an imported session at rest begins.
-pub const IMPORTED: &str = "imported";
+pub(crate) const IMPORTED: &str = "imported";
 
 /// Whether a pause's `reason` is the one an import records.
-pub fn at_rest_after_import(reason: &str) -> bool {
+pub(crate) fn at_rest_after_import(reason: &str) -> bool {
     reason.starts_with(IMPORTED)
 }
 

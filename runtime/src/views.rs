@@ -2,8 +2,8 @@
 //! shape for both, built here.
 
 use crate::api::{
-    EventRecord, PlannedCall, ReplayView, SessionStatus, SessionSummary, ToolView, TurnOutcome,
-    Verified, WaitingCall,
+    EventRecord, InDoubtCall, PlannedCall, ReplayView, SessionStatus, SessionSummary, SessionView,
+    ToolView, TurnOutcome, Verified, WaitingCall,
 };
 use crate::session::decode_every_event;
 use crate::snapshot::Summary;
@@ -14,14 +14,9 @@ use serde_json::Value;
 use uuid::Uuid;
 
 /// UTC time with milliseconds, e.g. `2026-11-29T19:40:01.123Z`.
-pub use api::format_time;
+pub(crate) use api::format_time;
 
 /// A session in a listing: status, size, activity, usage.
-pub fn session_summary(meta: &SessionMeta, summary: &Summary) -> Value {
-    to_json(summary_of(meta, summary))
-}
-
-/// [`session_summary`], typed.
 pub fn summary_of(meta: &SessionMeta, summary: &Summary) -> SessionSummary {
     let t = &summary.totals;
     SessionSummary {
@@ -57,12 +52,10 @@ pub fn summary_of(meta: &SessionMeta, summary: &Summary) -> SessionSummary {
 /// A listing's row for a session whose summary may not be readable: an
 /// unreadable session is listed with its error, not hidden, and does not
 /// fail the listing.
-pub fn session_row(meta: &SessionMeta, summary: Result<Summary, crate::RuntimeError>) -> Value {
-    to_json(row_of(meta, summary))
-}
-
-/// [`session_row`], typed.
-pub fn row_of(meta: &SessionMeta, summary: Result<Summary, crate::RuntimeError>) -> SessionSummary {
+pub(crate) fn row_of(
+    meta: &SessionMeta,
+    summary: Result<Summary, crate::RuntimeError>,
+) -> SessionSummary {
     match summary {
         Ok(summary) => summary_of(meta, &summary),
         Err(error) => SessionSummary {
@@ -138,9 +131,31 @@ pub async fn verified(log: &dyn EventLog, session: Uuid) -> Verified {
     }
 }
 
+/// A session's page: its listing `row`, the owner of its live lease, and
+/// what its state holds for a person (answer, calls in doubt or waiting,
+/// parent and children).
+pub(crate) fn session_view(
+    row: SessionSummary,
+    running_on: Option<String>,
+    id: Uuid,
+    state: &SessionState,
+) -> SessionView {
+    SessionView {
+        summary: row,
+        answer: state.answer().map(String::from),
+        running_on,
+        in_doubt: (state.calls_in_doubt().iter())
+            .map(InDoubtCall::from)
+            .collect(),
+        waiting: waiting_calls(state),
+        spawned_by: state.parent.clone().map(Into::into),
+        children: state.children(id).into_iter().map(Into::into).collect(),
+    }
+}
+
 /// The dry run: the next request exactly as it would be sent, its digest,
 /// and what resuming would do with each open call.
-pub fn replay_view(session: Uuid, state: &SessionState) -> ReplayView {
+pub(crate) fn replay_view(session: Uuid, state: &SessionState) -> ReplayView {
     let plan = plan(state);
     let calls = plan
         .calls
@@ -255,13 +270,6 @@ pub fn turn_end(session: Uuid, end: &TurnEnd) -> Value {
     to_json(TurnOutcome::new(session, end))
 }
 
-/// Reads back what [`turn_end`] wrote.
-pub fn turn_end_from(value: &Value) -> Option<TurnEnd> {
-    serde_json::from_value::<TurnOutcome>(value.clone())
-        .ok()?
-        .end()
-}
-
 fn describe_decision(decision: &CallDecision) -> (&'static str, String) {
     match decision {
         CallDecision::Reuse => ("reuse", "finished: its recorded result is reused".into()),
@@ -323,7 +331,7 @@ mod tests {
             last_kind: "UserMessage".into(),
         };
         let error = crate::RuntimeError::NoSuchSession(Uuid::nil());
-        let row = session_row(&meta, Err(error));
+        let row = to_json(row_of(&meta, Err(error)));
         assert_eq!(row["status"], "unreadable");
         assert!(
             row["error"].as_str().unwrap().contains("no session"),

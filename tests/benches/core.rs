@@ -413,7 +413,7 @@ fn snapshot_resume() {
             let log: Arc<dyn EventLog> = Arc::new(SledLog::open(&dir).unwrap());
             let loaded = block(Session::load(log.clone(), session)).unwrap();
             let hash = block(log.head(session)).unwrap().hash;
-            block(runtime::snapshot::store(
+            block(runtime::store::store_snapshot(
                 log.as_ref(),
                 session,
                 hash,
@@ -587,7 +587,7 @@ fn fill_compacted(dir: &Path, n: usize) -> Uuid {
         .unwrap()
         .remove(0)
         .hash;
-    block(runtime::snapshot::store(&log, session, at, &snapshot)).unwrap();
+    block(runtime::store::store_snapshot(&log, session, at, &snapshot)).unwrap();
     block(log.barrier(Durability::Synced)).unwrap();
     session
 }

@@ -155,18 +155,18 @@ fn run_child(dir: &str) {
             token_file: None,
             agents_dir: None,
             durability: Durability::Synced,
-            snapshot_every: runtime::snapshot::DEFAULT_EVERY,
+            snapshot_every: runtime::store::SNAPSHOT_EVERY,
             shutdown_grace: Duration::from_secs(1),
             max_body_bytes: 1 << 20,
             max_parallel_calls: 64,
             header_timeout: Duration::from_secs(daemon::DEFAULT_HEADER_TIMEOUT_SECS),
             idle_timeout: Duration::from_secs(daemon::DEFAULT_IDLE_TIMEOUT_SECS),
             max_connections: daemon::DEFAULT_MAX_CONNECTIONS,
-            owner: runtime::lease::owner_name("bench"),
+            owner: runtime::control::owner_name("bench"),
             signer: None,
             retain: None,
             tracer: None,
-            lease_ttl: runtime::lease::DEFAULT_TTL,
+            lease_ttl: runtime::control::DEFAULT_TTL,
         };
         daemon::serve(log, config).await.unwrap();
     });

@@ -9,7 +9,7 @@
 
 use eventlog::{Durability, EventLog, SledLog};
 use mneme_e2e::bench::{bench_dir, block, new_event};
-use runtime::privacy::{MasterKey, SealedLog};
+use runtime::store::{MasterKey, SealedLog};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
@@ -26,7 +26,7 @@ fn measure(log: &Arc<dyn EventLog>, events: usize) -> (f64, f64) {
     block(log.barrier(Durability::Buffered)).unwrap();
     let appends = events as f64 / started.elapsed().as_secs_f64();
     let started = Instant::now();
-    let read = block(runtime::session::read_events(log.as_ref(), id)).unwrap();
+    let read = block(runtime::store::read_events(log.as_ref(), id)).unwrap();
     let read_ms = started.elapsed().as_secs_f64() * 1000.0;
     assert_eq!(read.len(), events);
     (appends, read_ms)

@@ -41,7 +41,7 @@ fn fill(log: &Arc<dyn EventLog>, events: usize) -> Uuid {
     block(log.barrier(Durability::Synced)).unwrap();
     let session = block(Session::load(log.clone(), id)).unwrap();
     let head = block(log.head(id)).unwrap();
-    block(runtime::snapshot::store(
+    block(runtime::store::store_snapshot(
         &**log,
         id,
         head.hash,

@@ -6,7 +6,7 @@ use crate::{
     agent_toml, command_tool, http_tool, lookup_tool, named_session, rebuilt_request,
     refund_needing_approval, stderr, stdout, Fault, MockModel, MockReply, Sink, SinkStats, World,
 };
-use runtime::crash::{self, CrashPoint};
+use runtime::control::crash::{self, CrashPoint};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -62,7 +62,7 @@ pub struct Reach {
 /// Every crash point of the write path, but those in `not`; those in
 /// `after_a_crash` are reached after a crash at `tool_started_durable`.
 fn reaching(not: &[CrashPoint], after_a_crash: &[CrashPoint]) -> Vec<Reach> {
-    runtime::crash::all_points()
+    runtime::control::crash::all_points()
         .into_iter()
         .filter(|p| !not.contains(p))
         .map(|point| Reach {

@@ -19,9 +19,9 @@ use runtime::api::{
     PostMessage, ReplayView, Resolve, Resume, Resuming, SessionDiff, SessionStatus, SessionSummary,
     SessionView, TurnOutcome, Verified,
 };
+use runtime::control::{edited_arguments, resolution};
 use runtime::control::{Decision, TurnStart, TurnTask};
-use runtime::service;
-use runtime::views;
+use runtime::store;
 use runtime::RuntimeError;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
@@ -409,31 +409,7 @@ async fn get_session(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
 ) -> Result<Json<SessionView>, ApiError> {
-    let session = daemon.service.load(id).await?;
-    let log = daemon.service.log();
-    let meta = log.meta(id).await?.ok_or(RuntimeError::NoSuchSession(id))?;
-    let summary = runtime::snapshot::Summary::of(session.state());
-    let mut row = views::summary_of(&meta, &summary);
-    daemon
-        .service
-        .mark_running(&mut row, summary.turn_driven)
-        .await?;
-    Ok(Json(SessionView {
-        summary: row,
-        answer: session.state().answer().map(String::from),
-        running_on: log.leases().lease(id).await?.map(|lease| lease.owner),
-        in_doubt: session
-            .state()
-            .calls_in_doubt()
-            .into_iter()
-            .map(|waiting| wire::InDoubtCall::from(&waiting))
-            .collect(),
-        waiting: views::waiting_calls(session.state()),
-        spawned_by: session.state().parent.clone().map(Into::into),
-        children: (session.state().children(id).into_iter())
-            .map(Into::into)
-            .collect(),
-    }))
+    Ok(Json(daemon.service.session_view(id).await?))
 }
 
 /// Turns of one session asked for (running or waiting to) past which a
@@ -557,7 +533,7 @@ async fn mid_turn(
     daemon: &Shared,
     id: Uuid,
     wait: bool,
-    answer: runtime::inbox::Answer,
+    answer: runtime::control::Answer,
 ) -> Result<Response, ApiError> {
     let accepted = answer
         .await
@@ -569,8 +545,8 @@ async fn mid_turn(
         })?
         .map_err(|refused| {
             let status = match refused {
-                runtime::inbox::Refused::Invalid(_) => StatusCode::BAD_REQUEST,
-                runtime::inbox::Refused::Full(_) => StatusCode::TOO_MANY_REQUESTS,
+                runtime::control::Refused::Invalid(_) => StatusCode::BAD_REQUEST,
+                runtime::control::Refused::Full(_) => StatusCode::TOO_MANY_REQUESTS,
             };
             ApiError(status, format!("session {id}: {refused}"))
         })?;
@@ -610,7 +586,7 @@ async fn answer_turn(
         return Ok((StatusCode::ACCEPTED, Json(accepted)).into_response());
     }
     let end = turn.await?;
-    Ok(Json(views::turn_end(accepted.session, &end)).into_response())
+    Ok(Json(store::turn_end(accepted.session, &end)).into_response())
 }
 
 /// Continues pending work; `extend` starts a spent budget of the turn
@@ -651,7 +627,7 @@ async fn resume(
         return Ok((StatusCode::ACCEPTED, Json(resuming)).into_response());
     }
     let end = turn.await?;
-    Ok(Json(views::turn_end(id, &end)).into_response())
+    Ok(Json(store::turn_end(id, &end)).into_response())
 }
 
 /// Pauses the session at its next step, wherever it runs (on another
@@ -811,8 +787,8 @@ async fn resolve(
     Json(body): Json<Resolve>,
 ) -> Result<Response, ApiError> {
     let skip = body.skip.as_ref().map(Value::to_string);
-    let resolution = service::resolution(body.retry, skip.as_deref(), body.fail.as_deref())
-        .map_err(bad_request)?;
+    let resolution =
+        resolution(body.retry, skip.as_deref(), body.fail.as_deref()).map_err(bad_request)?;
     let by = who(&signed_in, &body.by);
     let decision = Decision::Resolve(resolution);
     decide(
@@ -851,7 +827,7 @@ async fn approve(
             )));
         }
         let most = replay::spec::MAX_RESPONSE_BYTES_LIMIT;
-        service::edited_arguments(&call, args, most).map_err(bad_request)?;
+        edited_arguments(&call, args, most).map_err(bad_request)?;
     }
     let by = who(&signed_in, &body.by);
     let decision = Decision::Approve {
@@ -906,5 +882,5 @@ async fn decide(
         return Ok((StatusCode::ACCEPTED, Json(decided(true))).into_response());
     }
     let end = turn.await?;
-    Ok(Json(views::turn_end(id, &end)).into_response())
+    Ok(Json(store::turn_end(id, &end)).into_response())
 }

@@ -13,7 +13,7 @@ pub(super) async fn verify(
 ) -> Result<Json<Verified>, ApiError> {
     daemon.service.ensure_exists(id).await?;
     Ok(Json(
-        views::verified(daemon.service.log().as_ref(), id).await,
+        store::verified(daemon.service.log().as_ref(), id).await,
     ))
 }
 
@@ -61,7 +61,7 @@ pub(super) async fn diff(
     Path((id, other)): Path<(Uuid, Uuid)>,
 ) -> Result<Json<SessionDiff>, ApiError> {
     Ok(Json(
-        runtime::diff::sessions(&**daemon.service.log(), id, other).await?,
+        runtime::store::diff_sessions(&**daemon.service.log(), id, other).await?,
     ))
 }
 

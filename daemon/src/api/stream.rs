@@ -192,9 +192,9 @@ impl Follow {
         let to = self.target.min(self.next + PAGE - 1);
         let log = self.daemon.service.log();
         for record in log.read_bounded(self.id, self.next, to, PAGE_BYTES).await? {
-            let event = runtime::session::decode(&record)?;
+            let event = runtime::store::decode(&record)?;
             self.next = record.envelope.seq + 1;
-            let row = views::record(&record, &event);
+            let row = store::record(&record, &event);
             if (self.keep)(&row) {
                 self.buffer.push_back(row);
             }
