@@ -263,6 +263,68 @@ async fn a_session_runs_on_one_daemon_and_the_other_streams_it_live() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_sigkilled_mid_turn_and_restarted_takes_its_sessions_back_at_once() {
+    const SESSIONS: usize = 4;
+    // Leases far longer than the test: waiting them out would fail it.
+    const LONG_TTL_MS: &str = "120000";
+    let bed = slow_billing().await;
+    let (store, sink) = (store_of(&bed), &bed.sink);
+    let killed = daemon_with_ttl(&bed.world, "a", store, LONG_TTL_MS).await;
+    let mut ids = Vec::new();
+    for _ in 0..SESSIONS {
+        let id = killed.create(&bed.agent_toml).await;
+        let (status, body) = killed.message(&id, "go").await;
+        assert_eq!(status, 202, "{body}");
+        ids.push(id);
+    }
+    let under_way = ids.clone();
+    eventually("every turn under way", Duration::from_secs(30), || async {
+        for id in &under_way {
+            let (_, events) = killed
+                .get(&format!("/sessions/{id}/events?kind=ToolStarted"))
+                .await;
+            if events.as_array().map_or(0, Vec::len) == 0 {
+                return Err(format!("{id}: no tool started"));
+            }
+        }
+        Ok(())
+    })
+    .await;
+    let (_, view) = killed.get(&format!("/sessions/{}", ids[0])).await;
+    let dead_owner = view["running_on"].as_str().unwrap().to_string();
+    let started = Instant::now();
+    killed.kill().await;
+    let restarted = daemon_with_ttl(&bed.world, "a", store, LONG_TTL_MS).await;
+    let took = restarted
+        .wait_all_idle(SESSIONS, Duration::from_secs(60))
+        .await;
+    eprintln!(
+        "kill to {SESSIONS} sessions finished on the restarted daemon: {:?} (restart and the rest of each turn included)",
+        started.elapsed()
+    );
+    assert!(
+        took < Duration::from_secs(60),
+        "taken over long before the leases' 120 s"
+    );
+    assert_eq!(
+        restarted.metric("mneme_sessions_recovered_total").await,
+        SESSIONS as u64,
+        "every session its dead predecessor ran"
+    );
+    assert_billed_once(sink, SESSIONS);
+    restarted
+        .assert_verified_with_answer(&ids, "Charged and emailed.")
+        .await;
+    let (_, view) = restarted.get(&format!("/sessions/{}", ids[0])).await;
+    assert_eq!(
+        view["running_on"],
+        serde_json::Value::Null,
+        "{view} (was {dead_owner})"
+    );
+    assert!(restarted.terminate().await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_shut_down_mid_turn_hands_its_sessions_over_at_once() {
     const SESSIONS: usize = 6;
     // Leases far longer than the test: only a handover can explain a takeover.

@@ -454,10 +454,13 @@ impl Daemon {
     }
 
     /// Takes `id`'s lease for this daemon (for a turn, a cancel, clearing
-    /// a lapsed lease).
+    /// a lapsed lease). A lease held by a process of this host that has
+    /// exited (a predecessor killed before its restart) is taken over at
+    /// once, fenced by a new token, rather than waited out.
     pub(crate) async fn hold(&self, id: Uuid) -> Result<HeldLease, eventlog::LogError> {
         let log = self.service.log().clone();
-        HeldLease::acquire(log, id, &self.config.owner, self.config.lease_ttl).await
+        let (owner, ttl) = (&self.config.owner, self.config.lease_ttl);
+        HeldLease::acquire_taking_over_exited(log, id, owner, ttl).await
     }
 
     /// Runs one turn of `id` to its end, once `lock` (the session's, from
