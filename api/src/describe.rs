@@ -235,6 +235,30 @@ pub fn summary(event: &Event) -> String {
         Event::MidTurnDelivered { arrived } => {
             format!("the message of seq {arrived} enters the conversation")
         }
+        Event::WakeScheduled {
+            call_id,
+            at_ms,
+            event,
+            deadline_ms,
+        } => match (at_ms, event, deadline_ms) {
+            (Some(at), _, _) => format!("{call_id} sleeps until {}", crate::format_time(*at)),
+            (None, Some(event), Some(deadline)) => format!(
+                "{call_id} sleeps until event {} (at most until {})",
+                clip(event, 60),
+                crate::format_time(*deadline)
+            ),
+            (None, Some(event), None) => format!("{call_id} sleeps until event {}", clip(event, 60)),
+            (None, None, _) => format!("{call_id} sleeps"),
+        },
+        Event::Woken {
+            call_id,
+            by,
+            late_ms,
+            ..
+        } => match late_ms {
+            0 => format!("{call_id} woke ({by})"),
+            late => format!("{call_id} woke ({by}), {:.1} s late", *late as f64 / 1000.0),
+        },
         Event::ApprovalRequested {
             call_id,
             expires_at_ms,

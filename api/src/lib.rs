@@ -52,6 +52,9 @@ pub enum SessionStatus {
     Failed,
     /// Cancelled; a new user message reopens it.
     Cancelled,
+    /// A call sleeps until its time or its event; nothing runs it until
+    /// then.
+    Sleeping,
     /// Its content was erased; nothing runs in it again.
     Erased,
     /// Its log could not be read (only in a listing, with the error).
@@ -68,6 +71,7 @@ impl SessionStatus {
             SessionStatus::Paused => "paused",
             SessionStatus::Failed => "failed",
             SessionStatus::Cancelled => "cancelled",
+            SessionStatus::Sleeping => "sleeping",
             SessionStatus::Erased => "erased",
             SessionStatus::Unreadable => "unreadable",
         }
@@ -98,6 +102,7 @@ impl From<replay::Status> for SessionStatus {
             replay::Status::Paused => SessionStatus::Paused,
             replay::Status::Failed => SessionStatus::Failed,
             replay::Status::Cancelled => SessionStatus::Cancelled,
+            replay::Status::Sleeping => SessionStatus::Sleeping,
             replay::Status::Erased => SessionStatus::Erased,
         }
     }
@@ -218,6 +223,34 @@ pub struct Resuming {
     pub session: Uuid,
     /// Always true.
     pub resuming: bool,
+}
+
+/// An event for a sleeping session (`POST /sessions/{id}/wake`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Wake {
+    /// The event's name: the call sleeping until it wakes.
+    pub event: String,
+    /// What the event carries (any JSON, within the sleeping tool's
+    /// `max_output_bytes`): recorded, and given to the model in the call's
+    /// result.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
+    pub payload: Value,
+    /// Answer when the turn that goes on ends.
+    #[serde(default)]
+    pub wait: bool,
+}
+
+/// A sleeping call woken by an event; its turn goes on.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct Woke {
+    /// The session.
+    pub session: Uuid,
+    /// The call it woke.
+    pub woke: String,
 }
 
 /// A pause asked for.
@@ -555,6 +588,12 @@ pub struct TurnOutcome {
     /// Who cancelled it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
+    /// When a sleeping session wakes on its own (UTC, milliseconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wakes_at: Option<String>,
+    /// The event a sleeping session waits for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waits_for: Option<String>,
 }
 
 impl TurnOutcome {
@@ -571,6 +610,8 @@ impl TurnOutcome {
             budget: None,
             error: None,
             by: None,
+            wakes_at: None,
+            waits_for: None,
         };
         match end {
             TurnEnd::Answered(answer) => {
@@ -607,6 +648,11 @@ impl TurnOutcome {
                 outcome.status = SessionStatus::Cancelled;
                 outcome.by = Some(by.clone());
             }
+            TurnEnd::Sleeping { wakes_at_ms, event } => {
+                outcome.status = SessionStatus::Sleeping;
+                outcome.wakes_at = wakes_at_ms.map(format_time);
+                outcome.waits_for = event.clone();
+            }
         }
         outcome
     }
@@ -621,6 +667,12 @@ impl TurnOutcome {
             SessionStatus::Idle => Some(TurnEnd::Answered(self.answer.clone()?)),
             SessionStatus::Failed => Some(TurnEnd::Failed(self.error.clone()?)),
             SessionStatus::Cancelled => Some(TurnEnd::Cancelled(self.by.clone()?)),
+            SessionStatus::Sleeping => Some(TurnEnd::Sleeping {
+                wakes_at_ms: (self.wakes_at.as_deref())
+                    .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                    .map(|t| t.timestamp_millis()),
+                event: self.waits_for.clone(),
+            }),
             SessionStatus::Paused => Some(if let Some(calls) = &self.in_doubt {
                 TurnEnd::NeedsDecision(
                     (calls.iter())
@@ -715,6 +767,13 @@ pub struct SessionSummary {
     /// `approval_timeout`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval_expires_at: Option<String>,
+    /// When a sleeping session wakes on its own (UTC, milliseconds): its
+    /// timer, or the deadline of its wait for an event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wakes_at: Option<String>,
+    /// The event a sleeping session waits for (`POST /sessions/{id}/wake`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waits_for: Option<String>,
     /// Prompt tokens of the latest model request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_tokens_last: Option<u64>,

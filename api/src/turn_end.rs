@@ -22,4 +22,13 @@ pub enum TurnEnd {
     Failed(String),
     /// Cancelled (by whom); a new message reopens it.
     Cancelled(String),
+    /// A call of a tool of kind `sleep` sleeps: the turn goes on when it
+    /// wakes (a daemon wakes it; `mneme resume` does after its time).
+    Sleeping {
+        /// When it wakes on its own (milliseconds since the Unix epoch):
+        /// its timer, or the deadline of its wait for an event.
+        wakes_at_ms: Option<i64>,
+        /// The event it waits for (`mneme wake --event`).
+        event: Option<String>,
+    },
 }

@@ -103,6 +103,13 @@ pub(crate) enum Command {
     /// Continue unfinished sessions from their logs.
     #[command(after_help = "Examples:\n  mneme resume 01a23562\n  mneme resume --all")]
     Resume(ResumeArgs),
+    /// Deliver an event to a session that sleeps until it (a call of a
+    /// tool of kind `sleep`): the call wakes with the payload in its
+    /// result, and the turn goes on.
+    #[command(
+        after_help = "Examples:\n  mneme wake 01a23562 --event payment.landed --payload '{\"amount\": 4200}'"
+    )]
+    Wake(WakeArgs),
     /// List sessions with status, events and last activity.
     #[command(after_help = "Examples:\n  mneme sessions\n  mneme sessions --json | jq -r .title")]
     Sessions(SessionsArgs),
@@ -389,6 +396,25 @@ pub(crate) struct ResumeArgs {
 }
 
 #[derive(Args)]
+pub(crate) struct WakeArgs {
+    /// The sleeping session.
+    pub(crate) session: SessionRef,
+    /// The event's name: the call sleeping until it wakes.
+    #[arg(long)]
+    pub(crate) event: String,
+    /// What the event carries (JSON), given to the model in the call's
+    /// result.
+    #[arg(long)]
+    pub(crate) payload: Option<String>,
+    #[command(flatten)]
+    pub(crate) json: JsonFlag,
+    #[command(flatten, next_help_heading = "Store options")]
+    pub(crate) store: StoreOptions,
+    #[command(flatten, next_help_heading = "Turn options")]
+    pub(crate) turns: TurnOptions,
+}
+
+#[derive(Args)]
 pub(crate) struct LogArgs {
     /// The session.
     pub(crate) session: SessionRef,
@@ -610,6 +636,7 @@ impl Command {
         Some(match self {
             Command::Run(a) => &a.store,
             Command::Resume(a) => &a.store,
+            Command::Wake(a) => &a.store,
             Command::Sessions(a) => &a.store,
             Command::Log(a) => &a.store,
             Command::Verify(a) => &a.store,
@@ -636,6 +663,7 @@ impl Command {
         Some(match self {
             Command::Run(a) => &a.turns,
             Command::Resume(a) => &a.turns,
+            Command::Wake(a) => &a.turns,
             Command::Rerun(a) => &a.turns,
             Command::Resolve(a) => &a.decision.turns,
             Command::Approve(a) => &a.decision.turns,

@@ -260,6 +260,17 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
             }
             Ok(worst)
         }
+        Command::Wake(a) => {
+            let payload: serde_json::Value = match &a.payload {
+                Some(text) => serde_json::from_str(text)
+                    .with_context(|| format!("--payload is not JSON: {text:?}"))?,
+                None => serde_json::Value::Null,
+            };
+            let id = a.session.resolve(sessions).await?;
+            let turn = |stream| sessions.wake(id, &a.event, &payload, stream);
+            let (outcome, streamed) = showing(a.json.json, turn).await;
+            report(&outcome?, a.json.json, streamed)
+        }
         Command::Sessions(a) => {
             let rows: Vec<_> = sessions.list().await?.iter().map(to_json).collect();
             crate::render::sessions(&rows, a.json.json);
@@ -1067,6 +1078,7 @@ fn report_end(id: Uuid, end: &TurnEnd, json: bool, streamed: bool) -> Result<Exi
                 | TurnEnd::CutOffAnswer(_)
                 | TurnEnd::NeedsDecision(_)
                 | TurnEnd::NeedsApproval(_)
+                | TurnEnd::Sleeping { .. }
         )
     {
         outln!("{}", store::turn_end(id, end));
@@ -1119,5 +1131,29 @@ fn report_end(id: Uuid, end: &TurnEnd, json: bool, streamed: bool) -> Result<Exi
         TurnEnd::Cancelled(by) => {
             bail!("session {id} was cancelled by {by}: a new message (`mneme run --session {id}`) reopens it")
         }
+        TurnEnd::Sleeping { wakes_at_ms, event } => {
+            say_sleeping(id, *wakes_at_ms, event.as_deref());
+            Ok(ExitCode::from(crate::EXIT_SLEEPING))
+        }
+    }
+}
+
+/// Says when and how a sleeping session goes on.
+fn say_sleeping(id: Uuid, wakes_at_ms: Option<i64>, event: Option<&str>) {
+    let until = wakes_at_ms.map(runtime::api::format_time);
+    match (event, &until) {
+        (Some(event), Some(at)) => {
+            say!("mneme: session {id} sleeps until event {event:?} arrives, at most until {at}")
+        }
+        (Some(event), None) => say!("mneme: session {id} sleeps until event {event:?} arrives"),
+        (None, Some(at)) => say!("mneme: session {id} sleeps until {at}"),
+        (None, None) => say!("mneme: session {id} sleeps"),
+    }
+    if let Some(event) = event {
+        say!("    mneme wake {id} --event {event} [--payload JSON]   wakes it now");
+    }
+    match until {
+        Some(at) => say!("    a daemon holding the store (`mneme serve`) wakes it then; or `mneme resume {id}` after {at}"),
+        None => say!("    it goes on when the event is delivered (to a daemon: POST /sessions/{id}/wake)"),
     }
 }

@@ -272,6 +272,18 @@ impl Sessions for Local {
         Local::ended(id, turn).await
     }
 
+    async fn wake(
+        &self,
+        id: Uuid,
+        event: &str,
+        payload: &Value,
+        stream: Stream,
+    ) -> Result<TurnOutcome> {
+        let control = self.control(stream);
+        control.wake(id, event, payload).await?;
+        Local::ended(id, control.go_on(id)).await
+    }
+
     async fn decide(
         &self,
         id: Uuid,

@@ -34,6 +34,10 @@ use std::process::ExitCode;
 /// Exit code of a run that stopped on calls in doubt.
 const EXIT_NEEDS_DECISION: u8 = 3;
 
+/// Exit code of a run that stopped with the session sleeping (a call of a
+/// tool of kind `sleep`): it goes on when it wakes.
+const EXIT_SLEEPING: u8 = 4;
+
 fn main() -> ExitCode {
     // Sessions hold what people, models and tools said: nothing mneme
     // writes is for other local users.

@@ -308,6 +308,24 @@ impl Sessions for Remote {
         self.showing_deltas(id, stream, turn).await
     }
 
+    async fn wake(
+        &self,
+        id: Uuid,
+        event: &str,
+        payload: &Value,
+        stream: Stream,
+    ) -> Result<TurnOutcome> {
+        self.writable()?;
+        let body = runtime::api::Wake {
+            event: event.to_string(),
+            payload: payload.clone(),
+            wait: true,
+        };
+        let path = format!("/sessions/{id}/wake");
+        let turn = self.post::<TurnOutcome>(&path, &body);
+        self.showing_deltas(id, stream, turn).await
+    }
+
     async fn decide(
         &self,
         id: Uuid,

@@ -1284,3 +1284,70 @@ async fn the_list_marks_a_sub_agent_with_its_parent() {
     drop(browser);
     assert!(daemon.terminate().await.success());
 }
+
+/// A sleeping session's page says so: its status, the event it waits for,
+/// and its call as sleeping (never as a process that died); once woken,
+/// the call says how it woke.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sleeping_session_shows_what_it_waits_for_and_how_it_woke() {
+    let wait = "name = \"wait\"\nkind = \"sleep\"\neffect = \"read_only\"\n".to_string();
+    let bed = Testbed::new()
+        .replies(vec![
+            MockReply::calls(&[("wait", json!({"event": "payment.landed"}))]),
+            MockReply::answer("Paid."),
+        ])
+        .tools([wait])
+        .daemon()
+        .await;
+    let daemon = bed.daemon();
+    let id = bed.create().await;
+    let (_, end) = daemon.message_and_wait(&id, "wait for the payment").await;
+    assert_eq!(end["status"], "sleeping", "{end}");
+    let (browser, page) = signed_in_page(&bed.world, "ada", WAIT).await;
+    blocking(|| page.eval(&format!("location.hash = '#/s/{id}'")));
+    let shown = |ready: &str| {
+        blocking(|| {
+            page.wait_for(
+                &format!(
+                    "(c => c && {ready} && ({{ facts: document.querySelector('.facts').innerText, \
+                       attempt: c.querySelector('.attempt').className, outcome: c.querySelector('.attempt .outcome').textContent, \
+                       status: c.querySelector('.call-status').textContent }}))\
+                     (document.querySelector('#timeline .call[data-call=\"call_0_0\"]'))"
+                ),
+                WAIT,
+            )
+        })
+    };
+    let asleep = shown("c.querySelector('.attempt.sleeping')");
+    assert!(
+        asleep["facts"].as_str().unwrap().contains("payment.landed"),
+        "{asleep}"
+    );
+    assert_eq!(asleep["attempt"], "attempt sleeping", "{asleep}");
+    assert!(
+        asleep["outcome"]
+            .as_str()
+            .unwrap()
+            .starts_with("sleeping until the event payment.landed"),
+        "{asleep}"
+    );
+    screenshot(&page, "20-sleeping");
+    let (status, body) = daemon
+        .post(
+            &format!("/sessions/{id}/wake"),
+            &json!({"event": "payment.landed", "payload": {"ok": true}, "wait": true}),
+        )
+        .await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (200, Some("idle")),
+        "{body}"
+    );
+    let woke = shown("c.querySelector('.call-status').textContent.startsWith('Woke')");
+    assert!(
+        woke["status"].as_str().unwrap().starts_with("Woke (event)"),
+        "{woke}"
+    );
+    drop(page);
+    drop(browser);
+}

@@ -49,8 +49,9 @@ use runtime::control::{Control, Hold, Opened, TurnStart, TurnTask, Turns};
 /// over at once (a shutdown, a failed turn) is taken over within it.
 const LOOK_FOR_LAPSED_LEASES: Duration = Duration::from_secs(1);
 
-/// How often the daemon looks for approvals past their deadline.
-const LOOK_FOR_EXPIRED_APPROVALS: Duration = Duration::from_secs(1);
+/// How often the daemon looks for what fell due: approvals past their
+/// deadline, sleeping calls whose time came.
+const LOOK_FOR_DUE: Duration = Duration::from_millis(250);
 
 /// How often it reads every session's deadline from the store (its own
 /// turns and decisions tell it theirs at once; this finds those of other
@@ -671,8 +672,10 @@ impl Daemon {
     }
 
     /// About once a second: each session whose wait for approval passed
-    /// its deadline gets a turn that denies the call as expired and goes
-    /// on (`TurnStart::Expire`). Deadlines are noted by this daemon's turns
+    /// its deadline, or whose sleeping call's time came, gets a turn that
+    /// denies the call as expired or wakes it, and goes on
+    /// (`TurnStart::Expire`). A wake due while no daemon ran fires once,
+    /// late, when one starts. Deadlines are noted by this daemon's turns
     /// and decisions, read at recovery, and read again from every
     /// session's summary every [`READ_APPROVAL_DEADLINES`] (for those other
     /// daemons sharing the store recorded).
@@ -681,7 +684,7 @@ impl Daemon {
         loop {
             tokio::select! {
                 () = self.shutdown.cancelled() => return,
-                () = tokio::time::sleep(LOOK_FOR_EXPIRED_APPROVALS) => {}
+                () = tokio::time::sleep(LOOK_FOR_DUE) => {}
             }
             self.scheduler.forget_idle_locks();
             if read_at.elapsed() >= READ_APPROVAL_DEADLINES {
@@ -689,7 +692,7 @@ impl Daemon {
                 match self.service.listing().await {
                     Ok(listing) => {
                         let read = listing.into_iter().filter_map(|(meta, summary)| {
-                            Some((meta.session, summary.ok()?.approval_expires_ms?))
+                            Some((meta.session, summary.ok()?.next_deadline_ms()?))
                         });
                         self.statuses.read_deadlines(read);
                     }

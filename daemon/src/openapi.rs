@@ -115,6 +115,7 @@ mod tests {
             include_str!("api/mod.rs"),
             include_str!("api/stream.rs"),
             include_str!("api/reads.rs"),
+            include_str!("api/wake.rs"),
         ]
         .concat();
         for undocumented in [
@@ -158,6 +159,7 @@ mod tests {
             ("delete", "/sessions/{id}"),
             ("post", "/sessions/{id}/messages"),
             ("post", "/sessions/{id}/resume"),
+            ("post", "/sessions/{id}/wake"),
             ("post", "/sessions/{id}/pause"),
             ("post", "/sessions/{id}/cancel"),
             ("post", "/sessions/{id}/fork"),

@@ -1,6 +1,7 @@
 //! What the daemon last saw of each session: its status (what the metrics
-//! count), and the earliest deadline of its calls waiting for approval
-//! (what the expiry loop looks at).
+//! count), and the earliest time something of it falls due on its own (an
+//! approval's deadline, a sleeping call's wake: what the expiry loop looks
+//! at).
 
 use replay::{SessionState, Status};
 use runtime::store::Summary;
@@ -8,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use uuid::Uuid;
 
-/// Each session's status and approval deadline, as last seen.
+/// Each session's status and next deadline, as last seen.
 #[derive(Default)]
 pub(crate) struct Statuses {
     statuses: Mutex<HashMap<Uuid, Status>>,
@@ -19,12 +20,12 @@ pub(crate) struct Statuses {
 impl Statuses {
     /// Notes `id` as `state` has it.
     pub(crate) fn saw(&self, id: Uuid, state: &SessionState) {
-        self.set(id, Some(state.status()), state.approval_deadline_ms());
+        self.set(id, Some(state.status()), state.next_deadline_ms());
     }
 
     /// Notes `id` as its stored `summary` has it.
     pub(crate) fn saw_summary(&self, id: Uuid, summary: &Summary) {
-        self.set(id, summary.status.parse().ok(), summary.approval_expires_ms);
+        self.set(id, summary.status.parse().ok(), summary.next_deadline_ms());
     }
 
     fn set(&self, id: Uuid, status: Option<Status>, deadline: Option<i64>) {

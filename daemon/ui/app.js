@@ -21,7 +21,7 @@ function headers() {
 
 const PAGE = 200; // events on a page of the timeline
 const CALL_KINDS = new Set(["ToolStarted", "ToolFinished", "ToolInDoubt",
-  "ToolResolved", "ApprovalRequested", "ApprovalDecided", "ToolChecked"]);
+  "ToolResolved", "ApprovalRequested", "ApprovalDecided", "ToolChecked", "WakeScheduled", "Woken"]);
 
 let live = []; // the event streams of the page shown
 let shown = 0; // which rendering of a page is current: older ones stop
@@ -364,6 +364,8 @@ function facts(view) {
     ["Cost", fmt.cost(view.cost)],
     ["Running on", view.running_on || "–"],
   ];
+  if (view.wakes_at) rows.push(["Wakes at", fmt.time(view.wakes_at)]);
+  if (view.waits_for) rows.push(["Waits for the event", view.waits_for]);
   if (view.answer) rows.push(["Answer", view.answer]);
   return el("dl", { class: "facts" }, rows.map(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
 }
@@ -751,6 +753,16 @@ function callCard(callId, page) {
         const a = current || attemptRow("?", null, record.seq);
         a.open = false;
         say(a, "doubt", `in doubt (#${record.seq}): ${clip(f.reason, 300)}`);
+      } else if (kind === "WakeScheduled") {
+        const a = current || attemptRow("?", null, record.seq);
+        a.open = false; // asleep, not running: nothing died
+        const at = (ms) => new Date(ms).toISOString();
+        const until = f.at_ms ? at(f.at_ms)
+          : `the event ${f.event}${f.deadline_ms ? ` (at most until ${at(f.deadline_ms)})` : ""}`;
+        say(a, "sleeping", `sleeping until ${until} (#${record.seq})`);
+      } else if (kind === "Woken") {
+        const late = f.late_ms ? `, ${(f.late_ms / 1000).toFixed(1)} s late` : "";
+        status.textContent = visible(`Woke (${f.by}${late}) (#${record.seq})`);
       } else if (kind === "ApprovalRequested") {
         const until = f.expires_at_ms ? ` until ${new Date(f.expires_at_ms).toISOString()}` : "";
         status.textContent = `Waits for approval${until} (#${record.seq})`;

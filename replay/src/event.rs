@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 /// is written with the version it needs: [`Event::schema`]). Older
 /// versions are read; newer ones are refused with
 /// [`DecodeError::UnknownSchema`].
-pub const EVENT_SCHEMA: u16 = 5;
+pub const EVENT_SCHEMA: u16 = 6;
 
 /// One thing that happened in a session. Immutable once appended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -237,6 +237,38 @@ pub enum Event {
         /// The parent's call.
         call_id: String,
     },
+    /// A call of a tool of kind `sleep` put the session to sleep (recorded
+    /// with the call's `ToolStarted`, in the same append): nothing runs it
+    /// until it is woken, at `at_ms`, by `event`, or at `deadline_ms`.
+    WakeScheduled {
+        /// The model's id of the call.
+        call_id: String,
+        /// The wake for a timer (milliseconds since the Unix epoch).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        at_ms: Option<i64>,
+        /// The name of the event it waits for (`mneme wake --event`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        event: Option<String>,
+        /// When a wait for an event ends without it (milliseconds since
+        /// the Unix epoch); absent: no limit.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        deadline_ms: Option<i64>,
+    },
+    /// A sleeping call woke; its `ToolFinished` (telling the model when and
+    /// why) follows in the same append, and the turn goes on.
+    Woken {
+        /// The model's id of the call.
+        call_id: String,
+        /// What woke it.
+        by: WokenBy,
+        /// The event's payload (a JSON text), for a wake by an event.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        payload: Option<String>,
+        /// How long after its time it woke (a wake due while nothing ran
+        /// the store fires once, late), in milliseconds.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        late_ms: u64,
+    },
     /// An MCP server now lists tools other than the ones the session
     /// pinned. Reported only: the session goes on with what it pinned.
     McpToolsChanged {
@@ -388,6 +420,28 @@ pub struct Usage {
     pub cache_write_tokens: u64,
 }
 
+/// What woke a sleeping call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WokenBy {
+    /// Its time came.
+    Timer,
+    /// The event it waited for was delivered.
+    Event,
+    /// It waited for an event until its deadline, which came first.
+    Deadline,
+}
+
+impl std::fmt::Display for WokenBy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            WokenBy::Timer => "timer",
+            WokenBy::Event => "event",
+            WokenBy::Deadline => "deadline",
+        })
+    }
+}
+
 /// The outcome of a tool call as the model sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ToolOutcome {
@@ -471,6 +525,8 @@ impl Event {
         "MidTurnMessage",
         "MidTurnDelivered",
         "SpawnedBy",
+        "WakeScheduled",
+        "Woken",
     ];
 
     /// The name of this kind of event, as stored in the envelope.
@@ -499,6 +555,8 @@ impl Event {
             Event::MidTurnMessage { .. } => "MidTurnMessage",
             Event::MidTurnDelivered { .. } => "MidTurnDelivered",
             Event::SpawnedBy { .. } => "SpawnedBy",
+            Event::WakeScheduled { .. } => "WakeScheduled",
+            Event::Woken { .. } => "Woken",
         }
     }
 
@@ -522,7 +580,11 @@ impl Event {
                     .chain(invented.into_iter().flatten())
                     .collect()
             }
-            Event::ToolStarted { args, .. } => vec![args],
+            Event::ToolStarted { args, .. }
+            | Event::Woken {
+                payload: Some(args),
+                ..
+            } => vec![args],
             Event::ApprovalDecided {
                 args: Some(args), ..
             } => vec![args],
@@ -557,7 +619,8 @@ impl Event {
     /// rerun's link, and a call a rerun answered from the record or did not
     /// run; 4 added sub-agents: a spec with a tool of kind `agent`, a
     /// child's `SpawnedBy`, a call's finish naming its child; 5 a tool name
-    /// the model invented, set aside as content. A build that
+    /// the model invented, set aside as content; 6 durable sleep (a spec
+    /// with a tool of kind `sleep`, `WakeScheduled`, `Woken`). A build that
     /// reads only older versions then refuses such an event by name instead
     /// of misreading it (it would run a call with the model's arguments
     /// where a person gave others, drop a waiting message, resume a rerun
@@ -565,6 +628,12 @@ impl Event {
     /// event stays readable by it.
     pub fn schema(&self) -> u16 {
         match self {
+            Event::WakeScheduled { .. } | Event::Woken { .. } => 6,
+            Event::SessionStarted { spec } | Event::SpecChanged { spec, .. }
+                if spec.has_sleep_tools() =>
+            {
+                6
+            }
             Event::ModelReplied(reply) if reply.tool_calls.iter().any(|c| c.invented.is_some()) => {
                 5
             }

@@ -14,8 +14,8 @@ pub mod state;
 
 pub use event::{
     child_session_id, digest_hex, idempotency_key, CheckAnswer, ChildRun, DecodeError, Event,
-    ModelReply, Resolution, SessionOutcome, ToolCall, ToolOutcome, Usage, ERASED, EVENT_SCHEMA,
-    EXPIRED, EXPIRY_BY,
+    ModelReply, Resolution, SessionOutcome, ToolCall, ToolOutcome, Usage, WokenBy, ERASED,
+    EVENT_SCHEMA, EXPIRED, EXPIRY_BY,
 };
 pub use plan::{plan, CallDecision, CallPlan, NextStep, ResumePlan};
 pub use prompt::{
@@ -28,7 +28,7 @@ pub use spec::{
 };
 pub use state::{
     CallPhase, CallState, EditedArgs, Entry, SessionLink, SessionState, Status, Totals, TurnOpened,
-    TurnSpend, Waiting, APPROVAL_REQUIRED, FALLBACK_BYTES_PER_TOKEN, STATE_FORMAT,
+    TurnSpend, Waiting, Wake, APPROVAL_REQUIRED, FALLBACK_BYTES_PER_TOKEN, STATE_FORMAT,
 };
 
 #[cfg(test)]

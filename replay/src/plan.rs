@@ -22,6 +22,9 @@ pub enum CallDecision {
     NeedsApproval,
     /// Approval was requested: a person must approve or deny it.
     AwaitingApproval,
+    /// A call of a tool of kind `sleep` sleeps: it waits for its time or
+    /// its event.
+    Sleeping,
     /// It started but did not finish, a re-run could repeat a side effect,
     /// and its tool declares a check: ask the check whether it applied,
     /// and record the answer.
@@ -54,6 +57,8 @@ pub enum NextStep {
     RunTools,
     /// Only calls waiting for a person's decision remain.
     AwaitDecision,
+    /// Only sleeping calls remain: nothing runs until one wakes.
+    Sleep,
     /// Paused by someone or something; resuming it is an explicit act.
     Paused(String),
     /// The last turn failed; resuming it is an explicit act.
@@ -123,6 +128,8 @@ pub fn plan(state: &SessionState) -> ResumePlan {
         )
     }) {
         NextStep::RunTools
+    } else if state.sleeps() {
+        NextStep::Sleep
     } else {
         NextStep::AwaitDecision
     };
@@ -176,6 +183,7 @@ fn decide(state: &SessionState, call: &CallState) -> CallDecision {
             CallDecision::NeedsApproval
         }
         CallPhase::AwaitingApproval => CallDecision::AwaitingApproval,
+        CallPhase::Sleeping(_) => CallDecision::Sleeping,
         CallPhase::Pending => CallDecision::Run,
         CallPhase::Finished(_) => CallDecision::Reuse,
         CallPhase::RetryApproved => CallDecision::Rerun,

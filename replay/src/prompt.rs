@@ -11,6 +11,9 @@ use std::sync::Arc;
 /// Result text shown for a call that started but has no recorded outcome.
 pub const INTERRUPTED_RESULT: &str =
     "[mneme] this tool call was interrupted before it finished; its outcome is unknown";
+/// Result text shown for a sleeping call whose turn ended before it woke
+/// (a cancel, then a new message).
+pub const NOT_WOKEN_RESULT: &str = "[mneme] this sleep ended before it woke";
 /// Result text shown for a call that never started.
 pub const NOT_RUN_RESULT: &str = "[mneme] this tool call has not run";
 /// Result text shown for a call in doubt, waiting for a person.
@@ -539,5 +542,6 @@ fn outcome_text(call: &CallState) -> String {
         }
         CallPhase::InDoubt(_) => IN_DOUBT_RESULT.to_string(),
         CallPhase::AwaitingApproval => AWAITING_APPROVAL_RESULT.to_string(),
+        CallPhase::Sleeping(_) => NOT_WOKEN_RESULT.to_string(),
     }
 }

@@ -50,6 +50,11 @@ pub enum ToolKind {
     /// the child's answer is the call's result (run by the runtime, which
     /// owns the log; see `runtime::subagent`).
     Agent,
+    /// Durable sleep, run by the runtime: a call (`{"seconds": N}`,
+    /// `{"until": "<RFC 3339>"}` or `{"event": NAME, "timeout_seconds": N}`)
+    /// records when or on what the session wakes, and the turn ends with
+    /// the session sleeping; nothing holds a thread or a lease meanwhile.
+    Sleep,
 }
 
 /// One tool the agent may call.
@@ -139,6 +144,29 @@ pub fn agent_parameters() -> serde_json::Value {
         "required": ["message"]
     })
 }
+
+/// The arguments mneme offers the model for a tool of kind `sleep` when
+/// the agent file gives none.
+pub fn sleep_parameters() -> serde_json::Value {
+    serde_json::json!({
+        "type": "object",
+        "properties": {
+            "seconds": {"type": "number", "description": "Wake after this many seconds."},
+            "until": {"type": "string", "description": "Wake at this time (RFC 3339, e.g. 2026-12-03T09:00:00Z)."},
+            "event": {"type": "string", "description": "Wake when this event is delivered (a webhook, a person)."},
+            "timeout_seconds": {"type": "number", "description": "With event: give up waiting after this many seconds."}
+        }
+    })
+}
+
+/// What a tool of kind `sleep` tells the model it does, when the agent
+/// file does not say.
+pub const SLEEP_DESCRIPTION: &str = "Sleep durably: {\"seconds\": N} waits N seconds, \
+{\"until\": \"<RFC 3339>\"} waits until that time, {\"event\": \"NAME\", \"timeout_seconds\": N} \
+waits until the event NAME is delivered (or the timeout passes). The result says when and why you woke.";
+
+/// The longest a call of a tool of kind `sleep` may sleep or wait: a year.
+pub const MAX_SLEEP_SECONDS: u64 = 366 * 24 * 3600;
 
 /// How deep sub-agents may nest (a parent's agent tool is depth 1).
 pub const MAX_AGENT_DEPTH: usize = 8;
@@ -285,6 +313,7 @@ impl ToolSpec {
                     .into(),
             )),
             ToolKind::Agent => self.validate_agent().map_err(tool),
+            ToolKind::Sleep => self.validate_sleep().map_err(tool),
             ToolKind::Native | ToolKind::Mcp => Ok(()),
         }
     }
@@ -301,9 +330,34 @@ impl ToolSpec {
         let child = self.agent_spec.as_ref().ok_or_else(|| {
             "kind = \"agent\" needs agent = \"file.toml\" (the child agent's file)".to_string()
         })?;
+        if child.has_sleep_tools() {
+            return Err(format!(
+                "agent {:?} has a tool of kind \"sleep\": a sub-agent's turn is its parent's, and cannot sleep",
+                child.name
+            ));
+        }
         child
             .validate()
             .map_err(|e| format!("agent {:?}: {e}", child.name))
+    }
+
+    /// A tool of kind `sleep`: run by mneme, with no effect on the world,
+    /// nothing to run it with and no approval to wait for.
+    fn validate_sleep(&self) -> Result<(), String> {
+        if self.url.is_some() || self.command.is_some() || self.has_check() {
+            return Err(
+                "kind = \"sleep\" is run by mneme: it takes no url, command or check".into(),
+            );
+        }
+        if self.effect != Effect::ReadOnly {
+            return Err(
+                "kind = \"sleep\" has no effect on the world: effect = \"read_only\"".into(),
+            );
+        }
+        if self.requires_approval {
+            return Err("kind = \"sleep\" cannot require approval".into());
+        }
+        Ok(())
     }
 
     /// The child spec of a tool of kind `agent` (pinned by the loader).
@@ -920,6 +974,11 @@ impl AgentSpec {
     /// Whether a tool of the spec is another agent (kind `agent`).
     pub fn has_agent_tools(&self) -> bool {
         self.tools.iter().any(|t| t.kind == ToolKind::Agent)
+    }
+
+    /// Whether a tool of the spec sleeps (kind `sleep`).
+    pub fn has_sleep_tools(&self) -> bool {
+        self.tools.iter().any(|t| t.kind == ToolKind::Sleep)
     }
 
     /// How deep the spec's sub-agents nest (0: it has none).

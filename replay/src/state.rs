@@ -24,6 +24,38 @@ pub enum CallPhase {
     /// Its check answered: not applied (it runs again with its key), or
     /// could not tell (why; it goes in doubt).
     Checked(crate::event::CheckAnswer),
+    /// A call of a tool of kind `sleep`: the session sleeps until this
+    /// wake.
+    Sleeping(Wake),
+}
+
+/// When, or on what, a sleeping call wakes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Wake {
+    /// Its time (milliseconds since the Unix epoch), for a timer.
+    pub at_ms: Option<i64>,
+    /// The event it waits for.
+    pub event: Option<String>,
+    /// When a wait for an event ends without it.
+    pub deadline_ms: Option<i64>,
+}
+
+impl Wake {
+    /// The time it wakes on its own (its timer or its deadline), if any.
+    pub fn due_at_ms(&self) -> Option<i64> {
+        self.at_ms.or(self.deadline_ms)
+    }
+
+    /// What wakes it at or before `now_ms`, if it is due then: its timer,
+    /// or the deadline of its wait for an event.
+    pub fn due(&self, now_ms: i64) -> Option<crate::event::WokenBy> {
+        use crate::event::WokenBy;
+        match (self.at_ms, self.deadline_ms) {
+            (Some(at), _) if at <= now_ms => Some(WokenBy::Timer),
+            (None, Some(deadline)) if deadline <= now_ms => Some(WokenBy::Deadline),
+            _ => None,
+        }
+    }
 }
 
 /// One tool call of a reply, with its history.
@@ -102,6 +134,9 @@ pub enum Status {
     Idle,
     /// Stopped until someone resumes or resolves it.
     Paused,
+    /// A call of a tool of kind `sleep` waits for its time or its event;
+    /// nothing runs it until then.
+    Sleeping,
     /// The last turn failed; `resume` may try again.
     Failed,
     /// Cancelled; a new user message reopens it.
@@ -117,6 +152,7 @@ impl std::fmt::Display for Status {
             Status::Running => "running",
             Status::Idle => "idle",
             Status::Paused => "paused",
+            Status::Sleeping => "sleeping",
             Status::Failed => "failed",
             Status::Cancelled => "cancelled",
             Status::Erased => "erased",
@@ -134,7 +170,11 @@ impl Status {
         match self {
             Status::Running | Status::Failed => true,
             Status::Paused => !waits_for_a_person,
-            Status::Empty | Status::Idle | Status::Cancelled | Status::Erased => false,
+            Status::Empty
+            | Status::Idle
+            | Status::Sleeping
+            | Status::Cancelled
+            | Status::Erased => false,
         }
     }
 }
@@ -149,6 +189,7 @@ impl std::str::FromStr for Status {
             Status::Running,
             Status::Idle,
             Status::Paused,
+            Status::Sleeping,
             Status::Failed,
             Status::Cancelled,
             Status::Erased,
@@ -678,6 +719,20 @@ impl SessionState {
                 // dropped (the log keeps them).
                 self.mailbox.clear();
             }
+            Event::WakeScheduled {
+                call_id,
+                at_ms,
+                event,
+                deadline_ms,
+            } => self.update_call(seq, &call_id, |c| {
+                c.phase = CallPhase::Sleeping(Wake {
+                    at_ms,
+                    event,
+                    deadline_ms,
+                })
+            }),
+            // Its ToolFinished, in the same append, finishes the call.
+            Event::Woken { .. } => {}
             Event::McpToolsChanged { server, changes } => {
                 self.mcp_changes.insert(server, changes);
             }
@@ -822,6 +877,54 @@ impl SessionState {
             .iter()
             .filter(|c| c.phase == CallPhase::AwaitingApproval)
             .filter_map(|c| c.approval_expires_at_ms)
+            .min()
+    }
+
+    /// The sleeping calls of the latest reply, with their wakes.
+    pub fn sleeping_calls(&self) -> Vec<(&str, &Wake)> {
+        (self.open_calls().iter())
+            .filter_map(|c| match &c.phase {
+                CallPhase::Sleeping(wake) => Some((c.call.id.as_str(), wake)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Whether the turn sleeps: a call sleeps and every other call of the
+    /// reply has finished (or sleeps too). Messages that arrive meanwhile
+    /// wait for it to wake.
+    pub fn sleeps(&self) -> bool {
+        let calls = self.open_calls();
+        calls
+            .iter()
+            .any(|c| matches!(c.phase, CallPhase::Sleeping(_)))
+            && (calls.iter())
+                .all(|c| matches!(c.phase, CallPhase::Sleeping(_) | CallPhase::Finished(_)))
+    }
+
+    /// The event a sleeping call waits for, if one does.
+    pub fn awaited_event(&self) -> Option<&str> {
+        (self.sleeping_calls().into_iter()).find_map(|(_, wake)| wake.event.as_deref())
+    }
+
+    /// The earliest time a sleeping call wakes on its own (its timer or
+    /// its deadline), while the session sleeps (not while a person's pause,
+    /// a cancel or an erasure holds it).
+    pub fn next_wake_ms(&self) -> Option<i64> {
+        if self.status() != Status::Sleeping {
+            return None;
+        }
+        (self.sleeping_calls().iter())
+            .filter_map(|(_, wake)| wake.due_at_ms())
+            .min()
+    }
+
+    /// The earliest time something of the session falls due on its own: a
+    /// wait for approval's deadline, or a sleeping call's wake.
+    pub fn next_deadline_ms(&self) -> Option<i64> {
+        [self.approval_deadline_ms(), self.next_wake_ms()]
+            .into_iter()
+            .flatten()
             .min()
     }
 
@@ -1002,6 +1105,9 @@ impl SessionState {
         }
         if self.paused.is_some() || self.a_call_waits_for_a_person() {
             return Status::Paused;
+        }
+        if self.sleeps() {
+            return Status::Sleeping;
         }
         match self.entries.last() {
             _ if !self.mailbox.is_empty() => Status::Running,

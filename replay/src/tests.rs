@@ -1314,6 +1314,24 @@ fn golden_bytes_of_every_event_kind() {
         extend_budget: false,
         after_crash: true,
     });
+    all.push(Event::WakeScheduled {
+        call_id: "c2".into(),
+        at_ms: None,
+        event: Some("payment.landed".into()),
+        deadline_ms: Some(1_764_000_060_000),
+    });
+    all.push(Event::Woken {
+        call_id: "c2".into(),
+        by: crate::WokenBy::Event,
+        payload: Some(r#"{"amount":4200}"#.into()),
+        late_ms: 0,
+    });
+    all.push(Event::Woken {
+        call_id: "c3".into(),
+        by: crate::WokenBy::Timer,
+        payload: None,
+        late_ms: 1500,
+    });
     let text: String = all
         .iter()
         .map(|e| {
@@ -2227,4 +2245,93 @@ fn huge_token_counts_from_a_server_do_not_overflow_the_fold() {
     assert_eq!(state.totals.prompt_tokens, u64::MAX);
     assert_eq!(state.totals.model_calls, 2);
     assert!(matches!(plan(&state).next, NextStep::Nothing));
+}
+
+/// A session whose `wait` call sleeps until `at_ms`, beside a lookup that
+/// finished.
+fn sleeping_at(at_ms: i64) -> Vec<Event> {
+    let mut spec = spec();
+    let mut wait = tool("wait", ToolKind::Sleep, Effect::ReadOnly, None);
+    (wait.url, wait.command) = (None, None);
+    spec.tools.push(wait);
+    vec![
+        Event::SessionStarted {
+            spec: Box::new(spec),
+        },
+        Event::UserMessage {
+            text: "look her up, then wait".into(),
+        },
+        reply(None, vec![call("c1", "lookup"), call("c2", "wait")]),
+        started("c1", "lookup", Effect::ReadOnly),
+        finished("c1", "{\"name\":\"Ada\"}"),
+        started("c2", "wait", Effect::ReadOnly),
+        Event::WakeScheduled {
+            call_id: "c2".into(),
+            at_ms: Some(at_ms),
+            event: None,
+            deadline_ms: None,
+        },
+    ]
+}
+
+#[test]
+fn a_sleeping_call_holds_the_turn_until_its_wake_is_recorded() {
+    let mut events = sleeping_at(5_000);
+    let state = fold(&events);
+    assert_eq!(state.status(), Status::Sleeping);
+    assert_eq!(plan(&state).next, NextStep::Sleep);
+    assert!(!state.status().resumable(state.waits_for_a_person()));
+    assert_eq!(state.next_wake_ms(), Some(5_000));
+    let wake = &state.sleeping_calls()[0].1;
+    assert_eq!(wake.due(4_999), None);
+    assert_eq!(wake.due(5_000), Some(WokenBy::Timer));
+    events.push(Event::Woken {
+        call_id: "c2".into(),
+        by: WokenBy::Timer,
+        payload: None,
+        late_ms: 0,
+    });
+    events.push(finished("c2", "{\"woke\":\"timer\"}"));
+    let woken = fold(&events);
+    assert_eq!(woken.status(), Status::Running);
+    assert_eq!(plan(&woken).next, NextStep::CallModel);
+    assert_eq!(woken.next_wake_ms(), None);
+}
+
+#[test]
+fn a_paused_or_cancelled_sleep_has_no_wake_due() {
+    let mut paused = sleeping_at(5_000);
+    paused.push(Event::SessionPaused {
+        reason: "paused on request".into(),
+        budget: false,
+    });
+    let state = fold(&paused);
+    assert_eq!(state.status(), Status::Paused);
+    assert_eq!(state.next_deadline_ms(), None);
+    let mut cancelled = sleeping_at(5_000);
+    cancelled.push(Event::SessionFinished {
+        outcome: SessionOutcome::Cancelled { by: "ada".into() },
+    });
+    let state = fold(&cancelled);
+    assert_eq!(plan(&state).next, NextStep::Cancelled("ada".into()));
+    assert_eq!(state.next_wake_ms(), None);
+}
+
+#[test]
+fn sleep_tools_are_written_as_version_6_and_are_read_only_and_run_by_mneme() {
+    let events = sleeping_at(5_000);
+    assert_eq!(events[0].schema(), 6, "a spec with a sleep tool");
+    assert_eq!(events.last().unwrap().schema(), 6);
+    assert_eq!(events[1].schema(), 1);
+    let mut wait = tool("wait", ToolKind::Sleep, Effect::SideEffect, None);
+    (wait.url, wait.command) = (None, None);
+    let mut spec = spec();
+    spec.tools.push(wait.clone());
+    let error = spec.validate().unwrap_err();
+    assert!(error.contains("read_only"), "{error}");
+    wait.effect = Effect::ReadOnly;
+    wait.url = Some("http://127.0.0.1:9/x".into());
+    let mut spec = self::spec();
+    spec.tools.push(wait);
+    assert!(spec.validate().unwrap_err().contains("no url"));
 }

@@ -39,6 +39,7 @@ fn load_nested(
         return Err(error("its sub-agents name it again (a cycle)".into()));
     }
     above.push(here);
+    fill_sleep_defaults(&mut spec);
     let children = pin_children(&mut spec, path, above);
     above.pop();
     children?;
@@ -75,6 +76,20 @@ fn anchor_paths(spec: &mut AgentSpec, base: &Path) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Gives each tool of kind `sleep` that says nothing of them the
+/// arguments and the description mneme offers the model for it.
+fn fill_sleep_defaults(spec: &mut AgentSpec) {
+    let empty = serde_json::json!({"type": "object", "properties": {}});
+    for tool in (spec.tools.iter_mut()).filter(|t| t.kind == replay::ToolKind::Sleep) {
+        if tool.parameters == empty {
+            tool.parameters = replay::spec::sleep_parameters();
+        }
+        if tool.description.is_empty() {
+            tool.description = replay::spec::SLEEP_DESCRIPTION.into();
+        }
+    }
 }
 
 /// Loads the child spec of each tool of kind `agent` of `spec` (declared

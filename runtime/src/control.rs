@@ -13,6 +13,7 @@ pub use crate::outbound::{open_file_limit, open_files};
 pub use crate::pause::{ask as pause_asked, Listening, PAUSED_ON_REQUEST};
 pub use crate::preflight::{check as preflight, reach, Verdict};
 pub use crate::service::{edited_arguments, resolution};
+pub use crate::sleep::is_event_name;
 
 use crate::error::RuntimeError;
 use crate::service::Service;
@@ -70,11 +71,15 @@ pub enum TurnStart {
         /// What found it.
         by: &'static str,
     },
-    /// Deny the calls whose approval expired, and go on if nothing else
-    /// waits for a person.
+    /// What fell due: deny the calls whose approval expired, wake the
+    /// sleeping calls whose time (or deadline) came, and go on if nothing
+    /// else waits.
     Expire,
     /// Deliver the messages that arrived mid-turn, if they still wait.
     Deliver,
+    /// Go on after an event woke a sleeping call ([`Control::wake`]):
+    /// nothing more to record.
+    Woken,
 }
 
 /// What opening a turn found.
@@ -107,7 +112,7 @@ impl Service {
         start: TurnStart,
     ) -> Result<Opened, RuntimeError> {
         match start {
-            TurnStart::First | TurnStart::Deliver => {}
+            TurnStart::First | TurnStart::Deliver | TurnStart::Woken => {}
             TurnStart::Message {
                 text,
                 refresh_tools,
@@ -148,17 +153,32 @@ impl Service {
             TurnStart::Expire => {
                 let now = crate::text::now_ms();
                 let expired = self.expire_approvals(session, now).await?;
-                if session.state().status() != replay::Status::Running {
+                let woke = self.wake_due(session, now).await?;
+                match session.state().status() {
+                    replay::Status::Running => {}
+                    replay::Status::Sleeping => {
+                        return Ok(Opened::Ended(crate::sleep::turn_end(session.state())))
+                    }
                     // Nothing expired (a person decided meanwhile), or
                     // other calls still wait: nothing runs.
-                    let reason = format!("{} approvals expired", expired.len());
-                    return Ok(Opened::Ended(TurnEnd::Paused(reason)));
+                    _ => {
+                        let reason = format!("{} approvals expired", expired.len());
+                        return Ok(Opened::Ended(TurnEnd::Paused(reason)));
+                    }
                 }
-                crate::log_line!(
-                    "mneme: session {}: the approval of {} expired; the turn goes on",
-                    session.id(),
-                    expired.join(", ")
-                );
+                let id = session.id();
+                if !expired.is_empty() {
+                    let calls = expired.join(", ");
+                    crate::log_line!(
+                        "mneme: session {id}: the approval of {calls} expired; the turn goes on"
+                    );
+                }
+                if !woke.is_empty() {
+                    crate::log_line!(
+                        "mneme: session {id}: {} woke; the turn goes on",
+                        woke.join(", ")
+                    );
+                }
             }
         }
         Ok(Opened::Drive)
@@ -296,6 +316,29 @@ impl<T: Turns> Control<T> {
             }
         };
         self.done(hold, &session, recorded).await
+    }
+
+    /// Delivers event `name` with `payload` to session `id`: wakes the
+    /// call sleeping until it ([`Service::wake_by_event`]; refused when none
+    /// does). Returns the call it woke; the turn then goes on with
+    /// [`Control::go_on`].
+    pub async fn wake(
+        &self,
+        id: Uuid,
+        name: &str,
+        payload: &serde_json::Value,
+    ) -> Result<String, RuntimeError> {
+        let (hold, mut session) = self.held(id).await?;
+        let woke = self
+            .service
+            .wake_by_event(&mut session, name, payload)
+            .await;
+        self.done(hold, &session, woke).await
+    }
+
+    /// The turn of session `id` that goes on after [`Control::wake`].
+    pub fn go_on(&self, id: Uuid) -> TurnTask {
+        self.turns.run(id, TurnStart::Woken)
     }
 
     /// Cancels session `id` as `by` asks: a running turn stops first.

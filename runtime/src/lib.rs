@@ -45,6 +45,7 @@ mod secret;
 mod service;
 mod session;
 mod signing;
+mod sleep;
 mod snapshot;
 mod sse;
 mod subagent;

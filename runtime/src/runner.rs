@@ -448,6 +448,10 @@ impl Runner {
                     session.barrier(self.durability).await?;
                     return Ok(TurnEnd::BudgetSpent(reason));
                 }
+                NextStep::Sleep => {
+                    session.barrier(self.durability).await?;
+                    return Ok(crate::sleep::turn_end(session.state()));
+                }
                 NextStep::Failed(error) => return Ok(TurnEnd::Failed(error)),
                 NextStep::Cancelled(by) => return Ok(TurnEnd::Cancelled(by)),
                 NextStep::Erased(_) => return Err(crate::service::erased(session)),
@@ -731,6 +735,14 @@ impl Runner {
                     let duration_ms = started.elapsed().as_millis() as u64;
                     settled.extend(checked(&ctx, answer, duration_ms));
                 }
+                CallDecision::Run | CallDecision::Rerun if is_sleep(session, &plan.tool) => {
+                    let ctx = context(state.attempts + 1);
+                    settled.extend(crate::sleep::fall_asleep(
+                        &ctx,
+                        &plan.tool,
+                        state.arguments(),
+                    ));
+                }
                 CallDecision::Run | CallDecision::Rerun => match toolbox.get(&plan.tool) {
                     Some(tool) => starts.push((
                         tool.clone(),
@@ -752,11 +764,17 @@ impl Runner {
                 },
                 CallDecision::Reuse
                 | CallDecision::AwaitingDecision(_)
-                | CallDecision::AwaitingApproval => {}
+                | CallDecision::AwaitingApproval
+                | CallDecision::Sleeping => {}
             }
         }
         if !settled.is_empty() {
+            let asleep = (settled.iter()).any(|e| matches!(e, Event::WakeScheduled { .. }));
             session.append(settled, Some(reply_seq)).await?;
+            if asleep {
+                session.barrier(self.durability).await?;
+                crash::point(crash::WAKE_SCHEDULED_DURABLE);
+            }
         }
         // At most max_parallel_calls (and the daemon's cap) run at once:
         // each wave is started (durably) only when it can run, so a crash
@@ -1159,6 +1177,14 @@ impl Ran {
             waiting,
         }
     }
+}
+
+/// Whether the session's tool `name` sleeps (kind `sleep`): the runner
+/// records its wake instead of running anything.
+fn is_sleep(session: &Session, name: &str) -> bool {
+    (session.state().spec.as_ref())
+        .and_then(|spec| spec.tool(name))
+        .is_some_and(|tool| tool.kind == replay::ToolKind::Sleep)
 }
 
 /// Whether `tool` runs a sub-agent (a child session) rather than doing

@@ -248,15 +248,16 @@ impl Service {
         refuse_erased(session)?;
         // Approvals past their deadline are denied first: the turn then
         // goes on if nothing else waits.
-        let expired = !self
-            .expire_approvals(session, crate::text::now_ms())
-            .await?
-            .is_empty();
+        let now = crate::text::now_ms();
+        let expired = !self.expire_approvals(session, now).await?.is_empty();
         let state = session.state();
         let stopped = state.paused.is_some() || state.failed.is_some();
         let budget_holds = state.budget_paused && !extend_budget;
         if !stopped || budget_holds || state.a_call_waits_for_a_person() {
-            return Ok(expired);
+            // A sleep whose time came wakes; one whose time has not come
+            // goes on sleeping (the turn then ends as it sleeps).
+            let woke = !self.wake_due(session, now).await?.is_empty();
+            return Ok(expired || woke);
         }
         let event = Event::SessionResumed {
             by: by.into(),
@@ -265,6 +266,7 @@ impl Service {
         };
         session.append(vec![event], None).await?;
         session.barrier(self.durability).await?;
+        self.wake_due(session, now).await?;
         Ok(true)
     }
 
@@ -430,6 +432,57 @@ impl Service {
             by,
         )
         .await
+    }
+
+    /// Wakes every call of `session` (held under its lease) whose time or
+    /// deadline is at or before `now_ms`, unless the session is paused,
+    /// cancelled or erased: records each call's `Woken` and `ToolFinished`
+    /// (saying how late), durably. Returns the calls it woke.
+    pub async fn wake_due(
+        &self,
+        session: &mut Session,
+        now_ms: i64,
+    ) -> Result<Vec<String>, RuntimeError> {
+        let (events, woke) = crate::sleep::due(session.state(), now_ms);
+        if !events.is_empty() {
+            self.record_wake(session, events).await?;
+        }
+        Ok(woke)
+    }
+
+    /// Delivers event `name` with `payload` to `session` (held under its
+    /// lease): the call sleeping until it wakes, with the payload in its
+    /// result. Refused when no call of the session waits for that event,
+    /// or the payload is larger than the call's tool keeps of a result.
+    /// Returns the call it woke.
+    pub async fn wake_by_event(
+        &self,
+        session: &mut Session,
+        name: &str,
+        payload: &serde_json::Value,
+    ) -> Result<String, RuntimeError> {
+        refuse_erased(session)?;
+        let now = crate::text::now_ms();
+        let (events, woke) =
+            crate::sleep::by_event(session.state(), name, payload, now).map_err(|reason| {
+                RuntimeError::InvalidRequest {
+                    session: session.id(),
+                    reason,
+                }
+            })?;
+        self.record_wake(session, events).await?;
+        Ok(woke)
+    }
+
+    async fn record_wake(
+        &self,
+        session: &mut Session,
+        events: Vec<Event>,
+    ) -> Result<(), RuntimeError> {
+        session.append(events, None).await?;
+        session.barrier(self.durability).await?;
+        crate::control::crash::point(crate::control::crash::WOKEN_DURABLE);
+        Ok(())
     }
 
     /// Denies, as expired, every call of `session` whose approval was due at

@@ -150,10 +150,17 @@ pub struct Summary {
     /// (milliseconds since the Unix epoch), if any has one.
     #[serde(default)]
     pub approval_expires_ms: Option<i64>,
+    /// When a sleeping call wakes on its own (its timer or its deadline;
+    /// milliseconds since the Unix epoch), if one sleeps.
+    #[serde(default)]
+    pub wakes_at_ms: Option<i64>,
+    /// The event a sleeping call waits for, if one does.
+    #[serde(default)]
+    pub waits_for: Option<String>,
     /// The session whose call started this one, if it is a sub-agent.
     #[serde(default)]
     pub parent: Option<uuid::Uuid>,
-    /// Its first user message, clipped to [`TITLE_CHARS`]: what the
+    /// Its first user message, clipped to 120 characters: what the
     /// conversation is about. (No default: a summary stored before titles
     /// does not decode, and is rebuilt from the log.)
     pub title: String,
@@ -207,6 +214,8 @@ impl Summary {
             parent: state.parent.as_ref().map(|link| link.session),
             answer_cut_off: state.answer().is_some() && state.last_reply_cut_off(),
             approval_expires_ms: state.approval_deadline_ms(),
+            wakes_at_ms: state.next_wake_ms(),
+            waits_for: state.awaited_event().map(String::from),
             title: title_of(state),
             forked_from: state.forked_from.map(|(session, _)| session),
             rerun_of: state.rerun.as_ref().map(|rerun| rerun.of),
@@ -254,6 +263,15 @@ impl Summary {
     /// copied and never driven: nobody asked this session for that turn.
     pub fn never_started_fork(&self) -> bool {
         self.turn_opened_in_its_copy && !self.turn_driven
+    }
+
+    /// The earliest time something of the session falls due on its own:
+    /// an approval's deadline, or a sleeping call's wake.
+    pub fn next_deadline_ms(&self) -> Option<i64> {
+        [self.approval_expires_ms, self.wakes_at_ms]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Whether a call's wait for approval ended at or before `now_ms`.

@@ -140,7 +140,11 @@ impl ChildCall {
                 session.append(vec![event], None).await?;
                 session.barrier(self.runner.durability()).await?;
             }
-            Status::Failed | Status::Cancelled | Status::Erased | Status::Empty => {
+            Status::Failed
+            | Status::Cancelled
+            | Status::Erased
+            | Status::Empty
+            | Status::Sleeping => {
                 let why = format!("it is {}", state.status());
                 return Ok(ChildEnd::Failed(
                     self.failure(session.id(), &why),
@@ -174,6 +178,12 @@ impl ChildCall {
             ),
             TurnEnd::Cancelled(by) => ChildEnd::Failed(
                 self.failure(id, &format!("it was cancelled by {by}")),
+                run_of(session),
+            ),
+            // Refused when the spec is checked: a child's turn is its
+            // parent's, which cannot sleep for it.
+            TurnEnd::Sleeping { .. } => ChildEnd::Failed(
+                self.failure(id, "it sleeps, and a sub-agent may not"),
                 run_of(session),
             ),
             // Stopped by its runner's stop (the parent's: a shutdown, a

@@ -678,6 +678,7 @@ impl TurnTrace {
             Ok(TurnEnd::Paused(_)) => ("paused", None),
             Ok(TurnEnd::BudgetSpent(_)) => ("budget_spent", None),
             Ok(TurnEnd::Cancelled(_)) => ("cancelled", None),
+            Ok(TurnEnd::Sleeping { .. }) => ("sleeping", None),
             Ok(TurnEnd::Failed(reason)) => ("failed", Some(("failed", reason.clone()))),
             Err(error) => ("failed", Some((error_type(error), error.to_string()))),
         };

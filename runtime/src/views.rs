@@ -37,6 +37,8 @@ pub fn summary_of(meta: &SessionMeta, summary: &Summary) -> SessionSummary {
         resumable: Some(summary.resumable()),
         answer_cut_off: Some(summary.answer_cut_off),
         approval_expires_at: summary.approval_expires_ms.map(format_time),
+        wakes_at: summary.wakes_at_ms.map(format_time),
+        waits_for: summary.waits_for.clone(),
         prompt_tokens_last: Some(summary.prompt_tokens_last),
         kv_bytes_last: summary.kv_bytes_last,
         context_window: summary.context_window,
@@ -76,6 +78,8 @@ pub(crate) fn row_of(
             resumable: None,
             answer_cut_off: None,
             approval_expires_at: None,
+            wakes_at: None,
+            waits_for: None,
             prompt_tokens_last: None,
             kv_bytes_last: None,
             context_window: None,
@@ -288,6 +292,10 @@ fn describe_decision(decision: &CallDecision) -> (&'static str, String) {
             "awaiting_approval",
             "waits for a person's approval (mneme approve)".into(),
         ),
+        CallDecision::Sleeping => (
+            "sleeping",
+            "sleeps until its time or its event (mneme wake); nothing runs it until then".into(),
+        ),
         CallDecision::Check => (
             "check",
             "started, not finished, unsafe to run again: its tool's check is asked whether it applied"
@@ -307,6 +315,7 @@ fn describe_next(next: &NextStep) -> String {
         NextStep::AwaitDecision => {
             "wait for a person's decision (mneme resolve or mneme approve)".into()
         }
+        NextStep::Sleep => "sleep: nothing runs until a sleeping call wakes".into(),
         NextStep::Paused(reason) => format!("paused: {reason}"),
         NextStep::OverBudget(reason) => {
             format!("stop: {reason} (mneme resume --extend continues)")

@@ -236,7 +236,7 @@ impl Toolbox {
                     tool: spec.name.clone(),
                     reason: "kind = \"native\" is code of a program that embeds mneme, handed to its runner; this process has none".into(),
                 })?,
-                ToolKind::Agent => Arc::new(AgentTool(spec.clone())),
+                ToolKind::Agent | ToolKind::Sleep => Arc::new(RuntimeTool(spec.clone())),
                 ToolKind::Mcp => {
                     let server = spec.mcp.as_ref().map_or("", |m| m.server.as_str());
                     let connector = connectors.get(server).ok_or_else(|| ToolError::Config {
@@ -289,13 +289,14 @@ impl Toolbox {
     }
 }
 
-/// A tool of kind `agent`: its calls run a child session, which the
-/// runtime does (it owns the log); called here, it refuses. It is in the
-/// toolbox so the tool is known by name, like every other.
-struct AgentTool(ToolSpec);
+/// A tool of kind `agent` or `sleep`: its calls run a child session, or
+/// put the session to sleep, which the runtime does (it owns the log);
+/// called here, it refuses. It is in the toolbox so the tool is known by
+/// name, like every other.
+struct RuntimeTool(ToolSpec);
 
 #[async_trait]
-impl Tool for AgentTool {
+impl Tool for RuntimeTool {
     fn spec(&self) -> &ToolSpec {
         &self.0
     }
@@ -303,8 +304,9 @@ impl Tool for AgentTool {
     async fn call(&self, _ctx: &CallContext, _args: &str) -> Result<String, ToolError> {
         Err(ToolError::Config {
             tool: self.0.name.clone(),
-            reason: "kind = \"agent\" runs a child session, which only the runtime can start"
-                .into(),
+            reason:
+                "kind = \"agent\" and kind = \"sleep\" are run by the runtime, which owns the log"
+                    .into(),
         })
     }
 }

@@ -34,6 +34,7 @@ use uuid::Uuid;
 
 mod reads;
 mod stream;
+mod wake;
 
 type Shared = Arc<Daemon>;
 
@@ -108,6 +109,7 @@ fn guarded_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(reads::blob))
         .routes(routes!(reads::diff))
         .routes(routes!(reads::ui_code))
+        .routes(routes!(wake::wake))
 }
 
 /// The operations of every route, as [`router`] serves them, undressed:

@@ -37,6 +37,15 @@ pub const ERASE_RECORDED: CrashPoint = CrashPoint::named("erase_recorded");
 /// scenarios have no sub-agents): `cli/tests/subagents.rs` crashes there.
 pub const SUBAGENT_ANSWERED: CrashPoint = CrashPoint::named("subagent_answered");
 
+/// A call of a tool of kind `sleep` is durably asleep (its `WakeScheduled`
+/// recorded), the turn not yet ended. Not in [`POINTS`] (the matrix's
+/// scenarios do not sleep): `cli/tests/sleep.rs` crashes there.
+pub const WAKE_SCHEDULED_DURABLE: CrashPoint = CrashPoint::named("wake_scheduled_durable");
+
+/// A sleeping call's `Woken` and result are durable; the turn has not gone
+/// on. Not in [`POINTS`]: `cli/tests/sleep.rs` crashes there.
+pub const WOKEN_DURABLE: CrashPoint = CrashPoint::named("woken_durable");
+
 /// The agent loop's crash points, in the order a turn reaches them.
 pub const POINTS: &[CrashPoint] = &[
     USER_MESSAGE_APPENDED,
