@@ -152,7 +152,7 @@ impl InPlace {
         });
         let mut runner = self.service.runner().with_stop(stop);
         if let Some(sink) = self.stream.clone() {
-            runner = runner.with_deltas(Arc::new(move |_, text| sink.show(text)));
+            runner = runner.with_deltas(Arc::new(move |_, _, text| sink.show(text)));
         }
         runner.drive(&mut session).await
     }

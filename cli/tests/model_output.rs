@@ -678,3 +678,134 @@ async fn mneme_run_beside_a_daemon_shows_streamed_text_as_it_comes() {
     );
     daemon.kill().await;
 }
+
+/// The `delta` frames of one `/deltas` client: each one's id and text.
+struct Deltas {
+    bytes:
+        std::pin::Pin<Box<dyn futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>,
+    buffer: String,
+}
+
+impl Deltas {
+    /// Opens `/deltas` of session `id`, with `Last-Event-ID: last` if given.
+    async fn open(
+        daemon: &mneme_e2e::daemon::DaemonProcess,
+        id: &str,
+        last: Option<&str>,
+    ) -> Deltas {
+        let mut request = daemon
+            .http
+            .get(daemon.url(&format!("/sessions/{id}/deltas")));
+        if let Some(last) = last {
+            request = request.header("last-event-id", last);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), 200);
+        Deltas {
+            bytes: Box::pin(response.bytes_stream()),
+            buffer: String::new(),
+        }
+    }
+
+    /// The next `delta` frame: its id and its text (within 10 s).
+    async fn next(&mut self) -> (String, String) {
+        use futures_util::StreamExt;
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let frame: String = self.buffer.drain(..end + 2).collect();
+                let field = |name: &str| {
+                    frame
+                        .lines()
+                        .find_map(|l| l.strip_prefix(name))
+                        .map(str::trim)
+                        .map(String::from)
+                };
+                if field("event:").as_deref() != Some("delta") {
+                    continue;
+                }
+                let data: Value = serde_json::from_str(&field("data:").unwrap()).unwrap();
+                return (
+                    field("id:").unwrap(),
+                    data["text"].as_str().unwrap().to_string(),
+                );
+            }
+            let chunk = tokio::time::timeout(std::time::Duration::from_secs(10), self.bytes.next())
+                .await
+                .expect("no frame within 10 s")
+                .expect("the stream ended")
+                .unwrap();
+            self.buffer
+                .push_str(&String::from_utf8_lossy(&chunk).replace("\r\n", "\n"));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deltas_client_cut_mid_reply_gets_the_exact_rest_when_it_reconnects() {
+    const FIRST: &str = "First words, in a sentence long enough to show some of it at once; ";
+    const REST: &str = "then the rest, once the server lets it go.";
+    let world = World::new();
+    let gate = std::sync::Arc::new(tokio::sync::Notify::new());
+    let opened = gate.clone();
+    let model = HostileModel::start(move |_, _, _| Answer::Stream {
+        events: streamed_text(&[FIRST, REST], "stop"),
+        gate: Some(opened.clone()),
+        then_stall: false,
+    })
+    .await;
+    let daemon = mneme_e2e::daemon::DaemonProcess::start(&world.data(), &[]).await;
+    let id = daemon.create(&streaming_agent(&model, &[])).await;
+    let mut cut = Deltas::open(&daemon, &id, None).await;
+    let (status, _) = daemon
+        .post(&format!("/sessions/{id}/messages"), &json!({"text": "go"}))
+        .await;
+    assert_eq!(status, 202);
+    let (at, seen) = cut.next().await;
+    assert!(FIRST.starts_with(&seen) && !seen.is_empty(), "{seen}");
+    let (seq, offset) = at.split_once(':').unwrap();
+    assert_eq!(offset.parse::<usize>().unwrap(), seen.len(), "{at}");
+    drop(cut);
+
+    // Opened mid-reply: the text so far, at once.
+    let mut late = Deltas::open(&daemon, &id, None).await;
+    assert_eq!(late.next().await, (at.clone(), seen.clone()));
+    // Reconnected mid-reply from byte 5: the rest of the text so far.
+    let mut from_five = Deltas::open(&daemon, &id, Some(&format!("{seq}:5"))).await;
+    assert_eq!(from_five.next().await, (at.clone(), seen[5..].to_string()));
+
+    gate.notify_one();
+    let whole = format!("{FIRST}{REST}");
+    eventually(
+        "the reply recorded",
+        std::time::Duration::from_secs(10),
+        || async {
+            let (_, view) = daemon.get(&format!("/sessions/{id}")).await;
+            (view["answer"] == whole.as_str()).then_some(())
+        },
+    )
+    .await;
+    let mut followed = seen.clone();
+    while followed.len() < whole.len() {
+        followed.push_str(&late.next().await.1);
+    }
+    assert_eq!(followed, whole, "the late client got it all, once");
+    // Reconnected after the reply was recorded: the rest, from the record.
+    let mut after = Deltas::open(&daemon, &id, Some(&at)).await;
+    let (end, rest) = after.next().await;
+    assert_eq!(
+        rest,
+        whole[seen.len()..],
+        "exactly the bytes it had not had"
+    );
+    let recorded_at = logged_seq_of_reply(&daemon, &id).await;
+    assert_eq!(end, format!("{recorded_at}:{}", whole.len()));
+    assert!(daemon.terminate().await.success());
+}
+
+/// The seq of the session's one recorded reply.
+async fn logged_seq_of_reply(daemon: &mneme_e2e::daemon::DaemonProcess, id: &str) -> u64 {
+    let (_, events) = daemon
+        .get(&format!("/sessions/{id}/events?kind=ModelReplied"))
+        .await;
+    events[0]["seq"].as_u64().unwrap()
+}

@@ -17,6 +17,7 @@ mod http;
 mod metrics;
 mod openapi;
 mod statuses;
+mod streams;
 pub mod token;
 mod ui;
 
@@ -37,7 +38,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::broadcast;
+use streams::Streams;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
@@ -66,10 +67,6 @@ pub const DEFAULT_IDLE_TIMEOUT_SECS: u64 = 60;
 
 /// Connections open at most, by default.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
-
-/// Streamed pieces of text kept for slow readers of `/deltas`; one further
-/// behind misses pieces (and is told so).
-const DELTAS_BUFFERED: usize = 1024;
 
 /// Name of the file in the data directory that tells the CLI where the
 /// daemon listens.
@@ -205,9 +202,9 @@ pub(crate) struct Daemon {
     pub(crate) shutdown: CancellationToken,
     /// Each session's durable head, for live streams.
     pub(crate) heads: Arc<DurableHeads>,
-    /// (session, text) as streamed replies arrive (never recorded as such:
-    /// the whole reply is).
-    pub(crate) deltas: broadcast::Sender<(Uuid, Arc<str>)>,
+    /// Each session's reply as it streams (never recorded as such: the
+    /// whole reply is).
+    pub(crate) streams: Arc<Streams>,
     /// What requests must carry in `Authorization`.
     bearer: token::Expected,
     /// Browsers signed in to the web view, and codes that sign one in.
@@ -340,7 +337,7 @@ impl Daemon {
         service: Service,
         config: DaemonConfig,
         metrics: Arc<Metrics>,
-        heads: Arc<DurableHeads>,
+        (heads, streams): (Arc<DurableHeads>, Arc<Streams>),
     ) -> Daemon {
         let shutdown = CancellationToken::new();
         let pause_requests: Arc<Mutex<HashSet<Uuid>>> = Arc::default();
@@ -362,11 +359,9 @@ impl Daemon {
                 }) as runtime::StopFuture
             })
         };
-        let (deltas, _) = broadcast::channel(DELTAS_BUFFERED);
-        let published = deltas.clone();
-        let publish: runtime::DeltaSink = Arc::new(move |id, text| {
-            let _ = published.send((id, text.into()));
-        });
+        let published = streams.clone();
+        let publish: runtime::DeltaSink =
+            Arc::new(move |id, seq, text| published.publish(id, seq, text));
         let inboxes: Arc<Inboxes> = Arc::default();
         let runner = service
             .runner()
@@ -391,7 +386,7 @@ impl Daemon {
                 inboxes,
                 hot: Mutex::default(),
             },
-            deltas,
+            streams,
             service,
             config,
             metrics,
@@ -852,6 +847,7 @@ pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), R
     }
     let metrics = Arc::new(Metrics::new());
     let heads = Arc::new(DurableHeads::new());
+    let streams = Arc::new(Streams::new());
     let service = Service::new(log, config.durability)
         .snapshot_every(config.snapshot_every)
         .signed_by(config.signer.clone())
@@ -859,8 +855,10 @@ pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), R
         .observed_by(Arc::new(heads::Observers(vec![
             metrics.clone(),
             heads.clone(),
+            streams.clone(),
         ])));
-    let daemon = Arc::new(Daemon::new(service, config.clone(), metrics, heads));
+    let parts = (heads, streams);
+    let daemon = Arc::new(Daemon::new(service, config.clone(), metrics, parts));
     let cannot_listen = |source| RuntimeError::Listen {
         addr: config.listen,
         source,

@@ -116,6 +116,7 @@ mod tests {
             include_str!("api/stream.rs"),
             include_str!("api/reads.rs"),
             include_str!("api/wake.rs"),
+            include_str!("api/deltas.rs"),
         ]
         .concat();
         for undocumented in [

@@ -490,7 +490,7 @@ function unwrap(record) {
 // usage), the events timeline and the conversation.
 function newPage(id, view, after) {
   const page = {
-    id, lastSeq: after, toolOf: new Map(), argsOf: new Map(), effectOf: new Map(),
+    id, lastSeq: after, lastReplySeq: 0, toolOf: new Map(), argsOf: new Map(), effectOf: new Map(),
     lastReply: null, compacted: false,
     // Sub-agents: the child session each agent call's first ToolStarted began.
     childAt: new Map((view.children || []).map((c) => [c.seq, c.session])),
@@ -511,6 +511,7 @@ function newPage(id, view, after) {
 // Adds one record to both views.
 function addRecord(page, record) {
   page.lastSeq = Math.max(page.lastSeq, record.seq);
+  if (record.kind === "ModelReplied") page.lastReplySeq = Math.max(page.lastReplySeq || 0, record.seq);
   const [kind, fields] = unwrap(record);
   learn(kind, fields, page);
   const miss = kind === "ModelReplied" ? cacheMiss(fields, page) : null;
@@ -834,25 +835,28 @@ async function forkAt(id, seq) {
 }
 
 // Reads Server-Sent Events from `path` (with the sign-in's key, which an
-// EventSource cannot send), calling `on(name, data)` for each, until
-// `stop()`; a broken stream is opened again after a second from `path()`.
+// EventSource cannot send), calling `on(name, data, id)` for each, until
+// `stop()`; a broken stream is opened again after a second from `path()`,
+// with the id of the last event it had as `Last-Event-ID`.
 function stream(path, on, onState) {
-  const control = { stopped: false, abort: null };
+  const control = { stopped: false, abort: null, last: null };
   const frame = (text) => {
     let name = "message";
     const data = [];
     for (const line of text.split("\n")) {
       if (line.startsWith("event:")) name = line.slice(6).trim();
       else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+      else if (line.startsWith("id:")) control.last = line.slice(3).trim();
     }
-    if (data.length) on(name, data.join("\n"));
+    if (data.length) on(name, data.join("\n"), control.last);
   };
   const open = async () => {
     while (!control.stopped) {
       const abort = new AbortController();
       control.abort = abort;
       try {
-        const response = await fetch(path(), { credentials: "same-origin", headers: headers(), signal: abort.signal });
+        const sent = control.last === null ? headers() : { ...headers(), "Last-Event-ID": control.last };
+        const response = await fetch(path(), { credentials: "same-origin", headers: sent, signal: abort.signal });
         if (response.status === 401) { onState("signed out"); return; }
         onState("live");
         const reader = response.body.getReader();
@@ -902,8 +906,9 @@ function follow(id, page, current) {
       scheduleRefresh();
     }
   };
-  const onDelta = (name, data) => {
-    if (name !== "delta") return;
+  const onDelta = (name, data, id) => {
+    // A reply already shown recorded (its id: the seq it was expected at).
+    if (name !== "delta" || Number(String(id).split(":")[0]) <= page.lastReplySeq) return;
     arriving.hidden = false;
     tail = (tail + visible(JSON.parse(data).text)).slice(-ARRIVING_CHARS);
     arriving.textContent = tail;

@@ -69,9 +69,11 @@ pub struct TurnParts {
     record: Option<Arc<replay::Record>>,
 }
 
-/// Receives the text of a session's streamed replies as it arrives (an
-/// empty piece ends a reply).
-pub type DeltaSink = Arc<dyn Fn(uuid::Uuid, &str) + Send + Sync>;
+/// Receives the text of a session's streamed replies as it arrives:
+/// (session, the seq its reply is expected at, text); an empty piece ends
+/// a reply. The seq is the session's head when the request went out, plus
+/// one: a message recorded while the reply streams comes before it.
+pub type DeltaSink = Arc<dyn Fn(uuid::Uuid, u64, &str) + Send + Sync>;
 
 /// Asked before every step of a session: a reason to pause it there (a
 /// shutdown, a person's request), or `None` to go on.
@@ -481,10 +483,11 @@ impl Runner {
     {
         let request = session.next_request()?;
         let id = session.id();
-        let deltas: Option<Box<crate::model::Deltas>> = self
-            .deltas
-            .clone()
-            .map(|sink| Box::new(move |text: &str| sink(id, text)) as Box<crate::model::Deltas>);
+        // Unless a message posted meanwhile is recorded first.
+        let seq = session.head().0 + 1;
+        let deltas: Option<Box<crate::model::Deltas>> = self.deltas.clone().map(|sink| {
+            Box::new(move |text: &str| sink(id, seq, text)) as Box<crate::model::Deltas>
+        });
         let call = ModelCall::next(session.state());
         let reply = {
             let reply = model.complete(call, &request, deltas.as_deref());

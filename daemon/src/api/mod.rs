@@ -32,6 +32,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use uuid::Uuid;
 
+mod deltas;
 mod reads;
 mod stream;
 mod wake;
@@ -102,7 +103,7 @@ fn guarded_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(resolve))
         .routes(routes!(approve))
         .routes(routes!(stream::events))
-        .routes(routes!(stream::deltas))
+        .routes(routes!(deltas::deltas))
         .routes(routes!(reads::verify))
         .routes(routes!(reads::replay_view))
         .routes(routes!(reads::next_request))

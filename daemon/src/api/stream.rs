@@ -1,6 +1,5 @@
 //! The log as a stream: a page of records at a time, then each new one
-//! once it is durable (Server-Sent Events), and the streamed text of
-//! replies as they arrive.
+//! once it is durable (Server-Sent Events).
 
 use super::*;
 
@@ -74,66 +73,6 @@ pub(super) async fn events(
             .into_response());
     }
     Ok(Sse::new(stream.into_sse())
-        .keep_alive(KeepAlive::default())
-        .into_response())
-}
-
-/// The text of the session's streamed replies as it arrives, as
-/// Server-Sent Events (`delta` events of `{"text": ...}`), until the client
-/// or the daemon goes; a reader too slow for [`super::DELTAS_BUFFERED`]
-/// pieces gets a `lagged` event naming how many it missed. Nothing here is
-/// recorded: the whole reply is, in `/events`.
-#[utoipa::path(get, path = "/sessions/{id}/deltas", params(SessionPath),
-    responses((status = 200,
-        description = "Server-Sent Events: `delta` events of `{\"text\": ...}`, `lagged` events of `{\"missed\": N}`",
-        body = String, content_type = "text/event-stream")))]
-pub(super) async fn deltas(
-    State(state): State<AppState>,
-    Path(id): Path<Uuid>,
-) -> Result<Response, ApiError> {
-    let daemon = state.daemon.clone();
-    daemon.service.ensure_exists(id).await?;
-    let receiver = daemon.deltas.subscribe();
-    let text = runtime::text::StreamText::for_json();
-    let stopped = state.stopped.clone();
-    let stream = futures_util::stream::unfold(
-        (receiver, text, stopped),
-        move |(mut receiver, text, stopped)| async move {
-            loop {
-                let next = tokio::select! {
-                    next = receiver.recv() => next,
-                    () = stopped.cancelled() => return None,
-                };
-                let event = match next {
-                    Ok((session, piece)) if session == id => {
-                        // An empty piece ends a reply: show what was held.
-                        let shown = match piece.is_empty() {
-                            true => text.finish(),
-                            false => text.push(&piece),
-                        };
-                        if shown.is_empty() {
-                            continue;
-                        }
-                        SseEvent::default()
-                            .event("delta")
-                            .data(json!({ "text": shown }).to_string())
-                    }
-                    Ok(_) => continue,
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
-                        SseEvent::default()
-                            .event("lagged")
-                            .data(json!({ "missed": missed }).to_string())
-                    }
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
-                };
-                return Some((
-                    Ok::<_, std::convert::Infallible>(event),
-                    (receiver, text, stopped),
-                ));
-            }
-        },
-    );
-    Ok(Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response())
 }
