@@ -396,3 +396,42 @@ async fn two_daemons_on_postgresql_that_both_know_a_wake_fire_it_once() {
     assert!(first.terminate().await.success());
     assert!(second.terminate().await.success());
 }
+
+#[tokio::test]
+async fn a_paused_sleep_does_not_wake_until_a_person_resumes_it() {
+    let bed = sleeper(json!({"seconds": 1})).daemon().await;
+    let daemon = bed.daemon();
+    let id = bed.create().await;
+    let (_, end) = daemon.message_and_wait(&id, "nap").await;
+    assert_eq!(end["status"], "sleeping", "{end}");
+    let (status, body) = daemon
+        .post(&format!("/sessions/{id}/pause"), &json!({}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (_, view) = daemon.get(&format!("/sessions/{id}")).await;
+    assert_eq!(view["status"], "paused", "{view}");
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let (_, woken) = daemon
+        .get(&format!("/sessions/{id}/events?kind=Woken"))
+        .await;
+    assert_eq!(woken, json!([]), "paused: its time came and went");
+    let (status, end) = daemon
+        .post(&format!("/sessions/{id}/resume"), &json!({"wait": true}))
+        .await;
+    assert_eq!(
+        (status, end["answer"].as_str()),
+        (200, Some("Awake.")),
+        "{end}"
+    );
+    let (_, woken) = daemon
+        .get(&format!("/sessions/{id}/events?kind=Woken"))
+        .await;
+    assert_eq!(woken.as_array().unwrap().len(), 1, "{woken}");
+    let (status, refused) = daemon
+        .post(&format!("/sessions/{id}/pause"), &json!({}))
+        .await;
+    assert_eq!(
+        status, 409,
+        "an idle session has nothing to pause: {refused}"
+    );
+}

@@ -379,11 +379,12 @@ function actions(id, view) {
     } catch (error) { failed(error); }
   };
   const running = view.status === "running";
+  const pausable = running || view.status === "sleeping";
   if (view.status === "erased") {
     return [el("span", { class: "erased-note" }, "Its content was erased: nothing runs in it again.")];
   }
   return [
-    el("button", { type: "button", id: "pause", disabled: !running, onclick: post("pause", {}, () => "Pause asked for: the turn stops at its next step.") }, "Pause"),
+    el("button", { type: "button", id: "pause", disabled: !pausable, onclick: post("pause", {}, () => "Pause asked for: the turn stops at its next step.") }, "Pause"),
     el("button", { type: "button", id: "resume", disabled: running, onclick: post("resume", {}, () => "Resuming.") }, "Resume"),
     el("button", { type: "button", id: "cancel", class: "danger", onclick: () => {
       if (confirm("Cancel this session? A new message reopens it.")) post("cancel", { by: "" }, () => "Cancelled.")();

@@ -336,6 +336,13 @@ impl<T: Turns> Control<T> {
         self.done(hold, &session, woke).await
     }
 
+    /// Pauses session `id`, which sleeps ([`Service::pause_sleeping`]).
+    pub async fn pause_sleeping(&self, id: Uuid) -> Result<(), RuntimeError> {
+        let (hold, mut session) = self.held(id).await?;
+        let paused = self.service.pause_sleeping(&mut session).await;
+        self.done(hold, &session, paused).await
+    }
+
     /// The turn of session `id` that goes on after [`Control::wake`].
     pub fn go_on(&self, id: Uuid) -> TurnTask {
         self.turns.run(id, TurnStart::Woken)

@@ -474,6 +474,24 @@ impl Service {
         Ok(woke)
     }
 
+    /// Pauses `session` (held under its lease), which sleeps, as a person
+    /// asks: nothing wakes it until a resume (which wakes it at once if its
+    /// time came meanwhile). Refused for a session that does not sleep.
+    pub async fn pause_sleeping(&self, session: &mut Session) -> Result<(), RuntimeError> {
+        if session.state().status() != Status::Sleeping {
+            return Err(RuntimeError::InvalidRequest {
+                session: session.id(),
+                reason: "it has no turn running to pause, and does not sleep".into(),
+            });
+        }
+        let event = Event::SessionPaused {
+            reason: crate::pause::PAUSED_ON_REQUEST.into(),
+            budget: false,
+        };
+        session.append(vec![event], None).await?;
+        session.barrier(self.durability).await
+    }
+
     async fn record_wake(
         &self,
         session: &mut Session,

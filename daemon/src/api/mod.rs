@@ -639,7 +639,7 @@ async fn resume(
 #[utoipa::path(post, path = "/sessions/{id}/pause", params(SessionPath),
     responses(
         (status = 200, description = "The pause is asked for", body = PauseRequested),
-        (status = 409, description = "No turn of the session runs", body = wire::ApiError)))]
+        (status = 409, description = "No turn of the session runs, and it does not sleep (a sleeping session is paused where it sleeps)", body = wire::ApiError)))]
 async fn pause(
     State(daemon): State<Shared>,
     Path(id): Path<Uuid>,
@@ -653,13 +653,12 @@ async fn pause(
     if daemon.scheduler.request_pause(id) {
         return Ok(Json(requested(None)));
     }
-    let Some(owner) = daemon.ask_pause_elsewhere(id).await? else {
-        return Err(ApiError(
-            StatusCode::CONFLICT,
-            format!("session {id} has no turn running to pause"),
-        ));
-    };
-    Ok(Json(requested(Some(owner))))
+    if let Some(owner) = daemon.ask_pause_elsewhere(id).await? {
+        return Ok(Json(requested(Some(owner))));
+    }
+    // No turn runs anywhere: a sleeping session is paused where it sleeps.
+    daemon.control().pause_sleeping(id).await?;
+    Ok(Json(requested(None)))
 }
 
 /// Cancels the session: a running turn stops at its next step first; a new
