@@ -64,6 +64,14 @@ pub fn sessions(rows: &[Value], json: bool) {
         if let Some(at) = r["approval_expires_at"].as_str() {
             about.push(format!("approval expires {at}"));
         }
+        match (r["waits_for"].as_str(), r["wakes_at"].as_str()) {
+            (Some(event), Some(at)) => {
+                about.push(format!("sleeps until event {event:?}, at most {at}"))
+            }
+            (Some(event), None) => about.push(format!("sleeps until event {event:?}")),
+            (None, Some(at)) => about.push(format!("sleeps until {at}")),
+            (None, None) => {}
+        }
         for (key, what) in [
             ("parent", "sub-agent of"),
             ("forked_from", "fork of"),

@@ -89,6 +89,11 @@ async fn a_run_that_sleeps_exits_4_and_resume_wakes_it_only_after_its_time() {
     let listed = row(&bed.world, &id).await;
     assert_eq!(listed["status"], "sleeping", "{listed}");
     let wakes_at = millis(&listed["wakes_at"]);
+    let table = stdout(&bed.run(&["sessions"]).await);
+    assert!(
+        table.contains("sleeping") && table.contains("sleeps until 20"),
+        "{table}"
+    );
     let kinds = event_kinds(&bed.world, &id).await;
     assert!(kinds.contains(&"WakeScheduled".to_string()), "{kinds:?}");
 
