@@ -440,3 +440,22 @@ async fn a_paused_sleep_does_not_wake_until_a_person_resumes_it() {
         "an idle session has nothing to pause: {refused}"
     );
 }
+
+#[tokio::test]
+async fn a_fork_cannot_copy_a_sleep_that_would_wake_on_its_own() {
+    let bed = sleeper(json!({"seconds": 600})).daemon().await;
+    let daemon = bed.daemon();
+    let id = bed.create().await;
+    let (_, end) = daemon.message_and_wait(&id, "nap").await;
+    assert_eq!(end["status"], "sleeping", "{end}");
+    let (_, view) = daemon.get(&format!("/sessions/{id}")).await;
+    let at = view["events"].as_u64().unwrap();
+    let (status, refused) = daemon
+        .post(&format!("/sessions/{id}/fork"), &json!({"at": at}))
+        .await;
+    assert_eq!(status, 409, "{refused}");
+    assert!(
+        refused["error"].as_str().unwrap().contains("under way"),
+        "{refused}"
+    );
+}
