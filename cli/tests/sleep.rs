@@ -459,3 +459,33 @@ async fn a_fork_cannot_copy_a_sleep_that_would_wake_on_its_own() {
         "{refused}"
     );
 }
+
+#[tokio::test]
+async fn mneme_wake_without_a_daemon_wakes_the_sleeper_and_runs_the_turn_here() {
+    let bed = sleeper(json!({"event": "approved.by.ops"})).await;
+    let out = bed.run_agent("wait for ops").await;
+    assert_eq!(out.status.code(), Some(SLEEPING), "{}", stderr(&out));
+    assert!(stderr(&out).contains("mneme wake"), "{}", stderr(&out));
+    let id = session_id(&out);
+    let wrong = bed.run(&["wake", &id, "--event", "nope"]).await;
+    assert_eq!(wrong.status.code(), Some(1));
+    assert!(
+        stderr(&wrong).contains("no call of it sleeps until event \"nope\""),
+        "{}",
+        stderr(&wrong)
+    );
+    let out = bed
+        .run(&[
+            "wake",
+            &id,
+            "--event",
+            "approved.by.ops",
+            "--payload",
+            r#"{"ok": true}"#,
+        ])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "Awake.");
+    assert_eq!(wait_result(&bed.model)["payload"], json!({"ok": true}));
+    assert_eq!(wakes(&bed.world, &id).await.len(), 1);
+}
