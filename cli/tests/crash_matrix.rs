@@ -11,13 +11,15 @@ mneme_e2e::binary!(env!("CARGO_BIN_EXE_mneme"));
 
 use mneme_e2e::on_a_deep_stack;
 use mneme_e2e::scenario::{self, Faults, Reach, Scenario, Store};
-use runtime::control::crash::CrashPoint;
+use runtime::control::crash::{self, CrashPoint};
 use std::collections::BTreeSet;
 
 #[test]
 fn every_crash_point_of_every_scenario_resumes_to_the_uncrashed_result() {
     on_a_deep_stack(|| async {
-        let tally = matrix(&runtime::control::crash::all_points(), Store::Sled).await;
+        let mut points = crash::all_points();
+        points.extend(crash::SLEEP_POINTS);
+        let tally = matrix(&points, Store::Sled).await;
         tally.check("crash matrix");
     });
 }
@@ -28,7 +30,8 @@ fn every_crash_point_of_every_scenario_resumes_to_the_uncrashed_result() {
 #[test]
 fn every_agent_crash_point_resumes_to_the_uncrashed_result_on_postgres() {
     on_a_deep_stack(|| async {
-        let tally = matrix(runtime::control::crash::POINTS, Store::Postgres).await;
+        let points = [crash::POINTS, crash::SLEEP_POINTS].concat();
+        let tally = matrix(&points, Store::Postgres).await;
         tally.check("crash matrix on PostgreSQL");
     });
 }
@@ -75,6 +78,7 @@ async fn matrix(points: &[CrashPoint], store: Store) -> Tally {
     scenarios.push(scenario::mcp_scenario());
     scenarios.push(scenario::approval_scenario());
     scenarios.push(scenario::checked_scenario());
+    scenarios.push(scenario::sleep_scenario());
     let mut tally = Tally {
         scenarios: scenarios.len(),
         points: points.len(),

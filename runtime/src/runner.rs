@@ -450,9 +450,15 @@ impl Runner {
                     session.barrier(self.durability).await?;
                     return Ok(TurnEnd::BudgetSpent(reason));
                 }
+                // A sleep already due (`{"seconds": 0}`, a time past) wakes
+                // here, and the turn goes on.
                 NextStep::Sleep => {
-                    session.barrier(self.durability).await?;
-                    return Ok(crate::sleep::turn_end(session.state()));
+                    let (due, _) = crate::sleep::due(session.state(), crate::text::now_ms());
+                    if due.is_empty() {
+                        session.barrier(self.durability).await?;
+                        return Ok(crate::sleep::turn_end(session.state()));
+                    }
+                    crate::sleep::record(session, due, self.durability).await?;
                 }
                 NextStep::Failed(error) => return Ok(TurnEnd::Failed(error)),
                 NextStep::Cancelled(by) => return Ok(TurnEnd::Cancelled(by)),

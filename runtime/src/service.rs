@@ -445,7 +445,7 @@ impl Service {
     ) -> Result<Vec<String>, RuntimeError> {
         let (events, woke) = crate::sleep::due(session.state(), now_ms);
         if !events.is_empty() {
-            self.record_wake(session, events).await?;
+            crate::sleep::record(session, events, self.durability).await?;
         }
         Ok(woke)
     }
@@ -470,7 +470,7 @@ impl Service {
                     reason,
                 }
             })?;
-        self.record_wake(session, events).await?;
+        crate::sleep::record(session, events, self.durability).await?;
         Ok(woke)
     }
 
@@ -490,17 +490,6 @@ impl Service {
         };
         session.append(vec![event], None).await?;
         session.barrier(self.durability).await
-    }
-
-    async fn record_wake(
-        &self,
-        session: &mut Session,
-        events: Vec<Event>,
-    ) -> Result<(), RuntimeError> {
-        session.append(events, None).await?;
-        session.barrier(self.durability).await?;
-        crate::control::crash::point(crate::control::crash::WOKEN_DURABLE);
-        Ok(())
     }
 
     /// Denies, as expired, every call of `session` whose approval was due at

@@ -108,6 +108,19 @@ pub(crate) fn fall_asleep(ctx: &tools::CallContext, tool: &str, args: &str) -> V
     vec![started, then]
 }
 
+/// Records `events` (a wake's: [`due`], [`by_event`]) in `session`,
+/// durably.
+pub(crate) async fn record(
+    session: &mut crate::session::Session,
+    events: Vec<Event>,
+    durability: eventlog::Durability,
+) -> Result<(), crate::error::RuntimeError> {
+    session.append(events, None).await?;
+    session.barrier(durability).await?;
+    crate::control::crash::point(crate::control::crash::WOKEN_DURABLE);
+    Ok(())
+}
+
 /// How a turn whose calls sleep ends: when it wakes on its own, and on
 /// what event it waits.
 pub(crate) fn turn_end(state: &replay::SessionState) -> api::TurnEnd {

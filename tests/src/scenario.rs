@@ -46,6 +46,8 @@ pub enum Tools {
     /// `notify`, a command side effect that ignores keys, with a check
     /// that looks for its key among the effects.
     Checked,
+    /// The effects' tools and `wait`, a tool of kind `sleep`.
+    Sleep,
 }
 
 /// A crash point a scenario must reach, and the point a run must crash at
@@ -134,6 +136,28 @@ pub fn checked_scenario() -> Scenario {
         tools: Tools::Checked,
         // The check settles every interrupted call: nothing is in doubt.
         points: reaching(AFTER_A_CRASH, &[]),
+    }
+}
+
+/// A charge, a sleep already due when it is recorded (so the run wakes it
+/// and goes on), an email.
+pub fn sleep_scenario() -> Scenario {
+    let woken = runtime::control::crash::SLEEP_POINTS.iter();
+    let mut points = reaching(AFTER_A_CRASH, &[]);
+    points.extend(woken.map(|&point| Reach { point, after: None }));
+    Scenario {
+        name: "sleep",
+        turns: vec!["Charge customer 1, wait, then email them."],
+        replies: vec![
+            MockReply::calls(&[("charge", json!({"n": 1}))]),
+            MockReply::calls(&[("wait", json!({"seconds": 0}))]),
+            MockReply::calls(&[("email", json!({"n": 2}))]),
+            MockReply::answer("Charged, waited, emailed."),
+        ],
+        fault: Fault::None,
+        tools: Tools::Sleep,
+        // Its side effects honour keys: never in doubt.
+        points,
     }
 }
 
@@ -228,6 +252,12 @@ impl Scenario {
             Tools::Mcp => mcp_agent(&world, &model),
             Tools::Effects => effects_agent(&world, &model, &sink, &effects, false),
             Tools::Checked => effects_agent(&world, &model, &sink, &effects, true),
+            Tools::Sleep => {
+                let agent = effects_agent(&world, &model, &sink, &effects, false);
+                let wait = "[[tools]]\nname = \"wait\"\nkind = \"sleep\"\neffect = \"read_only\"\n";
+                let text = std::fs::read_to_string(&agent).unwrap() + wait;
+                world.write("agent.toml", &text)
+            }
             Tools::Approval => world.write(
                 "agent.toml",
                 &agent_toml(&model.base_url(), &[refund_needing_approval(&sink)]),
@@ -694,22 +724,41 @@ pub async fn reference(scenario: &Scenario) -> Reference {
             .model
             .bodies()
             .into_iter()
-            .map(|b| (assistant_turn(&b), b))
+            .map(|b| (assistant_turn(&b), as_if_uncrashed(&b)))
             .collect(),
-        final_request: rebuilt_request(&env.world, &outcome.session).await,
+        final_request: as_if_uncrashed(&rebuilt_request(&env.world, &outcome.session).await),
         sink: env.sink.stats(),
         kinds,
     }
 }
 
 /// `body` without what tells the model a result came from the call's
-/// check, not the tool: a call a check settled after a crash then reads as
-/// the uncrashed run's (the scenarios' checks answer what their tools do),
-/// and everything else must be byte for byte the same.
+/// check, not the tool, and without when a sleep woke (its time is the
+/// run's): a call a check settled after a crash then reads as the
+/// uncrashed run's (the scenarios' checks answer what their tools do), and
+/// everything else must be byte for byte the same.
 fn as_if_uncrashed(body: &[u8]) -> Vec<u8> {
     let text = String::from_utf8_lossy(body);
-    text.replace(replay::prompt::SETTLED_BY_CHECK_PREFIX, "")
-        .into_bytes()
+    let text = text.replace(replay::prompt::SETTLED_BY_CHECK_PREFIX, "");
+    without_wake_times(&text).into_bytes()
+}
+
+/// `text` (a request body) with each woken sleep's `at` and `late_seconds`
+/// (in a tool result: JSON inside a JSON string) left out.
+fn without_wake_times(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(r#"{\"at\":\""#) {
+        let (before, from) = rest.split_at(at);
+        let Some(end) = from.find(r#"\"woke\":"#) else {
+            break;
+        };
+        out.push_str(before);
+        out.push('{');
+        rest = &from[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 fn count_kinds(events: &[Value]) -> BTreeMap<String, usize> {

@@ -38,13 +38,17 @@ pub const ERASE_RECORDED: CrashPoint = CrashPoint::named("erase_recorded");
 pub const SUBAGENT_ANSWERED: CrashPoint = CrashPoint::named("subagent_answered");
 
 /// A call of a tool of kind `sleep` is durably asleep (its `WakeScheduled`
-/// recorded), the turn not yet ended. Not in [`POINTS`] (the matrix's
-/// scenarios do not sleep): `cli/tests/sleep.rs` crashes there.
+/// recorded), the turn not yet ended. In [`SLEEP_POINTS`], not in
+/// [`POINTS`]: only a scenario that sleeps reaches it.
 pub const WAKE_SCHEDULED_DURABLE: CrashPoint = CrashPoint::named("wake_scheduled_durable");
 
 /// A sleeping call's `Woken` and result are durable; the turn has not gone
-/// on. Not in [`POINTS`]: `cli/tests/sleep.rs` crashes there.
+/// on. In [`SLEEP_POINTS`].
 pub const WOKEN_DURABLE: CrashPoint = CrashPoint::named("woken_durable");
+
+/// The crash points of a durable sleep, in the order a turn reaches them:
+/// the crash matrix's sleep scenario reaches each.
+pub const SLEEP_POINTS: &[CrashPoint] = &[WAKE_SCHEDULED_DURABLE, WOKEN_DURABLE];
 
 /// The agent loop's crash points, in the order a turn reaches them.
 pub const POINTS: &[CrashPoint] = &[
