@@ -9,6 +9,7 @@
 
 mneme_e2e::binary!(env!("CARGO_BIN_EXE_mneme"));
 
+use mneme_e2e::daemon::DaemonProcess;
 use mneme_e2e::*;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -70,6 +71,46 @@ async fn client(bed: &Testbed, args: &[&str]) -> std::process::Output {
     command.output().await.unwrap()
 }
 
+/// Asserts that the command whose output is `out` ended the turn with the
+/// model's "Awake.".
+fn answered_awake(out: &std::process::Output) {
+    assert!(out.status.success(), "{}", stderr(out));
+    assert_eq!(stdout(out).trim(), "Awake.");
+}
+
+/// The `Woken` records of session `id`, as `daemon` lists them.
+async fn woken_on(daemon: &DaemonProcess, id: &str) -> Vec<Value> {
+    let (_, events) = daemon
+        .get(&format!("/sessions/{id}/events?kind=Woken"))
+        .await;
+    events.as_array().cloned().unwrap_or_default()
+}
+
+/// Waits (up to 30 s) until `daemon` shows session `id` with `status`; its
+/// view then.
+async fn until_status(daemon: &DaemonProcess, id: &str, status: &str) -> Value {
+    let what = format!("session {id} to be {status}");
+    eventually(what, Duration::from_secs(30), || async {
+        let (_, view) = daemon.get(&format!("/sessions/{id}")).await;
+        (view["status"] == status).then_some(view)
+    })
+    .await
+}
+
+/// `mneme wake ID --event payment.landed --payload PAYLOAD`, through the
+/// daemon.
+async fn wake_payment(bed: &Testbed, id: &str, payload: &str) -> std::process::Output {
+    let args = [
+        "wake",
+        id,
+        "--event",
+        "payment.landed",
+        "--payload",
+        payload,
+    ];
+    client(bed, &args).await
+}
+
 /// Milliseconds since the Unix epoch of an RFC 3339 time.
 fn millis(time: &Value) -> i64 {
     chrono::DateTime::parse_from_rfc3339(time.as_str().unwrap())
@@ -109,8 +150,7 @@ async fn a_run_that_sleeps_exits_4_and_resume_wakes_it_only_after_its_time() {
     let left = wakes_at - chrono::Utc::now().timestamp_millis();
     tokio::time::sleep(Duration::from_millis(left.max(0) as u64 + 100)).await;
     let late = bed.run(&["resume", &id]).await;
-    assert!(late.status.success(), "{}", stderr(&late));
-    assert_eq!(stdout(&late).trim(), "Awake.");
+    answered_awake(&late);
     let woken = wakes(&bed.world, &id).await;
     assert_eq!(woken.len(), 1, "{woken:?}");
     assert_eq!(woken[0]["by"], "timer");
@@ -127,31 +167,15 @@ async fn a_daemon_sigkilled_during_a_sleep_wakes_it_on_time_after_its_restart_on
     let (status, body) = bed.daemon().message(&id, "wait three seconds").await;
     assert_eq!(status, 202, "{body}");
     let daemon = bed.daemon();
-    let view = eventually("the session to sleep", Duration::from_secs(20), || async {
-        let (_, view) = daemon.get(&format!("/sessions/{id}")).await;
-        (view["status"] == "sleeping").then_some(view)
-    })
-    .await;
+    let view = until_status(daemon, &id, "sleeping").await;
     let wakes_at = millis(&view["wakes_at"]);
     bed.take_daemon().kill().await;
     bed.start_daemon(&[]).await;
     let daemon = bed.daemon();
-    eventually(
-        "the session to wake and answer",
-        Duration::from_secs(30),
-        || async {
-            let (_, view) = daemon.get(&format!("/sessions/{id}")).await;
-            (view["status"] == "idle").then_some(())
-        },
-    )
-    .await;
-    let (_, view) = daemon.get(&format!("/sessions/{id}")).await;
+    let view = until_status(daemon, &id, "idle").await;
     assert_eq!(view["answer"], "Awake.");
-    let (_, events) = daemon
-        .get(&format!("/sessions/{id}/events?kind=Woken"))
-        .await;
-    let woken = events.as_array().unwrap();
-    assert_eq!(woken.len(), 1, "woken once: {events}");
+    let woken = woken_on(daemon, &id).await;
+    assert_eq!(woken.len(), 1, "woken once: {woken:?}");
     let late = woken[0]["event"]["Woken"]["late_ms"].as_u64().unwrap_or(0);
     assert!(
         late < 1000,
@@ -170,16 +194,9 @@ async fn a_wake_due_while_no_daemon_ran_fires_once_when_one_starts_and_says_how_
     tokio::time::sleep(Duration::from_millis(2500)).await;
     bed.start_daemon(&[]).await;
     let daemon = bed.daemon();
-    eventually("the overdue wake", Duration::from_secs(30), || async {
-        let (_, view) = daemon.get(&format!("/sessions/{id}")).await;
-        (view["status"] == "idle").then_some(())
-    })
-    .await;
-    let (_, events) = daemon
-        .get(&format!("/sessions/{id}/events?kind=Woken"))
-        .await;
-    let woken = events.as_array().unwrap();
-    assert_eq!(woken.len(), 1, "{events}");
+    until_status(daemon, &id, "idle").await;
+    let woken = woken_on(daemon, &id).await;
+    assert_eq!(woken.len(), 1, "{woken:?}");
     let late = woken[0]["event"]["Woken"]["late_ms"].as_u64().unwrap();
     assert!(
         late >= 1500,
@@ -221,18 +238,7 @@ async fn an_event_wakes_its_sleeper_with_the_payload_in_the_result() {
         refused["error"].as_str().unwrap().contains("refund.landed"),
         "{refused}"
     );
-    let bad = client(
-        &bed,
-        &[
-            "wake",
-            &id,
-            "--event",
-            "payment.landed",
-            "--payload",
-            "{not json",
-        ],
-    )
-    .await;
+    let bad = wake_payment(&bed, &id, "{not json").await;
     assert_eq!(bad.status.code(), Some(1));
     assert!(
         stderr(&bad).contains("--payload is not JSON"),
@@ -246,35 +252,19 @@ async fn an_event_wakes_its_sleeper_with_the_payload_in_the_result() {
         refused["error"].as_str().unwrap().contains("at most 1024"),
         "{refused}"
     );
-    let (_, none) = daemon
-        .get(&format!("/sessions/{id}/events?kind=Woken"))
-        .await;
-    assert_eq!(none, json!([]), "nothing recorded yet");
+    let none = woken_on(daemon, &id).await;
+    assert!(none.is_empty(), "nothing recorded yet: {none:?}");
 
-    let out = client(
-        &bed,
-        &[
-            "wake",
-            &id,
-            "--event",
-            "payment.landed",
-            "--payload",
-            r#"{"amount": 4200}"#,
-        ],
-    )
-    .await;
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(stdout(&out).trim(), "Awake.");
+    let out = wake_payment(&bed, &id, r#"{"amount": 4200}"#).await;
+    answered_awake(&out);
     let told = wait_result(&bed.model);
     assert_eq!(
         (told["woke"].as_str(), told["event"].as_str()),
         (Some("event"), Some("payment.landed"))
     );
     assert_eq!(told["payload"], json!({"amount": 4200}));
-    let (_, woken) = daemon
-        .get(&format!("/sessions/{id}/events?kind=Woken"))
-        .await;
-    assert_eq!(woken.as_array().unwrap().len(), 1, "{woken}");
+    let woken = woken_on(daemon, &id).await;
+    assert_eq!(woken.len(), 1, "{woken:?}");
     assert_eq!(woken[0]["event"]["Woken"]["by"], "event");
 }
 
@@ -296,8 +286,7 @@ async fn a_crash_right_after_the_sleep_or_the_wake_is_recorded_goes_on_once() {
     assert!(!woke.status.success(), "killed at the crash point");
     assert_eq!(wakes(&bed.world, &id).await.len(), 1);
     let out = bed.run(&["resume", &id]).await;
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(stdout(&out).trim(), "Awake.");
+    answered_awake(&out);
     assert_eq!(wakes(&bed.world, &id).await.len(), 1, "woken once");
     assert_eq!(
         bed.model.bodies().len(),
@@ -340,11 +329,7 @@ async fn a_wait_for_an_event_ends_at_its_timeout_and_a_cancelled_sleep_never_wak
         (200, Some("sleeping")),
         "{end}"
     );
-    eventually("the deadline's wake", Duration::from_secs(20), || async {
-        let (_, view) = daemon.get(&format!("/sessions/{id}")).await;
-        (view["status"] == "idle").then_some(())
-    })
-    .await;
+    until_status(daemon, &id, "idle").await;
     let told = wait_result(&bed.model);
     assert_eq!(
         (told["woke"].as_str(), told["event"].as_str()),
@@ -363,10 +348,8 @@ async fn a_wait_for_an_event_ends_at_its_timeout_and_a_cancelled_sleep_never_wak
     tokio::time::sleep(Duration::from_millis(2000)).await;
     let (_, view) = daemon.get(&format!("/sessions/{id}")).await;
     assert_eq!(view["status"], "cancelled", "{view}");
-    let (_, woken) = daemon
-        .get(&format!("/sessions/{id}/events?kind=Woken"))
-        .await;
-    assert_eq!(woken, json!([]), "a cancelled sleep never wakes");
+    let woken = woken_on(daemon, &id).await;
+    assert!(woken.is_empty(), "a cancelled sleep never wakes: {woken:?}");
     assert_eq!(cancelled.model.bodies().len(), 1);
 }
 
@@ -378,7 +361,7 @@ async fn two_daemons_on_postgresql_that_both_know_a_wake_fire_it_once() {
         let data = bed.world.dir.path().join(name);
         std::fs::create_dir_all(&data).unwrap();
         let store = store.clone();
-        async move { mneme_e2e::daemon::DaemonProcess::start(&data, &["--store", &store]).await }
+        async move { DaemonProcess::start(&data, &["--store", &store]).await }
     };
     let first = daemon_on("a").await;
     let id = first.create(&bed.agent_toml).await;
@@ -387,16 +370,10 @@ async fn two_daemons_on_postgresql_that_both_know_a_wake_fire_it_once() {
     // Started now, the second finds the sleep in its recovery's listing.
     let second = daemon_on("b").await;
     for daemon in [&first, &second] {
-        eventually("the wake, on both", Duration::from_secs(30), || async {
-            let (_, view) = daemon.get(&format!("/sessions/{id}")).await;
-            (view["status"] == "idle").then_some(())
-        })
-        .await;
+        until_status(daemon, &id, "idle").await;
     }
-    let (_, woken) = second
-        .get(&format!("/sessions/{id}/events?kind=Woken"))
-        .await;
-    assert_eq!(woken.as_array().unwrap().len(), 1, "fired once: {woken}");
+    let woken = woken_on(&second, &id).await;
+    assert_eq!(woken.len(), 1, "fired once: {woken:?}");
     assert_eq!(bed.model.bodies().len(), 2, "the model asked once after it");
     assert!(first.terminate().await.success());
     assert!(second.terminate().await.success());
@@ -416,10 +393,11 @@ async fn a_paused_sleep_does_not_wake_until_a_person_resumes_it() {
     let (_, view) = daemon.get(&format!("/sessions/{id}")).await;
     assert_eq!(view["status"], "paused", "{view}");
     tokio::time::sleep(Duration::from_millis(2000)).await;
-    let (_, woken) = daemon
-        .get(&format!("/sessions/{id}/events?kind=Woken"))
-        .await;
-    assert_eq!(woken, json!([]), "paused: its time came and went");
+    let woken = woken_on(daemon, &id).await;
+    assert!(
+        woken.is_empty(),
+        "paused: its time came and went: {woken:?}"
+    );
     let (status, end) = daemon
         .post(&format!("/sessions/{id}/resume"), &json!({"wait": true}))
         .await;
@@ -428,10 +406,8 @@ async fn a_paused_sleep_does_not_wake_until_a_person_resumes_it() {
         (200, Some("Awake.")),
         "{end}"
     );
-    let (_, woken) = daemon
-        .get(&format!("/sessions/{id}/events?kind=Woken"))
-        .await;
-    assert_eq!(woken.as_array().unwrap().len(), 1, "{woken}");
+    let woken = woken_on(daemon, &id).await;
+    assert_eq!(woken.len(), 1, "{woken:?}");
     let (status, refused) = daemon
         .post(&format!("/sessions/{id}/pause"), &json!({}))
         .await;
@@ -484,8 +460,7 @@ async fn mneme_wake_without_a_daemon_wakes_the_sleeper_and_runs_the_turn_here() 
             r#"{"ok": true}"#,
         ])
         .await;
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(stdout(&out).trim(), "Awake.");
+    answered_awake(&out);
     assert_eq!(wait_result(&bed.model)["payload"], json!({"ok": true}));
     assert_eq!(wakes(&bed.world, &id).await.len(), 1);
 }
