@@ -261,13 +261,18 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
             Ok(worst)
         }
         Command::Wake(a) => {
-            let payload: serde_json::Value = match &a.payload {
+            let payload = match &a.payload {
                 Some(text) => serde_json::from_str(text)
                     .with_context(|| format!("--payload is not JSON: {text:?}"))?,
                 None => serde_json::Value::Null,
             };
             let id = a.session.resolve(sessions).await?;
-            let turn = |stream| sessions.wake(id, &a.event, &payload, stream);
+            let wake = runtime::api::Wake {
+                event: a.event.clone(),
+                payload,
+                wait: true,
+            };
+            let turn = |stream| sessions.wake(id, wake.clone(), stream);
             let (outcome, streamed) = showing(a.json.json, turn).await;
             report(&outcome?, a.json.json, streamed)
         }

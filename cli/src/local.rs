@@ -275,12 +275,11 @@ impl Sessions for Local {
     async fn wake(
         &self,
         id: Uuid,
-        event: &str,
-        payload: &Value,
+        wake: runtime::api::Wake,
         stream: Stream,
     ) -> Result<TurnOutcome> {
         let control = self.control(stream);
-        control.wake(id, event, payload).await?;
+        control.wake(id, &wake.event, &wake.payload).await?;
         Local::ended(id, control.go_on(id)).await
     }
 

@@ -311,16 +311,11 @@ impl Sessions for Remote {
     async fn wake(
         &self,
         id: Uuid,
-        event: &str,
-        payload: &Value,
+        wake: runtime::api::Wake,
         stream: Stream,
     ) -> Result<TurnOutcome> {
         self.writable()?;
-        let body = runtime::api::Wake {
-            event: event.to_string(),
-            payload: payload.clone(),
-            wait: true,
-        };
+        let body = runtime::api::Wake { wait: true, ..wake };
         let path = format!("/sessions/{id}/wake");
         let turn = self.post::<TurnOutcome>(&path, &body);
         self.showing_deltas(id, stream, turn).await

@@ -126,15 +126,10 @@ pub trait Sessions: Send + Sync {
     /// as resumed after the crash.
     async fn resume(&self, id: Uuid, extend: bool, stream: Stream) -> Result<TurnOutcome>;
 
-    /// Delivers event `event` with `payload` to session `id`, which sleeps
-    /// until it; then runs the turn that goes on.
-    async fn wake(
-        &self,
-        id: Uuid,
-        event: &str,
-        payload: &Value,
-        stream: Stream,
-    ) -> Result<TurnOutcome>;
+    /// Delivers `wake`'s event to session `id`, which sleeps until it;
+    /// then runs the turn that goes on.
+    async fn wake(&self, id: Uuid, wake: runtime::api::Wake, stream: Stream)
+        -> Result<TurnOutcome>;
 
     /// Records `decision` on call `call` of session `id`; then, as the
     /// decision asks (`continue`) and unless other calls still wait, runs

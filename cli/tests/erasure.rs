@@ -59,14 +59,7 @@ impl Private {
     /// Runs one turn that plants every marker: the message, a tool call's
     /// argument, its result, and the answer. Returns the session id.
     async fn planted_session(&self) -> String {
-        let model = MockModel::start(
-            vec![
-                MockReply::calls(&[("lookup", json!({ "card": ARGUMENT }))]),
-                MockReply::answer(ANSWER),
-            ],
-            Fault::None,
-        )
-        .await;
+        let model = call_then_answer("lookup", json!({ "card": ARGUMENT })).await;
         let echo = "cat >/dev/null; echo \"{\\\"found\\\":\\\"PLANTED-RESULT-$((1000+2))\\\"}\"";
         let tools = [command_tool("lookup", &["sh", "-c", echo], "read_only", 10)];
         let agent = self
@@ -167,6 +160,12 @@ async fn erase(private: &Private, session: &str) {
         ])
         .await;
     assert!(out.status.success(), "{}", stderr(&out));
+}
+
+/// A model that calls `tool` with `args`, then answers [`ANSWER`].
+async fn call_then_answer(tool: &str, args: Value) -> MockModel {
+    let replies = vec![MockReply::calls(&[(tool, args)]), MockReply::answer(ANSWER)];
+    MockModel::start(replies, Fault::None).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -424,14 +423,7 @@ async fn retention_erases_idle_sessions_from_the_command_line_and_the_daemon() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_erased_while_its_turn_runs_is_stopped_first() {
     let private = Private::new(World::new()).await;
-    let model = MockModel::start(
-        vec![
-            MockReply::calls(&[("slow", json!({ "card": ARGUMENT }))]),
-            MockReply::answer(ANSWER),
-        ],
-        Fault::None,
-    )
-    .await;
+    let model = call_then_answer("slow", json!({ "card": ARGUMENT })).await;
     let started = private.world.dir.path().join("started");
     let slow = format!(
         "cat >/dev/null; touch {}; sleep 2; echo 1",
@@ -657,14 +649,7 @@ async fn a_crash_between_erasures_is_finished_by_a_second_erase() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_daemon_erases_a_sub_agent_with_its_parent_unless_told_not_to() {
     let private = Private::new(World::new()).await;
-    let parent_model = MockModel::start(
-        vec![
-            MockReply::calls(&[("helper", json!({ "message": MESSAGE }))]),
-            MockReply::answer(ANSWER),
-        ],
-        Fault::None,
-    )
-    .await;
+    let parent_model = call_then_answer("helper", json!({ "message": MESSAGE })).await;
     let child_model = MockModel::start(vec![MockReply::answer(RESULT)], Fault::None).await;
     std::fs::create_dir(private.world.dir.path().join("agents")).unwrap();
     let child = agent_toml(&child_model.base_url(), &[]).replace("test-agent", "helper");
