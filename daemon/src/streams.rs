@@ -113,14 +113,19 @@ impl Open {
 }
 
 impl SessionObserver for Streams {
-    /// A recorded reply is the truth from now on: its streamed text goes.
+    /// A recorded reply is the truth from now on: its streamed text goes;
+    /// so does the text of a reply that will never be recorded (its turn
+    /// failed, or was cancelled).
     fn appended(&self, records: &[Record], events: &[Event]) {
-        let replied = (records.iter().zip(events))
-            .filter(|(_, event)| matches!(event, Event::ModelReplied(_)))
-            .map(|(record, _)| (record.envelope.session, record.envelope.seq));
         let mut open = self.open.lock().expect("streams");
-        for (session, seq) in replied {
-            if open.get(&session).is_some_and(|reply| reply.seq <= seq) {
+        for (record, event) in records.iter().zip(events) {
+            let (session, seq) = (record.envelope.session, record.envelope.seq);
+            let over = match event {
+                Event::ModelReplied(_) => open.get(&session).is_some_and(|reply| reply.seq <= seq),
+                Event::SessionFinished { .. } => true,
+                _ => false,
+            };
+            if over {
                 open.remove(&session);
             }
         }
@@ -156,6 +161,50 @@ mod tests {
             so_far.map(|(seq, _)| seq),
             Some(9),
             "a new reply starts again"
+        );
+    }
+
+    /// A record of `event` at `seq` of session `id`.
+    fn record(id: Uuid, seq: u64, event: &Event) -> Record {
+        let envelope = eventlog::Envelope {
+            session: id,
+            seq,
+            event_id: Uuid::nil(),
+            ts_ms: 0,
+            caused_by: None,
+            schema: 1,
+            kind: event.kind().into(),
+            prev_hash: eventlog::Hash::ZERO,
+            payload: event.encode(),
+        };
+        Record::seal(envelope).unwrap().0
+    }
+
+    #[test]
+    fn a_reply_is_forgotten_once_recorded_or_once_its_turn_ends_without_it() {
+        let streams = Streams::new();
+        let (a, b) = (Uuid::from_u128(1), Uuid::from_u128(2));
+        streams.publish(a, 3, "a reply long enough to be shown in part");
+        streams.publish(b, 5, "another reply long enough to be shown");
+        let replied = Event::ModelReplied(replay::ModelReply::default());
+        let earlier = [record(a, 2, &replied)];
+        streams.appended(&earlier, std::slice::from_ref(&replied));
+        assert!(
+            streams.subscribe(a).1.is_some(),
+            "an earlier reply is not this one"
+        );
+        streams.appended(&[record(a, 3, &replied)], std::slice::from_ref(&replied));
+        assert!(
+            streams.subscribe(a).1.is_none(),
+            "recorded: the record is the truth"
+        );
+        let failed = Event::SessionFinished {
+            outcome: replay::SessionOutcome::Failed("the server went away".into()),
+        };
+        streams.appended(&[record(b, 5, &failed)], std::slice::from_ref(&failed));
+        assert!(
+            streams.subscribe(b).1.is_none(),
+            "never to be recorded: gone"
         );
     }
 }
