@@ -464,3 +464,25 @@ async fn mneme_wake_without_a_daemon_wakes_the_sleeper_and_runs_the_turn_here() 
     assert_eq!(wait_result(&bed.model)["payload"], json!({"ok": true}));
     assert_eq!(wakes(&bed.world, &id).await.len(), 1);
 }
+
+#[tokio::test]
+async fn an_event_for_a_cancelled_sleep_is_refused_and_nothing_is_recorded() {
+    let bed = sleeper(json!({"event": "payment.landed"})).daemon().await;
+    let daemon = bed.daemon();
+    let id = bed.create().await;
+    let (_, end) = daemon.message_and_wait(&id, "wait for the payment").await;
+    assert_eq!(end["status"], "sleeping", "{end}");
+    let (status, body) = daemon
+        .post(&format!("/sessions/{id}/cancel"), &json!({"by": "ada"}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let event = json!({"event": "payment.landed", "payload": {}});
+    let (status, refused) = daemon.post(&format!("/sessions/{id}/wake"), &event).await;
+    assert_eq!(status, 409, "{refused}");
+    assert!(
+        refused["error"].as_str().unwrap().contains("cancelled"),
+        "{refused}"
+    );
+    assert!(woken_on(daemon, &id).await.is_empty());
+    assert_eq!(bed.model.bodies().len(), 1);
+}

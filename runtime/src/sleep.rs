@@ -192,10 +192,11 @@ fn woken(
 }
 
 /// The events that wake every call of `state` whose time or deadline is
-/// at or before `now_ms` (none while a person's pause, a cancel or an
-/// erasure holds the session), and the calls they wake.
+/// at or before `now_ms` (none unless the session sleeps: not while a
+/// person's pause, a cancel or an erasure holds it), and the calls they
+/// wake.
 pub(crate) fn due(state: &SessionState, now_ms: i64) -> (Vec<Event>, Vec<String>) {
-    if state.erased.is_some() || state.cancelled.is_some() || state.paused.is_some() {
+    if state.status() != replay::Status::Sleeping {
         return (Vec::new(), Vec::new());
     }
     let mut events = Vec::new();
@@ -210,8 +211,9 @@ pub(crate) fn due(state: &SessionState, now_ms: i64) -> (Vec<Event>, Vec<String>
 }
 
 /// The events that deliver event `name` with `payload` at `now_ms` to the
-/// call of `state` sleeping until it, and that call; or why not: no call
-/// waits for it, or the payload is larger than the sleeping tool's
+/// call of `state` sleeping until it, and that call; or why not: the
+/// session does not sleep (a pause, a cancel), no call waits for that
+/// event, or the payload is larger than the sleeping tool's
 /// `max_output_bytes`.
 pub(crate) fn by_event(
     state: &SessionState,
@@ -219,6 +221,12 @@ pub(crate) fn by_event(
     payload: &Value,
     now_ms: i64,
 ) -> Result<(Vec<Event>, String), String> {
+    if state.status() != replay::Status::Sleeping {
+        return Err(format!(
+            "it is {}: nothing of it sleeps until an event",
+            state.status()
+        ));
+    }
     let (call_id, wake) = (state.sleeping_calls().into_iter())
         .find(|(_, wake)| wake.event.as_deref() == Some(name))
         .ok_or_else(|| format!("no call of it sleeps until event {name:?}"))?;
