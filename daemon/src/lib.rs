@@ -674,7 +674,7 @@ impl Daemon {
     /// and decisions, read at recovery, and read again from every
     /// session's summary every [`READ_APPROVAL_DEADLINES`] (for those other
     /// daemons sharing the store recorded).
-    async fn expire_approvals(self: Arc<Self>) {
+    async fn fire_deadlines(self: Arc<Self>) {
         let mut read_at = tokio::time::Instant::now();
         loop {
             tokio::select! {
@@ -882,7 +882,7 @@ pub async fn serve(log: Arc<dyn EventLog>, config: DaemonConfig) -> Result<(), R
     }
     tokio::spawn(daemon.clone().recover());
     tokio::spawn(daemon.clone().take_over_lapsed());
-    tokio::spawn(daemon.clone().expire_approvals());
+    tokio::spawn(daemon.clone().fire_deadlines());
     if let Some(window) = config.retain {
         tokio::spawn(daemon.clone().retain(window));
     }
