@@ -769,6 +769,12 @@ async fn a_deltas_client_cut_mid_reply_gets_the_exact_rest_when_it_reconnects() 
     // Opened mid-reply: the text so far, at once.
     let mut late = Deltas::open(&daemon, &id, None).await;
     assert_eq!(late.next().await, (at.clone(), seen.clone()));
+    // A Last-Event-ID that names no position is ignored: the text so far.
+    let mut garbage = Deltas::open(&daemon, &id, Some("99999999999999999999999:-1 x")).await;
+    assert_eq!(garbage.next().await, (at.clone(), seen.clone()));
+    // One past the reply's end gets nothing of it, and no panic.
+    let past = format!("{seq}:{}", usize::MAX);
+    drop(Deltas::open(&daemon, &id, Some(&past)).await);
     // Reconnected mid-reply from byte 5: the rest of the text so far.
     let mut from_five = Deltas::open(&daemon, &id, Some(&format!("{seq}:5"))).await;
     assert_eq!(from_five.next().await, (at.clone(), seen[5..].to_string()));

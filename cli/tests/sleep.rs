@@ -231,6 +231,9 @@ async fn an_event_wakes_its_sleeper_with_the_payload_in_the_result() {
     let (_, view) = daemon.get(&format!("/sessions/{id}")).await;
     assert_eq!(view["waits_for"], "payment.landed", "{view}");
 
+    let hostile = json!({"event": "../../x\u{1b}[2J", "payload": {}});
+    let (status, refused) = daemon.post(&format!("/sessions/{id}/wake"), &hostile).await;
+    assert_eq!(status, 400, "not an event name: {refused}");
     let wrong = json!({"event": "refund.landed", "payload": {}});
     let (status, refused) = daemon.post(&format!("/sessions/{id}/wake"), &wrong).await;
     assert_eq!(status, 409, "{refused}");
