@@ -333,6 +333,29 @@ pub fn summary(event: &Event) -> String {
             "MCP server {server} now lists other tools (not adopted): {}",
             clip(&changes.join("; "), 200)
         ),
+        Event::ScheduledBy { schedule, tick_ms } => format!(
+            "by schedule {schedule}, its tick at {}",
+            crate::format_time(*tick_ms)
+        ),
+        Event::ScheduleCreated { schedule } => schedule_summary(schedule),
+        Event::ScheduleFired { tick_ms, session } => format!(
+            "tick at {}: session {session}",
+            crate::format_time(*tick_ms)
+        ),
+        Event::ScheduleSkipped {
+            from_ms,
+            to_ms,
+            ticks,
+            reason,
+        } => match ticks {
+            1 => format!("tick at {} skipped ({reason})", crate::format_time(*from_ms)),
+            _ => format!(
+                "{ticks} ticks from {} to {} skipped ({reason})",
+                crate::format_time(*from_ms),
+                crate::format_time(*to_ms)
+            ),
+        },
+        Event::ScheduleRemoved { by } => format!("removed by {by}"),
         Event::McpToolsRefreshed {
             server,
             tools,
@@ -344,6 +367,24 @@ pub fn summary(event: &Event) -> String {
             clip(&changes.join("; "), 200)
         ),
     }
+}
+
+/// A schedule's creation for people: when, what it sends where, and its
+/// policies.
+fn schedule_summary(schedule: &replay::schedule::ScheduleSpec) -> String {
+    use replay::schedule::Target;
+    let into = match (&schedule.into, &schedule.agent) {
+        (Target::Session(id), _) => format!("to session {id}"),
+        (Target::New, Some(agent)) => format!("to a new session of agent {agent}"),
+        (Target::New, None) => "to a new session".into(),
+    };
+    format!(
+        "{}: {} {into} (overlap {}, catch up {})",
+        schedule.when,
+        clip(&schedule.message, 60),
+        schedule.overlap,
+        schedule.catch_up
+    )
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 /// is written with the version it needs: [`Event::schema`]). Older
 /// versions are read; newer ones are refused with
 /// [`DecodeError::UnknownSchema`].
-pub const EVENT_SCHEMA: u16 = 6;
+pub const EVENT_SCHEMA: u16 = 7;
 
 /// One thing that happened in a session. Immutable once appended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -289,6 +289,44 @@ pub enum Event {
         /// Who asked.
         by: String,
     },
+    /// This session was started, or its next turn's message sent, by a
+    /// schedule's firing (recorded in the same append as that message).
+    ScheduledBy {
+        /// The schedule.
+        schedule: uuid::Uuid,
+        /// The tick the firing was for (milliseconds since the Unix epoch).
+        tick_ms: i64,
+    },
+    /// A schedule was created: the first record of a schedule's own log
+    /// (a schedule's log holds only the four `Schedule*` kinds).
+    ScheduleCreated {
+        /// What it does.
+        schedule: Box<crate::schedule::ScheduleSpec>,
+    },
+    /// A schedule fired for a tick: it starts (or messages) `session`,
+    /// whose record names the schedule and the tick (`ScheduledBy`).
+    ScheduleFired {
+        /// The tick (milliseconds since the Unix epoch).
+        tick_ms: i64,
+        /// The session started or messaged.
+        session: uuid::Uuid,
+    },
+    /// A run of a schedule's ticks did not fire.
+    ScheduleSkipped {
+        /// The first of them (milliseconds since the Unix epoch).
+        from_ms: i64,
+        /// The last of them.
+        to_ms: i64,
+        /// How many.
+        ticks: u64,
+        /// Why.
+        reason: crate::schedule::SkipReason,
+    },
+    /// A schedule was removed: it fires no more.
+    ScheduleRemoved {
+        /// Who removed it.
+        by: String,
+    },
 }
 
 /// A child session's run, as its parent's call records it.
@@ -557,6 +595,11 @@ impl Event {
             Event::SpawnedBy { .. } => "SpawnedBy",
             Event::WakeScheduled { .. } => "WakeScheduled",
             Event::Woken { .. } => "Woken",
+            Event::ScheduledBy { .. } => "ScheduledBy",
+            Event::ScheduleCreated { .. } => "ScheduleCreated",
+            Event::ScheduleFired { .. } => "ScheduleFired",
+            Event::ScheduleSkipped { .. } => "ScheduleSkipped",
+            Event::ScheduleRemoved { .. } => "ScheduleRemoved",
         }
     }
 
@@ -596,6 +639,7 @@ impl Event {
                 Resolution::Retry => vec![],
             },
             Event::ContextCompacted { summary, .. } => vec![summary],
+            Event::ScheduleCreated { schedule } => vec![&mut schedule.message],
             Event::ToolChecked {
                 answer, answered, ..
             } => {
@@ -620,7 +664,8 @@ impl Event {
     /// run; 4 added sub-agents: a spec with a tool of kind `agent`, a
     /// child's `SpawnedBy`, a call's finish naming its child; 5 a tool name
     /// the model invented, set aside as content; 6 durable sleep (a spec
-    /// with a tool of kind `sleep`, `WakeScheduled`, `Woken`). A build that
+    /// with a tool of kind `sleep`, `WakeScheduled`, `Woken`); 7 schedules
+    /// (their log's four kinds, a session's `ScheduledBy`). A build that
     /// reads only older versions then refuses such an event by name instead
     /// of misreading it (it would run a call with the model's arguments
     /// where a person gave others, drop a waiting message, resume a rerun
@@ -628,6 +673,11 @@ impl Event {
     /// event stays readable by it.
     pub fn schema(&self) -> u16 {
         match self {
+            Event::ScheduledBy { .. }
+            | Event::ScheduleCreated { .. }
+            | Event::ScheduleFired { .. }
+            | Event::ScheduleSkipped { .. }
+            | Event::ScheduleRemoved { .. } => 7,
             Event::WakeScheduled { .. } | Event::Woken { .. } => 6,
             Event::SessionStarted { spec } | Event::SpecChanged { spec, .. }
                 if spec.has_sleep_tools() =>

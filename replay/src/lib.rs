@@ -9,6 +9,7 @@ pub mod mcp;
 pub mod plan;
 pub mod prompt;
 pub mod rerun;
+pub mod schedule;
 pub mod spec;
 pub mod state;
 

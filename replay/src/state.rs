@@ -362,8 +362,9 @@ pub const FALLBACK_BYTES_PER_TOKEN: u64 = 3;
 /// that arrived mid-turn, and `rerun`: an older build must fold such a log
 /// (and refuse its version-3 events) rather than take a snapshot that
 /// hides them and drop a message or run a rerun's side effects live. 9
-/// added sub-agents' links and their trees' totals.
-pub const STATE_FORMAT: u16 = 9;
+/// added sub-agents' links and their trees' totals; 10 the schedule firing
+/// that started a session or messaged it.
+pub const STATE_FORMAT: u16 = 10;
 
 /// A link between a parent session and a child (a sub-agent): the other
 /// session, the seq of the parent's `ToolStarted` that started the child,
@@ -470,6 +471,10 @@ pub struct SessionState {
     /// order they arrived (none of them is in the prompt yet).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mailbox: Vec<WaitingMessage>,
+    /// The last schedule firing that started this session or sent it a
+    /// message (`ScheduledBy`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduled_by: Option<crate::schedule::ScheduledBy>,
 }
 
 /// A message that arrived mid-turn and waits in the mailbox.
@@ -739,6 +744,14 @@ impl SessionState {
             Event::SessionErased { reason, by } => self.erased = Some((by, reason)),
             // A signature vouches for the log; it changes no state.
             Event::HeadSigned { .. } => {}
+            Event::ScheduledBy { schedule, tick_ms } => {
+                self.scheduled_by = Some(crate::schedule::ScheduledBy { schedule, tick_ms })
+            }
+            // A schedule's own log; no session holds these.
+            Event::ScheduleCreated { .. }
+            | Event::ScheduleFired { .. }
+            | Event::ScheduleSkipped { .. }
+            | Event::ScheduleRemoved { .. } => {}
             Event::McpToolsRefreshed { server, tools, .. } => {
                 self.spec = self
                     .spec
