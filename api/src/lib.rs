@@ -9,8 +9,10 @@
 //! nothing of how sessions run or are stored; it does no I/O.
 
 pub mod describe;
+mod schedules;
 mod turn_end;
 
+pub use schedules::{CreateSchedule, LastFiring, ScheduleCreated, ScheduleView};
 pub use turn_end::TurnEnd;
 
 /// A time (milliseconds since the Unix epoch) as the API and the CLI show

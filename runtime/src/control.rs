@@ -12,6 +12,7 @@ pub use crate::lease::{owner_name, HeldLease, DEFAULT_TTL};
 pub use crate::outbound::{open_file_limit, open_files};
 pub use crate::pause::{ask as pause_asked, Listening, PAUSED_ON_REQUEST};
 pub use crate::preflight::{check as preflight, reach, Verdict};
+pub use crate::schedule::delivered;
 pub use crate::service::{edited_arguments, resolution};
 pub use crate::sleep::is_event_name;
 
@@ -80,6 +81,15 @@ pub enum TurnStart {
     /// Go on after an event woke a sleeping call ([`Control::wake`]):
     /// nothing more to record.
     Woken,
+    /// A schedule's firing sends `text` (marked as `by`'s), unless the
+    /// session holds it already (a firing started again after a crash):
+    /// then nothing is recorded, and nothing runs.
+    Scheduled {
+        /// The message.
+        text: String,
+        /// The firing.
+        by: replay::schedule::ScheduledBy,
+    },
 }
 
 /// What opening a turn found.
@@ -125,6 +135,14 @@ impl Service {
                 if let Some(recorded) = recorded {
                     let _ = recorded.send(seq);
                 }
+            }
+            TurnStart::Scheduled { text, by } => {
+                if crate::schedule::delivered(session.state(), by) {
+                    let status = session.state().status();
+                    let why = format!("the firing's message is held already ({status})");
+                    return Ok(Opened::Ended(TurnEnd::Paused(why)));
+                }
+                self.post_scheduled(session, text, by).await?;
             }
             TurnStart::Resume { .. } | TurnStart::Recover { .. }
                 if crate::transfer::importing(self.log().as_ref(), session.id()).await? =>

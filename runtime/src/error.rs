@@ -58,6 +58,12 @@ pub enum RuntimeError {
         reason: String,
     },
     /// A signing key or a public key is unusable.
+    /// No schedule of this id in the store.
+    #[error("no schedule {0} in this store")]
+    NoSuchSchedule(Uuid),
+    /// A schedule asked for cannot run as given.
+    #[error("schedule: {0}")]
+    Schedule(String),
     #[error("{0}")]
     Signing(String),
     /// A master key is unusable.

@@ -41,6 +41,7 @@ mod preflight;
 mod privacy;
 mod rerun;
 mod runner;
+mod schedule;
 mod secret;
 mod service;
 mod session;
@@ -71,6 +72,7 @@ pub use telemetry::{OtlpConfig, Tracer};
 pub mod store {
     pub use crate::diff::sessions as diff_sessions;
     pub use crate::privacy::{MasterKey, SealedLog};
+    pub use crate::schedule::schedule_view;
     pub use crate::session::{decode, read_events};
     pub use crate::signing::{HeadKey, HeadSigner, Witnessed};
     pub use crate::snapshot::{store as store_snapshot, Summary, DEFAULT_EVERY as SNAPSHOT_EVERY};

@@ -20,7 +20,7 @@ pub(crate) const MAX_FORKS: usize = 64;
 /// Sessions of one log, driven with one durability.
 #[derive(Clone)]
 pub struct Service {
-    log: Arc<dyn EventLog>,
+    pub(crate) log: Arc<dyn EventLog>,
     pub(crate) durability: Durability,
     observer: Option<Arc<dyn SessionObserver>>,
     snapshot_every: u64,
@@ -65,7 +65,7 @@ impl Service {
         &self.log
     }
 
-    fn observe(&self, session: Session) -> Session {
+    pub(crate) fn observe(&self, session: Session) -> Session {
         let session = session.snapshot_every(self.snapshot_every);
         match &self.observer {
             Some(observer) => session.observed_by(observer.clone()),
@@ -185,7 +185,7 @@ impl Service {
     }
 
     /// `spec` checked, with its MCP tools pinned, as a session records it.
-    async fn checked(&self, spec: AgentSpec) -> Result<AgentSpec, RuntimeError> {
+    pub(crate) async fn checked(&self, spec: AgentSpec) -> Result<AgentSpec, RuntimeError> {
         let spec = crate::mcp::pin(spec, "request").await?;
         spec.validate().map_err(|reason| RuntimeError::Spec {
             origin: "request".into(),
@@ -201,6 +201,27 @@ impl Service {
         session: &mut Session,
         text: String,
     ) -> Result<u64, RuntimeError> {
+        self.post(session, text, None).await
+    }
+
+    /// [`Service::post_message`] of a schedule's firing: marked as `by`'s
+    /// in the same append, so that a firing started again finds it.
+    pub(crate) async fn post_scheduled(
+        &self,
+        session: &mut Session,
+        text: String,
+        by: replay::schedule::ScheduledBy,
+    ) -> Result<u64, RuntimeError> {
+        self.post(session, text, Some(by)).await
+    }
+
+    async fn post(
+        &self,
+        session: &mut Session,
+        text: String,
+        by: Option<replay::schedule::ScheduledBy>,
+    ) -> Result<u64, RuntimeError> {
+        let mark = by.map(|by| crate::schedule::scheduled_by(by.schedule, by.tick_ms));
         refuse_erased(session)?;
         if let Some(reason) = session.state().past_the_window(&text) {
             let session = session.id();
@@ -211,7 +232,9 @@ impl Service {
         if replay::plan(session.state()).next == replay::NextStep::Deliver {
             let policy = replay::spec::MidTurn::Queue;
             let event = Event::MidTurnMessage { text, policy };
-            let seq = session.append(vec![event], None).await?;
+            let seq = session
+                .append(mark.into_iter().chain([event]).collect(), None)
+                .await?;
             session.barrier(self.durability).await?;
             return Ok(seq);
         }
@@ -225,8 +248,9 @@ impl Service {
                 ),
             });
         }
+        let message = Event::UserMessage { text };
         let seq = session
-            .append(vec![Event::UserMessage { text }], None)
+            .append(mark.into_iter().chain([message]).collect(), None)
             .await?;
         crate::control::crash::point(crate::control::crash::USER_MESSAGE_APPENDED);
         session.barrier(self.durability).await?;
@@ -681,7 +705,7 @@ impl Service {
     /// not erased with their key destroyed.
     pub async fn idle_since(&self, idle_since_ms: i64) -> Result<Vec<Uuid>, RuntimeError> {
         let mut idle = Vec::new();
-        for meta in self.log.sessions().await? {
+        for meta in self.session_metas().await? {
             if meta.updated_ms < idle_since_ms
                 && self.log.side_store().get_key(meta.session).await?.is_some()
             {
@@ -868,12 +892,20 @@ impl Service {
         Ok(Summary::of(session.state()))
     }
 
+    /// Every session's metadata, in id order (the log's streams but the
+    /// schedules').
+    pub async fn session_metas(&self) -> Result<Vec<SessionMeta>, RuntimeError> {
+        let mut metas = self.log.sessions().await?;
+        metas.retain(|m| !crate::schedule::is_schedule(m));
+        Ok(metas)
+    }
+
     /// Every session's metadata and summary, in id order; stored summaries
     /// are read together (a few queries on a shared store, not one per
     /// session), stale ones rebuilt from the log.
     pub async fn listing(&self) -> Result<Vec<Listed>, RuntimeError> {
         const CHUNK: usize = 1000;
-        let metas = self.log.sessions().await?;
+        let metas = self.session_metas().await?;
         let mut out = Vec::with_capacity(metas.len());
         for chunk in metas.chunks(CHUNK) {
             let heads: Vec<(Uuid, u64)> = chunk.iter().map(|m| (m.session, m.events)).collect();

@@ -70,6 +70,18 @@ pub async fn read_events(
         .collect()
 }
 
+/// `event` (its secrets redacted) and the record that stores it.
+pub(crate) fn new_event(event: Event, caused_by: Option<u64>) -> (Event, NewEvent) {
+    let (event, payload) = crate::text::redact_event(event);
+    let new = NewEvent {
+        kind: event.kind().to_string(),
+        schema: event.schema(),
+        caused_by,
+        payload,
+    };
+    (event, new)
+}
+
 /// Records of a session read and decoded at a time by [`decode_every_event`].
 const DECODE_CHUNK: u64 = 4096;
 
@@ -353,16 +365,7 @@ impl Session {
         let first = self.state.last_seq + 1;
         let (events, new): (Vec<Event>, Vec<NewEvent>) = events
             .into_iter()
-            .map(|(e, caused_by)| {
-                let (event, payload) = crate::text::redact_event(e);
-                let new = NewEvent {
-                    kind: event.kind().to_string(),
-                    schema: event.schema(),
-                    caused_by,
-                    payload,
-                };
-                (event, new)
-            })
+            .map(|(e, caused_by)| new_event(e, caused_by))
             .unzip();
         let records = self.log.append(self.id, first, new).await?;
         if let Some(observer) = &self.observer {

@@ -46,6 +46,11 @@ pub const WAKE_SCHEDULED_DURABLE: CrashPoint = CrashPoint::named("wake_scheduled
 /// on. In [`SLEEP_POINTS`].
 pub const WOKEN_DURABLE: CrashPoint = CrashPoint::named("woken_durable");
 
+/// A schedule's firing is durable (its `ScheduleFired`); the session it
+/// names is not started (or messaged) yet. Not in [`POINTS`]: a scenario
+/// with a schedule reaches it (`cli/tests/schedules.rs`).
+pub const SCHEDULE_FIRED: CrashPoint = CrashPoint::named("schedule_fired");
+
 /// The crash points of a durable sleep, in the order a turn reaches them:
 /// the crash matrix's sleep scenario reaches each.
 pub const SLEEP_POINTS: &[CrashPoint] = &[WAKE_SCHEDULED_DURABLE, WOKEN_DURABLE];
