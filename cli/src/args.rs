@@ -110,6 +110,13 @@ pub(crate) enum Command {
         after_help = "Examples:\n  mneme wake 01a23562 --event payment.landed --payload '{\"amount\": 4200}'"
     )]
     Wake(WakeArgs),
+    /// Run an agent on a schedule: add, list and remove schedules. A
+    /// daemon holding the store (`mneme serve`) fires them; each firing
+    /// and each skipped tick is in the schedule's log (`mneme log ID`).
+    #[command(
+        after_help = "Examples:\n  mneme schedule add --agent agent.toml --every 30m \"Check the queue\"\n  mneme schedule add --into 01a23562 --cron \"0 9 * * 1-5\" --timezone +02:00 \"Good morning\"\n  mneme schedule list\n  mneme schedule remove 01b7c3d4-..."
+    )]
+    Schedule(ScheduleArgs),
     /// List sessions with status, events and last activity.
     #[command(after_help = "Examples:\n  mneme sessions\n  mneme sessions --json | jq -r .title")]
     Sessions(SessionsArgs),
@@ -415,6 +422,71 @@ pub(crate) struct WakeArgs {
 }
 
 #[derive(Args)]
+pub(crate) struct ScheduleArgs {
+    #[command(subcommand)]
+    pub(crate) action: ScheduleAction,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum ScheduleAction {
+    /// Add a schedule: each tick sends MESSAGE to a new session of the
+    /// agent (or to the session --into names).
+    Add(ScheduleAddArgs),
+    /// List schedules: next tick, last firing, ticks fired and skipped.
+    List(ScheduleListArgs),
+    /// Remove a schedule: it fires no more (its log stays).
+    Remove(ScheduleRemoveArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct ScheduleAddArgs {
+    /// The user message each firing sends.
+    pub(crate) message: String,
+    /// The agent file each firing starts a session of.
+    #[arg(long)]
+    pub(crate) agent: Option<PathBuf>,
+    /// Send the message to this session instead of starting new ones.
+    #[arg(long)]
+    pub(crate) into: Option<SessionRef>,
+    /// A period: a whole number and a unit (s, m, h or d), such as 30m.
+    #[arg(long, conflicts_with = "cron", required_unless_present = "cron")]
+    pub(crate) every: Option<String>,
+    /// A cron expression: 5 fields, or 6 with seconds first.
+    #[arg(long)]
+    pub(crate) cron: Option<String>,
+    /// The zone --cron is read in: UTC or a fixed offset such as +02:00.
+    #[arg(long, requires = "cron")]
+    pub(crate) timezone: Option<String>,
+    /// While the previous firing's turn runs: skip the tick, or queue it.
+    #[arg(long, default_value = "skip", value_parser = ["skip", "queue"])]
+    pub(crate) overlap: String,
+    /// Of the ticks that came due at once (after a downtime): fire none
+    /// (only a tick on time), the newest one, or all.
+    #[arg(long, default_value = "one", value_parser = ["none", "one", "all"])]
+    pub(crate) catch_up: String,
+    #[command(flatten)]
+    pub(crate) json: JsonFlag,
+    #[command(flatten, next_help_heading = "Store options")]
+    pub(crate) store: StoreOptions,
+}
+
+#[derive(Args)]
+pub(crate) struct ScheduleListArgs {
+    #[command(flatten)]
+    pub(crate) json: JsonFlag,
+    #[command(flatten, next_help_heading = "Store options")]
+    pub(crate) store: StoreOptions,
+}
+
+#[derive(Args)]
+pub(crate) struct ScheduleRemoveArgs {
+    /// The schedule's id.
+    pub(crate) schedule: uuid::Uuid,
+    #[command(flatten, next_help_heading = "Store options")]
+    pub(crate) store: StoreOptions,
+}
+
+#[derive(Args)]
 pub(crate) struct LogArgs {
     /// The session.
     pub(crate) session: SessionRef,
@@ -637,6 +709,11 @@ impl Command {
             Command::Run(a) => &a.store,
             Command::Resume(a) => &a.store,
             Command::Wake(a) => &a.store,
+            Command::Schedule(a) => match &a.action {
+                ScheduleAction::Add(a) => &a.store,
+                ScheduleAction::List(a) => &a.store,
+                ScheduleAction::Remove(a) => &a.store,
+            },
             Command::Sessions(a) => &a.store,
             Command::Log(a) => &a.store,
             Command::Verify(a) => &a.store,

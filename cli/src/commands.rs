@@ -276,6 +276,7 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
             let (outcome, streamed) = showing(a.json.json, turn).await;
             report(&outcome?, a.json.json, streamed)
         }
+        Command::Schedule(a) => schedule(sessions, a.action).await,
         Command::Sessions(a) => {
             let rows: Vec<_> = sessions.list().await?.iter().map(to_json).collect();
             crate::render::sessions(&rows, a.json.json);
@@ -453,6 +454,44 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
 
 /// `mneme check --agent FILE`: one line a thing checked; exit 1 if any
 /// would fail a session.
+async fn schedule(sessions: &dyn Sessions, action: crate::ScheduleAction) -> Result<ExitCode> {
+    use crate::ScheduleAction;
+    match action {
+        ScheduleAction::Add(a) => {
+            let spec = a.agent.as_deref().map(load_agent_file).transpose()?;
+            let into = match &a.into {
+                Some(named) => named.resolve(sessions).await?.to_string(),
+                None => "new".into(),
+            };
+            let request = runtime::api::CreateSchedule {
+                agent: None,
+                spec: None,
+                every: a.every,
+                cron: a.cron,
+                timezone: a.timezone,
+                message: a.message,
+                into: Some(into),
+                overlap: Some(a.overlap),
+                catch_up: Some(a.catch_up),
+            };
+            let id = sessions.create_schedule(request, spec).await?;
+            match a.json.json {
+                true => outln!("{}", serde_json::json!({ "schedule": id })),
+                false => outln!("schedule {id}"),
+            }
+        }
+        ScheduleAction::List(a) => {
+            let views = sessions.schedules().await?;
+            crate::render::schedules(&views, a.json.json);
+        }
+        ScheduleAction::Remove(a) => {
+            sessions.remove_schedule(a.schedule).await?;
+            say!("schedule {} removed", a.schedule);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 async fn check(args: &crate::CheckArgs) -> Result<ExitCode> {
     use runtime::control::Verdict;
     let spec = load_agent_file(&args.agent)?;

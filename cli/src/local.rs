@@ -193,7 +193,7 @@ impl Sessions for Local {
     }
 
     async fn ids(&self) -> Result<Vec<Uuid>> {
-        let metas = self.log().sessions().await?;
+        let metas = self.service.session_metas().await?;
         Ok(metas.into_iter().map(|m| m.session).collect())
     }
 
@@ -270,6 +270,30 @@ impl Sessions for Local {
     async fn resume(&self, id: Uuid, extend: bool, stream: Stream) -> Result<TurnOutcome> {
         let turn = self.control(stream).resume(id, "mneme resume", extend);
         Local::ended(id, turn).await
+    }
+
+    async fn create_schedule(
+        &self,
+        request: runtime::api::CreateSchedule,
+        spec: Option<AgentSpec>,
+    ) -> Result<Uuid> {
+        Ok(self.service.create_schedule(&request, spec).await?)
+    }
+
+    async fn schedules(&self) -> Result<Vec<runtime::api::ScheduleView>> {
+        let mut views = Vec::new();
+        for id in self.service.schedule_ids().await? {
+            let state = self.service.schedule(id).await?;
+            views.extend(store::schedule_view(id, &state));
+        }
+        Ok(views)
+    }
+
+    async fn remove_schedule(&self, id: Uuid) -> Result<()> {
+        Ok(self
+            .service
+            .remove_schedule(id, "mneme schedule remove")
+            .await?)
     }
 
     async fn wake(

@@ -308,6 +308,28 @@ impl Sessions for Remote {
         self.showing_deltas(id, stream, turn).await
     }
 
+    async fn create_schedule(
+        &self,
+        request: runtime::api::CreateSchedule,
+        spec: Option<AgentSpec>,
+    ) -> Result<Uuid> {
+        self.writable()?;
+        let body = runtime::api::CreateSchedule { spec, ..request };
+        let created: runtime::api::ScheduleCreated = self.post("/schedules", &body).await?;
+        Ok(created.schedule)
+    }
+
+    async fn schedules(&self) -> Result<Vec<runtime::api::ScheduleView>> {
+        self.get("/schedules").await
+    }
+
+    async fn remove_schedule(&self, id: Uuid) -> Result<()> {
+        self.writable()?;
+        let request = self.http.delete(format!("{}/schedules/{id}", self.base));
+        self.call(request).await?;
+        Ok(())
+    }
+
     async fn wake(
         &self,
         id: Uuid,

@@ -21,6 +21,45 @@ fn text<'a>(v: &'a Value, key: &str) -> &'a str {
 /// Characters of a session's title shown in `mneme sessions`.
 const TITLE_SHOWN: usize = 48;
 
+/// The schedules as a table (or one JSON object a line).
+pub fn schedules(views: &[runtime::api::ScheduleView], json: bool) {
+    if json {
+        views
+            .iter()
+            .for_each(|v| outln!("{}", serde_json::to_value(v).unwrap_or_default()));
+        return;
+    }
+    line!(
+        "{:<36}  {:<22}  {:<36}  {:<24}  {:>5}  {:>7}  MESSAGE",
+        "SCHEDULE",
+        "WHEN",
+        "INTO",
+        "NEXT",
+        "FIRED",
+        "SKIPPED"
+    );
+    for v in views {
+        let into = match &v.agent {
+            Some(agent) if v.into == "new" => format!("new session of {agent}"),
+            _ => v.into.clone(),
+        };
+        let next = match &v.removed_by {
+            Some(by) => format!("removed by {by}"),
+            None => v.next.clone().unwrap_or_default(),
+        };
+        line!(
+            "{:<36}  {:<22}  {:<36}  {:<24}  {:>5}  {:>7}  {:?}",
+            v.schedule,
+            clip(&v.when, 22),
+            clip(&into, 36),
+            next,
+            v.fired,
+            v.skipped,
+            clip(&v.message, TITLE_SHOWN)
+        );
+    }
+}
+
 /// `mneme sessions`: one row a session, sub-agents under their parents,
 /// each id as its shortest prefix that no other listed session shares
 /// (what commands take), with the first message as its title and how it

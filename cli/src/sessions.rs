@@ -126,6 +126,20 @@ pub trait Sessions: Send + Sync {
     /// as resumed after the crash.
     async fn resume(&self, id: Uuid, extend: bool, stream: Stream) -> Result<TurnOutcome>;
 
+    /// Creates the schedule `request` asks for (its agent, if any, given
+    /// as `spec`); returns its id.
+    async fn create_schedule(
+        &self,
+        request: runtime::api::CreateSchedule,
+        spec: Option<AgentSpec>,
+    ) -> Result<Uuid>;
+
+    /// Every schedule, removed ones too.
+    async fn schedules(&self) -> Result<Vec<runtime::api::ScheduleView>>;
+
+    /// Removes schedule `id`: it fires no more.
+    async fn remove_schedule(&self, id: Uuid) -> Result<()>;
+
     /// Delivers `wake`'s event to session `id`, which sleeps until it;
     /// then runs the turn that goes on.
     async fn wake(&self, id: Uuid, wake: runtime::api::Wake, stream: Stream)

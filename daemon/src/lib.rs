@@ -16,6 +16,7 @@ mod heads;
 mod http;
 mod metrics;
 mod openapi;
+mod schedules;
 mod statuses;
 mod streams;
 pub mod token;
@@ -53,6 +54,10 @@ const LOOK_FOR_LAPSED_LEASES: Duration = Duration::from_secs(1);
 /// How often the daemon looks for what fell due: approvals past their
 /// deadline, sleeping calls whose time came.
 const LOOK_FOR_DUE: Duration = Duration::from_millis(250);
+
+/// How often it looks for schedules other processes created (those made
+/// through its own API it knows at once).
+const LOOK_FOR_SCHEDULES: Duration = Duration::from_secs(1);
 
 /// How often it reads every session's deadline from the store (its own
 /// turns and decisions tell it theirs at once; this finds those of other
@@ -211,6 +216,8 @@ pub(crate) struct Daemon {
     pub(crate) sign_ins: Arc<ui::SignIns>,
     /// What turns may open, against the open-file limit.
     files: FileBudget,
+    /// The schedules this daemon fires.
+    pub(crate) schedules: schedules::Schedules,
 }
 
 /// Bytes of hot sessions (folded state and rendered prompt, estimated)
@@ -391,6 +398,7 @@ impl Daemon {
             config,
             metrics,
             statuses: Statuses::default(),
+            schedules: schedules::Schedules::default(),
             shutdown,
             heads,
         }
@@ -666,9 +674,10 @@ impl Daemon {
         }
     }
 
-    /// About once a second: each session whose wait for approval passed
-    /// its deadline, or whose sleeping call's time came, gets a turn that
-    /// denies the call as expired or wakes it, and goes on
+    /// Every [`LOOK_FOR_DUE`]: each schedule records and starts its due
+    /// ticks ([`Daemon::fire_schedules`]); each session whose wait for
+    /// approval passed its deadline, or whose sleeping call's time came,
+    /// gets a turn that denies the call as expired or wakes it, and goes on
     /// (`TurnStart::Expire`). A wake due while no daemon ran fires once,
     /// late, when one starts. Deadlines are noted by this daemon's turns
     /// and decisions, read at recovery, and read again from every
@@ -676,12 +685,18 @@ impl Daemon {
     /// daemons sharing the store recorded).
     async fn fire_deadlines(self: Arc<Self>) {
         let mut read_at = tokio::time::Instant::now();
+        let mut looked_for_schedules = None::<tokio::time::Instant>;
         loop {
             tokio::select! {
                 () = self.shutdown.cancelled() => return,
                 () = tokio::time::sleep(LOOK_FOR_DUE) => {}
             }
             self.scheduler.forget_idle_locks();
+            let discover = looked_for_schedules.is_none_or(|at| at.elapsed() >= LOOK_FOR_SCHEDULES);
+            if discover {
+                looked_for_schedules = Some(tokio::time::Instant::now());
+            }
+            self.fire_schedules(discover).await;
             if read_at.elapsed() >= READ_APPROVAL_DEADLINES {
                 read_at = tokio::time::Instant::now();
                 match self.service.listing().await {

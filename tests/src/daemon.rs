@@ -122,6 +122,12 @@ impl DaemonProcess {
         (status, response.json().await.unwrap_or(Value::Null))
     }
 
+    /// DELETE `path`: the status.
+    pub async fn delete(&self, path: &str) -> u16 {
+        let response = self.http.delete(self.url(path)).send().await.unwrap();
+        response.status().as_u16()
+    }
+
     /// Posts the message `text` to session `id` (202: a turn starts).
     pub async fn message(&self, id: &str, text: &str) -> (u16, Value) {
         let body = serde_json::json!({ "text": text });

@@ -34,6 +34,7 @@ use uuid::Uuid;
 
 mod deltas;
 mod reads;
+mod schedules;
 mod stream;
 mod wake;
 
@@ -51,15 +52,17 @@ impl IntoResponse for ApiError {
 impl From<RuntimeError> for ApiError {
     fn from(e: RuntimeError) -> ApiError {
         let status = match &e {
-            RuntimeError::NoSuchSession(_) | RuntimeError::NoSuchBlob { .. } => {
-                StatusCode::NOT_FOUND
-            }
+            RuntimeError::NoSuchSession(_)
+            | RuntimeError::NoSuchBlob { .. }
+            | RuntimeError::NoSuchSchedule(_) => StatusCode::NOT_FOUND,
             RuntimeError::InvalidRequest { .. }
             | RuntimeError::Erased { .. }
             | RuntimeError::Log(
                 LogError::Conflict { .. } | LogError::LeaseHeld { .. } | LogError::Fenced { .. },
             ) => StatusCode::CONFLICT,
-            RuntimeError::Spec { .. } | RuntimeError::NotStarted { .. } => StatusCode::BAD_REQUEST,
+            RuntimeError::Spec { .. }
+            | RuntimeError::NotStarted { .. }
+            | RuntimeError::Schedule(_) => StatusCode::BAD_REQUEST,
             RuntimeError::Model(_) => StatusCode::BAD_GATEWAY,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
@@ -111,6 +114,8 @@ fn guarded_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(reads::diff))
         .routes(routes!(reads::ui_code))
         .routes(routes!(wake::wake))
+        .routes(routes!(schedules::list, schedules::create))
+        .routes(routes!(schedules::remove))
 }
 
 /// The operations of every route, as [`router`] serves them, undressed:
@@ -380,28 +385,31 @@ fn spec_from_json(daemon: &Daemon, body: &str) -> Result<(AgentSpec, Option<Stri
     let create: wire::CreateSession = serde_json::from_str(body)
         .map_err(|e| bad_request(format!("request body: {e}. {CREATE_TAKES}")))?;
     let spec = match (create.agent, create.spec) {
-        (Some(name), None) => {
-            let Some(dir) = &daemon.config.agents_dir else {
-                return Err(bad_request(
-                    "this daemon has no agents directory (--agents DIR)",
-                ));
-            };
-            if !name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-            {
-                return Err(bad_request(format!(
-                    "agent name {name:?}: letters, digits, '-' and '_' only"
-                )));
-            }
-            Ok(runtime::load_agent_file(&dir.join(format!("{name}.toml")))?)
-        }
+        (Some(name), None) => agent_named(daemon, &name),
         (None, Some(spec)) => Ok(spec),
         _ => Err(bad_request(format!(
             "give exactly one of \"agent\" (a name) or \"spec\" (an agent spec): {CREATE_TAKES}"
         ))),
     }?;
     Ok((spec, create.first_message))
+}
+
+/// The agent file `NAME.toml` of the daemon's agents directory.
+fn agent_named(daemon: &Daemon, name: &str) -> Result<AgentSpec, ApiError> {
+    let Some(dir) = &daemon.config.agents_dir else {
+        return Err(bad_request(
+            "this daemon has no agents directory (--agents DIR)",
+        ));
+    };
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(bad_request(format!(
+            "agent name {name:?}: letters, digits, '-' and '_' only"
+        )));
+    }
+    Ok(runtime::load_agent_file(&dir.join(format!("{name}.toml")))?)
 }
 
 /// A session's status, usage, answer, calls in doubt, and `running_on`:
