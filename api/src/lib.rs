@@ -12,7 +12,7 @@ pub mod describe;
 mod schedules;
 mod turn_end;
 
-pub use schedules::{CreateSchedule, LastFiring, ScheduleCreated, ScheduleView};
+pub use schedules::{CreateSchedule, LastFiring, ScheduleCreated, ScheduleView, ScheduledByView};
 pub use turn_end::TurnEnd;
 
 /// A time (milliseconds since the Unix epoch) as the API and the CLI show
@@ -827,6 +827,10 @@ pub struct SessionView {
     /// The sub-agent sessions its calls started, in the order they started.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub children: Vec<SessionLinkView>,
+    /// The schedule firing that started the session, or sent its latest
+    /// scheduled message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduled_by: Option<ScheduledByView>,
 }
 
 /// A parent session's call and the child session it runs (a sub-agent).

@@ -97,3 +97,13 @@ pub struct LastFiring {
     /// The session it started or messaged.
     pub session: Uuid,
 }
+
+/// The schedule firing a session's record names (`ScheduledBy`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct ScheduledByView {
+    /// The schedule.
+    pub schedule: Uuid,
+    /// The tick its firing was for (RFC 3339).
+    pub tick: String,
+}

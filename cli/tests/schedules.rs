@@ -169,6 +169,7 @@ async fn a_schedule_fires_once_a_tick_each_firing_a_session_its_log_says_why() {
         )
         .await;
         assert_eq!(view["answer"], "Done.");
+        assert_eq!(view["scheduled_by"]["schedule"], id.as_str(), "{view}");
         let kinds = kinds_of(world, session).await;
         assert_eq!(
             kinds[..3],
@@ -350,6 +351,62 @@ async fn overlap_skip_records_ticks_that_meet_a_running_turn_queue_waits_for_it(
     consecutive(&ticks, 1000);
 }
 
+/// A daemon on `world` that dies right after its first firing's append.
+async fn armed_daemon(world: &World) -> DaemonProcess {
+    let mut armed = DaemonProcess::command(&world.data(), &[]);
+    armed.env("MNEME_CRASH_AT", "schedule_fired");
+    DaemonProcess::launch(armed, &world.data()).await
+}
+
+/// Waits (up to 20 s) for `daemon` to die at its crash point.
+async fn died_at_the_crash_point(daemon: &mut DaemonProcess) {
+    let exited = tokio::time::timeout(Duration::from_secs(20), daemon.child.wait())
+        .await
+        .expect("the daemon dies at the crash point")
+        .unwrap();
+    assert!(!exited.success());
+}
+
+#[tokio::test]
+async fn a_daemon_killed_right_after_a_firings_append_starts_its_session_once_after_restart() {
+    let mut bed = answering().await;
+    let mut crashed = armed_daemon(&bed.world).await;
+    let id = add(&bed, &["--every", "1s"]).await;
+    died_at_the_crash_point(&mut crashed).await;
+    let fired = firings(&schedule_log(&bed.world, &id).await);
+    assert_eq!(fired.len(), 1, "{fired:?}");
+    let (tick, session) = fired[0].clone();
+    let absent = client(&bed.world, &["log", "--json", &session]).await;
+    assert!(!absent.status.success(), "not started before the crash");
+
+    bed.start_daemon(&[]).await;
+    let daemon = bed.daemon();
+    let view = eventually(
+        "the crashed firing's session to answer",
+        Duration::from_secs(20),
+        || async {
+            let (_, view) = daemon.get(&format!("/sessions/{session}")).await;
+            (view["status"] == "idle").then_some(view)
+        },
+    )
+    .await;
+    remove(&bed.world, &id).await;
+    assert_eq!(view["answer"], "Done.");
+    let log = schedule_log(&bed.world, &session).await;
+    assert_eq!(
+        log[1],
+        (
+            "ScheduledBy".to_string(),
+            json!({"schedule": id, "tick_ms": tick})
+        )
+    );
+    let replies = log
+        .iter()
+        .filter(|(kind, _)| kind == "ModelReplied")
+        .count();
+    assert_eq!(replies, 1, "started once, asked once: {log:?}");
+}
+
 #[tokio::test]
 async fn a_daemon_killed_right_after_a_firings_append_sends_its_message_once_after_restart() {
     let mut bed = answering().daemon().await;
@@ -357,9 +414,7 @@ async fn a_daemon_killed_right_after_a_firings_append_sends_its_message_once_aft
     let (status, end) = bed.daemon().message_and_wait(&session, "hello").await;
     assert_eq!(status, 200, "{end}");
     bed.take_daemon().terminate().await;
-    let mut armed = DaemonProcess::command(&bed.world.data(), &[]);
-    armed.env("MNEME_CRASH_AT", "schedule_fired");
-    let mut crashed = DaemonProcess::launch(armed, &bed.world.data()).await;
+    let mut crashed = armed_daemon(&bed.world).await;
     let args = [
         "schedule", "add", "--into", &session, "--every", "1s", "tick",
     ];
@@ -370,11 +425,7 @@ async fn a_daemon_killed_right_after_a_firings_append_sends_its_message_once_aft
         .strip_prefix("schedule ")
         .unwrap()
         .to_string();
-    let exited = tokio::time::timeout(Duration::from_secs(20), crashed.child.wait())
-        .await
-        .expect("the daemon dies at the crash point")
-        .unwrap();
-    assert!(!exited.success());
+    died_at_the_crash_point(&mut crashed).await;
     let fired = firings(&schedule_log(&bed.world, &id).await);
     assert_eq!(fired.len(), 1, "{fired:?}");
     let marks = |kinds: Vec<String>| kinds.iter().filter(|k| *k == "ScheduledBy").count();

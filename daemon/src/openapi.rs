@@ -117,6 +117,7 @@ mod tests {
             include_str!("api/reads.rs"),
             include_str!("api/wake.rs"),
             include_str!("api/deltas.rs"),
+            include_str!("api/schedules.rs"),
         ]
         .concat();
         for undocumented in [
@@ -175,6 +176,9 @@ mod tests {
             ("get", "/sessions/{id}/blobs/{digest}"),
             ("get", "/sessions/{id}/diff/{other}"),
             ("post", "/ui/codes"),
+            ("get", "/schedules"),
+            ("post", "/schedules"),
+            ("delete", "/schedules/{id}"),
         ]
         .iter()
         .map(|(m, p)| (m.to_string(), p.to_string()))

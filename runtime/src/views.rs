@@ -154,6 +154,10 @@ pub(crate) fn session_view(
         waiting: waiting_calls(state),
         spawned_by: state.parent.clone().map(Into::into),
         children: state.children(id).into_iter().map(Into::into).collect(),
+        scheduled_by: state.scheduled_by.map(|by| api::ScheduledByView {
+            schedule: by.schedule,
+            tick: api::format_time(by.tick_ms),
+        }),
     }
 }
 
