@@ -106,6 +106,14 @@ impl Service {
         Ok(id)
     }
 
+    /// Every session's metadata, in id order (the log's streams but the
+    /// schedules').
+    pub async fn session_metas(&self) -> Result<Vec<SessionMeta>, RuntimeError> {
+        let mut metas = self.log.sessions().await?;
+        metas.retain(|m| !is_schedule(m));
+        Ok(metas)
+    }
+
     /// Every schedule of the store (removed ones too), in id order.
     pub async fn schedule_ids(&self) -> Result<Vec<Uuid>, RuntimeError> {
         let metas = self.log.sessions().await?;
@@ -227,7 +235,10 @@ impl Service {
         };
         let first = vec![
             Event::SessionStarted { spec },
-            scheduled_by(id, firing.tick_ms),
+            Event::ScheduledBy {
+                schedule: id,
+                tick_ms: firing.tick_ms,
+            },
             Event::UserMessage {
                 text: schedule.message.clone(),
             },
@@ -268,12 +279,6 @@ pub fn schedule_view(id: Uuid, state: &ScheduleState) -> Option<api::ScheduleVie
         skipped: state.skipped,
         removed_by: state.removed.clone(),
     })
-}
-
-/// The mark a firing for `tick_ms` of schedule `id` leaves in the session
-/// it starts or messages.
-pub(crate) fn scheduled_by(schedule: Uuid, tick_ms: i64) -> Event {
-    Event::ScheduledBy { schedule, tick_ms }
 }
 
 /// Whether session `state` holds the message of `by`'s firing already.

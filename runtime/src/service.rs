@@ -221,7 +221,10 @@ impl Service {
         text: String,
         by: Option<replay::schedule::ScheduledBy>,
     ) -> Result<u64, RuntimeError> {
-        let mark = by.map(|by| crate::schedule::scheduled_by(by.schedule, by.tick_ms));
+        let mark = by.map(|by| Event::ScheduledBy {
+            schedule: by.schedule,
+            tick_ms: by.tick_ms,
+        });
         refuse_erased(session)?;
         if let Some(reason) = session.state().past_the_window(&text) {
             let session = session.id();
@@ -890,14 +893,6 @@ impl Service {
         // Derived data: a failure only costs speed next time.
         let _ = snapshot::store_summary(self.log.as_ref(), id, session.state()).await;
         Ok(Summary::of(session.state()))
-    }
-
-    /// Every session's metadata, in id order (the log's streams but the
-    /// schedules').
-    pub async fn session_metas(&self) -> Result<Vec<SessionMeta>, RuntimeError> {
-        let mut metas = self.log.sessions().await?;
-        metas.retain(|m| !crate::schedule::is_schedule(m));
-        Ok(metas)
     }
 
     /// Every session's metadata and summary, in id order; stored summaries
