@@ -565,6 +565,11 @@ impl Event {
         "SpawnedBy",
         "WakeScheduled",
         "Woken",
+        "ScheduledBy",
+        "ScheduleCreated",
+        "ScheduleFired",
+        "ScheduleSkipped",
+        "ScheduleRemoved",
     ];
 
     /// The name of this kind of event, as stored in the envelope.

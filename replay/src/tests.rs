@@ -1332,6 +1332,7 @@ fn golden_bytes_of_every_event_kind() {
         payload: None,
         late_ms: 1500,
     });
+    all.extend(schedule_events());
     let text: String = all
         .iter()
         .map(|e| {
@@ -1361,6 +1362,44 @@ fn golden_bytes_of_every_event_kind() {
 
 /// Builds a plausible log from random choices: tool events name calls of
 /// the latest reply most of the time, and garbage otherwise.
+/// A schedule's log, one of each kind, and the mark it leaves in a session.
+fn schedule_events() -> Vec<Event> {
+    use crate::schedule::{CatchUp, Overlap, ScheduleSpec, SkipReason, Target, When};
+    let schedule = uuid::Uuid::from_u128(9);
+    vec![
+        Event::ScheduleCreated {
+            schedule: Box::new(ScheduleSpec {
+                agent: Some("test-agent".into()),
+                spec: Some(Box::new(spec())),
+                when: When::Cron {
+                    expr: "0 9 * * 1-5".into(),
+                    timezone: "+02:00".into(),
+                },
+                message: "Good morning".into(),
+                into: Target::New,
+                overlap: Overlap::Queue,
+                catch_up: CatchUp::All,
+                from_ms: 1_764_000_000_000,
+            }),
+        },
+        Event::ScheduleFired {
+            tick_ms: 1_764_054_000_000,
+            session: crate::schedule::scheduled_session_id(schedule, 1_764_054_000_000),
+        },
+        Event::ScheduleSkipped {
+            from_ms: 1_764_140_400_000,
+            to_ms: 1_764_226_800_000,
+            ticks: 2,
+            reason: SkipReason::Missed,
+        },
+        Event::ScheduleRemoved { by: "api".into() },
+        Event::ScheduledBy {
+            schedule,
+            tick_ms: 1_764_054_000_000,
+        },
+    ]
+}
+
 fn arbitrary_log() -> impl Strategy<Value = Vec<Event>> {
     proptest::collection::vec((0u8..12, 0usize..4, any::<bool>()), 0..60).prop_map(|ops| {
         let names = ["charge", "email", "lookup", "nope"];
