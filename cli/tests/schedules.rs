@@ -65,14 +65,8 @@ async fn add(bed: &Testbed, args: &[&str]) -> String {
 /// (through the daemon, if one runs): (kind, event).
 async fn schedule_log(world: &World, id: &str) -> Vec<(String, Value)> {
     let out = client(world, &["log", "--json", id]).await;
-    assert!(out.status.success(), "log failed: {}", stderr(&out));
-    (stdout(&out).lines())
-        .map(|l| {
-            let record: Value = serde_json::from_str(l).unwrap();
-            let kind = record["kind"].as_str().unwrap().to_string();
-            let event = record["event"][&kind].clone();
-            (kind, event)
-        })
+    (log_lines(&out).into_iter())
+        .map(|(_, kind, event)| (kind, event))
         .collect()
 }
 
@@ -113,6 +107,17 @@ async fn listed(world: &World, id: &str) -> Value {
         .map(|l| serde_json::from_str::<Value>(l).unwrap())
         .find(|r| r["schedule"] == id)
         .unwrap_or_else(|| panic!("{id} is not listed: {}", stdout(&out)))
+}
+
+/// Waits (up to 30 s) until `daemon` shows `session` idle (its turn
+/// answered); its view then.
+async fn until_idle(daemon: &DaemonProcess, session: &str) -> Value {
+    let what = format!("session {session} to answer");
+    eventually(what, Duration::from_secs(30), || async {
+        let (_, view) = daemon.get(&format!("/sessions/{session}")).await;
+        (view["status"] == "idle").then_some(view)
+    })
+    .await
 }
 
 /// Removes schedule `id` through the CLI.
@@ -159,15 +164,7 @@ async fn a_schedule_fires_once_a_tick_each_firing_a_session_its_log_says_why() {
     assert_eq!(row["fired"].as_u64(), Some(fired.len() as u64), "{row}");
 
     for (tick, session) in &fired {
-        let view = eventually(
-            "the firing's session to answer",
-            Duration::from_secs(20),
-            || async {
-                let (_, view) = daemon.get(&format!("/sessions/{session}")).await;
-                (view["status"] == "idle").then_some(view)
-            },
-        )
-        .await;
+        let view = until_idle(daemon, session).await;
         assert_eq!(view["answer"], "Done.");
         assert_eq!(view["scheduled_by"]["schedule"], id.as_str(), "{view}");
         let kinds = kinds_of(world, session).await;
@@ -226,15 +223,7 @@ async fn two_daemons_on_postgres_fire_each_tick_once_one_of_them_sigkilled_midwa
     consecutive(&ticks, 2000);
     assert!(skips(&log).is_empty(), "{:?}", skips(&log));
     for (_, session) in &fired {
-        let view = eventually(
-            "each firing's session to answer",
-            Duration::from_secs(30),
-            || async {
-                let (_, view) = survivor.get(&format!("/sessions/{session}")).await;
-                (view["status"] == "idle").then_some(view)
-            },
-        )
-        .await;
+        let view = until_idle(&survivor, session).await;
         assert_eq!(view["answer"], "Done.", "{view}");
     }
     assert_eq!(bed.model.bodies().len(), fired.len(), "one turn a tick");
@@ -321,11 +310,7 @@ async fn overlap_skip_records_ticks_that_meet_a_running_turn_queue_waits_for_it(
             *tick >= ended,
             "tick {tick} fired while the previous turn ran (ended {ended})"
         );
-        let view = eventually("the turn to end", Duration::from_secs(30), || async {
-            let (_, view) = daemon.get(&format!("/sessions/{session}")).await;
-            (view["status"] == "idle").then_some(view)
-        })
-        .await;
+        let view = until_idle(daemon, session).await;
         ended = chrono::DateTime::parse_from_rfc3339(view["last_activity"].as_str().unwrap())
             .unwrap()
             .timestamp_millis()
@@ -381,15 +366,7 @@ async fn a_daemon_killed_right_after_a_firings_append_starts_its_session_once_af
 
     bed.start_daemon(&[]).await;
     let daemon = bed.daemon();
-    let view = eventually(
-        "the crashed firing's session to answer",
-        Duration::from_secs(20),
-        || async {
-            let (_, view) = daemon.get(&format!("/sessions/{session}")).await;
-            (view["status"] == "idle").then_some(view)
-        },
-    )
-    .await;
+    let view = until_idle(daemon, &session).await;
     remove(&bed.world, &id).await;
     assert_eq!(view["answer"], "Done.");
     let log = schedule_log(&bed.world, &session).await;

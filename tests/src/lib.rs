@@ -327,9 +327,14 @@ pub async fn event_kinds(world: &World, session: &str) -> Vec<String> {
 /// Each event `mneme log --json` shows of `session`: its seq, its kind and
 /// its fields.
 pub async fn logged_events(world: &World, session: &str) -> Vec<(u64, String, Value)> {
-    let out = world.run(&["log", "--json", session]).await;
-    assert!(out.status.success(), "log failed: {}", stderr(&out));
-    (stdout(&out).lines())
+    log_lines(&world.run(&["log", "--json", session]).await)
+}
+
+/// Each event of the output of a `mneme log --json` that succeeded: its
+/// seq, its kind and its fields.
+pub fn log_lines(out: &Output) -> Vec<(u64, String, Value)> {
+    assert!(out.status.success(), "log failed: {}", stderr(out));
+    (stdout(out).lines())
         .map(|l| {
             let record: Value = serde_json::from_str(l).unwrap();
             let kind = record["kind"].as_str().unwrap().to_string();
