@@ -14,6 +14,7 @@
 mod api;
 mod heads;
 mod http;
+mod memory;
 mod metrics;
 mod openapi;
 mod schedules;
@@ -632,6 +633,9 @@ impl Daemon {
             }
         }
         runtime::log_line!("mneme serve: recovery found {recovered} interrupted sessions");
+        // Recovery folded every session whose summary was stale: give back
+        // what that took.
+        memory::release_free();
     }
 
     /// Every half lease (at most a second): resumes the sessions whose leases lapsed (their
@@ -699,6 +703,8 @@ impl Daemon {
             self.fire_schedules(discover).await;
             if read_at.elapsed() >= READ_APPROVAL_DEADLINES {
                 read_at = tokio::time::Instant::now();
+                // And once a minute, what large turns and reads freed.
+                memory::release_free();
                 match self.service.listing().await {
                     Ok(listing) => {
                         let read = listing.into_iter().filter_map(|(meta, summary)| {

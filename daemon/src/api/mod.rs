@@ -751,7 +751,9 @@ async fn fork(
     }
     let by = who(&signed_in, "api");
     let spec = body.spec.map(|spec| (spec, by.as_str()));
-    let child = daemon.control().fork(id, body.at, spec).await?;
+    let child = daemon.control().fork(id, body.at, spec).await;
+    crate::memory::release_free();
+    let child = child?;
     let forked = Forked {
         session: child,
         parent: id,
