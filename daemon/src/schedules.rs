@@ -70,8 +70,9 @@ impl Daemon {
         // A firing recorded (here before a crash, or by another daemon)
         // that may not have started what it names.
         if let Some(firing) = known.state.last {
-            if known.started != Some(firing.tick_ms) {
-                self.finish_firing(id, &known.state, firing).await?;
+            if known.started != Some(firing.tick_ms)
+                && self.finish_firing(id, &known.state, firing).await?
+            {
                 known.started = Some(firing.tick_ms);
             }
         }
@@ -89,8 +90,17 @@ impl Daemon {
         self.schedules.lock().insert(id, known.clone());
         if let Some(firing) = fired? {
             self.start_firing(id, &known.state, firing).await?;
-            known.started = Some(firing.tick_ms);
-            self.schedules.lock().insert(id, known);
+            // A message's delivery is confirmed by the next step, from the
+            // session's record (its turn may yet fail to get the lease).
+            if known
+                .state
+                .spec
+                .as_ref()
+                .is_some_and(|s| s.into == Target::New)
+            {
+                known.started = Some(firing.tick_ms);
+                self.schedules.lock().insert(id, known);
+            }
         }
         Ok(())
     }
@@ -98,47 +108,69 @@ impl Daemon {
     /// Whether `session`'s turn has not ended: it runs, waits for a
     /// person, sleeps, or cannot take a message (erased).
     async fn turn_unended(&self, session: Uuid) -> Result<bool, RuntimeError> {
-        if self.scheduler.is_running(session) {
-            return Ok(true);
-        }
+        Ok(self.scheduler.turns_of(session) > 0
+            || (self.status_of(session).await?).is_some_and(|s| unended(&s)))
+    }
+
+    /// `session`'s status, none if the store does not hold it.
+    async fn status_of(&self, session: Uuid) -> Result<Option<String>, RuntimeError> {
         match self.service.current_summary(session).await {
-            Ok(summary) => Ok(!matches!(
-                summary.status.as_str(),
-                "idle" | "failed" | "cancelled" | "empty"
-            )),
-            Err(RuntimeError::NoSuchSession(_)) => Ok(false),
+            Ok(summary) => Ok(Some(summary.status)),
+            Err(RuntimeError::NoSuchSession(_)) => Ok(None),
             Err(e) => Err(e),
         }
     }
 
-    /// Starts what `firing` of schedule `id` names, unless that was done.
+    /// Whether what `firing` of schedule `id` names is done: its session
+    /// started, its message in the target session's record (or the target
+    /// erased: then it never will be). If not, starts it, unless the
+    /// target's turn has not ended (a turn here, maybe this firing's, or
+    /// elsewhere): the next step looks again.
     async fn finish_firing(
         self: &Arc<Self>,
         id: Uuid,
         state: &ScheduleState,
         firing: Firing,
-    ) -> Result<(), RuntimeError> {
-        let started = match state.spec.as_ref().map(|s| s.into) {
-            Some(Target::New) => self.service.exists(firing.session).await?,
+    ) -> Result<bool, RuntimeError> {
+        let unstarted = |what: &str| {
+            runtime::log_line!(
+                "mneme serve: schedule {id}: the firing for {} did not {what} {}; now it does",
+                api::format_time(firing.tick_ms),
+                firing.session
+            )
+        };
+        match state.spec.as_ref().map(|s| s.into) {
+            Some(Target::New) => {
+                if !self.service.exists(firing.session).await? {
+                    unstarted("start");
+                    self.start_firing(id, state, firing).await?;
+                }
+                Ok(true)
+            }
             Some(Target::Session(session)) => {
+                let status = self.status_of(session).await?.unwrap_or_default();
+                if status == "erased" {
+                    let tick = api::format_time(firing.tick_ms);
+                    runtime::warn_line!("mneme serve: schedule {id}: session {session} was erased; the firing for {tick} is not delivered");
+                    return Ok(true);
+                }
+                if self.scheduler.turns_of(session) > 0 || unended(&status) {
+                    return Ok(false);
+                }
                 let by = ScheduledBy {
                     schedule: id,
                     tick_ms: firing.tick_ms,
                 };
                 let held = self.service.load(session).await?;
-                runtime::control::delivered(held.state(), by)
+                if runtime::control::delivered(held.state(), by) {
+                    return Ok(true);
+                }
+                unstarted("message");
+                self.start_firing(id, state, firing).await?;
+                Ok(false)
             }
-            None => true,
-        };
-        if !started {
-            runtime::log_line!(
-                "mneme serve: schedule {id}: the firing for {} did not start {}; starting it",
-                api::format_time(firing.tick_ms),
-                firing.session
-            );
-            self.start_firing(id, state, firing).await?;
+            None => Ok(true),
         }
-        Ok(())
     }
 
     /// Starts the session `firing` names (or sends it the message), and
@@ -170,4 +202,10 @@ impl Daemon {
         }
         Ok(())
     }
+}
+
+/// Whether a session of `status` has a turn that has not ended (or, erased,
+/// can take no message).
+fn unended(status: &str) -> bool {
+    !matches!(status, "idle" | "failed" | "cancelled" | "empty" | "")
 }
