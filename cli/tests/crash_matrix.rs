@@ -36,6 +36,77 @@ fn every_agent_crash_point_resumes_to_the_uncrashed_result_on_postgres() {
     });
 }
 
+/// The schedules' crash point (right after a firing's append) at a
+/// schedule's first, second and third firing, on sled and on PostgreSQL:
+/// after the daemon's restart every tick fired once, and every firing's
+/// session started once and answered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_firing_cut_at_the_schedule_crash_point_starts_its_session_once() {
+    use mneme_e2e::daemon::DaemonProcess;
+    use mneme_e2e::schedules::*;
+    use mneme_e2e::{MockReply, Testbed};
+    for postgres in [false, true] {
+        for n in 1..=3u32 {
+            let case = format!(
+                "schedule_fired:{n} on {}",
+                if postgres { "PostgreSQL" } else { "sled" }
+            );
+            let mut bed = Testbed::new().replies(vec![MockReply::answer("Done."); 50]);
+            if postgres {
+                bed = bed.on_postgres();
+            }
+            let bed = bed.await;
+            let mut crashed = armed_daemon_at(&bed.world, n).await;
+            let id = add(&bed, &["--every", "1s"]).await;
+            died_at_the_crash_point(&mut crashed).await;
+            let cut = firings(&schedule_log(&bed.world, &id).await);
+            assert_eq!(cut.len(), n as usize, "{case}: {cut:?}");
+            let daemon = DaemonProcess::start(&bed.world.data(), &store_args(&bed.world)).await;
+            let mut fired = Vec::new();
+            while fired.len() <= n as usize {
+                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+                fired = firings(&schedule_log(&bed.world, &id).await);
+            }
+            for (_, session) in &fired {
+                until_idle(&daemon, session).await;
+            }
+            remove(&bed.world, &id).await;
+            let answered: Vec<String> = fired.into_iter().map(|(_, s)| s).collect();
+            let fired = firings(&schedule_log(&bed.world, &id).await);
+            let ticks: Vec<i64> = fired.iter().map(|(t, _)| *t).collect();
+            assert!(
+                ticks.windows(2).all(|w| w[1] - w[0] == 1000),
+                "{case}: {ticks:?}"
+            );
+            let sessions: std::collections::BTreeSet<&String> =
+                fired.iter().map(|(_, s)| s).collect();
+            assert_eq!(sessions.len(), fired.len(), "{case}: a session a tick");
+            for (tick, session) in &fired {
+                let log = schedule_log(&bed.world, session).await;
+                assert_eq!(
+                    log[1].1["tick_ms"], *tick,
+                    "{case}: {session} names its tick"
+                );
+                let replies = (log.iter())
+                    .filter(|(kind, _)| kind == "ModelReplied")
+                    .count();
+                // Those that answered before the removal, once; a firing
+                // just before it may not have asked yet.
+                let once = if answered.contains(session) {
+                    1..=1
+                } else {
+                    0..=1
+                };
+                assert!(
+                    once.contains(&replies),
+                    "{case}: {session} asked the model {replies} times"
+                );
+            }
+            assert!(daemon.terminate().await.success(), "{case}");
+        }
+    }
+}
+
 #[derive(Default)]
 struct Tally {
     scenarios: usize,

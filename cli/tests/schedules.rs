@@ -10,7 +10,8 @@
 
 mneme_e2e::binary!(env!("CARGO_BIN_EXE_mneme"));
 
-use mneme_e2e::daemon::{DaemonProcess, TOKEN};
+use mneme_e2e::daemon::DaemonProcess;
+use mneme_e2e::schedules::*;
 use mneme_e2e::*;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -40,101 +41,6 @@ fn slow(seconds: u32) -> TestbedBuilder {
             MockReply::answer("Done."),
         ])
         .tools([nap])
-}
-
-/// Runs `mneme ARGS` on `world`, as a client of its daemon if one runs.
-async fn client(world: &World, args: &[&str]) -> std::process::Output {
-    let mut command = world.mneme();
-    command.args(args).env("MNEME_TOKEN", TOKEN);
-    command.output().await.unwrap()
-}
-
-/// `mneme schedule add --agent AGENT ARGS.. MESSAGE`; the schedule's id.
-async fn add(bed: &Testbed, args: &[&str]) -> String {
-    let mut all = vec!["schedule", "add", "--agent", bed.agent_arg()];
-    all.extend_from_slice(args);
-    all.push("tick");
-    let out = client(&bed.world, &all).await;
-    assert!(out.status.success(), "{}", stderr(&out));
-    let line = stdout(&out);
-    let id = line.trim().strip_prefix("schedule ").expect("schedule ID");
-    id.to_string()
-}
-
-/// The records of a schedule or session, as `mneme log --json` lists them
-/// (through the daemon, if one runs): (kind, event).
-async fn schedule_log(world: &World, id: &str) -> Vec<(String, Value)> {
-    let out = client(world, &["log", "--json", id]).await;
-    (log_lines(&out).into_iter())
-        .map(|(_, kind, event)| (kind, event))
-        .collect()
-}
-
-/// The kinds of `id`'s records.
-async fn kinds_of(world: &World, id: &str) -> Vec<String> {
-    let log = schedule_log(world, id).await;
-    log.into_iter().map(|(kind, _)| kind).collect()
-}
-
-/// The ticks the schedule's log records as fired, and the sessions they
-/// started, in order.
-fn firings(log: &[(String, Value)]) -> Vec<(i64, String)> {
-    (log.iter())
-        .filter(|(kind, _)| kind == "ScheduleFired")
-        .map(|(_, e)| {
-            let tick = e["tick_ms"].as_i64().unwrap();
-            (tick, e["session"].as_str().unwrap().to_string())
-        })
-        .collect()
-}
-
-/// The skips the log records: (reason, ticks).
-fn skips(log: &[(String, Value)]) -> Vec<(String, u64)> {
-    (log.iter())
-        .filter(|(kind, _)| kind == "ScheduleSkipped")
-        .map(|(_, e)| {
-            let reason = e["reason"].as_str().unwrap().to_string();
-            (reason, e["ticks"].as_u64().unwrap())
-        })
-        .collect()
-}
-
-/// The schedule's row in `mneme schedule list --json`.
-async fn listed(world: &World, id: &str) -> Value {
-    let out = client(world, &["schedule", "list", "--json"]).await;
-    assert!(out.status.success(), "{}", stderr(&out));
-    (stdout(&out).lines())
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .find(|r| r["schedule"] == id)
-        .unwrap_or_else(|| panic!("{id} is not listed: {}", stdout(&out)))
-}
-
-/// Waits (up to 30 s) until `daemon` shows `session` idle (its turn
-/// answered); its view then.
-async fn until_idle(daemon: &DaemonProcess, session: &str) -> Value {
-    let what = format!("session {session} to answer");
-    eventually(what, Duration::from_secs(30), || async {
-        let (_, view) = daemon.get(&format!("/sessions/{session}")).await;
-        (view["status"] == "idle").then_some(view)
-    })
-    .await
-}
-
-/// Removes schedule `id` through the CLI.
-async fn remove(world: &World, id: &str) {
-    let out = client(world, &["schedule", "remove", id]).await;
-    assert!(out.status.success(), "{}", stderr(&out));
-}
-
-/// Asserts that every tick of `ticks` is `period_ms` after the one before.
-fn consecutive(ticks: &[i64], period_ms: i64) {
-    for pair in ticks.windows(2) {
-        assert_eq!(
-            pair[1] - pair[0],
-            period_ms,
-            "no tick twice, none lost: {ticks:?}"
-        );
-    }
 }
 
 #[tokio::test]
@@ -334,22 +240,6 @@ async fn overlap_skip_records_ticks_that_meet_a_running_turn_queue_waits_for_it(
     );
     let ticks: Vec<i64> = firings(&log).iter().map(|(t, _)| *t).collect();
     consecutive(&ticks, 1000);
-}
-
-/// A daemon on `world` that dies right after its first firing's append.
-async fn armed_daemon(world: &World) -> DaemonProcess {
-    let mut armed = DaemonProcess::command(&world.data(), &[]);
-    armed.env("MNEME_CRASH_AT", "schedule_fired");
-    DaemonProcess::launch(armed, &world.data()).await
-}
-
-/// Waits (up to 20 s) for `daemon` to die at its crash point.
-async fn died_at_the_crash_point(daemon: &mut DaemonProcess) {
-    let exited = tokio::time::timeout(Duration::from_secs(20), daemon.child.wait())
-        .await
-        .expect("the daemon dies at the crash point")
-        .unwrap();
-    assert!(!exited.success());
 }
 
 #[tokio::test]

@@ -15,6 +15,7 @@ pub mod hostile;
 pub mod mcp;
 pub mod powercut;
 pub mod scenario;
+pub mod schedules;
 mod testbed;
 
 pub use eventually::{eventually, eventually_blocking, Check};
