@@ -58,6 +58,22 @@ impl Daemon {
         }
     }
 
+    /// Schedule `id`'s state, read from where this daemon last read it (a
+    /// schedule it did not know is read whole, and known from then on).
+    pub(crate) async fn schedule_state(&self, id: Uuid) -> Result<ScheduleState, RuntimeError> {
+        let mut known = self.schedules.lock().get(&id).cloned().unwrap_or_default();
+        if known.state.last_seq == 0 {
+            known.state = self.service.schedule(id).await?;
+        } else {
+            self.service.read_schedule(id, &mut known.state).await?;
+        }
+        let state = known.state.clone();
+        if state.removed.is_none() {
+            self.schedules.lock().insert(id, known);
+        }
+        Ok(state)
+    }
+
     async fn step_schedule(self: &Arc<Self>, id: Uuid) -> Result<(), RuntimeError> {
         let Some(mut known) = self.schedules.lock().get(&id).cloned() else {
             return Ok(());

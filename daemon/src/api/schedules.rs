@@ -48,7 +48,7 @@ pub(super) async fn list(
 ) -> Result<Json<Vec<ScheduleView>>, ApiError> {
     let mut views = Vec::new();
     for id in daemon.service.schedule_ids().await? {
-        let state = daemon.service.schedule(id).await?;
+        let state = daemon.schedule_state(id).await?;
         views.extend(store::schedule_view(id, &state));
     }
     Ok(Json(views))
