@@ -197,7 +197,9 @@ impl ScheduleSpec {
             return Err("message: empty (each firing sends it as the user message)".into());
         }
         match (&self.into, &self.spec) {
-            (Target::New, None) => Err("into = new needs an agent to start sessions of".into()),
+            (Target::New, None) => Err(
+                "into = new needs an agent to start sessions of (--agent FILE; in the API, \"agent\" or \"spec\")".into(),
+            ),
             (Target::New, Some(spec)) => spec.validate(),
             (Target::Session(_), _) => Ok(()),
         }
