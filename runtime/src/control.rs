@@ -356,6 +356,7 @@ impl<T: Turns> Control<T> {
 
     /// Pauses session `id`, which sleeps ([`Service::pause_sleeping`]).
     pub async fn pause_sleeping(&self, id: Uuid) -> Result<(), RuntimeError> {
+        self.service.refuse_unless_asleep(id).await?;
         let (hold, mut session) = self.held(id).await?;
         let paused = self.service.pause_sleeping(&mut session).await;
         self.done(hold, &session, paused).await

@@ -505,12 +505,7 @@ impl Service {
     /// asks: nothing wakes it until a resume (which wakes it at once if its
     /// time came meanwhile). Refused for a session that does not sleep.
     pub async fn pause_sleeping(&self, session: &mut Session) -> Result<(), RuntimeError> {
-        if session.state().status() != Status::Sleeping {
-            return Err(RuntimeError::InvalidRequest {
-                session: session.id(),
-                reason: "it has no turn running to pause, and does not sleep".into(),
-            });
-        }
+        refuse_unless_sleeping(session.id(), &session.state().status().to_string())?;
         let event = Event::SessionPaused {
             reason: crate::pause::PAUSED_ON_REQUEST.into(),
             budget: false,
@@ -866,6 +861,13 @@ impl Service {
         self.summary_at(meta.session, meta.events).await
     }
 
+    /// Refuses session `id` unless it sleeps, read from its summary without
+    /// its lease: a refused pause never holds the lease a process about to
+    /// run the session's turn needs.
+    pub async fn refuse_unless_asleep(&self, id: Uuid) -> Result<(), RuntimeError> {
+        refuse_unless_sleeping(id, &self.current_summary(id).await?.status)
+    }
+
     /// Refuses session `id` by name if its content was erased: nothing may
     /// be started for it.
     pub async fn refuse_if_erased(&self, id: Uuid) -> Result<(), RuntimeError> {
@@ -1043,6 +1045,18 @@ pub(crate) fn derived_from(root: Uuid, links: &[Link]) -> Vec<Link> {
 /// A session in a listing: its metadata and its summary (or why it could
 /// not be read).
 pub(crate) type Listed = (SessionMeta, Result<Summary, RuntimeError>);
+
+/// Refuses a pause of session `id`, whose status is `status`, unless it
+/// sleeps.
+fn refuse_unless_sleeping(id: Uuid, status: &str) -> Result<(), RuntimeError> {
+    if status == Status::Sleeping.to_string() {
+        return Ok(());
+    }
+    Err(RuntimeError::InvalidRequest {
+        session: id,
+        reason: "it has no turn running to pause, and does not sleep".into(),
+    })
+}
 
 /// Parses a resolution as the CLI and the API take it: exactly one of
 /// retry, skip with a JSON result, or fail with a message.
