@@ -343,7 +343,23 @@ async fn bad_schedules_are_refused_naming_what_is_wrong() {
     let bed = answering().daemon().await;
     let daemon = bed.daemon();
     let spec = toml::from_str::<Value>(&bed.agent_toml).unwrap();
+    // A message no firing could send: past the model's context window.
+    let mut narrow = toml::from_str::<toml::Table>(&bed.agent_toml).unwrap();
+    let model = narrow["model"].as_table_mut().unwrap();
+    model.insert("context_window".into(), 16.into());
+    let narrow_session = daemon.create(&toml::to_string(&narrow).unwrap()).await;
+    let long = "word ".repeat(200);
     let cases = [
+        (
+            json!({"spec": narrow, "every": "1s", "message": long}),
+            400,
+            "context window",
+        ),
+        (
+            json!({"every": "1s", "message": long, "into": narrow_session}),
+            400,
+            "context window",
+        ),
         (
             json!({"spec": spec, "every": "0s", "message": "x"}),
             400,

@@ -181,6 +181,15 @@ impl Daemon {
                 if runtime::control::delivered(held.state(), by) {
                     return Ok(true);
                 }
+                if let Some(Err(reason)) = state
+                    .spec
+                    .as_ref()
+                    .map(|s| s.refuse_past_the_window(held.state()))
+                {
+                    let tick = api::format_time(firing.tick_ms);
+                    runtime::warn_line!("mneme serve: schedule {id}: session {session} cannot take the firing for {tick}, which is not delivered: {reason}");
+                    return Ok(true);
+                }
                 unstarted("message");
                 self.start_firing(id, state, firing).await?;
                 Ok(false)

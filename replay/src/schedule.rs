@@ -200,8 +200,23 @@ impl ScheduleSpec {
             (Target::New, None) => Err(
                 "into = new needs an agent to start sessions of (--agent FILE; in the API, \"agent\" or \"spec\")".into(),
             ),
-            (Target::New, Some(spec)) => spec.validate(),
+            (Target::New, Some(spec)) => {
+                spec.validate()?;
+                let started = Event::SessionStarted { spec: spec.clone() };
+                self.refuse_past_the_window(&crate::SessionState::fold([(1, started)]))
+            }
             (Target::Session(_), _) => Ok(()),
+        }
+    }
+
+    /// Refuses the schedule if its message would not fit in the context
+    /// window of `session` (the session it sends to, or one as it starts),
+    /// as [`crate::SessionState::past_the_window`] says: every firing
+    /// would be refused.
+    pub fn refuse_past_the_window(&self, session: &crate::SessionState) -> Result<(), String> {
+        match session.past_the_window(&self.message) {
+            Some(reason) => Err(format!("message: {reason}")),
+            None => Ok(()),
         }
     }
 

@@ -78,7 +78,8 @@ impl Service {
     /// by the caller), durable when this returns: its log's first record.
     /// Refused, saying why, when it cannot run as given (a period under a
     /// second, a cron expression or zone that does not parse, an agent
-    /// spec that does not check, a target session the store does not hold).
+    /// spec that does not check, a target session the store does not hold,
+    /// a message past the model's context window).
     pub async fn create_schedule(
         &self,
         request: &api::CreateSchedule,
@@ -94,6 +95,10 @@ impl Service {
             if meta.as_ref().is_none_or(is_schedule) {
                 return Err(RuntimeError::NoSuchSession(id));
             }
+            let session = self.load(id).await?;
+            schedule
+                .refuse_past_the_window(session.state())
+                .map_err(RuntimeError::Schedule)?;
         }
         let id = Uuid::now_v7();
         let created = Event::ScheduleCreated {
