@@ -4,8 +4,11 @@
 //! Records are the same sealed bytes as on sled (format byte, named-field
 //! MessagePack envelope, SHA-256 chain hash), so an export from one backend
 //! imports into the other and verifies. What PostgreSQL adds:
-//! - an append is one transaction (`mneme_append`), durable once it commits
-//!   (connections set `synchronous_commit=on`), so every barrier is free;
+//! - an append is one transaction (`mneme_append`), committed without
+//!   waiting for the server's write-ahead flush: visible to every process
+//!   at once, and durable at the next barrier, which waits for one flush
+//!   (a synchronous commit) for all the appends before it; barriers of
+//!   many sessions at once share the server's flushes (its group commit);
 //! - optimistic concurrency on (session, seq): a writer that lost a race
 //!   gets [`LogError::Conflict`], as on sled;
 //! - leases with fencing tokens: while this handle holds a session's lease,
@@ -36,6 +39,7 @@ use eventlog::{
     NewEvent, Record, SessionMeta, SideStore,
 };
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 use tokio_postgres::NoTls;
@@ -69,6 +73,18 @@ pub struct PgLog {
     heads: Mutex<HashMap<Uuid, Head>>,
     /// Committed appends, (session, last seq), to announce to followers.
     appended: tokio::sync::mpsc::UnboundedSender<(Uuid, u64)>,
+    /// How many of this handle's appends committed, and how many of them a
+    /// barrier saw flushed.
+    commits: Commits,
+}
+
+/// Counts of a handle's appends: committed (asynchronously), and flushed.
+#[derive(Default)]
+struct Commits {
+    committed: AtomicU64,
+    flushed: AtomicU64,
+    /// Held by the barrier that is flushing.
+    flushing: tokio::sync::Mutex<()>,
 }
 
 impl PgLog {
@@ -114,6 +130,7 @@ impl PgLog {
             held: Mutex::default(),
             listeners: Arc::default(),
             listening: Once::new(),
+            commits: Commits::default(),
         };
         schema::migrate(&log.pool, &log.store, &target).await?;
         Ok(log)
@@ -206,6 +223,7 @@ impl PgLog {
         let code = db.append(args).await?;
         match code {
             0 => {
+                self.commits.committed.fetch_add(1, Ordering::AcqRel);
                 let _ = self.appended.send((session, last.envelope.seq));
                 self.remember_head(
                     session,
@@ -408,25 +426,58 @@ impl Db {
             .map_err(self.fail(what))
     }
 
+    /// Runs `mneme_append` in a transaction of its own that commits without
+    /// waiting for the server to flush its write-ahead log
+    /// (`synchronous_commit` off for it alone): visible to every process
+    /// at once, durable at the next [`Db::flush`]. One round trip: the
+    /// transaction's three messages are pipelined. An append refused inside
+    /// the function (its return code) commits nothing; one that fails
+    /// aborts, and the COMMIT rolls it back.
     async fn append(&self, a: AppendArgs) -> Result<i64, LogError> {
-        let rows = self
-            .query(
-                "append",
-                "SELECT mneme_append($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-                &[
-                    &a.session,
-                    &a.first,
-                    &a.prev,
-                    &a.fence,
-                    &a.records,
-                    &a.head,
-                    &a.created_ms,
-                    &a.updated_ms,
-                    &a.kind,
-                ],
-            )
-            .await?;
+        let what = "append";
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached("SELECT mneme_append($1, $2, $3, $4, $5, $6, $7, $8, $9)")
+            .await
+            .map_err(self.fail(what))?;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 9] = [
+            &a.session,
+            &a.first,
+            &a.prev,
+            &a.fence,
+            &a.records,
+            &a.head,
+            &a.created_ms,
+            &a.updated_ms,
+            &a.kind,
+        ];
+        let (begun, appended, committed) = futures_util::future::join3(
+            client.batch_execute("BEGIN; SET LOCAL synchronous_commit TO off"),
+            client.query(&statement, &params),
+            client.batch_execute("COMMIT"),
+        )
+        .await;
+        let rows = appended.map_err(self.fail(what))?;
+        begun.map_err(self.fail(what))?;
+        committed.map_err(self.fail(what))?;
         Ok(rows[0].get(0))
+    }
+
+    /// Waits until the server's write-ahead log is on disk up to now: one
+    /// synchronous commit of a transaction that takes an id and writes to
+    /// the log (an empty logical message, which needs no privilege and no
+    /// table): the server flushes such a commit, and everything its log
+    /// holds before it, of every session and process, before it answers.
+    /// (A transaction that only takes an id writes nothing before its
+    /// commit record, and its commit is not waited for.)
+    async fn flush(&self) -> Result<(), LogError> {
+        self.query(
+            "flush the server's write-ahead log",
+            "SELECT txid_current(), pg_logical_emit_message(true, 'mneme', '')",
+            &[],
+        )
+        .await
+        .map(drop)
     }
 
     async fn head(&self, session: Uuid) -> Result<Head, LogError> {
@@ -607,9 +658,25 @@ impl EventLog for PgLog {
             .await?;
         Ok(rows.first().map(meta_of))
     }
-    /// Every append is durable once its transaction committed, before
-    /// `append` returned: there is nothing to wait for.
-    async fn barrier(&self, _durability: Durability) -> Result<(), LogError> {
+    /// Appends commit without waiting for the server's flush: a barrier
+    /// (but [`Durability::Buffered`]'s) waits for it, once for every append
+    /// this handle made before it. Barriers that meet share one flush: the
+    /// first waits, the others find their appends flushed by it.
+    async fn barrier(&self, durability: Durability) -> Result<(), LogError> {
+        if durability == Durability::Buffered {
+            return Ok(());
+        }
+        let wanted = self.commits.committed.load(Ordering::Acquire);
+        if self.commits.flushed.load(Ordering::Acquire) >= wanted {
+            return Ok(());
+        }
+        let _one_flush = self.commits.flushing.lock().await;
+        if self.commits.flushed.load(Ordering::Acquire) >= wanted {
+            return Ok(());
+        }
+        let upto = self.commits.committed.load(Ordering::Acquire);
+        self.db().flush().await?;
+        self.commits.flushed.fetch_max(upto, Ordering::AcqRel);
         Ok(())
     }
     async fn import(&self, session: Uuid, sealed: Vec<Vec<u8>>) -> Result<Head, LogError> {
@@ -1136,6 +1203,52 @@ mod tests {
             .unwrap();
         let (commit, timeout): (String, String) = (settings[0].get(0), settings[0].get(1));
         assert_eq!((commit.as_str(), timeout.as_str()), ("on", "1min"));
+    }
+
+    /// An append commits without waiting for the server's flush; the
+    /// barrier after it returns only once the server's write-ahead log is
+    /// on disk past it, and the append's setting stays its own.
+    #[tokio::test]
+    async fn a_barrier_returns_once_the_server_flushed_the_appends_before_it() {
+        let url = Postgres.create().await;
+        let log = PgLog::connect(&url).await.unwrap();
+        let db = log.db();
+        let lsn = |sql: &'static str| {
+            let db = &db;
+            async move {
+                let rows = db.query("read an lsn", sql, &[]).await.unwrap();
+                rows[0].get::<_, i64>(0)
+            }
+        };
+        const INSERTED: &str = "SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint";
+        const FLUSHED: &str = "SELECT (pg_current_wal_flush_lsn() - '0/0')::bigint";
+        let session = Uuid::now_v7();
+        for seq in 1..=20u8 {
+            log.append(
+                session,
+                u64::from(seq),
+                vec![eventlog::conformance::event(seq)],
+            )
+            .await
+            .unwrap();
+            let appended = lsn(INSERTED).await;
+            log.barrier(Durability::Synced).await.unwrap();
+            let flushed = lsn(FLUSHED).await;
+            assert!(
+                flushed >= appended,
+                "seq {seq}: flushed to {flushed}, appended to {appended}"
+            );
+        }
+        assert_eq!(log.head(session).await.unwrap().seq, 20);
+        let setting = db
+            .query(
+                "read a setting",
+                "SELECT current_setting('synchronous_commit')",
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!(setting[0].get::<_, String>(0), "on");
     }
 
     #[tokio::test]
