@@ -311,6 +311,20 @@ pub trait EventLog: Send + Sync {
         events: Vec<NewEvent>,
     ) -> Result<Vec<Record>, LogError>;
 
+    /// [`EventLog::append`] of records nothing acts on before a later
+    /// append of the session that a barrier makes durable (or a barrier):
+    /// a backend whose every append is durable as it commits (PostgreSQL)
+    /// may commit this one without waiting for its flush, as the next
+    /// durable commit or barrier covers it. By default, `append`.
+    async fn append_deferred(
+        &self,
+        session: Uuid,
+        expected_seq: u64,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<Record>, LogError> {
+        self.append(session, expected_seq, events).await
+    }
+
     /// Records of `session` with `from <= seq <= to`, in seq order, each
     /// checked (hash, seq, session, and the chain link between neighbours).
     async fn read(&self, session: Uuid, from: u64, to: u64) -> Result<Vec<Record>, LogError>;

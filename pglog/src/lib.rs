@@ -4,11 +4,12 @@
 //! Records are the same sealed bytes as on sled (format byte, named-field
 //! MessagePack envelope, SHA-256 chain hash), so an export from one backend
 //! imports into the other and verifies. What PostgreSQL adds:
-//! - an append is one transaction (`mneme_append`), committed without
-//!   waiting for the server's write-ahead flush: visible to every process
-//!   at once, and durable at the next barrier, which waits for one flush
-//!   (a synchronous commit) for all the appends before it; barriers of
-//!   many sessions at once share the server's flushes (its group commit);
+//! - an append is one transaction (`mneme_append`), durable once it
+//!   commits (connections set `synchronous_commit=on`); a deferred append
+//!   (a model reply, which the `ToolStarted` after it makes durable) is
+//!   committed without waiting for the server's flush, which the next
+//!   durable commit includes (the server's log is one sequence), or a
+//!   barrier waits for: a step costs two flushes, not three;
 //! - optimistic concurrency on (session, seq): a writer that lost a race
 //!   gets [`LogError::Conflict`], as on sled;
 //! - leases with fencing tokens: while this handle holds a session's lease,
@@ -73,15 +74,16 @@ pub struct PgLog {
     heads: Mutex<HashMap<Uuid, Head>>,
     /// Committed appends, (session, last seq), to announce to followers.
     appended: tokio::sync::mpsc::UnboundedSender<(Uuid, u64)>,
-    /// How many of this handle's appends committed, and how many of them a
-    /// barrier saw flushed.
+    /// How many of this handle's deferred appends committed, and how many
+    /// of them are known flushed.
     commits: Commits,
 }
 
-/// Counts of a handle's appends: committed (asynchronously), and flushed.
+/// Counts of a handle's deferred appends: committed, and known flushed
+/// (by a durable append or a barrier after them).
 #[derive(Default)]
 struct Commits {
-    committed: AtomicU64,
+    deferred: AtomicU64,
     flushed: AtomicU64,
     /// Held by the barrier that is flushing.
     flushing: tokio::sync::Mutex<()>,
@@ -159,13 +161,17 @@ impl PgLog {
         session: Uuid,
         head: Head,
         events: &[NewEvent],
+        deferred: bool,
     ) -> Result<Result<Vec<Record>, u64>, LogError> {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
         let (records, sealed) = eventlog::seal_after(session, head, events.to_vec(), now)?;
         Ok(
-            match self.store_after(session, head, &records, sealed).await? {
+            match self
+                .store_after(session, head, &records, sealed, deferred)
+                .await?
+            {
                 Stored::Done => Ok(records),
                 Stored::HeadMoved(actual) => Err(actual),
             },
@@ -180,6 +186,38 @@ impl PgLog {
             .get(&session)
             .copied()
             .filter(|h| h.seq + 1 == expected_seq)
+    }
+
+    /// [`EventLog::append`], or `deferred` ([`EventLog::append_deferred`]).
+    async fn append_as(
+        &self,
+        session: Uuid,
+        expected_seq: u64,
+        events: Vec<NewEvent>,
+        deferred: bool,
+    ) -> Result<Vec<Record>, LogError> {
+        // The head this handle last wrote saves a round trip; the store
+        // checks it, and a stale one costs one retry from the real head.
+        if let Some(head) = self.cached_head(session, expected_seq) {
+            if let Ok(records) = self.append_after(session, head, &events, deferred).await? {
+                return Ok(records);
+            }
+            self.forget_head(session);
+        }
+        let head = self.head(session).await?;
+        let conflict = |actual| LogError::Conflict {
+            session,
+            expected: expected_seq,
+            actual,
+        };
+        if expected_seq != head.seq + 1 {
+            // A writer that was taken over hears that, not a stale seq.
+            self.check_fence(session).await?;
+            return Err(conflict(head.seq + 1));
+        }
+        self.append_after(session, head, &events, deferred)
+            .await?
+            .map_err(conflict)
     }
 
     fn remember_head(&self, session: Uuid, head: Head) {
@@ -197,13 +235,16 @@ impl PgLog {
             .remove(&session);
     }
 
-    /// Stores sealed `records` after `head` through `mneme_append`.
+    /// Stores sealed `records` after `head` through `mneme_append`:
+    /// `deferred`, committed without waiting for the server's flush (see
+    /// [`EventLog::append_deferred`]), else durable when this returns.
     async fn store_after(
         &self,
         session: Uuid,
         head: Head,
         records: &[Record],
         sealed: Vec<Vec<u8>>,
+        deferred: bool,
     ) -> Result<Stored, LogError> {
         let (Some(first), Some(last)) = (records.first(), records.last()) else {
             return Ok(Stored::Done);
@@ -220,10 +261,19 @@ impl PgLog {
             kind: last.envelope.kind.clone(),
         };
         let db = self.db();
-        let code = db.append(args).await?;
+        // Every deferred commit before a durable one is in the server's
+        // log before it, and flushed with it.
+        let deferred_before = self.commits.deferred.load(Ordering::Acquire);
+        let code = db.append(args, deferred).await?;
         match code {
             0 => {
-                self.commits.committed.fetch_add(1, Ordering::AcqRel);
+                if deferred {
+                    self.commits.deferred.fetch_add(1, Ordering::AcqRel);
+                } else {
+                    self.commits
+                        .flushed
+                        .fetch_max(deferred_before, Ordering::AcqRel);
+                }
                 let _ = self.appended.send((session, last.envelope.seq));
                 self.remember_head(
                     session,
@@ -426,14 +476,15 @@ impl Db {
             .map_err(self.fail(what))
     }
 
-    /// Runs `mneme_append` in a transaction of its own that commits without
-    /// waiting for the server to flush its write-ahead log
-    /// (`synchronous_commit` off for it alone): visible to every process
-    /// at once, durable at the next [`Db::flush`]. One round trip: the
-    /// transaction's three messages are pipelined. An append refused inside
-    /// the function (its return code) commits nothing; one that fails
-    /// aborts, and the COMMIT rolls it back.
-    async fn append(&self, a: AppendArgs) -> Result<i64, LogError> {
+    /// Runs `mneme_append` in a transaction of its own, durable when it
+    /// commits; or, `deferred`, committed without waiting for the server
+    /// to flush its write-ahead log (`synchronous_commit` off for that
+    /// transaction alone): visible to every process at once, durable with
+    /// the next durable commit or [`Db::flush`]. One round trip either way
+    /// (a deferred one's three messages are pipelined). An append refused
+    /// inside the function (its return code) stores nothing; one that
+    /// fails aborts, and the COMMIT rolls it back.
+    async fn append(&self, a: AppendArgs, deferred: bool) -> Result<i64, LogError> {
         let what = "append";
         let client = self.client().await?;
         let statement = client
@@ -451,6 +502,10 @@ impl Db {
             &a.updated_ms,
             &a.kind,
         ];
+        if !deferred {
+            let rows = client.query(&statement, &params).await;
+            return Ok(rows.map_err(self.fail(what))?[0].get(0));
+        }
         let (begun, appended, committed) = futures_util::future::join3(
             client.batch_execute("BEGIN; SET LOCAL synchronous_commit TO off"),
             client.query(&statement, &params),
@@ -565,28 +620,17 @@ impl EventLog for PgLog {
         expected_seq: u64,
         events: Vec<NewEvent>,
     ) -> Result<Vec<Record>, LogError> {
-        // The head this handle last wrote saves a round trip; the store
-        // checks it, and a stale one costs one retry from the real head.
-        if let Some(head) = self.cached_head(session, expected_seq) {
-            if let Ok(records) = self.append_after(session, head, &events).await? {
-                return Ok(records);
-            }
-            self.forget_head(session);
-        }
-        let head = self.head(session).await?;
-        let conflict = |actual| LogError::Conflict {
-            session,
-            expected: expected_seq,
-            actual,
-        };
-        if expected_seq != head.seq + 1 {
-            // A writer that was taken over hears that, not a stale seq.
-            self.check_fence(session).await?;
-            return Err(conflict(head.seq + 1));
-        }
-        self.append_after(session, head, &events)
-            .await?
-            .map_err(conflict)
+        self.append_as(session, expected_seq, events, false).await
+    }
+    /// Committed without waiting for the server's flush, which the next
+    /// durable append (of any session) or barrier waits for.
+    async fn append_deferred(
+        &self,
+        session: Uuid,
+        expected_seq: u64,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<Record>, LogError> {
+        self.append_as(session, expected_seq, events, true).await
     }
     async fn read(&self, session: Uuid, from: u64, to: u64) -> Result<Vec<Record>, LogError> {
         self.read_range(session, from, to, None).await
@@ -658,15 +702,16 @@ impl EventLog for PgLog {
             .await?;
         Ok(rows.first().map(meta_of))
     }
-    /// Appends commit without waiting for the server's flush: a barrier
-    /// (but [`Durability::Buffered`]'s) waits for it, once for every append
-    /// this handle made before it. Barriers that meet share one flush: the
-    /// first waits, the others find their appends flushed by it.
+    /// Every append but a deferred one is durable once it committed; a
+    /// barrier (but [`Durability::Buffered`]'s) waits for the server's
+    /// flush only if a deferred append came after the last durable one.
+    /// Barriers that meet share one flush: the first waits, the others
+    /// find their appends flushed by it.
     async fn barrier(&self, durability: Durability) -> Result<(), LogError> {
         if durability == Durability::Buffered {
             return Ok(());
         }
-        let wanted = self.commits.committed.load(Ordering::Acquire);
+        let wanted = self.commits.deferred.load(Ordering::Acquire);
         if self.commits.flushed.load(Ordering::Acquire) >= wanted {
             return Ok(());
         }
@@ -674,7 +719,7 @@ impl EventLog for PgLog {
         if self.commits.flushed.load(Ordering::Acquire) >= wanted {
             return Ok(());
         }
-        let upto = self.commits.committed.load(Ordering::Acquire);
+        let upto = self.commits.deferred.load(Ordering::Acquire);
         self.db().flush().await?;
         self.commits.flushed.fetch_max(upto, Ordering::AcqRel);
         Ok(())
@@ -689,7 +734,10 @@ impl EventLog for PgLog {
             seq: last.envelope.seq,
             hash: last.hash,
         };
-        match self.store_after(session, head, &records, sealed).await? {
+        match self
+            .store_after(session, head, &records, sealed, false)
+            .await?
+        {
             Stored::Done => Ok(new_head),
             Stored::HeadMoved(actual) => Err(LogError::Conflict {
                 session,
@@ -1205,11 +1253,12 @@ mod tests {
         assert_eq!((commit.as_str(), timeout.as_str()), ("on", "1min"));
     }
 
-    /// An append commits without waiting for the server's flush; the
-    /// barrier after it returns only once the server's write-ahead log is
-    /// on disk past it, and the append's setting stays its own.
+    /// A deferred append commits without waiting for the server's flush;
+    /// a barrier after it returns only once the server's write-ahead log
+    /// is on disk past it, as does a durable append after it; and the
+    /// deferred append's setting stays its own.
     #[tokio::test]
-    async fn a_barrier_returns_once_the_server_flushed_the_appends_before_it() {
+    async fn a_deferred_append_is_flushed_by_the_next_barrier_or_durable_append() {
         let url = Postgres.create().await;
         let log = PgLog::connect(&url).await.unwrap();
         let db = log.db();
@@ -1223,23 +1272,29 @@ mod tests {
         const INSERTED: &str = "SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint";
         const FLUSHED: &str = "SELECT (pg_current_wal_flush_lsn() - '0/0')::bigint";
         let session = Uuid::now_v7();
-        for seq in 1..=20u8 {
-            log.append(
-                session,
-                u64::from(seq),
-                vec![eventlog::conformance::event(seq)],
-            )
-            .await
-            .unwrap();
-            let appended = lsn(INSERTED).await;
+        let event = |seq: u64| vec![eventlog::conformance::event(seq as u8)];
+        for seq in (1..=60).step_by(3) {
+            log.append_deferred(session, seq, event(seq)).await.unwrap();
+            let deferred = lsn(INSERTED).await;
             log.barrier(Durability::Synced).await.unwrap();
             let flushed = lsn(FLUSHED).await;
             assert!(
-                flushed >= appended,
-                "seq {seq}: flushed to {flushed}, appended to {appended}"
+                flushed >= deferred,
+                "seq {seq}: flushed to {flushed}, appended to {deferred}"
+            );
+            log.append_deferred(session, seq + 1, event(seq + 1))
+                .await
+                .unwrap();
+            let deferred = lsn(INSERTED).await;
+            log.append(session, seq + 2, event(seq + 2)).await.unwrap();
+            let flushed = lsn(FLUSHED).await;
+            assert!(
+                flushed >= deferred,
+                "seq {}: flushed to {flushed}, appended to {deferred}",
+                seq + 1
             );
         }
-        assert_eq!(log.head(session).await.unwrap().seq, 20);
+        assert_eq!(log.head(session).await.unwrap().seq, 60);
         let setting = db
             .query(
                 "read a setting",

@@ -284,11 +284,17 @@ pub(crate) async fn migrate(pool: &Pool, store: &str, target: &Target) -> Result
 }
 
 /// Announces committed appends, (session, last seq), to every process
-/// listening on the store's channel (`mneme:<schema>`): what arrived while
-/// the last announcement was under way goes out together, one statement,
-/// the highest seq per session. Best effort: an announcement lost (a broken
+/// listening on the store's channel (`mneme:<schema>`): what arrives within
+/// [`ANNOUNCE_EVERY`] of the first append not yet announced (or while the
+/// last announcement was under way) goes out together, one statement, the
+/// highest seq per session; a session's step of three appends is one
+/// announcement, not three notifying transactions. Best effort: an
+/// announcement lost (a broken
 /// connection, this process killed after a commit) delays a follower until
 /// the next one or its own periodic look at the head.
+/// How long an append waits for others to be announced with.
+const ANNOUNCE_EVERY: std::time::Duration = std::time::Duration::from_millis(5);
+
 pub(crate) async fn announce(
     pool: Pool,
     store: String,
@@ -296,6 +302,7 @@ pub(crate) async fn announce(
 ) {
     while let Some((session, seq)) = appended.recv().await {
         let mut heads = std::collections::BTreeMap::from([(session, seq)]);
+        tokio::time::sleep(ANNOUNCE_EVERY).await;
         while let Ok((session, seq)) = appended.try_recv() {
             let head = heads.entry(session).or_default();
             *head = (*head).max(seq);

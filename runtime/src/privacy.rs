@@ -448,6 +448,43 @@ impl SealedLog {
     }
 }
 
+impl SealedLog {
+    /// [`EventLog::append`] (or, `deferred`, [`EventLog::append_deferred`])
+    /// of `events` sealed under the session's key, if it has one.
+    async fn append_as(
+        &self,
+        session: Uuid,
+        expected_seq: u64,
+        events: Vec<NewEvent>,
+        deferred: bool,
+    ) -> Result<Vec<Record>, LogError> {
+        let key = self.key_for_append(session, expected_seq).await?;
+        let events = match &key {
+            SessionKey::Some(cipher) => events
+                .into_iter()
+                .zip(expected_seq..)
+                .map(|(event, seq)| Self::seal(cipher, session, seq, event))
+                .collect::<Result<Vec<_>, _>>()?,
+            _ => events,
+        };
+        let records = match deferred {
+            true => {
+                self.inner
+                    .append_deferred(session, expected_seq, events)
+                    .await?
+            }
+            false => self.inner.append(session, expected_seq, events).await?,
+        };
+        match key {
+            SessionKey::Some(_) => records
+                .into_iter()
+                .map(|record| Self::open(&key, record))
+                .collect(),
+            _ => Ok(records),
+        }
+    }
+}
+
 #[async_trait::async_trait]
 impl EventLog for SealedLog {
     async fn append(
@@ -456,20 +493,15 @@ impl EventLog for SealedLog {
         expected_seq: u64,
         events: Vec<NewEvent>,
     ) -> Result<Vec<Record>, LogError> {
-        let key = self.key_for_append(session, expected_seq).await?;
-        let SessionKey::Some(cipher) = &key else {
-            return self.inner.append(session, expected_seq, events).await;
-        };
-        let sealed = events
-            .into_iter()
-            .zip(expected_seq..)
-            .map(|(event, seq)| Self::seal(cipher, session, seq, event))
-            .collect::<Result<Vec<_>, _>>()?;
-        let records = self.inner.append(session, expected_seq, sealed).await?;
-        records
-            .into_iter()
-            .map(|record| Self::open(&key, record))
-            .collect()
+        self.append_as(session, expected_seq, events, false).await
+    }
+    async fn append_deferred(
+        &self,
+        session: Uuid,
+        expected_seq: u64,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<Record>, LogError> {
+        self.append_as(session, expected_seq, events, true).await
     }
     async fn read(&self, session: Uuid, from: u64, to: u64) -> Result<Vec<Record>, LogError> {
         let records = self.inner.read(session, from, to).await?;

@@ -349,6 +349,13 @@ impl Runner {
             session.traced_by(Some(trace));
         }
         let mut end = self.steps(session, parts).await;
+        // Whatever ended the turn, what it recorded (a deferred reply too)
+        // is durable before its end is told.
+        if end.is_ok() {
+            if let Err(error) = session.barrier(self.durability).await {
+                end = Err(error);
+            }
+        }
         // A turn that failed is signed too: what it recorded is history.
         // (A turn cut off from its lease or its store cannot sign: its
         // own error stands.)
@@ -584,8 +591,10 @@ impl Runner {
         let max_calls = session.spec()?.limits.calls_per_reply();
         reply.refused = refusal(&reply, max_calls);
         let cut_off = reply.cut_off();
+        // Made durable with what follows it (its calls' ToolStarted, an
+        // approval asked, the turn's end), before anything acts on it.
         session
-            .append(vec![Event::ModelReplied(reply)], Some(cause))
+            .append_deferred(vec![Event::ModelReplied(reply)], Some(cause))
             .await?;
         if cut_off && session.state().cut_off_in_a_row >= 2 {
             let error = ModelError::CutOff {

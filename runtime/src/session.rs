@@ -362,12 +362,35 @@ impl Session {
         &mut self,
         events: Vec<(Event, Option<u64>)>,
     ) -> Result<u64, RuntimeError> {
+        self.append_as(events, false).await
+    }
+
+    /// [`Session::append`] of events that nothing acts on before a later
+    /// append is made durable by a barrier (a model reply, before its
+    /// calls' `ToolStarted`): see [`EventLog::append_deferred`].
+    pub(crate) async fn append_deferred(
+        &mut self,
+        events: Vec<Event>,
+        caused_by: Option<u64>,
+    ) -> Result<u64, RuntimeError> {
+        let events = events.into_iter().map(|e| (e, caused_by)).collect();
+        self.append_as(events, true).await
+    }
+
+    async fn append_as(
+        &mut self,
+        events: Vec<(Event, Option<u64>)>,
+        deferred: bool,
+    ) -> Result<u64, RuntimeError> {
         let first = self.state.last_seq + 1;
         let (events, new): (Vec<Event>, Vec<NewEvent>) = events
             .into_iter()
             .map(|(e, caused_by)| new_event(e, caused_by))
             .unzip();
-        let records = self.log.append(self.id, first, new).await?;
+        let records = match deferred {
+            true => self.log.append_deferred(self.id, first, new).await?,
+            false => self.log.append(self.id, first, new).await?,
+        };
         if let Some(observer) = &self.observer {
             observer.appended(&records, &events);
         }
