@@ -131,6 +131,10 @@ pub fn summary(event: &Event) -> String {
                 (_, false) => format!("calls {}", calls.join(", ")),
                 (None, true) => "empty reply".into(),
             };
+            let what = match &r.reasoning {
+                Some(thought) => format!("{what}; reasoning {:?}", clip(thought, 60)),
+                None => what,
+            };
             let what = match (&r.refused, r.cut_off()) {
                 (Some(why), _) => format!("{what}; REFUSED: {}", clip(why, 80)),
                 (None, true) => format!("{what}; CUT OFF by the token limit"),

@@ -18,7 +18,9 @@ const ARGUMENT: &str = "PLANTED-ARGUMENT-9c2e";
 /// the clear by design) does not hold it.
 const RESULT: &str = "PLANTED-RESULT-1002";
 const ANSWER: &str = "PLANTED-ANSWER-5e40";
-const PLANTED: [&str; 4] = [MESSAGE, ARGUMENT, RESULT, ANSWER];
+/// The model's reasoning beside its call (`reasoning_content`).
+const REASONING: &str = "PLANTED-REASONING-3b8a";
+const PLANTED: [&str; 5] = [MESSAGE, ARGUMENT, RESULT, ANSWER, REASONING];
 
 /// A world whose commands encrypt at rest with a master key kept beside
 /// (not inside) the data directory, and snapshot after every event (so
@@ -164,7 +166,10 @@ async fn erase(private: &Private, session: &str) {
 
 /// A model that calls `tool` with `args`, then answers [`ANSWER`].
 async fn call_then_answer(tool: &str, args: Value) -> MockModel {
-    let replies = vec![MockReply::calls(&[(tool, args)]), MockReply::answer(ANSWER)];
+    let replies = vec![
+        MockReply::calls(&[(tool, args)]).reasoning(REASONING),
+        MockReply::answer(ANSWER),
+    ];
     MockModel::start(replies, Fault::None).await
 }
 

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 /// is written with the version it needs: [`Event::schema`]). Older
 /// versions are read; newer ones are refused with
 /// [`DecodeError::UnknownSchema`].
-pub const EVENT_SCHEMA: u16 = 7;
+pub const EVENT_SCHEMA: u16 = 8;
 
 /// One thing that happened in a session. Immutable once appended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -343,6 +343,11 @@ pub struct ChildRun {
 pub struct ModelReply {
     /// Assistant text, if any.
     pub content: Option<String>,
+    /// The reasoning the server returned beside the text
+    /// (`reasoning_content`), exactly as received; sent back or not by
+    /// the spec's [`crate::spec::Reasoning`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
     /// Tool calls, in the model's order.
     pub tool_calls: Vec<ToolCall>,
     /// Token usage the server reported.
@@ -624,6 +629,7 @@ impl Event {
                     .map(|c| (&mut c.arguments, c.invented.as_mut()))
                     .unzip();
                 (reply.content.iter_mut())
+                    .chain(reply.reasoning.iter_mut())
                     .chain(arguments)
                     .chain(invented.into_iter().flatten())
                     .collect()
@@ -670,7 +676,8 @@ impl Event {
     /// child's `SpawnedBy`, a call's finish naming its child; 5 a tool name
     /// the model invented, set aside as content; 6 durable sleep (a spec
     /// with a tool of kind `sleep`, `WakeScheduled`, `Woken`); 7 schedules
-    /// (their log's four kinds, a session's `ScheduledBy`). A build that
+    /// (their log's four kinds, a session's `ScheduledBy`); 8 a reply's
+    /// reasoning, and a spec's `reasoning` rule. A build that
     /// reads only older versions then refuses such an event by name instead
     /// of misreading it (it would run a call with the model's arguments
     /// where a person gave others, drop a waiting message, resume a rerun
@@ -678,6 +685,12 @@ impl Event {
     /// event stays readable by it.
     pub fn schema(&self) -> u16 {
         match self {
+            Event::ModelReplied(reply) if reply.reasoning.is_some() => 8,
+            Event::SessionStarted { spec } | Event::SpecChanged { spec, .. }
+                if spec.model.reasoning != crate::spec::Reasoning::default() =>
+            {
+                8
+            }
             Event::ScheduledBy { .. }
             | Event::ScheduleCreated { .. }
             | Event::ScheduleFired { .. }

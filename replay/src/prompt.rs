@@ -3,7 +3,7 @@
 //! the same bytes in any process, so a server's prefix cache keeps hitting.
 
 use crate::event::ToolOutcome;
-use crate::spec::AgentSpec;
+use crate::spec::{AgentSpec, Reasoning};
 use crate::state::{CallPhase, CallState, Entry, SessionState};
 use serde::Serialize;
 use std::sync::Arc;
@@ -45,6 +45,10 @@ pub struct Message {
     /// The call a tool message answers.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// The reasoning the server returned with this assistant message, sent
+    /// back where the spec keeps it ([`crate::spec::Reasoning::Keep`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 /// A tool call as the API carries it.
@@ -118,7 +122,7 @@ pub fn messages(state: &SessionState) -> Vec<Message> {
     out.extend(system_message(state));
     out.extend(summary_message(state));
     for entry in &state.entries {
-        entry_messages(entry, &mut out);
+        entry_messages(entry, reasoning_of(state), &mut out);
     }
     out
 }
@@ -139,7 +143,7 @@ fn system_message(state: &SessionState) -> Option<Message> {
 
 /// The messages of one entry: a user message, or an assistant message and
 /// one result per call, in call order.
-fn entry_messages(entry: &Entry, out: &mut Vec<Message>) {
+fn entry_messages(entry: &Entry, reasoning: Reasoning, out: &mut Vec<Message>) {
     match entry {
         Entry::User(text) => out.push(text_message("user", text)),
         Entry::Reply { reply, calls, .. } => {
@@ -153,12 +157,17 @@ fn entry_messages(entry: &Entry, out: &mut Vec<Message>) {
                 content,
                 tool_calls: (!calls.is_empty()).then(|| wire_calls(calls)),
                 tool_call_id: None,
+                reasoning_content: match reasoning {
+                    Reasoning::Keep => reply.reasoning.clone(),
+                    Reasoning::Drop => None,
+                },
             });
             out.extend(calls.iter().map(|c| Message {
                 role: "tool",
                 content: Some(result_text(c)),
                 tool_calls: None,
                 tool_call_id: Some(c.call.id.clone()),
+                reasoning_content: None,
             }));
             if let Some(reason) = &reply.refused {
                 out.push(text_message("user", &format!("{REFUSED_PREFIX}{reason}")));
@@ -184,6 +193,8 @@ pub struct RenderedPrefix {
     started: bool,
     /// The compaction it was rendered under (entries replaced, summary).
     compacted: Option<(usize, String)>,
+    /// Whether the replies' reasoning was rendered (the spec's rule).
+    reasoning: Reasoning,
     /// Chained SHA-256 over the rendered messages: H(previous ‖ message).
     digest: [u8; 32],
     /// The request's bytes before its messages, as last built.
@@ -286,8 +297,12 @@ impl RenderedPrefix {
     /// rendered from a longer or another history starts over.
     fn extend(&mut self, state: &SessionState) {
         let done = state.entries.len().saturating_sub(1);
-        if self.entries > done || self.compacted != state.compacted {
-            *self = RenderedPrefix::default();
+        let reasoning = reasoning_of(state);
+        if self.entries > done || self.compacted != state.compacted || self.reasoning != reasoning {
+            *self = RenderedPrefix {
+                reasoning,
+                ..RenderedPrefix::default()
+            };
         }
         if !self.started {
             for message in system_message(state)
@@ -301,7 +316,7 @@ impl RenderedPrefix {
         }
         let mut messages = Vec::new();
         for entry in &state.entries[self.entries..done] {
-            entry_messages(entry, &mut messages);
+            entry_messages(entry, self.reasoning, &mut messages);
         }
         for message in &messages {
             self.push(message);
@@ -327,7 +342,7 @@ pub fn next_request_incremental(
     prefix.extend(state);
     let mut last = Vec::new();
     if let Some(entry) = state.entries.last() {
-        entry_messages(entry, &mut last);
+        entry_messages(entry, prefix.reasoning, &mut last);
     }
     // The request with no messages, split where they go.
     let empty = body(spec, &[], key, room_to_finish(state));
@@ -368,7 +383,7 @@ pub fn compaction_request(state: &SessionState, upto: usize) -> Option<Vec<u8>> 
     }
     let mut earlier = Vec::new();
     for entry in state.entries.get(..upto.checked_sub(state.dropped)?)? {
-        entry_messages(entry, &mut earlier);
+        entry_messages(entry, Reasoning::Drop, &mut earlier);
     }
     for m in &earlier {
         let calls = m
@@ -475,12 +490,21 @@ fn body(spec: &AgentSpec, messages: &[Message], cache_key: Option<&str>, widened
     serde_json::to_vec(&request).expect("requests always serialize")
 }
 
+/// The spec's rule for the replies' reasoning.
+fn reasoning_of(state: &SessionState) -> Reasoning {
+    state
+        .spec
+        .as_ref()
+        .map_or_else(Reasoning::default, |s| s.model.reasoning)
+}
+
 fn text_message(role: &'static str, text: &str) -> Message {
     Message {
         role,
         content: Some(text.to_string()),
         tool_calls: None,
         tool_call_id: None,
+        reasoning_content: None,
     }
 }
 

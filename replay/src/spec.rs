@@ -592,6 +592,34 @@ pub struct ModelSpec {
     /// refused (default [`DEFAULT_MAX_RESPONSE_BYTES`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_response_bytes: Option<u64>,
+    /// Whether the reasoning a chat-completions server returns beside the
+    /// reply (`reasoning_content`) is sent back with it in later requests.
+    /// Recorded either way.
+    #[serde(default, skip_serializing_if = "Reasoning::is_default")]
+    pub reasoning: Reasoning,
+}
+
+/// What becomes of the reasoning (`reasoning_content`) a chat-completions
+/// server returned with a reply (`[model] reasoning`). Whichever it is,
+/// the reasoning is recorded with the reply, and the prompt is rebuilt from
+/// the record by the same rule, byte for byte, after any crash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Reasoning {
+    /// Not sent back: what llama.cpp's, vLLM's and DeepSeek's documentation
+    /// ask (DeepSeek refuses a request that carries it; chat templates such
+    /// as Qwen3's drop it from earlier turns).
+    #[default]
+    Drop,
+    /// Sent back as `reasoning_content` on the assistant message it came
+    /// with, as received: for a server whose template reads it.
+    Keep,
+}
+
+impl Reasoning {
+    fn is_default(&self) -> bool {
+        *self == Reasoning::Drop
+    }
 }
 
 /// Where Anthropic's Messages API is when the spec names no `base_url`.

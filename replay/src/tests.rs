@@ -52,6 +52,7 @@ fn spec() -> AgentSpec {
             stream: None,
             cached_input_cost_per_mtok: None,
             cache_write_cost_per_mtok: None,
+            reasoning: Default::default(),
         },
         tools: vec![
             tool("charge", ToolKind::Http, Effect::SideEffect, None),
@@ -1401,10 +1402,15 @@ fn schedule_events() -> Vec<Event> {
 }
 
 fn arbitrary_log() -> impl Strategy<Value = Vec<Event>> {
-    proptest::collection::vec((0u8..12, 0usize..4, any::<bool>()), 0..60).prop_map(|ops| {
+    let ops = proptest::collection::vec((0u8..12, 0usize..4, any::<bool>()), 0..60);
+    (ops, any::<bool>()).prop_map(|(ops, keep)| {
         let names = ["charge", "email", "lookup", "nope"];
+        let mut spec = spec();
+        if keep {
+            spec.model.reasoning = crate::spec::Reasoning::Keep;
+        }
         let mut events = vec![Event::SessionStarted {
-            spec: Box::new(spec()),
+            spec: Box::new(spec),
         }];
         let mut last_calls: Vec<ToolCall> = Vec::new();
         for (i, (op, pick, flag)) in ops.into_iter().enumerate() {
@@ -1423,6 +1429,9 @@ fn arbitrary_log() -> impl Strategy<Value = Vec<Event>> {
                         .collect();
                     event::normalize_call_ids(&mut last_calls);
                     let mut made = reply(flag.then_some("text"), last_calls.clone());
+                    if let Event::ModelReplied(r) = &mut made {
+                        r.reasoning = (pick % 2 == 0).then(|| format!("thought {i}"));
+                    }
                     if let (Event::ModelReplied(r), 3) = (&mut made, pick) {
                         // Refused: none of its calls run.
                         r.refused = Some(format!("refused {i}"));

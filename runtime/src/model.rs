@@ -491,6 +491,10 @@ struct Choice {
 struct WireMessage {
     #[serde(default)]
     content: Option<String>,
+    /// What llama.cpp, vLLM and DeepSeek return as `reasoning_content`
+    /// (newer vLLM and OpenRouter: `reasoning`).
+    #[serde(default, alias = "reasoning")]
+    reasoning_content: Option<String>,
     #[serde(default)]
     tool_calls: Option<Vec<WireCall>>,
 }
@@ -572,6 +576,7 @@ fn parse_reply(url: &str, text: &str) -> Result<ModelReply, ModelError> {
         .collect();
     Ok(ModelReply {
         content: choice.message.content,
+        reasoning: choice.message.reasoning_content.filter(|r| !r.is_empty()),
         tool_calls,
         usage: response.usage.unwrap_or_default().into(),
         finish_reason: choice.finish_reason.unwrap_or_default(),
@@ -717,6 +722,20 @@ mod tests {
         let reply = parse_reply("u", text).unwrap();
         assert_eq!(reply.usage.cached_tokens, 8);
         assert_eq!(reply.content.as_deref(), Some("hi"));
+    }
+
+    #[test]
+    fn reads_reasoning_beside_the_text_under_either_name() {
+        for name in ["reasoning_content", "reasoning"] {
+            let text = format!(
+                r#"{{"choices":[{{"message":{{"content":"4","{name}":"2 and 2 make 4"}},"finish_reason":"stop"}}]}}"#
+            );
+            let reply = parse_reply("u", &text).unwrap();
+            assert_eq!(reply.reasoning.as_deref(), Some("2 and 2 make 4"), "{name}");
+            assert_eq!(reply.content.as_deref(), Some("4"));
+        }
+        let none = r#"{"choices":[{"message":{"content":"4","reasoning_content":""}}]}"#;
+        assert_eq!(parse_reply("u", none).unwrap().reasoning, None);
     }
 
     #[test]

@@ -27,6 +27,7 @@ pub(crate) struct Assembly {
 #[derive(Debug, Default)]
 pub(crate) struct ChatChunks {
     content: Option<String>,
+    reasoning: Option<String>,
     calls: Vec<PartialCall>,
     finish_reason: String,
     usage: Usage,
@@ -61,6 +62,10 @@ struct ChunkChoice {
 struct Delta {
     #[serde(default)]
     content: Option<String>,
+    /// What llama.cpp, vLLM and DeepSeek stream as `reasoning_content`
+    /// (newer vLLM and OpenRouter: `reasoning`).
+    #[serde(default, alias = "reasoning")]
+    reasoning_content: Option<String>,
     #[serde(default)]
     tool_calls: Vec<CallDelta>,
 }
@@ -154,6 +159,7 @@ impl Chunks for ChatChunks {
             .collect();
         Ok(ModelReply {
             content: self.content,
+            reasoning: self.reasoning,
             tool_calls,
             usage: self.usage,
             finish_reason: self.finish_reason,
@@ -171,6 +177,12 @@ impl ChatChunks {
             if let Some(text) = choice.delta.content.filter(|t| !t.is_empty()) {
                 self.content.get_or_insert_with(String::new).push_str(&text);
                 progress.text.push_str(&text);
+                progress.generated = true;
+            }
+            if let Some(text) = choice.delta.reasoning_content.filter(|t| !t.is_empty()) {
+                self.reasoning
+                    .get_or_insert_with(String::new)
+                    .push_str(&text);
                 progress.generated = true;
             }
             for call in choice.delta.tool_calls {
@@ -228,6 +240,22 @@ mod tests {
             text.push_str(&assembly.feed(piece).unwrap().text);
         }
         (assembly.finish().unwrap(), text)
+    }
+
+    #[test]
+    fn streamed_reasoning_is_kept_apart_from_the_text_shown() {
+        let stream = concat!(
+            "data: {\"choices\":[{\"delta\":{\"reasoning_content\":\"2 and 2\"}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"reasoning_content\":\" make 4\"}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"content\":\"4\"},\"finish_reason\":\"stop\"}]}\n\n",
+            "data: [DONE]\n\n"
+        );
+        for read in [1, 9, stream.len()] {
+            let (reply, text) = assemble(stream, read);
+            assert_eq!(text, "4");
+            assert_eq!(reply.content.as_deref(), Some("4"));
+            assert_eq!(reply.reasoning.as_deref(), Some("2 and 2 make 4"));
+        }
     }
 
     #[test]

@@ -26,6 +26,8 @@ pub struct MockReply {
     pub content: Option<String>,
     /// Tool calls: (tool name, arguments).
     pub calls: Vec<(String, Value)>,
+    /// Reasoning returned beside the text (`reasoning_content`), if any.
+    pub reasoning: Option<String>,
 }
 
 impl MockReply {
@@ -37,6 +39,7 @@ impl MockReply {
                 .iter()
                 .map(|(n, a)| (n.to_string(), a.clone()))
                 .collect(),
+            reasoning: None,
         }
     }
 
@@ -45,6 +48,16 @@ impl MockReply {
         MockReply {
             content: Some(text.into()),
             calls: vec![],
+            reasoning: None,
+        }
+    }
+
+    /// The same reply, with `reasoning` returned beside it, as llama.cpp,
+    /// vLLM and DeepSeek return `reasoning_content`.
+    pub fn reasoning(self, reasoning: &str) -> MockReply {
+        MockReply {
+            reasoning: Some(reasoning.into()),
+            ..self
         }
     }
 }
@@ -253,6 +266,9 @@ async fn complete(
         })
         .collect();
     let mut message = json!({"role": "assistant", "content": reply.content});
+    if let Some(reasoning) = &reply.reasoning {
+        message["reasoning_content"] = json!(reasoning);
+    }
     if !tool_calls.is_empty() {
         message["tool_calls"] = Value::Array(tool_calls);
     }
