@@ -135,6 +135,10 @@ pub fn summary(event: &Event) -> String {
                 Some(thought) => format!("{what}; reasoning {:?}", clip(thought, 60)),
                 None => what,
             };
+            let what = match r.thinking.len() {
+                0 => what,
+                n => format!("{what}; {n} thinking block(s) {}", clip(&r.thinking[0], 60)),
+            };
             let what = match (&r.refused, r.cut_off()) {
                 (Some(why), _) => format!("{what}; REFUSED: {}", clip(why, 80)),
                 (None, true) => format!("{what}; CUT OFF by the token limit"),

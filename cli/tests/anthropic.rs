@@ -173,3 +173,86 @@ async fn a_streamed_message_reaches_stdout_and_a_cut_off_call_never_starts() {
         "{kinds:?}"
     );
 }
+
+/// A thinking block and a redacted one, as the Messages API returns them.
+fn thought() -> [Value; 2] {
+    [
+        json!({"type": "thinking", "thinking": "A refund of order 1: it needs a person's approval.",
+               "signature": "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds"}),
+        json!({"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix/LafPsn4aDFIT2Xlxh0L5L8rLVyIw"}),
+    ]
+}
+
+/// `mneme run` of an agent thinking before a refund that needs approval,
+/// then `mneme approve`, which runs it: uncrashed, or SIGKILLed inside the
+/// refund and resumed. Returns every request the model got.
+async fn a_thinking_turn_through_an_approval(killed_in_the_call: bool) -> Vec<Value> {
+    let sink = Sink::start().await.unwrap();
+    let world = World::new();
+    let model = HostileModel::start(|n, _, _| {
+        let [thinking, redacted] = thought();
+        match n {
+            0 => message(
+                json!([thinking, redacted,
+                       {"type": "tool_use", "id": "toolu_01", "name": "refund", "input": {"n": 1}}]),
+                "tool_use",
+                0,
+            ),
+            _ => message(json!([{"type": "text", "text": "Refunded."}]), "end_turn", 0),
+        }
+    })
+    .await;
+    let text = agent_toml(&model.base_url(), &[refund_needing_approval(&sink)])
+        .replace("provider = \"openai\"", "provider = \"anthropic\"")
+        .replace(
+            "timeout_secs = 10\n",
+            "timeout_secs = 10\nthinking_budget_tokens = 2048\n",
+        );
+    let agent = world.write("agent.toml", &text);
+    let out = world
+        .run(&["run", "--agent", agent.to_str().unwrap(), "refund order 1"])
+        .await;
+    let id = session_id(&out);
+    assert!(stderr(&out).contains("approval"), "{}", stderr(&out));
+    let approve = ["approve", &id, "toolu_01", "--by", "ada"];
+    let answered = if killed_in_the_call {
+        let hold = sink.hold("refund");
+        let mut child = world.spawn_until_applied(&approve, hold.applied).await;
+        child.start_kill().unwrap(); // SIGKILL
+        child.wait().await.unwrap();
+        drop(hold.release);
+        world.run(&["resume", &id]).await
+    } else {
+        world.run(&approve).await
+    };
+    assert!(answered.status.success(), "{}", stderr(&answered));
+    assert!(
+        stdout(&answered).contains("Refunded."),
+        "{}",
+        stdout(&answered)
+    );
+    assert_eq!(sink.stats().path("refund").effects, 1, "one refund");
+    model.requests()
+}
+
+/// Anthropic's extended thinking: the request asks for it, and the turn's
+/// thinking blocks go back at the head of its assistant message exactly as
+/// received (signature and redacted data), across an approval, a SIGKILL
+/// inside the approved call and a resume: the request after it is the
+/// uncrashed run's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thinking_blocks_go_back_unchanged_across_an_approval_and_a_sigkill() {
+    let uncrashed = a_thinking_turn_through_an_approval(false).await;
+    let crashed = a_thinking_turn_through_an_approval(true).await;
+    assert_eq!(uncrashed.len(), 2);
+    assert_eq!(
+        uncrashed[0]["thinking"],
+        json!({"type": "enabled", "budget_tokens": 2048})
+    );
+    let assistant = &uncrashed[1]["messages"][1];
+    assert_eq!(assistant["role"], "assistant");
+    let content = assistant["content"].as_array().unwrap();
+    assert_eq!(content[..2], thought(), "{assistant}");
+    assert_eq!(content[2]["type"], "tool_use");
+    assert_eq!(crashed, uncrashed, "the same requests after the crash");
+}

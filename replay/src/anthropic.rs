@@ -57,6 +57,9 @@ pub fn request(state: &SessionState, widened: bool) -> Option<Vec<u8>> {
     if let Some(t) = spec.model.temperature {
         body["temperature"] = json!(t);
     }
+    if let Some(budget) = spec.model.thinking_budget_tokens {
+        body["thinking"] = json!({"type": "enabled", "budget_tokens": budget});
+    }
     if spec.model.streams() {
         body["stream"] = json!(true);
     }
@@ -113,6 +116,11 @@ fn entry_blocks(entry: &Entry, messages: &mut Vec<Value>) {
     match entry {
         Entry::User(text) => push(messages, "user", text_block(text)),
         Entry::Reply { reply, calls, .. } => {
+            // A turn's thinking goes back first, as received.
+            for block in &reply.thinking {
+                let block = serde_json::from_str(block).unwrap_or_else(|_| json!(block));
+                push(messages, "assistant", block);
+            }
             let text = reply.content.as_deref().filter(|t| !t.is_empty());
             if text.is_some() || calls.is_empty() {
                 push(messages, "assistant", text_block(text.unwrap_or(NO_TEXT)));

@@ -348,6 +348,11 @@ pub struct ModelReply {
     /// the spec's [`crate::spec::Reasoning`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning: Option<String>,
+    /// Anthropic's `thinking` and `redacted_thinking` blocks, each the
+    /// block's JSON as received (signature and all), in order: sent back
+    /// unchanged at the head of the assistant turn they came with.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub thinking: Vec<String>,
     /// Tool calls, in the model's order.
     pub tool_calls: Vec<ToolCall>,
     /// Token usage the server reported.
@@ -630,6 +635,7 @@ impl Event {
                     .unzip();
                 (reply.content.iter_mut())
                     .chain(reply.reasoning.iter_mut())
+                    .chain(reply.thinking.iter_mut())
                     .chain(arguments)
                     .chain(invented.into_iter().flatten())
                     .collect()
@@ -677,7 +683,8 @@ impl Event {
     /// the model invented, set aside as content; 6 durable sleep (a spec
     /// with a tool of kind `sleep`, `WakeScheduled`, `Woken`); 7 schedules
     /// (their log's four kinds, a session's `ScheduledBy`); 8 a reply's
-    /// reasoning, and a spec's `reasoning` rule. A build that
+    /// reasoning or thinking blocks, and a spec's `reasoning` rule or
+    /// thinking budget. A build that
     /// reads only older versions then refuses such an event by name instead
     /// of misreading it (it would run a call with the model's arguments
     /// where a person gave others, drop a waiting message, resume a rerun
@@ -685,9 +692,14 @@ impl Event {
     /// event stays readable by it.
     pub fn schema(&self) -> u16 {
         match self {
-            Event::ModelReplied(reply) if reply.reasoning.is_some() => 8,
+            Event::ModelReplied(reply)
+                if reply.reasoning.is_some() || !reply.thinking.is_empty() =>
+            {
+                8
+            }
             Event::SessionStarted { spec } | Event::SpecChanged { spec, .. }
-                if spec.model.reasoning != crate::spec::Reasoning::default() =>
+                if spec.model.reasoning != crate::spec::Reasoning::default()
+                    || spec.model.thinking_budget_tokens.is_some() =>
             {
                 8
             }

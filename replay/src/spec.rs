@@ -597,7 +597,15 @@ pub struct ModelSpec {
     /// Recorded either way.
     #[serde(default, skip_serializing_if = "Reasoning::is_default")]
     pub reasoning: Reasoning,
+    /// Anthropic's extended thinking: the tokens the model may think with
+    /// (at least [`MIN_THINKING_BUDGET_TOKENS`], under `max_tokens`); its
+    /// thinking blocks are recorded and sent back exactly as received.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking_budget_tokens: Option<u64>,
 }
+
+/// The least thinking budget Anthropic's API takes.
+pub const MIN_THINKING_BUDGET_TOKENS: u64 = 1024;
 
 /// What becomes of the reasoning (`reasoning_content`) a chat-completions
 /// server returned with a reply (`[model] reasoning`). Whichever it is,
@@ -664,6 +672,33 @@ impl ModelSpec {
             .unwrap_or(DEFAULT_MAX_RESPONSE_BYTES)
     }
 
+    /// `thinking_budget_tokens` as Anthropic's API takes it: with its
+    /// provider, at least [`MIN_THINKING_BUDGET_TOKENS`], under the reply's
+    /// `max_tokens`, and no `temperature` but 1 (the API refuses others).
+    fn validate_thinking(&self) -> Result<(), String> {
+        let Some(budget) = self.thinking_budget_tokens else {
+            return Ok(());
+        };
+        let max_tokens = self
+            .max_tokens
+            .unwrap_or(crate::anthropic::DEFAULT_MAX_TOKENS);
+        if !self.is_anthropic() {
+            Err("thinking_budget_tokens is read only with provider = \"anthropic\"".into())
+        } else if budget < MIN_THINKING_BUDGET_TOKENS {
+            Err(format!(
+                "thinking_budget_tokens = {budget}: at least {MIN_THINKING_BUDGET_TOKENS}"
+            ))
+        } else if budget >= max_tokens {
+            Err(format!(
+                "thinking_budget_tokens = {budget}: must be under max_tokens ({max_tokens})"
+            ))
+        } else if self.temperature.is_some_and(|t| t != 1.0) {
+            Err("temperature: with thinking_budget_tokens, leave it out (or 1)".into())
+        } else {
+            Ok(())
+        }
+    }
+
     /// A server that picks the model by name must be given one: Anthropic's
     /// API and OpenAI's refuse a request without it (a local server such
     /// as llama.cpp's serves the one model it loaded, whatever the name).
@@ -726,6 +761,7 @@ impl ModelSpec {
         }
         positive("max_tokens", self.max_tokens).map_err(model)?;
         positive("max_completion_tokens", self.max_completion_tokens).map_err(model)?;
+        self.validate_thinking().map_err(model)?;
         within(
             "max_response_bytes",
             self.max_response_bytes,

@@ -53,6 +53,7 @@ fn spec() -> AgentSpec {
             cached_input_cost_per_mtok: None,
             cache_write_cost_per_mtok: None,
             reasoning: Default::default(),
+            thinking_budget_tokens: None,
         },
         tools: vec![
             tool("charge", ToolKind::Http, Effect::SideEffect, None),
@@ -788,6 +789,28 @@ fn servers_that_pick_the_model_by_name_must_be_given_one() {
     local.model.base_url = Some("http://127.0.0.1:8080/v1".into());
     local.model.model = String::new();
     assert!(local.validate().is_ok());
+}
+
+#[test]
+fn a_thinking_budget_is_refused_where_the_api_would_refuse_it() {
+    let thinking = |provider: &str, budget: u64, temperature: Option<f64>| {
+        let mut s = spec();
+        s.model.provider = provider.into();
+        s.model.thinking_budget_tokens = Some(budget);
+        s.model.temperature = temperature;
+        s.validate()
+    };
+    assert!(thinking("anthropic", 2048, None).is_ok());
+    assert!(thinking("anthropic", 2048, Some(1.0)).is_ok());
+    for (provider, budget, temperature, says) in [
+        ("openai", 2048, None, "only with provider"),
+        ("anthropic", 512, None, "at least 1024"),
+        ("anthropic", 4096, None, "under max_tokens (4096)"),
+        ("anthropic", 2048, Some(0.2), "temperature"),
+    ] {
+        let err = thinking(provider, budget, temperature).expect_err(says);
+        assert!(err.contains("[model]") && err.contains(says), "{err}");
+    }
 }
 
 #[test]

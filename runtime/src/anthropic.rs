@@ -11,8 +11,9 @@ use serde_json::Value;
 
 #[derive(Deserialize)]
 struct Message {
+    /// Each block as received: thinking blocks are kept whole.
     #[serde(default)]
-    content: Vec<Block>,
+    content: Vec<Value>,
     #[serde(default)]
     stop_reason: Option<String>,
     #[serde(default)]
@@ -32,8 +33,26 @@ enum Block {
         #[serde(default)]
         input: Value,
     },
+    Thinking {
+        #[serde(default)]
+        thinking: String,
+        #[serde(default)]
+        signature: String,
+    },
+    RedactedThinking {
+        #[serde(default)]
+        data: String,
+    },
     #[serde(other)]
     Other,
+}
+
+/// Whether a content block is thinking (kept whole, sent back unchanged).
+fn is_thinking(block: &Value) -> bool {
+    matches!(
+        block["type"].as_str(),
+        Some("thinking" | "redacted_thinking")
+    )
 }
 
 #[derive(Deserialize, Default, Clone, Copy)]
@@ -79,7 +98,13 @@ pub(crate) fn parse_message(text: &str) -> Result<ModelReply, String> {
         serde_json::from_str(text).map_err(|e| format!("not a Messages API message: {e}"))?;
     let mut content: Option<String> = None;
     let mut tool_calls = Vec::new();
+    let mut thinking = Vec::new();
     for block in message.content {
+        if is_thinking(&block) {
+            thinking.push(block.to_string());
+            continue;
+        }
+        let block = serde_json::from_value(block).unwrap_or(Block::Other);
         match block {
             Block::Text { text } => content.get_or_insert_with(String::new).push_str(&text),
             Block::ToolUse { id, name, input } => tool_calls.push(ToolCall {
@@ -88,11 +113,12 @@ pub(crate) fn parse_message(text: &str) -> Result<ModelReply, String> {
                 arguments: input.to_string(),
                 invented: None,
             }),
-            Block::Other => {}
+            Block::Thinking { .. } | Block::RedactedThinking { .. } | Block::Other => {}
         }
     }
     Ok(ModelReply {
         content,
+        thinking,
         tool_calls,
         usage: message.usage.usage(),
         finish_reason: finish_reason(message.stop_reason),
@@ -113,6 +139,13 @@ pub(crate) struct MessageChunks {
 
 enum PartialBlock {
     Text(String),
+    /// A thinking block: its text and signature as they stream in.
+    Thinking {
+        thinking: String,
+        signature: String,
+    },
+    /// A redacted thinking block, which arrives whole.
+    Redacted(String),
     ToolUse {
         id: String,
         name: String,
@@ -163,6 +196,10 @@ enum Piece {
     Text { text: String },
     #[serde(rename = "input_json_delta")]
     InputJson { partial_json: String },
+    #[serde(rename = "thinking_delta")]
+    Thinking { thinking: String },
+    #[serde(rename = "signature_delta")]
+    Signature { signature: String },
     #[serde(other)]
     Other,
 }
@@ -198,6 +235,14 @@ impl Chunks for MessageChunks {
                         name,
                         json: String::new(),
                     },
+                    Block::Thinking {
+                        thinking,
+                        signature,
+                    } => PartialBlock::Thinking {
+                        thinking,
+                        signature,
+                    },
+                    Block::RedactedThinking { data } => PartialBlock::Redacted(data),
                     Block::Other => PartialBlock::Other,
                 };
                 if self.blocks.len() <= index {
@@ -216,6 +261,14 @@ impl Chunks for MessageChunks {
                         Some(PartialBlock::ToolUse { json, .. }),
                         Piece::InputJson { partial_json },
                     ) => json.push_str(&partial_json),
+                    (
+                        Some(PartialBlock::Thinking { thinking, .. }),
+                        Piece::Thinking { thinking: piece },
+                    ) => thinking.push_str(&piece),
+                    (
+                        Some(PartialBlock::Thinking { signature, .. }),
+                        Piece::Signature { signature: piece },
+                    ) => signature.push_str(&piece),
                     _ => {}
                 }
                 progress.generated = true;
@@ -241,9 +294,20 @@ impl Chunks for MessageChunks {
         }
         let mut content: Option<String> = None;
         let mut tool_calls = Vec::new();
+        let mut thought = Vec::new();
         for block in self.blocks {
             match block {
                 PartialBlock::Text(text) => content.get_or_insert_with(String::new).push_str(&text),
+                PartialBlock::Thinking {
+                    thinking,
+                    signature,
+                } => thought.push(
+                    serde_json::json!({"type": "thinking", "thinking": thinking, "signature": signature})
+                        .to_string(),
+                ),
+                PartialBlock::Redacted(data) => thought.push(
+                    serde_json::json!({"type": "redacted_thinking", "data": data}).to_string(),
+                ),
                 PartialBlock::ToolUse { id, name, json } => tool_calls.push(ToolCall {
                     id,
                     name,
@@ -255,6 +319,7 @@ impl Chunks for MessageChunks {
         }
         Ok(ModelReply {
             content,
+            thinking: thought,
             tool_calls,
             usage: self.usage.usage(),
             finish_reason: finish_reason(self.stop_reason),
@@ -324,5 +389,37 @@ mod tests {
             (45, 40)
         );
         assert_eq!(reply.usage.completion_tokens, 17);
+    }
+
+    /// Thinking blocks, whole or streamed, come out as the same JSON, the
+    /// signature and a redacted block's data untouched, in order.
+    #[test]
+    fn thinking_blocks_are_kept_whole_streamed_or_not() {
+        let thinking = serde_json::json!({"type": "thinking", "thinking": "4200 cents is 42 EUR", "signature": "sig/+=="});
+        let redacted = serde_json::json!({"type": "redacted_thinking", "data": "EmwKAhgBEgy3"});
+        let text = serde_json::json!({"content": [thinking, redacted,
+            {"type": "tool_use", "id": "toolu_1", "name": "charge", "input": {"cents": 4200}}],
+            "stop_reason": "tool_use", "usage": {}})
+        .to_string();
+        let whole = parse_message(&text).unwrap();
+        assert_eq!(whole.thinking, [thinking.to_string(), redacted.to_string()]);
+        assert_eq!(whole.tool_calls.len(), 1);
+        let events = [
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":"","signature":""}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"4200 cents"}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":" is 42 EUR"}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"signature_delta","signature":"sig/+=="}}"#,
+            r#"{"type":"content_block_start","index":1,"content_block":{"type":"redacted_thinking","data":"EmwKAhgBEgy3"}}"#,
+            r#"{"type":"content_block_start","index":2,"content_block":{"type":"tool_use","id":"toolu_1","name":"charge","input":{}}}"#,
+            r#"{"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta","partial_json":"{\"cents\": 4200}"}}"#,
+            r#"{"type":"message_delta","delta":{"stop_reason":"tool_use"}}"#,
+            r#"{"type":"message_stop"}"#,
+        ];
+        let stream: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+        let mut assembly = Assembly::new(Box::<MessageChunks>::default());
+        let shown = assembly.feed(stream.as_bytes()).unwrap();
+        assert_eq!(shown.text, "", "thinking is not the reply's text");
+        let streamed = assembly.finish().unwrap();
+        assert_eq!(streamed.thinking, whole.thinking);
     }
 }
