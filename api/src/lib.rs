@@ -1167,6 +1167,20 @@ pub struct ReplayView {
     pub mcp_changes: std::collections::BTreeMap<String, Vec<String>>,
 }
 
+/// A session's prefix-cache misses, each explained (`mneme replay --cache`;
+/// see [`replay::cache::cache_misses`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+pub struct CacheReport {
+    /// The session.
+    pub session: Uuid,
+    /// Each reply whose cached prompt tokens fell short of what the request
+    /// before it made cacheable: `seq`, `cacheable_tokens`,
+    /// `cached_tokens`, `first_difference` (a byte offset) and `cause`.
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<Object>))]
+    pub misses: Vec<replay::cache::CacheMiss>,
+}
+
 /// One tool of a session.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]

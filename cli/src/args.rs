@@ -545,6 +545,11 @@ pub(crate) struct ReplayArgs {
     /// Print only the exact bytes of the next model request.
     #[arg(long, conflicts_with = "json")]
     pub(crate) raw: bool,
+    /// List the replies whose prompts missed the server's prefix cache,
+    /// what each cost, and why (the event that changed the request, or
+    /// eviction).
+    #[arg(long, conflicts_with = "raw")]
+    pub(crate) cache: bool,
     #[command(flatten)]
     pub(crate) json: JsonFlag,
     #[command(flatten, next_help_heading = "Store options")]

@@ -374,6 +374,11 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
                 crate::out::write(&sessions.next_request(id).await?);
                 return Ok(ExitCode::SUCCESS);
             }
+            if a.cache {
+                let report = sessions.cache_report(id).await?;
+                crate::render::cache_report(&report, a.json.json)?;
+                return Ok(ExitCode::SUCCESS);
+            }
             let view = sessions.replay(id).await?;
             crate::render::replay(&to_json(&view), a.json.json)?;
             Ok(ExitCode::SUCCESS)

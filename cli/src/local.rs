@@ -209,6 +209,10 @@ impl Sessions for Local {
         Ok(self.service.replay_view(id).await?)
     }
 
+    async fn cache_report(&self, id: Uuid) -> Result<runtime::api::CacheReport> {
+        Ok(self.service.cache_report(id).await?)
+    }
+
     async fn erase(&self, id: Uuid, erase: runtime::api::Erase) -> Result<runtime::api::Erased> {
         let control = self.control(None);
         Ok(control.erase_with_derived(id, &erase, &|_| {}).await?)

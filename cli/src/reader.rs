@@ -1,7 +1,8 @@
 //! Reads beside a running command. sled admits one process per data
 //! directory, so while a `mneme run` (or `resume`, `approve`, …) holds it,
 //! that process answers reads of its sessions from other terminals
-//! (`sessions`, `log`, `verify`, `replay`, `diff`, `blob`): over loopback,
+//! (`sessions`, `log`, `verify`, `replay` and `replay --cache`, `diff`,
+//! `blob`): over loopback,
 //! with a token of its own, at the daemon API's paths and in its types, so
 //! the other process reads through [`crate::remote::Remote`] and prints what
 //! it would print holding the log itself. Nothing is written through it.
@@ -62,6 +63,7 @@ impl Reader {
             .route("/sessions/{id}/events", get(events))
             .route("/sessions/{id}/verify", get(verify))
             .route("/sessions/{id}/replay", get(replay))
+            .route("/sessions/{id}/cache", get(cache_report))
             .route("/sessions/{id}/request", get(request))
             .route("/sessions/{id}/blobs/{digest}", get(blob))
             .route("/sessions/{id}/diff/{other}", get(diff))
@@ -181,6 +183,10 @@ async fn verify(State(shared): State<Arc<Shared>>, Path(id): Path<Uuid>) -> Resp
 
 async fn replay(State(shared): State<Arc<Shared>>, Path(id): Path<Uuid>) -> Response {
     answer(shared.sessions.replay(id).await)
+}
+
+async fn cache_report(State(shared): State<Arc<Shared>>, Path(id): Path<Uuid>) -> Response {
+    answer(shared.sessions.cache_report(id).await)
 }
 
 async fn request(State(shared): State<Arc<Shared>>, Path(id): Path<Uuid>) -> Response {

@@ -244,6 +244,10 @@ impl Sessions for Remote {
         self.get(&format!("/sessions/{id}/replay")).await
     }
 
+    async fn cache_report(&self, id: Uuid) -> Result<runtime::api::CacheReport> {
+        self.get(&format!("/sessions/{id}/cache")).await
+    }
+
     async fn erase(&self, id: Uuid, erase: runtime::api::Erase) -> Result<runtime::api::Erased> {
         self.writable()?;
         let path = format!("/sessions/{id}");

@@ -221,6 +221,34 @@ pub fn verify(results: &[Value], json: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// `mneme replay --cache`: a line a miss, or a line saying there was none.
+pub fn cache_report(report: &runtime::api::CacheReport, json: bool) -> Result<()> {
+    if json {
+        for miss in &report.misses {
+            outln!("{}", serde_json::to_string(miss)?);
+        }
+        return Ok(());
+    }
+    if report.misses.is_empty() {
+        line!(
+            "Session {}: no prefix-cache misses (every reply read what the request before it made cacheable)",
+            report.session
+        );
+    }
+    for miss in &report.misses {
+        line!(
+            "#{} missed {} of {} cacheable prompt tokens ({} cached): {}, the request first differing at byte {}",
+            miss.seq,
+            miss.cacheable_tokens.saturating_sub(miss.cached_tokens),
+            miss.cacheable_tokens,
+            miss.cached_tokens,
+            miss.cause,
+            miss.first_difference
+        );
+    }
+    Ok(())
+}
+
 /// `mneme replay`.
 pub fn replay(view: &Value, json: bool) -> Result<()> {
     if json {

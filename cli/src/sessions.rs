@@ -79,6 +79,9 @@ pub trait Sessions: Send + Sync {
     /// The dry run of session `id`.
     async fn replay(&self, id: Uuid) -> Result<ReplayView>;
 
+    /// Session `id`'s prefix-cache misses, each explained.
+    async fn cache_report(&self, id: Uuid) -> Result<runtime::api::CacheReport>;
+
     /// The exact bytes of session `id`'s next model request.
     async fn next_request(&self, id: Uuid) -> Result<Vec<u8>>;
 

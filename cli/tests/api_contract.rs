@@ -100,7 +100,7 @@ async fn the_served_document_names_exactly_the_routes_served() {
             }
         }
     }
-    assert_eq!(checked, 28, "operations checked");
+    assert_eq!(checked, 29, "operations checked");
     // And a path the document does not name is not served.
     let (status, body) = daemon.get("/sessions/x/undocumented").await;
     assert_eq!(status, 404, "{body}");

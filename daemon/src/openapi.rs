@@ -172,6 +172,7 @@ mod tests {
             ("get", "/sessions/{id}/deltas"),
             ("get", "/sessions/{id}/verify"),
             ("get", "/sessions/{id}/replay"),
+            ("get", "/sessions/{id}/cache"),
             ("get", "/sessions/{id}/request"),
             ("get", "/sessions/{id}/blobs/{digest}"),
             ("get", "/sessions/{id}/diff/{other}"),

@@ -4,6 +4,7 @@
 //! same state, the same prompt bytes and the same plan, in any process.
 
 pub mod anthropic;
+pub mod cache;
 pub mod event;
 pub mod mcp;
 pub mod plan;

@@ -229,6 +229,16 @@ impl PreparedRequest {
         }
     }
 
+    /// Bytes of its stable start: everything before the newest entry's
+    /// messages (0 for a request built whole), which the next request of the
+    /// session repeats unless something changed it.
+    pub fn stable_len(&self) -> usize {
+        match self.history.is_empty() {
+            true => 0,
+            false => self.head.len() + self.history.len(),
+        }
+    }
+
     /// Its size in bytes.
     pub fn len(&self) -> usize {
         self.head.len() + self.history.len() + self.tail.len()

@@ -2406,3 +2406,62 @@ fn sleep_tools_are_written_as_version_6_and_are_read_only_and_run_by_mneme() {
     spec.tools.push(wait);
     assert!(spec.validate().unwrap_err().contains("no url"));
 }
+
+/// A reply answering `text` whose request had `prompt` tokens, `cached` of
+/// them from the server's cache.
+fn answer_with_cache(text: &str, prompt: u64, cached: u64) -> Event {
+    let mut made = reply(Some(text), vec![]);
+    if let Event::ModelReplied(r) = &mut made {
+        r.usage.prompt_tokens = prompt;
+        r.usage.cached_tokens = cached;
+    }
+    made
+}
+
+#[test]
+fn a_cache_miss_is_explained_by_the_event_that_changed_the_request_or_eviction() {
+    let user = |text: &str| Event::UserMessage { text: text.into() };
+    let started = Event::SessionStarted {
+        spec: Box::new(spec()),
+    };
+    let log = |middle: Vec<Event>, cached: u64| {
+        let mut events = vec![started.clone(), user("a"), answer_with_cache("A", 2000, 0)];
+        events.extend(middle);
+        events.push(user("b"));
+        events.push(answer_with_cache("B", 2100, cached));
+        crate::cache::cache_misses(
+            events
+                .into_iter()
+                .enumerate()
+                .map(|(i, e)| (i as u64 + 1, e)),
+        )
+    };
+    // Cached as expected, or short by less than a block: no miss.
+    assert_eq!(log(vec![], 1990), []);
+    assert_eq!(log(vec![], 1800), []);
+    // Nothing changed the request, which extended the earlier one: evicted.
+    let evicted = log(vec![], 0);
+    assert_eq!(evicted.len(), 1);
+    assert_eq!(
+        (
+            evicted[0].seq,
+            evicted[0].cacheable_tokens,
+            evicted[0].cached_tokens
+        ),
+        (5, 2000, 0)
+    );
+    assert_eq!(evicted[0].cause, "evicted");
+    // A spec change with another system prompt: named, and where it starts.
+    let mut other = spec();
+    other.system = "You are a refunds assistant.".into();
+    let changed = Event::SpecChanged {
+        spec: Box::new(other),
+        by: "mneme fork --agent".into(),
+    };
+    let missed = log(vec![changed], 100);
+    assert_eq!(missed.len(), 1, "{missed:?}");
+    assert_eq!(missed[0].cause, "system prompt changed");
+    let first = next_request("", &fold(&[started, user("a")])).unwrap();
+    let at = first.windows(7).position(|w| w == b"billing").unwrap();
+    assert_eq!(missed[0].first_difference, at as u64, "{missed:?}");
+}

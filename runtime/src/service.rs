@@ -107,6 +107,17 @@ impl Service {
         Ok(crate::views::replay_view(id, session.state()))
     }
 
+    /// Session `id`'s prefix-cache misses, each explained, from its whole
+    /// log (`mneme replay --cache`). Nothing is recorded.
+    pub async fn cache_report(&self, id: Uuid) -> Result<api::CacheReport, RuntimeError> {
+        let events = read_events(self.log.as_ref(), id).await?;
+        let events = events.into_iter().map(|(r, e)| (r.envelope.seq, e));
+        Ok(api::CacheReport {
+            session: id,
+            misses: replay::cache::cache_misses(events),
+        })
+    }
+
     /// Session `id` as `GET /sessions/{id}` shows it: its listing row
     /// (marked interrupted or pending when running with no live lease), its
     /// answer, the owner of its live lease, the calls in doubt or waiting,

@@ -14,10 +14,10 @@ use axum::{Extension, Json, Router};
 use eventlog::LogError;
 use replay::AgentSpec;
 use runtime::api::{
-    self as wire, Approve, Cancel, Cancelled, Created, Decided, Erase, Erased, EventRecord,
-    EventsQuery, Fork, Forked, Health, Index, ListQuery, MessageAccepted, PauseRequested,
-    PostMessage, ReplayView, Resolve, Resume, Resuming, SessionDiff, SessionStatus, SessionSummary,
-    SessionView, TurnOutcome, Verified,
+    self as wire, Approve, CacheReport, Cancel, Cancelled, Created, Decided, Erase, Erased,
+    EventRecord, EventsQuery, Fork, Forked, Health, Index, ListQuery, MessageAccepted,
+    PauseRequested, PostMessage, ReplayView, Resolve, Resume, Resuming, SessionDiff, SessionStatus,
+    SessionSummary, SessionView, TurnOutcome, Verified,
 };
 use runtime::control::{edited_arguments, resolution};
 use runtime::control::{Decision, TurnStart, TurnTask};
@@ -109,6 +109,7 @@ fn guarded_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(deltas::deltas))
         .routes(routes!(reads::verify))
         .routes(routes!(reads::replay_view))
+        .routes(routes!(reads::cache_report))
         .routes(routes!(reads::next_request))
         .routes(routes!(reads::blob))
         .routes(routes!(reads::diff))

@@ -27,6 +27,17 @@ pub(super) async fn replay_view(
     Ok(Json(daemon.service.replay_view(id).await?))
 }
 
+/// The session's prefix-cache misses, each with its cause: the recorded
+/// event that changed the request, or eviction by the server.
+#[utoipa::path(get, path = "/sessions/{id}/cache", params(SessionPath),
+    responses((status = 200, description = "The misses", body = CacheReport)))]
+pub(super) async fn cache_report(
+    State(daemon): State<Shared>,
+    Path(id): Path<Uuid>,
+) -> Result<Json<CacheReport>, ApiError> {
+    Ok(Json(daemon.service.cache_report(id).await?))
+}
+
 /// Binary content a tool returned by reference (an MCP server's image,
 /// say), by the SHA-256 its event records.
 #[utoipa::path(get, path = "/sessions/{id}/blobs/{digest}", params(BlobPath),
