@@ -1,0 +1,306 @@
+//! The PostgreSQL backend against the test server (`MNEME_TEST_PG`): the
+//! conformance suite, plain and over TLS, and what only this backend does.
+
+use super::*;
+use eventlog::conformance::Backend;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The server the tests use: `MNEME_TEST_PG`, which
+/// `scripts/with-postgres.sh` starts and sets.
+fn server() -> String {
+    std::env::var("MNEME_TEST_PG").expect(
+        "MNEME_TEST_PG is not set: run the tests as `scripts/with-postgres.sh cargo test --workspace`",
+    )
+}
+
+/// PostgreSQL as the conformance suite sees it: each store is a fresh
+/// schema on the test server.
+struct Postgres;
+
+static STORES: AtomicU64 = AtomicU64::new(0);
+
+#[async_trait::async_trait]
+impl eventlog::conformance::Backend for Postgres {
+    type Store = String;
+
+    async fn create(&self) -> String {
+        let n = STORES.fetch_add(1, Ordering::SeqCst);
+        let schema = format!("t{}_{}_{n}", std::process::id(), Uuid::now_v7().simple());
+        format!("{}?schema={schema}", server())
+    }
+
+    async fn open(&self, url: &String) -> Result<Arc<dyn EventLog>, LogError> {
+        Ok(Arc::new(PgLog::connect(url).await?))
+    }
+
+    async fn tamper(&self, url: &String, session: Uuid, seq: u64) {
+        behind_the_logs_back(
+            url,
+            "UPDATE mneme_events SET record = set_byte(record, length(record) - 40, \
+             get_byte(record, length(record) - 40) # 1) WHERE session = $1 AND seq = $2",
+            session,
+            seq,
+        )
+        .await;
+    }
+
+    async fn remove(&self, url: &String, session: Uuid, seq: u64) {
+        behind_the_logs_back(
+            url,
+            "DELETE FROM mneme_events WHERE session = $1 AND seq = $2",
+            session,
+            seq,
+        )
+        .await;
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+}
+
+/// Runs `sql` on the record at (`session` = $1, `seq` = $2) of the
+/// store at `url`, as someone with access to the database could.
+async fn behind_the_logs_back(url: &str, sql: &'static str, session: Uuid, seq: u64) {
+    let log = PgLog::connect(url).await.unwrap();
+    let db = log.db();
+    let seq = seq as i64;
+    db.query("change a record", sql, &[&session, &seq])
+        .await
+        .map(drop)
+        .unwrap();
+}
+
+eventlog::conformance_tests!(Postgres);
+
+/// The same suite over TLS: `sslmode=require`, the server's certificate
+/// checked against the throwaway CA (`MNEME_TEST_PG_CA`).
+mod over_tls {
+    use super::*;
+
+    pub(super) fn tls_url(url: String) -> String {
+        let ca = std::env::var("MNEME_TEST_PG_CA").expect(
+            "MNEME_TEST_PG_CA is not set: run the tests as `scripts/with-postgres.sh cargo test --workspace`",
+        );
+        format!("{url}&sslmode=require&sslrootcert={ca}")
+    }
+
+    struct PostgresTls;
+
+    #[async_trait::async_trait]
+    impl eventlog::conformance::Backend for PostgresTls {
+        type Store = String;
+
+        async fn create(&self) -> String {
+            tls_url(Postgres.create().await)
+        }
+
+        async fn open(&self, url: &String) -> Result<Arc<dyn EventLog>, LogError> {
+            Postgres.open(url).await
+        }
+
+        async fn tamper(&self, url: &String, session: Uuid, seq: u64) {
+            Postgres.tamper(url, session, seq).await
+        }
+
+        async fn remove(&self, url: &String, session: Uuid, seq: u64) {
+            Postgres.remove(url, session, seq).await
+        }
+
+        fn shared(&self) -> bool {
+            true
+        }
+    }
+
+    eventlog::conformance_tests!(PostgresTls);
+}
+
+#[tokio::test]
+async fn connections_with_sslmode_require_are_encrypted_and_checked() {
+    let url = over_tls::tls_url(eventlog::conformance::Backend::create(&Postgres).await);
+    let log = PgLog::connect(&url).await.unwrap();
+    let db = log.db();
+    let rows = db
+        .query(
+            "read ssl",
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(rows[0].get::<_, bool>(0), "the connection is encrypted");
+    // Without the throwaway CA, the self-signed certificate is refused.
+    let untrusted = url.split("&sslrootcert=").next().unwrap();
+    let err = PgLog::connect(untrusted).await.err().unwrap();
+    assert!(
+        format!("{err:?}").to_lowercase().contains("certificate"),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn migrations_run_once_and_a_newer_schema_is_refused() {
+    let url = Postgres.create().await;
+    let log = PgLog::connect(&url).await.unwrap();
+    drop(PgLog::connect(&url).await.unwrap());
+    let db = log.db();
+    let versions = db
+        .query("read", "SELECT version FROM mneme_schema_version", &[])
+        .await
+        .unwrap();
+    assert_eq!(versions.len(), schema::MIGRATIONS.len());
+    let db = log.db();
+    db.query(
+        "bump",
+        "INSERT INTO mneme_schema_version (version) VALUES (999)",
+        &[],
+    )
+    .await
+    .unwrap();
+    let err = PgLog::connect(&url).await.err().unwrap();
+    assert!(
+        matches!(err, LogError::SchemaTooNew { found: 999, .. }),
+        "{err}"
+    );
+}
+
+/// A store of version 1 (no pause requests) with a lease held and
+/// appended under: the next connect adds the column, the holder goes on
+/// appending (its connections ran `mneme_append` before the change) and
+/// can be asked to pause.
+#[tokio::test]
+async fn a_version_1_store_migrates_with_its_leases_held() {
+    let url = Postgres.create().await;
+    let log = PgLog::connect(&url).await.unwrap();
+    let s = Uuid::now_v7();
+    let lease = log
+        .leases()
+        .acquire_lease(s, "old", Duration::from_secs(60))
+        .await
+        .unwrap();
+    log.append(s, 1, vec![eventlog::conformance::event(1)])
+        .await
+        .unwrap();
+    log.db()
+        .query(
+            "back to version 1",
+            "ALTER TABLE mneme_leases DROP COLUMN pause_token",
+            &[],
+        )
+        .await
+        .unwrap();
+    log.db()
+        .query("back to version 1", "DROP TABLE mneme_session_keys", &[])
+        .await
+        .unwrap();
+    log.db()
+        .query(
+            "back to version 1",
+            "DELETE FROM mneme_schema_version WHERE version >= 2",
+            &[],
+        )
+        .await
+        .unwrap();
+    let newer = PgLog::connect(&url).await.unwrap();
+    let versions = newer
+        .db()
+        .query("read", "SELECT version FROM mneme_schema_version", &[])
+        .await
+        .unwrap();
+    assert_eq!(versions.len(), schema::MIGRATIONS.len());
+    log.append(s, 2, vec![eventlog::conformance::event(2)])
+        .await
+        .unwrap();
+    let asked = newer.leases().request_pause(s).await.unwrap().unwrap();
+    assert_eq!(asked.token, lease.token);
+    assert!(log
+        .leases()
+        .take_pause_request(s, lease.token)
+        .await
+        .unwrap());
+    log.append(s, 3, vec![eventlog::conformance::event(3)])
+        .await
+        .unwrap();
+    assert_eq!(newer.verify(s).await.unwrap(), 3);
+}
+
+#[tokio::test]
+async fn connections_commit_synchronously_whatever_the_server_default() {
+    let url = Postgres.create().await;
+    let log = PgLog::connect(&url).await.unwrap();
+    let db = log.db();
+    let settings = db
+        .query(
+            "read settings",
+            "SELECT current_setting('synchronous_commit'), current_setting('statement_timeout')",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (commit, timeout): (String, String) = (settings[0].get(0), settings[0].get(1));
+    assert_eq!((commit.as_str(), timeout.as_str()), ("on", "1min"));
+}
+
+/// A deferred append commits without waiting for the server's flush;
+/// a barrier after it returns only once the server's write-ahead log
+/// is on disk past it, as does a durable append after it; and the
+/// deferred append's setting stays its own.
+#[tokio::test]
+async fn a_deferred_append_is_flushed_by_the_next_barrier_or_durable_append() {
+    let url = Postgres.create().await;
+    let log = PgLog::connect(&url).await.unwrap();
+    let db = log.db();
+    let lsn = |sql: &'static str| {
+        let db = &db;
+        async move {
+            let rows = db.query("read an lsn", sql, &[]).await.unwrap();
+            rows[0].get::<_, i64>(0)
+        }
+    };
+    const INSERTED: &str = "SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint";
+    const FLUSHED: &str = "SELECT (pg_current_wal_flush_lsn() - '0/0')::bigint";
+    let session = Uuid::now_v7();
+    let event = |seq: u64| vec![eventlog::conformance::event(seq as u8)];
+    for seq in (1..=60).step_by(3) {
+        log.append_deferred(session, seq, event(seq)).await.unwrap();
+        let deferred = lsn(INSERTED).await;
+        log.barrier(Durability::Synced).await.unwrap();
+        let flushed = lsn(FLUSHED).await;
+        assert!(
+            flushed >= deferred,
+            "seq {seq}: flushed to {flushed}, appended to {deferred}"
+        );
+        log.append_deferred(session, seq + 1, event(seq + 1))
+            .await
+            .unwrap();
+        let deferred = lsn(INSERTED).await;
+        log.append(session, seq + 2, event(seq + 2)).await.unwrap();
+        let flushed = lsn(FLUSHED).await;
+        assert!(
+            flushed >= deferred,
+            "seq {}: flushed to {flushed}, appended to {deferred}",
+            seq + 1
+        );
+    }
+    assert_eq!(log.head(session).await.unwrap().seq, 60);
+    let setting = db
+        .query(
+            "read a setting",
+            "SELECT current_setting('synchronous_commit')",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(setting[0].get::<_, String>(0), "on");
+}
+
+#[tokio::test]
+async fn an_unreachable_store_is_named_without_its_password() {
+    let err = PgLog::connect("postgres://me:hunter2@127.0.0.1:1/mneme")
+        .await
+        .err()
+        .unwrap();
+    let text = err.to_string();
+    assert!(text.contains("127.0.0.1:1"), "{text}");
+    assert!(!text.contains("hunter2"), "{text}");
+}
