@@ -1,10 +1,13 @@
 //! `mneme replay --cache` through the real binary: a reply whose prompt
 //! missed the server's prefix cache is named with what it cost and why:
 //! the system prompt a `fork --agent` changed, or nothing recorded (the
-//! server evicted the prefix).
+//! server evicted the prefix). A daemon counts misses by cause for
+//! Prometheus, and its web view marks the reply that missed (and shows
+//! what a reply reasoned, folded away).
 
 mneme_e2e::binary!(env!("CARGO_BIN_EXE_mneme"));
 
+use mneme_e2e::daemon::DaemonProcess;
 use mneme_e2e::hostile::{Answer, HostileModel};
 use mneme_e2e::*;
 use serde_json::{json, Value};
@@ -97,19 +100,25 @@ async fn a_fork_with_another_system_prompt_is_named_as_the_cause_of_its_miss() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_miss_no_recorded_event_explains_is_named_evicted() {
-    // A server that never serves from its cache (restarted between
-    // requests, say): every prompt token is read anew.
-    let model = HostileModel::start(|n, request, _| {
+/// A server that never serves from its cache (restarted between
+/// requests, say): every prompt token is read anew. Each answer comes
+/// with the reasoning `thought N`.
+async fn forgetful_model() -> HostileModel {
+    HostileModel::start(|n, request, _| {
         let prompt = request.to_string().len() / 4;
         Answer::Json(json!({
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": format!("answer {n}")},
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": format!("answer {n}"),
+                                                 "reasoning_content": format!("thought {n}")},
                          "finish_reason": "stop"}],
             "usage": {"prompt_tokens": prompt, "completion_tokens": 3,
                       "prompt_tokens_details": {"cached_tokens": 0}}}))
     })
-    .await;
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_miss_no_recorded_event_explains_is_named_evicted() {
+    let model = forgetful_model().await;
     let world = World::new();
     let agent = world.write(
         "agent.toml",
@@ -129,4 +138,64 @@ async fn a_miss_no_recorded_event_explains_is_named_evicted() {
     // The second request extended the first past its stable start.
     let first = model.requests()[0].to_string().len() as u64;
     assert!(missed[0]["first_difference"].as_u64().unwrap() > first / 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_counts_the_miss_by_cause_and_its_web_view_marks_it() {
+    use mneme_e2e::browser::signed_in_page;
+    const WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+    let model = forgetful_model().await;
+    let world = World::new();
+    let daemon = DaemonProcess::start(&world.data(), &[]).await;
+    let agent = agent_with_system(&model.base_url(), "You are a billing agent.");
+    let id = daemon.create(&agent).await;
+    for text in ["first", "second"] {
+        let (status, end) = daemon.message_and_wait(&id, text).await;
+        assert_eq!(status, 200, "{end}");
+    }
+    let (status, report) = daemon.get(&format!("/sessions/{id}/cache")).await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["misses"].as_array().unwrap().len(), 1, "{report}");
+    let missed = report["misses"][0]["seq"].to_string();
+    let metrics = daemon.metrics_text().await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "mneme_cache_misses_total{cause=\"evicted\"} 1"),
+        "{metrics}"
+    );
+
+    let (browser, page) = signed_in_page(&world, "ada", WAIT).await;
+    let shown = tokio::task::block_in_place(|| {
+        page.eval(&format!("location.hash = '#/s/{id}'"))?;
+        page.wait_for("document.querySelector('#conversation .miss-note')", WAIT)?;
+        page.eval(
+            "({ misses: [...document.querySelectorAll('#conversation .miss-note')].map(n => \
+                   [n.closest('[data-seq]').dataset.seq, n.dataset.cause, n.textContent]), \
+               events: document.querySelectorAll('#timeline .miss-note').length, \
+               reasoning: [...document.querySelectorAll('#conversation details.thinking')].map(d => \
+                   [d.open, d.querySelector('summary').textContent, d.querySelector('.text').textContent]) })",
+        )
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    drop(browser);
+    // The second reply missed: marked once in each view, with its cause.
+    let misses = shown["misses"].as_array().unwrap();
+    assert_eq!(misses.len(), 1, "{shown}");
+    assert_eq!(misses[0][0], missed.as_str(), "{shown}");
+    assert_eq!(misses[0][1], "evicted", "{shown}");
+    assert!(
+        misses[0][2].as_str().unwrap().contains("cause: evicted"),
+        "{shown}"
+    );
+    assert_eq!(shown["events"], 1, "{shown}");
+    // Each reply's reasoning, folded away.
+    assert_eq!(
+        shown["reasoning"],
+        json!([
+            [false, "Reasoning", "thought 0"],
+            [false, "Reasoning", "thought 1"]
+        ]),
+        "{shown}"
+    );
 }

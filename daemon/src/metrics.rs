@@ -12,6 +12,7 @@ use replay::Event;
 use runtime::SessionObserver;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -37,7 +38,16 @@ pub struct Metrics {
     model_latency: Histogram,
     first_token_latency: Histogram,
     tool_latency: Histogram,
+    cache_misses: Family<[(&'static str, String); 1], Counter>,
+    /// Per session, what decides whether its next reply missed the prefix
+    /// cache (at most [`MAX_WATCHED`] sessions; see [`Metrics::watch`]).
+    watches: Mutex<HashMap<Uuid, replay::cache::MissWatch>>,
 }
+
+/// Sessions whose cache misses are watched at once. Past it the watches
+/// start again empty, so at worst the next reply of a session forgotten
+/// is not counted (`mneme replay --cache` still finds it).
+const MAX_WATCHED: usize = 4096;
 
 impl Default for Metrics {
     fn default() -> Metrics {
@@ -60,6 +70,8 @@ impl Metrics {
             model_latency: histogram(),
             first_token_latency: histogram(),
             tool_latency: histogram(),
+            cache_misses: Family::default(),
+            watches: Mutex::default(),
         };
         let mut registry = Registry::default();
         for (name, help, counter) in [
@@ -115,6 +127,11 @@ impl Metrics {
         ] {
             registry.register(name, help, histogram.clone());
         }
+        registry.register(
+            "mneme_cache_misses",
+            "Replies that read less from the server's prefix cache than the request before made cacheable, by the recorded cause",
+            metrics.cache_misses.clone(),
+        );
         Metrics {
             registry,
             ..metrics
@@ -124,6 +141,20 @@ impl Metrics {
     /// One more session resumed by recovery.
     pub fn recovered(&self) {
         self.recovered.inc();
+    }
+
+    /// Notes `event`, appended to `session`, in that session's watch: a
+    /// reply that missed the prefix cache is counted by its cause.
+    fn watch(&self, session: Uuid, event: &Event) {
+        let mut watches = self.watches.lock().unwrap_or_else(|e| e.into_inner());
+        if watches.len() >= MAX_WATCHED && !watches.contains_key(&session) {
+            watches.clear();
+        }
+        if let Some(short) = watches.entry(session).or_default().note(event) {
+            self.cache_misses
+                .get_or_create(&[("cause", short.recorded_cause())])
+                .inc();
+        }
     }
 
     /// Sessions resumed by recovery so far.
@@ -168,7 +199,8 @@ impl Metrics {
 impl SessionObserver for Metrics {
     fn appended(&self, records: &[Record], events: &[Event]) {
         self.events_appended.inc_by(records.len() as u64);
-        for event in events {
+        for (record, event) in records.iter().zip(events) {
+            self.watch(record.envelope.session, event);
             match event {
                 Event::ModelReplied(reply) => {
                     self.model_latency
@@ -226,5 +258,43 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
         }
         assert!(!text.contains("# EOF"), "{text}");
+    }
+
+    /// A reply that read less than the one before made cacheable is
+    /// counted by the event that changed the request, or as evicted.
+    #[test]
+    fn counts_cache_misses_by_their_recorded_cause() {
+        let metrics = Metrics::new();
+        let session = Uuid::now_v7();
+        let reply = |prompt: u64, cached: u64| {
+            let mut reply = replay::ModelReply::default();
+            reply.usage.prompt_tokens = prompt;
+            reply.usage.cached_tokens = cached;
+            Event::ModelReplied(reply)
+        };
+        let compacted = Event::ContextCompacted {
+            entries: 2,
+            covers: (2, 5),
+            summary: "s".into(),
+        };
+        for event in [
+            reply(2000, 0),
+            reply(2100, 1990),
+            reply(2200, 0),
+            compacted,
+            reply(900, 0),
+        ] {
+            metrics.watch(session, &event);
+        }
+        // Another session's first reply has nothing before it to miss.
+        metrics.watch(Uuid::now_v7(), &reply(5000, 0));
+        let text = metrics.render(&HashMap::new(), 0);
+        for line in [
+            "# TYPE mneme_cache_misses_total counter",
+            "mneme_cache_misses_total{cause=\"evicted\"} 1",
+            "mneme_cache_misses_total{cause=\"compaction\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
     }
 }

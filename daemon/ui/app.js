@@ -302,6 +302,10 @@ async function sessionPage(id, query, current) {
   api(`/sessions/${id}/verify`).then((v) => {
     if (verifying.isConnected) verifying.replaceWith(verifyBadge(v));
   }, failed);
+  // So does the explanation of cache misses: the replies it names are marked.
+  api(`/sessions/${id}/cache`).then((report) => {
+    if (current === shown) markMisses(report);
+  }, failed);
 }
 
 // A fork's link to its parent, and to the diff of the two (a rerun has its
@@ -492,7 +496,6 @@ function unwrap(record) {
 function newPage(id, view, after) {
   const page = {
     id, lastSeq: after, lastReplySeq: 0, toolOf: new Map(), argsOf: new Map(), effectOf: new Map(),
-    lastReply: null, compacted: false,
     // Sub-agents: the child session each agent call's first ToolStarted began.
     childAt: new Map((view.children || []).map((c) => [c.seq, c.session])),
     timeline: { node: el("ol", { class: "timeline", id: "timeline", "aria-label": "Events" }), calls: new Map() },
@@ -515,22 +518,20 @@ function addRecord(page, record) {
   if (record.kind === "ModelReplied") page.lastReplySeq = Math.max(page.lastReplySeq || 0, record.seq);
   const [kind, fields] = unwrap(record);
   learn(kind, fields, page);
-  const miss = kind === "ModelReplied" ? cacheMiss(fields, page) : null;
   if (kind === "SessionResumed" && fields.after_crash) page.died(record.seq);
-  addEvent(page, record, kind, fields, miss);
-  addTurn(page, record, kind, fields, miss);
-  if (kind === "ContextCompacted") page.compacted = true;
+  addEvent(page, record, kind, fields);
+  addTurn(page, record, kind, fields);
 }
 
 // The events timeline: every event as a row; a tool call's events gather in
 // one card (its attempts, effect, key, duration, result) where the call
 // first shows, its rows nested under it.
-function addEvent(page, record, kind, fields, miss) {
+function addEvent(page, record, kind, fields) {
   const timeline = page.timeline.node;
   // Some servers use the same call ids in every reply: a reply's calls are
   // new ones, each with a card of its own.
   if (kind === "ModelReplied") for (const call of fields.tool_calls) page.timeline.calls.delete(call.id);
-  const row = eventRow(record, kind, fields, page, miss);
+  const row = eventRow(record, kind, fields, page);
   const callId = fields && fields.call_id;
   if (CALL_KINDS.has(kind) && callId) {
     let card = page.timeline.calls.get(callId);
@@ -547,7 +548,7 @@ function addEvent(page, record, kind, fields, miss) {
 
 // The conversation: what the user said, what the agent answered, each call
 // of a reply as a card under it, and short notes for what else happened.
-function addTurn(page, record, kind, f, miss) {
+function addTurn(page, record, kind, f) {
   const conv = page.conversation;
   const list = conv.node;
   const item = (cls, ...children) => {
@@ -583,12 +584,13 @@ function addTurn(page, record, kind, f, miss) {
       });
       item("agent",
         el("div", { class: "who" }, "Agent"),
+        thoughts(f),
         f.content ? el("div", { class: "text" }, clip(f.content, 20000)) : null,
         !f.content && !f.tool_calls.length ? el("div", { class: "text none" }, "(an empty reply)") : null,
         f.refused ? el("div", { class: "refused" }, `Not run: ${clip(f.refused, 300)} (its calls: ${f.tool_calls.map((c) => c.name).join(", ")})`) : null,
         f.finish_reason === "length" ? el("div", { class: "cut-off" }, "Cut off by the token limit.") : null,
         cards.length ? el("div", { class: "calls" }, cards) : null,
-        figures(f, miss));
+        figures(f));
       return;
     }
     case "SessionResumed":
@@ -623,15 +625,32 @@ function addTurn(page, record, kind, f, miss) {
   }
 }
 
+// What a reply thought before it answered (a server's reasoning text, or
+// Anthropic's thinking blocks), folded away and clipped: shown, never
+// sent anywhere by the page.
+function thoughts(f) {
+  const blocks = (f.thinking || []).map((json) => {
+    try {
+      const block = JSON.parse(json);
+      return block.type === "redacted_thinking" ? "(a redacted thinking block)" : String(block.thinking || "");
+    } catch (_) { return String(json); }
+  });
+  const text = [f.reasoning, ...blocks].filter((t) => t).join("\n\n");
+  if (!text) return null;
+  return el("details", { class: "thinking" },
+    el("summary", {}, f.reasoning ? "Reasoning" : `Thinking (${blocks.length} ${blocks.length === 1 ? "block" : "blocks"})`),
+    el("div", { class: "text" }, clip(text, 4000)));
+}
+
 // A reply's figures, once, small: tokens in (cached) and out, latency; the
-// finish reason and prefix digest on hover; a cache miss said.
-function figures(f, miss) {
+// finish reason and prefix digest on hover; a cache miss is marked by
+// `markMisses`.
+function figures(f) {
   const u = f.usage || {};
   const hover = visible(`finish ${f.finish_reason}${f.prefix_digest ? ` · prefix ${f.prefix_digest}` : ""}`);
   return el("div", { class: "figures", title: hover },
     `tokens ${fmt.n(u.prompt_tokens)} in (${fmt.n(u.cached_tokens)} cached) / ${fmt.n(u.completion_tokens)} out · ${fmt.n(f.latency_ms)} ms`,
-    f.first_token_ms ? ` (first token ${fmt.n(f.first_token_ms)} ms)` : null,
-    miss ? el("div", { class: "miss-note" }, miss) : null);
+    f.first_token_ms ? ` (first token ${fmt.n(f.first_token_ms)} ms)` : null);
 }
 
 // What later events need to know: each call's tool and arguments, each
@@ -644,21 +663,17 @@ function learn(kind, f, page) {
   if (spec) for (const tool of spec.tools) page.effectOf.set(tool.name, tool.effect);
 }
 
-// Whether the server's prefix cache missed for this reply: the prompt's
-// prefix changed (a compaction), or it held less than half the previous
-// prompt.
-function cacheMiss(f, page) {
-  const u = f.usage || {};
-  const previous = page.lastReply;
-  page.lastReply = u;
-  let miss = null;
-  if (page.compacted) {
-    miss = "the prompt's prefix changed here (compaction): the server's cache misses from here";
-  } else if (previous && u.cached_tokens < previous.prompt_tokens / 2) {
-    miss = `cache miss: ${fmt.n(u.cached_tokens)} tokens cached, the previous prompt had ${fmt.n(previous.prompt_tokens)}`;
+// Marks each reply shown whose prompt missed the server's prefix cache, in
+// both views, with what it cost and why, as the daemon explains it from
+// the log (`GET /sessions/{id}/cache`).
+function markMisses(report) {
+  for (const miss of report.misses) {
+    const said = `Cache miss: ${fmt.n(miss.cacheable_tokens - miss.cached_tokens)} of ${fmt.n(miss.cacheable_tokens)} cacheable prompt tokens not read from the cache; cause: ${miss.cause}; the request first differs at byte ${fmt.n(miss.first_difference)}`;
+    for (const at of [`#c${miss.seq} .figures`, `#e${miss.seq} .extra`]) {
+      const node = document.querySelector(at);
+      if (node && !node.querySelector(".miss-note")) node.append(el("div", { class: "miss-note", "data-cause": miss.cause }, said));
+    }
   }
-  page.compacted = false;
-  return miss;
 }
 
 // A tool call as one card: tool, effect, idempotency key, arguments, each
@@ -789,14 +804,14 @@ function clip(text, n) {
   return s.length > n ? `${s.slice(0, n)}…` : s;
 }
 
-function eventRow(record, kind, fields, page, miss) {
+function eventRow(record, kind, fields, page) {
   const row = el("li", { class: "event", id: `e${record.seq}`, tabindex: 0, "data-kind": kind },
     el("span", { class: "seq" }, `#${record.seq}`),
     el("span", { class: "time", title: record.ts }, record.ts.slice(11, 23)),
     el("span", { class: "kind" }, kind),
     el("span", { class: "body" }, record.summary,
       record.caused_by ? el("a", { class: "caused", href: `#/s/${page.id}?after=${Math.max(0, record.caused_by - 1 - PAGE / 2)}&seq=${record.caused_by}`, title: "the event that caused it" }, `↳ caused by #${record.caused_by}`) : null));
-  const extra = replyFacts(kind, fields, miss);
+  const extra = replyFacts(kind, fields);
   if (extra) row.append(extra);
   const payload = el("button", { type: "button", class: "quiet payload-toggle", "aria-expanded": "false",
     onclick: () => togglePayload(row, record) }, "payload");
@@ -807,14 +822,13 @@ function eventRow(record, kind, fields, page, miss) {
 }
 
 // Under a model reply's row: its tokens, cache use, finish and prefix
-// digest, and whether the server's prefix cache missed.
-function replyFacts(kind, f, miss) {
+// digest (a cache miss is marked by `markMisses`).
+function replyFacts(kind, f) {
   if (kind !== "ModelReplied") return null;
   const u = f.usage || {};
   return el("div", { class: "extra" },
     `tokens ${fmt.n(u.prompt_tokens)} in (${fmt.n(u.cached_tokens)} cached) / ${fmt.n(u.completion_tokens)} out · finish ${f.finish_reason} · ${f.latency_ms} ms`,
-    f.prefix_digest ? el("span", { class: "mono", title: f.prefix_digest }, ` · prefix ${f.prefix_digest.slice(0, 12)}`) : null,
-    miss ? el("div", { class: "miss-note" }, miss) : null);
+    f.prefix_digest ? el("span", { class: "mono", title: f.prefix_digest }, ` · prefix ${f.prefix_digest.slice(0, 12)}`) : null);
 }
 
 function togglePayload(row, record) {
