@@ -256,3 +256,103 @@ async fn thinking_blocks_go_back_unchanged_across_an_approval_and_a_sigkill() {
     assert_eq!(content[2]["type"], "tool_use");
     assert_eq!(crashed, uncrashed, "the same requests after the crash");
 }
+
+/// Interleaved thinking: the request carries the beta, and a reply that
+/// thinks before each of its two calls has each thinking block go back
+/// where it stood; a reply the token limit cut off while it still thought
+/// is refused (its unfinished block never sent back) and asked again with
+/// room to finish, and the turn answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interleaved_thinking_goes_back_where_it_stood_and_cut_off_thinking_is_asked_again() {
+    let betas = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = betas.clone();
+    let before_lookup =
+        json!({"type": "thinking", "thinking": "First who ordered it.", "signature": "sigA"});
+    let before_charge =
+        json!({"type": "thinking", "thinking": "Ada: charge her.", "signature": "sigB"});
+    let (a, b) = (before_lookup.clone(), before_charge.clone());
+    let model = HostileModel::start(move |n, _, headers| {
+        let beta = headers.get("anthropic-beta").map(|v| v.to_str().unwrap().to_string());
+        seen.lock().unwrap().push(beta);
+        match n {
+            0 => message(
+                json!([a, {"type": "tool_use", "id": "toolu_01", "name": "lookup", "input": {"n": 1}},
+                       b, {"type": "tool_use", "id": "toolu_02", "name": "charge", "input": {"n": 2}}]),
+                "tool_use",
+                0,
+            ),
+            1 => message(
+                json!([{"type": "thinking", "thinking": "Both went thr", "signature": ""}]),
+                "max_tokens",
+                0,
+            ),
+            _ => message(json!([{"type": "text", "text": "Charged Ada."}]), "end_turn", 0),
+        }
+    })
+    .await;
+    let sink = Sink::start().await.unwrap();
+    let tools = [
+        http_tool("lookup", &sink.url("lookup"), "read_only"),
+        http_tool("charge", &sink.url("charge"), "side_effect"),
+    ];
+    let text = agent(
+        &model,
+        &tools,
+        "max_tokens = 2000\nthinking_budget_tokens = 4096\ninterleaved_thinking = true\n",
+    );
+    let world = World::new();
+    let file = world.write("agent.toml", &text);
+    let out = run_with_key(
+        &world,
+        &["run", "--agent", file.to_str().unwrap(), "charge"],
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "Charged Ada.");
+    assert_eq!(sink.stats().path("charge").effects, 1);
+    let requests = model.requests();
+    assert_eq!(requests.len(), 3);
+    let beta = Some("interleaved-thinking-2025-05-14".to_string());
+    assert_eq!(*betas.lock().unwrap(), [beta.clone(), beta.clone(), beta]);
+    // The budget spans the turn: more than one reply's max_tokens.
+    assert_eq!(
+        requests[0]["thinking"],
+        json!({"type": "enabled", "budget_tokens": 4096})
+    );
+    let content = |request: &Value| request["messages"][1]["content"].clone();
+    let kinds = |request: &Value| -> Vec<Value> {
+        let content = content(request);
+        content
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["type"].clone())
+            .collect()
+    };
+    assert_eq!(
+        kinds(&requests[1]),
+        ["thinking", "tool_use", "thinking", "tool_use"],
+        "{}",
+        requests[1]
+    );
+    assert_eq!(content(&requests[1])[0], before_lookup);
+    assert_eq!(content(&requests[1])[2], before_charge);
+    // The cut-off thinking is not sent back: the model is told, with room
+    // to finish.
+    let last = &requests[2];
+    assert_eq!(last["max_tokens"], 4000, "{last}");
+    let sent = last.to_string();
+    assert!(!sent.contains("Both went thr"), "{sent}");
+    assert!(sent.contains("while it was still thinking"), "{sent}");
+    // The refusal is recorded on the reply.
+    let id = session_id(&out);
+    let events = logged_events(&world, &id).await;
+    let refused = events
+        .iter()
+        .filter(|(_, kind, _)| kind == "ModelReplied")
+        .nth(1);
+    assert!(
+        refused.is_some_and(|(_, _, e)| e["refused"].is_string()),
+        "{events:?}"
+    );
+}

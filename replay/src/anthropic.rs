@@ -116,25 +116,37 @@ fn entry_blocks(entry: &Entry, messages: &mut Vec<Value>) {
     match entry {
         Entry::User(text) => push(messages, "user", text_block(text)),
         Entry::Reply { reply, calls, .. } => {
-            // A turn's thinking goes back first, as received.
-            for block in &reply.thinking {
-                let block = serde_json::from_str(block).unwrap_or_else(|_| json!(block));
-                push(messages, "assistant", block);
-            }
             let text = reply.content.as_deref().filter(|t| !t.is_empty());
+            let mut blocks = Vec::new();
             if text.is_some() || calls.is_empty() {
-                push(messages, "assistant", text_block(text.unwrap_or(NO_TEXT)));
+                blocks.push(text_block(text.unwrap_or(NO_TEXT)));
             }
             for call in calls {
                 let input = serde_json::from_str::<Value>(&call.call.arguments)
                     .ok()
                     .filter(Value::is_object)
                     .unwrap_or_else(|| json!({ UNPARSED_ARGUMENTS: call.call.arguments }));
-                push(
-                    messages,
-                    "assistant",
+                blocks.push(
                     json!({"type": "tool_use", "id": call.call.id, "name": call.call.name, "input": input}),
                 );
+            }
+            // A turn's thinking goes back as received, each block where it
+            // stood among the others (at the head if the record does not
+            // say); unfinished thinking that was refused, never.
+            let mut thoughts = match reply.cut_off_thinking() {
+                true => Vec::new(),
+                false => thinking_blocks(reply),
+            }
+            .into_iter()
+            .peekable();
+            for (i, block) in blocks.into_iter().enumerate() {
+                while let Some((_, thought)) = thoughts.next_if(|(at, _)| *at <= i) {
+                    push(messages, "assistant", thought);
+                }
+                push(messages, "assistant", block);
+            }
+            for (_, thought) in thoughts {
+                push(messages, "assistant", thought);
             }
             for call in calls {
                 let is_error = matches!(call.phase, CallPhase::Finished(ToolOutcome::Err(_)));
@@ -154,6 +166,20 @@ fn entry_blocks(entry: &Entry, messages: &mut Vec<Value>) {
             }
         }
     }
+}
+
+/// A reply's thinking blocks as received, each with the number of the
+/// reply's other blocks that came before it, in order.
+fn thinking_blocks(reply: &crate::event::ModelReply) -> Vec<(usize, Value)> {
+    let at = |i: usize| reply.thinking_at.get(i).map_or(0, |&at| at as usize);
+    let mut blocks: Vec<(usize, Value)> = (reply.thinking.iter().enumerate())
+        .map(|(i, block)| {
+            let block = serde_json::from_str(block).unwrap_or_else(|_| json!(block));
+            (at(i), block)
+        })
+        .collect();
+    blocks.sort_by_key(|(at, _)| *at);
+    blocks
 }
 
 /// Where the conversation so far ends: (message, block).

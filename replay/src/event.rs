@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 /// is written with the version it needs: [`Event::schema`]). Older
 /// versions are read; newer ones are refused with
 /// [`DecodeError::UnknownSchema`].
-pub const EVENT_SCHEMA: u16 = 8;
+pub const EVENT_SCHEMA: u16 = 9;
 
 /// One thing that happened in a session. Immutable once appended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -353,6 +353,12 @@ pub struct ModelReply {
     /// unchanged at the head of the assistant turn they came with.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub thinking: Vec<String>,
+    /// Where each of `thinking`'s blocks stood among the reply's other
+    /// blocks: how many of those sent back with it (its text, if any, then
+    /// its calls) came before it, so thinking interleaved with tool calls
+    /// goes back in the order it came. Empty: every block at the head.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub thinking_at: Vec<u32>,
     /// Tool calls, in the model's order.
     pub tool_calls: Vec<ToolCall>,
     /// Token usage the server reported.
@@ -408,10 +414,17 @@ impl ModelReply {
         self.finish_reason == CUT_OFF
     }
 
-    /// Whether the token limit cut this reply off in the middle of tool
-    /// calls, so mneme refused them.
-    pub fn cut_off_calls(&self) -> bool {
-        self.cut_off() && self.refused.is_some() && !self.tool_calls.is_empty()
+    /// Whether mneme refused this reply because the token limit cut it
+    /// off: in the middle of its tool calls, or while it still thought.
+    pub fn cut_off_refused(&self) -> bool {
+        self.cut_off() && self.refused.is_some()
+    }
+
+    /// Whether the token limit cut this reply off while it still thought,
+    /// before it answered or called a tool: its thinking, unfinished, is
+    /// never sent back.
+    pub fn cut_off_thinking(&self) -> bool {
+        self.cut_off_refused() && self.tool_calls.is_empty() && !self.thinking.is_empty()
     }
 }
 
@@ -684,7 +697,8 @@ impl Event {
     /// with a tool of kind `sleep`, `WakeScheduled`, `Woken`); 7 schedules
     /// (their log's four kinds, a session's `ScheduledBy`); 8 a reply's
     /// reasoning or thinking blocks, and a spec's `reasoning` rule or
-    /// thinking budget. A build that
+    /// thinking budget; 9 where thinking blocks stood among a reply's
+    /// calls, and a spec's `interleaved_thinking`. A build that
     /// reads only older versions then refuses such an event by name instead
     /// of misreading it (it would run a call with the model's arguments
     /// where a person gave others, drop a waiting message, resume a rerun
@@ -692,6 +706,12 @@ impl Event {
     /// event stays readable by it.
     pub fn schema(&self) -> u16 {
         match self {
+            Event::ModelReplied(reply) if !reply.thinking_at.is_empty() => 9,
+            Event::SessionStarted { spec } | Event::SpecChanged { spec, .. }
+                if spec.model.interleaved_thinking =>
+            {
+                9
+            }
             Event::ModelReplied(reply)
                 if reply.reasoning.is_some() || !reply.thinking.is_empty() =>
             {

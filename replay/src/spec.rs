@@ -602,6 +602,12 @@ pub struct ModelSpec {
     /// thinking blocks are recorded and sent back exactly as received.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thinking_budget_tokens: Option<u64>,
+    /// Anthropic's interleaved thinking (its `interleaved-thinking` beta):
+    /// the model may think between tool calls, and each thinking block goes
+    /// back where it stood. The budget may then exceed `max_tokens` (it
+    /// spans the whole turn).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interleaved_thinking: bool,
 }
 
 /// The least thinking budget Anthropic's API takes.
@@ -674,10 +680,14 @@ impl ModelSpec {
 
     /// `thinking_budget_tokens` as Anthropic's API takes it: with its
     /// provider, at least [`MIN_THINKING_BUDGET_TOKENS`], under the reply's
-    /// `max_tokens`, and no `temperature` but 1 (the API refuses others).
+    /// `max_tokens` unless interleaved, and no `temperature` but 1 (the API
+    /// refuses others); `interleaved_thinking` only with a budget.
     fn validate_thinking(&self) -> Result<(), String> {
         let Some(budget) = self.thinking_budget_tokens else {
-            return Ok(());
+            return match self.interleaved_thinking {
+                true => Err("interleaved_thinking needs thinking_budget_tokens".into()),
+                false => Ok(()),
+            };
         };
         let max_tokens = self
             .max_tokens
@@ -688,7 +698,7 @@ impl ModelSpec {
             Err(format!(
                 "thinking_budget_tokens = {budget}: at least {MIN_THINKING_BUDGET_TOKENS}"
             ))
-        } else if budget >= max_tokens {
+        } else if budget >= max_tokens && !self.interleaved_thinking {
             Err(format!(
                 "thinking_budget_tokens = {budget}: must be under max_tokens ({max_tokens})"
             ))

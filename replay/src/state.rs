@@ -571,7 +571,7 @@ impl SessionState {
                     Some(_) => &[],
                 };
                 self.turn.tool_calls += acted_on.len() as u64;
-                self.cut_off_in_a_row = match reply.cut_off_calls() {
+                self.cut_off_in_a_row = match reply.cut_off_refused() {
                     true => self.cut_off_in_a_row + 1,
                     false => 0,
                 };

@@ -54,6 +54,7 @@ fn spec() -> AgentSpec {
             cache_write_cost_per_mtok: None,
             reasoning: Default::default(),
             thinking_budget_tokens: None,
+            interleaved_thinking: false,
         },
         tools: vec![
             tool("charge", ToolKind::Http, Effect::SideEffect, None),
@@ -811,6 +812,97 @@ fn a_thinking_budget_is_refused_where_the_api_would_refuse_it() {
         let err = thinking(provider, budget, temperature).expect_err(says);
         assert!(err.contains("[model]") && err.contains(says), "{err}");
     }
+    // Interleaved, the budget spans the turn: over max_tokens is fine; and
+    // it needs a budget.
+    let mut s = spec();
+    s.model.provider = "anthropic".into();
+    s.model.thinking_budget_tokens = Some(8192);
+    s.model.interleaved_thinking = true;
+    assert!(s.validate().is_ok());
+    s.model.thinking_budget_tokens = None;
+    let err = s.validate().unwrap_err();
+    assert!(
+        err.contains("interleaved_thinking needs thinking_budget_tokens"),
+        "{err}"
+    );
+}
+
+/// A reply of the Messages API thinking `thoughts` (each JSON, each with
+/// where it stood) around `calls`.
+fn thinking_reply(thoughts: &[(&str, u32)], calls: Vec<ToolCall>) -> Event {
+    let mut made = reply(None, calls);
+    if let Event::ModelReplied(r) = &mut made {
+        for (i, (text, _)) in thoughts.iter().enumerate() {
+            let block = serde_json::json!({"type": "thinking", "thinking": text, "signature": format!("s{i}")});
+            r.thinking.push(block.to_string());
+        }
+        r.thinking_at = thoughts.iter().map(|(_, at)| *at).collect();
+        if r.thinking_at.iter().all(|&at| at == 0) {
+            r.thinking_at.clear();
+        }
+    }
+    made
+}
+
+/// The types of the blocks of the first assistant message of `state`'s
+/// next Messages API request, with each thinking block's text.
+fn assistant_blocks(state: &SessionState) -> Vec<String> {
+    let body = crate::anthropic::request(state, false).unwrap();
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let assistant = &body["messages"][1];
+    assert_eq!(assistant["role"], "assistant");
+    let blocks = assistant["content"].as_array().unwrap().iter();
+    blocks
+        .map(|b| match b["type"].as_str().unwrap() {
+            "thinking" => format!("thinking {}", b["thinking"].as_str().unwrap()),
+            other => other.to_string(),
+        })
+        .collect()
+}
+
+#[test]
+fn thinking_goes_back_where_it_stood_and_unfinished_thinking_never() {
+    let mut spec = spec();
+    spec.model.provider = "anthropic".into();
+    let started = Event::SessionStarted {
+        spec: Box::new(spec),
+    };
+    let user = Event::UserMessage {
+        text: "charge".into(),
+    };
+    let turn = |reply: Event| fold(&[started.clone(), user.clone(), reply]);
+    let calls = || vec![call("c1", "lookup"), call("c2", "charge")];
+    // Before each call: each block where it stood, a schema 9 reply.
+    let interleaved = thinking_reply(&[("one", 0), ("two", 1)], calls());
+    assert_eq!(interleaved.schema(), 9);
+    assert_eq!(
+        assistant_blocks(&turn(interleaved)),
+        ["thinking one", "tool_use", "thinking two", "tool_use"]
+    );
+    // All at the head: as thinking always went back, schema 8.
+    let at_head = thinking_reply(&[("one", 0), ("two", 0)], calls());
+    assert_eq!(at_head.schema(), 8);
+    assert_eq!(
+        assistant_blocks(&turn(at_head)),
+        ["thinking one", "thinking two", "tool_use", "tool_use"]
+    );
+    // Cut off while it still thought, and refused for it: its unfinished
+    // block is not sent back; the model is told, with room to finish.
+    let mut cut = thinking_reply(&[("unfinish", 0)], vec![]);
+    if let Event::ModelReplied(r) = &mut cut {
+        r.finish_reason = crate::event::CUT_OFF.into();
+        r.refused = Some("cut off while it was still thinking".into());
+    }
+    let state = turn(cut);
+    assert_eq!(state.cut_off_in_a_row, 1);
+    assert_eq!(assistant_blocks(&state), ["text"]);
+    let body = String::from_utf8(crate::anthropic::request(&state, true).unwrap()).unwrap();
+    assert!(
+        body.contains("cut off while it was still thinking"),
+        "{body}"
+    );
+    assert!(!body.contains("unfinish"), "{body}");
+    assert_eq!(plan(&state).next, NextStep::CallModel);
 }
 
 #[test]

@@ -92,38 +92,77 @@ fn finish_reason(stop: Option<String>) -> String {
     }
 }
 
+/// A reply put together from its content blocks in the order they came:
+/// text blocks join, tool uses become calls, and each thinking block is
+/// kept whole with where it stood among the blocks sent back with it.
+#[derive(Default)]
+struct Assembled {
+    content: Option<String>,
+    tool_calls: Vec<ToolCall>,
+    thinking: Vec<String>,
+    thinking_at: Vec<u32>,
+}
+
+impl Assembled {
+    fn text(&mut self, text: &str) {
+        self.content.get_or_insert_with(String::new).push_str(text);
+    }
+
+    fn call(&mut self, id: String, name: String, arguments: String) {
+        self.tool_calls.push(ToolCall {
+            id,
+            name,
+            arguments,
+            invented: None,
+        });
+    }
+
+    fn thought(&mut self, block: String) {
+        // The blocks sent back before it: the reply's text, if any, then
+        // its calls so far.
+        let text = self.content.as_deref().is_some_and(|t| !t.is_empty());
+        let before = usize::from(text) + self.tool_calls.len();
+        self.thinking.push(block);
+        self.thinking_at
+            .push(u32::try_from(before).unwrap_or(u32::MAX));
+    }
+
+    fn reply(self, usage: Usage, finish_reason: String) -> ModelReply {
+        // Thinking only at the head is recorded as it always was.
+        let thinking_at = match self.thinking_at.iter().all(|&at| at == 0) {
+            true => Vec::new(),
+            false => self.thinking_at,
+        };
+        ModelReply {
+            content: self.content,
+            thinking: self.thinking,
+            thinking_at,
+            tool_calls: self.tool_calls,
+            usage,
+            finish_reason,
+            ..ModelReply::default()
+        }
+    }
+}
+
 /// A whole Messages API response.
 pub(crate) fn parse_message(text: &str) -> Result<ModelReply, String> {
     let message: Message =
         serde_json::from_str(text).map_err(|e| format!("not a Messages API message: {e}"))?;
-    let mut content: Option<String> = None;
-    let mut tool_calls = Vec::new();
-    let mut thinking = Vec::new();
+    let mut reply = Assembled::default();
     for block in message.content {
         if is_thinking(&block) {
-            thinking.push(block.to_string());
+            reply.thought(block.to_string());
             continue;
         }
-        let block = serde_json::from_value(block).unwrap_or(Block::Other);
-        match block {
-            Block::Text { text } => content.get_or_insert_with(String::new).push_str(&text),
-            Block::ToolUse { id, name, input } => tool_calls.push(ToolCall {
-                id,
-                name,
-                arguments: input.to_string(),
-                invented: None,
-            }),
+        match serde_json::from_value(block).unwrap_or(Block::Other) {
+            Block::Text { text } => reply.text(&text),
+            Block::ToolUse { id, name, input } => reply.call(id, name, input.to_string()),
             Block::Thinking { .. } | Block::RedactedThinking { .. } | Block::Other => {}
         }
     }
-    Ok(ModelReply {
-        content,
-        thinking,
-        tool_calls,
-        usage: message.usage.usage(),
-        finish_reason: finish_reason(message.stop_reason),
-        ..ModelReply::default()
-    })
+    let usage = message.usage.usage();
+    Ok(reply.reply(usage, finish_reason(message.stop_reason)))
 }
 
 /// A Messages API response streamed as events (`message_start`,
@@ -292,39 +331,28 @@ impl Chunks for MessageChunks {
         if !self.done && self.stop_reason.is_none() {
             return Err("the stream ended before the reply did".into());
         }
-        let mut content: Option<String> = None;
-        let mut tool_calls = Vec::new();
-        let mut thought = Vec::new();
+        let mut reply = Assembled::default();
         for block in self.blocks {
             match block {
-                PartialBlock::Text(text) => content.get_or_insert_with(String::new).push_str(&text),
+                PartialBlock::Text(text) => reply.text(&text),
                 PartialBlock::Thinking {
                     thinking,
                     signature,
-                } => thought.push(
+                } => reply.thought(
                     serde_json::json!({"type": "thinking", "thinking": thinking, "signature": signature})
                         .to_string(),
                 ),
-                PartialBlock::Redacted(data) => thought.push(
+                PartialBlock::Redacted(data) => reply.thought(
                     serde_json::json!({"type": "redacted_thinking", "data": data}).to_string(),
                 ),
-                PartialBlock::ToolUse { id, name, json } => tool_calls.push(ToolCall {
-                    id,
-                    name,
-                    arguments: if json.is_empty() { "{}".into() } else { json },
-                    invented: None,
-                }),
+                PartialBlock::ToolUse { id, name, json } => {
+                    let arguments = if json.is_empty() { "{}".into() } else { json };
+                    reply.call(id, name, arguments)
+                }
                 PartialBlock::Other => {}
             }
         }
-        Ok(ModelReply {
-            content,
-            thinking: thought,
-            tool_calls,
-            usage: self.usage.usage(),
-            finish_reason: finish_reason(self.stop_reason),
-            ..ModelReply::default()
-        })
+        Ok(reply.reply(self.usage.usage(), finish_reason(self.stop_reason)))
     }
 }
 
@@ -421,5 +449,33 @@ mod tests {
         assert_eq!(shown.text, "", "thinking is not the reply's text");
         let streamed = assembly.finish().unwrap();
         assert_eq!(streamed.thinking, whole.thinking);
+        // All at the head: recorded as thinking always was.
+        assert!(whole.thinking_at.is_empty() && streamed.thinking_at.is_empty());
+    }
+
+    /// Thinking between calls (and after text) is recorded with where it
+    /// stood among the blocks sent back, whole or streamed.
+    #[test]
+    fn interleaved_thinking_is_recorded_where_it_stood() {
+        let think = |n: u32| serde_json::json!({"type": "thinking", "thinking": format!("step {n}"), "signature": format!("sig{n}")});
+        let call = |id: &str| serde_json::json!({"type": "tool_use", "id": id, "name": "charge", "input": {}});
+        let blocks = serde_json::json!([think(0), {"type": "text", "text": "Looking."}, think(1),
+                                        call("toolu_1"), think(2), call("toolu_2")]);
+        let text = serde_json::json!({"content": blocks, "stop_reason": "tool_use", "usage": {}});
+        let whole = parse_message(&text.to_string()).unwrap();
+        assert_eq!(whole.thinking_at, [0, 1, 2]);
+        let mut events = Vec::new();
+        for (index, block) in blocks.as_array().unwrap().iter().enumerate() {
+            let block = serde_json::json!({"type": "content_block_start", "index": index, "content_block": block});
+            events.push(block.to_string());
+        }
+        events.push(r#"{"type":"message_stop"}"#.into());
+        let stream: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+        let mut assembly = Assembly::new(Box::<MessageChunks>::default());
+        assembly.feed(stream.as_bytes()).unwrap();
+        let streamed = assembly.finish().unwrap();
+        assert_eq!(streamed.thinking, whole.thinking);
+        assert_eq!(streamed.thinking_at, whole.thinking_at);
+        assert_eq!(streamed.tool_calls.len(), 2);
     }
 }

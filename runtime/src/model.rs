@@ -157,6 +157,10 @@ enum Wire {
 /// Anthropic's API version the requests are written for.
 const ANTHROPIC_VERSION: &str = "2023-06-01";
 
+/// The beta that lets an Anthropic model think between tool calls
+/// (`[model] interleaved_thinking`).
+const INTERLEAVED_THINKING_BETA: &str = "interleaved-thinking-2025-05-14";
+
 /// A client of a model server over HTTP: any OpenAI-compatible
 /// `/chat/completions` endpoint, or Anthropic's Messages API. Its
 /// connections come from the process's pool ([`crate::outbound::client`]),
@@ -166,6 +170,8 @@ pub(crate) struct HttpModelClient {
     wire: Wire,
     url: String,
     api_key: Option<String>,
+    /// Anthropic betas asked for (`anthropic-beta`).
+    beta: Option<&'static str>,
     timeout: Duration,
     connect_timeout: Duration,
     max_response_bytes: u64,
@@ -215,6 +221,10 @@ impl HttpModelClient {
             wire,
             url: format!("{base}/{path}"),
             api_key,
+            beta: spec
+                .model
+                .interleaved_thinking
+                .then_some(INTERLEAVED_THINKING_BETA),
             timeout,
             connect_timeout,
             max_response_bytes: spec.model.max_response_bytes(),
@@ -289,7 +299,10 @@ impl HttpModelClient {
         request = match (self.wire, &self.api_key) {
             (Wire::ChatCompletions, Some(key)) => request.bearer_auth(key),
             (Wire::Messages, key) => {
-                let request = request.header("anthropic-version", ANTHROPIC_VERSION);
+                let mut request = request.header("anthropic-version", ANTHROPIC_VERSION);
+                if let Some(beta) = self.beta {
+                    request = request.header("anthropic-beta", beta);
+                }
                 match key {
                     Some(key) => request.header("x-api-key", key),
                     None => request,

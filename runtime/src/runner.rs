@@ -1031,6 +1031,14 @@ fn checked(ctx: &CallContext, answer: Option<Checked>, duration_ms: u64) -> Vec<
 /// tells the model why.
 fn refusal(reply: &replay::ModelReply, max_calls: u64) -> Option<String> {
     let calls = &reply.tool_calls;
+    let answered = reply.content.as_deref().is_some_and(|t| !t.is_empty());
+    if reply.cut_off() && calls.is_empty() && !answered && !reply.thinking.is_empty() {
+        return Some(
+            "the token limit cut it off while it was still thinking, before it answered or \
+             called a tool, so none of it was used. Answer again, thinking more briefly."
+                .into(),
+        );
+    }
     if calls.is_empty() {
         return None;
     }
