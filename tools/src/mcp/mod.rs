@@ -13,6 +13,7 @@ mod http;
 mod stdio;
 
 use crate::capture::truncation_note;
+use crate::check::Checked;
 use crate::{CallContext, Tool, ToolError};
 use async_trait::async_trait;
 use replay::mcp::{ListedTool, McpServerSpec, MAX_LISTED_TOOLS};
@@ -484,6 +485,46 @@ impl Tool for McpTool {
             }),
             false => Ok(text),
         }
+    }
+}
+
+/// Asks `check_tool`, a tool of `connector`'s server, whether the call
+/// `ctx` of `spec` with `args` took effect: called like the call itself
+/// (its arguments, its idempotency key in `_meta`, its timeout), it answers
+/// `{"applied": true, "result": ...}` or `{"applied": false}`, as its
+/// structured content or its text. Anything else (an error, a server that
+/// cannot start, no answer in time) is an unknown.
+pub(crate) async fn check(
+    connector: &McpConnector,
+    spec: &ToolSpec,
+    check_tool: &str,
+    ctx: &CallContext,
+    args: &str,
+) -> Checked {
+    let unknown = |why: String| Checked::Unknown(format!("check tool {check_tool:?}: {why}"));
+    let Ok(arguments) = serde_json::from_str::<Value>(args) else {
+        return unknown("the call's arguments are not JSON".into());
+    };
+    let server = match connector.server().await {
+        Ok(server) => server,
+        Err(e) => return unknown(e.to_string()),
+    };
+    let result = match server.call_tool(spec, check_tool, arguments, ctx).await {
+        Ok(result) => result,
+        Err(e) => return unknown(e.to_string()),
+    };
+    let (text, is_error) = render_result(&result, &Kept::new());
+    let limit = usize::try_from(spec.max_output_bytes()).unwrap_or(usize::MAX);
+    if is_error {
+        return unknown(format!("answered an error: {}", bounded(text, 500)));
+    }
+    if text.len() > limit {
+        return unknown("the answer is longer than the tool's max_output_bytes".into());
+    }
+    match serde_json::from_str::<Value>(&text) {
+        Ok(answer) => crate::check::answered(&answer)
+            .unwrap_or_else(|| unknown("the answer has no boolean \"applied\"".into())),
+        Err(e) => unknown(format!("the answer is not JSON: {e}")),
     }
 }
 
