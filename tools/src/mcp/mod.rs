@@ -878,6 +878,61 @@ done
         );
     }
 
+    /// A check tool's answers: applied (with its result, as text or as
+    /// structured content), not applied, and everything else unknown (an
+    /// error result, no boolean, not JSON, no answer within the timeout).
+    /// It is called with the call's key in `_meta`.
+    #[tokio::test]
+    async fn a_check_tool_answers_applied_not_applied_or_unknown() {
+        let cases = [
+            (
+                r#"{"content":[{"type":"text","text":"{\"applied\":true,\"result\":{\"sent\":1}}"}]}"#,
+                Checked::Applied("{\"sent\":1}".into()),
+            ),
+            (
+                r#"{"content":[{"type":"text","text":"x"}],"structuredContent":{"applied":false}}"#,
+                Checked::NotApplied,
+            ),
+            (
+                r#"{"content":[{"type":"text","text":"{\"applied\":true}"}],"isError":true}"#,
+                Checked::Unknown("answered an error".into()),
+            ),
+            (
+                r#"{"content":[{"type":"text","text":"{\"applied\":\"maybe\"}"}]}"#,
+                Checked::Unknown("no boolean".into()),
+            ),
+            (
+                r#"{"content":[{"type":"text","text":"yes"}]}"#,
+                Checked::Unknown("not JSON".into()),
+            ),
+            ("", Checked::Unknown("timed out".into())),
+        ];
+        for (result, expected) in cases {
+            // Answers only a call naming the check and carrying the key.
+            let answer = match result {
+                "" => "sleep 3600".to_string(),
+                _ => format!(
+                    "printf '%s\\n' '{{\"jsonrpc\":\"2.0\",\"id\":'\"$id\"',\"result\":{result}}}'"
+                ),
+            };
+            let spec = sh_server(&format!(
+                r#"*'"name":"was_sent"'*) case "$line" in *'"mneme/idempotency_key":"mneme-k1"'*) {answer} ;; esac ;;"#
+            ));
+            let connector = McpConnector::new(spec);
+            let args = r#"{"to":"ada"}"#;
+            let checked = check(&connector, &tool_spec(), "was_sent", &ctx(), args).await;
+            match (&checked, &expected) {
+                (Checked::Unknown(why), Checked::Unknown(part)) => {
+                    assert!(
+                        why.contains(part.as_str()) && why.contains("was_sent"),
+                        "{why}"
+                    )
+                }
+                _ => assert_eq!(checked, expected, "{result}"),
+            }
+        }
+    }
+
     #[tokio::test]
     async fn an_endless_tool_list_is_refused() {
         // Empty pages, each with a new cursor (all 64 well within 10 s).
