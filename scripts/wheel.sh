@@ -5,6 +5,7 @@
 #   scripts/wheel.sh                      # target/debug/mneme, as `cargo build` left it
 #   scripts/wheel.sh path/to/mneme        # another build (or MNEME_BIN=path)
 #   scripts/wheel.sh --release            # cargo build --release -p mneme, then that
+#   scripts/wheel.sh --out DIR ...        # into DIR, not target/wheels
 #   pip install target/wheels/mneme-*.whl
 #
 # It builds nothing itself (but with --release): CI packs the binary its test
@@ -18,8 +19,9 @@
 # The platform tag is read off the binary: manylinux_2_X_ARCH where X is the
 # newest glibc symbol version it needs (at least 2.17, manylinux2014's) and
 # it links nothing but glibc's own libraries and libgcc_s; otherwise
-# linux_ARCH, which pip installs only where it was built. The version is the
-# workspace's (Cargo.toml). The wheel's path is the last line of stdout.
+# linux_ARCH, which promises nothing about the system (PyPI refuses it). The
+# version is the workspace's (Cargo.toml). The wheel's path is the last line
+# of stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,7 +38,7 @@ while [ $# -gt 0 ]; do
         shift
         ;;
     -h | --help)
-        sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *) bin=$1 ;;
