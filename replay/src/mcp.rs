@@ -130,6 +130,12 @@ pub struct McpToolSettings {
     /// Overrides the server's timeout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_secs: Option<u64>,
+    /// Another tool of the same server (its name there) that tells whether
+    /// an interrupted call of this one took effect: asked with the call's
+    /// arguments and idempotency key, it answers `{"applied": true,
+    /// "result": ...}` or `{"applied": false}` (see `docs/guide/checks.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check_tool: Option<String>,
 }
 
 /// Where a pinned MCP tool came from, recorded on its [`ToolSpec`].
@@ -146,6 +152,10 @@ pub struct McpOrigin {
     /// trusted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub annotations: Option<serde_json::Value>,
+    /// The server's tool asked whether an interrupted call took effect
+    /// (its name on the server; the policy's `check_tool`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check_tool: Option<String>,
 }
 
 /// What decided an MCP tool's effect.
@@ -240,6 +250,13 @@ impl McpServerSpec {
             McpTools::Policies(policies) => policies.keys().map(String::as_str).collect(),
         };
         names.extend(self.expose.iter().flatten().map(String::as_str));
+        if let McpTools::Policies(policies) = &self.tools {
+            let checks = policies.values().filter_map(|policy| match policy {
+                McpToolPolicy::Table(settings) => settings.check_tool.as_deref(),
+                McpToolPolicy::Effect(_) => None,
+            });
+            names.extend(checks);
+        }
         names
     }
 
@@ -280,10 +297,17 @@ impl McpServerSpec {
                 let McpToolPolicy::Table(settings) = policy else {
                     continue;
                 };
+                let name = tool;
+                let tool = |reason: String| me(format!("[mcp.tools] {name:?}: {reason}"));
+                if settings.check_tool.as_ref() == Some(name) {
+                    return Err(tool(
+                        "check_tool names the tool itself: a check must only look, never act again"
+                            .into(),
+                    ));
+                }
                 let Some(window) = &settings.approval_timeout else {
                     continue;
                 };
-                let tool = |reason: String| me(format!("[mcp.tools] {tool:?}: {reason}"));
                 crate::spec::parse_window(window)
                     .map_err(|e| tool(format!("approval_timeout {e}")))?;
                 if !settings.requires_approval {
@@ -385,6 +409,7 @@ impl McpServerSpec {
                 tool: listed.name.clone(),
                 effect_from,
                 annotations: listed.annotations.clone(),
+                check_tool: policy.check_tool.clone(),
             }),
             check: None,
             check_command: None,
@@ -533,6 +558,42 @@ mod tests {
             let err = spec.validate().unwrap_err();
             assert!(err.contains("approval_timeout"), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn a_check_tool_is_pinned_with_its_tool_and_must_be_listed() {
+        let tools = [listed("send", None), listed("was_sent", None)];
+        let spec = server(
+            "name = \"mail\"\ncommand = [\"x\"]\nexpose = [\"send\"]\n[tools]\nsend = { effect = \"side_effect\", check_tool = \"was_sent\" }\n",
+        );
+        spec.validate().unwrap();
+        let pinned = spec.pin(&tools).unwrap();
+        // The check is not offered to the model; the tool it checks says
+        // which it is, and so has a check.
+        assert_eq!(pinned.len(), 1);
+        let send = &pinned[0];
+        assert_eq!(
+            send.mcp.as_ref().unwrap().check_tool.as_deref(),
+            Some("was_sent")
+        );
+        assert!(send.has_check() && !send.safe_to_rerun());
+        // A check the server does not list is refused by name.
+        let err = spec.pin(&[listed("send", None)]).unwrap_err();
+        assert!(err.contains("\"was_sent\""), "{err}");
+        // A tool cannot check itself.
+        let itself = server(
+            "name = \"mail\"\ncommand = [\"x\"]\n[tools]\nsend = { check_tool = \"send\" }\n",
+        );
+        let err = itself.validate().unwrap_err();
+        assert!(err.contains("check_tool names the tool itself"), "{err}");
+        // Without one, a pinned tool has no check, and its recorded origin
+        // no check_tool key (sessions recorded before it are unchanged).
+        let plain = server("name = \"mail\"\ncommand = [\"x\"]\n")
+            .pin(&tools)
+            .unwrap();
+        assert!(!plain[0].has_check());
+        let recorded = serde_json::to_string(&plain[0].mcp).unwrap();
+        assert!(!recorded.contains("check_tool"), "{recorded}");
     }
 
     #[test]

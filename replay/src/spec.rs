@@ -218,9 +218,12 @@ impl ToolSpec {
                 .unwrap_or(self.kind == ToolKind::Http)
     }
 
-    /// Whether the tool declares a check (`check` or `check_command`).
+    /// Whether the tool declares a check (`check` or `check_command`, or
+    /// for an MCP tool its policy's `check_tool`).
     pub fn has_check(&self) -> bool {
-        self.check.is_some() || self.check_command.is_some()
+        self.check.is_some()
+            || self.check_command.is_some()
+            || self.mcp.as_ref().is_some_and(|m| m.check_tool.is_some())
     }
 
     /// Whether an unfinished call of this tool may run again after a crash.

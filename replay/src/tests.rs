@@ -1839,6 +1839,7 @@ fn a_refresh_changes_the_tools_offered_and_a_report_does_not() {
         tool: "x".into(),
         effect_from: crate::mcp::EffectSource::Policy,
         annotations: None,
+        check_tool: None,
     });
     events.push(Event::McpToolsRefreshed {
         server: "fs".into(),

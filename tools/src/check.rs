@@ -106,14 +106,24 @@ async fn http(
         Ok(answer) => answer,
         Err(e) => return unknown(format!("the answer is not JSON: {e}")),
     };
-    Ok(match answer.get("applied") {
+    match answered(&answer) {
+        Some(checked) => Ok(checked),
+        None => unknown("the answer has no boolean \"applied\"".into()),
+    }
+}
+
+/// What a check's JSON answer says: `{"applied": true, "result": ...}`
+/// (the result as JSON text) or `{"applied": false}`; `None` without a
+/// boolean `applied`.
+pub(crate) fn answered(answer: &serde_json::Value) -> Option<Checked> {
+    match answer.get("applied") {
         Some(serde_json::Value::Bool(true)) => {
             let result = answer.get("result").cloned().unwrap_or_default();
-            Checked::Applied(result.to_string())
+            Some(Checked::Applied(result.to_string()))
         }
-        Some(serde_json::Value::Bool(false)) => Checked::NotApplied,
-        _ => return unknown("the answer has no boolean \"applied\"".into()),
-    })
+        Some(serde_json::Value::Bool(false)) => Some(Checked::NotApplied),
+        _ => None,
+    }
 }
 
 async fn program(

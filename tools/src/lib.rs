@@ -282,10 +282,22 @@ impl Toolbox {
     }
 
     /// Asks tool `name`'s check whether the call `ctx` with `args` took
-    /// effect (see [`check`]); `None` if it has no check or no such tool.
+    /// effect (see [`check`]; an MCP tool's `check_tool` is a tool of its
+    /// server); `None` if it has no check or no such tool.
     pub async fn check(&self, name: &str, ctx: &CallContext, args: &str) -> Option<check::Checked> {
-        let tool = self.get(name)?;
-        check::check(tool.spec(), ctx, args, &self.client).await
+        let spec = self.get(name)?.spec();
+        let Some((server, check_tool)) = spec
+            .mcp
+            .as_ref()
+            .and_then(|m| Some((m.server.as_str(), m.check_tool.as_deref()?)))
+        else {
+            return check::check(spec, ctx, args, &self.client).await;
+        };
+        let Some(connector) = self.mcp.iter().find(|c| c.spec().name == server) else {
+            let why = format!("its MCP server {server:?} is not declared");
+            return Some(check::Checked::Unknown(why));
+        };
+        Some(mcp::check(connector, spec, check_tool, ctx, args).await)
     }
 }
 

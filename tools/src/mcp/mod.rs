@@ -13,6 +13,7 @@ mod http;
 mod stdio;
 
 use crate::capture::truncation_note;
+use crate::check::Checked;
 use crate::{CallContext, Tool, ToolError};
 use async_trait::async_trait;
 use replay::mcp::{ListedTool, McpServerSpec, MAX_LISTED_TOOLS};
@@ -487,6 +488,46 @@ impl Tool for McpTool {
     }
 }
 
+/// Asks `check_tool`, a tool of `connector`'s server, whether the call
+/// `ctx` of `spec` with `args` took effect: called like the call itself
+/// (its arguments, its idempotency key in `_meta`, its timeout), it answers
+/// `{"applied": true, "result": ...}` or `{"applied": false}`, as its
+/// structured content or its text. Anything else (an error, a server that
+/// cannot start, no answer in time) is an unknown.
+pub(crate) async fn check(
+    connector: &McpConnector,
+    spec: &ToolSpec,
+    check_tool: &str,
+    ctx: &CallContext,
+    args: &str,
+) -> Checked {
+    let unknown = |why: String| Checked::Unknown(format!("check tool {check_tool:?}: {why}"));
+    let Ok(arguments) = serde_json::from_str::<Value>(args) else {
+        return unknown("the call's arguments are not JSON".into());
+    };
+    let server = match connector.server().await {
+        Ok(server) => server,
+        Err(e) => return unknown(e.to_string()),
+    };
+    let result = match server.call_tool(spec, check_tool, arguments, ctx).await {
+        Ok(result) => result,
+        Err(e) => return unknown(e.to_string()),
+    };
+    let (text, is_error) = render_result(&result, &Kept::new());
+    let limit = usize::try_from(spec.max_output_bytes()).unwrap_or(usize::MAX);
+    if is_error {
+        return unknown(format!("answered an error: {}", bounded(text, 500)));
+    }
+    if text.len() > limit {
+        return unknown("the answer is longer than the tool's max_output_bytes".into());
+    }
+    match serde_json::from_str::<Value>(&text) {
+        Ok(answer) => crate::check::answered(&answer)
+            .unwrap_or_else(|| unknown("the answer has no boolean \"applied\"".into())),
+        Err(e) => unknown(format!("the answer is not JSON: {e}")),
+    }
+}
+
 /// What became of each binary payload of a result, by its SHA-256.
 type Kept = std::collections::HashMap<String, String>;
 
@@ -835,6 +876,61 @@ done
             done.is_ok(),
             "a call with timeout_secs = 1 still running after 5 s: notifications/cancelled blocks on a full stdin"
         );
+    }
+
+    /// A check tool's answers: applied (with its result, as text or as
+    /// structured content), not applied, and everything else unknown (an
+    /// error result, no boolean, not JSON, no answer within the timeout).
+    /// It is called with the call's key in `_meta`.
+    #[tokio::test]
+    async fn a_check_tool_answers_applied_not_applied_or_unknown() {
+        let cases = [
+            (
+                r#"{"content":[{"type":"text","text":"{\"applied\":true,\"result\":{\"sent\":1}}"}]}"#,
+                Checked::Applied("{\"sent\":1}".into()),
+            ),
+            (
+                r#"{"content":[{"type":"text","text":"x"}],"structuredContent":{"applied":false}}"#,
+                Checked::NotApplied,
+            ),
+            (
+                r#"{"content":[{"type":"text","text":"{\"applied\":true}"}],"isError":true}"#,
+                Checked::Unknown("answered an error".into()),
+            ),
+            (
+                r#"{"content":[{"type":"text","text":"{\"applied\":\"maybe\"}"}]}"#,
+                Checked::Unknown("no boolean".into()),
+            ),
+            (
+                r#"{"content":[{"type":"text","text":"yes"}]}"#,
+                Checked::Unknown("not JSON".into()),
+            ),
+            ("", Checked::Unknown("timed out".into())),
+        ];
+        for (result, expected) in cases {
+            // Answers only a call naming the check and carrying the key.
+            let answer = match result {
+                "" => "sleep 3600".to_string(),
+                _ => format!(
+                    "printf '%s\\n' '{{\"jsonrpc\":\"2.0\",\"id\":'\"$id\"',\"result\":{result}}}'"
+                ),
+            };
+            let spec = sh_server(&format!(
+                r#"*'"name":"was_sent"'*) case "$line" in *'"mneme/idempotency_key":"mneme-k1"'*) {answer} ;; esac ;;"#
+            ));
+            let connector = McpConnector::new(spec);
+            let args = r#"{"to":"ada"}"#;
+            let checked = check(&connector, &tool_spec(), "was_sent", &ctx(), args).await;
+            match (&checked, &expected) {
+                (Checked::Unknown(why), Checked::Unknown(part)) => {
+                    assert!(
+                        why.contains(part.as_str()) && why.contains("was_sent"),
+                        "{why}"
+                    )
+                }
+                _ => assert_eq!(checked, expected, "{result}"),
+            }
+        }
     }
 
     #[tokio::test]
