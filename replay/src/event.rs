@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 /// is written with the version it needs: [`Event::schema`]). Older
 /// versions are read; newer ones are refused with
 /// [`DecodeError::UnknownSchema`].
-pub const EVENT_SCHEMA: u16 = 8;
+pub const EVENT_SCHEMA: u16 = 9;
 
 /// One thing that happened in a session. Immutable once appended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -353,6 +353,12 @@ pub struct ModelReply {
     /// unchanged at the head of the assistant turn they came with.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub thinking: Vec<String>,
+    /// The Responses API's output items, each the item's JSON as received
+    /// (reasoning with its id and `encrypted_content`, messages with their
+    /// `phase`, function calls), in the response's order: sent back in
+    /// that order in the `input` of every later request.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub items: Vec<String>,
     /// Tool calls, in the model's order.
     pub tool_calls: Vec<ToolCall>,
     /// Token usage the server reported.
@@ -466,6 +472,12 @@ pub struct Usage {
     /// the server says (Anthropic's `cache_creation_input_tokens`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub cache_write_tokens: u64,
+    /// Completion tokens the model spent reasoning (counted in
+    /// `completion_tokens` too), where the server says (the Responses
+    /// API's `output_tokens_details.reasoning_tokens`, chat completions'
+    /// `completion_tokens_details.reasoning_tokens`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reasoning_tokens: u64,
 }
 
 /// What woke a sleeping call.
@@ -636,6 +648,7 @@ impl Event {
                 (reply.content.iter_mut())
                     .chain(reply.reasoning.iter_mut())
                     .chain(reply.thinking.iter_mut())
+                    .chain(reply.items.iter_mut())
                     .chain(arguments)
                     .chain(invented.into_iter().flatten())
                     .collect()
@@ -684,7 +697,8 @@ impl Event {
     /// with a tool of kind `sleep`, `WakeScheduled`, `Woken`); 7 schedules
     /// (their log's four kinds, a session's `ScheduledBy`); 8 a reply's
     /// reasoning or thinking blocks, and a spec's `reasoning` rule or
-    /// thinking budget. A build that
+    /// thinking budget; 9 the Responses API (a reply's output items, a spec
+    /// with `provider = "openai-responses"`). A build that
     /// reads only older versions then refuses such an event by name instead
     /// of misreading it (it would run a call with the model's arguments
     /// where a person gave others, drop a waiting message, resume a rerun
@@ -692,6 +706,12 @@ impl Event {
     /// event stays readable by it.
     pub fn schema(&self) -> u16 {
         match self {
+            Event::ModelReplied(reply) if !reply.items.is_empty() => 9,
+            Event::SessionStarted { spec } | Event::SpecChanged { spec, .. }
+                if spec.model.is_responses() =>
+            {
+                9
+            }
             Event::ModelReplied(reply)
                 if reply.reasoning.is_some() || !reply.thinking.is_empty() =>
             {
