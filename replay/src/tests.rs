@@ -1447,7 +1447,7 @@ fn responses_items(i: usize, text: Option<&str>, calls: &[ToolCall]) -> Vec<Stri
         items.push(serde_json::json!({"type": "function_call", "id": format!("fc_{i}_{k}"), "call_id": format!("server{k}"),
                                       "name": c.sent_name(), "arguments": c.arguments, "status": "completed"}));
     }
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         items.push(
             serde_json::json!({"type": "reasoning", "id": format!("rs_{i}_end"), "summary": []}),
         );
