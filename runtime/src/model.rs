@@ -489,7 +489,7 @@ impl ModelClient for HttpModelClient {
 struct ChatResponse {
     choices: Vec<Choice>,
     #[serde(default)]
-    usage: Option<WireUsage>,
+    usage: Option<crate::sse::WireUsage>,
 }
 
 #[derive(Deserialize)]
@@ -523,48 +523,6 @@ struct WireFunction {
     name: String,
     #[serde(default)]
     arguments: serde_json::Value,
-}
-
-#[derive(Deserialize, Default)]
-pub(crate) struct WireUsage {
-    #[serde(default)]
-    prompt_tokens: u64,
-    #[serde(default)]
-    completion_tokens: u64,
-    #[serde(default)]
-    prompt_tokens_details: Option<WireDetails>,
-    #[serde(default)]
-    completion_tokens_details: Option<WireCompletionDetails>,
-}
-
-impl From<WireUsage> for Usage {
-    fn from(usage: WireUsage) -> Usage {
-        Usage {
-            prompt_tokens: usage.prompt_tokens,
-            completion_tokens: usage.completion_tokens,
-            cached_tokens: usage
-                .prompt_tokens_details
-                .unwrap_or_default()
-                .cached_tokens,
-            cache_write_tokens: 0,
-            reasoning_tokens: usage
-                .completion_tokens_details
-                .unwrap_or_default()
-                .reasoning_tokens,
-        }
-    }
-}
-
-#[derive(Deserialize, Default)]
-struct WireDetails {
-    #[serde(default)]
-    cached_tokens: u64,
-}
-
-#[derive(Deserialize, Default)]
-struct WireCompletionDetails {
-    #[serde(default)]
-    reasoning_tokens: u64,
 }
 
 /// Parses a chat-completions response, tolerant of what real servers vary
