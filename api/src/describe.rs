@@ -14,6 +14,27 @@ pub fn clip(text: &str, max: usize) -> String {
     format!("{clipped}…")
 }
 
+/// A reply's Responses API output items in a line: their types in order,
+/// and the first reasoning summary, clipped.
+fn output_items(items: &[String]) -> String {
+    let parsed: Vec<serde_json::Value> = items
+        .iter()
+        .map(|i| serde_json::from_str(i).unwrap_or_default())
+        .collect();
+    let kinds: Vec<&str> = parsed
+        .iter()
+        .map(|i| i["type"].as_str().unwrap_or("?"))
+        .collect();
+    let summary = parsed
+        .iter()
+        .filter(|i| i["type"] == "reasoning")
+        .find_map(|i| i["summary"][0]["text"].as_str());
+    match summary {
+        Some(text) => format!("({}) reasoning {:?}", kinds.join(", "), clip(text, 60)),
+        None => format!("({})", kinds.join(", ")),
+    }
+}
+
 /// A call's arguments laid out afresh, as a person should read them before
 /// a tool gets them: whitespace between tokens dropped (so padding cannot
 /// push a member out of sight) and, with `pretty`, one member a line,
@@ -139,6 +160,10 @@ pub fn summary(event: &Event) -> String {
                 0 => what,
                 n => format!("{what}; {n} thinking block(s) {}", clip(&r.thinking[0], 60)),
             };
+            let what = match r.items.len() {
+                0 => what,
+                n => format!("{what}; {n} output item(s) {}", output_items(&r.items)),
+            };
             let what = match (&r.refused, r.cut_off()) {
                 (Some(why), _) => format!("{what}; REFUSED: {}", clip(why, 80)),
                 (None, true) => format!("{what}; CUT OFF by the token limit"),
@@ -154,7 +179,7 @@ pub fn summary(event: &Event) -> String {
                 ms => format!(" (first token {ms} ms)"),
             };
             format!(
-                "{what}; tokens {} in ({} cached{}) / {} out; {} ms{first}; finish {:?}{prefix}",
+                "{what}; tokens {} in ({} cached{}) / {} out{}; {} ms{first}; finish {:?}{prefix}",
                 r.usage.prompt_tokens,
                 r.usage.cached_tokens,
                 match r.usage.cache_write_tokens {
@@ -162,6 +187,10 @@ pub fn summary(event: &Event) -> String {
                     n => format!(", {n} written to the cache"),
                 },
                 r.usage.completion_tokens,
+                match r.usage.reasoning_tokens {
+                    0 => String::new(),
+                    n => format!(" ({n} reasoning)"),
+                },
                 r.latency_ms,
                 r.finish_reason
             )

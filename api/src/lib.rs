@@ -797,6 +797,10 @@ pub struct SessionSummary {
     /// Prompt tokens served from the model server's cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cached_tokens: Option<u64>,
+    /// Completion tokens spent reasoning (also in `completion_tokens`),
+    /// where the model server reported any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_tokens: Option<u64>,
     /// `cached_tokens / prompt_tokens`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_hit_ratio: Option<f64>,

@@ -234,6 +234,52 @@ async fn erased_content_and_its_key_are_in_no_file_and_the_shape_and_chain_remai
     erase(&private, &session).await;
 }
 
+/// A session on OpenAI's Responses API: its reasoning item's summary and
+/// encrypted content (recorded whole, with the reply) are encrypted at
+/// rest like the rest of the content, and erased with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_responses_reasoning_item_is_encrypted_at_rest_and_erased() {
+    use mneme_e2e::hostile::HostileModel;
+    use mneme_e2e::responses_api as api;
+    const SUMMARY: &str = "PLANTED-SUMMARY-51c0";
+    const ENCRYPTED: &str = "PLANTED-ENCRYPTED-REASONING-a7e2";
+    let private = Private::new(World::new()).await;
+    let model = HostileModel::start(|n, _, _| {
+        let output = match n {
+            0 => vec![
+                api::reasoning("rs_1", SUMMARY, ENCRYPTED),
+                api::function_call("call_1", "lookup", json!({ "card": ARGUMENT })),
+            ],
+            _ => vec![api::message("msg_2", ANSWER, Some("final_answer"))],
+        };
+        api::answer(api::response(output), false)
+    })
+    .await;
+    let agent = agent_toml(&model.base_url(), &[lookup_tool()])
+        .replace("provider = \"openai\"", "provider = \"openai-responses\"");
+    let agent = private.world.write("agent.toml", &agent);
+    let out = private
+        .run_ok(&["run", "--agent", agent.to_str().unwrap(), MESSAGE])
+        .await;
+    let session = session_id(&out);
+    let planted = [SUMMARY, ENCRYPTED, ARGUMENT, ANSWER, MESSAGE];
+    let before = private.log_text(&session).await;
+    let places = every_byte(&private.world.data());
+    for marker in planted {
+        assert!(before.contains(marker), "{marker} readable with the key");
+        assert_eq!(holding(&places, marker.as_bytes()), Vec::<&str>::new());
+    }
+    erase(&private, &session).await;
+    let after = private.log_text(&session).await;
+    let places = every_byte(&private.world.data());
+    for marker in planted {
+        assert!(!after.contains(marker), "{marker} still shown: {after}");
+        assert_eq!(holding(&places, marker.as_bytes()), Vec::<&str>::new());
+    }
+    assert!(after.contains("[erased]"), "{after}");
+    private.run_ok(&["verify", &session]).await;
+}
+
 /// The control: without a master key, the same search finds the content
 /// (so the search above can fail), and erasure is refused by name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,7 +17,7 @@ pub const DEFAULT_MAX_TOKENS: u64 = 4096;
 
 /// Text shown for an assistant turn that had no text (the Messages API
 /// refuses an empty turn).
-const NO_TEXT: &str = "[mneme] (no text)";
+pub(crate) const NO_TEXT: &str = "[mneme] (no text)";
 
 /// The body of the next Messages API request of `state`; with `widened`,
 /// twice the spec's `max_tokens` (room to finish a cut-off reply).

@@ -359,6 +359,12 @@ pub struct ModelReply {
     /// goes back in the order it came. Empty: every block at the head.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub thinking_at: Vec<u32>,
+    /// The Responses API's output items, each the item's JSON as received
+    /// (reasoning with its id and `encrypted_content`, messages with their
+    /// `phase`, function calls), in the response's order: sent back in
+    /// that order in the `input` of every later request.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub items: Vec<String>,
     /// Tool calls, in the model's order.
     pub tool_calls: Vec<ToolCall>,
     /// Token usage the server reported.
@@ -479,6 +485,12 @@ pub struct Usage {
     /// the server says (Anthropic's `cache_creation_input_tokens`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub cache_write_tokens: u64,
+    /// Completion tokens the model spent reasoning (counted in
+    /// `completion_tokens` too), where the server says (the Responses
+    /// API's `output_tokens_details.reasoning_tokens`, chat completions'
+    /// `completion_tokens_details.reasoning_tokens`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reasoning_tokens: u64,
 }
 
 /// What woke a sleeping call.
@@ -649,6 +661,7 @@ impl Event {
                 (reply.content.iter_mut())
                     .chain(reply.reasoning.iter_mut())
                     .chain(reply.thinking.iter_mut())
+                    .chain(reply.items.iter_mut())
                     .chain(arguments)
                     .chain(invented.into_iter().flatten())
                     .collect()
@@ -698,7 +711,9 @@ impl Event {
     /// (their log's four kinds, a session's `ScheduledBy`); 8 a reply's
     /// reasoning or thinking blocks, and a spec's `reasoning` rule or
     /// thinking budget; 9 where thinking blocks stood among a reply's
-    /// calls, and a spec's `interleaved_thinking`. A build that
+    /// calls, a spec's `interleaved_thinking`, and the Responses API (a
+    /// reply's output items, a spec with `provider = "openai-responses"`).
+    /// A build that
     /// reads only older versions then refuses such an event by name instead
     /// of misreading it (it would run a call with the model's arguments
     /// where a person gave others, drop a waiting message, resume a rerun
@@ -706,9 +721,13 @@ impl Event {
     /// event stays readable by it.
     pub fn schema(&self) -> u16 {
         match self {
-            Event::ModelReplied(reply) if !reply.thinking_at.is_empty() => 9,
+            Event::ModelReplied(reply)
+                if !reply.thinking_at.is_empty() || !reply.items.is_empty() =>
+            {
+                9
+            }
             Event::SessionStarted { spec } | Event::SpecChanged { spec, .. }
-                if spec.model.interleaved_thinking =>
+                if spec.model.interleaved_thinking || spec.model.is_responses() =>
             {
                 9
             }

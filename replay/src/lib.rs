@@ -10,6 +10,7 @@ pub mod mcp;
 pub mod plan;
 pub mod prompt;
 pub mod rerun;
+pub mod responses;
 pub mod schedule;
 pub mod spec;
 pub mod state;

@@ -195,6 +195,8 @@ pub struct RenderedPrefix {
     compacted: Option<(usize, String)>,
     /// Whether the replies' reasoning was rendered (the spec's rule).
     reasoning: Reasoning,
+    /// The API whose shapes it was rendered in.
+    api: Api,
     /// Chained SHA-256 over the rendered messages: H(previous ‖ message).
     digest: [u8; 32],
     /// The request's bytes before its messages, as last built.
@@ -270,7 +272,7 @@ impl RenderedPrefix {
         self.json.is_empty()
     }
 
-    fn push(&mut self, message: &Message) {
+    fn push<T: Serialize>(&mut self, message: &T) {
         use sha2::Digest;
         let json = Arc::make_mut(&mut self.json);
         let before = json.len();
@@ -307,29 +309,58 @@ impl RenderedPrefix {
     /// rendered from a longer or another history starts over.
     fn extend(&mut self, state: &SessionState) {
         let done = state.entries.len().saturating_sub(1);
-        let reasoning = reasoning_of(state);
-        if self.entries > done || self.compacted != state.compacted || self.reasoning != reasoning {
+        let (reasoning, api) = (reasoning_of(state), Api::of(state));
+        if self.entries > done
+            || self.compacted != state.compacted
+            || self.reasoning != reasoning
+            || self.api != api
+        {
             *self = RenderedPrefix {
                 reasoning,
+                api,
                 ..RenderedPrefix::default()
             };
         }
         if !self.started {
-            for message in system_message(state)
-                .into_iter()
-                .chain(summary_message(state))
-            {
-                self.push(&message);
+            match api {
+                Api::Chat => {
+                    for message in system_message(state)
+                        .into_iter()
+                        .chain(summary_message(state))
+                    {
+                        self.push(&message);
+                    }
+                }
+                // The system prompt is the request's `instructions`.
+                Api::Responses => {
+                    if let Some(item) = crate::responses::summary_item(state) {
+                        self.push(&item);
+                    }
+                }
             }
             self.started = true;
             self.compacted = state.compacted.clone();
         }
-        let mut messages = Vec::new();
-        for entry in &state.entries[self.entries..done] {
-            entry_messages(entry, self.reasoning, &mut messages);
-        }
-        for message in &messages {
-            self.push(message);
+        let entries = &state.entries[self.entries..done];
+        match api {
+            Api::Chat => {
+                let mut messages = Vec::new();
+                for entry in entries {
+                    entry_messages(entry, self.reasoning, &mut messages);
+                }
+                for message in &messages {
+                    self.push(message);
+                }
+            }
+            Api::Responses => {
+                let mut items = Vec::new();
+                for entry in entries {
+                    crate::responses::entry_items(entry, &mut items);
+                }
+                for item in &items {
+                    self.push(item);
+                }
+            }
         }
         self.entries = done;
     }
@@ -350,22 +381,31 @@ pub fn next_request_incremental(
     }
     let key = cache_key(spec, session);
     prefix.extend(state);
-    let mut last = Vec::new();
-    if let Some(entry) = state.entries.last() {
-        entry_messages(entry, prefix.reasoning, &mut last);
-    }
+    let widened = room_to_finish(state);
+    let first = prefix.json.is_empty();
+    let mut tail = Vec::with_capacity(1024);
     // The request with no messages, split where they go.
-    let empty = body(spec, &[], key, room_to_finish(state));
-    let marker = b"\"messages\":[]";
+    let (empty, marker): (_, &[u8]) = match prefix.api {
+        Api::Chat => {
+            let mut last = Vec::new();
+            if let Some(entry) = state.entries.last() {
+                entry_messages(entry, prefix.reasoning, &mut last);
+            }
+            write_items(&mut tail, &last, first);
+            (body(spec, &[], key, widened), b"\"messages\":[]")
+        }
+        Api::Responses => {
+            let mut last = Vec::new();
+            if let Some(entry) = state.entries.last() {
+                crate::responses::entry_items(entry, &mut last);
+            }
+            write_items(&mut tail, &last, first);
+            let empty = crate::responses::body(spec, &[], key, widened);
+            (empty, b"\"input\":[]")
+        }
+    };
     let at = empty.windows(marker.len()).position(|w| w == marker)? + marker.len() - 1;
     prefix.hash_under(&empty[..at]);
-    let mut tail = Vec::with_capacity(empty.len() - at + 1024);
-    for message in &last {
-        if !(prefix.json.is_empty() && tail.is_empty()) {
-            tail.push(b',');
-        }
-        serde_json::to_writer(&mut tail, message).expect("messages always serialize");
-    }
     tail.extend_from_slice(&empty[at..]);
     use sha2::Digest;
     let mut hasher = prefix.body_hash.clone();
@@ -376,6 +416,37 @@ pub fn next_request_incremental(
         tail,
         digest: crate::event::hex(&hasher.finalize()),
     })
+}
+
+/// Appends `items` to `tail`, comma-separated, after a comma unless they
+/// are the first of the list.
+fn write_items<T: Serialize>(tail: &mut Vec<u8>, items: &[T], first: bool) {
+    for (i, item) in items.iter().enumerate() {
+        if !(first && i == 0) {
+            tail.push(b',');
+        }
+        serde_json::to_writer(&mut *tail, item).expect("messages always serialize");
+    }
+}
+
+/// Which API's shapes a session's requests are rendered in (Anthropic's
+/// are rendered whole, apart).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum Api {
+    /// Chat completions: `messages`.
+    #[default]
+    Chat,
+    /// OpenAI's Responses API: `input` items.
+    Responses,
+}
+
+impl Api {
+    fn of(state: &SessionState) -> Api {
+        match state.spec.as_ref().is_some_and(|s| s.model.is_responses()) {
+            true => Api::Responses,
+            false => Api::Chat,
+        }
+    }
 }
 
 /// The instruction of a compaction request.
@@ -415,6 +486,13 @@ pub fn compaction_request(state: &SessionState, upto: usize) -> Option<Vec<u8>> 
             &lines.join("\n"),
         ));
     }
+    if spec.model.is_responses() {
+        return Some(crate::responses::compaction_request(
+            spec,
+            COMPACT_INSTRUCTION,
+            &lines.join("\n"),
+        ));
+    }
     let messages = [
         text_message("system", COMPACT_INSTRUCTION),
         text_message("user", &lines.join("\n")),
@@ -442,14 +520,25 @@ fn cache_key<'a>(spec: &AgentSpec, session: &'a str) -> Option<&'a str> {
         .then_some(session)
 }
 
-/// The exact body of the next request of `session`: its messages, and the
-/// session id as the prefix-cache key unless the spec turns that off.
+/// The exact body of the next request of `session` in its spec's API
+/// (chat completions, the Responses API or Anthropic's Messages API): its
+/// conversation, and the session id as the prefix-cache key unless the
+/// spec turns that off.
 pub fn next_request(session: &str, state: &SessionState) -> Option<Vec<u8>> {
     let spec = state.spec.as_ref()?;
     if spec.model.is_anthropic() {
         return crate::anthropic::request(state, room_to_finish(state));
     }
     let key = cache_key(spec, session);
+    if spec.model.is_responses() {
+        let input = crate::responses::input(state);
+        return Some(crate::responses::body(
+            spec,
+            &input,
+            key,
+            room_to_finish(state),
+        ));
+    }
     Some(body(spec, &messages(state), key, room_to_finish(state)))
 }
 
@@ -536,7 +625,7 @@ fn wire_calls(calls: &[CallState]) -> Vec<WireToolCall> {
 /// when it is JSON; otherwise (a log written before mneme refused such
 /// replies) the text inside a JSON object, [`UNPARSED_ARGUMENTS`], since
 /// servers refuse a history with arguments that do not parse.
-fn wire_arguments(arguments: &str) -> String {
+pub(crate) fn wire_arguments(arguments: &str) -> String {
     if serde_json::from_str::<serde::de::IgnoredAny>(arguments).is_ok() {
         return arguments.to_string();
     }

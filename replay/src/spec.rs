@@ -525,7 +525,9 @@ pub fn redact_url(url: &str) -> String {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSpec {
-    /// `openai` (any OpenAI-compatible chat completions server) or `scripted`.
+    /// `openai` (any OpenAI-compatible chat completions server),
+    /// `openai-responses` (OpenAI's Responses API, stateless), `anthropic`
+    /// (Anthropic's Messages API) or `scripted`.
     pub provider: String,
     /// Base URL of the server, up to and including `/v1`.
     #[serde(default)]
@@ -542,9 +544,10 @@ pub struct ModelSpec {
     /// Sampling temperature, sent when given.
     #[serde(default)]
     pub temperature: Option<f64>,
-    /// Most tokens a reply may have (`max_tokens` in the request), sent when
-    /// given; after a reply cut off in the middle of its tool calls, the
-    /// next request allows twice as many, once.
+    /// Most tokens a reply may have (`max_tokens` in the request; the
+    /// Responses API's `max_output_tokens`), sent when given; after a reply
+    /// cut off in the middle of its tool calls, the next request allows
+    /// twice as many, once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u64>,
     /// The same for OpenAI's reasoning models (`max_completion_tokens`),
@@ -642,18 +645,31 @@ impl Reasoning {
 /// Where Anthropic's Messages API is when the spec names no `base_url`.
 pub const ANTHROPIC_BASE_URL: &str = "https://api.anthropic.com/v1";
 
+/// Where OpenAI's Responses API is when the spec names no `base_url`.
+pub const OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
+
+/// The provider that speaks OpenAI's Responses API.
+pub const OPENAI_RESPONSES: &str = "openai-responses";
+
 impl ModelSpec {
     /// Whether the model is reached through Anthropic's Messages API.
     pub fn is_anthropic(&self) -> bool {
         self.provider == "anthropic"
     }
 
+    /// Whether the model is reached through OpenAI's Responses API
+    /// (`provider = "openai-responses"`).
+    pub fn is_responses(&self) -> bool {
+        self.provider == OPENAI_RESPONSES
+    }
+
     /// Base URL of the server, up to and including `/v1`.
     pub fn base_url(&self) -> &str {
-        match (&self.base_url, self.is_anthropic()) {
-            (Some(url), _) => url,
-            (None, true) => ANTHROPIC_BASE_URL,
-            (None, false) => "",
+        match &self.base_url {
+            Some(url) => url,
+            None if self.is_anthropic() => ANTHROPIC_BASE_URL,
+            None if self.is_responses() => OPENAI_BASE_URL,
+            None => "",
         }
     }
 
@@ -712,12 +728,35 @@ impl ModelSpec {
         }
     }
 
+    /// The keys the Responses API has no place for, refused by name with
+    /// `provider = "openai-responses"`: its one reply limit is
+    /// `max_output_tokens` (given as `max_tokens`), and its reasoning items
+    /// are always sent back, so chat completions' `reasoning` rule does not
+    /// apply.
+    fn validate_responses(&self) -> Result<(), String> {
+        if !self.is_responses() {
+            return Ok(());
+        }
+        if self.max_completion_tokens.is_some() {
+            return Err("max_completion_tokens is chat completions'; with provider = \"openai-responses\" give max_tokens (sent as max_output_tokens)".into());
+        }
+        if self.reasoning != Reasoning::default() {
+            return Err("reasoning is read only by chat completions (reasoning_content); with provider = \"openai-responses\" every reasoning item is sent back as received".into());
+        }
+        Ok(())
+    }
+
     /// A server that picks the model by name must be given one: Anthropic's
     /// API and OpenAI's refuse a request without it (a local server such
     /// as llama.cpp's serves the one model it loaded, whatever the name).
     fn validate_model_name(&self) -> Result<(), String> {
         if !self.model.trim().is_empty() {
             return Ok(());
+        }
+        if self.is_responses() {
+            return Err(
+                "provider = \"openai-responses\" needs model (e.g. model = \"gpt-5-mini\")".into(),
+            );
         }
         let openai = self.provider == "openai"
             && url::Url::parse(self.base_url())
@@ -741,13 +780,13 @@ impl ModelSpec {
                 None => Err("provider = \"openai\" needs base_url".to_string()),
                 Some(url) => check_http_url("base_url", url),
             },
-            "anthropic" => check_http_url("base_url", self.base_url()),
+            "anthropic" | OPENAI_RESPONSES => check_http_url("base_url", self.base_url()),
             "scripted" if self.script.is_none() => {
                 Err("provider = \"scripted\" needs script (a file of replies)".to_string())
             }
             "scripted" => Ok(()),
             other => Err(format!(
-                "provider {other:?} is unknown: expected \"openai\", \"anthropic\" or \"scripted\""
+                "provider {other:?} is unknown: expected \"openai\", \"openai-responses\", \"anthropic\" or \"scripted\""
             )),
         }
         .map_err(model)?;
@@ -775,6 +814,7 @@ impl ModelSpec {
         positive("max_tokens", self.max_tokens).map_err(model)?;
         positive("max_completion_tokens", self.max_completion_tokens).map_err(model)?;
         self.validate_thinking().map_err(model)?;
+        self.validate_responses().map_err(model)?;
         within(
             "max_response_bytes",
             self.max_response_bytes,

@@ -211,6 +211,11 @@ pub struct Totals {
     pub completion_tokens: u64,
     /// Prompt tokens served from the server's prefix cache.
     pub cached_tokens: u64,
+    /// Completion tokens spent reasoning, where the server said (also in
+    /// `completion_tokens`). Left out of the encoding when 0, so a child's
+    /// totals on its parent's `ToolFinished` are written as before.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reasoning_tokens: u64,
     /// Cost in the spec's currency, where the spec gives prices.
     pub cost: f64,
 }
@@ -322,6 +327,10 @@ impl TurnOpened {
     }
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 impl Totals {
     /// Counts a reply. A server reports its usage: counts it made huge stop
     /// at the largest number rather than overflow the fold.
@@ -330,6 +339,7 @@ impl Totals {
         self.prompt_tokens = self.prompt_tokens.saturating_add(usage.prompt_tokens);
         self.completion_tokens = (self.completion_tokens).saturating_add(usage.completion_tokens);
         self.cached_tokens = self.cached_tokens.saturating_add(usage.cached_tokens);
+        self.reasoning_tokens = (self.reasoning_tokens).saturating_add(usage.reasoning_tokens);
         self.cost += cost(usage, spec);
     }
 
@@ -339,6 +349,7 @@ impl Totals {
         self.prompt_tokens = self.prompt_tokens.saturating_add(other.prompt_tokens);
         self.completion_tokens = (self.completion_tokens).saturating_add(other.completion_tokens);
         self.cached_tokens = self.cached_tokens.saturating_add(other.cached_tokens);
+        self.reasoning_tokens = (self.reasoning_tokens).saturating_add(other.reasoning_tokens);
         self.cost += other.cost;
     }
 
@@ -363,8 +374,9 @@ pub const FALLBACK_BYTES_PER_TOKEN: u64 = 3;
 /// (and refuse its version-3 events) rather than take a snapshot that
 /// hides them and drop a message or run a rerun's side effects live. 9
 /// added sub-agents' links and their trees' totals; 10 the schedule firing
-/// that started a session or messaged it.
-pub const STATE_FORMAT: u16 = 10;
+/// that started a session or messaged it; 11 the reasoning tokens in the
+/// totals (an older build's snapshot would count none).
+pub const STATE_FORMAT: u16 = 11;
 
 /// A link between a parent session and a child (a sub-agent): the other
 /// session, the seq of the parent's `ToolStarted` that started the child,

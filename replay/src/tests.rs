@@ -1449,6 +1449,12 @@ fn golden_bytes_of_every_event_kind() {
         late_ms: 1500,
     });
     all.extend(schedule_events());
+    // The Responses API (schema 9): its spec, and a reply with its output
+    // items and reasoning tokens.
+    all.push(Event::SessionStarted {
+        spec: Box::new(responses_api::spec()),
+    });
+    all.push(responses_api::reasoned_calls());
     let text: String = all
         .iter()
         .map(|e| {
@@ -1516,13 +1522,43 @@ fn schedule_events() -> Vec<Event> {
     ]
 }
 
+/// The Responses API's output items of a reply with `text` and `calls`: a
+/// reasoning item first, each call under the id the server gave (before
+/// mneme made it unique), and a trailing reasoning item every other time
+/// (a reply cut off while reasoning).
+fn responses_items(i: usize, text: Option<&str>, calls: &[ToolCall]) -> Vec<String> {
+    let mut items = vec![
+        serde_json::json!({"type": "reasoning", "id": format!("rs_{i}"), "summary": [],
+                                             "encrypted_content": format!("enc{i}==")}),
+    ];
+    if let Some(text) = text {
+        items.push(serde_json::json!({"type": "message", "id": format!("msg_{i}"), "role": "assistant",
+            "status": "completed", "phase": "commentary", "content": [{"type": "output_text", "text": text, "annotations": []}]}));
+    }
+    for (k, c) in calls.iter().enumerate() {
+        items.push(serde_json::json!({"type": "function_call", "id": format!("fc_{i}_{k}"), "call_id": format!("server{k}"),
+                                      "name": c.sent_name(), "arguments": c.arguments, "status": "completed"}));
+    }
+    if i.is_multiple_of(2) {
+        items.push(
+            serde_json::json!({"type": "reasoning", "id": format!("rs_{i}_end"), "summary": []}),
+        );
+    }
+    items.iter().map(|item| item.to_string()).collect()
+}
+
+mod responses_api;
+
 fn arbitrary_log() -> impl Strategy<Value = Vec<Event>> {
     let ops = proptest::collection::vec((0u8..12, 0usize..4, any::<bool>()), 0..60);
-    (ops, any::<bool>()).prop_map(|(ops, keep)| {
+    (ops, any::<bool>(), any::<bool>()).prop_map(|(ops, keep, responses)| {
         let names = ["charge", "email", "lookup", "nope"];
         let mut spec = spec();
         if keep {
             spec.model.reasoning = crate::spec::Reasoning::Keep;
+        }
+        if responses {
+            spec.model.provider = crate::spec::OPENAI_RESPONSES.into();
         }
         let mut events = vec![Event::SessionStarted {
             spec: Box::new(spec),
@@ -1546,6 +1582,9 @@ fn arbitrary_log() -> impl Strategy<Value = Vec<Event>> {
                     let mut made = reply(flag.then_some("text"), last_calls.clone());
                     if let Event::ModelReplied(r) = &mut made {
                         r.reasoning = (pick % 2 == 0).then(|| format!("thought {i}"));
+                        if pick % 2 == 1 || flag {
+                            r.items = responses_items(i, r.content.as_deref(), &last_calls);
+                        }
                     }
                     if let (Event::ModelReplied(r), 3) = (&mut made, pick) {
                         // Refused: none of its calls run.
@@ -1791,6 +1830,7 @@ fn cache_reads_and_writes_are_priced_apart_where_the_spec_says() {
             completion_tokens: 0,
             cached_tokens: 600_000,
             cache_write_tokens: 300_000,
+            reasoning_tokens: 0,
         };
     }
     let cost = |spec: AgentSpec| {
@@ -1884,6 +1924,7 @@ fn child_finished(id: &str, child: uuid::Uuid) -> Event {
                 prompt_tokens: 300,
                 completion_tokens: 30,
                 cached_tokens: 0,
+                reasoning_tokens: 0,
                 cost: 0.5,
             },
         })),

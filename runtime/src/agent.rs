@@ -289,5 +289,12 @@ parameters = { type = "object", properties = { customer = { type = "string" }, c
         )
         .unwrap_err();
         assert!(err.to_string().contains("bogus"), "{err}");
+        // The Responses API's provider: its model named, no key unknown.
+        let responses = "name = \"x\"\n[model]\nprovider = \"openai-responses\"\n";
+        let err = load(responses).unwrap_err();
+        assert!(err.to_string().contains("needs model"), "{err}");
+        let err = load(&format!("{responses}model = \"m\"\nstore = true\n")).unwrap_err();
+        assert!(err.to_string().contains("store"), "{err}");
+        assert!(load(&format!("{responses}model = \"m\"\n")).is_ok());
     }
 }

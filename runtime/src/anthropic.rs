@@ -77,6 +77,7 @@ impl WireUsage {
             completion_tokens: self.output_tokens,
             cached_tokens: self.cache_read_input_tokens,
             cache_write_tokens: self.cache_creation_input_tokens,
+            reasoning_tokens: 0,
         }
     }
 }
@@ -379,6 +380,7 @@ mod tests {
                 completion_tokens: 30,
                 cached_tokens: 900,
                 cache_write_tokens: 100,
+                reasoning_tokens: 0,
             }
         );
     }

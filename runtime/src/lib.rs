@@ -12,8 +12,8 @@
 //! Tools are HTTP endpoints, commands, or Rust types implementing
 //! `tools::Tool` that the agent declares with `kind = "native"` and the
 //! program hands the runner ([`Runner::parts_with_native`]); see
-//! `examples/embed.rs`. Model servers speak OpenAI's chat completions or
-//! Anthropic's Messages API ([`ModelClient`]). The daemon's HTTP API
+//! `examples/embed.rs`. Model servers speak OpenAI's chat completions or its
+//! Responses API, or Anthropic's Messages API ([`ModelClient`]). The daemon's HTTP API
 //! is described by the types of [`api`]; log events are `tracing` events of
 //! target `mneme` ([`text`]); turns can be traced in the OpenTelemetry format
 //! ([`Tracer`]).
@@ -40,6 +40,7 @@ mod pause;
 mod preflight;
 mod privacy;
 mod rerun;
+mod responses;
 mod runner;
 mod schedule;
 mod secret;

@@ -1,4 +1,6 @@
-//! Model clients: OpenAI-compatible chat completions, and scripted replies.
+//! Model clients: OpenAI-compatible chat completions, OpenAI's Responses
+//! API, Anthropic's Messages API (over HTTP, one client), and scripted
+//! replies.
 
 use async_trait::async_trait;
 use replay::{AgentSpec, ModelReply, PreparedRequest, SessionState, ToolCall, Usage};
@@ -130,7 +132,9 @@ pub trait ModelClient: Send + Sync {
 /// Builds the client the spec asks for.
 pub fn client_for(spec: &AgentSpec) -> Result<Box<dyn ModelClient>, ModelError> {
     match spec.model.provider.as_str() {
-        "openai" | "anthropic" => Ok(Box::new(HttpModelClient::new(spec)?)),
+        "openai" | replay::spec::OPENAI_RESPONSES | "anthropic" => {
+            Ok(Box::new(HttpModelClient::new(spec)?))
+        }
         "scripted" => Ok(Box::new(ScriptedClient::load(
             spec.model.script.as_deref().unwrap_or_default(),
         )?)),
@@ -152,6 +156,8 @@ enum Wire {
     ChatCompletions,
     /// Anthropic's Messages API (`/messages`).
     Messages,
+    /// OpenAI's Responses API (`/responses`), stateless.
+    Responses,
 }
 
 /// Anthropic's API version the requests are written for.
@@ -162,7 +168,8 @@ const ANTHROPIC_VERSION: &str = "2023-06-01";
 const INTERLEAVED_THINKING_BETA: &str = "interleaved-thinking-2025-05-14";
 
 /// A client of a model server over HTTP: any OpenAI-compatible
-/// `/chat/completions` endpoint, or Anthropic's Messages API. Its
+/// `/chat/completions` endpoint, OpenAI's Responses API, or Anthropic's
+/// Messages API. Its
 /// connections come from the process's pool ([`crate::outbound::client`]),
 /// shared with every other model client of the same connect timeout.
 pub(crate) struct HttpModelClient {
@@ -190,9 +197,12 @@ impl HttpModelClient {
     /// Builds the client; reads the API key from the variable the spec names.
     pub(crate) fn new(spec: &AgentSpec) -> Result<HttpModelClient, ModelError> {
         let base = spec.model.base_url();
-        let wire = match spec.model.is_anthropic() {
-            true => Wire::Messages,
-            false => Wire::ChatCompletions,
+        let wire = if spec.model.is_anthropic() {
+            Wire::Messages
+        } else if spec.model.is_responses() {
+            Wire::Responses
+        } else {
+            Wire::ChatCompletions
         };
         let api_key = match &spec.model.api_key_env {
             Some(var) => Some(std::env::var(var).map_err(|_| {
@@ -215,6 +225,7 @@ impl HttpModelClient {
         let path = match wire {
             Wire::ChatCompletions => "chat/completions",
             Wire::Messages => "messages",
+            Wire::Responses => "responses",
         };
         Ok(HttpModelClient {
             http,
@@ -297,7 +308,7 @@ impl HttpModelClient {
             .header("content-type", "application/json")
             .body(body.to_vec());
         request = match (self.wire, &self.api_key) {
-            (Wire::ChatCompletions, Some(key)) => request.bearer_auth(key),
+            (Wire::ChatCompletions | Wire::Responses, Some(key)) => request.bearer_auth(key),
             (Wire::Messages, key) => {
                 let mut request = request.header("anthropic-version", ANTHROPIC_VERSION);
                 if let Some(beta) = self.beta {
@@ -308,7 +319,7 @@ impl HttpModelClient {
                     None => request,
                 }
             }
-            (Wire::ChatCompletions, None) => request,
+            (Wire::ChatCompletions | Wire::Responses, None) => request,
         };
         let retry = |e: reqwest::Error| Attempt::Retry(self.describe(&e), None);
         let response = request.send().await.map_err(retry)?;
@@ -357,15 +368,15 @@ impl HttpModelClient {
                 body: snippet(&text),
             }));
         }
+        let garbage = |reason| ModelError::Garbage {
+            url: self.url.clone(),
+            reason,
+            snippet: snippet(&text),
+        };
         match self.wire {
             Wire::ChatCompletions => parse_reply(&self.url, &text),
-            Wire::Messages => {
-                crate::anthropic::parse_message(&text).map_err(|reason| ModelError::Garbage {
-                    url: self.url.clone(),
-                    reason,
-                    snippet: snippet(&text),
-                })
-            }
+            Wire::Messages => crate::anthropic::parse_message(&text).map_err(garbage),
+            Wire::Responses => crate::responses::parse_response(&text).map_err(garbage),
         }
         .map_err(Attempt::Fail)
     }
@@ -381,6 +392,7 @@ impl HttpModelClient {
         let mut assembly = crate::sse::Assembly::new(match self.wire {
             Wire::ChatCompletions => Box::<crate::sse::ChatChunks>::default(),
             Wire::Messages => Box::<crate::anthropic::MessageChunks>::default(),
+            Wire::Responses => Box::<crate::responses::ResponseEvents>::default(),
         });
         let mut read = 0u64;
         let mut first_token_ms = 0;
@@ -490,7 +502,7 @@ impl ModelClient for HttpModelClient {
 struct ChatResponse {
     choices: Vec<Choice>,
     #[serde(default)]
-    usage: Option<WireUsage>,
+    usage: Option<crate::sse::WireUsage>,
 }
 
 #[derive(Deserialize)]
@@ -524,36 +536,6 @@ struct WireFunction {
     name: String,
     #[serde(default)]
     arguments: serde_json::Value,
-}
-
-#[derive(Deserialize, Default)]
-pub(crate) struct WireUsage {
-    #[serde(default)]
-    prompt_tokens: u64,
-    #[serde(default)]
-    completion_tokens: u64,
-    #[serde(default)]
-    prompt_tokens_details: Option<WireDetails>,
-}
-
-impl From<WireUsage> for Usage {
-    fn from(usage: WireUsage) -> Usage {
-        Usage {
-            prompt_tokens: usage.prompt_tokens,
-            completion_tokens: usage.completion_tokens,
-            cached_tokens: usage
-                .prompt_tokens_details
-                .unwrap_or_default()
-                .cached_tokens,
-            cache_write_tokens: 0,
-        }
-    }
-}
-
-#[derive(Deserialize, Default)]
-struct WireDetails {
-    #[serde(default)]
-    cached_tokens: u64,
 }
 
 /// Parses a chat-completions response, tolerant of what real servers vary
@@ -729,11 +711,13 @@ mod tests {
     }
 
     #[test]
-    fn reads_cached_tokens() {
+    fn reads_cached_and_reasoning_tokens() {
         let text = r#"{"choices":[{"message":{"content":"hi"},"finish_reason":"stop"}],
-            "usage":{"prompt_tokens":10,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":8}}}"#;
+            "usage":{"prompt_tokens":10,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":8},
+                     "completion_tokens_details":{"reasoning_tokens":1}}}"#;
         let reply = parse_reply("u", text).unwrap();
         assert_eq!(reply.usage.cached_tokens, 8);
+        assert_eq!(reply.usage.reasoning_tokens, 1);
         assert_eq!(reply.content.as_deref(), Some("hi"));
     }
 

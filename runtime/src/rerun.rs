@@ -238,6 +238,7 @@ mod tests {
                 completion_tokens: 5,
                 cached_tokens: cached,
                 cache_write_tokens: 0,
+                reasoning_tokens: 0,
             },
             finish_reason: "stop".into(),
             ..Default::default()

@@ -1,9 +1,11 @@
 //! A streamed reply (server-sent events) put back together into one reply:
 //! the event lines are split here, whatever the format; each format
 //! ([`ChatChunks`] for chat completions, `crate::anthropic` for the
-//! Messages API) applies its events. Chat completions: text and tool-call
-//! deltas, calls told apart by `index` or (where a server reuses index 0
-//! for parallel calls) by `id`, usage in a last chunk with no choices.
+//! Messages API, `crate::responses` for the Responses API) applies its
+//! events. Chat completions: text and tool-call deltas, calls told apart by
+//! `index` or (where a server reuses index 0 for parallel calls) by `id`,
+//! usage in a last chunk with no choices (its shape is here, shared with
+//! the whole reply's: nothing here names the model clients).
 
 use replay::{ModelReply, ToolCall, Usage};
 use serde::Deserialize;
@@ -47,7 +49,7 @@ struct Chunk {
     #[serde(default)]
     choices: Vec<ChunkChoice>,
     #[serde(default)]
-    usage: Option<crate::model::WireUsage>,
+    usage: Option<WireUsage>,
 }
 
 #[derive(Deserialize)]
@@ -86,6 +88,50 @@ struct FunctionDelta {
     name: Option<String>,
     #[serde(default)]
     arguments: Option<serde_json::Value>,
+}
+
+/// Chat completions' usage, streamed in a last chunk or with a whole reply
+/// (`crate::model` reads it there).
+#[derive(Deserialize, Default)]
+pub(crate) struct WireUsage {
+    #[serde(default)]
+    prompt_tokens: u64,
+    #[serde(default)]
+    completion_tokens: u64,
+    #[serde(default)]
+    prompt_tokens_details: Option<WireDetails>,
+    #[serde(default)]
+    completion_tokens_details: Option<WireCompletionDetails>,
+}
+
+impl From<WireUsage> for Usage {
+    fn from(usage: WireUsage) -> Usage {
+        Usage {
+            prompt_tokens: usage.prompt_tokens,
+            completion_tokens: usage.completion_tokens,
+            cached_tokens: usage
+                .prompt_tokens_details
+                .unwrap_or_default()
+                .cached_tokens,
+            cache_write_tokens: 0,
+            reasoning_tokens: usage
+                .completion_tokens_details
+                .unwrap_or_default()
+                .reasoning_tokens,
+        }
+    }
+}
+
+#[derive(Deserialize, Default)]
+struct WireDetails {
+    #[serde(default)]
+    cached_tokens: u64,
+}
+
+#[derive(Deserialize, Default)]
+struct WireCompletionDetails {
+    #[serde(default)]
+    reasoning_tokens: u64,
 }
 
 /// What one read of the stream brought.

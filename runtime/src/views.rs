@@ -46,6 +46,7 @@ pub fn summary_of(meta: &SessionMeta, summary: &Summary) -> SessionSummary {
         prompt_tokens: Some(t.prompt_tokens),
         completion_tokens: Some(t.completion_tokens),
         cached_tokens: Some(t.cached_tokens),
+        reasoning_tokens: Some(t.reasoning_tokens).filter(|n| *n > 0),
         cache_hit_ratio: Some(t.cache_hit_ratio()),
         cost: Some(t.cost),
     }
@@ -87,6 +88,7 @@ pub(crate) fn row_of(
             prompt_tokens: None,
             completion_tokens: None,
             cached_tokens: None,
+            reasoning_tokens: None,
             cache_hit_ratio: None,
             cost: None,
         },

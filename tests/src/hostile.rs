@@ -8,6 +8,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
+use futures_util::StreamExt;
 use serde_json::{json, Value};
 use std::io::Read;
 use std::process::Output;
@@ -37,6 +38,10 @@ pub enum Answer {
         /// Stop after the first event and never end.
         then_stall: bool,
     },
+    /// 200 as server-sent events written exactly as given, each piece
+    /// apart (`event:` lines and all, no `[DONE]`: the Responses API's
+    /// streams end with their terminal event).
+    Sse(Vec<String>),
 }
 
 /// Chunks of a streamed chat completion saying `text` in `pieces`, then
@@ -63,12 +68,13 @@ type Handler = dyn Fn(usize, &Value, &HeaderMap) -> Answer + Send + Sync;
 struct Inner {
     handler: Box<Handler>,
     requests: Mutex<Vec<Value>>,
+    bodies: Mutex<Vec<Vec<u8>>>,
 }
 
 /// The server (chat completions at `/v1/chat/completions`, Anthropic's
-/// Messages API at `/v1/messages`): each request gets what the handler
-/// answers for (request number from 0, the request body as JSON, its
-/// headers).
+/// Messages API at `/v1/messages`, OpenAI's Responses API at
+/// `/v1/responses`): each request gets what the handler answers for
+/// (request number from 0, the request body as JSON, its headers).
 pub struct HostileModel {
     addr: std::net::SocketAddr,
     inner: Arc<Inner>,
@@ -85,10 +91,12 @@ impl HostileModel {
         let inner = Arc::new(Inner {
             handler: Box::new(handler),
             requests: Mutex::default(),
+            bodies: Mutex::default(),
         });
         let app = Router::new()
             .route("/v1/chat/completions", post(complete))
             .route("/v1/messages", post(complete))
+            .route("/v1/responses", post(complete))
             .layer(axum::extract::DefaultBodyLimit::disable())
             .with_state(inner.clone());
         let stop = crate::serve_until_dropped(listener, app);
@@ -108,6 +116,11 @@ impl HostileModel {
     pub fn requests(&self) -> Vec<Value> {
         self.inner.requests.lock().unwrap().clone()
     }
+
+    /// Every request body received, in order, exactly as sent.
+    pub fn bodies(&self) -> Vec<Vec<u8>> {
+        self.inner.bodies.lock().unwrap().clone()
+    }
 }
 
 async fn complete(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: String) -> Response {
@@ -115,6 +128,7 @@ async fn complete(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Str
     let n = {
         let mut requests = inner.requests.lock().unwrap();
         requests.push(request.clone());
+        inner.bodies.lock().unwrap().push(body.into_bytes());
         requests.len() - 1
     };
     match (inner.handler)(n, &request, &headers) {
@@ -139,6 +153,18 @@ async fn complete(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: Str
         Answer::Stall => {
             let stream = futures_util::stream::pending::<Result<bytes::Bytes, std::io::Error>>();
             Body::from_stream(stream).into_response()
+        }
+        Answer::Sse(pieces) => {
+            let stream = futures_util::stream::iter(pieces).then(|piece| async move {
+                // Apart, as a real server sends them.
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                Ok::<_, std::io::Error>(bytes::Bytes::from(piece))
+            });
+            (
+                [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
+                Body::from_stream(stream),
+            )
+                .into_response()
         }
         Answer::Stream {
             events,

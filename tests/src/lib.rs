@@ -14,6 +14,7 @@ mod eventually;
 pub mod hostile;
 pub mod mcp;
 pub mod powercut;
+pub mod responses_api;
 pub mod scenario;
 pub mod schedules;
 mod testbed;
