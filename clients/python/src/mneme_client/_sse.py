@@ -42,17 +42,21 @@ class SseParser:
     def feed(self, chunk: bytes) -> list[SseEvent]:
         """The events ``chunk`` completes."""
         out: list[SseEvent] = []
-        self._buffer += chunk
-        start = 0
         buffer = self._buffer
+        # Bytes before this had no line's end: not searched again (a long
+        # line arriving in many chunks costs its length, not its square).
+        scanned = len(buffer)
+        buffer += chunk
+        start = 0
         while start < len(buffer):
             if self._skip_lf:
                 self._skip_lf = False
                 if buffer[start] == 0x0A:  # the LF of a CRLF split across chunks
                     start += 1
                     continue
-            cr = buffer.find(b"\r", start)
-            lf = buffer.find(b"\n", start)
+            search = max(start, scanned)
+            cr = buffer.find(b"\r", search)
+            lf = buffer.find(b"\n", search)
             ends = [at for at in (cr, lf) if at >= 0]
             if not ends:
                 break
