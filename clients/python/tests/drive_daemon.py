@@ -39,7 +39,8 @@ def error_of(call: Any) -> dict[str, Any]:
 
 def is_answer(event: EventRecord) -> bool:
     """The model's final reply of a turn: text and no calls."""
-    return event.kind == "ModelReplied" and bool(event.event.get("content")) and not event.event.get("tool_calls")
+    fields = event.event.get(event.kind) or {}  # an event is {KIND: {its fields}}
+    return event.kind == "ModelReplied" and bool(fields.get("content")) and not fields.get("tool_calls")
 
 
 def main() -> None:
@@ -94,7 +95,7 @@ def main() -> None:
     seen["status"] = view.status.value
     seen["answer"] = view.answer
     decisions = s.events(kind="ApprovalDecided")
-    seen["approval"] = [d.event for d in decisions]
+    seen["approval"] = [d.event["ApprovalDecided"] for d in decisions]
     assert s.verify().ok
 
     # A streamed reply's text, piece by piece, while its turn runs.

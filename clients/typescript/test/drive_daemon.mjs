@@ -44,7 +44,8 @@ async function errorOf(call) {
  * @param {EventRecord} event
  */
 function isAnswer(event) {
-  const body = /** @type {{ content?: string, tool_calls?: unknown[] }} */ (event.event);
+  // An event is {KIND: {its fields}}.
+  const body = /** @type {{ content?: string, tool_calls?: unknown[] }} */ (event.event[event.kind] ?? {});
   return event.kind === "ModelReplied" && Boolean(body.content) && !(body.tool_calls && body.tool_calls.length);
 }
 
@@ -111,7 +112,7 @@ seen.status = view.status;
 seen.answer = view.answer;
 /** @type {unknown[]} */
 const approval = [];
-for await (const decision of s.events({ kind: "ApprovalDecided" })) approval.push(decision.event);
+for await (const decision of s.events({ kind: "ApprovalDecided" })) approval.push(decision.event.ApprovalDecided);
 seen.approval = approval;
 if (!(await s.verify()).ok) throw new Error("the chain does not verify");
 
