@@ -118,19 +118,18 @@ fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
     found
 }
 
-/// Fails naming `what` unless `made` (what the generator makes now) is the
-/// checked-in file `checked_in`.
-fn assert_same_file(made: &Path, checked_in: &Path) {
+/// Fails unless `made` (what the generator makes now) is the checked-in
+/// file `checked_in` (a path under clients/).
+fn assert_same_file(made: &Path, checked_in: &str) {
     let made_text = std::fs::read_to_string(made).unwrap();
-    let checked_text = std::fs::read_to_string(checked_in).unwrap_or_default();
+    let checked_text = std::fs::read_to_string(clients().join(checked_in)).unwrap_or_default();
     if made_text != checked_text {
         let line = (made_text.lines().zip(checked_text.lines()))
             .position(|(a, b)| a != b)
             .unwrap_or_else(|| made_text.lines().count().min(checked_text.lines().count()));
         panic!(
-            "{} is not what clients/generate.sh makes from the document the daemon serves \
-             (first difference at line {}): run clients/generate.sh and commit the result",
-            checked_in.display(),
+            "clients/{checked_in} is not what clients/generate.sh makes from the document the \
+             daemon serves (first difference at line {}): run clients/generate.sh and commit the result",
             line + 1
         );
     }
@@ -164,10 +163,7 @@ async fn the_checked_in_client_files_are_what_the_served_document_generates() {
         .arg(python.join("datamodel-codegen"))
         .arg(&document)
         .arg(&models));
-    assert_same_file(
-        &models,
-        &clients().join("python/src/mneme_client/models.py"),
-    );
+    assert_same_file(&models, "python/src/mneme_client/models.py");
     let schema = world.dir.path().join("schema.ts");
     run(
         StdCommand::new(clients().join("typescript/generate-types.sh"))
@@ -175,7 +171,7 @@ async fn the_checked_in_client_files_are_what_the_served_document_generates() {
             .arg(&document)
             .arg(&schema),
     );
-    assert_same_file(&schema, &clients().join("typescript/src/schema.ts"));
+    assert_same_file(&schema, "typescript/src/schema.ts");
     // dist/ is what tsc makes of src/ (which type-checks against the types).
     let dist = world.dir.path().join("dist");
     run(StdCommand::new(clients().join("typescript/build.sh"))
@@ -516,4 +512,34 @@ async fn the_typescript_client_drives_a_real_daemon() {
     script.arg(package.join("test/drive_daemon.mjs"));
     let seen = bed.drive(script).await;
     bed.check(&seen).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clients_sse_parsers_frame_as_the_spec_says_and_bound_what_they_take() {
+    let python = client_tools("python");
+    let node = client_tools("node");
+    let output = StdCommand::new(python.join("python"))
+        .args(["-m", "unittest", "-v", "clients/python/tests/test_sse.py"])
+        .current_dir(repo_root())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{said}");
+    assert!(
+        said.contains("Ran 5 tests") && said.contains("\nOK"),
+        "{said}"
+    );
+    run(StdCommand::new("node")
+        .arg(node.join("typescript/bin/tsc"))
+        .arg("-p")
+        .arg(clients().join("typescript/test/tsconfig.json"))
+        .arg("--typeRoots")
+        .arg(node.join("@types")));
+    let said = run(StdCommand::new("node")
+        .args(["--test", "test/sse.test.mjs"])
+        .current_dir(clients().join("typescript")));
+    assert!(
+        said.contains("# pass 5") && said.contains("# fail 0"),
+        "{said}"
+    );
 }

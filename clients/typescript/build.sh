@@ -5,6 +5,8 @@
 #   build.sh NODE_MODULES OUT_DIR
 set -euo pipefail
 nm=$1 out=$2
+mkdir -p "$(dirname "$out")"
+out="$(cd "$(dirname "$out")" && pwd)/$(basename "$out")"
 cd "$(dirname "$0")"
 rm -rf "$out.tmp"
 node "$nm/typescript/bin/tsc" -p tsconfig.json --outDir "$out.tmp"
