@@ -210,6 +210,8 @@ struct Bed {
     key: PathBuf,
     agents: PathBuf,
     addr: String,
+    /// A loopback address nothing listens on.
+    closed: String,
     _model: HostileModel,
 }
 
@@ -229,17 +231,17 @@ impl Bed {
             .replace("timeout_secs = 10\n", "timeout_secs = 10\nstream = true\n")
             .replace("name = \"test-agent\"", "name = \"billing\"");
         std::fs::write(agents.join("billing.toml"), agent).unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let free = || {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().to_string()
+        };
         Bed {
             world,
             sink,
             key,
             agents,
-            addr: format!("127.0.0.1:{port}"),
+            addr: free(),
+            closed: free(),
             _model: model,
         }
     }
@@ -267,6 +269,7 @@ impl Bed {
         script
             .env("MNEME_URL", format!("http://{}", self.addr))
             .env("MNEME_TOKEN", TOKEN)
+            .env("MNEME_CLOSED_URL", format!("http://{}", self.closed))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -380,9 +383,30 @@ impl Bed {
         let reply_seq = deltas[0]["seq"].as_u64().unwrap();
         assert!(deltas.iter().all(|d| d["seq"] == reply_seq), "{seen}");
 
-        // The fork, erased.
+        // What the daemon reads out of it: the plan, the next request (the
+        // whole conversation), no cache miss (the model reports none).
+        let reads = &seen["reads"];
+        assert_eq!(reads["replay_events"], reply_seq, "{seen}");
+        assert_eq!(reads["tools"], json!([["refund", "side_effect"]]), "{seen}");
+        let roles = [
+            "system",
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+            "user",
+            "assistant",
+        ];
+        assert_eq!(reads["next_request_roles"], json!(roles), "{seen}");
+        assert_eq!(reads["cache_misses"], 0, "{seen}");
+
+        // The fork, compared, erased.
         let fork = seen["fork"]["id"].as_str().unwrap();
         assert_eq!(seen["fork"]["forked_from"], session, "{seen}");
+        let diff = &seen["diff"];
+        assert_eq!(diff["common"], 2, "{seen}");
+        assert_eq!(diff["answer"], whole.as_str(), "{seen}");
+        assert_eq!(diff["fork_events"], seen["fork"]["events"], "{seen}");
         assert_eq!(seen["erased"]["status"], "erased", "{seen}");
         assert_eq!(seen["erased"]["erased"], json!([fork]), "{seen}");
 
@@ -402,8 +426,15 @@ impl Bed {
         error("approve_again", json!(409), CALL);
         error("pause_idle", json!(409), "");
         error("erased_fork", json!(409), "erased");
-        error("unreachable", Value::Null, "127.0.0.1:9");
+        error("unreachable", Value::Null, &self.closed);
+        error("deny_decided", json!(409), "does not wait for approval");
+        error("resolve_not_in_doubt", json!(409), "is not in doubt");
+        error("wake_awake", json!(409), "sleeps");
         assert!(seen["listed"].to_string().contains(session), "{seen}");
+        let resumed = json!({"status": "idle", "answer": whole});
+        assert_eq!(seen["resumed"], resumed, "{seen}");
+        assert_eq!(seen["cancelled"], "cancelled", "{seen}");
+        assert_eq!(seen["status_at_end"], "cancelled", "{seen}");
 
         // The daemon's record: charged once, with the person's arguments.
         assert_eq!(self.sink.bodies("refund"), [json!({"n": 2})]);

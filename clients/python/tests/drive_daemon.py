@@ -25,6 +25,7 @@ from mneme_client import AsyncMneme, Delta, EventRecord, Mneme, MnemeError, Turn
 
 URL = os.environ["MNEME_URL"]
 TOKEN = os.environ["MNEME_TOKEN"]
+CLOSED = os.environ["MNEME_CLOSED_URL"]  # where nothing listens
 MISSING = "0192a000-0000-7000-8000-000000000000"
 
 
@@ -112,10 +113,21 @@ def main() -> None:
     seen["streamed_answer"] = streamed.answer
     seen["deltas"] = [{"seq": p.seq, "offset": p.offset, "text": p.text} for p in pieces]
 
-    # A fork, erased (the daemon has a master key).
+    # What the daemon reads out of the session.
+    plan = s.replay()
+    seen["reads"] = {
+        "replay_events": plan.events,
+        "tools": [(t.name, t.effect) for t in plan.tools or []],
+        "next_request_roles": [m["role"] for m in s.next_request()["messages"]],
+        "cache_misses": len(s.cache().misses),
+    }
+
+    # A fork, compared, then erased (the daemon has a master key).
     fork = s.fork(at=2)
     forked = fork.get()
     seen["fork"] = {"id": fork.id, "forked_from": str(forked.forked_from), "events": forked.events}
+    compared = s.diff(fork)
+    seen["diff"] = {"common": compared.common_events, "answer": compared.a.answer, "fork_events": compared.b.events}
     erased = fork.erase(reason="a client test")
     seen["erased"] = {"status": erased.status.value, "erased": [str(e) for e in erased.erased or []]}
 
@@ -126,7 +138,10 @@ def main() -> None:
         "approve_again": error_of(lambda: s.approve(call, edit_args={"n": 3})),
         "pause_idle": error_of(lambda: s.pause()),
         "erased_fork": error_of(lambda: fork.send("hello again")),
-        "unreachable": error_of(lambda: Mneme("http://127.0.0.1:9", token=TOKEN).health()),
+        "unreachable": error_of(lambda: Mneme(CLOSED, token=TOKEN).health()),
+        "deny_decided": error_of(lambda: s.deny(call)),
+        "resolve_not_in_doubt": error_of(lambda: s.resolve(call, retry=True)),
+        "wake_awake": error_of(lambda: s.wake("payment-settled", {"id": 1})),
     }
     try:
         m.create_session(agent="billing", agent_toml="name = 'x'")
@@ -135,6 +150,12 @@ def main() -> None:
 
     seen["async"] = asyncio.run(read_back_async(s.id, head))
     seen["listed"] = [str(row.session) for row in m.sessions(agent="billing")]
+
+    # Nothing left to do: a resume answers at once; a cancel ends it.
+    resumed = s.resume(wait=True)
+    seen["resumed"] = {"status": resumed.status.value, "answer": resumed.answer}
+    seen["cancelled"] = s.cancel().status.value
+    seen["status_at_end"] = s.get().status.value
     m.close()
     print("RESULT " + json.dumps(seen), flush=True)
 

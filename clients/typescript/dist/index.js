@@ -382,6 +382,8 @@ class Stream {
         while (!this.closed) {
             const response = this.ready ?? (await this.connect(brokenSince, parser?.retryMs ?? null));
             this.ready = null;
+            if (response === null)
+                return; // closed while it waited to reconnect
             brokenSince = null;
             parser = new SseParser(this.client.maxEventBytes, this.client.maxEventBytes);
             const reader = response.body.getReader();
@@ -444,6 +446,8 @@ class Stream {
     async connect(brokenSince, retryMs) {
         let failures = 0;
         for (;;) {
+            if (this.closed)
+                return null;
             const controller = new AbortController();
             let error;
             try {
@@ -468,7 +472,7 @@ class Stream {
             const now = Date.now();
             brokenSince ??= now;
             const left = brokenSince + this.client.reconnectForMs - now;
-            if (left <= 0 || this.closed) {
+            if (left <= 0) {
                 this.closed = true;
                 throw new MnemeError(null, `the stream broke and could not be reopened within ${this.client.reconnectForMs / 1000} s: ${error.message}`, "GET", this.path);
             }

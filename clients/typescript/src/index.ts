@@ -536,6 +536,7 @@ abstract class Stream<T> implements AsyncIterable<T> {
     while (!this.closed) {
       const response = this.ready ?? (await this.connect(brokenSince, parser?.retryMs ?? null));
       this.ready = null;
+      if (response === null) return; // closed while it waited to reconnect
       brokenSince = null;
       parser = new SseParser(this.client.maxEventBytes, this.client.maxEventBytes);
       const reader = (response.body as ReadableStream<Uint8Array>).getReader();
@@ -590,9 +591,10 @@ abstract class Stream<T> implements AsyncIterable<T> {
 
   /** Opens (or reopens) the stream: the first time, failing at once;
    * after a break, retrying for up to `reconnectForMs`. */
-  private async connect(brokenSince: number | null, retryMs: number | null): Promise<Response> {
+  private async connect(brokenSince: number | null, retryMs: number | null): Promise<Response | null> {
     let failures = 0;
     for (;;) {
+      if (this.closed) return null;
       const controller = new AbortController();
       let error: MnemeError;
       try {
@@ -615,7 +617,7 @@ abstract class Stream<T> implements AsyncIterable<T> {
       const now = Date.now();
       brokenSince ??= now;
       const left = brokenSince + this.client.reconnectForMs - now;
-      if (left <= 0 || this.closed) {
+      if (left <= 0) {
         this.closed = true;
         throw new MnemeError(
           null,

@@ -21,7 +21,8 @@ import { Mneme, MnemeError } from "@mneme/client";
 
 const url = process.env.MNEME_URL;
 const token = process.env.MNEME_TOKEN;
-if (!url || !token) throw new Error("MNEME_URL and MNEME_TOKEN name the daemon");
+const closed = process.env.MNEME_CLOSED_URL; // where nothing listens
+if (!url || !token || !closed) throw new Error("MNEME_URL, MNEME_TOKEN and MNEME_CLOSED_URL name the daemon");
 const MISSING = "0192a000-0000-7000-8000-000000000000";
 const stdin = createInterface({ input: process.stdin })[Symbol.asyncIterator]();
 
@@ -132,10 +133,22 @@ for await (const piece of deltas) {
 seen.streamed_answer = answer;
 seen.deltas = got.map((d) => ({ seq: d.seq, offset: d.offset, text: d.text }));
 
-// A fork, erased (the daemon has a master key).
+// What the daemon reads out of the session.
+const plan = await s.replay();
+const next = /** @type {{ messages: { role: string }[] }} */ (await s.nextRequest());
+seen.reads = {
+  replay_events: plan.events,
+  tools: (plan.tools ?? []).map((t) => [t.name, t.effect]),
+  next_request_roles: next.messages.map((message) => message.role),
+  cache_misses: (await s.cache()).misses.length,
+};
+
+// A fork, compared, then erased (the daemon has a master key).
 const fork = await s.fork(2);
 const forked = await fork.get();
 seen.fork = { id: fork.id, forked_from: forked.forked_from, events: forked.events };
+const compared = await s.diff(fork);
+seen.diff = { common: compared.common_events, answer: compared.a.answer, fork_events: compared.b.events };
 const erased = await fork.erase({ reason: "a client test" });
 seen.erased = { status: erased.status, erased: erased.erased };
 
@@ -146,9 +159,18 @@ seen.errors = {
   approve_again: await errorOf(() => s.approve(call, { editArgs: { n: 3 } })),
   pause_idle: await errorOf(() => s.pause()),
   erased_fork: await errorOf(() => fork.send("hello again")),
-  unreachable: await errorOf(() => new Mneme({ baseUrl: "http://127.0.0.1:9", token }).health()),
+  unreachable: await errorOf(() => new Mneme({ baseUrl: closed, token }).health()),
+  deny_decided: await errorOf(() => s.deny(call)),
+  resolve_not_in_doubt: await errorOf(() => s.resolve(call, { retry: true })),
+  wake_awake: await errorOf(() => s.wake("payment-settled", { id: 1 })),
 };
 seen.listed = (await m.sessions({ agent: "billing" })).map((row) => row.session);
+
+// Nothing left to do: a resume answers at once; a cancel ends it.
+const resumed = await s.resume({ wait: true });
+seen.resumed = { status: resumed.status, answer: resumed.answer };
+seen.cancelled = (await s.cancel()).status;
+seen.status_at_end = (await s.get()).status;
 console.log("RESULT " + JSON.stringify(seen));
 process.exit(0);
 

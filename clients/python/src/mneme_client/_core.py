@@ -321,6 +321,8 @@ class StreamState(Generic[T]):
         self.broken_since: float | None = None
         self.failures = 0
         self.must_reconnect = False
+        self.retry_ms: int | None = None
+        """The daemon's `retry:` (milliseconds), if it gave one."""
 
     def headers(self) -> dict[str, str]:
         headers = {"accept": "text/event-stream", "cache-control": "no-cache"}
@@ -338,6 +340,8 @@ class StreamState(Generic[T]):
 
     def broke(self) -> None:
         """The connection ended or failed: the next read reconnects."""
+        if self.parser is not None and self.parser.retry_ms is not None:
+            self.retry_ms = self.parser.retry_ms
         self.parser = None
         self.must_reconnect = False
         if self.broken_since is None:
@@ -376,7 +380,7 @@ class StreamState(Generic[T]):
                 self.path,
             ) from None
         self.failures += 1
-        retry = (self.parser.retry_ms if self.parser and self.parser.retry_ms is not None else None)
+        retry = self.retry_ms
         backoff = min(0.05 * 2 ** min(self.failures, 6), 2.0) if retry is None else retry / 1000
         return min(backoff, max(0.0, self.broken_since + self.reconnect_for - now))
 
