@@ -6,7 +6,8 @@ It creates a session, sends a message and gets the turn's outcome (a call
 waiting for approval), follows the session's events, asks the test to
 restart the daemon (a line `RESTART` on stdout; the test answers on stdin
 once the new daemon listens), approves the call with edited arguments, and
-follows the same stream (reopened with Last-Event-ID) to the answer. Then
+follows the same stream (reopened with Last-Event-ID, read by a thread
+while the daemon is away) to the answer. Then
 it streams a reply's text, forks and erases the fork, reads the session
 back with the async face, and meets the daemon's errors. The last line it
 prints is `RESULT ` and a JSON object of what it saw, which the test checks
@@ -19,6 +20,7 @@ import asyncio
 import json
 import os
 import sys
+import threading
 from typing import Any
 
 from mneme_client import AsyncMneme, Delta, EventRecord, Mneme, MnemeError, TurnOutcome, models
@@ -70,21 +72,36 @@ def main() -> None:
             break
     seen["before_restart"] = stream.last_event_id
 
-    # The daemon goes away and comes back while the stream is open.
+    # The daemon goes away and comes back while the stream is read: a
+    # thread goes on reading it (reconnecting while the daemon is away)
+    # until the answer.
+    answered: list[int] = []
+    failed: list[BaseException] = []
+
+    def follow_to_the_answer() -> None:
+        try:
+            for event in stream:
+                seqs.append(event.seq)
+                kinds.append(event.kind)
+                if is_answer(event):
+                    answered.append(event.seq)
+                    return
+        except BaseException as e:  # reported by the main thread
+            failed.append(e)
+
     print("RESTART", flush=True)
+    follower = threading.Thread(target=follow_to_the_answer)
+    follower.start()
     assert sys.stdin.readline().strip() == "restarted"
 
     decided = s.approve(call, edit_args={"n": 2})
     assert isinstance(decided, models.Decided), decided
     seen["decided"] = {"decided": decided.decided, "continuing": decided.continuing}
-
-    answer_seq = None
-    for event in stream:
-        seqs.append(event.seq)
-        kinds.append(event.kind)
-        if is_answer(event):
-            answer_seq = event.seq
-            break
+    follower.join(timeout=60)
+    assert not follower.is_alive(), "no answer followed within 60 s"
+    if failed:
+        raise failed[0]
+    answer_seq = answered[0] if answered else None
     stream.close()
     seen["seqs"] = seqs
     seen["kinds"] = kinds

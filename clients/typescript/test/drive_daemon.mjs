@@ -8,7 +8,8 @@
 // waiting for approval), follows the session's events, asks the test to
 // restart the daemon (a line `RESTART` on stdout; the test answers on stdin
 // once the new daemon listens), approves the call with edited arguments,
-// and follows the same stream (reopened with Last-Event-ID) to the answer.
+// and follows the same stream (reopened with Last-Event-ID, read on while
+// the daemon is away) to the answer.
 // Then it streams a reply's text, forks and erases the fork, and meets the
 // daemon's errors. The last line it prints is `RESULT ` and a JSON object
 // of what it saw, which the test checks against the daemon's record.
@@ -81,25 +82,24 @@ for (;;) {
 }
 seen.before_restart = stream.lastEventId;
 
-// The daemon goes away and comes back while the stream is open.
+// The daemon goes away and comes back while the stream is read: it goes
+// on reading (reconnecting while the daemon is away) until the answer.
 console.log("RESTART");
+const following = (async () => {
+  for (;;) {
+    const next = await events.next();
+    if (next.done) throw new Error("the stream ended");
+    seqs.push(next.value.seq);
+    kinds.push(next.value.kind);
+    if (isAnswer(next.value)) return next.value.seq;
+  }
+})();
 if ((await stdin.next()).value?.trim() !== "restarted") throw new Error("no word from the test");
 
 const decided = await s.approve(call, { editArgs: { n: 2 } });
 if (!("decided" in decided)) throw new Error(`expected a decision: ${JSON.stringify(decided)}`);
 seen.decided = { decided: decided.decided, continuing: decided.continuing };
-
-let answerSeq = null;
-for (;;) {
-  const next = await events.next();
-  if (next.done) throw new Error("the stream ended");
-  seqs.push(next.value.seq);
-  kinds.push(next.value.kind);
-  if (isAnswer(next.value)) {
-    answerSeq = next.value.seq;
-    break;
-  }
-}
+const answerSeq = await following;
 await events.return?.();
 stream.close();
 seen.seqs = seqs;
