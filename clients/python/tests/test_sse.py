@@ -10,7 +10,7 @@ from mneme_client._sse import SseError, SseEvent, SseParser
 
 STREAM = (
     b": keep-alive\r\n"
-    b"event: ModelReplied\r\nid: 7\r\ndata: {\"seq\": 7}\r\n\r\n"
+    b'event: ModelReplied\r\nid: 7\r\ndata: {"seq": 7}\r\n\r\n'
     b"data: two\rdata: lines\r\r"
     b"event: delta\nid: 9:12\ndata:no space\n\n"
     b"retry: 1500\nid: bad\0id\ndata: x\n\n"

@@ -99,7 +99,7 @@ type JsonBody<O> = O extends {
         };
     };
 } ? B : never;
-interface Request {
+interface ApiRequest {
     method: Method;
     path: string;
     json?: unknown;
@@ -118,9 +118,9 @@ export declare class Mneme {
     constructor(options?: MnemeOptions);
     /** An operation of the document: its path (with `{name}`s filled from
      * `params`), and the JSON body it takes. */
-    route<P extends keyof paths, M extends MethodsOf<P>>(method: M, path: P, params: Record<string, string>, body?: JsonBody<paths[P][M]>): Request;
+    route<P extends keyof paths, M extends MethodsOf<P>>(method: M, path: P, params: Record<string, string>, body?: JsonBody<paths[P][M]>): ApiRequest;
     /** Sends `request`; the answer's status and body (JSON, or bytes with `raw`). */
-    call(request: Request, raw?: boolean): Promise<{
+    call(request: ApiRequest, raw?: boolean): Promise<{
         status: number;
         body: unknown;
     }>;

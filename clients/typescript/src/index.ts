@@ -108,7 +108,7 @@ type MethodsOf<P extends keyof paths> = {
 /** The JSON body an operation takes. */
 type JsonBody<O> = O extends { requestBody?: { content: { "application/json": infer B } } } ? B : never;
 
-interface Request {
+interface ApiRequest {
   method: Method;
   path: string;
   json?: unknown;
@@ -147,7 +147,7 @@ export class Mneme {
     path: P,
     params: Record<string, string>,
     body?: JsonBody<paths[P][M]>,
-  ): Request {
+  ): ApiRequest {
     const filled = String(path).replace(/\{(\w+)\}/g, (_, name: string) => {
       const value = params[name];
       if (value === undefined) throw new TypeError(`${String(path)}: no value for {${name}}`);
@@ -157,7 +157,7 @@ export class Mneme {
   }
 
   /** Sends `request`; the answer's status and body (JSON, or bytes with `raw`). */
-  async call(request: Request, raw = false): Promise<{ status: number; body: unknown }> {
+  async call(request: ApiRequest, raw = false): Promise<{ status: number; body: unknown }> {
     const method = request.method.toUpperCase();
     const headers: Record<string, string> = {};
     if (this.token) headers.authorization = `Bearer ${this.token}`;
@@ -227,7 +227,7 @@ export class Mneme {
           `agentToml (an agent file's text) or spec (an agent spec as an object); given: ${given.join(", ") || "none"}`,
       );
     }
-    let request: Request;
+    let request: ApiRequest;
     if ("agentToml" in how) {
       if ("firstMessage" in how) throw new TypeError("firstMessage goes with agent or spec: an agent file sent as TOML carries no message");
       request = { method: "post", path: "/sessions", toml: how.agentToml };
@@ -526,7 +526,7 @@ abstract class Stream<T> implements AsyncIterable<T> {
   }
 
   private async *once(): AsyncGenerator<T> {
-    const request: Request = { method: "get", path: this.path, query: this.query };
+    const request: ApiRequest = { method: "get", path: this.path, query: this.query };
     yield* this.page((await this.client.call(request)).body);
   }
 

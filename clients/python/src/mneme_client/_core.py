@@ -97,7 +97,9 @@ def by_status(answers: Mapping[int, Callable[[httpx.Response], Any]]) -> Callabl
     def decode(response: httpx.Response) -> Any:
         chosen = answers.get(response.status_code)
         if chosen is None:
-            raise unexpected(response, response.request.method, response.request.url.path, f"status {response.status_code}")
+            raise unexpected(
+                response, response.request.method, response.request.url.path, f"status {response.status_code}"
+            )
         return chosen(response)
 
     return decode
@@ -162,7 +164,9 @@ def create_session(
             raise ValueError("first_message= goes with agent= or spec=: an agent file sent as TOML carries no message")
         toml = {"content-type": "application/toml"}
         return Call("POST", "/sessions", model(models.Created), content=agent_toml, headers=toml)
-    request = models.CreateSession(agent=agent, spec=dict(spec) if spec is not None else None, first_message=first_message)
+    request = models.CreateSession(
+        agent=agent, spec=dict(spec) if spec is not None else None, first_message=first_message
+    )
     return Call("POST", "/sessions", model(models.Created), json=body(request))
 
 
@@ -170,7 +174,9 @@ def get_session(id: str) -> Call[models.SessionView]:
     return Call("GET", f"/sessions/{segment(id)}", model(models.SessionView))
 
 
-def post_message(id: str, text: str, wait: bool, refresh_tools: bool) -> Call[models.TurnOutcome | models.MessageAccepted]:
+def post_message(
+    id: str, text: str, wait: bool, refresh_tools: bool
+) -> Call[models.TurnOutcome | models.MessageAccepted]:
     request = models.PostMessage(text=text, wait=wait, refresh_tools=refresh_tools or None)
     decode = by_status({202: model(models.MessageAccepted), 200: model(models.TurnOutcome)})
     return Call("POST", f"/sessions/{segment(id)}/messages", decode, json=body(request), waits=wait)
@@ -204,7 +210,9 @@ def approve(
     if edit_args is not None and not approved:
         raise ValueError("edit_args= goes with an approval, not a denial")
     args = None if edit_args is None else json.dumps(edit_args)
-    request = models.Approve.model_validate({"approved": approved, "by": by, "args": args, "wait": wait, "continue": proceed})
+    request = models.Approve.model_validate(
+        {"approved": approved, "by": by, "args": args, "wait": wait, "continue": proceed}
+    )
     path = f"/sessions/{segment(id)}/calls/{segment(call)}/approve"
     return Call("POST", path, decision, json=body(request), waits=wait)
 
@@ -212,13 +220,17 @@ def approve(
 def resolve(
     id: str, call: str, retry: bool, skip: Any, fail: str | None, by: str, wait: bool, proceed: bool
 ) -> Call[models.TurnOutcome | models.Decided]:
-    chosen = [name for name, given in (("retry", retry), ("skip", skip is not None), ("fail", fail is not None)) if given]
+    chosen = [
+        name for name, given in (("retry", retry), ("skip", skip is not None), ("fail", fail is not None)) if given
+    ]
     if len(chosen) != 1:
         raise ValueError(
             "resolve takes exactly one of retry=True (run the call again), skip=RESULT (record it as the "
             f"call's result) or fail=MESSAGE (record the call as failed); given: {', '.join(chosen) or 'none'}"
         )
-    request = body(models.Resolve.model_validate({"retry": retry, "fail": fail, "by": by, "wait": wait, "continue": proceed}))
+    request = body(
+        models.Resolve.model_validate({"retry": retry, "fail": fail, "by": by, "wait": wait, "continue": proceed})
+    )
     if skip is not None:
         request["skip"] = skip  # any JSON (the document says object): set as given
     path = f"/sessions/{segment(id)}/calls/{segment(call)}/resolve"
@@ -353,7 +365,9 @@ class StreamState(Generic[T]):
             events = self.parser.feed(chunk)
         except SseError as e:
             self.closed = True
-            raise MnemeError(None, f"the stream is not Server-Sent Events within bounds: {e}", "GET", self.path) from None
+            raise MnemeError(
+                None, f"the stream is not Server-Sent Events within bounds: {e}", "GET", self.path
+            ) from None
         for event in events:
             self.take(event)
 
@@ -411,6 +425,8 @@ class DeltaState(StreamState[Delta]):
             delta = Delta(seq=int(seq), offset=int(offset), text=str(text))
         except (ValueError, KeyError, TypeError) as e:
             self.closed = True
-            raise MnemeError(200, f"a delta the client does not understand ({e}): {event.data[:200]!r}", "GET", self.path) from None
+            raise MnemeError(
+                200, f"a delta the client does not understand ({e}): {event.data[:200]!r}", "GET", self.path
+            ) from None
         self.last_event_id = delta.id
         self.pending.append(delta)

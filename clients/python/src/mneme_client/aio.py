@@ -18,6 +18,7 @@ from .errors import MnemeError
 
 T = TypeVar("T")
 
+
 class AsyncMneme:
     """A client of one mneme daemon.
 
@@ -47,7 +48,9 @@ class AsyncMneme:
         self.timeout = timeout
         self.reconnect_for = reconnect_for
         self.max_event_bytes = max_event_bytes
-        self.http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=httpx.Timeout(timeout, connect=10.0))
+        self.http = httpx.AsyncClient(
+            base_url=self.base_url, headers=headers, timeout=httpx.Timeout(timeout, connect=10.0)
+        )
 
     async def aclose(self) -> None:
         await self.http.aclose()
@@ -123,8 +126,12 @@ class AsyncSession:
     @overload
     async def send(self, text: str, *, wait: Literal[True], refresh_tools: bool = False) -> models.TurnOutcome: ...
     @overload
-    async def send(self, text: str, *, wait: Literal[False] = False, refresh_tools: bool = False) -> models.MessageAccepted: ...
-    async def send(self, text: str, *, wait: bool = False, refresh_tools: bool = False) -> models.TurnOutcome | models.MessageAccepted:
+    async def send(
+        self, text: str, *, wait: Literal[False] = False, refresh_tools: bool = False
+    ) -> models.MessageAccepted: ...
+    async def send(
+        self, text: str, *, wait: bool = False, refresh_tools: bool = False
+    ) -> models.TurnOutcome | models.MessageAccepted:
         """A user message. Answers once it is durable (``MessageAccepted``),
         or with ``wait`` when its turn ends (``TurnOutcome``: answered,
         waiting for approval, paused, failed, ...)."""
@@ -160,7 +167,9 @@ class AsyncSession:
         the model's, recorded with who gave them. The session then goes on
         (unless other calls still wait, or ``proceed`` is false): with
         ``wait``, the answer is the continued turn's end."""
-        return await self.client._call(_core.approve(self.id, call, True, by or self.client.by, edit_args, wait, proceed))
+        return await self.client._call(
+            _core.approve(self.id, call, True, by or self.client.by, edit_args, wait, proceed)
+        )
 
     async def deny(
         self, call: str, *, by: str | None = None, wait: bool = False, proceed: bool = True
@@ -182,7 +191,9 @@ class AsyncSession:
         """Decides on a call in doubt: exactly one of ``retry=True``,
         ``skip=RESULT`` (recorded as its result, not run) or
         ``fail=MESSAGE``."""
-        return await self.client._call(_core.resolve(self.id, call, retry, skip, fail, by or self.client.by, wait, proceed))
+        return await self.client._call(
+            _core.resolve(self.id, call, retry, skip, fail, by or self.client.by, wait, proceed)
+        )
 
     async def pause(self) -> models.PauseRequested:
         """Pauses the session at its next step (409 when nothing runs it and
@@ -211,10 +222,17 @@ class AsyncSession:
 
     @overload
     def events(
-        self, *, follow: Literal[False] = False, after: int | None = None, until: int | None = None, kind: str | None = None
+        self,
+        *,
+        follow: Literal[False] = False,
+        after: int | None = None,
+        until: int | None = None,
+        kind: str | None = None,
     ) -> AsyncIterator[models.EventRecord]: ...
     @overload
-    def events(self, *, follow: Literal[True], after: int | None = None, kind: str | None = None) -> AsyncEventStream: ...
+    def events(
+        self, *, follow: Literal[True], after: int | None = None, kind: str | None = None
+    ) -> AsyncEventStream: ...
     def events(
         self, *, follow: bool = False, after: int | None = None, until: int | None = None, kind: str | None = None
     ) -> AsyncIterator[models.EventRecord] | AsyncEventStream:
@@ -357,7 +375,9 @@ class _Stream(Generic[T]):
         http = self._client.http
         timeout = httpx.Timeout(STREAM_READ_TIMEOUT, connect=10.0)
         while True:
-            request = http.build_request("GET", state.path, params=state.params, headers=state.headers(), timeout=timeout)
+            request = http.build_request(
+                "GET", state.path, params=state.params, headers=state.headers(), timeout=timeout
+            )
             try:
                 response = await http.send(request, stream=True)
             except httpx.TransportError as e:

@@ -126,8 +126,12 @@ class Session:
     @overload
     def send(self, text: str, *, wait: Literal[True], refresh_tools: bool = False) -> models.TurnOutcome: ...
     @overload
-    def send(self, text: str, *, wait: Literal[False] = False, refresh_tools: bool = False) -> models.MessageAccepted: ...
-    def send(self, text: str, *, wait: bool = False, refresh_tools: bool = False) -> models.TurnOutcome | models.MessageAccepted:
+    def send(
+        self, text: str, *, wait: Literal[False] = False, refresh_tools: bool = False
+    ) -> models.MessageAccepted: ...
+    def send(
+        self, text: str, *, wait: bool = False, refresh_tools: bool = False
+    ) -> models.TurnOutcome | models.MessageAccepted:
         """A user message. Answers once it is durable (``MessageAccepted``),
         or with ``wait`` when its turn ends (``TurnOutcome``: answered,
         waiting for approval, paused, failed, ...)."""
@@ -214,7 +218,12 @@ class Session:
 
     @overload
     def events(
-        self, *, follow: Literal[False] = False, after: int | None = None, until: int | None = None, kind: str | None = None
+        self,
+        *,
+        follow: Literal[False] = False,
+        after: int | None = None,
+        until: int | None = None,
+        kind: str | None = None,
     ) -> list[models.EventRecord]: ...
     @overload
     def events(self, *, follow: Literal[True], after: int | None = None, kind: str | None = None) -> EventStream: ...
@@ -305,7 +314,9 @@ class _Stream(Generic[T]):
             self._open()
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
         self.close()
 
     def close(self) -> None:
@@ -351,7 +362,9 @@ class _Stream(Generic[T]):
         http = self._client.http
         timeout = httpx.Timeout(STREAM_READ_TIMEOUT, connect=10.0)
         while True:
-            request = http.build_request("GET", state.path, params=state.params, headers=state.headers(), timeout=timeout)
+            request = http.build_request(
+                "GET", state.path, params=state.params, headers=state.headers(), timeout=timeout
+            )
             try:
                 response = http.send(request, stream=True)
             except httpx.TransportError as e:
