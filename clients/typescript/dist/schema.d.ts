@@ -1412,6 +1412,12 @@ export interface components {
              */
             prompt_tokens_last?: number | null;
             /**
+             * Format: int64
+             * @description Completion tokens spent reasoning (also in `completion_tokens`),
+             *     where the model server reported any.
+             */
+            reasoning_tokens?: number | null;
+            /**
              * Format: uuid
              * @description The session it re-runs on another agent, if it is a rerun.
              */

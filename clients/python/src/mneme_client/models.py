@@ -1035,6 +1035,11 @@ class SessionSummary(BaseModel):
     """
     Prompt tokens of the latest model request.
     """
+    reasoning_tokens: int | None = Field(None, ge=0)
+    """
+    Completion tokens spent reasoning (also in `completion_tokens`),
+    where the model server reported any.
+    """
     rerun_of: UUID | None = None
     """
     The session it re-runs on another agent, if it is a rerun.
