@@ -255,24 +255,66 @@ async fn a_responses_reasoning_item_is_encrypted_at_rest_and_erased() {
         api::answer(api::response(output), false)
     })
     .await;
-    let agent = agent_toml(&model.base_url(), &[lookup_tool()])
-        .replace("provider = \"openai\"", "provider = \"openai-responses\"");
+    let planted = [SUMMARY, ENCRYPTED, ARGUMENT, ANSWER, MESSAGE];
+    planted_markers_are_erased(&private, &model, "openai-responses", &planted).await;
+}
+
+/// A session on Anthropic's Messages API with extended thinking: its
+/// thinking block (text and signature) and a redacted block's data are
+/// encrypted at rest like the rest of the content, and erased with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_thinking_is_encrypted_at_rest_and_erased() {
+    use mneme_e2e::hostile::{Answer, HostileModel};
+    const THINKING: &str = "PLANTED-THINKING-0e9d";
+    const SIGNATURE: &str = "PLANTED-SIGNATURE-44ab";
+    const REDACTED: &str = "PLANTED-REDACTED-c3f1";
+    let private = Private::new(World::new()).await;
+    let model = HostileModel::start(|n, _, _| {
+        let (content, stop) = match n {
+            0 => (
+                json!([{"type": "thinking", "thinking": THINKING, "signature": SIGNATURE},
+                       {"type": "redacted_thinking", "data": REDACTED},
+                       {"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {"card": ARGUMENT}}]),
+                "tool_use",
+            ),
+            _ => (json!([{"type": "text", "text": ANSWER}]), "end_turn"),
+        };
+        Answer::Json(json!({"type": "message", "role": "assistant", "content": content,
+                            "stop_reason": stop, "usage": {"input_tokens": 20, "output_tokens": 10}}))
+    })
+    .await;
+    let planted = [THINKING, SIGNATURE, REDACTED, ARGUMENT, ANSWER, MESSAGE];
+    planted_markers_are_erased(&private, &model, "anthropic", &planted).await;
+}
+
+/// Runs MESSAGE in a session of `provider` on `model` (which calls
+/// `lookup`): each of `planted` is readable with the key and in no file;
+/// after `erase`, none is shown or in any file, and the chain verifies.
+async fn planted_markers_are_erased(
+    private: &Private,
+    model: &mneme_e2e::hostile::HostileModel,
+    provider: &str,
+    planted: &[&str],
+) {
+    let agent = agent_toml(&model.base_url(), &[lookup_tool()]).replace(
+        "provider = \"openai\"",
+        &format!("provider = \"{provider}\""),
+    );
     let agent = private.world.write("agent.toml", &agent);
     let out = private
         .run_ok(&["run", "--agent", agent.to_str().unwrap(), MESSAGE])
         .await;
     let session = session_id(&out);
-    let planted = [SUMMARY, ENCRYPTED, ARGUMENT, ANSWER, MESSAGE];
     let before = private.log_text(&session).await;
     let places = every_byte(&private.world.data());
-    for marker in planted {
+    for &marker in planted {
         assert!(before.contains(marker), "{marker} readable with the key");
         assert_eq!(holding(&places, marker.as_bytes()), Vec::<&str>::new());
     }
     erase(&private, &session).await;
     let after = private.log_text(&session).await;
     let places = every_byte(&private.world.data());
-    for marker in planted {
+    for &marker in planted {
         assert!(!after.contains(marker), "{marker} still shown: {after}");
         assert_eq!(holding(&places, marker.as_bytes()), Vec::<&str>::new());
     }
