@@ -311,7 +311,7 @@ async fn planted_markers_are_erased(
         assert!(before.contains(marker), "{marker} readable with the key");
         assert_eq!(holding(&places, marker.as_bytes()), Vec::<&str>::new());
     }
-    erase(&private, &session).await;
+    erase(private, &session).await;
     let after = private.log_text(&session).await;
     let places = every_byte(&private.world.data());
     for &marker in planted {
