@@ -214,7 +214,9 @@ pub(crate) enum Command {
     /// model server, asked for one tool call with the key; each command's
     /// program; each tool's and check's server; each MCP server), before
     /// any session exists. Calls no tool. Exits 1 if anything would fail.
-    #[command(after_help = "Examples:\n  mneme check --agent agent.toml")]
+    #[command(
+        after_help = "Examples:\n  mneme check --agent agent.toml\n  mneme check --agent agent.toml --message \"Note: buy milk\""
+    )]
     Check(CheckArgs),
     /// Sign a browser in to the web view of the daemon that holds the data
     /// directory: prints a link with a one-time code (valid once, for two
@@ -228,6 +230,12 @@ pub(crate) struct CheckArgs {
     /// The agent file (TOML).
     #[arg(long)]
     pub(crate) agent: PathBuf,
+    /// Send the model this message, as `mneme run --agent FILE MESSAGE`
+    /// would: the first request of such a session (its prefix-cache key,
+    /// the session's id, aside). Without it, the check sends its own: "This is a connection check (mneme
+    /// check). Call one of your tools now, with example arguments."
+    #[arg(long, value_name = "MESSAGE")]
+    pub(crate) message: Option<String>,
     #[command(flatten)]
     pub(crate) json: JsonFlag,
 }

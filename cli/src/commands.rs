@@ -500,7 +500,7 @@ async fn schedule(sessions: &dyn Sessions, action: crate::ScheduleAction) -> Res
 async fn check(args: &crate::CheckArgs) -> Result<ExitCode> {
     use runtime::control::Verdict;
     let spec = load_agent_file(&args.agent)?;
-    let findings = runtime::control::preflight(&spec).await;
+    let findings = runtime::control::preflight_with(&spec, args.message.as_deref()).await;
     for finding in &findings {
         match args.json.json {
             true => outln!("{}", to_json(finding)),

@@ -629,3 +629,130 @@ async fn the_daemon_says_what_a_create_takes_and_where_things_are() {
     let open = http.get(daemon.url("/")).send().await.unwrap();
     assert_eq!(open.status(), 200);
 }
+
+/// `GET /props` as llama-server answers it, captured
+/// (`tests/fixtures/llama-cpp/`).
+fn captured_props(name: &str) -> Value {
+    let path = fixtures().join("llama-cpp").join(name);
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_says_why_a_model_answered_in_words_and_where_to_read_on() {
+    use mneme_e2e::hostile::{completion, Answer, HostileModel};
+    let world = World::new();
+    let tool = command_tool("save_note", &["sh", "-c", "cat"], "side_effect", 5);
+    let words = || |_, _: &Value, _: &_| Answer::Json(completion(Some("I saved your note."), &[]));
+    let check = |agent: std::path::PathBuf| {
+        let world = &world;
+        async move {
+            let out = world
+                .run(&["check", "--agent", agent.to_str().unwrap(), "--json"])
+                .await;
+            let model: Value = (stdout(&out).lines())
+                .map(|l| serde_json::from_str::<Value>(l).unwrap())
+                .find(|f| f["what"].as_str().unwrap().starts_with("model server"))
+                .unwrap_or_else(|| panic!("{}", stdout(&out)));
+            (out.status.code(), model)
+        }
+    };
+
+    // llama.cpp's server says its template has no tools: they never reach
+    // the model, and no prompt can make it call one. A failure.
+    let no_tools =
+        HostileModel::start_with_props(Some(captured_props("props-own-template.json")), words())
+            .await;
+    let agent = world.write(
+        "own.toml",
+        &agent_toml(&no_tools.base_url(), std::slice::from_ref(&tool)),
+    );
+    let (code, model) = check(agent).await;
+    assert_eq!(code, Some(1), "{model}");
+    assert_eq!(model["verdict"], "fail");
+    let detail = model["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("has no tools")
+            && detail.contains("--chat-template-file")
+            && detail.contains("docs/guide/local-models.md"),
+        "{detail}"
+    );
+
+    // Its template has tools: the model saw them and chose words.
+    let has_tools =
+        HostileModel::start_with_props(Some(captured_props("props-qwen-template.json")), words())
+            .await;
+    let agent = world.write(
+        "qwen.toml",
+        &agent_toml(&has_tools.base_url(), std::slice::from_ref(&tool)),
+    );
+    let (code, model) = check(agent).await;
+    assert_eq!(code, Some(0), "{model}");
+    assert_eq!(model["verdict"], "warn");
+    let detail = model["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("has tools")
+            && detail.contains("example of a call in the system prompt")
+            && detail.contains("docs/guide/local-models.md")
+            && !detail.contains("--chat-template-file"),
+        "{detail}"
+    );
+
+    // A server that cannot tell: both causes, and where to read.
+    let other = HostileModel::start(words()).await;
+    let agent = world.write("other.toml", &agent_toml(&other.base_url(), &[tool]));
+    let (code, model) = check(agent).await;
+    assert_eq!(code, Some(0), "{model}");
+    assert_eq!(model["verdict"], "warn");
+    let detail = model["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("--chat-template-file") && detail.contains("docs/guide/local-models.md"),
+        "{detail}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_sends_its_own_message_or_a_sessions_first_request() {
+    let world = World::new();
+    let model = MockModel::start(
+        vec![
+            MockReply::calls(&[("lookup", json!({"n": 1}))]),
+            MockReply::calls(&[("lookup", json!({"n": 1}))]),
+            MockReply::calls(&[("lookup", json!({"n": 1}))]),
+            MockReply::answer("Ada."),
+        ],
+        Fault::None,
+    )
+    .await;
+    let agent = world.write(
+        "agent.toml",
+        &agent_toml(&model.base_url(), &[lookup_tool()]),
+    );
+    let agent = agent.to_str().unwrap();
+    let out = world.run(&["check", "--agent", agent]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let message = "Note: buy milk";
+    let out = world
+        .run(&["check", "--agent", agent, "--message", message])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = world.run(&["run", "--agent", agent, message]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    let bodies = model.bodies();
+    let user = |body: &[u8]| {
+        let request: Value = serde_json::from_slice(body).unwrap();
+        request["messages"][1]["content"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(
+        user(&bodies[0]),
+        "This is a connection check (mneme check). Call one of your tools now, with example arguments."
+    );
+    // With --message: the session's first request, its cache key aside.
+    assert_eq!(
+        String::from_utf8_lossy(&bodies[1]),
+        String::from_utf8_lossy(&bodies[2])
+    );
+}

@@ -11,7 +11,7 @@ pub use crate::inbox::{Answer, Inboxes, Refused};
 pub use crate::lease::{owner_name, HeldLease, DEFAULT_TTL};
 pub use crate::outbound::{open_file_limit, open_files};
 pub use crate::pause::{ask as pause_asked, Listening, PAUSED_ON_REQUEST};
-pub use crate::preflight::{check as preflight, reach, Verdict};
+pub use crate::preflight::{check as preflight, check_with as preflight_with, reach, Verdict};
 pub use crate::schedule::delivered;
 pub use crate::service::{edited_arguments, resolution};
 pub use crate::sleep::is_event_name;

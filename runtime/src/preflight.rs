@@ -3,7 +3,9 @@
 //! one tool call (the key with it), each command's program found, each
 //! URL's server listening, each MCP server started and listing its tools.
 //! Nothing with an effect runs: no tool is called, HTTP tools and checks
-//! are only connected to.
+//! are only connected to. A model that answers in text is asked nothing
+//! more; llama.cpp's server is asked (`GET /props`) whether its chat
+//! template has tools at all.
 
 use crate::model::{ModelCall, ModelError};
 use replay::{AgentSpec, Event, SessionState, ToolKind};
@@ -33,21 +35,39 @@ pub struct Finding {
     pub detail: String,
 }
 
-/// What the model is asked, so that it calls a tool.
-const ASK: &str =
+/// What the model is asked, so that it calls a tool, unless the check is
+/// given the message a session would start with.
+pub(crate) const ASK: &str =
     "This is a connection check (mneme check). Call one of your tools now, with example arguments.";
+
+/// Bytes of llama.cpp's `/props` read (it holds the chat template whole).
+const PROPS_BYTES: usize = 1 << 20;
 
 /// How long a tool's or a check's server has to accept a connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// Checks everything a session of `spec` reaches, its sub-agents' too.
+/// Checks everything a session of `spec` reaches, its sub-agents' too;
+/// the model is sent [`ASK`].
 pub async fn check(spec: &AgentSpec) -> Vec<Finding> {
+    check_with(spec, None).await
+}
+
+/// Checks everything a session of `spec` reaches, its sub-agents' too; the
+/// model is sent `message` (the first request of a session started with
+/// it, but for the prefix-cache key, which a session's id gives), else
+/// [`ASK`]. Sub-agents are sent [`ASK`].
+pub async fn check_with(spec: &AgentSpec, message: Option<&str>) -> Vec<Finding> {
     let mut findings = Vec::new();
-    check_agent(spec, "", &mut findings).await;
+    check_agent(spec, "", message, &mut findings).await;
     findings
 }
 
-async fn check_agent(spec: &AgentSpec, prefix: &str, findings: &mut Vec<Finding>) {
+async fn check_agent(
+    spec: &AgentSpec,
+    prefix: &str,
+    message: Option<&str>,
+    findings: &mut Vec<Finding>,
+) {
     let mut offered = spec.clone();
     for server in &spec.mcp {
         let what = format!("{prefix}MCP server {:?}", server.name);
@@ -66,10 +86,10 @@ async fn check_agent(spec: &AgentSpec, prefix: &str, findings: &mut Vec<Finding>
         }
         if let Some(child) = tool.child_spec() {
             let prefix = format!("{prefix}sub-agent {:?}: ", child.name);
-            Box::pin(check_agent(child, &prefix, findings)).await;
+            Box::pin(check_agent(child, &prefix, None, findings)).await;
         }
     }
-    findings.push(check_model(&offered).await.named(format!(
+    findings.push(check_model(&offered, message).await.named(format!(
         "{prefix}model server {} ({})",
         replay::spec::redact_url(offered.model.base_url()),
         offered.model.provider
@@ -242,8 +262,9 @@ async fn listens(url: &str) -> Result<(), String> {
 }
 
 /// Asks the model server for one tool call, as a session's first request
-/// would be made (the same body, the same key, the same timeouts).
-async fn check_model(spec: &AgentSpec) -> Found {
+/// would be made (the same body, the same key, the same timeouts), with
+/// `message` as the user's (else [`ASK`]).
+async fn check_model(spec: &AgentSpec, message: Option<&str>) -> Found {
     if spec.model.provider == "scripted" {
         let script = spec.model.script.as_deref().unwrap_or_default();
         return match std::path::Path::new(script).is_file() {
@@ -256,6 +277,7 @@ async fn check_model(spec: &AgentSpec) -> Found {
         Err(ModelError::Config(reason)) => return Found(Verdict::Fail, reason),
         Err(e) => return Found(Verdict::Fail, e.to_string()),
     };
+    let text = message.unwrap_or(ASK);
     let state = SessionState::fold([
         (
             1,
@@ -263,7 +285,7 @@ async fn check_model(spec: &AgentSpec) -> Found {
                 spec: Box::new(spec.clone()),
             },
         ),
-        (2, Event::UserMessage { text: ASK.into() }),
+        (2, Event::UserMessage { text: text.into() }),
     ]);
     let Some(body) = replay::next_request(&uuid::Uuid::nil().to_string(), &state) else {
         return Found(Verdict::Fail, "no request could be built".into());
@@ -282,13 +304,16 @@ async fn check_model(spec: &AgentSpec) -> Found {
                         crate::describe::clip(&call.arguments, 80)
                     ),
                 ),
-                None => Found(
-                    Verdict::Warn,
-                    format!(
-                        "answered in {took} ms, but with text instead of a tool call ({:?}): a session's model may never call its tools. A small local model often needs a chat template with tool support (llama.cpp: --jinja) or examples in the system prompt (mneme's guide, \"Local models\")",
-                        crate::describe::clip(reply.content.as_deref().unwrap_or_default(), 80)
-                    ),
-                ),
+                None => {
+                    let said = crate::describe::clip(reply.content.as_deref().unwrap_or_default(), 80);
+                    let answered = format!("answered in {took} ms, but with text instead of a tool call ({said:?})");
+                    let offered = !spec.tools.is_empty();
+                    match template_has_tools(spec).await {
+                        Some(false) if offered => Found(Verdict::Fail, format!("{answered}. The server's chat template has no tools (llama.cpp's /props: supports_tools false): it drops them from the prompt, so the model is never shown its tools. Start llama-server with --chat-template-file and a template that has tools (llama.cpp ships some in models/templates/, such as Qwen-Qwen2.5-7B-Instruct.jinja); see docs/guide/local-models.md")),
+                        Some(true) => Found(Verdict::Warn, format!("{answered}. The server's chat template has tools (llama.cpp's /props), so the model was shown them and chose text: a small model may need an example of a call in the system prompt, and one check is one try; see docs/guide/local-models.md")),
+                        _ => Found(Verdict::Warn, format!("{answered}: a session's model may never call its tools. The server's chat template must have tools (llama.cpp: --jinja, and --chat-template-file with a template that has tools when the model's own has none); a small model may also need an example of a call in the system prompt; see docs/guide/local-models.md")),
+                    }
+                }
             }
         }
         Err(ModelError::Refused { status, body, .. }) if matches!(status, 401 | 403) => Found(
@@ -300,4 +325,35 @@ async fn check_model(spec: &AgentSpec) -> Found {
         ),
         Err(e) => Found(Verdict::Fail, e.to_string()),
     }
+}
+
+/// Whether the server's chat template has tools, as llama.cpp's server
+/// says (`GET /props` beside `/v1`: `chat_template_caps.supports_tools`);
+/// `None` from any other server, or when it cannot tell. A read, with the
+/// key the model requests carry; at most [`PROPS_BYTES`] are read.
+async fn template_has_tools(spec: &AgentSpec) -> Option<bool> {
+    if spec.model.provider != "openai" {
+        return None;
+    }
+    let base = spec.model.base_url().trim_end_matches('/');
+    let root = base.strip_suffix("/v1").unwrap_or(base);
+    let http = crate::outbound::client(CONNECT_TIMEOUT).ok()?;
+    let mut request = http.get(format!("{root}/props")).timeout(CONNECT_TIMEOUT);
+    let key = (spec.model.api_key_env.as_deref()).and_then(|var| std::env::var(var).ok());
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    let mut response = request.send().await.ok()?;
+    if !response.status().is_success() {
+        return None;
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.ok()? {
+        if body.len() + chunk.len() > PROPS_BYTES {
+            return None;
+        }
+        body.extend_from_slice(&chunk);
+    }
+    let props: serde_json::Value = serde_json::from_slice(&body).ok()?;
+    props["chat_template_caps"]["supports_tools"].as_bool()
 }

@@ -6,7 +6,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::Router;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
@@ -67,6 +67,8 @@ type Handler = dyn Fn(usize, &Value, &HeaderMap) -> Answer + Send + Sync;
 
 struct Inner {
     handler: Box<Handler>,
+    /// What `GET /props` answers (llama.cpp's server's properties), if anything.
+    props: Option<Value>,
     requests: Mutex<Vec<Value>>,
     bodies: Mutex<Vec<Vec<u8>>>,
 }
@@ -86,14 +88,25 @@ impl HostileModel {
     pub async fn start(
         handler: impl Fn(usize, &Value, &HeaderMap) -> Answer + Send + Sync + 'static,
     ) -> HostileModel {
+        HostileModel::start_with_props(None, handler).await
+    }
+
+    /// Starts the server, answering `GET /props` (beside `/v1`) with
+    /// `props` as llama.cpp's server does, if given (else 404).
+    pub async fn start_with_props(
+        props: Option<Value>,
+        handler: impl Fn(usize, &Value, &HeaderMap) -> Answer + Send + Sync + 'static,
+    ) -> HostileModel {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let inner = Arc::new(Inner {
             handler: Box::new(handler),
+            props,
             requests: Mutex::default(),
             bodies: Mutex::default(),
         });
         let app = Router::new()
+            .route("/props", get(props_of))
             .route("/v1/chat/completions", post(complete))
             .route("/v1/messages", post(complete))
             .route("/v1/responses", post(complete))
@@ -120,6 +133,13 @@ impl HostileModel {
     /// Every request body received, in order, exactly as sent.
     pub fn bodies(&self) -> Vec<Vec<u8>> {
         self.inner.bodies.lock().unwrap().clone()
+    }
+}
+
+async fn props_of(State(inner): State<Arc<Inner>>) -> Response {
+    match &inner.props {
+        Some(props) => axum::Json(props.clone()).into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
     }
 }
 
