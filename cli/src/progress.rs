@@ -2,8 +2,14 @@
 //! tokens, each tool as it starts and ends, and a line every
 //! [`STILL_EVERY`] while the model or a tool keeps it waiting. Nothing is
 //! said when stderr is not a terminal (a script reads only what it asked for).
+//!
+//! Steps are numbered as the session's fold counts its turn's model
+//! requests (what `max_steps_per_turn` limits, a sub-agent's among them),
+//! so a resumed turn goes on from where its crashed process was; a call is
+//! named by its tool and its id, found in the session's state when another
+//! process started it.
 
-use replay::{Event, ToolOutcome};
+use replay::{Event, SessionState, ToolOutcome};
 use runtime::SessionObserver;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -20,9 +26,7 @@ pub struct Progress {
 
 #[derive(Default)]
 struct State {
-    /// Model replies seen: the step number.
-    steps: u64,
-    /// Tool of each call of the latest reply.
+    /// Tool of each call of the latest reply seen in this process.
     tools: HashMap<String, String>,
     /// What the turn waits for, since when, and when that was last said.
     waiting: Option<(String, Instant, Instant)>,
@@ -66,12 +70,51 @@ impl Progress {
         ))
     }
 
-    /// The lines `event` is told with, and what the turn waits for next.
-    fn lines(&self, event: &Event) -> Vec<String> {
+    /// The lines `events`, appended to a session whose fold was `before`,
+    /// are told with.
+    fn lines_of(&self, before: &SessionState, events: &[Event]) -> Vec<String> {
+        let mut steps = before.turn.steps;
+        let mut lines = Vec::new();
+        for event in events {
+            match event {
+                Event::UserMessage { .. }
+                | Event::MidTurnDelivered { .. }
+                | Event::SessionResumed {
+                    extend_budget: true,
+                    ..
+                } => steps = 0,
+                Event::ModelReplied(_) => steps += 1,
+                _ => {}
+            }
+            lines.extend(self.lines(event, steps, before));
+            if let Event::ToolFinished {
+                child: Some(child), ..
+            } = event
+            {
+                steps += child.totals.model_calls;
+            }
+        }
+        lines
+    }
+
+    /// The lines `event` is told with (`step`: the turn's model requests
+    /// with it), and what the turn waits for next.
+    fn lines(&self, event: &Event, step: u64, before: &SessionState) -> Vec<String> {
         let mut state = self.state.lock().expect("progress lock");
+        let tool_of = |state: &State, call_id: &str| {
+            (state.tools.get(call_id).cloned())
+                .or_else(|| {
+                    (before.open_calls().iter())
+                        .find(|c| c.call.id == call_id)
+                        .map(|c| c.call.name.clone())
+                })
+                .map_or_else(
+                    || format!("call {call_id}"),
+                    |tool| format!("{tool} (call {call_id})"),
+                )
+        };
         let (lines, waiting) = match event {
             Event::ModelReplied(reply) => {
-                state.steps += 1;
                 state.tools = (reply.tool_calls.iter())
                     .map(|c| (c.id.clone(), c.name.clone()))
                     .collect();
@@ -83,13 +126,12 @@ impl Progress {
                 let names: Vec<&str> = reply.tool_calls.iter().map(|c| c.name.as_str()).collect();
                 match names.is_empty() {
                     true => (
-                        vec![format!("mneme: step {}: answered; {tokens}", state.steps)],
+                        vec![format!("mneme: step {step}: answered; {tokens}")],
                         None,
                     ),
                     false => (
                         vec![format!(
-                            "mneme: step {}: calls {}; {tokens}",
-                            state.steps,
+                            "mneme: step {step}: calls {}; {tokens}",
                             names.join(", ")
                         )],
                         None,
@@ -102,6 +144,7 @@ impl Progress {
                 call_id,
                 ..
             } => {
+                state.tools.insert(call_id.clone(), tool.clone());
                 let again = match attempt {
                     1 => String::new(),
                     n => format!(", attempt {n}"),
@@ -117,27 +160,19 @@ impl Progress {
                 duration_ms,
                 ..
             } => {
-                let tool = state
-                    .tools
-                    .get(call_id)
-                    .cloned()
-                    .unwrap_or_else(|| call_id.clone());
                 let how = match outcome {
                     ToolOutcome::Ok(_) => "finished",
                     ToolOutcome::Err(_) => "failed",
                 };
+                let call = tool_of(&state, call_id);
                 (
-                    vec![format!("mneme: {tool} {how} in {duration_ms} ms")],
+                    vec![format!("mneme: {call} {how} in {duration_ms} ms")],
                     Some("the model".into()),
                 )
             }
             Event::ToolInDoubt { call_id, reason } => {
-                let tool = state
-                    .tools
-                    .get(call_id)
-                    .cloned()
-                    .unwrap_or_else(|| call_id.clone());
-                (vec![format!("mneme: {tool} is in doubt: {reason}")], None)
+                let call = tool_of(&state, call_id);
+                (vec![format!("mneme: {call} is in doubt: {reason}")], None)
             }
             Event::UserMessage { .. }
             | Event::SessionResumed { .. }
@@ -153,11 +188,11 @@ impl Progress {
 }
 
 impl SessionObserver for Progress {
-    fn appended(&self, _: &[eventlog::Record], events: &[Event]) {
-        for event in events {
-            for line in self.lines(event) {
-                say!("{line}");
-            }
+    fn appended(&self, _: &[eventlog::Record], _: &[Event]) {}
+
+    fn appended_to(&self, before: &SessionState, _: &[eventlog::Record], events: &[Event]) {
+        for line in self.lines_of(before, events) {
+            say!("{line}");
         }
     }
 
@@ -168,19 +203,36 @@ impl SessionObserver for Progress {
 mod tests {
     use super::*;
 
-    #[test]
-    fn steps_tools_and_waits_are_told() {
-        let progress = Progress::default();
+    fn reply(calls: serde_json::Value) -> Event {
         let reply: replay::ModelReply = serde_json::from_value(serde_json::json!({
             "content": null,
-            "tool_calls": [{"id": "c1", "name": "charge", "arguments": "{}"}],
+            "tool_calls": calls,
             "usage": {"prompt_tokens": 120, "completion_tokens": 7, "cached_tokens": 100},
             "finish_reason": "tool_calls",
             "latency_ms": 5
         }))
         .unwrap();
+        Event::ModelReplied(reply)
+    }
+
+    fn finished(call_id: &str) -> Event {
+        Event::ToolFinished {
+            call_id: call_id.into(),
+            outcome: ToolOutcome::Ok("ok".into()),
+            duration_ms: 12,
+            settled_by_check: false,
+            rerun: None,
+            child: None,
+        }
+    }
+
+    #[test]
+    fn steps_tools_and_waits_are_told() {
+        let progress = Progress::default();
+        let fresh = SessionState::default();
+        let calls = serde_json::json!([{"id": "c1", "name": "charge", "arguments": "{}"}]);
         assert_eq!(
-            progress.lines(&Event::ModelReplied(reply)),
+            progress.lines_of(&fresh, &[reply(calls)]),
             ["mneme: step 1: calls charge; 120 tokens in (100 cached), 7 out"]
         );
         let started = Event::ToolStarted {
@@ -192,7 +244,7 @@ mod tests {
             attempt: 2,
         };
         assert_eq!(
-            progress.lines(&started),
+            progress.lines_of(&fresh, &[started]),
             ["mneme: running charge (call c1, attempt 2)"]
         );
         assert_eq!(progress.still(), None, "not yet");
@@ -207,5 +259,46 @@ mod tests {
             Some("mneme: still waiting for charge to finish (30 s)")
         );
         assert_eq!(progress.still(), None, "said once per wait period");
+        assert_eq!(
+            progress.lines_of(&fresh, &[finished("c1")]),
+            ["mneme: charge (call c1) finished in 12 ms"]
+        );
+    }
+
+    #[test]
+    fn a_turn_another_process_began_goes_on_with_its_steps_and_tools() {
+        let spec: replay::AgentSpec = toml::from_str(
+            "name = \"n\"\n[model]\nprovider = \"openai\"\nbase_url = \"http://127.0.0.1:1/v1\"\n",
+        )
+        .unwrap();
+        let calls = serde_json::json!([{"id": "c1", "name": "save_note", "arguments": "{}"}]);
+        let before = SessionState::fold([
+            (
+                1,
+                Event::SessionStarted {
+                    spec: Box::new(spec),
+                },
+            ),
+            (2, Event::UserMessage { text: "hi".into() }),
+            (3, reply(calls.clone())),
+        ]);
+        // A new process: it saw neither the reply nor the call start.
+        let progress = Progress::default();
+        assert_eq!(
+            progress.lines_of(&before, &[finished("c1")]),
+            ["mneme: save_note (call c1) finished in 12 ms"]
+        );
+        assert_eq!(
+            progress.lines_of(&before, &[reply(serde_json::json!([]))]),
+            ["mneme: step 2: answered; 120 tokens in (100 cached), 7 out"]
+        );
+        // A new message starts the count again, in the same append or not.
+        let message = Event::UserMessage {
+            text: "more".into(),
+        };
+        assert_eq!(
+            progress.lines_of(&before, &[message, reply(calls)]),
+            ["mneme: step 1: calls save_note; 120 tokens in (100 cached), 7 out"]
+        );
     }
 }

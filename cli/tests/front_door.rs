@@ -555,6 +555,29 @@ async fn each_commands_help_shows_its_own_options_and_an_example() {
     assert!(out.status.success());
 }
 
+/// What `mneme ARGS` (on `world`'s data directory) writes to a terminal:
+/// script(1), from util-linux, gives it one. Its exit code, and the text.
+async fn on_a_terminal(
+    world: &World,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (Option<i32>, String) {
+    let mut line = vec![
+        mneme_bin().display().to_string(),
+        "--data-dir".into(),
+        world.data().display().to_string(),
+    ];
+    line.extend(args.iter().map(|a| a.to_string()));
+    let mut command = tokio::process::Command::new("script");
+    command.args(["-qec", &line.join(" "), "/dev/null"]);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let out = command.output().await.expect("script(1), from util-linux");
+    let shown = String::from_utf8_lossy(&out.stdout).replace('\r', "");
+    (out.status.code(), shown)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn progress_is_told_on_a_terminal_and_not_in_a_pipe() {
     let b = billing().await;
@@ -566,27 +589,9 @@ async fn progress_is_told_on_a_terminal_and_not_in_a_pipe() {
         stderr(&out)
     );
 
-    // Under a terminal (script(1) gives the command one).
-    let mut line = vec![mneme_bin().display().to_string()];
-    line.extend(
-        [
-            "--data-dir",
-            b.world.data().to_str().unwrap(),
-            "run",
-            "--agent",
-            b.agent_arg(),
-            "go",
-        ]
-        .map(String::from),
-    );
-    let out = tokio::process::Command::new("script")
-        .args(["-qec", &line.join(" "), "/dev/null"])
-        .env("MNEME_SNAPSHOT_EVERY", "3")
-        .output()
-        .await
-        .expect("script(1), from util-linux");
-    let shown = String::from_utf8_lossy(&out.stdout).replace('\r', "");
-    assert!(out.status.success(), "{shown}");
+    let args = ["run", "--agent", b.agent_arg(), "go"];
+    let (code, shown) = on_a_terminal(&b.world, &args, &[("MNEME_SNAPSHOT_EVERY", "3")]).await;
+    assert_eq!(code, Some(0), "{shown}");
     assert!(
         shown.contains("mneme: step 1: calls charge, lookup;"),
         "{shown}"
@@ -595,8 +600,36 @@ async fn progress_is_told_on_a_terminal_and_not_in_a_pipe() {
         shown.contains("mneme: running charge (call call_0_0)"),
         "{shown}"
     );
-    assert!(shown.contains("mneme: charge finished in"), "{shown}");
+    // The end of a call names its tool and its id, as its start does.
+    assert!(
+        shown.contains("mneme: charge (call call_0_0) finished in"),
+        "{shown}"
+    );
     assert!(shown.contains("mneme: step 3: answered;"), "{shown}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_turn_goes_on_counting_its_steps() {
+    let b = billing().await;
+    let (mut run, _hold) = inside_the_charge(&b).await;
+    run.start_kill().unwrap();
+    run.wait().await.unwrap();
+    let id = stdout(&b.world.run(&["sessions", "--json"]).await);
+    let row: Value = serde_json::from_str(id.lines().next().unwrap()).unwrap();
+    let id = row["session"].as_str().unwrap().to_string();
+
+    // Step 1 (charge, lookup) was the dead process's: the resume's first
+    // reply is the turn's second step, not a new first.
+    let (code, shown) = on_a_terminal(&b.world, &["resume", &id], &[]).await;
+    assert_eq!(code, Some(0), "{shown}");
+    assert!(
+        shown.contains("mneme: charge (call call_0_0) finished in"),
+        "{shown}"
+    );
+    assert!(shown.contains("mneme: step 2: calls email;"), "{shown}");
+    assert!(shown.contains("mneme: step 3: answered;"), "{shown}");
+    assert!(!shown.contains("mneme: step 1:"), "{shown}");
+    assert_billed_once(&b.sink, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

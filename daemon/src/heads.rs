@@ -70,6 +70,12 @@ impl SessionObserver for Observers {
         }
     }
 
+    fn appended_to(&self, before: &replay::SessionState, records: &[Record], events: &[Event]) {
+        for observer in &self.0 {
+            observer.appended_to(before, records, events);
+        }
+    }
+
     fn durable(&self, session: Uuid, seq: u64, took: Duration) {
         for observer in &self.0 {
             observer.durable(session, seq, took);

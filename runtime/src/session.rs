@@ -40,6 +40,15 @@ struct PromptCache {
 pub trait SessionObserver: Send + Sync {
     /// `events` were appended as `records` (not durable yet).
     fn appended(&self, records: &[Record], events: &[Event]);
+    /// `events` were appended as `records` (not durable yet) to a session
+    /// whose fold, before them, is `before`: what an observer that tells
+    /// of a turn needs to know of it so far (its steps, its calls' tools),
+    /// even when this process did not start it. This is what a session
+    /// calls; by default it is [`SessionObserver::appended`].
+    fn appended_to(&self, before: &SessionState, records: &[Record], events: &[Event]) {
+        let _ = before;
+        self.appended(records, events);
+    }
     /// Everything of `session` up to `seq` is durable; the barrier took `took`.
     fn durable(&self, session: Uuid, seq: u64, took: std::time::Duration);
 }
@@ -392,7 +401,7 @@ impl Session {
             false => self.log.append(self.id, first, new).await?,
         };
         if let Some(observer) = &self.observer {
-            observer.appended(&records, &events);
+            observer.appended_to(&self.state, &records, &events);
         }
         if let Some(trace) = &mut self.trace {
             trace.appended(&records, &events);
