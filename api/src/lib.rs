@@ -1150,7 +1150,17 @@ pub struct ReplayView {
     pub events: u64,
     /// Its status.
     pub status: SessionStatus,
-    /// What resuming does next.
+    /// For a `running` session, as its listing says: true when nothing
+    /// runs it and a process did, and died in the middle of its turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interrupted: Option<bool>,
+    /// For a `running` session, as its listing says: true when nothing
+    /// runs it and no process has recorded a step of its turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending: Option<bool>,
+    /// What resuming does next, in words: which calls run, which are
+    /// recorded in doubt and wait for a person, and the command a person
+    /// runs then.
     pub next: String,
     /// The open calls.
     pub calls: Vec<PlannedCall>,

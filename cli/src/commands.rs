@@ -244,9 +244,16 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
             let ids = match a.session {
                 Some(named) => vec![named.resolve(sessions).await?],
                 // Those with pending work no person has to decide on.
-                None => (sessions.list().await?.into_iter())
-                    .filter_map(|row| (row.resumable == Some(true)).then_some(row.session))
-                    .collect(),
+                None => {
+                    let rows = sessions.list().await?;
+                    let ids: Vec<Uuid> = (rows.iter())
+                        .filter_map(|row| (row.resumable == Some(true)).then_some(row.session))
+                        .collect();
+                    if ids.is_empty() {
+                        say_nothing_to_resume(&rows);
+                    }
+                    ids
+                }
             };
             let mut worst = ExitCode::SUCCESS;
             for id in ids {
@@ -404,8 +411,10 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
                 (_, _, Some(message)) => body.fail = Some(message),
                 _ => bail!("give one of --retry, --skip --result JSON, --fail MSG"),
             }
-            let call = (a.session.resolve(sessions).await?, a.call_id.as_str());
+            let id = a.session.resolve(sessions).await?;
+            let call_id = waiting_call(sessions, id, &a.call_id, IN_DOUBT).await?;
             let json = a.decision.json.json;
+            let call = (id, call_id.as_str());
             decide(sessions, call, Decision::Resolve(body), "resolved", json).await
         }
         Command::Approve(a) => {
@@ -422,7 +431,9 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
                 (false, Some(_)) => "approved with edited arguments",
                 (false, None) => "approved",
             };
-            let call = (a.session.resolve(sessions).await?, a.call_id.as_str());
+            let id = a.session.resolve(sessions).await?;
+            let call_id = waiting_call(sessions, id, &a.call_id, TO_APPROVE).await?;
+            let call = (id, call_id.as_str());
             let json = a.decision.json.json;
             let edited = a.edit_args.as_deref();
             crate::approving::say_what_is_decided(sessions, call, edited, a.deny).await;
@@ -869,12 +880,118 @@ async fn decide(
     json: bool,
 ) -> Result<ExitCode> {
     let quiet = json || !decision.proceeds();
+    let asked_to_go_on = decision.proceeds();
     let recorded = || say!("session {id}: call {call} {done}");
     let turn = |stream| sessions.decide(id, call, decision, &recorded, stream);
     let (answer, streamed) = showing(quiet, turn).await;
     match answer? {
         DecisionAnswer::Ended(outcome) => report(&outcome, json, streamed),
-        DecisionAnswer::Decided(_) => Ok(ExitCode::SUCCESS), // not continued
+        // Not continued: other calls still wait, or it was asked not to.
+        DecisionAnswer::Decided(_) => {
+            if !json {
+                say_what_still_waits(sessions, id, asked_to_go_on).await;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Says that `resume --all` found nothing it may resume, and how many of
+/// the sessions `rows` wait for a person instead.
+fn say_nothing_to_resume(rows: &[runtime::api::SessionSummary]) {
+    let waiting = (rows.iter())
+        .filter(|r| r.waits_for_a_person == Some(true))
+        .count();
+    match waiting {
+        0 => say!("mneme: nothing to resume"),
+        1 => say!("mneme: nothing to resume without a person: 1 session waits for a decision (`mneme sessions` lists it, `mneme replay ID` says on what)"),
+        n => say!("mneme: nothing to resume without a person: {n} sessions wait for a decision (`mneme sessions` lists them, `mneme replay ID` says on what)"),
+    }
+}
+
+/// What the plan calls a call in doubt (`mneme resolve` settles it).
+const IN_DOUBT: &[&str] = &["awaiting_decision"];
+/// What the plan calls a call waiting for approval (`mneme approve`).
+const TO_APPROVE: &[&str] = &["awaiting_approval"];
+
+/// The call of session `id` that `given` names among its calls whose plan
+/// decision is one of `kinds`: the whole id, or a start of one that no
+/// other such call shares (a model's ids can be 32 random characters).
+/// Several such calls beginning with it are refused, naming them; a text
+/// that begins none is passed on as given, for the decision to refuse
+/// naming what waits.
+async fn waiting_call(
+    sessions: &dyn Sessions,
+    id: Uuid,
+    given: &str,
+    kinds: &[&str],
+) -> Result<String> {
+    let Ok(view) = sessions.replay(id).await else {
+        return Ok(given.to_string());
+    };
+    let waiting: Vec<&runtime::api::PlannedCall> = (view.calls.iter())
+        .filter(|c| kinds.contains(&c.decision.as_str()))
+        .collect();
+    if waiting.iter().any(|c| c.call_id == given) {
+        return Ok(given.to_string());
+    }
+    let matching: Vec<&&runtime::api::PlannedCall> = (waiting.iter())
+        .filter(|c| !given.is_empty() && c.call_id.starts_with(given))
+        .collect();
+    match matching.as_slice() {
+        [one] => Ok(one.call_id.clone()),
+        [] => Ok(given.to_string()),
+        several => {
+            let named: Vec<String> = (several.iter())
+                .map(|c| format!("{} ({})", c.call_id, c.tool))
+                .collect();
+            bail!(
+                "{} calls of session {id} that wait for a person begin with {given:?}: {}; give more of the id",
+                several.len(),
+                named.join(", ")
+            )
+        }
+    }
+}
+
+/// Says, after a decision that did not continue session `id`, what still
+/// waits for a person and the command for each, or (`asked_to_go_on`
+/// false, nothing waiting) how it goes on.
+async fn say_what_still_waits(sessions: &dyn Sessions, id: Uuid, asked_to_go_on: bool) {
+    let Ok(view) = sessions.replay(id).await else {
+        return;
+    };
+    let waiting: Vec<&runtime::api::PlannedCall> = (view.calls.iter())
+        .filter(|c| {
+            IN_DOUBT.contains(&c.decision.as_str()) || TO_APPROVE.contains(&c.decision.as_str())
+        })
+        .collect();
+    match waiting.len() {
+        0 if !asked_to_go_on => say!(
+            "mneme: nothing else waits for a person: `mneme resume {id}` continues the session"
+        ),
+        0 => {}
+        1 => say!("mneme: session {id} goes on once this call is decided too:"),
+        n => say!("mneme: session {id} goes on once these {n} calls are decided too:"),
+    }
+    for call in waiting {
+        let id_and_tool = format!("{} ({})", call.call_id, call.tool);
+        match IN_DOUBT.contains(&call.decision.as_str()) {
+            true => {
+                say!("  {id_and_tool}: {}", call.reason);
+                say!(
+                    "    mneme resolve {id} {} --retry | --skip --result JSON | --fail MSG",
+                    call.call_id
+                );
+            }
+            false => {
+                say!("  {id_and_tool}: waits for approval");
+                say!(
+                    "    mneme approve {id} {} [--deny | --edit-args JSON]",
+                    call.call_id
+                );
+            }
+        }
     }
 }
 

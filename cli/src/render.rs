@@ -124,11 +124,7 @@ pub fn sessions(rows: &[Value], json: bool) {
             0 => text(r, "agent").to_string(),
             depth => format!("{}└ {}", "  ".repeat(depth - 1), text(r, "agent")),
         };
-        let status = match (interrupted, pending) {
-            (true, _) => "interrupted",
-            (_, true) => "pending",
-            _ => text(r, "status"),
-        };
+        let status = shown_status(r);
         let row = format!(
             "{:<width$}  {:<16}  {:<11}  {:>6}  {:<24}  {:>5.1}%  {}",
             short(id),
@@ -262,7 +258,7 @@ pub fn replay(view: &Value, json: bool) -> Result<()> {
         text(view, "session"),
         text(view, "agent"),
         view["events"].as_u64().unwrap_or(0),
-        text(view, "status")
+        shown_status(view)
     );
     outln!();
     line!(
@@ -282,15 +278,38 @@ pub fn replay(view: &Value, json: bool) -> Result<()> {
     line!("Resume plan: {}", text(view, "next"));
     for c in view["calls"].as_array().unwrap_or(&empty) {
         line!(
-            "  {} {}: {} {}",
-            text(c, "call_id"),
+            "  {} (call {}): {}",
             text(c, "tool"),
-            text(c, "decision"),
-            text(c, "reason")
+            text(c, "call_id"),
+            decision_in_words(text(c, "decision"), text(c, "reason"))
         );
     }
     replay_tools(view, &empty);
     Ok(())
+}
+
+/// A session's status as `mneme sessions` shows it: a running session
+/// nothing runs is `interrupted` (its process died mid-turn) or `pending`.
+fn shown_status(row: &Value) -> &str {
+    match (row["interrupted"].as_bool(), row["pending"].as_bool()) {
+        (Some(true), _) => "interrupted",
+        (_, Some(true)) => "pending",
+        _ => text(row, "status"),
+    }
+}
+
+/// What a resume does with a call, as a person says it, from the view's
+/// `decision` (a name for programs) and `reason`.
+fn decision_in_words(decision: &str, reason: &str) -> String {
+    match decision {
+        "reuse" => "done: its recorded result is reused".into(),
+        "run" => "runs (it never started)".into(),
+        "rerun" => format!("runs again: {reason}"),
+        "in_doubt" => format!("in doubt, a person decides (mneme resolve): {reason}"),
+        "awaiting_decision" => format!("in doubt, waiting for a person (mneme resolve): {reason}"),
+        "needs_approval" => format!("asks for approval: {reason}"),
+        _ => reason.to_string(),
+    }
 }
 
 /// The session's tools with their effects, and MCP lists that changed.

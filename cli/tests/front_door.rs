@@ -663,6 +663,177 @@ async fn the_daemon_says_what_a_create_takes_and_where_things_are() {
     assert_eq!(open.status(), 200);
 }
 
+/// Two ids as llama-server makes them: 32 random characters, sharing
+/// their first two.
+const FIRST_CALL: &str = "VdVg9Yx2eYoC3Y8arnZlKtMtQKbogsBY";
+const SECOND_CALL: &str = "VdXa0mQ1pLk7sT2wYc9eRbN4uJfHzG6d";
+
+/// A session killed with two `save_note` calls started: a command that
+/// ignores idempotency keys, so a resume puts both in doubt. The world,
+/// the model (kept serving) and the session's id.
+async fn two_calls_cut_off() -> (World, mneme_e2e::hostile::HostileModel, String) {
+    use mneme_e2e::hostile::{completion, Answer, HostileModel};
+    let world = World::new();
+    let model = HostileModel::start(|n, _, _| {
+        Answer::Json(match n {
+            0 => completion(
+                Some(""),
+                &[
+                    (FIRST_CALL, "save_note", json!({"text": "milk"})),
+                    (SECOND_CALL, "save_note", json!({"text": "eggs"})),
+                ],
+            ),
+            _ => completion(Some("Saved both."), &[]),
+        })
+    })
+    .await;
+    let tool = command_tool(
+        "save_note",
+        &["sh", "-c", "cat >/dev/null; echo saved"],
+        "side_effect",
+        10,
+    );
+    let agent = world.write("agent.toml", &agent_toml(&model.base_url(), &[tool]));
+    let out = world
+        .run_crashing(
+            &[
+                "run",
+                "--agent",
+                agent.to_str().unwrap(),
+                "Note: milk, eggs",
+            ],
+            "tool_started_durable",
+        )
+        .await;
+    assert!(!out.status.success(), "{}", stderr(&out));
+    let id = session_id(&out);
+    (world, model, id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_says_what_a_resume_will_do_and_decisions_take_a_calls_prefix() {
+    let (world, _model, id) = two_calls_cut_off().await;
+    let kinds = event_kinds(&world, &id).await;
+    let started = kinds.iter().filter(|k| *k == "ToolStarted").count();
+    assert_eq!(started, 2, "both calls started before the kill: {kinds:?}");
+
+    // The status as `sessions` says it, and what the resume will do: not
+    // run the calls, but stop for a person.
+    let listing = stdout(&world.run(&["sessions"]).await);
+    assert!(listing.contains("interrupted"), "{listing}");
+    let shown = stdout(&world.run(&["replay", &id]).await);
+    assert!(shown.contains("status interrupted"), "{shown}");
+    let plan = (shown.lines())
+        .find(|l| l.starts_with("Resume plan: "))
+        .unwrap_or_else(|| panic!("{shown}"));
+    assert!(!plan.contains("run tools"), "{plan}");
+    assert!(
+        plan.contains("record save_note, save_note in doubt")
+            && plan.contains("stop and ask a person: 2 calls in doubt")
+            && plan.contains(&format!("mneme resolve {id} CALL")),
+        "{plan}"
+    );
+    assert!(
+        shown.contains(&format!(
+            "  save_note (call {FIRST_CALL}): in doubt, a person decides (mneme resolve): "
+        )),
+        "{shown}"
+    );
+    assert!(!shown.contains("in_doubt"), "plain words: {shown}");
+    let view: Value =
+        serde_json::from_str(&stdout(&world.run(&["replay", &id, "--json"]).await)).unwrap();
+    assert_eq!(
+        (&view["status"], &view["interrupted"]),
+        (&json!("running"), &json!(true))
+    );
+    assert_eq!(
+        view["calls"][0]["decision"], "in_doubt",
+        "the JSON keeps its names"
+    );
+
+    let out = world.run(&["resume", &id]).await;
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let shown = stdout(&world.run(&["replay", &id]).await);
+    assert!(shown.contains("status paused"), "{shown}");
+    assert!(
+        shown.contains("Resume plan: stop and ask a person: 2 calls in doubt"),
+        "{shown}"
+    );
+    let out = world.run(&["resume", "--all"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("nothing to resume without a person: 1 session waits"),
+        "{}",
+        stderr(&out)
+    );
+
+    // A start shared by both calls names neither; one that starts no call
+    // in doubt is refused, naming those that are.
+    let before = event_kinds(&world, &id).await;
+    let out = world.run(&["resolve", &id, "Vd", "--fail", "no"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("2 calls of session")
+            && err.contains(&format!("{FIRST_CALL} (save_note)"))
+            && err.contains(&format!("{SECOND_CALL} (save_note)")),
+        "{err}"
+    );
+    let out = world.run(&["resolve", &id, "zz", "--fail", "no"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("not in doubt") && err.contains(FIRST_CALL),
+        "{err}"
+    );
+    assert_eq!(event_kinds(&world, &id).await, before, "nothing recorded");
+
+    // A unique start is the call; what still waits is said, with its command.
+    let out = world
+        .run(&["resolve", &id, "VdVg", "--skip", "--result", "\"saved\""])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!("session {id}: call {FIRST_CALL} resolved")),
+        "{err}"
+    );
+    assert!(
+        err.contains("goes on once this call is decided too")
+            && err.contains(&format!("mneme resolve {id} {SECOND_CALL} --retry")),
+        "{err}"
+    );
+    let out = world.run(&["resolve", &id, "VdX", "--retry"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "Saved both.");
+    let resolved: Vec<Value> = (logged_events(&world, &id).await.into_iter())
+        .filter(|(_, kind, _)| kind == "ToolResolved")
+        .map(|(_, _, event)| event)
+        .collect();
+    assert_eq!(resolved.len(), 2);
+    assert_eq!(
+        (&resolved[0]["call_id"], &resolved[1]["call_id"]),
+        (&json!(FIRST_CALL), &json!(SECOND_CALL))
+    );
+
+    let out = world.run(&["resume", "--all"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stderr(&out).trim(), "mneme: nothing to resume");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_names_the_calls_it_puts_in_doubt_by_tool() {
+    let (world, _model, id) = two_calls_cut_off().await;
+    let (code, shown) = on_a_terminal(&world, &["resume", &id], &[]).await;
+    assert_eq!(code, Some(3), "{shown}");
+    for call in [FIRST_CALL, SECOND_CALL] {
+        assert!(
+            shown.contains(&format!("mneme: save_note (call {call}) is in doubt: ")),
+            "{shown}"
+        );
+    }
+}
+
 /// `GET /props` as llama-server answers it, captured
 /// (`tests/fixtures/llama-cpp/`).
 fn captured_props(name: &str) -> Value {

@@ -101,10 +101,20 @@ impl Service {
     }
 
     /// The dry run of `id`: its next request rebuilt and what resuming
-    /// would do with each open call (`mneme replay`). Nothing is recorded.
+    /// would do with each open call (`mneme replay`), a running session
+    /// marked interrupted or pending as [`Service::mark_running`] marks
+    /// its listing row. Nothing is recorded.
     pub async fn replay_view(&self, id: Uuid) -> Result<api::ReplayView, RuntimeError> {
         let session = self.load(id).await?;
-        Ok(crate::views::replay_view(id, session.state()))
+        let state = session.state();
+        let mut view = crate::views::replay_view(id, state);
+        let top = state.parent.is_none();
+        if view.status == api::SessionStatus::Running && top {
+            let idle = self.log.leases().lease(id).await?.is_none();
+            view.interrupted = Some(idle && state.turn_driven);
+            view.pending = Some(idle && !state.turn_driven);
+        }
+        Ok(view)
     }
 
     /// Session `id`'s prefix-cache misses, each explained, from its whole

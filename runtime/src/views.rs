@@ -9,7 +9,7 @@ use crate::session::decode_every_event;
 use crate::snapshot::Summary;
 use api::TurnEnd;
 use eventlog::{EventLog, Record, SessionMeta};
-use replay::{plan, CallDecision, Event, NextStep, SessionState};
+use replay::{plan, CallDecision, Event, NextStep, ResumePlan, SessionState};
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -189,7 +189,9 @@ pub(crate) fn replay_view(session: Uuid, state: &SessionState) -> ReplayView {
         agent: state.spec.as_ref().map_or("", |s| s.name.as_str()).into(),
         events: state.last_seq,
         status: state.status().into(),
-        next: describe_next(&plan.next),
+        interrupted: None,
+        pending: None,
+        next: describe_next(&plan, session),
         calls,
         request_bytes: body.as_ref().map_or(0, Vec::len) as u64,
         request_digest: body.as_deref().map(replay::digest_hex),
@@ -310,18 +312,68 @@ fn describe_decision(decision: &CallDecision) -> (&'static str, String) {
     }
 }
 
-fn describe_next(next: &NextStep) -> String {
-    match next {
+/// What a resume of `session` would do next, in words: the calls it runs,
+/// those it records in doubt, and what a person runs then.
+fn describe_next(plan: &ResumePlan, session: Uuid) -> String {
+    let tools = |pick: fn(&CallDecision) -> bool| {
+        let named: Vec<&str> = (plan.calls.iter())
+            .filter(|c| pick(&c.decision))
+            .map(|c| c.tool.as_str())
+            .collect();
+        named.join(", ")
+    };
+    let count =
+        |pick: fn(&CallDecision) -> bool| plan.calls.iter().filter(|c| pick(&c.decision)).count();
+    let in_doubt = count(|d| {
+        matches!(
+            d,
+            CallDecision::InDoubt(_) | CallDecision::AwaitingDecision(_)
+        )
+    });
+    let approvals = count(|d| {
+        matches!(
+            d,
+            CallDecision::NeedsApproval | CallDecision::AwaitingApproval
+        )
+    });
+    match &plan.next {
         NextStep::Nothing => "nothing: the last turn is answered".into(),
         NextStep::CallModel => "call the model".into(),
         NextStep::Deliver => {
             "deliver the messages that arrived mid-turn, then call the model".into()
         }
-        NextStep::RunTools => "run tools".into(),
-        NextStep::AwaitDecision => {
-            "wait for a person's decision (mneme resolve or mneme approve)".into()
+        NextStep::RunTools => {
+            let mut steps = Vec::new();
+            let run = tools(|d| *d == CallDecision::Run);
+            if !run.is_empty() {
+                steps.push(format!("run {run}"));
+            }
+            let rerun = tools(|d| *d == CallDecision::Rerun);
+            if !rerun.is_empty() {
+                steps.push(format!("run {rerun} again with the same idempotency key"));
+            }
+            let check = tools(|d| *d == CallDecision::Check);
+            if !check.is_empty() {
+                steps.push(format!(
+                    "ask the check of {check} whether it applied (if it cannot tell, the call is in doubt)"
+                ));
+            }
+            let recorded = tools(|d| matches!(d, CallDecision::InDoubt(_)));
+            if !recorded.is_empty() {
+                steps.push(format!("record {recorded} in doubt"));
+            }
+            match in_doubt + approvals {
+                0 => steps.push("call the model".into()),
+                _ => steps.push(ask_a_person(in_doubt, approvals, session)),
+            }
+            steps.join(", then ")
         }
+        NextStep::AwaitDecision => ask_a_person(in_doubt, approvals, session),
         NextStep::Sleep => "sleep: nothing runs until a sleeping call wakes".into(),
+        // Paused on the calls that wait: a resume stops there again.
+        NextStep::Paused(_) if in_doubt + approvals > 0 => {
+            ask_a_person(in_doubt, approvals, session)
+        }
         NextStep::Paused(reason) => format!("paused: {reason}"),
         NextStep::OverBudget(reason) => {
             format!("stop: {reason} (mneme resume --extend continues)")
@@ -329,6 +381,32 @@ fn describe_next(next: &NextStep) -> String {
         NextStep::Failed(error) => format!("failed: {error} (mneme resume tries again)"),
         NextStep::Cancelled(by) => format!("cancelled by {by}: nothing runs until a new message"),
         NextStep::Erased(by) => format!("erased by {by}: nothing runs in it again"),
+    }
+}
+
+/// Stopping for a person (exit 3 at the command line): `in_doubt` calls
+/// to settle, `approvals` to approve or deny, with the commands that do.
+fn ask_a_person(in_doubt: usize, approvals: usize, session: Uuid) -> String {
+    let calls = |n: usize| match n {
+        1 => "1 call".to_string(),
+        n => format!("{n} calls"),
+    };
+    let mut asks = Vec::new();
+    if in_doubt > 0 {
+        asks.push(format!(
+            "{} in doubt (mneme resolve {session} CALL --retry | --skip --result JSON | --fail MSG)",
+            calls(in_doubt)
+        ));
+    }
+    if approvals > 0 {
+        asks.push(format!(
+            "{} to approve (mneme approve {session} CALL [--deny])",
+            calls(approvals)
+        ));
+    }
+    match asks.is_empty() {
+        true => "wait for a person's decision (mneme resolve or mneme approve)".into(),
+        false => format!("stop and ask a person: {}", asks.join("; ")),
     }
 }
 

@@ -1018,14 +1018,28 @@ export interface components {
              */
             events: number;
             /**
+             * @description For a `running` session, as its listing says: true when nothing
+             *     runs it and a process did, and died in the middle of its turn.
+             */
+            interrupted?: boolean | null;
+            /**
              * @description Per MCP server, what its list now differs in from the tools the
              *     session pinned (recorded when a turn last started it); not adopted.
              */
             mcp_changes?: {
                 [key: string]: string[];
             };
-            /** @description What resuming does next. */
+            /**
+             * @description What resuming does next, in words: which calls run, which are
+             *     recorded in doubt and wait for a person, and the command a person
+             *     runs then.
+             */
             next: string;
+            /**
+             * @description For a `running` session, as its listing says: true when nothing
+             *     runs it and no process has recorded a step of its turn.
+             */
+            pending?: boolean | null;
             /** @description The next model request, if there is one. */
             request?: Record<string, unknown> | null;
             /**

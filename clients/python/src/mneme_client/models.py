@@ -1386,6 +1386,11 @@ class ReplayView(BaseModel):
     """
     Events in its log.
     """
+    interrupted: bool | None = None
+    """
+    For a `running` session, as its listing says: true when nothing
+    runs it and a process did, and died in the middle of its turn.
+    """
     mcp_changes: dict[str, list[str]] | None = None
     """
     Per MCP server, what its list now differs in from the tools the
@@ -1393,7 +1398,14 @@ class ReplayView(BaseModel):
     """
     next: str
     """
-    What resuming does next.
+    What resuming does next, in words: which calls run, which are
+    recorded in doubt and wait for a person, and the command a person
+    runs then.
+    """
+    pending: bool | None = None
+    """
+    For a `running` session, as its listing says: true when nothing
+    runs it and no process has recorded a step of its turn.
     """
     request: dict[str, Any] | None = None
     """
