@@ -975,7 +975,7 @@ async fn say_what_still_waits(sessions: &dyn Sessions, id: Uuid, asked_to_go_on:
         n => say!("mneme: session {id} goes on once these {n} calls are decided too:"),
     }
     for call in waiting {
-        let id_and_tool = format!("{} ({})", call.call_id, call.tool);
+        let id_and_tool = format!("{} (call {})", call.tool, call.call_id);
         match IN_DOUBT.contains(&call.decision.as_str()) {
             true => {
                 say!("  {id_and_tool}: {}", call.reason);
@@ -1263,7 +1263,7 @@ fn report_end(id: Uuid, end: &TurnEnd, json: bool, streamed: bool) -> Result<Exi
             say!("mneme: session {id} paused: tool calls in doubt need a decision");
             for waiting in calls {
                 let call = &waiting.call_id;
-                say!("  {call}: {}", waiting.reason);
+                say!("  {} (call {call}): {}", waiting.tool, waiting.reason);
                 say!("    mneme resolve {id} {call} --retry | --skip --result JSON | --fail MSG");
             }
             Ok(ExitCode::from(EXIT_NEEDS_DECISION))
