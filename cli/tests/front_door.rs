@@ -960,3 +960,34 @@ async fn check_sends_its_own_message_or_a_sessions_first_request() {
         String::from_utf8_lossy(&bodies[2])
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approve_takes_a_calls_prefix_through_a_daemon_too() {
+    let bed = Testbed::new()
+        .replies(vec![
+            MockReply::calls(&[("refund", json!({"n": 1}))]),
+            MockReply::answer("Refunded."),
+        ])
+        .sink_tools(|sink| vec![refund_needing_approval(sink)])
+        .daemon()
+        .await;
+    let through_the_daemon = |args: &[&str]| {
+        let mut command = bed.world.mneme();
+        command
+            .args(args)
+            .env("MNEME_TOKEN", mneme_e2e::daemon::TOKEN);
+        async move { command.output().await.unwrap() }
+    };
+    let out = through_the_daemon(&["run", "--agent", bed.agent_arg(), "refund ada"]).await;
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let id = session_id(&out);
+    let out = through_the_daemon(&["approve", &id, "call_0", "--by", "ada"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("session {id}: call call_0_0 approved")),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(stdout(&out).trim(), "Refunded.");
+    assert_eq!(bed.sink.stats().path("refund").effects, 1);
+}
