@@ -545,6 +545,7 @@ async fn a_frame_replaces_the_unacknowledged_record_sled_kept_at_its_key() {
             kind: "ORPHAN".into(),
             prev_hash: four.hash,
             payload: b"never acknowledged".to_vec(),
+            base: None,
         })
         .unwrap();
         db.insert(event_key(s, 5), orphan).unwrap();
