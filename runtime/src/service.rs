@@ -696,7 +696,11 @@ impl Service {
     /// Refuses, naming them, where any of `derived` (sessions derived from
     /// `id`) is a fork that shares `id`'s records, directly or through a
     /// fork between: erasing `id` alone would take their history with it.
-    pub async fn refuse_if_shared(&self, id: Uuid, derived: &[Derived]) -> Result<(), RuntimeError> {
+    pub async fn refuse_if_shared(
+        &self,
+        id: Uuid,
+        derived: &[Derived],
+    ) -> Result<(), RuntimeError> {
         let mut sharing = Vec::new();
         for found in derived.iter().filter(|d| !d.erased) {
             let mut base = self.log.base(found.session).await?;
@@ -731,10 +735,15 @@ impl Service {
         // A fork that shares its parent's records starts past them.
         let base = self.log.base(id).await.ok().flatten();
         let from = base.map_or(1, |b| b.through + 1);
-        let first = self.log.read(id, from, from + 1).await.ok().and_then(|records| {
-            let events = records.iter().map(crate::session::decode);
-            events.collect::<Result<Vec<Event>, _>>().ok()
-        });
+        let first = self
+            .log
+            .read(id, from, from + 1)
+            .await
+            .ok()
+            .and_then(|records| {
+                let events = records.iter().map(crate::session::decode);
+                events.collect::<Result<Vec<Event>, _>>().ok()
+            });
         match first {
             Some(first) => links_of(id, &first),
             None => summary_links_of(id, summary),
@@ -804,7 +813,9 @@ impl Service {
             )));
         }
         let history = self.log.read(parent, 1, at_seq).await?;
-        let events = history.iter().map(|r| crate::session::decode(r).map(|e| (r.envelope.seq, e)));
+        let events = history
+            .iter()
+            .map(|r| crate::session::decode(r).map(|e| (r.envelope.seq, e)));
         let state = SessionState::fold(events.collect::<Result<Vec<_>, _>>()?);
         if !state
             .open_calls()
@@ -822,7 +833,10 @@ impl Service {
             shared: true,
         };
         // Its first event and its spec, if another, are one append.
-        let own = std::iter::once(forked).chain(spec).map(|e| (e, None)).collect();
+        let own = std::iter::once(forked)
+            .chain(spec)
+            .map(|e| (e, None))
+            .collect();
         let mut child =
             Session::fork_observed(self.log.clone(), parent, state, own, self.observer.clone())
                 .await?;

@@ -176,18 +176,30 @@ impl HeadKey {
                     "seq {seq} does not hold the hash signed at seq {at}: the history was rewritten"
                 ));
             }
-            vouched.heads += 1;
             vouched.through = *seq;
+            if of != session {
+                // A head of the history a fork shares with its parent.
+                vouched.copied += 1;
+                continue;
+            }
+            vouched.heads += 1;
             vouched.at_ms = *at_ms;
         }
         if vouched.heads + vouched.copied == 0 {
             return Err("no head signed: nothing vouches for this history".into());
         }
         // A fork's first record of its own, right after the history its
-        // parent's heads vouch for, only names that history (as a copy's
-        // first did).
+        // parent's heads vouch for (heads themselves aside), only names
+        // that history (as a copy's first did).
         for (point, _) in &shared {
-            if vouched.through + 1 == *point {
+            let between = records
+                .iter()
+                .filter(|(seq, _, _)| (vouched.through + 1..*point).contains(seq));
+            if *point > vouched.through
+                && between
+                    .clone()
+                    .all(|(_, _, e)| matches!(e, Event::HeadSigned { .. }))
+            {
                 vouched.through = *point;
             }
         }
@@ -210,7 +222,8 @@ impl HeadKey {
 pub struct Vouched {
     /// Its own heads that check out.
     pub heads: usize,
-    /// Heads a fork copied from its parent that check out.
+    /// Heads a fork holds of its parent's history (shared, or copied by a
+    /// fork made before forks shared) that check out.
     pub copied: usize,
     /// The last seq they vouch for.
     pub through: u64,

@@ -407,7 +407,9 @@ async fn a_fork_in_the_write_ahead_file_alone_is_recovered_with_its_base() {
     let (p, c, d) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
     let before = {
         let log = reopen(dir.path());
-        log.append(p, 1, (1..=3).map(event).collect()).await.unwrap();
+        log.append(p, 1, (1..=3).map(event).collect())
+            .await
+            .unwrap();
         log.fork(c, p, 2, vec![event(4)]).await.unwrap();
         log.fork(d, c, 3, vec![event(5), event(6)]).await.unwrap();
         log.barrier(Durability::Synced).await.unwrap();
@@ -417,7 +419,13 @@ async fn a_fork_in_the_write_ahead_file_alone_is_recovered_with_its_base() {
     };
     let log = reopen(crashed.path());
     assert_eq!(log.recovered(), 6);
-    assert_eq!(log.base(d).await.unwrap(), Some(Base { parent: c, through: 3 }));
+    assert_eq!(
+        log.base(d).await.unwrap(),
+        Some(Base {
+            parent: c,
+            through: 3
+        })
+    );
     assert_eq!(log.read(d, 1, u64::MAX).await.unwrap(), before);
     assert_eq!(log.verify(d).await.unwrap(), 5);
     log.append(d, 6, vec![event(7)]).await.unwrap();
