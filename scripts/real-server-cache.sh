@@ -64,6 +64,6 @@ echo "fork $fork (another system prompt):"
 "$MNEME" replay --cache "$fork" | tee "$work/fork"
 grep -q ': evicted,' "$work/original" \
     || { echo "real-server-cache: the restart's miss is not named evicted" >&2; exit 1; }
-tail -n1 "$work/fork" | grep -q ': system prompt changed,' \
+tail -n1 "$work/fork" | grep -q 'system prompt changed,' \
     || { echo "real-server-cache: the fork's miss is not named by its system prompt" >&2; exit 1; }
 echo "real-server-cache: both misses named by their cause"

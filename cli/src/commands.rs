@@ -605,7 +605,7 @@ async fn signed_heads(
     };
     let last = match vouched.at_ms {
         0 => format!(
-            "{} copied from the session it was forked from",
+            "{} of the history it shares with the session it was forked from",
             vouched.copied
         ),
         at => format!("the last signed {}", runtime::api::format_time(at)),

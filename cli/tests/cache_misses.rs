@@ -83,7 +83,12 @@ async fn a_fork_with_another_system_prompt_is_named_as_the_cause_of_its_miss() {
     run_ok(&world, &["run", "--session", &fork, "third"]).await;
     let missed = misses(&world, &fork).await;
     assert_eq!(missed.len(), 1, "{missed:?}");
-    assert_eq!(missed[0]["cause"], "system prompt changed", "{missed:?}");
+    // The fork (a session of its own: another prompt-cache key) and its
+    // system prompt, both recorded since the reply before.
+    assert_eq!(
+        missed[0]["cause"], "fork, system prompt changed",
+        "{missed:?}"
+    );
     let cacheable = missed[0]["cacheable_tokens"].as_u64().unwrap();
     let cached = missed[0]["cached_tokens"].as_u64().unwrap();
     assert!(cacheable > 1000 && cached < 100, "{missed:?}");

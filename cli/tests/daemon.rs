@@ -339,10 +339,24 @@ async fn fork_branches_a_session_and_cancel_stops_one() {
     assert_eq!(status, 201, "{forked}");
     let child = forked["session"].as_str().unwrap().to_string();
     let (_, events) = daemon.get(&format!("/sessions/{child}/events")).await;
-    let first = &events[0]["event"]["SessionForked"];
+    // The parent's three records, shared (the same hashes), then the
+    // fork's own first, naming them.
+    let (_, held) = daemon
+        .get(&format!("/sessions/{parent}/events?until=3"))
+        .await;
+    let hashes = |events: &Value| -> Vec<Value> {
+        let events = events.as_array().unwrap().iter().take(3);
+        events.map(|e| e["hash"].clone()).collect()
+    };
+    assert_eq!(hashes(&events), hashes(&held));
+    let own = &events[3]["event"]["SessionForked"];
     assert_eq!(
-        (first["parent"].as_str(), first["at_seq"].as_u64()),
-        (Some(parent.as_str()), Some(3))
+        (
+            own["parent"].as_str(),
+            own["at_seq"].as_u64(),
+            events[3]["seq"].as_u64()
+        ),
+        (Some(parent.as_str()), Some(3), Some(4))
     );
     assert_eq!(events.as_array().unwrap().len(), 4);
     // The branch goes on by itself; cancel it while its tool runs.

@@ -672,34 +672,65 @@ async fn erasing_a_session_erases_its_forks_and_reruns_with_it() {
     assert!(again.contains(&line), "{again}");
 }
 
-/// `--only-this` erases the one named, and names the fork that still
-/// holds a copy; erasing the fork then is its own erasure.
+/// `--only-this` erases the one named and names the copies left (a
+/// rerun's); it is refused, erasing nothing, while a fork shares the
+/// named session's records (they are its history too).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_this_erases_the_one_named_and_names_the_copies_left() {
     let private = Private::new(World::new()).await;
     let parent = private.planted_session().await;
     let fork = fork_all(&private, &parent).await;
-    let fork_key = hex::decode(private.wrapped_key(&fork).await).unwrap();
+    let out = private
+        .run(&[
+            "erase",
+            &parent,
+            "--reason",
+            "r",
+            "--by",
+            "dpo",
+            "--only-this",
+        ])
+        .await;
+    assert!(!out.status.success());
+    let refused = stderr(&out);
+    assert!(
+        refused.contains(&format!("fork(s) share its records ({fork})")),
+        "{refused}"
+    );
+    let statuses = self::statuses(&private).await;
+    assert_ne!(statuses[&parent], "erased");
+    assert_ne!(statuses[&fork], "erased");
+
+    let model = MockModel::start(vec![MockReply::answer("another answer")], Fault::None).await;
+    let other = private
+        .world
+        .write("other.toml", &agent_toml(&model.base_url(), &[]));
+    let out = private
+        .run_ok(&["rerun", &parent, "--agent", other.to_str().unwrap()])
+        .await;
+    let rerun = session_id(&out);
+    let rerun_key = hex::decode(private.wrapped_key(&rerun).await).unwrap();
+    erase_saying(&private, &fork, &[]).await;
     let said = erase_saying(&private, &parent, &["--only-this"]).await;
     assert!(
         said.contains(&format!("session {parent}: erased")),
         "{said}"
     );
     let kept = format!(
-        "session {fork}: still holds a copy of {parent}'s content (a fork of {parent}): not erased"
+        "session {rerun}: still holds a copy of {parent}'s content (a rerun of {parent}): not erased"
     );
     assert!(said.contains(&kept), "{said}");
-    let statuses = statuses(&private).await;
+    let statuses = self::statuses(&private).await;
     assert_eq!(statuses[&parent], "erased");
-    assert_ne!(statuses[&fork], "erased");
-    assert!(private.log_text(&fork).await.contains(MESSAGE));
+    assert_ne!(statuses[&rerun], "erased");
+    assert!(private.log_text(&rerun).await.contains(MESSAGE));
     let places = every_byte(&private.world.data());
-    assert!(!holding(&places, &fork_key).is_empty(), "the fork's key");
+    assert!(!holding(&places, &rerun_key).is_empty(), "the rerun's key");
     private.run_ok(&["verify", &parent]).await;
 
-    let said = erase_saying(&private, &fork, &[]).await;
-    assert!(said.contains(&format!("session {fork}: erased")), "{said}");
-    let log = private.log_text(&fork).await;
+    let said = erase_saying(&private, &rerun, &[]).await;
+    assert!(said.contains(&format!("session {rerun}: erased")), "{said}");
+    let log = private.log_text(&rerun).await;
     assert!(
         !log.contains(MESSAGE) && !log.contains("erased with"),
         "{log}"

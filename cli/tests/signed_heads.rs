@@ -109,9 +109,12 @@ async fn a_failed_turn_and_a_fork_of_a_signed_session_verify() {
     let parent = session_id(&out);
     let fork = stdout(&s.world.run(&["fork", &parent, "--at", "4"]).await);
     let (ok, rows) = s.verify(&[fork.trim()]).await;
-    assert!(ok, "a fork's copied heads name its parent: {rows:?}");
+    assert!(ok, "a fork's shared heads name its parent: {rows:?}");
     assert!(
-        rows[0]["signed"].as_str().unwrap().contains("copied"),
+        rows[0]["signed"]
+            .as_str()
+            .unwrap()
+            .contains("of the history it shares with the session it was forked from"),
         "{rows:?}"
     );
     let _ = failed;

@@ -176,6 +176,7 @@ mod tests {
             kind: event.kind().into(),
             prev_hash: eventlog::Hash::ZERO,
             payload: event.encode(),
+            base: None,
         };
         Record::seal(envelope).unwrap().0
     }

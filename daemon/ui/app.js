@@ -612,7 +612,9 @@ function addTurn(page, record, kind, f) {
       return;
     case "SessionForked":
       noteItem("forked", f.rerun ? "A rerun of " : "A fork of ", sessionLink(f.parent),
-        f.rerun ? ": the original's messages follow, answered again." : `: its first ${f.at_seq} events follow.`);
+        f.rerun ? ": the original's messages follow, answered again."
+          : f.shared ? `: the ${f.at_seq} events above are its parent's; what follows is its own.`
+            : `: its first ${f.at_seq} events follow.`);
       return;
     case "ContextCompacted":
       noteItem("compacted", `The prompt's first ${f.entries} entries were replaced by a summary (the log keeps them): ${clip(f.summary, 300)}`);

@@ -9,7 +9,7 @@
 //! `#[tokio::test]` per check (the backend's crate needs tokio with
 //! its `macros` and `rt-multi-thread` features).
 
-use crate::{Durability, EventLog, Head, LogError, NewEvent, Record, MAX_RECORD_BYTES};
+use crate::{Base, Durability, EventLog, Head, LogError, NewEvent, Record, MAX_RECORD_BYTES};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use uuid::Uuid;
@@ -62,6 +62,9 @@ macro_rules! conformance_tests {
             appends_are_followed_across_handles,
             handles_sharing_a_store_see_each_others_appends,
             any_mix_of_good_and_stale_appends_keeps_exactly_the_accepted,
+            a_fork_shares_its_parents_records_and_stores_only_its_own,
+            a_fork_of_a_fork_reads_through_both_and_survives_a_reopen,
+            a_fork_exports_and_imports_after_its_parent,
         );
     };
     (@each $backend:expr; $($name:ident),* $(,)?) => {
@@ -952,6 +955,165 @@ pub async fn any_mix_of_good_and_stale_appends_keeps_exactly_the_accepted<B: Bac
 
 /// Nobody else can append to a store one process owns: a second opener is
 /// refused.
+/// A session `s` with events 1..=`n`, made durable.
+async fn session_of(log: &dyn EventLog, n: u8) -> Uuid {
+    let s = Uuid::now_v7();
+    log.append(s, 1, (1..=n).map(event).collect())
+        .await
+        .unwrap();
+    log.barrier(Durability::Synced).await.unwrap();
+    s
+}
+
+/// A fork reads its parent's records up to its base, as they are stored
+/// (each naming the parent), then its own, the first linked to the
+/// parent's record at the base; it stores only its own, goes on by
+/// itself, and is checked like any session.
+pub async fn a_fork_shares_its_parents_records_and_stores_only_its_own<B: Backend>(b: &B) {
+    let store = b.create().await;
+    let log = b.open(&store).await.unwrap();
+    let p = session_of(log.as_ref(), 5).await;
+    let parent = log.read(p, 1, u64::MAX).await.unwrap();
+    let c = Uuid::now_v7();
+    let own = log.fork(c, p, 3, vec![event(7), event(8)]).await.unwrap();
+    let base = Base {
+        parent: p,
+        through: 3,
+    };
+    assert_eq!(
+        own.iter().map(|r| r.envelope.seq).collect::<Vec<_>>(),
+        [4, 5]
+    );
+    assert_eq!(own[0].envelope.base, Some(base));
+    assert_eq!(own[1].envelope.base, None);
+    assert_eq!(own[0].envelope.prev_hash, parent[2].hash);
+    assert_eq!(log.base(c).await.unwrap(), Some(base));
+    assert_eq!(log.base(p).await.unwrap(), None);
+    let read = log.read(c, 1, u64::MAX).await.unwrap();
+    assert_eq!(read[..3], parent[..3], "the parent's, as stored");
+    assert_eq!(read[3..], own[..]);
+    assert_eq!(log.read(c, 2, 4).await.unwrap(), read[1..4]);
+    assert_eq!(log.read(c, 5, 5).await.unwrap(), read[4..]);
+    assert_eq!(log.verify(c).await.unwrap(), 5);
+    assert_eq!(log.head(c).await.unwrap().hash, own[1].hash);
+    // Each goes on by itself.
+    log.append(p, 6, vec![event(6)]).await.unwrap();
+    log.append(c, 6, vec![event(9)]).await.unwrap();
+    assert_eq!(
+        kinds(log.as_ref(), c).await,
+        ["K1", "K2", "K3", "K7", "K8", "K9"]
+    );
+    assert_eq!(log.verify(p).await.unwrap(), 6);
+    let listed = log.meta(c).await.unwrap().unwrap();
+    assert_eq!(listed.events, 6);
+    // A budget spans the base: the run stops where the bytes run out.
+    let sizes: Vec<usize> = read.iter().map(Record::stored_len).collect();
+    let budget = sizes[1] + sizes[2] + sizes[3];
+    let bounded = log.read_bounded(c, 2, 6, budget).await.unwrap();
+    assert_eq!(bounded, read[1..4]);
+    let bounded = log.read_bounded(c, 3, 6, sizes[2] - 1).await.unwrap();
+    assert_eq!(bounded, read[2..3], "never less than the first record");
+    // Only a session with no records forks, and only where its parent reaches.
+    let err = log.fork(c, p, 2, vec![event(1)]).await.unwrap_err();
+    assert!(matches!(err, LogError::Conflict { .. }), "{err}");
+    let err = log
+        .fork(Uuid::now_v7(), p, 7, vec![event(1)])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LogError::Corrupt { seq: 7, .. }), "{err}");
+    let err = log
+        .fork(Uuid::now_v7(), p, 0, vec![event(1)])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LogError::Corrupt { .. }), "{err}");
+    // Sealed reads give the parent's bytes for the records it shares.
+    let (records, bytes) = log.read_sealed(c, 1, u64::MAX).await.unwrap();
+    assert_eq!(records, log.read(c, 1, u64::MAX).await.unwrap());
+    assert_eq!(Record::open(p, 2, &bytes[1]).unwrap(), parent[1]);
+    assert_eq!(Record::peek_base(&bytes[3]), Some(base));
+}
+
+/// A fork of a fork shares through both; a fork, its base and its own
+/// records survive a reopen.
+pub async fn a_fork_of_a_fork_reads_through_both_and_survives_a_reopen<B: Backend>(b: &B) {
+    let store = b.create().await;
+    let (p, c, d) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
+    let before = {
+        let log = b.open(&store).await.unwrap();
+        log.append(p, 1, (1..=4).map(event).collect())
+            .await
+            .unwrap();
+        log.fork(c, p, 2, vec![event(5), event(6)]).await.unwrap();
+        log.fork(d, c, 3, vec![event(7)]).await.unwrap();
+        log.barrier(Durability::Synced).await.unwrap();
+        log.read(d, 1, u64::MAX).await.unwrap()
+    };
+    assert_eq!(
+        before
+            .iter()
+            .map(|r| r.envelope.session)
+            .collect::<Vec<_>>(),
+        [p, p, c, d]
+    );
+    let log = b.open(&store).await.unwrap();
+    assert_eq!(log.read(d, 1, u64::MAX).await.unwrap(), before);
+    assert_eq!(log.verify(d).await.unwrap(), 4);
+    assert_eq!(log.verify(c).await.unwrap(), 4);
+    assert_eq!(
+        log.base(d).await.unwrap(),
+        Some(Base {
+            parent: c,
+            through: 3
+        })
+    );
+    log.append(d, 5, vec![event(8)]).await.unwrap();
+    assert_eq!(kinds(log.as_ref(), d).await, ["K1", "K2", "K5", "K7", "K8"]);
+    let listed = log.sessions().await.unwrap();
+    assert_eq!(listed.len(), 3);
+}
+
+/// A fork's records exported (its parent's as the parent stores them,
+/// then its own) import into another store after its parent's; into a
+/// store without its parent, its own are refused and nothing is stored.
+pub async fn a_fork_exports_and_imports_after_its_parent<B: Backend>(b: &B) {
+    let (from, to) = (b.create().await, b.create().await);
+    let (p, c) = (Uuid::now_v7(), Uuid::now_v7());
+    let (records, bytes) = {
+        let source = b.open(&from).await.unwrap();
+        source
+            .append(p, 1, (1..=3).map(event).collect())
+            .await
+            .unwrap();
+        source
+            .fork(c, p, 2, vec![event(4), event(5)])
+            .await
+            .unwrap();
+        source.read_sealed(c, 1, u64::MAX).await.unwrap()
+    };
+    let target = b.open(&to).await.unwrap();
+    let err = target.import(c, bytes[2..].to_vec()).await.unwrap_err();
+    assert!(matches!(err, LogError::Corrupt { .. }), "{err}");
+    assert_eq!(target.head(c).await.unwrap(), Head::EMPTY);
+    // A first record that should name a base and does not, or one that
+    // names one past the first: refused.
+    let err = target.import(c, bytes[..2].to_vec()).await.unwrap_err();
+    assert!(matches!(err, LogError::Corrupt { .. }), "{err}");
+    target.import(p, bytes[..2].to_vec()).await.unwrap();
+    let head = target.import(c, bytes[2..].to_vec()).await.unwrap();
+    assert_eq!((head.seq, head.hash), (4, records[3].hash));
+    assert_eq!(target.read(c, 1, u64::MAX).await.unwrap(), records);
+    assert_eq!(target.verify(c).await.unwrap(), 4);
+    assert_eq!(
+        target.base(c).await.unwrap(),
+        Some(Base {
+            parent: p,
+            through: 2
+        })
+    );
+    let err = target.import(c, bytes[2..3].to_vec()).await.unwrap_err();
+    assert!(matches!(err, LogError::Corrupt { seq: 5, .. }), "{err}");
+}
+
 async fn assert_second_opener_refused<B: Backend>(b: &B, store: &B::Store) {
     match b.open(store).await {
         Err(LogError::Locked { .. }) => {}

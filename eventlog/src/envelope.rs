@@ -1,6 +1,8 @@
 //! The envelope around every event, its stored form and its hash.
 //!
-//! Stored form of a record: one format byte ([`RECORD_FORMAT`]), the envelope
+//! Stored form of a record: one format byte ([`RECORD_FORMAT`], or
+//! [`RECORD_FORMAT_BASED`] for the first record of a session that shares
+//! another's records), the envelope
 //! as MessagePack with named fields, then the 32-byte SHA-256 hash of
 //! `prev_hash ‖ envelope bytes`. The hash covers the exact stored bytes, never
 //! a re-encoding. SHA-256 rather than BLAKE3: records are about one KiB, where
@@ -15,6 +17,25 @@ use uuid::Uuid;
 
 /// Version of the stored record layout this build writes and reads.
 pub const RECORD_FORMAT: u8 = 1;
+
+/// The stored layout of a record whose envelope names a [`Base`]: the first
+/// record of a session that shares another's records up to a seq. A build
+/// that knows only [`RECORD_FORMAT`] refuses it by its version instead of
+/// reading the session as if its history were missing.
+pub const RECORD_FORMAT_BASED: u8 = 2;
+
+/// Where a session's history begins when it shares another session's
+/// records: `parent`'s records 1..=`through` are its own first ones, as
+/// stored (each still names `parent`, or the session `parent` shares them
+/// from), and its first record of its own, at `through + 1`, links to the
+/// hash of `parent`'s record at `through`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Base {
+    /// The session whose records it shares.
+    pub parent: Uuid,
+    /// The last seq it shares (at least 1).
+    pub through: u64,
+}
 
 /// The largest record, in stored bytes (format byte, envelope, hash), that
 /// the log accepts: 16 MiB. An append or import with a bigger record is
@@ -84,6 +105,29 @@ pub fn seal_after(
     events: Vec<NewEvent>,
     ts_ms: i64,
 ) -> Result<(Vec<Record>, Vec<Vec<u8>>), crate::LogError> {
+    seal_from(session, None, head, events, ts_ms)
+}
+
+/// `events` as the first records of `session`, which shares `base`, whose
+/// record at `base.through` is `base_head`: sealed as [`seal_after`] seals
+/// them, the first naming its base.
+pub fn seal_after_base(
+    session: uuid::Uuid,
+    base: Base,
+    base_head: crate::Head,
+    events: Vec<NewEvent>,
+    ts_ms: i64,
+) -> Result<(Vec<Record>, Vec<Vec<u8>>), crate::LogError> {
+    seal_from(session, Some(base), base_head, events, ts_ms)
+}
+
+fn seal_from(
+    session: uuid::Uuid,
+    mut base: Option<Base>,
+    head: crate::Head,
+    events: Vec<NewEvent>,
+    ts_ms: i64,
+) -> Result<(Vec<Record>, Vec<Vec<u8>>), crate::LogError> {
     let mut prev = head;
     let mut records = Vec::with_capacity(events.len());
     let mut sealed = Vec::with_capacity(events.len());
@@ -98,6 +142,7 @@ pub fn seal_after(
             kind: event.kind,
             prev_hash: prev.hash,
             payload: event.payload,
+            base: base.take(),
         })?;
         prev = crate::Head {
             seq: record.envelope.seq,
@@ -131,6 +176,11 @@ pub struct Envelope {
     /// The encoded event.
     #[serde(with = "serde_bytes")]
     pub payload: Vec<u8>,
+    /// On the first record of a session that shares another's records:
+    /// whose, and through which seq (this record's `prev_hash` is the hash
+    /// of that record). `None` on every other record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<Base>,
 }
 
 /// A stored event: its envelope and its hash.
@@ -143,11 +193,45 @@ pub struct Record {
 }
 
 impl Record {
+    /// The base named by the record in `bytes` (stored bytes, not checked:
+    /// [`Record::open`] checks them), if it names one.
+    pub fn peek_base(bytes: &[u8]) -> Option<Base> {
+        match bytes.split_first() {
+            Some((&RECORD_FORMAT_BASED, rest)) if rest.len() > HASH_LEN => {
+                let body = &rest[..rest.len() - HASH_LEN];
+                rmp_serde::from_slice::<Envelope>(body).ok()?.base
+            }
+            _ => None,
+        }
+    }
+
+    /// How many bytes the record takes stored (format byte, envelope,
+    /// hash), as a read's byte budget counts it.
+    pub fn stored_len(&self) -> usize {
+        struct Count(usize);
+        impl std::io::Write for Count {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0 += buf.len();
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut count = Count(1 + HASH_LEN);
+        let _ = rmp_serde::encode::write_named(&mut count, &self.envelope);
+        count.0
+    }
+
     /// Seals `envelope`: encodes it and computes its hash. Returns the record
     /// and its exact stored bytes, at most [`MAX_RECORD_BYTES`] of them
     /// ([`LogError::RecordTooLarge`] otherwise).
     pub fn seal(envelope: Envelope) -> Result<(Record, Vec<u8>), LogError> {
-        let mut bytes = vec![RECORD_FORMAT];
+        let format = match envelope.base {
+            None => RECORD_FORMAT,
+            Some(_) => RECORD_FORMAT_BASED,
+        };
+        let mut bytes = vec![format];
         rmp_serde::encode::write_named(&mut bytes, &envelope).map_err(|e| LogError::Encode {
             kind: envelope.kind.clone(),
             reason: e.to_string(),
@@ -170,7 +254,7 @@ impl Record {
         let Some((&version, rest)) = bytes.split_first() else {
             return Err(corrupt("empty record".into()));
         };
-        if version != RECORD_FORMAT {
+        if version != RECORD_FORMAT && version != RECORD_FORMAT_BASED {
             return Err(LogError::UnknownVersion {
                 session,
                 seq,
@@ -197,6 +281,18 @@ impl Record {
                 "record stored under this key names session {} seq {}",
                 envelope.session, envelope.seq
             )));
+        }
+        if (version == RECORD_FORMAT_BASED) != envelope.base.is_some() {
+            return Err(corrupt(format!(
+                "format version {version} with {} base",
+                if envelope.base.is_some() { "a" } else { "no" }
+            )));
+        }
+        if envelope
+            .base
+            .is_some_and(|b| b.through == 0 || b.through + 1 != seq)
+        {
+            return Err(corrupt("its base does not end right before it".into()));
         }
         Ok(Record { envelope, hash })
     }
@@ -238,6 +334,7 @@ mod tests {
             kind: "Test".into(),
             prev_hash: Hash::ZERO,
             payload: vec![1, 2, 3],
+            base: None,
         }
     }
 

@@ -27,7 +27,10 @@ mod sled_log;
 #[cfg(feature = "sled")]
 mod wal;
 
-pub use envelope::{seal_after, Envelope, Hash, NewEvent, Record, MAX_RECORD_BYTES, RECORD_FORMAT};
+pub use envelope::{
+    seal_after, seal_after_base, Base, Envelope, Hash, NewEvent, Record, MAX_RECORD_BYTES,
+    RECORD_FORMAT, RECORD_FORMAT_BASED,
+};
 #[cfg(feature = "sled")]
 pub use keys::KEYS_DIR;
 pub use lease::{Lease, LocalLeases};
@@ -152,7 +155,7 @@ pub enum LogError {
         reason: String,
     },
     /// A record was written by a newer mneme than this one.
-    #[error("record in session {session} at seq {seq} has unknown format version {version} (this build reads version {RECORD_FORMAT})")]
+    #[error("record in session {session} at seq {seq} has unknown format version {version} (this build reads versions {RECORD_FORMAT} and {RECORD_FORMAT_BASED})")]
     UnknownVersion {
         /// The session.
         session: Uuid,
@@ -327,7 +330,12 @@ pub trait EventLog: Send + Sync {
 
     /// Records of `session` with `from <= seq <= to`, in seq order, each
     /// checked (hash, seq, session, and the chain link between neighbours).
-    async fn read(&self, session: Uuid, from: u64, to: u64) -> Result<Vec<Record>, LogError>;
+    /// Where `session` shares another's records ([`EventLog::base`]), those
+    /// up to its base's `through` are that session's (each naming the
+    /// session that stores it), linked to its own.
+    async fn read(&self, session: Uuid, from: u64, to: u64) -> Result<Vec<Record>, LogError> {
+        self.read_bounded(session, from, to, usize::MAX).await
+    }
 
     /// [`EventLog::read`] of `from..=to` up to a budget of `max_bytes`
     /// stored bytes (each record counted by the size of its sealed bytes,
@@ -345,20 +353,90 @@ pub trait EventLog: Send + Sync {
         from: u64,
         to: u64,
         max_bytes: usize,
+    ) -> Result<Vec<Record>, LogError> {
+        let from = from.max(1);
+        let Some(base) = self.shared_in(session, from, to).await? else {
+            return self.read_bounded_own(session, from, to, max_bytes).await;
+        };
+        let mut records = self
+            .read_bounded(base.parent, from, to.min(base.through), max_bytes)
+            .await?;
+        let spent: usize = match max_bytes {
+            usize::MAX => 0,
+            _ => records.iter().map(Record::stored_len).sum(),
+        };
+        let whole = records.len() as u64 == to.min(base.through) + 1 - from;
+        if to > base.through && whole && spent < max_bytes {
+            let budget = max_bytes - spent;
+            let own = (self.read_bounded_own(session, base.through + 1, to, budget)).await?;
+            join_base(session, &records, &own)?;
+            // The first record of its own comes even over the budget only
+            // when the range starts there.
+            let over = own.first().is_some_and(|r| r.stored_len() > budget);
+            records.extend(own.into_iter().take(if over { 0 } else { usize::MAX }));
+        }
+        Ok(records)
+    }
+
+    /// [`EventLog::read_bounded`] of records `session` stores as its own
+    /// (`from` past its base's `through`, if it has a base): what a backend
+    /// implements.
+    async fn read_bounded_own(
+        &self,
+        session: Uuid,
+        from: u64,
+        to: u64,
+        max_bytes: usize,
     ) -> Result<Vec<Record>, LogError>;
 
-    /// The head of `session` ([`Head::EMPTY`] if it has no records).
+    /// The base of `session` if it shares records with `from..=to`.
+    async fn shared_in(&self, session: Uuid, from: u64, to: u64) -> Result<Option<Base>, LogError> {
+        if from > to {
+            return Ok(None);
+        }
+        Ok(self.base(session).await?.filter(|b| from <= b.through))
+    }
+
+    /// Where `session`'s history begins if it shares another's records (see
+    /// [`Base`]): named by its first record of its own, never changed.
+    async fn base(&self, session: Uuid) -> Result<Option<Base>, LogError>;
+
     /// [`EventLog::read`], each record with its bytes exactly as stored
-    /// (what an export carries). By default the records are sealed again
-    /// and refused if that does not give their stored hash; a backend that
-    /// keeps the bytes gives them as they are.
+    /// (what an export carries): the records `session` shares are its
+    /// base's, as that session stores them.
     async fn read_sealed(
         &self,
         session: Uuid,
         from: u64,
         to: u64,
     ) -> Result<(Vec<Record>, Vec<Vec<u8>>), LogError> {
-        let records = self.read(session, from, to).await?;
+        let from = from.max(1);
+        let Some(base) = self.shared_in(session, from, to).await? else {
+            return self.read_sealed_own(session, from, to).await;
+        };
+        let (mut records, mut sealed) = self
+            .read_sealed(base.parent, from, to.min(base.through))
+            .await?;
+        if to > base.through {
+            let (own, own_sealed) = self.read_sealed_own(session, base.through + 1, to).await?;
+            join_base(session, &records, &own)?;
+            records.extend(own);
+            sealed.extend(own_sealed);
+        }
+        Ok((records, sealed))
+    }
+
+    /// [`EventLog::read_sealed`] of records `session` stores as its own. By
+    /// default the records are sealed again and refused if that does not
+    /// give their stored hash; a backend that keeps the bytes gives them
+    /// as they are.
+    async fn read_sealed_own(
+        &self,
+        session: Uuid,
+        from: u64,
+        to: u64,
+    ) -> Result<(Vec<Record>, Vec<Vec<u8>>), LogError> {
+        let records = self.read_bounded_own(session, from, to, usize::MAX).await?;
         let mut sealed = Vec::with_capacity(records.len());
         for record in &records {
             let (resealed, bytes) = Record::seal(record.envelope.clone())?;
@@ -374,7 +452,55 @@ pub trait EventLog: Send + Sync {
         Ok((records, sealed))
     }
 
+    /// The head of `session` ([`Head::EMPTY`] if it has no records).
     async fn head(&self, session: Uuid) -> Result<Head, LogError>;
+
+    /// Record `seq` of `session` as a chain head; corrupt if it has none.
+    async fn head_at(&self, session: Uuid, seq: u64) -> Result<Head, LogError> {
+        let record = self.read(session, seq, seq).await?.pop();
+        record
+            .map(|r| Head { seq, hash: r.hash })
+            .ok_or_else(|| LogError::Corrupt {
+                session,
+                seq,
+                reason: "missing record: the session does not reach this seq".into(),
+            })
+    }
+
+    /// Starts `session`, which has no records, sharing `parent`'s records
+    /// 1..=`through` (see [`Base`]): `events` follow them as its own, all
+    /// stored or none, the first naming the base. Costs what `events` cost,
+    /// whatever `parent` holds. [`LogError::Conflict`] if `session` has
+    /// records; corrupt if `parent` does not reach `through`.
+    async fn fork(
+        &self,
+        session: Uuid,
+        parent: Uuid,
+        through: u64,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<Record>, LogError> {
+        if through == 0 {
+            return Err(LogError::Corrupt {
+                session: parent,
+                seq: 0,
+                reason: "a fork shares at least its parent's first record".into(),
+            });
+        }
+        let base_head = self.head_at(parent, through).await?;
+        let base = Base { parent, through };
+        self.fork_after(session, base, base_head, events).await
+    }
+
+    /// [`EventLog::fork`] with the parent's record at `base.through`
+    /// already read (`base_head`): what a backend implements. Records
+    /// never change, so the head read before stays the one to link to.
+    async fn fork_after(
+        &self,
+        session: Uuid,
+        base: Base,
+        base_head: Head,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<Record>, LogError>;
 
     /// Metadata of every session, ordered by session id (UUID v7: by creation).
     async fn sessions(&self) -> Result<Vec<SessionMeta>, LogError>;
@@ -398,8 +524,30 @@ pub trait EventLog: Send + Sync {
     /// Appends records sealed elsewhere (an export), byte for byte, after
     /// `session`'s head: each must open (hash, format) under its seq and
     /// link to its predecessor, else nothing is stored and the error names
-    /// the first bad record. Returns the new head.
-    async fn import(&self, session: Uuid, sealed: Vec<Vec<u8>>) -> Result<Head, LogError>;
+    /// the first bad record. Into a session with no records, the first may
+    /// name a base, which this store must hold (it links to that record).
+    /// Returns the new head.
+    async fn import(&self, session: Uuid, sealed: Vec<Vec<u8>>) -> Result<Head, LogError> {
+        let head = self.head(session).await?;
+        let first_base = sealed.first().and_then(|bytes| Record::peek_base(bytes));
+        let start = match first_base {
+            Some(base) if head == Head::EMPTY => self.head_at(base.parent, base.through).await?,
+            _ => head,
+        };
+        self.import_own(session, start, sealed).await
+    }
+
+    /// [`EventLog::import`] after `start`: the session's head, or (a
+    /// session with no records whose first sealed record names a base) the
+    /// base's record the caller read. What a backend implements; it
+    /// refuses with [`LogError::Conflict`] if the session's head moved
+    /// from `start` meanwhile.
+    async fn import_own(
+        &self,
+        session: Uuid,
+        start: Head,
+        sealed: Vec<Vec<u8>>,
+    ) -> Result<Head, LogError>;
 
     /// Who may write each session, and the pause requests kept with it.
     fn leases(&self) -> &dyn Leases;
@@ -586,14 +734,47 @@ pub fn check_run(session: Uuid, from: u64, records: &[Record]) -> Result<(), Log
     Ok(())
 }
 
+/// Checks that `own`, the first records `session` stores as its own after
+/// `shared` (read from its base), link to the last of them.
+fn join_base(session: Uuid, shared: &[Record], own: &[Record]) -> Result<(), LogError> {
+    match (shared.last(), own.first()) {
+        (Some(last), Some(first)) => {
+            let prev = Head {
+                seq: last.envelope.seq,
+                hash: last.hash,
+            };
+            check_link(session, &prev, first)
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Opens `sealed` as the records that follow `head` in `session`, checking
 /// each one's size ([`MAX_RECORD_BYTES`]), bytes and link to the one before.
-pub fn open_sealed(session: Uuid, head: Head, sealed: &[Vec<u8>]) -> Result<Vec<Record>, LogError> {
+/// Only a first record of the session (`new`: the session holds none) may
+/// name a base, which must end at `head`.
+pub fn open_sealed(
+    session: Uuid,
+    head: Head,
+    new: bool,
+    sealed: &[Vec<u8>],
+) -> Result<Vec<Record>, LogError> {
     let mut prev = head;
     let mut records = Vec::with_capacity(sealed.len());
     for bytes in sealed {
         envelope::check_size(session, prev.seq + 1, bytes.len())?;
         let record = Record::open(session, prev.seq + 1, bytes)?;
+        let first = new && records.is_empty();
+        if record.envelope.base.is_some() != (first && head != Head::EMPTY) {
+            return Err(LogError::Corrupt {
+                session,
+                seq: prev.seq + 1,
+                reason: match record.envelope.base {
+                    Some(_) => "names a base, and is not the session's first record".into(),
+                    None => "the session's first record must name its base".into(),
+                },
+            });
+        }
         check_link(session, &prev, &record)?;
         prev = Head {
             seq: record.envelope.seq,

@@ -72,6 +72,9 @@ pub struct PgLog {
     /// Heads this handle wrote or read last, by session: a hint, checked by
     /// the store on every append.
     heads: Mutex<HashMap<Uuid, Head>>,
+    /// Bases read or written, by session (`None`: it has none); a base
+    /// never changes.
+    bases: Mutex<HashMap<Uuid, Option<eventlog::Base>>>,
     /// Committed appends, (session, last seq), to announce to followers.
     appended: tokio::sync::mpsc::UnboundedSender<(Uuid, u64)>,
     /// How many of this handle's deferred appends committed, and how many
@@ -123,6 +126,7 @@ impl PgLog {
         ));
         let log = PgLog {
             heads: Mutex::default(),
+            bases: Mutex::default(),
             appended,
             store: target.display.clone(),
             config: target.config.clone(),
@@ -163,10 +167,7 @@ impl PgLog {
         events: &[NewEvent],
         deferred: bool,
     ) -> Result<Result<Vec<Record>, u64>, LogError> {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
-        let (records, sealed) = eventlog::seal_after(session, head, events.to_vec(), now)?;
+        let (records, sealed) = eventlog::seal_after(session, head, events.to_vec(), now_ms())?;
         Ok(
             match self
                 .store_after(session, head, &records, sealed, deferred)
@@ -228,6 +229,14 @@ impl PgLog {
         heads.insert(session, head);
     }
 
+    fn remember_base(&self, session: Uuid, base: Option<eventlog::Base>) {
+        let mut bases = self.bases.lock().expect("base cache poisoned");
+        if bases.len() >= HEAD_CACHE_SESSIONS {
+            bases.clear();
+        }
+        bases.insert(session, base);
+    }
+
     fn forget_head(&self, session: Uuid) {
         self.heads
             .lock()
@@ -250,6 +259,7 @@ impl PgLog {
             return Ok(Stored::Done);
         };
         let args = AppendArgs {
+            base: first.envelope.base,
             session,
             first: first.envelope.seq as i64,
             prev: head.hash.0.to_vec(),
@@ -426,6 +436,8 @@ enum Stored {
 
 /// Arguments of `mneme_append`.
 struct AppendArgs {
+    /// The base its first record names, if the session starts on one.
+    base: Option<eventlog::Base>,
     session: Uuid,
     first: i64,
     prev: Vec<u8>,
@@ -488,10 +500,14 @@ impl Db {
         let what = "append";
         let client = self.client().await?;
         let statement = client
-            .prepare_cached("SELECT mneme_append($1, $2, $3, $4, $5, $6, $7, $8, $9)")
+            .prepare_cached(
+                "SELECT mneme_append_based($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+            )
             .await
             .map_err(self.fail(what))?;
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 9] = [
+        let base_parent = a.base.map(|b| b.parent);
+        let base_through = a.base.map(|b| b.through as i64);
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 11] = [
             &a.session,
             &a.first,
             &a.prev,
@@ -501,6 +517,8 @@ impl Db {
             &a.created_ms,
             &a.updated_ms,
             &a.kind,
+            &base_parent,
+            &base_through,
         ];
         if !deferred {
             let rows = client.query(&statement, &params).await;
@@ -632,10 +650,7 @@ impl EventLog for PgLog {
     ) -> Result<Vec<Record>, LogError> {
         self.append_as(session, expected_seq, events, true).await
     }
-    async fn read(&self, session: Uuid, from: u64, to: u64) -> Result<Vec<Record>, LogError> {
-        self.read_range(session, from, to, None).await
-    }
-    async fn read_sealed(
+    async fn read_sealed_own(
         &self,
         session: Uuid,
         from: u64,
@@ -664,15 +679,70 @@ impl EventLog for PgLog {
     /// One query: a running sum of the records' sizes (`octet_length`,
     /// which PostgreSQL answers from a value's header, without fetching or
     /// decompressing it) picks the records that fit; only those are sent.
-    async fn read_bounded(
+    async fn read_bounded_own(
         &self,
         session: Uuid,
         from: u64,
         to: u64,
         max_bytes: usize,
     ) -> Result<Vec<Record>, LogError> {
-        let budget = i64::try_from(max_bytes).unwrap_or(i64::MAX);
-        self.read_range(session, from, to, Some(budget)).await
+        let budget =
+            (max_bytes != usize::MAX).then(|| i64::try_from(max_bytes).unwrap_or(i64::MAX));
+        self.read_range(session, from, to, budget).await
+    }
+    /// From the session's row (kept here once read: a base never changes).
+    async fn base(&self, session: Uuid) -> Result<Option<eventlog::Base>, LogError> {
+        if let Some(base) = self
+            .bases
+            .lock()
+            .expect("base cache poisoned")
+            .get(&session)
+        {
+            return Ok(*base);
+        }
+        let rows = self
+            .db()
+            .query(
+                "read base",
+                "SELECT base_parent, base_through FROM mneme_sessions WHERE session = $1",
+                &[&session],
+            )
+            .await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let parent: Option<Uuid> = row.get(0);
+        let through: Option<i64> = row.get(1);
+        let base = parent.zip(through).map(|(parent, through)| eventlog::Base {
+            parent,
+            through: through as u64,
+        });
+        self.remember_base(session, base);
+        Ok(base)
+    }
+    async fn fork_after(
+        &self,
+        session: Uuid,
+        base: eventlog::Base,
+        base_head: Head,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<Record>, LogError> {
+        let (records, sealed) =
+            eventlog::seal_after_base(session, base, base_head, events, now_ms())?;
+        match self
+            .store_after(session, base_head, &records, sealed, false)
+            .await?
+        {
+            Stored::Done => {
+                self.remember_base(session, Some(base));
+                Ok(records)
+            }
+            Stored::HeadMoved(actual) => Err(LogError::Conflict {
+                session,
+                expected: base.through + 1,
+                actual,
+            }),
+        }
     }
     async fn head(&self, session: Uuid) -> Result<Head, LogError> {
         let db = self.db();
@@ -724,9 +794,23 @@ impl EventLog for PgLog {
         self.commits.flushed.fetch_max(upto, Ordering::AcqRel);
         Ok(())
     }
-    async fn import(&self, session: Uuid, sealed: Vec<Vec<u8>>) -> Result<Head, LogError> {
+    async fn import_own(
+        &self,
+        session: Uuid,
+        start: Head,
+        sealed: Vec<Vec<u8>>,
+    ) -> Result<Head, LogError> {
         let head = self.head(session).await?;
-        let records = open_sealed(session, head, &sealed)?;
+        let new = head == Head::EMPTY;
+        let head = if new { start } else { head };
+        if head != start {
+            return Err(LogError::Conflict {
+                session,
+                expected: start.seq + 1,
+                actual: head.seq + 1,
+            });
+        }
+        let records = open_sealed(session, head, new, &sealed)?;
         let Some(last) = records.last() else {
             return Ok(head);
         };
@@ -1014,3 +1098,10 @@ impl SideStore for PgLog {
 
 #[cfg(test)]
 mod tests;
+
+/// Milliseconds since the Unix epoch, now: what a record is stamped with.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}

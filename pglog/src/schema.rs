@@ -15,6 +15,7 @@ pub(crate) const MIGRATIONS: &[(i32, &str)] = &[
     (1, include_str!("../migrations/001_event_log.sql")),
     (2, include_str!("../migrations/002_pause_requests.sql")),
     (3, include_str!("../migrations/003_session_keys.sql")),
+    (4, include_str!("../migrations/004_shared_records.sql")),
 ];
 
 /// How long connecting to the server may take.

@@ -193,6 +193,15 @@ async fn a_version_1_store_migrates_with_its_leases_held() {
         .query("back to version 1", "DROP TABLE mneme_session_keys", &[])
         .await
         .unwrap();
+    for undo in [
+        "ALTER TABLE mneme_sessions DROP COLUMN base_parent, DROP COLUMN base_through",
+        "DROP FUNCTION mneme_append_based",
+    ] {
+        log.db()
+            .query("back to version 1", undo, &[])
+            .await
+            .unwrap();
+    }
     log.db()
         .query(
             "back to version 1",

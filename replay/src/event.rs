@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 /// is written with the version it needs: [`Event::schema`]). Older
 /// versions are read; newer ones are refused with
 /// [`DecodeError::UnknownSchema`].
-pub const EVENT_SCHEMA: u16 = 9;
+pub const EVENT_SCHEMA: u16 = 10;
 
 /// One thing that happened in a session. Immutable once appended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -27,8 +27,10 @@ pub enum Event {
         /// The signature (hex) of `runtime::signing::statement`.
         signature: String,
     },
-    /// This session began as a copy of another's first `at_seq` events,
-    /// which follow this event.
+    /// This session began as a branch of another's first `at_seq` events:
+    /// shared (`shared`: they are the parent's own records, read through
+    /// the log, and precede this event at `at_seq + 1`), or, as forks were
+    /// made before, copied after this event at seq 1.
     SessionForked {
         /// The session it was forked from.
         parent: uuid::Uuid,
@@ -39,6 +41,10 @@ pub enum Event {
         /// from the parent's record where one matches.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         rerun: Option<crate::rerun::RerunOf>,
+        /// The parent's events are shared, not copied: they precede this
+        /// event, which is the fork's first of its own.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        shared: bool,
     },
     /// The session began with this agent spec.
     SessionStarted {
@@ -712,7 +718,8 @@ impl Event {
     /// reasoning or thinking blocks, and a spec's `reasoning` rule or
     /// thinking budget; 9 where thinking blocks stood among a reply's
     /// calls, a spec's `interleaved_thinking`, and the Responses API (a
-    /// reply's output items, a spec with `provider = "openai-responses"`).
+    /// reply's output items, a spec with `provider = "openai-responses"`);
+    /// 10 a fork that shares its parent's records instead of copying them.
     /// A build that
     /// reads only older versions then refuses such an event by name instead
     /// of misreading it (it would run a call with the model's arguments
@@ -721,6 +728,7 @@ impl Event {
     /// event stays readable by it.
     pub fn schema(&self) -> u16 {
         match self {
+            Event::SessionForked { shared: true, .. } => 10,
             Event::ModelReplied(reply)
                 if !reply.thinking_at.is_empty() || !reply.items.is_empty() =>
             {

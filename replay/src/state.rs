@@ -530,15 +530,29 @@ impl SessionState {
             self.turn_driven = true;
         }
         match event {
-            // A fork's links are its first event's: the history it copies
-            // holds its parent's own (a fork of a fork, of a rerun, of a
-            // sub-agent), which are not this session's.
+            // A fork that shares its parent's history comes after it: the
+            // links that history held (its parent's own: a fork of a fork,
+            // of a rerun, of a sub-agent) are not this session's.
+            Event::SessionForked {
+                parent,
+                at_seq,
+                shared: true,
+                ..
+            } => {
+                self.forked_from = Some((parent, at_seq));
+                self.turn_driven = false;
+                self.rerun = None;
+                self.parent = None;
+            }
+            // A fork that copied its parent's history names its links
+            // first: the copy's own are not this session's.
             Event::SessionForked { .. } | Event::SpawnedBy { .. } if self.forked_from.is_some() => {
             }
             Event::SessionForked {
                 parent,
                 at_seq,
                 rerun,
+                shared: false,
             } => {
                 self.forked_from = Some((parent, at_seq));
                 self.turn_driven = false;

@@ -204,6 +204,7 @@ fn a_turn_is_driven_once_a_process_records_its_work_and_a_forks_copy_is_not() {
         parent: uuid::Uuid::from_u128(7),
         at_seq: 6,
         rerun: None,
+        shared: false,
     }];
     fork.extend(story[..6].iter().cloned());
     assert!(!fold(&fork).turn_driven, "{:?}", fold(&fork).status());
@@ -226,6 +227,7 @@ fn a_forks_links_are_its_own_not_those_of_the_history_it_copies() {
                 through_seq: 4,
                 live_tools: false,
             }),
+            shared: false,
         },
         started.clone(),
         hi.clone(),
@@ -245,6 +247,7 @@ fn a_forks_links_are_its_own_not_those_of_the_history_it_copies() {
             parent,
             at_seq,
             rerun: None,
+            shared: false,
         }];
         fork.extend(history.iter().cloned());
         let (original, state) = (fold(&history), fold(&fork));
@@ -1313,6 +1316,7 @@ fn golden_bytes_of_every_event_kind() {
         parent: uuid::Uuid::from_u128(7),
         at_seq: 3,
         rerun: None,
+        shared: false,
     });
     all.push(Event::SessionFinished {
         outcome: SessionOutcome::Cancelled { by: "ops".into() },
@@ -2216,6 +2220,7 @@ fn rerun_events() -> Vec<Event> {
                 through_seq: 12,
                 live_tools: false,
             }),
+            shared: false,
         },
         Event::ToolFinished {
             call_id: "c1".into(),

@@ -396,7 +396,8 @@ impl<T: Turns> Control<T> {
     /// finishes, the links being kept after an erasure. `each` is told
     /// each session this touched (erased, or failed), as soon as it has.
     /// Without cascade, the answer names the derived sessions that still
-    /// hold copies.
+    /// hold copies; it is refused, erasing nothing, where a fork shares
+    /// `id`'s records (its history would go with them).
     pub async fn erase_with_derived(
         &self,
         id: Uuid,
@@ -406,6 +407,9 @@ impl<T: Turns> Control<T> {
         use api::DerivedOutcome as Outcome;
         self.service.ensure_exists(id).await?;
         let derived = self.service.derived(id).await?;
+        if !request.cascade {
+            self.service.refuse_if_shared(id, &derived).await?;
+        }
         let erased = self.erase(id, &request.reason, &request.by).await;
         each(id);
         erased?;
@@ -722,24 +726,43 @@ mod tests {
     async fn without_cascade_only_the_named_is_erased_and_the_rest_are_named_as_kept() {
         let dir = tempfile::tempdir().unwrap();
         let f = family(dir.path()).await;
-        let erased = (f.control.erase_with_derived(f.root, &erase(false), &|_| {}))
+        // Its forks share its records (the grandchild through the fork):
+        // erased alone, it would take their history with it.
+        let refused = (f.control.erase_with_derived(f.root, &erase(false), &|_| {}))
             .await
-            .unwrap();
-        assert_eq!(erased.erased, [f.root]);
-        assert_eq!(erased.derived.len(), 4);
-        assert!(erased
-            .derived
-            .iter()
-            .all(|d| d.outcome == DerivedOutcome::Kept));
-        for id in [f.fork, f.grandchild, f.rerun, f.child] {
+            .unwrap_err()
+            .to_string();
+        for id in [f.fork, f.grandchild] {
+            assert!(refused.contains(&id.to_string()), "{refused}");
+        }
+        for id in f.all() {
             assert!(f.erasure(id).await.is_none() && f.keyed(id).await);
         }
-        // A later erasure of the fork reaches its own fork, and names the
-        // root as erased (it is not derived from the fork).
+        // An erasure of the fork reaches its own fork, and not the root
+        // (it is not derived from the fork).
         let fork = (f.control.erase_with_derived(f.fork, &erase(true), &|_| {}))
             .await
             .unwrap();
         assert_eq!(fork.erased, [f.fork, f.grandchild]);
+        assert!(f.erasure(f.root).await.is_none());
+        // Then the root alone: its rerun and sub-agent hold copies, kept.
+        let erased = (f.control.erase_with_derived(f.root, &erase(false), &|_| {}))
+            .await
+            .unwrap();
+        assert_eq!(erased.erased, [f.root]);
+        let mut said = outcomes(&erased);
+        said.sort_by_key(|(id, _)| *id);
+        let mut wanted = vec![
+            (f.fork, DerivedOutcome::AlreadyErased),
+            (f.grandchild, DerivedOutcome::AlreadyErased),
+            (f.rerun, DerivedOutcome::Kept),
+            (f.child, DerivedOutcome::Kept),
+        ];
+        wanted.sort_by_key(|(id, _)| *id);
+        assert_eq!(said, wanted);
+        for id in [f.rerun, f.child] {
+            assert!(f.erasure(id).await.is_none() && f.keyed(id).await);
+        }
     }
 
     /// A crash between erasures: the root erased, its fork's erasure

@@ -29,19 +29,18 @@ pub async fn sessions(log: &dyn EventLog, a: Uuid, b: Uuid) -> Result<SessionDif
     Ok(diff((a, &left), (b, &right)))
 }
 
-/// The events that make up a session's history: a fork's first event
-/// (naming its parent) is left out, so a fork lines up with its parent.
-fn history(events: &Events) -> &Events {
-    match events.first() {
-        Some((_, Event::SessionForked { .. })) => &events[1..],
-        _ => events,
-    }
+/// The events that make up a session's history: a fork's own first event
+/// (naming its parent: first in a copy, right after the history it
+/// shares) is left out, so a fork lines up with its parent.
+fn history(events: &Events) -> impl Iterator<Item = &(u64, Event)> {
+    let copied = matches!(events.first(), Some((_, Event::SessionForked { .. })));
+    (events.iter().skip(usize::from(copied)))
+        .filter(|(_, e)| !matches!(e, Event::SessionForked { shared: true, .. }))
 }
 
 /// How many history events the two sessions hold alike, from the first.
 pub(crate) fn common_prefix(a: &Events, b: &Events) -> usize {
     history(a)
-        .iter()
         .zip(history(b))
         .take_while(|((_, x), (_, y))| x == y)
         .count()
@@ -51,7 +50,7 @@ pub(crate) fn common_prefix(a: &Events, b: &Events) -> usize {
 /// its answer, its tool calls after the prefix, tokens and cost.
 fn side(id: Uuid, events: &Events, common: usize) -> DiffSide {
     let state = SessionState::fold(events.iter().cloned());
-    let after = &history(events)[common..];
+    let after: Vec<&(u64, Event)> = history(events).skip(common).collect();
     let tool_calls = after
         .iter()
         .filter_map(|(_, e)| match e {
@@ -107,6 +106,7 @@ mod tests {
                     parent: Uuid::nil(),
                     at_seq: 2,
                     rerun: None,
+                    shared: false,
                 },
             ),
             (2, user("a")),

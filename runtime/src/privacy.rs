@@ -301,15 +301,11 @@ impl SealedLog {
         Ok(self.remember(session, SessionKey::Some(Arc::new(cipher))))
     }
 
-    /// The key appends to `session` from `expected_seq` on are sealed with:
-    /// a new one for a new session (seq 1) when a master key was given.
-    async fn key_for_append(
-        &self,
-        session: Uuid,
-        expected_seq: u64,
-    ) -> Result<SessionKey, LogError> {
-        match (&self.master, expected_seq) {
-            (Some(master), 1) if self.cached(session).is_none() => {
+    /// The key appends to `session` are sealed with: a new one for a `new`
+    /// session when a master key was given.
+    async fn key_for_append(&self, session: Uuid, new: bool) -> Result<SessionKey, LogError> {
+        match (&self.master, new) {
+            (Some(master), true) if self.cached(session).is_none() => {
                 let fresh = crate::secret::random::<32>().map_err(|e| LogError::Encrypted {
                     session,
                     reason: format!("no key from the random source: {e}"),
@@ -412,18 +408,23 @@ impl SealedLog {
         Ok(record)
     }
 
-    async fn open_all(&self, session: Uuid, records: Vec<Record>) -> Result<Vec<Record>, LogError> {
-        if records
-            .iter()
-            .all(|r| r.envelope.schema & SEALED_SCHEMA == 0)
-        {
-            return Ok(records);
+    /// `records` opened, each with the key of the session that stores it.
+    async fn open_all(&self, records: Vec<Record>) -> Result<Vec<Record>, LogError> {
+        let mut opened = Vec::with_capacity(records.len());
+        let mut key: Option<(Uuid, SessionKey)> = None;
+        for record in records {
+            if record.envelope.schema & SEALED_SCHEMA == 0 {
+                opened.push(record);
+                continue;
+            }
+            let session = record.envelope.session;
+            if key.as_ref().is_none_or(|(of, _)| *of != session) {
+                key = Some((session, self.key(session).await?));
+            }
+            let (_, key) = key.as_ref().expect("just set");
+            opened.push(Self::open(key, record)?);
         }
-        let key = self.key(session).await?;
-        records
-            .into_iter()
-            .map(|record| Self::open(&key, record))
-            .collect()
+        Ok(opened)
     }
 
     async fn open_derived(
@@ -458,15 +459,9 @@ impl SealedLog {
         events: Vec<NewEvent>,
         deferred: bool,
     ) -> Result<Vec<Record>, LogError> {
-        let key = self.key_for_append(session, expected_seq).await?;
-        let events = match &key {
-            SessionKey::Some(cipher) => events
-                .into_iter()
-                .zip(expected_seq..)
-                .map(|(event, seq)| Self::seal(cipher, session, seq, event))
-                .collect::<Result<Vec<_>, _>>()?,
-            _ => events,
-        };
+        let (key, events) = (self.sealed_events(session, expected_seq, expected_seq == 1))
+            .with(events)
+            .await?;
         let records = match deferred {
             true => {
                 self.inner
@@ -475,13 +470,53 @@ impl SealedLog {
             }
             false => self.inner.append(session, expected_seq, events).await?,
         };
+        Self::opened(&key, records)
+    }
+
+    /// How `events` to be stored in `session` from `first_seq` (a `new`
+    /// session's first) are sealed: under its key, if it has one.
+    fn sealed_events(&self, session: Uuid, first_seq: u64, new: bool) -> Sealing<'_> {
+        Sealing {
+            log: self,
+            session,
+            first_seq,
+            new,
+        }
+    }
+
+    /// `records` just stored under `key`, opened as their appender gave them.
+    fn opened(key: &SessionKey, records: Vec<Record>) -> Result<Vec<Record>, LogError> {
         match key {
             SessionKey::Some(_) => records
                 .into_iter()
-                .map(|record| Self::open(&key, record))
+                .map(|record| Self::open(key, record))
                 .collect(),
             _ => Ok(records),
         }
+    }
+}
+
+/// Events about to be stored, and where: see [`SealedLog::sealed_events`].
+struct Sealing<'a> {
+    log: &'a SealedLog,
+    session: Uuid,
+    first_seq: u64,
+    new: bool,
+}
+
+impl Sealing<'_> {
+    /// The key, and `events` sealed under it.
+    async fn with(self, events: Vec<NewEvent>) -> Result<(SessionKey, Vec<NewEvent>), LogError> {
+        let key = self.log.key_for_append(self.session, self.new).await?;
+        let events = match &key {
+            SessionKey::Some(cipher) => events
+                .into_iter()
+                .zip(self.first_seq..)
+                .map(|(event, seq)| SealedLog::seal(cipher, self.session, seq, event))
+                .collect::<Result<Vec<_>, _>>()?,
+            _ => events,
+        };
+        Ok((key, events))
     }
 }
 
@@ -503,20 +538,16 @@ impl EventLog for SealedLog {
     ) -> Result<Vec<Record>, LogError> {
         self.append_as(session, expected_seq, events, true).await
     }
-    async fn read(&self, session: Uuid, from: u64, to: u64) -> Result<Vec<Record>, LogError> {
-        let records = self.inner.read(session, from, to).await?;
-        self.open_all(session, records).await
-    }
     /// As stored: encrypted, as an export carries them.
-    async fn read_sealed(
+    async fn read_sealed_own(
         &self,
         session: Uuid,
         from: u64,
         to: u64,
     ) -> Result<(Vec<Record>, Vec<Vec<u8>>), LogError> {
-        self.inner.read_sealed(session, from, to).await
+        self.inner.read_sealed_own(session, from, to).await
     }
-    async fn read_bounded(
+    async fn read_bounded_own(
         &self,
         session: Uuid,
         from: u64,
@@ -525,9 +556,29 @@ impl EventLog for SealedLog {
     ) -> Result<Vec<Record>, LogError> {
         let records = self
             .inner
-            .read_bounded(session, from, to, max_bytes)
+            .read_bounded_own(session, from, to, max_bytes)
             .await?;
-        self.open_all(session, records).await
+        self.open_all(records).await
+    }
+    async fn base(&self, session: Uuid) -> Result<Option<eventlog::Base>, LogError> {
+        self.inner.base(session).await
+    }
+    /// A fork's own records, sealed under a key of its own; those it
+    /// shares stay under its parent's.
+    async fn fork_after(
+        &self,
+        session: Uuid,
+        base: eventlog::Base,
+        base_head: Head,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<Record>, LogError> {
+        let (key, events) = (self.sealed_events(session, base.through + 1, true))
+            .with(events)
+            .await?;
+        let records = (self.inner)
+            .fork_after(session, base, base_head, events)
+            .await?;
+        Self::opened(&key, records)
     }
     async fn head(&self, session: Uuid) -> Result<Head, LogError> {
         self.inner.head(session).await
@@ -541,8 +592,13 @@ impl EventLog for SealedLog {
     async fn barrier(&self, durability: Durability) -> Result<(), LogError> {
         self.inner.barrier(durability).await
     }
-    async fn import(&self, session: Uuid, sealed: Vec<Vec<u8>>) -> Result<Head, LogError> {
-        self.inner.import(session, sealed).await
+    async fn import_own(
+        &self,
+        session: Uuid,
+        start: Head,
+        sealed: Vec<Vec<u8>>,
+    ) -> Result<Head, LogError> {
+        self.inner.import_own(session, start, sealed).await
     }
     fn follow(&self, listener: AppendListener) {
         self.inner.follow(listener)

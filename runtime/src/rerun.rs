@@ -291,6 +291,7 @@ mod tests {
                     through_seq: 7,
                     live_tools: false,
                 }),
+                shared: false,
             },
             Event::SessionStarted {
                 spec: Box::new(spec("new")),
@@ -345,6 +346,7 @@ mod tests {
                     through_seq: 3,
                     live_tools: true,
                 }),
+                shared: false,
             },
             Event::SessionStarted {
                 spec: Box::new(spec("m")),

@@ -703,16 +703,57 @@ impl Service {
             .collect())
     }
 
+    /// Refuses, naming them, where any of `derived` (sessions derived from
+    /// `id`) is a fork that shares `id`'s records, directly or through a
+    /// fork between: erasing `id` alone would take their history with it.
+    pub async fn refuse_if_shared(
+        &self,
+        id: Uuid,
+        derived: &[Derived],
+    ) -> Result<(), RuntimeError> {
+        let mut sharing = Vec::new();
+        for found in derived.iter().filter(|d| !d.erased) {
+            let mut base = self.log.base(found.session).await?;
+            while let Some(b) = base {
+                if b.parent == id {
+                    sharing.push(found.session.to_string());
+                    break;
+                }
+                base = self.log.base(b.parent).await?;
+            }
+        }
+        if sharing.is_empty() {
+            return Ok(());
+        }
+        Err(RuntimeError::InvalidRequest {
+            session: id,
+            reason: format!(
+                "{} fork(s) share its records ({}): erasing it alone would erase their history \
+                 too; erase it with them (without --only-this), or erase them first",
+                sharing.len(),
+                sharing.join(", ")
+            ),
+        })
+    }
+
     /// The links session `id` (which `summary` describes) has to the
     /// session it was derived from: read from its first append, which
     /// holds them (a fork's copy of its parent's history holds the
     /// parent's own links, which the fold also sees); from `summary` if
     /// that cannot be read.
     async fn own_links(&self, id: Uuid, summary: &Summary) -> Vec<Link> {
-        let first = self.log.read(id, 1, 2).await.ok().and_then(|records| {
-            let events = records.iter().map(crate::session::decode);
-            events.collect::<Result<Vec<Event>, _>>().ok()
-        });
+        // A fork that shares its parent's records starts past them.
+        let base = self.log.base(id).await.ok().flatten();
+        let from = base.map_or(1, |b| b.through + 1);
+        let first = self
+            .log
+            .read(id, from, from + 1)
+            .await
+            .ok()
+            .and_then(|records| {
+                let events = records.iter().map(crate::session::decode);
+                events.collect::<Result<Vec<Event>, _>>().ok()
+            });
         match first {
             Some(first) => links_of(id, &first),
             None => summary_links_of(id, summary),
@@ -734,12 +775,13 @@ impl Service {
         Ok(idle)
     }
 
-    /// Starts a new session holding `parent`'s first `at_seq` events, after
-    /// a first event that names them. Only at a point where no tool call is
-    /// under way, so the branch never shares a call with its parent. With
-    /// `spec`, the branch runs with it from there on (recorded as
-    /// `SpecChanged`, its MCP tools pinned as at a start), so one history
-    /// can be run on with another model or agent.
+    /// Starts a new session that shares `parent`'s first `at_seq` events
+    /// (its records, read through the log: nothing is copied) and goes on
+    /// from there, its first own event naming them. Only at a point where
+    /// no tool call is under way, so the branch never shares a call with
+    /// its parent. With `spec`, the branch runs with it from there on
+    /// (recorded as `SpecChanged`, its MCP tools pinned as at a start), so
+    /// one history can be run on with another model or agent.
     pub async fn fork(
         &self,
         parent: Uuid,
@@ -760,42 +802,31 @@ impl Service {
         let forks = self.forks_of(parent).await?;
         if forks >= MAX_FORKS {
             return Err(refuse(format!(
-                "it has {forks} forks already, the most one session may have ({MAX_FORKS}): \
-                 each holds a copy of its history; erase one (`mneme erase`) to fork again"
+                "it has {forks} forks already, the most one session may have ({MAX_FORKS}); \
+                 erase one (`mneme erase`) to fork again"
             )));
         }
-        let all = read_events(self.log.as_ref(), parent).await?;
-        if all
-            .iter()
-            .any(|(_, e)| matches!(e, Event::SessionErased { .. }))
-        {
+        if self.current_summary(parent).await?.status == Status::Erased.to_string() {
             return Err(refuse(
                 "it was erased: its content is gone, there is nothing to fork".into(),
             ));
         }
-        let events: Vec<Event> = all
-            .into_iter()
-            .take_while(|(record, _)| record.envelope.seq <= at_seq)
-            .map(|(_, event)| event)
-            .collect();
+        let head = self.log.head(parent).await?.seq;
         if at_seq == 0 {
             return Err(refuse(
                 "cannot fork at seq 0: give the seq of an event (1 or more) to fork after".into(),
             ));
         }
-        if events.len() as u64 != at_seq {
+        if at_seq > head {
             return Err(refuse(format!(
-                "cannot fork at seq {at_seq}: the session has {} events",
-                events.len()
+                "cannot fork at seq {at_seq}: the session has {head} events"
             )));
         }
-        let state = SessionState::fold(
-            events
-                .iter()
-                .cloned()
-                .enumerate()
-                .map(|(i, e)| (i as u64 + 1, e)),
-        );
+        let history = self.log.read(parent, 1, at_seq).await?;
+        let events = history
+            .iter()
+            .map(|r| crate::session::decode(r).map(|e| (r.envelope.seq, e)));
+        let state = SessionState::fold(events.collect::<Result<Vec<_>, _>>()?);
         if !state
             .open_calls()
             .iter()
@@ -805,19 +836,20 @@ impl Service {
                 "cannot fork at seq {at_seq}: a tool call is under way there"
             )));
         }
-        // Its first event and the history it holds are one append.
-        let forked = (
-            Event::SessionForked {
-                parent,
-                at_seq,
-                rerun: None,
-            },
-            None,
-        );
-        let history = events.into_iter().chain(spec).map(|e| (e, Some(at_seq)));
-        let first = std::iter::once(forked).chain(history).collect();
+        let forked = Event::SessionForked {
+            parent,
+            at_seq,
+            rerun: None,
+            shared: true,
+        };
+        // Its first event and its spec, if another, are one append.
+        let own = std::iter::once(forked)
+            .chain(spec)
+            .map(|e| (e, None))
+            .collect();
         let mut child =
-            Session::create_observed_with(self.log.clone(), first, self.observer.clone()).await?;
+            Session::fork_observed(self.log.clone(), parent, state, own, self.observer.clone())
+                .await?;
         child.barrier(self.durability).await?;
         Ok(child)
     }
@@ -862,6 +894,7 @@ impl Service {
             parent: original,
             at_seq: 0,
             rerun: Some(rerun),
+            shared: false,
         };
         let started = Event::SessionStarted {
             spec: Box::new(spec),
@@ -1001,10 +1034,11 @@ pub struct Derived {
 pub(crate) type Link = (Uuid, Uuid, crate::api::Derivation);
 
 /// The link session `id` has to the session it was derived from, as its
-/// `first` events (its first two) record it: a fork's or a rerun's first
-/// event names its parent; a sub-agent's `SpawnedBy` follows its start.
-/// Whatever comes later (a fork's copy of its parent's own links) is not
-/// its own.
+/// `first` events (its first two of its own: a fork that shares its
+/// parent's records starts past them) record it: a fork's or a rerun's
+/// first event names its parent; a sub-agent's `SpawnedBy` follows its
+/// start. Whatever comes later (a fork's copy of its parent's own links)
+/// is not its own.
 pub(crate) fn links_of(id: Uuid, first: &[Event]) -> Vec<Link> {
     use crate::api::Derivation;
     match first {
@@ -1155,6 +1189,7 @@ mod tests {
             parent,
             at_seq: 2,
             rerun,
+            shared: false,
         };
         let spawned = Event::SpawnedBy {
             parent: grandparent,

@@ -209,7 +209,39 @@ impl Session {
         Ok(session)
     }
 
-    /// Loads `id` by folding its whole log.
+    /// Starts a new session that shares `parent`'s first records, whose
+    /// fold is `history` (through its `last_seq`), and goes on with `own`
+    /// in one append (see [`EventLog::fork`]): it stores only `own`.
+    pub(crate) async fn fork_observed(
+        log: Arc<dyn EventLog>,
+        parent: Uuid,
+        history: SessionState,
+        own: Vec<(Event, Option<u64>)>,
+        observer: Option<Arc<dyn SessionObserver>>,
+    ) -> Result<Session, RuntimeError> {
+        let id = Uuid::now_v7();
+        let at = history.last_seq;
+        let (events, new): (Vec<Event>, Vec<NewEvent>) = own
+            .into_iter()
+            .map(|(e, caused_by)| new_event(e, caused_by))
+            .unzip();
+        let records = log.fork(id, parent, at, new).await?;
+        let mut session = Session {
+            id,
+            log,
+            state: history,
+            durable_seq: 0,
+            observer,
+            last_hash: eventlog::Hash::ZERO,
+            snapshot_every: crate::snapshot::DEFAULT_EVERY,
+            snapshot_seq: 0,
+            prompt: PromptCache::default(),
+            trace: None,
+        };
+        session.fold_appended(at + 1, &records, events);
+        Ok(session)
+    }
+
     /// Loads `id`: from its newest valid snapshot and the events after it,
     /// or, without one, by folding its whole log.
     pub async fn load(log: Arc<dyn EventLog>, id: Uuid) -> Result<Session, RuntimeError> {
@@ -400,11 +432,18 @@ impl Session {
             true => self.log.append_deferred(self.id, first, new).await?,
             false => self.log.append(self.id, first, new).await?,
         };
+        self.fold_appended(first, &records, events);
+        Ok(first)
+    }
+
+    /// Tells the observer and the trace of `events`, just appended as
+    /// `records` from seq `first`, and folds them.
+    fn fold_appended(&mut self, first: u64, records: &[Record], events: Vec<Event>) {
         if let Some(observer) = &self.observer {
-            observer.appended_to(&self.state, &records, &events);
+            observer.appended_to(&self.state, records, &events);
         }
         if let Some(trace) = &mut self.trace {
-            trace.appended(&records, &events);
+            trace.appended(records, &events);
         }
         let pausing = events
             .iter()
@@ -416,7 +455,6 @@ impl Session {
         if pausing || self.snapshot_due() {
             self.snapshot_in_background();
         }
-        Ok(first)
     }
 
     fn effective_snapshot_every(&self) -> u64 {

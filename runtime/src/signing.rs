@@ -121,6 +121,22 @@ impl HeadKey {
             }
             _ => (None, 1),
         };
+        // Where a fork shares its parent's records, they come first: the
+        // first shared fork point past a record names who recorded it.
+        let shared: Vec<(u64, Uuid)> = (records.iter())
+            .filter_map(|(at, _, event)| match event {
+                Event::SessionForked {
+                    parent,
+                    shared: true,
+                    ..
+                } => Some((*at, *parent)),
+                _ => None,
+            })
+            .collect();
+        let recorded_by = |at: u64| {
+            let after = shared.iter().find(|(point, _)| *point > at);
+            after.map_or(session, |(_, parent)| *parent)
+        };
         let mut vouched = Vouched::default();
         for (at, _, event) in records {
             let Event::HeadSigned {
@@ -136,9 +152,10 @@ impl HeadKey {
             if *key != mine {
                 return Err(format!("seq {at}: a head signed by another key ({key})"));
             }
-            let of = match (*at <= copied, parent) {
+            let in_copy = *at <= copied && parent.is_some();
+            let of = match (in_copy, parent) {
                 (true, Some(parent)) => parent,
-                _ => session,
+                _ => recorded_by(*at),
             };
             let signature = hex::decode(signature)
                 .ok()
@@ -147,7 +164,7 @@ impl HeadKey {
             self.0
                 .verify(&statement(of, *seq, hash, *at_ms), &signature)
                 .map_err(|_| format!("seq {at}: the signature does not match its head"))?;
-            if of != session {
+            if in_copy {
                 // The parent's head: it vouches for the copy of its history.
                 vouched.copied += 1;
                 vouched.through = copied;
@@ -159,12 +176,32 @@ impl HeadKey {
                     "seq {seq} does not hold the hash signed at seq {at}: the history was rewritten"
                 ));
             }
-            vouched.heads += 1;
             vouched.through = *seq;
+            if of != session {
+                // A head of the history a fork shares with its parent.
+                vouched.copied += 1;
+                continue;
+            }
+            vouched.heads += 1;
             vouched.at_ms = *at_ms;
         }
         if vouched.heads + vouched.copied == 0 {
             return Err("no head signed: nothing vouches for this history".into());
+        }
+        // A fork's first record of its own, right after the history its
+        // parent's heads vouch for (heads themselves aside), only names
+        // that history (as a copy's first did).
+        for (point, _) in &shared {
+            let between = records
+                .iter()
+                .filter(|(seq, _, _)| (vouched.through + 1..*point).contains(seq));
+            if *point > vouched.through
+                && between
+                    .clone()
+                    .all(|(_, _, e)| matches!(e, Event::HeadSigned { .. }))
+            {
+                vouched.through = *point;
+            }
         }
         let unvouched: Vec<u64> = (records.iter())
             .filter(|(seq, _, event)| {
@@ -185,7 +222,8 @@ impl HeadKey {
 pub struct Vouched {
     /// Its own heads that check out.
     pub heads: usize,
-    /// Heads a fork copied from its parent that check out.
+    /// Heads a fork holds of its parent's history (shared, or copied by a
+    /// fork made before forks shared) that check out.
     pub copied: usize,
     /// The last seq they vouch for.
     pub through: u64,
@@ -278,6 +316,7 @@ mod tests {
                 parent,
                 at_seq: 2,
                 rerun: None,
+                shared: false,
             },
         )];
         // The parent's two records, re-chained in the child.

@@ -16,6 +16,11 @@
 //! store keeps it (wrapped by the master key) before its records. So the
 //! target reads it with the same master key, and erasing it there works.
 //! An erased session has no key left: it exports as its shape.
+//!
+//! A fork that shares its parent's records exports them as its parent
+//! stores them (lines of the parent's session, with the parent's key
+//! line), then its own: an import stores them as the parent's (or finds
+//! them held) and the fork's after them.
 
 use eventlog::{EventLog, LogError, Record};
 use replay::Event;
@@ -93,21 +98,17 @@ pub async fn export(
     out: &mut (dyn Write + Send),
 ) -> Result<u64, TransferError> {
     let mut written = 0;
+    let mut keyed = std::collections::HashSet::new();
     for &session in sessions {
-        if let Some(wrapped) = log.side_store().get_key(session).await? {
-            let line = KeyLine {
-                session,
-                wrapped_key: hex::encode(wrapped),
-            };
-            serde_json::to_writer(&mut *out, &line).map_err(std::io::Error::from)?;
-            out.write_all(b"\n")?;
-        }
+        write_key(log, session, &mut keyed, out).await?;
         let head = log.head(session).await?.seq;
         let mut from = 1;
         while from <= head {
             let to = head.min(from + BATCH - 1);
             let (records, sealed) = log.read_sealed(session, from, to).await?;
             for (record, bytes) in records.iter().zip(sealed) {
+                // A fork's first records are its parent's, under its key.
+                write_key(log, record.envelope.session, &mut keyed, out).await?;
                 serde_json::to_writer(&mut *out, &line_of(record, &bytes))
                     .map_err(std::io::Error::from)?;
                 out.write_all(b"\n")?;
@@ -118,6 +119,28 @@ pub async fn export(
     }
     out.flush()?;
     Ok(written)
+}
+
+/// The key line of `session`, once an export (if it has a key), before its
+/// first record.
+async fn write_key(
+    log: &dyn EventLog,
+    session: Uuid,
+    keyed: &mut std::collections::HashSet<Uuid>,
+    out: &mut (dyn Write + Send),
+) -> Result<(), TransferError> {
+    if !keyed.insert(session) {
+        return Ok(());
+    }
+    if let Some(wrapped) = log.side_store().get_key(session).await? {
+        let line = KeyLine {
+            session,
+            wrapped_key: hex::encode(wrapped),
+        };
+        serde_json::to_writer(&mut *out, &line).map_err(std::io::Error::from)?;
+        out.write_all(b"\n")?;
+    }
+    Ok(())
 }
 
 /// The export line of `record`, whose stored bytes are `sealed`.

@@ -9,6 +9,10 @@ pub(super) struct StoredMeta {
     pub(super) created_ms: i64,
     pub(super) updated_ms: i64,
     pub(super) last_kind: String,
+    /// The records it shares, if it shares another session's (its first
+    /// record of its own names them; kept here to be found in one lookup).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) base: Option<crate::Base>,
 }
 
 pub(super) fn parse_event_key(key: &[u8]) -> (Uuid, u64) {
@@ -25,10 +29,19 @@ impl StoredMeta {
             created_ms: now,
             updated_ms: now,
             last_kind: String::new(),
+            base: None,
         }
     }
 
+    /// Records it stores as its own (not those it shares).
+    pub(super) fn own_records(&self) -> u64 {
+        self.head_seq - self.base.map_or(0, |b| b.through)
+    }
+
     pub(super) fn advance(&mut self, record: &Record) {
+        if let Some(base) = record.envelope.base {
+            self.base = Some(base);
+        }
         self.head_seq = record.envelope.seq;
         self.head_hash = record.hash;
         self.updated_ms = record.envelope.ts_ms;

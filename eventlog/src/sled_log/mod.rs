@@ -323,15 +323,36 @@ impl EventLog for SledLog {
         self.with_writer(|writer| writer.append(session, expected_seq, events))
             .await
     }
-    async fn import(&self, session: Uuid, sealed: Vec<Vec<u8>>) -> Result<Head, LogError> {
-        self.with_writer(|writer| writer.import(session, sealed))
+    async fn import_own(
+        &self,
+        session: Uuid,
+        start: Head,
+        sealed: Vec<Vec<u8>>,
+    ) -> Result<Head, LogError> {
+        self.with_writer(|writer| writer.import(session, start, sealed))
             .await
     }
-    async fn read(&self, session: Uuid, from: u64, to: u64) -> Result<Vec<Record>, LogError> {
-        self.read_bounded(session, from, to, usize::MAX).await
+    async fn fork_after(
+        &self,
+        session: Uuid,
+        base: crate::Base,
+        base_head: Head,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<Record>, LogError> {
+        self.with_writer(|writer| writer.fork_after(session, base, base_head, events))
+            .await
+    }
+    /// Inline: from the writer's cache, else one point lookup in sled.
+    async fn base(&self, session: Uuid) -> Result<Option<crate::Base>, LogError> {
+        let cached = self.shared.metas.lock().expect("meta lock poisoned");
+        if let Some(meta) = cached.get(&session) {
+            return Ok(meta.base);
+        }
+        drop(cached);
+        Ok(self.shared.load_meta(session)?.and_then(|m| m.base))
     }
     /// On the blocking pool: a range may be long.
-    async fn read_sealed(
+    async fn read_sealed_own(
         &self,
         session: Uuid,
         from: u64,
@@ -341,7 +362,7 @@ impl EventLog for SledLog {
             .await
     }
     /// On the blocking pool: a range may be long (see `Shared::read_bounded`).
-    async fn read_bounded(
+    async fn read_bounded_own(
         &self,
         session: Uuid,
         from: u64,

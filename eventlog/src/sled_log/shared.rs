@@ -47,16 +47,21 @@ impl Shared {
     pub(super) fn recover(&self, frames: Vec<Frame>) -> Result<u64, LogError> {
         let mut recovered = 0;
         let mut last = std::collections::BTreeMap::new();
+        let mut bases = HashMap::new();
         for (key, value) in frames {
             let (session, seq) = parse_event_key(&key);
             let stored = self.db.get(&key).map_err(|e| self.storage(e))?;
             let record = Record::open(session, seq, &value)?;
+            if let Some(base) = record.envelope.base {
+                bases.insert(session, base);
+            }
             if stored.as_deref() == Some(&value[..]) {
                 last.insert(session, record);
                 continue;
             }
-            let prev = match seq {
-                1 => Head::EMPTY,
+            let prev = match (seq, record.envelope.base) {
+                (1, _) => Head::EMPTY,
+                (_, Some(base)) => self.head_at(base.parent, base.through, &bases)?,
                 _ => self.stored_head_at(session, seq - 1)?,
             };
             crate::check_link(session, &prev, &record)?;
@@ -65,9 +70,30 @@ impl Shared {
             recovered += 1;
         }
         for (session, record) in last {
-            self.repair_meta(session, &record)?;
+            self.repair_meta(session, &record, bases.get(&session).copied())?;
         }
         Ok(recovered)
+    }
+
+    /// Record `seq` of `session` as a chain head, found where it is stored
+    /// (in the session it shares it from, if it does; `recovered` knows the
+    /// bases of sessions whose meta sled may not hold yet).
+    fn head_at(
+        &self,
+        mut session: Uuid,
+        seq: u64,
+        recovered: &HashMap<Uuid, crate::Base>,
+    ) -> Result<Head, LogError> {
+        loop {
+            let base = match recovered.get(&session) {
+                Some(base) => Some(*base),
+                None => self.load_meta(session)?.and_then(|m| m.base),
+            };
+            match base {
+                Some(base) if seq <= base.through => session = base.parent,
+                _ => return self.stored_head_at(session, seq),
+            }
+        }
     }
 
     /// The record at `seq` as a chain head; an error if it is missing.
@@ -93,7 +119,12 @@ impl Shared {
     /// Moves the session's head in sled up to `last`, its last write-ahead
     /// record, unless it is there already (a checkpoint wrote it and the
     /// emptying of the write-ahead file did not follow).
-    pub(super) fn repair_meta(&self, session: Uuid, last: &Record) -> Result<(), LogError> {
+    pub(super) fn repair_meta(
+        &self,
+        session: Uuid,
+        last: &Record,
+        base: Option<crate::Base>,
+    ) -> Result<(), LogError> {
         let meta = self.load_meta(session)?;
         if meta
             .as_ref()
@@ -102,6 +133,7 @@ impl Shared {
             return Ok(());
         }
         let mut meta = meta.unwrap_or_else(|| StoredMeta::new(last.envelope.ts_ms));
+        meta.base = meta.base.or(base);
         meta.advance(last);
         self.db
             .insert(meta_key(session), encode_meta(&meta))
@@ -109,12 +141,13 @@ impl Shared {
         Ok(())
     }
 
-    /// Sessions and records, from the session heads (one key per session).
+    /// Sessions and the records they store (not those they share), from
+    /// the session heads (one key per session).
     pub(super) fn count(&self) -> Result<Totals, LogError> {
-        let sessions = self.sessions()?;
+        let metas = self.metas()?;
         Ok(Totals {
-            sessions: sessions.len() as u64,
-            records: sessions.iter().map(|m| m.events).sum(),
+            sessions: metas.len() as u64,
+            records: metas.iter().map(|(_, m)| m.own_records()).sum(),
         })
     }
 
@@ -253,25 +286,31 @@ impl Shared {
         Ok((records, sealed))
     }
 
-    /// Every session's head: sled's, where the cache (appends since the
-    /// last checkpoint) holds no newer one.
+    /// Every session's head, ordered by session.
     pub(super) fn sessions(&self) -> Result<Vec<SessionMeta>, LogError> {
-        let mut heads = self.stored_sessions()?;
+        let metas = self.metas()?.into_iter();
+        Ok(metas.map(|(id, meta)| session_meta(id, meta)).collect())
+    }
+
+    /// Every session's meta, ordered by session: sled's, where the cache
+    /// (appends since the last checkpoint) holds no newer one.
+    pub(super) fn metas(&self) -> Result<Vec<(Uuid, StoredMeta)>, LogError> {
+        let mut heads = self.stored_metas()?;
         let metas = self.metas.lock().expect("meta lock poisoned");
-        for head in &mut heads {
-            if let Some(meta) = metas.get(&head.session) {
-                *head = session_meta(head.session, meta.clone());
+        for (id, head) in &mut heads {
+            if let Some(meta) = metas.get(id) {
+                *head = meta.clone();
             }
         }
-        let known: HashSet<Uuid> = heads.iter().map(|h| h.session).collect();
+        let known: HashSet<Uuid> = heads.iter().map(|(id, _)| *id).collect();
         let new = metas.iter().filter(|(id, _)| !known.contains(id));
-        heads.extend(new.map(|(id, meta)| session_meta(*id, meta.clone())));
-        heads.sort_by_key(|h| h.session);
+        heads.extend(new.map(|(id, meta)| (*id, meta.clone())));
+        heads.sort_by_key(|(id, _)| *id);
         Ok(heads)
     }
 
-    /// Every session's head as sled holds it.
-    pub(super) fn stored_sessions(&self) -> Result<Vec<SessionMeta>, LogError> {
+    /// Every session's meta as sled holds it.
+    pub(super) fn stored_metas(&self) -> Result<Vec<(Uuid, StoredMeta)>, LogError> {
         let mut out = Vec::new();
         for item in self.db.scan_prefix([META_PREFIX]) {
             let (key, value) = item.map_err(|e| self.storage(e))?;
@@ -286,7 +325,7 @@ impl Shared {
                     seq: 0,
                     reason: format!("session metadata does not decode: {e}"),
                 })?;
-            out.push(session_meta(session, meta));
+            out.push((session, meta));
         }
         Ok(out)
     }

@@ -1,6 +1,6 @@
 use super::*;
 use crate::conformance::event;
-use crate::Envelope;
+use crate::{Base, Envelope};
 use std::sync::Arc;
 
 /// sled as the conformance suite sees it: one directory per store.
@@ -398,6 +398,44 @@ async fn a_head_that_lags_its_records_is_repaired_on_open() {
     log.append(s, 3, vec![event(3)]).await.unwrap();
 }
 
+/// A fork made since the last checkpoint (its parent too, and a fork of
+/// it), lost from sled's file with its meta by a crash, comes back from
+/// the write-ahead file: its records, linked to its parent's, and its base.
+#[tokio::test]
+async fn a_fork_in_the_write_ahead_file_alone_is_recovered_with_its_base() {
+    let (dir, crashed) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (p, c, d) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
+    let before = {
+        let log = reopen(dir.path());
+        log.append(p, 1, (1..=3).map(event).collect())
+            .await
+            .unwrap();
+        log.fork(c, p, 2, vec![event(4)]).await.unwrap();
+        log.fork(d, c, 3, vec![event(5), event(6)]).await.unwrap();
+        log.barrier(Durability::Synced).await.unwrap();
+        // sled's file holds none of it; the write-ahead file all of it.
+        copy_dir(dir.path(), crashed.path());
+        log.read(d, 1, u64::MAX).await.unwrap()
+    };
+    let log = reopen(crashed.path());
+    assert_eq!(log.recovered(), 6);
+    assert_eq!(
+        log.base(d).await.unwrap(),
+        Some(Base {
+            parent: c,
+            through: 3
+        })
+    );
+    assert_eq!(log.read(d, 1, u64::MAX).await.unwrap(), before);
+    assert_eq!(log.verify(d).await.unwrap(), 5);
+    log.append(d, 6, vec![event(7)]).await.unwrap();
+    drop(log);
+    // The checkpoint counted what each stores, not what it shares.
+    let log = reopen(crashed.path());
+    assert_eq!(log.verify(c).await.unwrap(), 3);
+    assert_eq!(log.head(d).await.unwrap().seq, 6);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_synced_barriers_share_fdatasyncs() {
     const TASKS: usize = 8;
@@ -545,6 +583,7 @@ async fn a_frame_replaces_the_unacknowledged_record_sled_kept_at_its_key() {
             kind: "ORPHAN".into(),
             prev_hash: four.hash,
             payload: b"never acknowledged".to_vec(),
+            base: None,
         })
         .unwrap();
         db.insert(event_key(s, 5), orphan).unwrap();

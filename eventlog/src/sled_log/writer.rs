@@ -241,14 +241,53 @@ impl Writer {
         Ok(records)
     }
 
-    pub(super) fn import(&mut self, session: Uuid, sealed: Vec<Vec<u8>>) -> Result<Head, LogError> {
+    /// Starts `session`, which must have no records, sharing `base` (whose
+    /// record at `base.through` is `base_head`), with `events`.
+    pub(super) fn fork_after(
+        &mut self,
+        session: Uuid,
+        base: crate::Base,
+        base_head: Head,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<Record>, LogError> {
+        self.refuse_if_sled_unsynced()?;
+        if let Some(meta) = self.meta_of(session)? {
+            return Err(LogError::Conflict {
+                session,
+                expected: base.through + 1,
+                actual: meta.head_seq + 1,
+            });
+        }
+        let now = now_ms();
+        let (records, sealed) = crate::seal_after_base(session, base, base_head, events, now)?;
+        let mut meta = StoredMeta::new(now);
+        for record in &records {
+            meta.advance(record);
+        }
+        self.store(session, meta, &records, sealed)?;
+        Ok(records)
+    }
+
+    pub(super) fn import(
+        &mut self,
+        session: Uuid,
+        start: Head,
+        sealed: Vec<Vec<u8>>,
+    ) -> Result<Head, LogError> {
         self.refuse_if_sled_unsynced()?;
         let meta = self.meta_of(session)?;
-        let head = meta.as_ref().map_or(Head::EMPTY, |m| Head {
+        let head = meta.as_ref().map_or(start, |m| Head {
             seq: m.head_seq,
             hash: m.head_hash,
         });
-        let records = crate::open_sealed(session, head, &sealed)?;
+        if head != start {
+            return Err(LogError::Conflict {
+                session,
+                expected: start.seq + 1,
+                actual: head.seq + 1,
+            });
+        }
+        let records = crate::open_sealed(session, head, meta.is_none(), &sealed)?;
         let Some(first) = records.first() else {
             return Ok(head);
         };
@@ -273,7 +312,8 @@ impl Writer {
         records: &[Record],
         sealed: Vec<Vec<u8>>,
     ) -> Result<(), LogError> {
-        let new_session = records.first().is_some_and(|r| r.envelope.seq == 1);
+        let new_session =
+            (records.first()).is_some_and(|r| r.envelope.seq == 1 || r.envelope.base.is_some());
         let frames: Vec<Frame> = records
             .iter()
             .zip(sealed)
