@@ -87,7 +87,12 @@ fn turn_failed(id: Uuid, e: RuntimeError) -> anyhow::Error {
     let next = when.map_or(String::new(), |when| {
         format!(" stopped; {when}, `mneme resume {id}` continues it")
     });
-    anyhow::Error::new(e).context(format!("session {id}{next}"))
+    // An error about the session's request names it already.
+    let named = matches!(&e, RuntimeError::InvalidRequest { session, .. } if *session == id);
+    match named && next.is_empty() {
+        true => anyhow::Error::new(e),
+        false => anyhow::Error::new(e).context(format!("session {id}{next}")),
+    }
 }
 
 /// How the command line runs a turn: here, when it is awaited, under the

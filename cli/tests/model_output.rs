@@ -279,6 +279,12 @@ async fn a_message_larger_than_the_window_is_refused_and_the_session_goes_on() {
         "{}",
         stderr(&out)
     );
+    let named = format!("session {id}");
+    assert!(
+        !stderr(&out).contains(&format!("{named}: {named}")),
+        "the error names the session once: {}",
+        stderr(&out)
+    );
     assert_eq!(model.requests().len(), 1, "the big message was never sent");
     let out = world.run(&["run", "--session", &id, "and now?"]).await;
     assert!(out.status.success(), "{}", stderr(&out));
