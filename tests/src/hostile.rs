@@ -265,7 +265,12 @@ pub fn calls_of(tool: &str, n: usize, prefix: &str) -> Value {
 }
 
 /// Runs `command` to its end and returns its output and its peak resident
-/// memory in bytes (the kernel's count for that one process, `wait4`).
+/// memory in bytes: the high-water mark of its own memory (`VmHWM`, read
+/// while it runs). Not `wait4`'s count: Linux charges a spawned child,
+/// at its exec, with the resident memory of the process that spawned it
+/// (the test's, which other tests of its binary may have grown by
+/// hundreds of MiB at that moment); only a child too short-lived to be
+/// read is measured that way.
 // The child is reaped by wait4, which std's Child does not know of.
 #[allow(clippy::zombie_processes)]
 pub fn run_measured(mut command: std::process::Command) -> (Output, u64) {
@@ -285,29 +290,52 @@ pub fn run_measured(mut command: std::process::Command) -> (Output, u64) {
     };
     let stdout = drain(Box::new(child.stdout.take().unwrap()));
     let stderr = drain(Box::new(child.stderr.take().unwrap()));
+    let running = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let watched = running.clone();
+    let watcher = std::thread::spawn(move || {
+        let mut peak = 0;
+        while watched.load(std::sync::atomic::Ordering::Acquire) {
+            peak = peak.max(high_water(pid as u32).unwrap_or(0));
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        peak
+    });
     let mut status = 0;
     // SAFETY: rusage is plain data; wait4 fills it for our own child.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: waits for our own child, with valid pointers.
     let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
     assert_eq!(waited, pid, "wait4 failed");
+    running.store(false, std::sync::atomic::Ordering::Release);
+    let peak = match watcher.join().unwrap() {
+        0 => usage.ru_maxrss as u64 * 1024,
+        peak => peak,
+    };
     let output = Output {
         status: std::os::unix::process::ExitStatusExt::from_raw(status),
         stdout: stdout.join().unwrap(),
         stderr: stderr.join().unwrap(),
     };
-    (output, usage.ru_maxrss as u64 * 1024)
+    (output, peak)
+}
+
+/// `VmHWM` of process `pid` in bytes, while it has memory of its own.
+fn high_water(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?;
+    Some(
+        kib.trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse::<u64>()
+            .ok()?
+            * 1024,
+    )
 }
 
 /// Peak resident memory of a running process, in bytes (`VmHWM`).
 pub fn peak_rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .expect("VmHWM in /proc/PID/status")
-        * 1024
+    high_water(pid).expect("VmHWM in /proc/PID/status")
 }
 
 /// The memory bound the issue sets for every probe.
