@@ -414,6 +414,11 @@ pub struct Tenancy {
     /// isolation), unless the spec turns it off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_salt: Option<String>,
+    /// The key store's slot of the tenant's key, which wraps the session's
+    /// key (with encryption at rest): destroying it erases every session
+    /// of the tenant at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<uuid::Uuid>,
 }
 
 /// A child session's run, as its parent's call records it.

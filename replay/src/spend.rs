@@ -295,6 +295,7 @@ mod tests {
             tenant: tenant.map(|name| Tenancy {
                 name: name.into(),
                 cache_salt: None,
+                key: None,
             }),
         }
     }

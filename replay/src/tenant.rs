@@ -112,6 +112,7 @@ impl Tenant {
         Tenancy {
             name: self.name.clone(),
             cache_salt: Some(self.cache_salt.clone()),
+            key: Some(self.key),
         }
     }
 }

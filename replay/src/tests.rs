@@ -1512,6 +1512,7 @@ fn tenant_events() -> Vec<Event> {
             tenant: Some(crate::Tenancy {
                 name: "acme".into(),
                 cache_salt: Some("5a17".into()),
+                key: Some(uuid::Uuid::from_u128(11)),
             }),
         },
         Event::TenantAdded {
@@ -1582,6 +1583,7 @@ fn a_tenants_salt_is_sent_with_its_requests_unless_the_spec_says_not() {
                     tenant: Some(crate::Tenancy {
                         name: "acme".into(),
                         cache_salt: Some("5a17".into()),
+                        key: None,
                     }),
                 },
             ),
@@ -1612,6 +1614,7 @@ fn a_tenants_salt_is_sent_with_its_requests_unless_the_spec_says_not() {
                 tenant: Some(crate::Tenancy {
                     name: "acme".into(),
                     cache_salt: None,
+                    key: None,
                 }),
             },
         ),

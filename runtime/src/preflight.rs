@@ -261,6 +261,7 @@ async fn check_model(spec: &AgentSpec) -> Found {
             1,
             Event::SessionStarted {
                 spec: Box::new(spec.clone()),
+                tenant: None,
             },
         ),
         (2, Event::UserMessage { text: ASK.into() }),

@@ -269,6 +269,7 @@ mod tests {
         let original = numbered(vec![
             Event::SessionStarted {
                 spec: Box::new(spec("old")),
+                tenant: None,
             },
             user("one"),
             reply(None, &[("lookup", r#"{"a":1}"#)], 100, 0),
@@ -294,6 +295,7 @@ mod tests {
             },
             Event::SessionStarted {
                 spec: Box::new(spec("new")),
+                tenant: None,
             },
             user("one"),
             reply(None, &[("lookup", r#"{"a": 1}"#)], 100, 0),
@@ -330,6 +332,7 @@ mod tests {
         let original = numbered(vec![
             Event::SessionStarted {
                 spec: Box::new(spec("m")),
+                tenant: None,
             },
             user("one"),
             reply(Some("A."), &[], 10, 0),
@@ -348,6 +351,7 @@ mod tests {
             },
             Event::SessionStarted {
                 spec: Box::new(spec("m")),
+                tenant: None,
             },
             user("one"),
             reply(Some("A."), &[], 10, 0),

@@ -56,6 +56,8 @@ pub struct Runner {
     tracer: Option<Arc<crate::telemetry::Tracer>>,
     /// Messages posted while a turn runs (see [`crate::inbox`]).
     inboxes: Option<Arc<Inboxes>>,
+    /// The daily caps every model request is reserved against.
+    budgets: Option<Arc<crate::budgets::Budgets>>,
 }
 
 /// Events a long turn appends between two signed heads, by default.
@@ -93,6 +95,7 @@ impl Runner {
             signer: None,
             tracer: None,
             inboxes: None,
+            budgets: None,
         }
     }
 
@@ -149,6 +152,14 @@ impl Runner {
     /// under way (a model request, running tools) finishes first.
     pub fn with_stop(mut self, stop: StopCheck) -> Runner {
         self.stop = Some(stop);
+        self
+    }
+
+    /// Reserves every model request's worst case against the daily caps
+    /// that apply to its session, and pauses the session (a budget pause
+    /// naming the cap) instead of sending one that would cross a cap.
+    pub(crate) fn with_budgets(mut self, budgets: Arc<crate::budgets::Budgets>) -> Runner {
+        self.budgets = Some(budgets);
         self
     }
 
@@ -549,23 +560,102 @@ impl Runner {
         Err(error)
     }
 
+    /// Reserves `bytes`' worth of request of `session` (its worst case)
+    /// against the daily caps that apply: the reservations, or, when one
+    /// would be crossed, none: the session is then paused on its budget,
+    /// naming the cap (durable), and the request is not sent.
+    async fn reserve_or_pause(
+        &self,
+        session: &mut Session,
+        bytes: u64,
+    ) -> Result<Option<crate::budgets::Held>, RuntimeError> {
+        let Some(budgets) = &self.budgets else {
+            return Ok(Some(Default::default()));
+        };
+        let worst = replay::spend::worst_case(session.state(), bytes);
+        let now = crate::text::now_ms();
+        match budgets
+            .reserve(session.id(), session.state(), worst, now)
+            .await?
+        {
+            Ok(held) => Ok(Some(held)),
+            Err(crate::budgets::OverCap(reason)) => {
+                let event = Event::SessionPaused {
+                    reason,
+                    budget: true,
+                };
+                session.append(vec![event], None).await?;
+                session.barrier(self.durability).await?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Settles `held` at what `usage` cost at the session's prices (none: a
+    /// request that got no reply, at 0).
+    async fn settle(
+        &self,
+        session: &Session,
+        held: crate::budgets::Held,
+        usage: Option<&replay::Usage>,
+    ) -> Result<(), RuntimeError> {
+        let Some(budgets) = &self.budgets else {
+            return Ok(());
+        };
+        let cost = usage.map_or(0.0, |u| {
+            replay::state::cost(u, session.state().spec.as_ref())
+        });
+        budgets.settle(held, cost).await
+    }
+
+    /// [`Runner::request_reply`] under a reservation of the request's worst
+    /// case, settled by the reply; `None` when a cap paused the session
+    /// instead (nothing sent).
+    async fn budgeted_request(
+        &self,
+        session: &mut Session,
+        model: &dyn ModelClient,
+    ) -> Result<
+        Option<Result<(replay::PreparedRequest, replay::ModelReply), ModelError>>,
+        RuntimeError,
+    > {
+        let bytes = session.next_request()?.len() as u64;
+        let Some(held) = self.reserve_or_pause(session, bytes).await? else {
+            return Ok(None);
+        };
+        let asked = self.request_reply(session, model).await?;
+        let usage = asked.as_ref().ok().map(|(_, reply)| reply.usage);
+        self.settle(session, held, usage.as_ref()).await?;
+        Ok(Some(asked))
+    }
+
     async fn call_model(
         &self,
         session: &mut Session,
         model: &dyn ModelClient,
     ) -> Result<(), RuntimeError> {
         session.barrier(self.durability).await?;
-        self.compact_if_needed(session, model).await?;
+        if !self.compact_if_needed(session, model).await? {
+            return Ok(()); // paused on a cap
+        }
         crash::point(crash::BEFORE_MODEL_CALL);
         let cause = session.state().last_seq;
-        let asked = match self.request_reply(session, model).await? {
+        let Some(asked) = self.budgeted_request(session, model).await? else {
+            return Ok(()); // paused on a cap
+        };
+        let asked = match asked {
             // The server says the prompt exceeds its context: summarize all
             // but the newest entry, once, and ask again.
             Err(error) if error.is_context_overflow() => {
                 match session.state().compactable_keeping(1) {
                     Some(coverage) => {
-                        self.compact(session, model, coverage).await?;
-                        self.request_reply(session, model).await?
+                        if !self.compact(session, model, coverage).await? {
+                            return Ok(());
+                        }
+                        match self.budgeted_request(session, model).await? {
+                            Some(asked) => asked,
+                            None => return Ok(()),
+                        }
                     }
                     None => Err(error),
                 }
@@ -616,34 +706,37 @@ impl Runner {
     /// model's context window, asks the model to summarize the oldest entries
     /// and records the summary (ContextCompacted). The log keeps everything;
     /// only the prompt changes. A failed summary request fails the turn.
+    /// False when a cap paused the session instead (nothing sent).
     async fn compact_if_needed(
         &self,
         session: &mut Session,
         model: &dyn ModelClient,
-    ) -> Result<(), RuntimeError> {
+    ) -> Result<bool, RuntimeError> {
         let Some(window) = session.spec()?.model.context_window else {
-            return Ok(());
+            return Ok(true);
         };
         let bytes = session.next_request()?.len() as u64;
         let tokens = session.state().estimate_tokens(bytes);
         if (tokens as f64) < window as f64 * COMPACT_AT {
-            return Ok(());
+            return Ok(true);
         }
         let Some(coverage) = session.state().compactable() else {
-            return Ok(());
+            return Ok(true);
         };
         self.compact(session, model, coverage).await
     }
 
     /// Asks the model to summarize the first `upto` entries (spanning the
     /// seqs `covers`) and records the summary (ContextCompacted). A failed
-    /// summary request fails the turn.
+    /// summary request fails the turn. The request is reserved against the
+    /// daily caps like any other: false when a cap paused the session
+    /// instead (nothing sent).
     async fn compact(
         &self,
         session: &mut Session,
         model: &dyn ModelClient,
         (upto, covers): (usize, (u64, u64)),
-    ) -> Result<(), RuntimeError> {
+    ) -> Result<bool, RuntimeError> {
         let request = replay::compaction_request(session.state(), upto).ok_or(
             RuntimeError::InvalidRequest {
                 session: session.id(),
@@ -652,10 +745,15 @@ impl Runner {
         )?;
         let cause = session.state().last_seq;
         let request = replay::PreparedRequest::whole(request);
-        let reply = match model
+        let Some(held) = self.reserve_or_pause(session, request.len() as u64).await? else {
+            return Ok(false);
+        };
+        let replied = model
             .complete(ModelCall::next(session.state()), &request, None)
-            .await
-        {
+            .await;
+        let usage = replied.as_ref().ok().map(|reply| reply.usage);
+        self.settle(session, held, usage.as_ref()).await?;
+        let reply = match replied {
             Ok(reply) => reply,
             Err(error) => {
                 self.record_failure(
@@ -674,7 +772,8 @@ impl Runner {
             summary,
         };
         session.append(vec![event], Some(cause)).await?;
-        session.barrier(self.durability).await
+        session.barrier(self.durability).await?;
+        Ok(true)
     }
 
     async fn run_tools(
@@ -899,6 +998,7 @@ impl Runner {
                 spec: spec.clone(),
                 remaining,
                 args: args.clone(),
+                tenant: session.state().tenant.clone(),
             });
             let room = match child {
                 Some(_) => None,

@@ -47,6 +47,8 @@ pub(crate) struct ChildCall {
     pub remaining: Remaining,
     /// The call's arguments (the person's, where they edited them).
     pub args: String,
+    /// The parent's tenant: the child is that tenant's too.
+    pub tenant: Option<replay::Tenancy>,
 }
 
 /// How a child's run ended, for its parent's call.
@@ -91,12 +93,14 @@ impl ChildCall {
     /// The child as the log holds it, started if it is not there yet.
     async fn open_or_start(&self, id: Uuid) -> Result<Session, RuntimeError> {
         if self.log.head(id).await?.seq > 0 {
-            return Session::load(self.log.clone(), id).await;
+            let child = Session::load(self.log.clone(), id).await?;
+            return self.own(child);
         }
         let spec = crate::mcp::pin(self.spec.bounded_by(&self.remaining), "sub-agent").await?;
         let first = vec![
             Event::SessionStarted {
                 spec: Box::new(spec),
+                tenant: self.tenant.clone(),
             },
             Event::SpawnedBy {
                 parent: self.parent,
@@ -115,10 +119,28 @@ impl ChildCall {
             }
             // Started meanwhile by another attempt: that one is the child.
             Err(RuntimeError::Log(eventlog::LogError::Conflict { .. })) => {
-                Session::load(self.log.clone(), id).await
+                self.own(Session::load(self.log.clone(), id).await?)
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// `child`, the session the store holds at the child's id, if it is
+    /// this call's own: started by this parent's call, and of the parent's
+    /// tenant. Anything else (a session of another tenant, or one no call
+    /// of this parent started) is refused, never driven.
+    fn own(&self, child: Session) -> Result<Session, RuntimeError> {
+        let state = child.state();
+        let parent = state.parent.as_ref().map(|p| p.session);
+        let tenant = |t: &Option<replay::Tenancy>| t.as_ref().map(|t| t.name.clone());
+        if parent == Some(self.parent) && tenant(&state.tenant) == tenant(&self.tenant) {
+            return Ok(child);
+        }
+        Err(RuntimeError::Forbidden(format!(
+            "call {}: session {} is not a sub-agent this session started, and is not run as one",
+            self.call_id,
+            child.id()
+        )))
     }
 
     /// Continues the child from where it stands.

@@ -93,8 +93,22 @@ pub async fn export(
     out: &mut (dyn Write + Send),
 ) -> Result<u64, TransferError> {
     let mut written = 0;
+    let mut slots = std::collections::HashSet::new();
     for &session in sessions {
         if let Some(wrapped) = log.side_store().get_key(session).await? {
+            // A tenant's session: its key is wrapped by the tenant's, which
+            // goes first (once), so the target reads it with the master key.
+            let slot = crate::privacy::tenant_slot_of(&wrapped).filter(|s| slots.insert(*s));
+            if let Some(slot) = slot {
+                if let Some(tenant_key) = log.side_store().get_key(slot).await? {
+                    let line = KeyLine {
+                        session: slot,
+                        wrapped_key: hex::encode(tenant_key),
+                    };
+                    serde_json::to_writer(&mut *out, &line).map_err(std::io::Error::from)?;
+                    out.write_all(b"\n")?;
+                }
+            }
             let line = KeyLine {
                 session,
                 wrapped_key: hex::encode(wrapped),
