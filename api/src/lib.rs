@@ -146,6 +146,9 @@ pub struct ListQuery {
     pub status: Option<SessionStatus>,
     /// Only sessions of this agent.
     pub agent: Option<String>,
+    /// Only sessions of this tenant (a tenant's token sees only its own
+    /// anyway).
+    pub tenant: Option<String>,
 }
 
 /// A new session, from a named agent file of the daemon's agents directory

@@ -20,6 +20,7 @@ mod openapi;
 mod schedules;
 mod statuses;
 mod streams;
+mod tenancy;
 pub mod token;
 mod ui;
 
@@ -219,6 +220,9 @@ pub(crate) struct Daemon {
     files: FileBudget,
     /// The schedules this daemon fires.
     pub(crate) schedules: schedules::Schedules,
+    /// The tenant of each session a request named (`None`: the
+    /// operator's), as its start records it: it never changes.
+    pub(crate) owners: Mutex<HashMap<Uuid, Option<String>>>,
 }
 
 /// Bytes of hot sessions (folded state and rendered prompt, estimated)
@@ -400,6 +404,7 @@ impl Daemon {
             metrics,
             statuses: Statuses::default(),
             schedules: schedules::Schedules::default(),
+            owners: Mutex::default(),
             shutdown,
             heads,
         }
@@ -601,6 +606,14 @@ impl Daemon {
     /// The operations on this daemon's sessions, their turns scheduled here.
     pub(crate) fn control(self: &Arc<Self>) -> Control<Scheduled> {
         Control::new(self.service.clone(), Scheduled(self.clone()))
+    }
+
+    /// The service acting for `caller`: what it creates is its tenant's.
+    pub(crate) fn service_for(&self, caller: &tenancy::Caller) -> Service {
+        match caller {
+            tenancy::Caller::Operator => self.service.clone(),
+            tenancy::Caller::Tenant(tenant) => self.service.for_tenant(Some(tenant.clone())),
+        }
     }
 
     /// Folds every session once to learn its status, and resumes those that

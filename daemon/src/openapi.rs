@@ -118,6 +118,7 @@ mod tests {
             include_str!("api/wake.rs"),
             include_str!("api/deltas.rs"),
             include_str!("api/schedules.rs"),
+            include_str!("api/tenants.rs"),
         ]
         .concat();
         for undocumented in [
@@ -180,6 +181,13 @@ mod tests {
             ("get", "/schedules"),
             ("post", "/schedules"),
             ("delete", "/schedules/{id}"),
+            ("get", "/tenants"),
+            ("post", "/tenants"),
+            ("patch", "/tenants/{name}"),
+            ("delete", "/tenants/{name}"),
+            ("post", "/tenants/{name}/tokens"),
+            ("delete", "/tenants/{name}/tokens"),
+            ("get", "/spend"),
         ]
         .iter()
         .map(|(m, p)| (m.to_string(), p.to_string()))
