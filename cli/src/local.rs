@@ -348,6 +348,77 @@ impl Sessions for Local {
         Ok(DecisionAnswer::Ended(Local::ended(id, turn).await?))
     }
 
+    async fn add_tenant(
+        &self,
+        request: runtime::api::CreateTenant,
+        by: &str,
+    ) -> Result<runtime::api::TenantToken> {
+        let limits = replay::tenant::TenantLimits {
+            max_cost_per_day: request.max_cost_per_day,
+        };
+        let issued = (self.service.tenants())
+            .add(&request.name, limits, by)
+            .await?;
+        Ok(runtime::api::TenantToken {
+            tenant: issued.tenant,
+            token: issued.token,
+        })
+    }
+
+    async fn tenants(&self) -> Result<Vec<runtime::api::TenantView>> {
+        let registry = self.service.tenants().registry().await?;
+        Ok(registry.tenants.values().map(tenant_view).collect())
+    }
+
+    async fn issue_token(&self, name: &str, by: &str) -> Result<runtime::api::TenantToken> {
+        let issued = self.service.tenants().issue_token(name, by).await?;
+        Ok(runtime::api::TenantToken {
+            tenant: issued.tenant,
+            token: issued.token,
+        })
+    }
+
+    async fn revoke_tokens(&self, name: &str, by: &str) -> Result<runtime::api::TokensRevoked> {
+        let revoked = self.service.tenants().revoke(name, by).await?;
+        Ok(runtime::api::TokensRevoked {
+            tenant: name.to_string(),
+            revoked,
+        })
+    }
+
+    async fn set_tenant(
+        &self,
+        name: &str,
+        set: runtime::api::SetTenant,
+        by: &str,
+    ) -> Result<runtime::api::TenantView> {
+        let change = |mut limits: replay::tenant::TenantLimits| {
+            if let Some(cost) = set.max_cost_per_day {
+                limits.max_cost_per_day = cost;
+            }
+            limits
+        };
+        let tenants = self.service.tenants();
+        tenants.set_limits(name, change, by).await?;
+        let registry = tenants.registry().await?;
+        Ok(tenant_view(registry.tenants.get(name).expect("set just now")))
+    }
+
+    async fn erase_tenant(
+        &self,
+        name: &str,
+        erase: runtime::api::EraseTenant,
+    ) -> Result<runtime::api::TenantErased> {
+        let control = self.control(None);
+        Ok(control
+            .erase_tenant(name, &erase.reason, &erase.by, &|_| {})
+            .await?)
+    }
+
+    async fn spend(&self, query: runtime::api::SpendQuery) -> Result<runtime::api::SpendReport> {
+        Ok(self.service.spend(&query).await?)
+    }
+
     async fn export(&self, session: Option<Uuid>, output: Option<&Path>) -> Result<Exported> {
         let ids = match session {
             Some(id) => {
@@ -421,4 +492,14 @@ fn private_output(path: &Path) -> Result<std::fs::File> {
             .with_context(context)?;
     }
     Ok(file)
+}
+
+/// A tenant as `GET /tenants` lists it.
+pub(crate) fn tenant_view(tenant: &replay::tenant::Tenant) -> runtime::api::TenantView {
+    runtime::api::TenantView {
+        name: tenant.name.clone(),
+        tokens: tenant.tokens.len(),
+        max_cost_per_day: tenant.limits.max_cost_per_day,
+        erased: (tenant.erased.as_ref()).map(|(by, reason)| format!("by {by}: {reason}")),
+    }
 }
