@@ -330,7 +330,12 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
         Command::Spend(a) => {
             let query = runtime::api::SpendQuery {
                 tenant: a.tenant,
-                by: a.by.as_deref().map(str::parse).transpose().map_err(|e: String| anyhow::anyhow!(e))?,
+                by: a
+                    .by
+                    .as_deref()
+                    .map(str::parse)
+                    .transpose()
+                    .map_err(|e: String| anyhow::anyhow!(e))?,
                 day: a.day,
             };
             if let Some(day) = &query.day {
@@ -782,9 +787,7 @@ fn keygen(data_dir: &Path, out: &Path, master: bool) -> Result<ExitCode> {
 /// `mneme tenant …`.
 async fn tenant(sessions: &dyn Sessions, action: crate::TenantAction) -> Result<ExitCode> {
     use crate::TenantAction;
-    let checked = |name: &str| {
-        replay::tenant::check_name(name).map_err(|e| anyhow::anyhow!("{e}"))
-    };
+    let checked = |name: &str| replay::tenant::check_name(name).map_err(|e| anyhow::anyhow!("{e}"));
     let cost = |cost: Option<f64>| match cost {
         Some(c) if !(c > 0.0 && c.is_finite()) => {
             bail!("--max-cost-per-day {c}: must be a positive number")

@@ -401,7 +401,9 @@ impl Sessions for Local {
         let tenants = self.service.tenants();
         tenants.set_limits(name, change, by).await?;
         let registry = tenants.registry().await?;
-        Ok(tenant_view(registry.tenants.get(name).expect("set just now")))
+        Ok(tenant_view(
+            registry.tenants.get(name).expect("set just now"),
+        ))
     }
 
     async fn erase_tenant(

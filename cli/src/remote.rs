@@ -377,11 +377,7 @@ impl Sessions for Remote {
         Ok(report)
     }
 
-    async fn add_tenant(
-        &self,
-        request: api::CreateTenant,
-        _by: &str,
-    ) -> Result<api::TenantToken> {
+    async fn add_tenant(&self, request: api::CreateTenant, _by: &str) -> Result<api::TenantToken> {
         self.writable()?;
         self.post("/tenants", &request).await
     }
@@ -415,14 +411,13 @@ impl Sessions for Remote {
         answer(&path, self.call(request).await?).await
     }
 
-    async fn erase_tenant(
-        &self,
-        name: &str,
-        erase: api::EraseTenant,
-    ) -> Result<api::TenantErased> {
+    async fn erase_tenant(&self, name: &str, erase: api::EraseTenant) -> Result<api::TenantErased> {
         self.writable()?;
         let path = format!("/tenants/{}", path_segment(name));
-        let request = self.http.delete(format!("{}{path}", self.base)).json(&erase);
+        let request = self
+            .http
+            .delete(format!("{}{path}", self.base))
+            .json(&erase);
         answer(&path, self.call(request).await?).await
     }
 

@@ -68,9 +68,16 @@ pub fn tenants(views: &[runtime::api::TenantView], json: bool) {
             .for_each(|v| outln!("{}", serde_json::to_value(v).unwrap_or_default()));
         return;
     }
-    line!("{:<32}  {:>6}  {:>16}  ERASED", "TENANT", "TOKENS", "MAX COST/DAY");
+    line!(
+        "{:<32}  {:>6}  {:>16}  ERASED",
+        "TENANT",
+        "TOKENS",
+        "MAX COST/DAY"
+    );
     for v in views {
-        let cap = v.max_cost_per_day.map_or("-".to_string(), |c| c.to_string());
+        let cap = v
+            .max_cost_per_day
+            .map_or("-".to_string(), |c| c.to_string());
         line!(
             "{:<32}  {:>6}  {:>16}  {}",
             v.name,

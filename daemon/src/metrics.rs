@@ -221,21 +221,48 @@ pub(crate) fn render_spend(report: &api::SpendReport) -> String {
     type ByTenant<G> = Family<[(&'static str, String); 1], G>;
     let cost = ByTenant::<Gauge<f64, AtomicU64>>::default();
     let counts: [(&str, &str, ByTenant<Gauge>); 4] = [
-        ("mneme_spend_model_calls", "Model requests answered, by tenant", Family::default()),
-        ("mneme_spend_prompt_tokens", "Prompt tokens, by tenant", Family::default()),
-        ("mneme_spend_completion_tokens", "Completion tokens, by tenant", Family::default()),
-        ("mneme_spend_cached_tokens", "Prompt tokens served from the cache, by tenant", Family::default()),
+        (
+            "mneme_spend_model_calls",
+            "Model requests answered, by tenant",
+            Family::default(),
+        ),
+        (
+            "mneme_spend_prompt_tokens",
+            "Prompt tokens, by tenant",
+            Family::default(),
+        ),
+        (
+            "mneme_spend_completion_tokens",
+            "Completion tokens, by tenant",
+            Family::default(),
+        ),
+        (
+            "mneme_spend_cached_tokens",
+            "Prompt tokens served from the cache, by tenant",
+            Family::default(),
+        ),
     ];
     for row in &report.rows {
         let label = [("tenant", row.tenant.clone().unwrap_or_default())];
         cost.get_or_create(&label).set(row.cost);
-        let values = [row.model_calls, row.prompt_tokens, row.completion_tokens, row.cached_tokens];
+        let values = [
+            row.model_calls,
+            row.prompt_tokens,
+            row.completion_tokens,
+            row.cached_tokens,
+        ];
         for ((_, _, family), value) in counts.iter().zip(values) {
-            family.get_or_create(&label).set(value.min(i64::MAX as u64) as i64);
+            family
+                .get_or_create(&label)
+                .set(value.min(i64::MAX as u64) as i64);
         }
     }
     let mut now = Registry::default();
-    now.register("mneme_spend_cost", "Cost of model requests in their agents' prices, by tenant", cost);
+    now.register(
+        "mneme_spend_cost",
+        "Cost of model requests in their agents' prices, by tenant",
+        cost,
+    );
     for (name, help, family) in counts {
         now.register(name, help, family);
     }

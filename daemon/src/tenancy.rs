@@ -131,7 +131,11 @@ fn sessions_named(path: &str) -> Vec<Uuid> {
 
 /// Answers 404 for every session the request's path names that its caller
 /// does not reach, before any handler looks at it.
-pub(crate) async fn scope(State(daemon): State<Arc<Daemon>>, request: Request, next: Next) -> Response {
+pub(crate) async fn scope(
+    State(daemon): State<Arc<Daemon>>,
+    request: Request,
+    next: Next,
+) -> Response {
     let caller = request.extensions().get::<Caller>().cloned();
     if let Some(caller @ Caller::Tenant(_)) = caller {
         for id in sessions_named(request.uri().path()) {

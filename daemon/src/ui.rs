@@ -425,13 +425,18 @@ mod tests {
         let sign_ins = SignIns::default();
         let code = sign_ins.issue("ada", Some("acme")).unwrap();
         let (cookie, key) = sign_ins.redeem(&code).unwrap();
-        let (own, own_key) = sign_ins.redeem(&sign_ins.issue("op", None).unwrap()).unwrap();
+        let (own, own_key) = sign_ins
+            .redeem(&sign_ins.issue("op", None).unwrap())
+            .unwrap();
         let headers = signed(&format!("{COOKIE}={cookie}"), &key);
         let who = sign_ins.who(&headers).unwrap();
         assert_eq!((who.0.as_str(), who.1.as_deref()), ("ada", Some("acme")));
         let unused = sign_ins.issue("bob", Some("acme")).unwrap();
         sign_ins.sign_out_tenant("acme");
-        assert!(sign_ins.who(&headers).is_none(), "signed out with its tenant");
+        assert!(
+            sign_ins.who(&headers).is_none(),
+            "signed out with its tenant"
+        );
         assert!(sign_ins.redeem(&unused).is_none(), "its codes forgotten");
         let operator = signed(&format!("{COOKIE}={own}"), &own_key);
         assert!(sign_ins.who(&operator).is_some(), "another's sign-in stays");
@@ -468,7 +473,9 @@ mod tests {
     #[test]
     fn signing_out_takes_the_cookie_and_key_together_and_ends_the_sign_in() {
         let sign_ins = SignIns::default();
-        let (cookie, key) = sign_ins.redeem(&sign_ins.issue("ada", None).unwrap()).unwrap();
+        let (cookie, key) = sign_ins
+            .redeem(&sign_ins.issue("ada", None).unwrap())
+            .unwrap();
         let cookie = format!("{COOKIE}={cookie}");
         assert!(
             !sign_ins.sign_out(&signed(&cookie, "forged")),

@@ -268,7 +268,10 @@ async fn require_token(State(daemon): State<Shared>, mut request: Request, next:
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .map(String::from);
-    if given.as_deref().is_some_and(|given| daemon.bearer.admits(given)) {
+    if given
+        .as_deref()
+        .is_some_and(|given| daemon.bearer.admits(given))
+    {
         request.extensions_mut().insert(Caller::Operator);
         return next.run(request).await;
     }
@@ -363,7 +366,28 @@ async fn metrics(
     Extension(caller): Extension<Caller>,
 ) -> Result<Response, ApiError> {
     let service = daemon.service_for(&caller);
-    let spend = service.spend(&wire::SpendQuery::default()).await?;
+    let mut spend = service.spend(&wire::SpendQuery::default()).await?;
+    // Every tenant the caller reaches has its line, at 0 before it spends.
+    let registry = service.tenants().registry().await?;
+    for tenant in registry.tenants.values().filter(|t| t.erased.is_none()) {
+        let listed = spend
+            .rows
+            .iter()
+            .any(|r| r.tenant.as_ref() == Some(&tenant.name));
+        if caller.reaches(Some(&tenant.name)) && !listed {
+            spend.rows.push(wire::SpendRow {
+                tenant: Some(tenant.name.clone()),
+                agent: None,
+                day: None,
+                session: None,
+                model_calls: 0,
+                prompt_tokens: 0,
+                completion_tokens: 0,
+                cached_tokens: 0,
+                cost: 0.0,
+            });
+        }
+    }
     let text = match &caller {
         Caller::Operator => {
             let running = daemon.scheduler.turns.len();
@@ -404,7 +428,9 @@ async fn list_sessions(
         caller.reaches(row.tenant.as_deref())
             && q.status.is_none_or(|s| row.status == s)
             && q.agent.as_deref().is_none_or(|a| row.agent == a)
-            && q.tenant.as_deref().is_none_or(|t| row.tenant.as_deref() == Some(t))
+            && q.tenant
+                .as_deref()
+                .is_none_or(|t| row.tenant.as_deref() == Some(t))
     });
     Ok(Json(rows))
 }

@@ -56,7 +56,11 @@ pub(super) async fn create(
     };
     limits.validate().map_err(bad_request)?;
     let by = who(&signed_in, "api");
-    let issued = daemon.service.tenants().add(&body.name, limits, &by).await?;
+    let issued = daemon
+        .service
+        .tenants()
+        .add(&body.name, limits, &by)
+        .await?;
     Ok((
         StatusCode::CREATED,
         Json(TenantToken {
