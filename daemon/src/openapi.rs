@@ -195,6 +195,12 @@ mod tests {
         .into_iter()
         .collect();
         assert_eq!(operations(&document), expected);
+        // Generated clients name an operation by its id: no two alike.
+        let mut ids = std::collections::BTreeSet::new();
+        for (method, path) in operations(&document) {
+            let id = document["paths"][&path][&method]["operationId"].as_str().unwrap();
+            assert!(ids.insert(id.to_string()), "operationId {id} twice");
+        }
         for (method, path) in operations(&document) {
             let operation = &document["paths"][&path][&method];
             let responses = operation["responses"].as_object().unwrap();

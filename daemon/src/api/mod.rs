@@ -122,9 +122,9 @@ fn guarded_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(wake::wake))
         .routes(routes!(schedules::list, schedules::create))
         .routes(routes!(schedules::remove))
-        .routes(routes!(tenants::list, tenants::create))
-        .routes(routes!(tenants::set, tenants::erase))
-        .routes(routes!(tenants::issue_token, tenants::revoke))
+        .routes(routes!(tenants::list_tenants, tenants::create_tenant))
+        .routes(routes!(tenants::set_tenant, tenants::erase_tenant))
+        .routes(routes!(tenants::issue_tenant_token, tenants::revoke_tenant_tokens))
         .routes(routes!(tenants::spend))
 }
 

@@ -43,7 +43,7 @@ fn view_of(tenant: &replay::tenant::Tenant) -> TenantView {
         (status = 400, description = "Not a tenant's name, or a cap that is not a positive number", body = wire::ApiError),
         (status = 403, description = "Asked with a tenant's token", body = wire::ApiError),
         (status = 409, description = "The name is taken (an erased tenant's too)", body = wire::ApiError)))]
-pub(super) async fn create(
+pub(super) async fn create_tenant(
     State(daemon): State<Shared>,
     Extension(caller): Extension<Caller>,
     signed_in: Option<Extension<SignedIn>>,
@@ -76,7 +76,7 @@ pub(super) async fn create(
     responses(
         (status = 200, description = "The tenants, by name", body = Vec<TenantView>),
         (status = 403, description = "Asked with a tenant's token", body = wire::ApiError)))]
-pub(super) async fn list(
+pub(super) async fn list_tenants(
     State(daemon): State<Shared>,
     Extension(caller): Extension<Caller>,
 ) -> Result<Json<Vec<TenantView>>, ApiError> {
@@ -95,7 +95,7 @@ pub(super) async fn list(
         (status = 403, description = "Asked with a tenant's token", body = wire::ApiError),
         (status = 404, description = "No such tenant", body = wire::ApiError),
         (status = 409, description = "The tenant was erased", body = wire::ApiError)))]
-pub(super) async fn set(
+pub(super) async fn set_tenant(
     State(daemon): State<Shared>,
     Extension(caller): Extension<Caller>,
     signed_in: Option<Extension<SignedIn>>,
@@ -133,7 +133,7 @@ pub(super) async fn set(
         (status = 403, description = "Asked with a tenant's token", body = wire::ApiError),
         (status = 404, description = "No such tenant", body = wire::ApiError),
         (status = 409, description = "The tenant was erased", body = wire::ApiError)))]
-pub(super) async fn issue_token(
+pub(super) async fn issue_tenant_token(
     State(daemon): State<Shared>,
     Extension(caller): Extension<Caller>,
     signed_in: Option<Extension<SignedIn>>,
@@ -162,7 +162,7 @@ pub(super) async fn issue_token(
         (status = 403, description = "Asked with a tenant's token", body = wire::ApiError),
         (status = 404, description = "No such tenant", body = wire::ApiError),
         (status = 409, description = "The tenant was erased", body = wire::ApiError)))]
-pub(super) async fn revoke(
+pub(super) async fn revoke_tenant_tokens(
     State(daemon): State<Shared>,
     Extension(caller): Extension<Caller>,
     signed_in: Option<Extension<SignedIn>>,
@@ -191,7 +191,7 @@ pub(super) async fn revoke(
         (status = 403, description = "Asked with a tenant's token", body = wire::ApiError),
         (status = 404, description = "No such tenant", body = wire::ApiError),
         (status = 409, description = "Its sessions were written without encryption", body = wire::ApiError)))]
-pub(super) async fn erase(
+pub(super) async fn erase_tenant(
     State(daemon): State<Shared>,
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
