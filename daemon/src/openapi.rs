@@ -198,7 +198,9 @@ mod tests {
         // Generated clients name an operation by its id: no two alike.
         let mut ids = std::collections::BTreeSet::new();
         for (method, path) in operations(&document) {
-            let id = document["paths"][&path][&method]["operationId"].as_str().unwrap();
+            let id = document["paths"][&path][&method]["operationId"]
+                .as_str()
+                .unwrap();
             assert!(ids.insert(id.to_string()), "operationId {id} twice");
         }
         for (method, path) in operations(&document) {

@@ -50,14 +50,18 @@ pub const MAX_NAME_CHARS: usize = 64;
 #[derive(Debug, Clone)]
 pub(crate) struct SignedIn(pub(crate) String, pub(crate) Option<String>);
 
+/// A signed-in browser: (name, tenant, digest of the key its script
+/// sends).
+type Browser = (String, Option<String>, [u8; 32]);
+
 /// One-time codes and the sign-ins they were traded for, each kept as the
 /// SHA-256 of its secret.
 #[derive(Default)]
 pub(crate) struct SignIns {
     /// (name, tenant) by code digest.
     codes: Mutex<Expiring<(String, Option<String>)>>,
-    /// (name, tenant, digest of the key the script sends) by cookie digest.
-    browsers: Mutex<Expiring<(String, Option<String>, [u8; 32])>>,
+    /// Each sign-in, by cookie digest.
+    browsers: Mutex<Expiring<Browser>>,
     /// When each name's last forks were made, within [`FORK_WINDOW`].
     forks: Mutex<HashMap<String, std::collections::VecDeque<Instant>>>,
 }

@@ -180,11 +180,9 @@ impl Ledger {
                 let session = *session;
                 self.open.insert(seq, Reservation { session, cost });
             }
-            Event::SpendSettled { reserved, cost } => {
-                if self.open.remove(reserved).is_some() {
-                    self.settled += 1;
-                    self.spent += if cost.is_finite() { cost.max(0.0) } else { 0.0 };
-                }
+            Event::SpendSettled { reserved, cost } if self.open.remove(reserved).is_some() => {
+                self.settled += 1;
+                self.spent += if cost.is_finite() { cost.max(0.0) } else { 0.0 };
             }
             _ => {}
         }

@@ -124,7 +124,10 @@ fn guarded_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(schedules::remove))
         .routes(routes!(tenants::list_tenants, tenants::create_tenant))
         .routes(routes!(tenants::set_tenant, tenants::erase_tenant))
-        .routes(routes!(tenants::issue_tenant_token, tenants::revoke_tenant_tokens))
+        .routes(routes!(
+            tenants::issue_tenant_token,
+            tenants::revoke_tenant_tokens
+        ))
         .routes(routes!(tenants::spend))
 }
 
