@@ -521,6 +521,9 @@ async fn erasing_a_tenant_leaves_its_sessions_unreadable_and_verifying_and_other
     theirs.push(fork["session"].as_str().unwrap().to_string());
     let kept = beta.create().await;
     beta.turn(&kept, &SECRET.replace("acme", "stays")).await;
+    let every = json!({"agent": "helper", "every": "1h", "message": SECRET});
+    let (status, schedule) = acme.post("/schedules", &every).await;
+    assert_eq!(status, 201, "{schedule}");
 
     let out = bed
         .mneme(&[
@@ -567,6 +570,13 @@ async fn erasing_a_tenant_leaves_its_sessions_unreadable_and_verifying_and_other
         tenants.to_string().contains("by dpo: contract ended"),
         "{tenants}"
     );
+    // Its schedule starts nothing more, and its message is gone with it.
+    let (_, schedules) = bed.operator().get("/schedules").await;
+    assert_eq!(schedules[0]["removed_by"], "dpo", "{schedules}");
+    let schedule = schedule["schedule"].as_str().unwrap();
+    let log = bed.mneme(&["log", "--json", schedule]).await;
+    assert!(log.status.success(), "{}", stderr(&log));
+    assert!(!stdout(&log).contains(SECRET), "{}", stdout(&log));
 
     // After the daemon: the store read with the master key still holds
     // nothing of theirs, and every chain verifies.

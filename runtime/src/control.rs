@@ -478,6 +478,17 @@ impl<T: Turns> Control<T> {
             )));
         }
         service.tenants().mark_erased(name, reason, by).await?;
+        // Its schedules start nothing more.
+        for id in service.schedule_ids().await? {
+            let state = service.schedule(id).await?;
+            let spec = state.spec.as_ref();
+            let whose = spec
+                .and_then(|s| s.tenant.as_ref())
+                .map(|t| t.name.as_str());
+            if whose == Some(name) && state.removed.is_none() {
+                service.remove_schedule(id, by).await?;
+            }
+        }
         // The one key: once it is gone, every session of the tenant reads
         // as erased. Its slot then holds a mark, so no process makes the
         // tenant a key again (one made meanwhile is destroyed in turn).

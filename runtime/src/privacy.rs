@@ -297,17 +297,19 @@ fn decrypt(cipher: &XChaCha20Poly1305, sealed: &[u8], aad: &[u8]) -> Option<Vec<
         .ok()
 }
 
-/// The tenant key slot named by the start among `events` (a session's
-/// first append), if it starts a tenant's session.
+/// The tenant key slot named by the start among `events` (a session's or
+/// a schedule's first append), if it starts a tenant's session or
+/// schedule.
 fn tenant_slot(events: &[NewEvent]) -> Option<Uuid> {
     events
         .iter()
-        .filter(|e| e.kind == "SessionStarted")
+        .filter(|e| e.kind == "SessionStarted" || e.kind == "ScheduleCreated")
         .find_map(|e| match Event::decode(e.schema, &e.payload) {
             Ok(Event::SessionStarted {
                 tenant: Some(tenant),
                 ..
             }) => tenant.key,
+            Ok(Event::ScheduleCreated { schedule }) => schedule.tenant.and_then(|t| t.key),
             _ => None,
         })
 }

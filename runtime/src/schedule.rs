@@ -255,6 +255,10 @@ impl Service {
                 "schedule {id} names no agent to start a session of"
             )));
         };
+        // A tenant's schedule starts sessions only while the tenant is.
+        if let Some(tenant) = &schedule.tenant {
+            self.tenants().live(&tenant.name).await?;
+        }
         let first = vec![
             Event::SessionStarted {
                 spec,

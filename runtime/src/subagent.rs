@@ -303,6 +303,91 @@ pub(crate) fn remaining(state: &SessionState) -> Remaining {
 mod tests {
     use super::*;
 
+    fn tenancy(name: &str) -> Option<replay::Tenancy> {
+        Some(replay::Tenancy {
+            name: name.into(),
+            cache_salt: None,
+            key: None,
+        })
+    }
+
+    /// A session whose first append says a call of `parent` started it,
+    /// for `tenant`.
+    async fn spawned(
+        log: &Arc<dyn EventLog>,
+        id: Uuid,
+        parent: Uuid,
+        tenant: Option<replay::Tenancy>,
+    ) -> Session {
+        let spec: AgentSpec = toml::from_str(
+            "name = \"child\"\n[model]\nprovider = \"scripted\"\nscript = \"x.json\"\n",
+        )
+        .unwrap();
+        let first = vec![
+            (
+                Event::SessionStarted {
+                    spec: Box::new(spec),
+                    tenant,
+                },
+                None,
+            ),
+            (
+                Event::SpawnedBy {
+                    parent,
+                    seq: 3,
+                    call_id: "call_0".into(),
+                },
+                None,
+            ),
+        ];
+        Session::create_as(id, log.clone(), first, None)
+            .await
+            .unwrap()
+    }
+
+    /// A tenant's agent cannot run another tenant's session (or one its
+    /// own call did not start) as its sub-agent: the store's session at
+    /// the child's id is driven only if it is this call's own.
+    #[tokio::test]
+    async fn a_child_is_driven_only_if_this_calls_own_and_of_its_tenant() {
+        let dir = tempfile::tempdir().unwrap();
+        let log: Arc<dyn EventLog> = Arc::new(eventlog::SledLog::open(dir.path()).unwrap());
+        let parent = Uuid::now_v7();
+        let call = |tenant: Option<replay::Tenancy>| ChildCall {
+            log: log.clone(),
+            runner: Runner::new(eventlog::Durability::Flushed),
+            parent,
+            started_seq: 3,
+            call_id: "call_0".into(),
+            key: "k".into(),
+            spec: toml::from_str(
+                "name = \"child\"\n[model]\nprovider = \"scripted\"\nscript = \"x.json\"\n",
+            )
+            .unwrap(),
+            remaining: Remaining {
+                steps: 1,
+                cost: None,
+            },
+            args: "{}".into(),
+            tenant,
+        };
+        let own = spawned(&log, Uuid::now_v7(), parent, tenancy("acme")).await;
+        assert!(call(tenancy("acme")).own(own).is_ok());
+        let others = spawned(&log, Uuid::now_v7(), parent, tenancy("beta")).await;
+        let refused = call(tenancy("acme")).own(others).err().unwrap();
+        assert!(matches!(refused, RuntimeError::Forbidden(_)), "{refused}");
+        let strangers = spawned(&log, Uuid::now_v7(), Uuid::now_v7(), tenancy("acme")).await;
+        assert!(
+            call(tenancy("acme")).own(strangers).is_err(),
+            "another parent's"
+        );
+        let operators = spawned(&log, Uuid::now_v7(), parent, None).await;
+        assert!(
+            call(tenancy("acme")).own(operators).is_err(),
+            "the operator's"
+        );
+    }
+
     #[test]
     fn the_childs_message_is_the_message_argument_or_the_whole_arguments() {
         assert_eq!(child_message(r#"{"message":"sum 2 and 3"}"#), "sum 2 and 3");
