@@ -427,7 +427,16 @@ impl Sessions for Local {
                 self.service.ensure_exists(id).await?;
                 vec![id]
             }
-            None => self.ids().await?,
+            None => {
+                // The registry of tenants goes with the sessions: their
+                // tenants, tokens and caps (the ledgers of days, and the
+                // schedules, do not).
+                let registry = replay::tenant::registry_id();
+                let held = self.log().head(registry).await?.seq > 0;
+                let mut ids: Vec<Uuid> = held.then_some(registry).into_iter().collect();
+                ids.extend(self.ids().await?);
+                ids
+            }
         };
         let mut out: Box<dyn std::io::Write + Send> = match output {
             Some(path) => Box::new(std::io::BufWriter::new(private_output(path)?)),
@@ -460,7 +469,8 @@ impl Sessions for Local {
             self.log().verify(*id).await?;
         }
         let mut sessions = Vec::new();
-        for id in &imported.changed {
+        let registry = replay::tenant::registry_id();
+        for id in imported.changed.iter().filter(|id| **id != registry) {
             // Unreadable here (written under another master key): nothing
             // can run it either.
             let at_rest = self.service.at_rest_after_import(*id, &origin).await;

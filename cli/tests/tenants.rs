@@ -715,3 +715,52 @@ async fn hostile_input_about_tenants_is_refused_with_clear_errors() {
     assert_eq!(stdout(&out).lines().count(), 1, "{}", stdout(&out));
     assert!(bed.daemon.terminate().await.success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_carries_the_tenants_and_their_keys_to_another_store() {
+    let bed = Bed::start(vec![MockReply::answer("Noted.")], priced_agent, &["acme"]).await;
+    let acme = bed.add("acme", &["--max-cost-per-day", "3"]).await;
+    let id = acme.create().await;
+    acme.turn(&id, SECRET).await;
+    assert!(bed.daemon.terminate().await.success());
+    let master = master_key(&bed.world);
+    let master = master.to_str().unwrap();
+    let dump = bed.world.dir.path().join("all.jsonl");
+    let out = bed
+        .world
+        .run(&["export", "--output", dump.to_str().unwrap()])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Into a new data directory: the tenant, its cap, and its session,
+    // readable with the same master key.
+    let elsewhere = World::new();
+    let out = elsewhere.run(&["import", dump.to_str().unwrap()]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let listed = elsewhere.run(&["tenant", "list", "--json"]).await;
+    let tenant: Value = serde_json::from_str(stdout(&listed).trim()).unwrap();
+    assert_eq!(
+        (tenant["name"].as_str(), tenant["max_cost_per_day"].as_f64()),
+        (Some("acme"), Some(3.0))
+    );
+    assert!(texts_of(&elsewhere, Path::new(master), &id)
+        .await
+        .contains(SECRET));
+    // And erasing the tenant there destroys the key it came with.
+    let out = elsewhere
+        .run(&[
+            "erase",
+            "--tenant",
+            "acme",
+            "--reason",
+            "moved",
+            "--master-key",
+            master,
+        ])
+        .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = texts_of(&elsewhere, Path::new(master), &id).await;
+    assert!(
+        !text.contains(SECRET) && text.contains("[erased]"),
+        "{text}"
+    );
+}
