@@ -17,6 +17,17 @@ pub struct CreateTenant {
     /// UTC day, in their agents' prices (absent: no cap).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_cost_per_day: Option<f64>,
+    /// Turns of its sessions running at once on a daemon (absent: no
+    /// limit but the daemon's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_running_turns: Option<u64>,
+    /// Tool calls of its sessions running at once in a process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_parallel_calls: Option<u64>,
+    /// Turns of its sessions waiting on a daemon, past which one more is
+    /// refused (429).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_queued_turns: Option<u64>,
 }
 
 /// A tenant's token, as issued: shown this once, kept only as its
@@ -42,6 +53,15 @@ pub struct TenantView {
     /// Its daily cap on cost, if it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_cost_per_day: Option<f64>,
+    /// Its turns running at once, at most.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_running_turns: Option<u64>,
+    /// Its tool calls running at once, at most.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_parallel_calls: Option<u64>,
+    /// Its turns waiting, at most.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_queued_turns: Option<u64>,
     /// Who erased it and why, if it was erased.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub erased: Option<String>,
@@ -62,23 +82,49 @@ pub struct SetTenant {
     )]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<f64>))]
     pub max_cost_per_day: Option<Option<f64>>,
+    /// Turns of its sessions running at once on a daemon; `null` removes
+    /// the limit.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "double_option"
+    )]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>))]
+    pub max_running_turns: Option<Option<u64>>,
+    /// Tool calls of its sessions running at once in a process; `null`
+    /// removes the limit.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "double_option"
+    )]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>))]
+    pub max_parallel_calls: Option<Option<u64>>,
+    /// Turns of its sessions waiting on a daemon; `null` removes the bound.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "double_option"
+    )]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>))]
+    pub max_queued_turns: Option<Option<u64>>,
 }
 
 /// Absent, `null` or a value, told apart.
 mod double_option {
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-    pub(super) fn serialize<S: Serializer>(
-        value: &Option<Option<f64>>,
+    pub(super) fn serialize<S: Serializer, T: Serialize + Copy>(
+        value: &Option<Option<T>>,
         serializer: S,
     ) -> Result<S::Ok, S::Error> {
         value.flatten().serialize(serializer)
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+    pub(super) fn deserialize<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
         deserializer: D,
-    ) -> Result<Option<Option<f64>>, D::Error> {
-        Option::<f64>::deserialize(deserializer).map(Some)
+    ) -> Result<Option<Option<T>>, D::Error> {
+        Option::<T>::deserialize(deserializer).map(Some)
     }
 }
 

@@ -317,6 +317,16 @@ pub(crate) struct TenantAddArgs {
     /// The most its sessions' model requests may cost in one UTC day.
     #[arg(long, value_name = "COST")]
     pub(crate) max_cost_per_day: Option<f64>,
+    /// Turns of its sessions running at once on a daemon.
+    #[arg(long, value_name = "N")]
+    pub(crate) max_running_turns: Option<u64>,
+    /// Tool calls of its sessions running at once in a process.
+    #[arg(long, value_name = "N")]
+    pub(crate) max_parallel_calls: Option<u64>,
+    /// Turns of its sessions waiting on a daemon, past which one more is
+    /// refused (429).
+    #[arg(long, value_name = "N")]
+    pub(crate) max_queued_turns: Option<u64>,
     /// Who asks (recorded).
     #[arg(long, env = "USER", default_value = "unknown")]
     pub(crate) by: String,
@@ -324,6 +334,25 @@ pub(crate) struct TenantAddArgs {
     pub(crate) json: JsonFlag,
     #[command(flatten, next_help_heading = "Store options")]
     pub(crate) store: StoreOptions,
+}
+
+/// A count limit as `tenant set` takes it: a number, or `none` to remove
+/// the limit.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CountOrNone(pub(crate) Option<u64>);
+
+impl std::str::FromStr for CountOrNone {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<CountOrNone, String> {
+        match s {
+            "none" => Ok(CountOrNone(None)),
+            n => n
+                .parse()
+                .map(|n| CountOrNone(Some(n)))
+                .map_err(|_| format!("{n:?}: a whole number, or none")),
+        }
+    }
 }
 
 #[derive(Args)]
@@ -335,16 +364,30 @@ pub(crate) struct TenantListArgs {
 }
 
 #[derive(Args)]
-#[command(group(clap::ArgGroup::new("limit").required(true).args(["max_cost_per_day", "no_max_cost_per_day"])))]
+#[command(group(clap::ArgGroup::new("limit").required(true).multiple(true).args([
+    "max_cost_per_day", "no_max_cost_per_day", "max_running_turns", "max_parallel_calls", "max_queued_turns"
+])))]
 pub(crate) struct TenantSetArgs {
     /// The tenant.
     pub(crate) name: String,
     /// The most its sessions' model requests may cost in one UTC day.
-    #[arg(long, value_name = "COST")]
+    #[arg(long, value_name = "COST", conflicts_with = "no_max_cost_per_day")]
     pub(crate) max_cost_per_day: Option<f64>,
     /// Remove its daily cap.
     #[arg(long)]
     pub(crate) no_max_cost_per_day: bool,
+    /// Turns of its sessions running at once on a daemon (`none`: no
+    /// limit but the daemon's).
+    #[arg(long, value_name = "N|none")]
+    pub(crate) max_running_turns: Option<CountOrNone>,
+    /// Tool calls of its sessions running at once in a process (`none`:
+    /// no limit but the process's).
+    #[arg(long, value_name = "N|none")]
+    pub(crate) max_parallel_calls: Option<CountOrNone>,
+    /// Turns of its sessions waiting on a daemon, past which one more is
+    /// refused with 429 (`none`: no bound).
+    #[arg(long, value_name = "N|none")]
+    pub(crate) max_queued_turns: Option<CountOrNone>,
     /// Who asks (recorded).
     #[arg(long, env = "USER", default_value = "unknown")]
     pub(crate) by: String,

@@ -800,7 +800,13 @@ async fn tenant(sessions: &dyn Sessions, action: crate::TenantAction) -> Result<
             let request = runtime::api::CreateTenant {
                 name: a.name,
                 max_cost_per_day: cost(a.max_cost_per_day)?,
+                max_running_turns: a.max_running_turns,
+                max_parallel_calls: a.max_parallel_calls,
+                max_queued_turns: a.max_queued_turns,
             };
+            runtime::limits_of(&request)
+                .validate()
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
             let issued = sessions.add_tenant(request, &a.by).await?;
             issued_token(&issued, a.json.json);
         }
@@ -810,11 +816,18 @@ async fn tenant(sessions: &dyn Sessions, action: crate::TenantAction) -> Result<
         TenantAction::Set(a) => {
             checked(&a.name)?;
             let set = runtime::api::SetTenant {
-                max_cost_per_day: match a.no_max_cost_per_day {
-                    true => Some(None),
-                    false => Some(cost(a.max_cost_per_day)?),
+                max_cost_per_day: match (a.no_max_cost_per_day, a.max_cost_per_day) {
+                    (true, _) => Some(None),
+                    (false, None) => None,
+                    (false, given) => Some(cost(given)?),
                 },
+                max_running_turns: a.max_running_turns.map(|c| c.0),
+                max_parallel_calls: a.max_parallel_calls.map(|c| c.0),
+                max_queued_turns: a.max_queued_turns.map(|c| c.0),
             };
+            runtime::limits_set(Default::default(), &set)
+                .validate()
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
             let view = sessions.set_tenant(&a.name, set, &a.by).await?;
             crate::render::tenants(&[view], a.json.json);
         }

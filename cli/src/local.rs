@@ -353,9 +353,7 @@ impl Sessions for Local {
         request: runtime::api::CreateTenant,
         by: &str,
     ) -> Result<runtime::api::TenantToken> {
-        let limits = replay::tenant::TenantLimits {
-            max_cost_per_day: request.max_cost_per_day,
-        };
+        let limits = runtime::limits_of(&request);
         let issued = (self.service.tenants())
             .add(&request.name, limits, by)
             .await?;
@@ -367,7 +365,7 @@ impl Sessions for Local {
 
     async fn tenants(&self) -> Result<Vec<runtime::api::TenantView>> {
         let registry = self.service.tenants().registry().await?;
-        Ok(registry.tenants.values().map(tenant_view).collect())
+        Ok(registry.tenants.values().map(runtime::tenant_view).collect())
     }
 
     async fn issue_token(&self, name: &str, by: &str) -> Result<runtime::api::TenantToken> {
@@ -392,16 +390,11 @@ impl Sessions for Local {
         set: runtime::api::SetTenant,
         by: &str,
     ) -> Result<runtime::api::TenantView> {
-        let change = |mut limits: replay::tenant::TenantLimits| {
-            if let Some(cost) = set.max_cost_per_day {
-                limits.max_cost_per_day = cost;
-            }
-            limits
-        };
+        let change = |limits| runtime::limits_set(limits, &set);
         let tenants = self.service.tenants();
         tenants.set_limits(name, change, by).await?;
         let registry = tenants.registry().await?;
-        Ok(tenant_view(
+        Ok(runtime::tenant_view(
             registry.tenants.get(name).expect("set just now"),
         ))
     }
@@ -506,12 +499,3 @@ fn private_output(path: &Path) -> Result<std::fs::File> {
     Ok(file)
 }
 
-/// A tenant as `GET /tenants` lists it.
-pub(crate) fn tenant_view(tenant: &replay::tenant::Tenant) -> runtime::api::TenantView {
-    runtime::api::TenantView {
-        name: tenant.name.clone(),
-        tokens: tenant.tokens.len(),
-        max_cost_per_day: tenant.limits.max_cost_per_day,
-        erased: (tenant.erased.as_ref()).map(|(by, reason)| format!("by {by}: {reason}")),
-    }
-}

@@ -396,6 +396,7 @@ mod tests {
         assert!(caps(&state, None).is_empty());
         let tenant = crate::tenant::TenantLimits {
             max_cost_per_day: Some(20.0),
+            ..crate::tenant::TenantLimits::default()
         };
         let found = caps(&state, Some(&tenant));
         assert_eq!(found.len(), 1);

@@ -72,18 +72,47 @@ pub struct TenantLimits {
     /// their agents' prices (absent: no limit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_cost_per_day: Option<f64>,
+    /// Turns of its sessions running at once on one daemon (absent: as
+    /// many as the daemon runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_running_turns: Option<u64>,
+    /// Tool calls of its sessions running at once in one process (absent:
+    /// as many as the process runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_parallel_calls: Option<u64>,
+    /// Turns of its sessions waiting to run on one daemon, past which one
+    /// more asked for through the API is refused (absent: no bound).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_queued_turns: Option<u64>,
 }
 
+/// The most any count limit of a tenant may be.
+pub const MAX_COUNT_LIMIT: u64 = 1_000_000;
+
 impl TenantLimits {
-    /// Whether these limits can hold: each a positive, finite number. If
-    /// not, why.
+    /// Whether these limits can hold: a cost a positive, finite number;
+    /// each count 1 to [`MAX_COUNT_LIMIT`]. If not, why.
     pub fn validate(&self) -> Result<(), String> {
-        match self.max_cost_per_day {
-            Some(cost) if !(cost > 0.0 && cost.is_finite()) => Err(format!(
-                "max_cost_per_day = {cost}: must be a positive number"
-            )),
-            _ => Ok(()),
+        if let Some(cost) = self.max_cost_per_day {
+            if !(cost > 0.0 && cost.is_finite()) {
+                return Err(format!(
+                    "max_cost_per_day = {cost}: must be a positive number"
+                ));
+            }
         }
+        for (name, count) in [
+            ("max_running_turns", self.max_running_turns),
+            ("max_parallel_calls", self.max_parallel_calls),
+            ("max_queued_turns", self.max_queued_turns),
+        ] {
+            if count.is_some_and(|n| !(1..=MAX_COUNT_LIMIT).contains(&n)) {
+                return Err(format!(
+                    "{name} = {}: must be 1 to {MAX_COUNT_LIMIT}",
+                    count.unwrap_or_default()
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -301,14 +330,21 @@ mod tests {
         for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
             let limits = TenantLimits {
                 max_cost_per_day: Some(bad),
+                ..TenantLimits::default()
             };
             assert!(limits.validate().is_err(), "{bad}");
         }
         TenantLimits {
             max_cost_per_day: Some(0.01),
+            ..TenantLimits::default()
         }
         .validate()
         .unwrap();
+        let none = TenantLimits {
+            max_running_turns: Some(0),
+            ..TenantLimits::default()
+        };
+        assert!(none.validate().unwrap_err().contains("max_running_turns"));
     }
 
     #[test]

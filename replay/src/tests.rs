@@ -1534,6 +1534,7 @@ fn tenant_events() -> Vec<Event> {
             tenant: "acme".into(),
             limits: crate::tenant::TenantLimits {
                 max_cost_per_day: Some(20.0),
+                ..crate::tenant::TenantLimits::default()
             },
             by: "op".into(),
         },

@@ -68,7 +68,7 @@ pub use runner::{DeltaSink, Runner, StopCheck, StopFuture, TurnEnd, TurnParts};
 pub use service::Service;
 pub use session::{Session, SessionObserver};
 pub use telemetry::{OtlpConfig, Tracer};
-pub use tenants::{IssuedToken, Tenants, TOKEN_PREFIX};
+pub use tenants::{limits_of, limits_set, tenant_view, IssuedToken, Tenants, TOKEN_PREFIX};
 
 /// What is kept of a session beyond its live state, and the shapes it is
 /// shown in: reading and decoding its records (and the trace ids they are

@@ -269,6 +269,47 @@ impl Tenants {
     }
 }
 
+/// The limits a new tenant as `request` asks for it has.
+pub fn limits_of(request: &api::CreateTenant) -> TenantLimits {
+    TenantLimits {
+        max_cost_per_day: request.max_cost_per_day,
+        max_running_turns: request.max_running_turns,
+        max_parallel_calls: request.max_parallel_calls,
+        max_queued_turns: request.max_queued_turns,
+    }
+}
+
+/// `limits` as `set` changes them: each field given replaces its own
+/// (`null` removes it).
+pub fn limits_set(mut limits: TenantLimits, set: &api::SetTenant) -> TenantLimits {
+    if let Some(cost) = set.max_cost_per_day {
+        limits.max_cost_per_day = cost;
+    }
+    if let Some(turns) = set.max_running_turns {
+        limits.max_running_turns = turns;
+    }
+    if let Some(calls) = set.max_parallel_calls {
+        limits.max_parallel_calls = calls;
+    }
+    if let Some(queued) = set.max_queued_turns {
+        limits.max_queued_turns = queued;
+    }
+    limits
+}
+
+/// `tenant` as `GET /tenants` lists it.
+pub fn tenant_view(tenant: &Tenant) -> api::TenantView {
+    api::TenantView {
+        name: tenant.name.clone(),
+        tokens: tenant.tokens.len(),
+        max_cost_per_day: tenant.limits.max_cost_per_day,
+        max_running_turns: tenant.limits.max_running_turns,
+        max_parallel_calls: tenant.limits.max_parallel_calls,
+        max_queued_turns: tenant.limits.max_queued_turns,
+        erased: (tenant.erased.as_ref()).map(|(by, reason)| format!("by {by}: {reason}")),
+    }
+}
+
 /// The live tenant `name` of `registry`, or why not.
 fn live_in<'a>(registry: &'a Registry, name: &str) -> Result<&'a Tenant, RuntimeError> {
     check_name(name).map_err(RuntimeError::Tenant)?;
@@ -348,6 +389,7 @@ mod tests {
         let (_dir, tenants) = tenants().await;
         let capped = TenantLimits {
             max_cost_per_day: Some(20.0),
+            ..TenantLimits::default()
         };
         tenants.add("acme", capped, "op").await.unwrap();
         let registry = tenants.registry().await.unwrap();
@@ -357,6 +399,7 @@ mod tests {
                 "acme",
                 |_| TenantLimits {
                     max_cost_per_day: Some(-1.0),
+                    ..TenantLimits::default()
                 },
                 "op",
             )

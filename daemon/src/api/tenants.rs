@@ -22,17 +22,6 @@ fn checked_name(name: &str) -> Result<(), ApiError> {
     check_name(name).map_err(bad_request)
 }
 
-fn view_of(tenant: &replay::tenant::Tenant) -> TenantView {
-    TenantView {
-        name: tenant.name.clone(),
-        tokens: tenant.tokens.len(),
-        max_cost_per_day: tenant.limits.max_cost_per_day,
-        erased: tenant
-            .erased
-            .as_ref()
-            .map(|(by, reason)| format!("by {by}: {reason}")),
-    }
-}
 
 /// Adds a tenant and issues its first token, shown this once (kept only
 /// as its SHA-256). Its sessions are its own: no other tenant's token
@@ -51,9 +40,7 @@ pub(super) async fn create_tenant(
 ) -> Result<(StatusCode, Json<TenantToken>), ApiError> {
     caller.operator_only("adding a tenant")?;
     checked_name(&body.name)?;
-    let limits = TenantLimits {
-        max_cost_per_day: body.max_cost_per_day,
-    };
+    let limits = runtime::limits_of(&body);
     limits.validate().map_err(bad_request)?;
     let by = who(&signed_in, "api");
     let issued = daemon
@@ -82,7 +69,7 @@ pub(super) async fn list_tenants(
 ) -> Result<Json<Vec<TenantView>>, ApiError> {
     caller.operator_only("listing tenants")?;
     let registry = daemon.service.tenants().registry().await?;
-    Ok(Json(registry.tenants.values().map(view_of).collect()))
+    Ok(Json(registry.tenants.values().map(runtime::tenant_view).collect()))
 }
 
 /// Sets a tenant's limits: each field given replaces its own (`null`
@@ -104,25 +91,18 @@ pub(super) async fn set_tenant(
 ) -> Result<Json<TenantView>, ApiError> {
     caller.operator_only("setting a tenant's limits")?;
     checked_name(&name)?;
-    if let Some(Some(cost)) = body.max_cost_per_day {
-        let limits = TenantLimits {
-            max_cost_per_day: Some(cost),
-        };
-        limits.validate().map_err(bad_request)?;
-    }
-    let change = |mut limits: TenantLimits| {
-        if let Some(cost) = body.max_cost_per_day {
-            limits.max_cost_per_day = cost;
-        }
-        limits
-    };
+    // What is given, checked alone first: a 400 before anything is read.
+    runtime::limits_set(TenantLimits::default(), &body)
+        .validate()
+        .map_err(bad_request)?;
+    let change = |limits| runtime::limits_set(limits, &body);
     let tenants = daemon.service.tenants();
     tenants
         .set_limits(&name, change, &who(&signed_in, "api"))
         .await?;
     let registry = tenants.registry().await?;
     let tenant = registry.tenants.get(&name).expect("set just now");
-    Ok(Json(view_of(tenant)))
+    Ok(Json(runtime::tenant_view(tenant)))
 }
 
 /// Issues another token of a tenant (its others still work), shown this
