@@ -69,20 +69,24 @@ pub fn tenants(views: &[runtime::api::TenantView], json: bool) {
         return;
     }
     line!(
-        "{:<32}  {:>6}  {:>16}  ERASED",
+        "{:<32}  {:>6}  {:>12}  {:>7}  {:>7}  {:>7}  ERASED",
         "TENANT",
         "TOKENS",
-        "MAX COST/DAY"
+        "COST/DAY",
+        "TURNS",
+        "CALLS",
+        "QUEUED"
     );
+    let or_none = |n: Option<String>| n.unwrap_or_else(|| "-".to_string());
     for v in views {
-        let cap = v
-            .max_cost_per_day
-            .map_or("-".to_string(), |c| c.to_string());
         line!(
-            "{:<32}  {:>6}  {:>16}  {}",
+            "{:<32}  {:>6}  {:>12}  {:>7}  {:>7}  {:>7}  {}",
             v.name,
             v.tokens,
-            cap,
+            or_none(v.max_cost_per_day.map(|c| c.to_string())),
+            or_none(v.max_running_turns.map(|n| n.to_string())),
+            or_none(v.max_parallel_calls.map(|n| n.to_string())),
+            or_none(v.max_queued_turns.map(|n| n.to_string())),
             v.erased.as_deref().unwrap_or("-")
         );
     }
