@@ -472,6 +472,11 @@ pub(crate) struct ServeArgs {
     /// (each agent also has its own `max_parallel_calls`, default 8).
     #[arg(long, default_value_t = 64)]
     pub(crate) max_parallel_calls: usize,
+    /// Turns running at once across every session of the daemon (default:
+    /// no limit); the others wait, served round-robin across tenants (each
+    /// tenant also has its own `max_running_turns`).
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub(crate) max_running_turns: Option<usize>,
     /// Seconds a client has to send a request's head: from connecting for
     /// the first request, from its first byte for a later one.
     #[arg(

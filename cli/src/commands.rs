@@ -1161,6 +1161,7 @@ async fn serve(
         shutdown_grace: Duration::from_secs(a.shutdown_grace),
         max_body_bytes: a.max_body_bytes,
         max_parallel_calls: a.max_parallel_calls,
+        max_running_turns: a.max_running_turns.unwrap_or(usize::MAX),
         header_timeout: Duration::from_secs(a.header_timeout_secs),
         idle_timeout: Duration::from_secs(a.idle_timeout_secs),
         max_connections: a.max_connections,

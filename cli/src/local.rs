@@ -365,7 +365,11 @@ impl Sessions for Local {
 
     async fn tenants(&self) -> Result<Vec<runtime::api::TenantView>> {
         let registry = self.service.tenants().registry().await?;
-        Ok(registry.tenants.values().map(runtime::tenant_view).collect())
+        Ok(registry
+            .tenants
+            .values()
+            .map(runtime::tenant_view)
+            .collect())
     }
 
     async fn issue_token(&self, name: &str, by: &str) -> Result<runtime::api::TenantToken> {
@@ -498,4 +502,3 @@ fn private_output(path: &Path) -> Result<std::fs::File> {
     }
     Ok(file)
 }
-

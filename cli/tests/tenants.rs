@@ -35,6 +35,16 @@ impl Bed {
         agent: impl Fn(&str, &Sink) -> String,
         tenants: &[&str],
     ) -> Bed {
+        Bed::start_with(replies, agent, tenants, &[]).await
+    }
+
+    /// [`Bed::start`], the daemon given `extra` arguments too.
+    async fn start_with(
+        replies: Vec<MockReply>,
+        agent: impl Fn(&str, &Sink) -> String,
+        tenants: &[&str],
+        extra: &[&str],
+    ) -> Bed {
         let world = World::new();
         let model = MockModel::start(replies, Fault::None).await;
         let sink = Sink::start().await.unwrap();
@@ -56,16 +66,14 @@ impl Bed {
             ])
             .await;
         assert!(out.status.success(), "{}", stderr(&out));
-        let daemon = DaemonProcess::start(
-            &world.data(),
-            &[
-                "--agents",
-                agents.to_str().unwrap(),
-                "--master-key",
-                master_key(&world).to_str().unwrap(),
-            ],
-        )
-        .await;
+        let master = master_key(&world);
+        let args = [
+            "--agents",
+            agents.to_str().unwrap(),
+            "--master-key",
+            master.to_str().unwrap(),
+        ];
+        let daemon = DaemonProcess::start(&world.data(), &[&args[..], extra].concat()).await;
         Bed {
             world,
             model,
@@ -763,4 +771,149 @@ async fn an_export_carries_the_tenants_and_their_keys_to_another_store() {
         !text.contains(SECRET) && text.contains("[erased]"),
         "{text}"
     );
+}
+
+/// An agent on the slow model at `model`.
+fn slow_agent(model: &str) -> String {
+    format!("name = \"helper\"\n[model]\nprovider = \"openai\"\nbase_url = \"{model}\"\nmodel = \"m\"\ntimeout_secs = 30\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_waits_for_its_share_and_past_its_queue_bound_is_told_429() {
+    let slow = mneme_e2e::slow::SlowModel::start(std::time::Duration::from_millis(800)).await;
+    let url = slow.base_url();
+    let agent = move |_: &str, _: &Sink| slow_agent(&url);
+    let bed = Bed::start_with(vec![], agent, &["a", "b"], &["--max-running-turns", "2"]).await;
+    let limits = ["--max-running-turns", "1", "--max-queued-turns", "2"];
+    let (a, b) = (bed.add("a", &limits).await, bed.add("b", &[]).await);
+    let first = json!({"agent": "helper", "first_message": "go"});
+    let mut theirs = Vec::new();
+    for _ in 0..4 {
+        let (status, created) = a.post("/sessions", &first).await;
+        assert_eq!(status, 201, "{created}");
+        theirs.push(created["session"].as_str().unwrap().to_string());
+    }
+    // One runs (a's limit), two wait (its bound), the fourth is refused.
+    for id in &theirs[..3] {
+        let (status, body) = a.post(&format!("/sessions/{id}/resume"), &json!({})).await;
+        assert_eq!(status, 202, "{body}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let (status, refused) = a
+        .post(&format!("/sessions/{}/resume", theirs[3]), &json!({}))
+        .await;
+    assert_eq!(status, 429, "{refused}");
+    let said = refused["error"].as_str().unwrap();
+    assert!(
+        said.contains("tenant a has 2 turns waiting") && said.contains("max_queued_turns = 2"),
+        "{said}"
+    );
+    let message = json!({"text": "and this", "wait": true});
+    let (status, _) = a
+        .post(&format!("/sessions/{}/messages", theirs[3]), &message)
+        .await;
+    assert_eq!(status, 429, "a message that would start a turn too");
+    let metrics = bed.daemon.metrics_text().await;
+    assert!(metrics.contains("mneme_turns_queued 2"), "{metrics}");
+    // b's turn takes the daemon's second place at once: a's queue is a's.
+    let (status, created) = b.post("/sessions", &first).await;
+    assert_eq!(status, 201, "{created}");
+    let mine = created["session"].as_str().unwrap();
+    let (status, end) = b
+        .post(&format!("/sessions/{mine}/resume"), &json!({"wait": true}))
+        .await;
+    assert_eq!(
+        (status, end["answer"].as_str()),
+        (200, Some("Done.")),
+        "{end}"
+    );
+    let (_, last) = a.get(&format!("/sessions/{}", theirs[2])).await;
+    assert_eq!(last["status"], "running", "a's third still waits: {last}");
+    // a's turns all run in the end, one at a time.
+    for id in &theirs[..3] {
+        eventually(
+            format!("{id} answered"),
+            std::time::Duration::from_secs(20),
+            || async {
+                let (_, session) = a.get(&format!("/sessions/{id}")).await;
+                match session["status"].as_str() {
+                    Some("idle") => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            },
+        )
+        .await;
+    }
+    assert!(
+        slow.most_held() <= 2,
+        "the daemon's cap: {}",
+        slow.most_held()
+    );
+    assert_eq!(slow.answered(), 4);
+    assert!(bed.daemon.terminate().await.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_tool_calls_run_at_most_its_limit_at_once() {
+    let replies = vec![
+        MockReply::calls(&[
+            ("work", json!({"n": 1})),
+            ("work", json!({"n": 2})),
+            ("work", json!({"n": 3})),
+        ]),
+        MockReply::answer("Worked."),
+    ];
+    let bed = Bed::start(
+        replies,
+        |model, _| agent_toml(model, &[]),
+        &["held", "free"],
+    )
+    .await;
+    // Each tenant's agent: one tool that notes when each call starts and ends.
+    let logs = bed.world.dir.path().join("calls");
+    for tenant in ["held", "free"] {
+        let log = logs.join(tenant);
+        std::fs::create_dir_all(&log).unwrap();
+        let script = format!(
+            "cat >/dev/null; echo \"$(date +%s%N) 1\" >> {0}/log; sleep 0.4; echo \"$(date +%s%N) -1\" >> {0}/log; echo '{{}}'",
+            log.display()
+        );
+        let tool = command_tool("work", &["sh", "-c", &script], "read_only", 10);
+        let agent = agent_toml(&bed.model.base_url(), &[tool]);
+        std::fs::write(
+            bed.world
+                .dir
+                .path()
+                .join(format!("agents/{tenant}/helper.toml")),
+            agent,
+        )
+        .unwrap();
+    }
+    let held = bed.add("held", &["--max-parallel-calls", "1"]).await;
+    let free = bed.add("free", &[]).await;
+    for client in [&held, &free] {
+        let id = client.create().await;
+        assert_eq!(client.turn(&id, "work").await["answer"], "Worked.");
+    }
+    // The most calls of each tenant that ran at once.
+    let most = |tenant: &str| {
+        let text = std::fs::read_to_string(logs.join(tenant).join("log")).unwrap();
+        let mut marks: Vec<(u128, i32)> = text
+            .lines()
+            .map(|l| {
+                let (at, delta) = l.split_once(' ').unwrap();
+                (at.parse().unwrap(), delta.parse().unwrap())
+            })
+            .collect();
+        marks.sort_by_key(|(at, delta)| (*at, *delta));
+        let (mut now, mut most) = (0, 0);
+        for (_, delta) in marks {
+            now += delta;
+            most = most.max(now);
+        }
+        most
+    };
+    assert_eq!(most("held"), 1, "held to its limit of 1");
+    assert_eq!(most("free"), 3, "the agent's own 8 allow all three");
+    assert!(bed.daemon.terminate().await.success());
 }

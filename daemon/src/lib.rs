@@ -12,6 +12,7 @@
 //! deadline, pauses those turns with a SessionPaused, checkpoints and exits 0.
 
 mod api;
+mod fair;
 mod heads;
 mod http;
 mod memory;
@@ -104,6 +105,9 @@ pub struct DaemonConfig {
     pub max_body_bytes: usize,
     /// Tool calls running at once across every session.
     pub max_parallel_calls: usize,
+    /// Turns running at once across every session (`usize::MAX`: no
+    /// limit); the others wait, served round-robin across tenants.
+    pub max_running_turns: usize,
     /// How long a client has to send a request's head.
     pub header_timeout: Duration,
     /// How long a keep-alive connection may wait for its next request.
@@ -223,6 +227,8 @@ pub(crate) struct Daemon {
     /// The tenant of each session a request named (`None`: the
     /// operator's), as its start records it: it never changes.
     pub(crate) owners: Mutex<HashMap<Uuid, Option<String>>>,
+    /// The turns running and waiting, a fair share for each tenant.
+    pub(crate) fair: Arc<fair::FairShare>,
 }
 
 /// Bytes of hot sessions (folded state and rendered prompt, estimated)
@@ -381,6 +387,7 @@ impl Daemon {
             .with_call_cap(config.max_parallel_calls)
             .with_deltas(publish)
             .with_inboxes(inboxes.clone());
+        let most_turns = config.max_running_turns;
         Daemon {
             files: FileBudget {
                 limit: runtime::control::open_file_limit(),
@@ -405,6 +412,7 @@ impl Daemon {
             statuses: Statuses::default(),
             schedules: schedules::Schedules::default(),
             owners: Mutex::default(),
+            fair: Arc::new(fair::FairShare::new(most_turns)),
             shutdown,
             heads,
         }
@@ -481,6 +489,12 @@ impl Daemon {
         start: TurnStart,
         lock: Arc<tokio::sync::Mutex<()>>,
     ) -> Result<TurnEnd, RuntimeError> {
+        // Its place among the daemon's turns, its tenant's share, before
+        // the session is its: a turn waiting for a place holds nothing a
+        // person's pause or cancel of the session waits for.
+        let (whose, limits) = self.share_of(id).await;
+        let most = limits.max_running_turns.map_or(usize::MAX, |n| n as usize);
+        let _place = self.fair.place(whose, most).await;
         let _turn = lock.lock().await;
         // Refused while another process runs it (a message's poster hears
         // of it from the turn's end).

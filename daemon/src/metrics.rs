@@ -165,7 +165,12 @@ impl Metrics {
     /// The metrics in the Prometheus text format: the gauges of this moment
     /// (sessions by status, turns running, the prefix cache's hit ratio),
     /// then the counters and histograms.
-    pub fn render(&self, sessions: &HashMap<String, usize>, running_turns: usize) -> String {
+    pub fn render(
+        &self,
+        sessions: &HashMap<String, usize>,
+        running_turns: usize,
+        queued_turns: usize,
+    ) -> String {
         let mut now = Registry::default();
         let by_status = Family::<[(&'static str, String); 1], Gauge>::default();
         for (status, count) in sessions {
@@ -177,6 +182,13 @@ impl Metrics {
         let running = Gauge::<i64>::default();
         running.set(running_turns as i64);
         now.register("mneme_turns_running", "Turns running now", running);
+        let queued = Gauge::<i64>::default();
+        queued.set(queued_turns as i64);
+        now.register(
+            "mneme_turns_queued",
+            "Turns waiting for their place (--max-running-turns, a tenant's max_running_turns)",
+            queued,
+        );
         let (prompt, cached) = (self.prompt_tokens.get(), self.cached_tokens.get());
         let ratio = Gauge::<f64, AtomicU64>::default();
         ratio.set(if prompt == 0 {
@@ -312,7 +324,7 @@ mod tests {
         metrics.recovered();
         metrics.durable(Uuid::nil(), 3, Duration::from_millis(2));
         let sessions = HashMap::from([("idle".to_string(), 2)]);
-        let text = metrics.render(&sessions, 1);
+        let text = metrics.render(&sessions, 1, 0);
         for line in [
             "# TYPE mneme_sessions gauge",
             "mneme_sessions{status=\"idle\"} 2",
@@ -363,7 +375,7 @@ mod tests {
         }
         // Another session's first reply has nothing before it to miss.
         metrics.watch(Uuid::now_v7(), &reply(5000, 0));
-        let text = metrics.render(&HashMap::new(), 0);
+        let text = metrics.render(&HashMap::new(), 0, 0);
         for line in [
             "# TYPE mneme_cache_misses_total counter",
             "mneme_cache_misses_total{cause=\"evicted\"} 1",

@@ -11,7 +11,7 @@ use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use replay::tenant::Tenant;
+use replay::tenant::{Tenant, TenantLimits};
 use runtime::RuntimeError;
 use std::sync::Arc;
 use std::time::Duration;
@@ -103,6 +103,41 @@ impl Daemon {
                 None
             }
         }
+    }
+
+    /// Whose a turn of session `id` is (its tenant, `None`: the
+    /// operator's), and that tenant's limits (the operator's: none).
+    pub(crate) async fn share_of(&self, id: Uuid) -> (crate::fair::Whose, TenantLimits) {
+        let whose = self.owner_of(id).await.unwrap_or(None);
+        let Some(name) = &whose else {
+            return (whose, TenantLimits::default());
+        };
+        let registry = (self.service.tenants())
+            .registry_within(TOKEN_LOOKUP_AGE)
+            .await;
+        let limits = registry
+            .ok()
+            .and_then(|r| r.tenants.get(name).map(|t| t.limits))
+            .unwrap_or_default();
+        (whose, limits)
+    }
+
+    /// 429 when the tenant of session `id` has as many turns waiting as
+    /// its `max_queued_turns`, naming the bound; for a turn asked for
+    /// through the API, before anything is recorded.
+    pub(crate) async fn refuse_when_queue_full(&self, id: Uuid) -> Result<(), ApiError> {
+        let (whose, limits) = self.share_of(id).await;
+        let (Some(name), Some(bound)) = (&whose, limits.max_queued_turns) else {
+            return Ok(());
+        };
+        let queued = self.fair.queued(&whose);
+        if (queued as u64) < bound {
+            return Ok(());
+        }
+        Err(ApiError(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("tenant {name} has {queued} turns waiting to run, its bound (max_queued_turns = {bound}, `mneme tenant set {name} --max-queued-turns`): ask again once some have run"),
+        ))
     }
 
     /// The live tenant `name` (for a sign-in of it), if it still is.

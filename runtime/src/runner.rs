@@ -58,6 +58,68 @@ pub struct Runner {
     inboxes: Option<Arc<Inboxes>>,
     /// The daily caps every model request is reserved against.
     budgets: Option<Arc<crate::budgets::Budgets>>,
+    /// Each tenant's room for tool calls at once (its `max_parallel_calls`).
+    tenant_calls: Option<Arc<TenantCalls>>,
+}
+
+/// Tool calls of each tenant's sessions running at once across the
+/// sessions a runner (and its clones) drives: at most the tenant's
+/// `max_parallel_calls`, read from the registry at most a second old.
+pub(crate) struct TenantCalls {
+    tenants: Arc<crate::tenants::Tenants>,
+    /// Each tenant's room, and the limit it was made for.
+    rooms: std::sync::Mutex<HashMap<String, (Arc<tokio::sync::Semaphore>, u64)>>,
+}
+
+impl TenantCalls {
+    pub(crate) fn new(tenants: Arc<crate::tenants::Tenants>) -> TenantCalls {
+        TenantCalls {
+            tenants,
+            rooms: Default::default(),
+        }
+    }
+
+    /// Tenant `name`'s room and its size, if its limits give one. A limit
+    /// changed makes a new room (calls under way keep the old one's).
+    async fn room_of(
+        &self,
+        name: &str,
+    ) -> Result<Option<(Arc<tokio::sync::Semaphore>, u64)>, RuntimeError> {
+        let registry = (self.tenants)
+            .registry_within(Duration::from_secs(1))
+            .await?;
+        let limit = (registry.tenants.get(name)).and_then(|t| t.limits.max_parallel_calls);
+        let Some(limit) = limit else { return Ok(None) };
+        let mut rooms = self.rooms.lock().expect("rooms lock");
+        let room = match rooms.get(name) {
+            Some((room, size)) if *size == limit => room.clone(),
+            _ => {
+                let permits = limit.min(tokio::sync::Semaphore::MAX_PERMITS as u64) as usize;
+                let room = Arc::new(tokio::sync::Semaphore::new(permits));
+                rooms.insert(name.to_string(), (room.clone(), limit));
+                room
+            }
+        };
+        Ok(Some((room, limit)))
+    }
+}
+
+/// The room tool calls of a wave hold: the runner's cap's, and their
+/// tenant's; each call takes one of each and gives them back when it ends.
+#[derive(Default)]
+struct Room {
+    cap: Option<tokio::sync::OwnedSemaphorePermit>,
+    tenant: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Room {
+    /// One call's room, split from this one.
+    fn one(&mut self) -> Room {
+        Room {
+            cap: self.cap.as_mut().and_then(|p| p.split(1)),
+            tenant: self.tenant.as_mut().and_then(|p| p.split(1)),
+        }
+    }
 }
 
 /// Events a long turn appends between two signed heads, by default.
@@ -96,6 +158,7 @@ impl Runner {
             tracer: None,
             inboxes: None,
             budgets: None,
+            tenant_calls: None,
         }
     }
 
@@ -160,6 +223,14 @@ impl Runner {
     /// naming the cap) instead of sending one that would cross a cap.
     pub(crate) fn with_budgets(mut self, budgets: Arc<crate::budgets::Budgets>) -> Runner {
         self.budgets = Some(budgets);
+        self
+    }
+
+    /// Lets a tenant's sessions run at most its `max_parallel_calls` tool
+    /// calls at once, across every session this runner (and its clones)
+    /// drives.
+    pub(crate) fn with_tenant_calls(mut self, calls: Arc<TenantCalls>) -> Runner {
+        self.tenant_calls = Some(calls);
         self
     }
 
@@ -899,12 +970,18 @@ impl Runner {
         // call of a sub-agent takes no room under the cap (its child's
         // calls take theirs; one it held would be one its child waits
         // for), and each call gives its room back when it ends.
-        let wave = self.wave_size(session.spec()?.limits.parallel_calls());
+        let tenant_room = match (&self.tenant_calls, &session.state().tenant) {
+            (Some(calls), Some(tenant)) => calls.room_of(&tenant.name).await?,
+            _ => None,
+        };
+        let per_session = session.spec()?.limits.parallel_calls();
+        let per_tenant = tenant_room.as_ref().map_or(u64::MAX, |(_, size)| *size);
+        let wave = self.wave_size(per_session.min(per_tenant));
         let mut starts = starts.into_iter().peekable();
         while starts.peek().is_some() {
             let batch: Vec<_> = starts.by_ref().take(wave).collect();
             let working = batch.iter().filter(|(tool, ..)| !is_agent(tool)).count();
-            let permits = self.permits(working).await;
+            let permits = self.permits(working, tenant_room.as_ref()).await;
             if let Some(reason) = self
                 .start_and_run(session, batch, reply_seq, permits)
                 .await?
@@ -946,12 +1023,21 @@ impl Runner {
         per_session.clamp(1, u64::from(cap)) as usize
     }
 
-    /// Waits for `n` calls' room under the runner's cap (never more than
-    /// the cap: see [`Runner::wave_size`]).
-    async fn permits(&self, n: usize) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        let (cap, _) = self.calls.as_ref()?;
-        let permits = cap.clone().acquire_many_owned(n as u32).await;
-        Some(permits.expect("the cap is never closed"))
+    /// Waits for `n` calls' room: under their tenant's room first (`tenant`,
+    /// if it has one), then under the runner's cap (never more than either:
+    /// see [`Runner::wave_size`]). A tenant waiting for its own room holds
+    /// none of the cap meanwhile.
+    async fn permits(&self, n: usize, tenant: Option<&(Arc<tokio::sync::Semaphore>, u64)>) -> Room {
+        let mut room = Room::default();
+        if let Some((own, _)) = tenant {
+            let permits = own.clone().acquire_many_owned(n as u32).await;
+            room.tenant = Some(permits.expect("a tenant's room is never closed"));
+        }
+        if let Some((cap, _)) = self.calls.as_ref() {
+            let permits = cap.clone().acquire_many_owned(n as u32).await;
+            room.cap = Some(permits.expect("the cap is never closed"));
+        }
+        room
     }
 
     /// Starts `starts` (durably), runs them and records their outcomes.
@@ -963,7 +1049,7 @@ impl Runner {
         session: &mut Session,
         starts: Vec<(Arc<dyn Tool>, CallContext, String)>,
         reply_seq: u64,
-        mut permits: Option<tokio::sync::OwnedSemaphorePermit>,
+        mut permits: Room,
     ) -> Result<Option<String>, RuntimeError> {
         let events = starts
             .iter()
@@ -1001,8 +1087,8 @@ impl Runner {
                 tenant: session.state().tenant.clone(),
             });
             let room = match child {
-                Some(_) => None,
-                None => permits.as_mut().and_then(|p| p.split(1)),
+                Some(_) => Room::default(),
+                None => permits.one(),
             };
             let task = running.spawn(async move {
                 let _room = room;

@@ -30,6 +30,8 @@ pub struct Service {
     tenants: Arc<crate::tenants::Tenants>,
     /// The daily caps its runners reserve requests against.
     budgets: Arc<crate::budgets::Budgets>,
+    /// Each tenant's room for tool calls at once, shared by its runners.
+    tenant_calls: Arc<crate::runner::TenantCalls>,
     /// The tenant this service acts for (`None`: the operator): the
     /// sessions and schedules it creates are that tenant's.
     tenant: Option<replay::tenant::Tenant>,
@@ -44,6 +46,7 @@ impl Service {
             durability,
             tenants.clone(),
         ));
+        let tenant_calls = Arc::new(crate::runner::TenantCalls::new(tenants.clone()));
         Service {
             log,
             durability,
@@ -53,6 +56,7 @@ impl Service {
             tracer: None,
             tenants,
             budgets,
+            tenant_calls,
             tenant: None,
         }
     }
@@ -425,7 +429,9 @@ impl Service {
 
     /// A runner with this service's durability.
     pub fn runner(&self) -> Runner {
-        let mut runner = Runner::new(self.durability).with_budgets(self.budgets.clone());
+        let mut runner = Runner::new(self.durability)
+            .with_budgets(self.budgets.clone())
+            .with_tenant_calls(self.tenant_calls.clone());
         if let Some(signer) = &self.signer {
             runner = runner.with_signer(signer.clone(), crate::runner::SIGN_EVERY);
         }

@@ -222,6 +222,7 @@ fn run_child(dir: &str) {
             shutdown_grace: Duration::from_secs(1),
             max_body_bytes: 1 << 20,
             max_parallel_calls: 64,
+            max_running_turns: usize::MAX,
             header_timeout: Duration::from_secs(daemon::DEFAULT_HEADER_TIMEOUT_SECS),
             idle_timeout: Duration::from_secs(daemon::DEFAULT_IDLE_TIMEOUT_SECS),
             max_connections: daemon::DEFAULT_MAX_CONNECTIONS,

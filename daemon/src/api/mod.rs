@@ -393,8 +393,10 @@ async fn metrics(
     }
     let text = match &caller {
         Caller::Operator => {
-            let running = daemon.scheduler.turns.len();
-            daemon.metrics.render(&daemon.statuses.counts(), running)
+            let (running, queued) = daemon.fair.counts();
+            daemon
+                .metrics
+                .render(&daemon.statuses.counts(), running, queued)
         }
         // A tenant's: its own sessions by status, nothing of the daemon's.
         Caller::Tenant(_) => {
@@ -649,6 +651,7 @@ async fn post_message(
         Ok(answer) => return mid_turn(&daemon, id, body.wait, answer).await,
         Err(text) => text, // no turn of it runs here
     };
+    daemon.refuse_when_queue_full(id).await?; // 429, nothing recorded
     let admitted = admit_turn(&daemon)?;
     let (recorded, seq) = tokio::sync::oneshot::channel();
     let message = TurnStart::Message {
@@ -759,6 +762,7 @@ async fn resume(
     let admitted = admit_turn(&daemon)?;
     daemon.service.ensure_exists(id).await?; // 404 before spawning
     daemon.service.refuse_if_erased(id).await?; // 409
+    daemon.refuse_when_queue_full(id).await?; // 429
     if signed_in.is_some() {
         refuse_a_turn_nobody_started(&daemon, id).await?; // 403
     }
@@ -1014,6 +1018,9 @@ async fn decide(
     by: String,
     (proceed, wait): (bool, bool),
 ) -> Result<Response, ApiError> {
+    if proceed {
+        daemon.refuse_when_queue_full(id).await?; // 429, nothing recorded
+    }
     let admitted = match proceed {
         true => Some(admit_turn(daemon)?),
         false => refuse_when_stopping(daemon).map(|()| None)?,

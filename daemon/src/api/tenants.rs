@@ -22,7 +22,6 @@ fn checked_name(name: &str) -> Result<(), ApiError> {
     check_name(name).map_err(bad_request)
 }
 
-
 /// Adds a tenant and issues its first token, shown this once (kept only
 /// as its SHA-256). Its sessions are its own: no other tenant's token
 /// reaches them. The operator's token only.
@@ -69,7 +68,13 @@ pub(super) async fn list_tenants(
 ) -> Result<Json<Vec<TenantView>>, ApiError> {
     caller.operator_only("listing tenants")?;
     let registry = daemon.service.tenants().registry().await?;
-    Ok(Json(registry.tenants.values().map(runtime::tenant_view).collect()))
+    Ok(Json(
+        registry
+            .tenants
+            .values()
+            .map(runtime::tenant_view)
+            .collect(),
+    ))
 }
 
 /// Sets a tenant's limits: each field given replaces its own (`null`
