@@ -790,6 +790,23 @@ export interface components {
              */
             max_cost_per_day?: number | null;
             /**
+             * Format: int64
+             * @description Tool calls of its sessions running at once in a process.
+             */
+            max_parallel_calls?: number | null;
+            /**
+             * Format: int64
+             * @description Turns of its sessions waiting on a daemon, past which one more is
+             *     refused (429).
+             */
+            max_queued_turns?: number | null;
+            /**
+             * Format: int64
+             * @description Turns of its sessions running at once on a daemon (absent: no
+             *     limit but the daemon's).
+             */
+            max_running_turns?: number | null;
+            /**
              * @description Its name: 1 to 32 lower-case letters, digits, `-` and `_`,
              *     starting with a letter or a digit.
              */
@@ -1610,6 +1627,23 @@ export interface components {
              *     UTC day; `null` removes the cap.
              */
             max_cost_per_day?: number | null;
+            /**
+             * Format: int64
+             * @description Tool calls of its sessions running at once in a process; `null`
+             *     removes the limit.
+             */
+            max_parallel_calls?: number | null;
+            /**
+             * Format: int64
+             * @description Turns of its sessions waiting on a daemon; `null` removes the bound.
+             */
+            max_queued_turns?: number | null;
+            /**
+             * Format: int64
+             * @description Turns of its sessions running at once on a daemon; `null` removes
+             *     the limit.
+             */
+            max_running_turns?: number | null;
         };
         /**
          * @description How spend is grouped, besides by tenant.
@@ -1714,6 +1748,21 @@ export interface components {
              * @description Its daily cap on cost, if it has one.
              */
             max_cost_per_day?: number | null;
+            /**
+             * Format: int64
+             * @description Its tool calls running at once, at most.
+             */
+            max_parallel_calls?: number | null;
+            /**
+             * Format: int64
+             * @description Its turns waiting, at most.
+             */
+            max_queued_turns?: number | null;
+            /**
+             * Format: int64
+             * @description Its turns running at once, at most.
+             */
+            max_running_turns?: number | null;
             /** @description Its name. */
             name: string;
             /** @description How many of its tokens work. */

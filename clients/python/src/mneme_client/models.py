@@ -201,6 +201,20 @@ class CreateTenant(BaseModel):
     The most the model requests of all its sessions may cost in one
     UTC day, in their agents' prices (absent: no cap).
     """
+    max_parallel_calls: int | None = Field(None, ge=0)
+    """
+    Tool calls of its sessions running at once in a process.
+    """
+    max_queued_turns: int | None = Field(None, ge=0)
+    """
+    Turns of its sessions waiting on a daemon, past which one more is
+    refused (429).
+    """
+    max_running_turns: int | None = Field(None, ge=0)
+    """
+    Turns of its sessions running at once on a daemon (absent: no
+    limit but the daemon's).
+    """
     name: str
     """
     Its name: 1 to 32 lower-case letters, digits, `-` and `_`,
@@ -1148,6 +1162,20 @@ class SetTenant(BaseModel):
     The most the model requests of all its sessions may cost in one
     UTC day; `null` removes the cap.
     """
+    max_parallel_calls: int | None = Field(None, ge=0)
+    """
+    Tool calls of its sessions running at once in a process; `null`
+    removes the limit.
+    """
+    max_queued_turns: int | None = Field(None, ge=0)
+    """
+    Turns of its sessions waiting on a daemon; `null` removes the bound.
+    """
+    max_running_turns: int | None = Field(None, ge=0)
+    """
+    Turns of its sessions running at once on a daemon; `null` removes
+    the limit.
+    """
 
 
 class SpendBy(str, Enum):
@@ -1259,6 +1287,18 @@ class TenantView(BaseModel):
     max_cost_per_day: float | None = None
     """
     Its daily cap on cost, if it has one.
+    """
+    max_parallel_calls: int | None = Field(None, ge=0)
+    """
+    Its tool calls running at once, at most.
+    """
+    max_queued_turns: int | None = Field(None, ge=0)
+    """
+    Its turns waiting, at most.
+    """
+    max_running_turns: int | None = Field(None, ge=0)
+    """
+    Its turns running at once, at most.
     """
     name: str
     """
