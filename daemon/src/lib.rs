@@ -626,7 +626,7 @@ impl Daemon {
     pub(crate) fn service_for(&self, caller: &tenancy::Caller) -> Service {
         match caller {
             tenancy::Caller::Operator => self.service.clone(),
-            tenancy::Caller::Tenant(tenant) => self.service.for_tenant(Some(tenant.clone())),
+            tenancy::Caller::Tenant(tenant) => self.service.for_tenant(Some((**tenant).clone())),
         }
     }
 

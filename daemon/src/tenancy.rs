@@ -27,7 +27,7 @@ pub(crate) enum Caller {
     /// The operator: the daemon's own token, or its holder's sign-in.
     Operator,
     /// A tenant: one of its tokens, or a sign-in one of them made.
-    Tenant(Tenant),
+    Tenant(Box<Tenant>),
 }
 
 impl Caller {
@@ -201,7 +201,7 @@ mod tests {
 
     #[test]
     fn a_tenant_reaches_its_own_only() {
-        let acme = Caller::Tenant(Tenant {
+        let acme = Caller::Tenant(Box::new(Tenant {
             name: "acme".into(),
             key: Uuid::nil(),
             cache_salt: String::new(),
@@ -209,7 +209,7 @@ mod tests {
             limits: Default::default(),
             added_seq: 1,
             erased: None,
-        });
+        }));
         assert!(acme.reaches(Some("acme")));
         assert!(!acme.reaches(Some("other")));
         assert!(!acme.reaches(None), "the operator's own");

@@ -288,7 +288,9 @@ async fn require_token(State(daemon): State<Shared>, mut request: Request, next:
     });
     if let Some(token) = bearer {
         if let Some(tenant) = daemon.tenant_of_token(token).await {
-            request.extensions_mut().insert(Caller::Tenant(tenant));
+            request
+                .extensions_mut()
+                .insert(Caller::Tenant(Box::new(tenant)));
             return next.run(request).await;
         }
     }
@@ -317,7 +319,7 @@ async fn require_token(State(daemon): State<Shared>, mut request: Request, next:
         None => Caller::Operator,
         // A sign-in of a tenant erased since opens nothing.
         Some(name) => match daemon.live_tenant(name).await {
-            Some(tenant) => Caller::Tenant(tenant),
+            Some(tenant) => Caller::Tenant(Box::new(tenant)),
             None => return refused(),
         },
     };
