@@ -436,7 +436,10 @@ impl Daemon {
         let admitting = &self.files.admitting;
         let others = admitting.fetch_add(1, Ordering::SeqCst);
         let admitted = Admitted(Some(admitting));
-        let turns = self.scheduler.turns.len() as u64 + others;
+        // Turns waiting for their place (the fair share) hold no files.
+        let (_, queued) = self.fair.counts();
+        let tasks = (self.scheduler.turns.len() as u64).saturating_sub(queued as u64);
+        let turns = tasks + others;
         let open = runtime::control::open_files();
         fits_one_more_turn(limit, open, turns, self.files.calls)?;
         Ok(admitted)
