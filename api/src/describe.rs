@@ -133,12 +133,15 @@ pub fn summary(event: &Event) -> String {
         Event::SessionErased { reason, by } => {
             format!("content erased by {by}: {:?}", clip(reason, 80))
         }
-        Event::SessionStarted { spec } => format!(
-            "agent {} (provider {}, model {:?}, {} tools)",
+        Event::SessionStarted { spec, tenant } => format!(
+            "agent {} (provider {}, model {:?}, {} tools){}",
             spec.name,
             spec.model.provider,
             spec.model.model,
-            spec.tools.len()
+            spec.tools.len(),
+            tenant
+                .as_ref()
+                .map_or(String::new(), |t| format!(" for tenant {}", t.name))
         ),
         Event::UserMessage { text } => format!("{:?}", clip(text, 100)),
         Event::ModelReplied(r) => {
@@ -393,6 +396,30 @@ pub fn summary(event: &Event) -> String {
             ),
         },
         Event::ScheduleRemoved { by } => format!("removed by {by}"),
+        Event::TenantAdded { name, by, .. } => format!("tenant {name} added by {by}"),
+        Event::TenantTokenIssued { tenant, digest, by } => format!(
+            "a token of tenant {tenant} issued by {by} (SHA-256 {})",
+            clip(digest, 12)
+        ),
+        Event::TenantTokensRevoked { tenant, by } => {
+            format!("every token of tenant {tenant} revoked by {by}")
+        }
+        Event::TenantLimitsSet { tenant, limits, by } => format!(
+            "limits of tenant {tenant} set by {by}: max_cost_per_day {}",
+            limits
+                .max_cost_per_day
+                .map_or("none".to_string(), |c| c.to_string())
+        ),
+        Event::TenantErased { tenant, reason, by } => format!(
+            "tenant {tenant} erased by {by}: {:?}",
+            clip(reason, 80)
+        ),
+        Event::SpendReserved { session, cost, cap } => {
+            format!("{cost:.6} reserved for session {session} (cap {cap})")
+        }
+        Event::SpendSettled { reserved, cost } => {
+            format!("reservation of seq {reserved} settled at {cost:.6}")
+        }
         Event::McpToolsRefreshed {
             server,
             tools,

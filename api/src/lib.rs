@@ -10,9 +10,14 @@
 
 pub mod describe;
 mod schedules;
+mod tenants;
 mod turn_end;
 
 pub use schedules::{CreateSchedule, LastFiring, ScheduleCreated, ScheduleView, ScheduledByView};
+pub use tenants::{
+    CreateTenant, EraseTenant, NotErased, SetTenant, SpendBy, SpendQuery, SpendReport, SpendRow,
+    TenantErased, TenantToken, TenantView, TokensRevoked,
+};
 pub use turn_end::TurnEnd;
 
 /// A time (milliseconds since the Unix epoch) as the API and the CLI show
@@ -141,6 +146,9 @@ pub struct ListQuery {
     pub status: Option<SessionStatus>,
     /// Only sessions of this agent.
     pub agent: Option<String>,
+    /// Only sessions of this tenant (a tenant's token sees only its own
+    /// anyway).
+    pub tenant: Option<String>,
 }
 
 /// A new session, from a named agent file of the daemon's agents directory
@@ -717,6 +725,9 @@ impl TurnOutcome {
 pub struct SessionSummary {
     /// The session.
     pub session: Uuid,
+    /// The tenant it belongs to (absent: the operator's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     /// The session whose call started this one, if it is a sub-agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<Uuid>,

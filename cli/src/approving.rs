@@ -44,7 +44,7 @@ fn latest_call(rows: &[serde_json::Value], call_id: &str) -> Option<(ToolCall, O
     let (mut found, mut spec) = (None, None);
     for row in rows {
         match serde_json::from_value(row["event"].clone()) {
-            Ok(Event::SessionStarted { spec: s } | Event::SpecChanged { spec: s, .. }) => {
+            Ok(Event::SessionStarted { spec: s, .. } | Event::SpecChanged { spec: s, .. }) => {
                 spec = Some(*s)
             }
             Ok(Event::ModelReplied(reply)) => {

@@ -117,6 +117,19 @@ pub(crate) enum Command {
         after_help = "Examples:\n  mneme schedule add --agent agent.toml --every 30m \"Check the queue\"\n  mneme schedule add --into 01a23562 --cron \"0 9 * * 1-5\" --timezone +02:00 \"Good morning\"\n  mneme schedule list\n  mneme schedule remove 01b7c3d4-..."
     )]
     Schedule(ScheduleArgs),
+    /// Tenants: the users of one daemon (or fleet), each with tokens of its
+    /// own that reach only its own sessions, schedules, spend and metrics,
+    /// its own key (`mneme erase --tenant`) and its own daily cap.
+    #[command(
+        after_help = "Examples:\n  mneme tenant add acme --max-cost-per-day 20   # prints acme's token, once\n  mneme tenant list\n  mneme tenant set acme --max-cost-per-day 50\n  mneme tenant token acme                      # another token\n  mneme tenant revoke acme                     # every token of acme stops working"
+    )]
+    Tenant(TenantArgs),
+    /// What model requests cost, from the sessions' logs at their agents'
+    /// prices: by tenant, and by agent, UTC day or session.
+    #[command(
+        after_help = "Examples:\n  mneme spend\n  mneme spend --tenant acme --by day\n  mneme spend --by agent --day 2026-05-01 --json"
+    )]
+    Spend(SpendArgs),
     /// List sessions with status, events and last activity.
     #[command(after_help = "Examples:\n  mneme sessions\n  mneme sessions --json | jq -r .title")]
     Sessions(SessionsArgs),
@@ -254,8 +267,16 @@ pub(crate) struct KeygenArgs {
 #[derive(Args)]
 pub(crate) struct EraseArgs {
     /// The session to erase.
-    #[arg(required_unless_present = "idle_for", conflicts_with = "idle_for")]
+    #[arg(
+        required_unless_present_any = ["idle_for", "tenant"],
+        conflicts_with_all = ["idle_for", "tenant"]
+    )]
     pub(crate) session: Option<SessionRef>,
+    /// Erase a tenant: its key is destroyed (every session of it unreadable
+    /// at once, each chain still verifying), its tokens revoked, and each
+    /// of its sessions erased; its name is never given again.
+    #[arg(long, conflicts_with = "idle_for", requires = "reason")]
+    pub(crate) tenant: Option<String>,
     /// Erase every session idle longer than this (`30d`, `12h`): a
     /// retention sweep, for a schedule (`mneme serve --retain` runs one).
     #[arg(long, value_parser = runtime::text::parse_window)]
@@ -272,6 +293,144 @@ pub(crate) struct EraseArgs {
     /// idleness, and so always erases only the idle ones.
     #[arg(long)]
     pub(crate) only_this: bool,
+    #[command(flatten, next_help_heading = "Store options")]
+    pub(crate) store: StoreOptions,
+}
+
+#[derive(Args)]
+pub(crate) struct TenantArgs {
+    #[command(subcommand)]
+    pub(crate) action: TenantAction,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum TenantAction {
+    /// Add a tenant; prints its first token (on stdout, once: only its
+    /// SHA-256 is kept).
+    Add(TenantAddArgs),
+    /// List tenants: tokens that work, daily cap, erased or not.
+    List(TenantListArgs),
+    /// Set a tenant's limits.
+    Set(TenantSetArgs),
+    /// Issue another token of a tenant (printed once).
+    Token(TenantNameArgs),
+    /// Revoke every token of a tenant (its sessions stay).
+    Revoke(TenantNameArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct TenantAddArgs {
+    /// Its name: 1 to 32 lower-case letters, digits, '-' and '_'.
+    pub(crate) name: String,
+    /// The most its sessions' model requests may cost in one UTC day.
+    #[arg(long, value_name = "COST")]
+    pub(crate) max_cost_per_day: Option<f64>,
+    /// Turns of its sessions running at once on a daemon.
+    #[arg(long, value_name = "N")]
+    pub(crate) max_running_turns: Option<u64>,
+    /// Tool calls of its sessions running at once in a process.
+    #[arg(long, value_name = "N")]
+    pub(crate) max_parallel_calls: Option<u64>,
+    /// Turns of its sessions waiting on a daemon, past which one more is
+    /// refused (429).
+    #[arg(long, value_name = "N")]
+    pub(crate) max_queued_turns: Option<u64>,
+    /// Who asks (recorded).
+    #[arg(long, env = "USER", default_value = "unknown")]
+    pub(crate) by: String,
+    #[command(flatten)]
+    pub(crate) json: JsonFlag,
+    #[command(flatten, next_help_heading = "Store options")]
+    pub(crate) store: StoreOptions,
+}
+
+/// A count limit as `tenant set` takes it: a number, or `none` to remove
+/// the limit.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CountOrNone(pub(crate) Option<u64>);
+
+impl std::str::FromStr for CountOrNone {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<CountOrNone, String> {
+        match s {
+            "none" => Ok(CountOrNone(None)),
+            n => n
+                .parse()
+                .map(|n| CountOrNone(Some(n)))
+                .map_err(|_| format!("{n:?}: a whole number, or none")),
+        }
+    }
+}
+
+#[derive(Args)]
+pub(crate) struct TenantListArgs {
+    #[command(flatten)]
+    pub(crate) json: JsonFlag,
+    #[command(flatten, next_help_heading = "Store options")]
+    pub(crate) store: StoreOptions,
+}
+
+#[derive(Args)]
+#[command(group(clap::ArgGroup::new("limit").required(true).multiple(true).args([
+    "max_cost_per_day", "no_max_cost_per_day", "max_running_turns", "max_parallel_calls", "max_queued_turns"
+])))]
+pub(crate) struct TenantSetArgs {
+    /// The tenant.
+    pub(crate) name: String,
+    /// The most its sessions' model requests may cost in one UTC day.
+    #[arg(long, value_name = "COST", conflicts_with = "no_max_cost_per_day")]
+    pub(crate) max_cost_per_day: Option<f64>,
+    /// Remove its daily cap.
+    #[arg(long)]
+    pub(crate) no_max_cost_per_day: bool,
+    /// Turns of its sessions running at once on a daemon (`none`: no
+    /// limit but the daemon's).
+    #[arg(long, value_name = "N|none")]
+    pub(crate) max_running_turns: Option<CountOrNone>,
+    /// Tool calls of its sessions running at once in a process (`none`:
+    /// no limit but the process's).
+    #[arg(long, value_name = "N|none")]
+    pub(crate) max_parallel_calls: Option<CountOrNone>,
+    /// Turns of its sessions waiting on a daemon, past which one more is
+    /// refused with 429 (`none`: no bound).
+    #[arg(long, value_name = "N|none")]
+    pub(crate) max_queued_turns: Option<CountOrNone>,
+    /// Who asks (recorded).
+    #[arg(long, env = "USER", default_value = "unknown")]
+    pub(crate) by: String,
+    #[command(flatten)]
+    pub(crate) json: JsonFlag,
+    #[command(flatten, next_help_heading = "Store options")]
+    pub(crate) store: StoreOptions,
+}
+
+#[derive(Args)]
+pub(crate) struct TenantNameArgs {
+    /// The tenant.
+    pub(crate) name: String,
+    /// Who asks (recorded).
+    #[arg(long, env = "USER", default_value = "unknown")]
+    pub(crate) by: String,
+    #[command(flatten)]
+    pub(crate) json: JsonFlag,
+    #[command(flatten, next_help_heading = "Store options")]
+    pub(crate) store: StoreOptions,
+}
+
+#[derive(Args)]
+pub(crate) struct SpendArgs {
+    /// Only this tenant's sessions.
+    #[arg(long)]
+    pub(crate) tenant: Option<String>,
+    /// Rows by tenant and this too: agent, day (UTC) or session.
+    #[arg(long, value_parser = ["tenant", "agent", "day", "session"])]
+    pub(crate) by: Option<String>,
+    /// Only this UTC day (YYYY-MM-DD).
+    #[arg(long)]
+    pub(crate) day: Option<String>,
+    #[command(flatten)]
+    pub(crate) json: JsonFlag,
     #[command(flatten, next_help_heading = "Store options")]
     pub(crate) store: StoreOptions,
 }
@@ -321,6 +480,11 @@ pub(crate) struct ServeArgs {
     /// (each agent also has its own `max_parallel_calls`, default 8).
     #[arg(long, default_value_t = 64)]
     pub(crate) max_parallel_calls: usize,
+    /// Turns running at once across every session of the daemon (default:
+    /// no limit); the others wait, served round-robin across tenants (each
+    /// tenant also has its own `max_running_turns`).
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub(crate) max_running_turns: Option<usize>,
     /// Seconds a client has to send a request's head: from connecting for
     /// the first request, from its first byte for a later one.
     #[arg(
@@ -727,6 +891,13 @@ impl Command {
                 ScheduleAction::List(a) => &a.store,
                 ScheduleAction::Remove(a) => &a.store,
             },
+            Command::Tenant(a) => match &a.action {
+                TenantAction::Add(a) => &a.store,
+                TenantAction::List(a) => &a.store,
+                TenantAction::Set(a) => &a.store,
+                TenantAction::Token(a) | TenantAction::Revoke(a) => &a.store,
+            },
+            Command::Spend(a) => &a.store,
             Command::Sessions(a) => &a.store,
             Command::Log(a) => &a.store,
             Command::Verify(a) => &a.store,

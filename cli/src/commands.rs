@@ -143,6 +143,7 @@ fn reads_only(command: &Command) -> bool {
             | Command::Diff(_)
             | Command::Blob(_)
             | Command::Export(_)
+            | Command::Spend(_)
     )
 }
 
@@ -332,6 +333,29 @@ async fn run(sessions: &dyn Sessions, command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Erase(a) => erase(sessions, a).await,
+        Command::Tenant(a) => tenant(sessions, a.action).await,
+        Command::Spend(a) => {
+            let query = runtime::api::SpendQuery {
+                tenant: a.tenant,
+                by: a
+                    .by
+                    .as_deref()
+                    .map(str::parse)
+                    .transpose()
+                    .map_err(|e: String| anyhow::anyhow!(e))?,
+                day: a.day,
+            };
+            if let Some(day) = &query.day {
+                chrono::NaiveDate::parse_from_str(day, "%Y-%m-%d")
+                    .map_err(|_| anyhow::anyhow!("--day {day:?}: a UTC day as YYYY-MM-DD"))?;
+            }
+            if let Some(tenant) = &query.tenant {
+                replay::tenant::check_name(tenant).map_err(|e| anyhow::anyhow!("--tenant: {e}"))?;
+            }
+            let report = sessions.spend(query).await?;
+            crate::render::spend(&report, a.json.json);
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Fork(a) => {
             let spec = a.agent.as_deref().map(load_agent_file).transpose()?;
             let id = a.session.resolve(sessions).await?;
@@ -771,7 +795,116 @@ fn keygen(data_dir: &Path, out: &Path, master: bool) -> Result<ExitCode> {
 /// derived from it; or every session idle longer than its window, each
 /// alone (a session derived from one and not idle is kept, and named).
 /// Those that cannot be erased are named, and fail the command.
+/// `mneme tenant …`.
+async fn tenant(sessions: &dyn Sessions, action: crate::TenantAction) -> Result<ExitCode> {
+    use crate::TenantAction;
+    let checked = |name: &str| replay::tenant::check_name(name).map_err(|e| anyhow::anyhow!("{e}"));
+    let cost = |cost: Option<f64>| match cost {
+        Some(c) if !(c > 0.0 && c.is_finite()) => {
+            bail!("--max-cost-per-day {c}: must be a positive number")
+        }
+        c => Ok(c),
+    };
+    match action {
+        TenantAction::Add(a) => {
+            checked(&a.name)?;
+            let request = runtime::api::CreateTenant {
+                name: a.name,
+                max_cost_per_day: cost(a.max_cost_per_day)?,
+                max_running_turns: a.max_running_turns,
+                max_parallel_calls: a.max_parallel_calls,
+                max_queued_turns: a.max_queued_turns,
+            };
+            runtime::limits_of(&request)
+                .validate()
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let issued = sessions.add_tenant(request, &a.by).await?;
+            issued_token(&issued, a.json.json);
+        }
+        TenantAction::List(a) => {
+            crate::render::tenants(&sessions.tenants().await?, a.json.json);
+        }
+        TenantAction::Set(a) => {
+            checked(&a.name)?;
+            let set = runtime::api::SetTenant {
+                max_cost_per_day: match (a.no_max_cost_per_day, a.max_cost_per_day) {
+                    (true, _) => Some(None),
+                    (false, None) => None,
+                    (false, given) => Some(cost(given)?),
+                },
+                max_running_turns: a.max_running_turns.map(|c| c.0),
+                max_parallel_calls: a.max_parallel_calls.map(|c| c.0),
+                max_queued_turns: a.max_queued_turns.map(|c| c.0),
+            };
+            runtime::limits_set(Default::default(), &set)
+                .validate()
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let view = sessions.set_tenant(&a.name, set, &a.by).await?;
+            crate::render::tenants(&[view], a.json.json);
+        }
+        TenantAction::Token(a) => {
+            checked(&a.name)?;
+            issued_token(&sessions.issue_token(&a.name, &a.by).await?, a.json.json);
+        }
+        TenantAction::Revoke(a) => {
+            checked(&a.name)?;
+            let revoked = sessions.revoke_tokens(&a.name, &a.by).await?;
+            match a.json.json {
+                true => outln!("{}", to_json(&revoked)),
+                false => say!(
+                    "tenant {}: {} tokens revoked",
+                    revoked.tenant,
+                    revoked.revoked
+                ),
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A token just issued: on stdout, alone (or as JSON), once; what it is
+/// on stderr.
+fn issued_token(issued: &runtime::api::TenantToken, json: bool) {
+    match json {
+        true => outln!("{}", to_json(issued)),
+        false => {
+            say!(
+                "tenant {}: its token follows, shown this once (only its SHA-256 is kept): give it to the tenant as `Authorization: Bearer TOKEN`",
+                issued.tenant
+            );
+            outln!("{}", issued.token);
+        }
+    }
+}
+
 async fn erase(sessions: &dyn Sessions, a: crate::EraseArgs) -> Result<ExitCode> {
+    if let Some(tenant) = &a.tenant {
+        replay::tenant::check_name(tenant).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let request = runtime::api::EraseTenant {
+            reason: a.reason.clone().unwrap_or_default(),
+            by: a.by.clone(),
+        };
+        let erased = sessions.erase_tenant(tenant, request).await?;
+        let key = match erased.key_destroyed {
+            true => "its key destroyed: every session of it is unreadable",
+            false => "it had no key (no session of it was encrypted)",
+        };
+        say!("tenant {tenant}: erased, {key}; its tokens revoked");
+        for id in &erased.erased {
+            say!("session {id}: erased");
+        }
+        for failed in &erased.not_erased {
+            runtime::warn_line!(
+                "mneme: session {}: not erased on its own ({}); its content is unreadable all the same",
+                failed.session,
+                failed.error
+            );
+        }
+        return Ok(match erased.not_erased.is_empty() {
+            true => ExitCode::SUCCESS,
+            false => ExitCode::FAILURE,
+        });
+    }
     let (ids, reason, cascade) = match (a.session, a.idle_for) {
         (Some(named), _) => (
             vec![named.resolve(sessions).await?],
@@ -1145,6 +1278,7 @@ async fn serve(
         shutdown_grace: Duration::from_secs(a.shutdown_grace),
         max_body_bytes: a.max_body_bytes,
         max_parallel_calls: a.max_parallel_calls,
+        max_running_turns: a.max_running_turns.unwrap_or(usize::MAX),
         header_timeout: Duration::from_secs(a.header_timeout_secs),
         idle_timeout: Duration::from_secs(a.idle_timeout_secs),
         max_connections: a.max_connections,

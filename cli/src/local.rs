@@ -353,13 +353,92 @@ impl Sessions for Local {
         Ok(DecisionAnswer::Ended(Local::ended(id, turn).await?))
     }
 
+    async fn add_tenant(
+        &self,
+        request: runtime::api::CreateTenant,
+        by: &str,
+    ) -> Result<runtime::api::TenantToken> {
+        let limits = runtime::limits_of(&request);
+        let issued = (self.service.tenants())
+            .add(&request.name, limits, by)
+            .await?;
+        Ok(runtime::api::TenantToken {
+            tenant: issued.tenant,
+            token: issued.token,
+        })
+    }
+
+    async fn tenants(&self) -> Result<Vec<runtime::api::TenantView>> {
+        let registry = self.service.tenants().registry().await?;
+        Ok(registry
+            .tenants
+            .values()
+            .map(runtime::tenant_view)
+            .collect())
+    }
+
+    async fn issue_token(&self, name: &str, by: &str) -> Result<runtime::api::TenantToken> {
+        let issued = self.service.tenants().issue_token(name, by).await?;
+        Ok(runtime::api::TenantToken {
+            tenant: issued.tenant,
+            token: issued.token,
+        })
+    }
+
+    async fn revoke_tokens(&self, name: &str, by: &str) -> Result<runtime::api::TokensRevoked> {
+        let revoked = self.service.tenants().revoke(name, by).await?;
+        Ok(runtime::api::TokensRevoked {
+            tenant: name.to_string(),
+            revoked,
+        })
+    }
+
+    async fn set_tenant(
+        &self,
+        name: &str,
+        set: runtime::api::SetTenant,
+        by: &str,
+    ) -> Result<runtime::api::TenantView> {
+        let change = |limits| runtime::limits_set(limits, &set);
+        let tenants = self.service.tenants();
+        tenants.set_limits(name, change, by).await?;
+        let registry = tenants.registry().await?;
+        Ok(runtime::tenant_view(
+            registry.tenants.get(name).expect("set just now"),
+        ))
+    }
+
+    async fn erase_tenant(
+        &self,
+        name: &str,
+        erase: runtime::api::EraseTenant,
+    ) -> Result<runtime::api::TenantErased> {
+        let control = self.control(None);
+        Ok(control
+            .erase_tenant(name, &erase.reason, &erase.by, &|_| {})
+            .await?)
+    }
+
+    async fn spend(&self, query: runtime::api::SpendQuery) -> Result<runtime::api::SpendReport> {
+        Ok(self.service.spend(&query).await?)
+    }
+
     async fn export(&self, session: Option<Uuid>, output: Option<&Path>) -> Result<Exported> {
         let ids = match session {
             Some(id) => {
                 self.service.ensure_exists(id).await?;
                 vec![id]
             }
-            None => self.ids().await?,
+            None => {
+                // The registry of tenants goes with the sessions: their
+                // tenants, tokens and caps (the ledgers of days, and the
+                // schedules, do not).
+                let registry = replay::tenant::registry_id();
+                let held = self.log().head(registry).await?.seq > 0;
+                let mut ids: Vec<Uuid> = held.then_some(registry).into_iter().collect();
+                ids.extend(self.ids().await?);
+                ids
+            }
         };
         let mut out: Box<dyn std::io::Write + Send> = match output {
             Some(path) => Box::new(std::io::BufWriter::new(private_output(path)?)),
@@ -392,7 +471,8 @@ impl Sessions for Local {
             self.log().verify(*id).await?;
         }
         let mut sessions = Vec::new();
-        for id in &imported.changed {
+        let registry = replay::tenant::registry_id();
+        for id in imported.changed.iter().filter(|id| **id != registry) {
             // Unreadable here (written under another master key): nothing
             // can run it either.
             let at_rest = self.service.at_rest_after_import(*id, &origin).await;

@@ -277,6 +277,7 @@ mod tests {
                 1,
                 Event::SessionStarted {
                     spec: Box::new(spec),
+                    tenant: None,
                 },
             ),
             (2, Event::UserMessage { text: "hi".into() }),

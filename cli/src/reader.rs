@@ -67,6 +67,8 @@ impl Reader {
             .route("/sessions/{id}/request", get(request))
             .route("/sessions/{id}/blobs/{digest}", get(blob))
             .route("/sessions/{id}/diff/{other}", get(diff))
+            .route("/spend", get(spend))
+            .route("/tenants", get(tenants))
             .layer(axum::middleware::from_fn_with_state(shared.clone(), admit))
             .with_state(shared);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -205,4 +207,15 @@ async fn diff(
     Path((id, other)): Path<(Uuid, Uuid)>,
 ) -> Response {
     answer(shared.sessions.diff(id, other).await)
+}
+
+async fn spend(
+    State(shared): State<Arc<Shared>>,
+    axum::extract::Query(query): axum::extract::Query<runtime::api::SpendQuery>,
+) -> Response {
+    answer(shared.sessions.spend(query).await)
+}
+
+async fn tenants(State(shared): State<Arc<Shared>>) -> Response {
+    answer(shared.sessions.tenants().await)
 }

@@ -377,6 +377,55 @@ impl Sessions for Remote {
         Ok(report)
     }
 
+    async fn add_tenant(&self, request: api::CreateTenant, _by: &str) -> Result<api::TenantToken> {
+        self.writable()?;
+        self.post("/tenants", &request).await
+    }
+
+    async fn tenants(&self) -> Result<Vec<api::TenantView>> {
+        self.get("/tenants").await
+    }
+
+    async fn issue_token(&self, name: &str, _by: &str) -> Result<api::TenantToken> {
+        self.writable()?;
+        let path = format!("/tenants/{}/tokens", path_segment(name));
+        self.post(&path, &Value::Null).await
+    }
+
+    async fn revoke_tokens(&self, name: &str, _by: &str) -> Result<api::TokensRevoked> {
+        self.writable()?;
+        let path = format!("/tenants/{}/tokens", path_segment(name));
+        let request = self.http.delete(format!("{}{path}", self.base));
+        answer(&path, self.call(request).await?).await
+    }
+
+    async fn set_tenant(
+        &self,
+        name: &str,
+        set: api::SetTenant,
+        _by: &str,
+    ) -> Result<api::TenantView> {
+        self.writable()?;
+        let path = format!("/tenants/{}", path_segment(name));
+        let request = self.http.patch(format!("{}{path}", self.base)).json(&set);
+        answer(&path, self.call(request).await?).await
+    }
+
+    async fn erase_tenant(&self, name: &str, erase: api::EraseTenant) -> Result<api::TenantErased> {
+        self.writable()?;
+        let path = format!("/tenants/{}", path_segment(name));
+        let request = self
+            .http
+            .delete(format!("{}{path}", self.base))
+            .json(&erase);
+        answer(&path, self.call(request).await?).await
+    }
+
+    async fn spend(&self, query: api::SpendQuery) -> Result<api::SpendReport> {
+        let request = self.http.get(format!("{}/spend", self.base)).query(&query);
+        answer("/spend", self.call(request).await?).await
+    }
+
     async fn export(&self, _: Option<Uuid>, _: Option<&Path>) -> Result<Exported> {
         Err(self.holds_the_store())
     }

@@ -60,6 +60,91 @@ pub fn schedules(views: &[runtime::api::ScheduleView], json: bool) {
     }
 }
 
+/// The tenants as a table (or one JSON object a line).
+pub fn tenants(views: &[runtime::api::TenantView], json: bool) {
+    if json {
+        views
+            .iter()
+            .for_each(|v| outln!("{}", serde_json::to_value(v).unwrap_or_default()));
+        return;
+    }
+    line!(
+        "{:<32}  {:>6}  {:>12}  {:>7}  {:>7}  {:>7}  ERASED",
+        "TENANT",
+        "TOKENS",
+        "COST/DAY",
+        "TURNS",
+        "CALLS",
+        "QUEUED"
+    );
+    let or_none = |n: Option<String>| n.unwrap_or_else(|| "-".to_string());
+    for v in views {
+        line!(
+            "{:<32}  {:>6}  {:>12}  {:>7}  {:>7}  {:>7}  {}",
+            v.name,
+            v.tokens,
+            or_none(v.max_cost_per_day.map(|c| c.to_string())),
+            or_none(v.max_running_turns.map(|n| n.to_string())),
+            or_none(v.max_parallel_calls.map(|n| n.to_string())),
+            or_none(v.max_queued_turns.map(|n| n.to_string())),
+            v.erased.as_deref().unwrap_or("-")
+        );
+    }
+}
+
+/// Spend as a table, a row a group and the total (or the report as JSON).
+pub fn spend(report: &runtime::api::SpendReport, json: bool) {
+    if json {
+        outln!("{}", serde_json::to_value(report).unwrap_or_default());
+        return;
+    }
+    let by = match report.by {
+        runtime::api::SpendBy::Tenant => None,
+        runtime::api::SpendBy::Agent => Some("AGENT"),
+        runtime::api::SpendBy::Day => Some("DAY (UTC)"),
+        runtime::api::SpendBy::Session => Some("SESSION"),
+    };
+    let second = |row: &runtime::api::SpendRow| {
+        let value = (row.agent.clone())
+            .or(row.day.clone())
+            .or(row.session.map(|s| s.to_string()));
+        value.unwrap_or_default()
+    };
+    let head = by.map_or(String::new(), |b| format!("{b:<36}  "));
+    line!(
+        "{:<32}  {head}{:>8}  {:>12}  {:>12}  {:>12}  {:>12}",
+        "TENANT",
+        "REQUESTS",
+        "PROMPT",
+        "COMPLETION",
+        "CACHED",
+        "COST"
+    );
+    let shown = |row: &runtime::api::SpendRow, tenant: &str| {
+        let second = by.map_or(String::new(), |_| format!("{:<36}  ", second(row)));
+        line!(
+            "{:<32}  {second}{:>8}  {:>12}  {:>12}  {:>12}  {:>12.6}",
+            tenant,
+            row.model_calls,
+            row.prompt_tokens,
+            row.completion_tokens,
+            row.cached_tokens,
+            row.cost
+        );
+    };
+    for row in &report.rows {
+        shown(row, row.tenant.as_deref().unwrap_or("(operator)"));
+    }
+    let total = &report.total;
+    let total = runtime::api::SpendRow {
+        agent: None,
+        day: None,
+        session: None,
+        ..total.clone()
+    };
+    shown(&total, "total");
+}
+
 /// `mneme sessions`: one row a session, sub-agents under their parents,
 /// each id as its shortest prefix that no other listed session shares
 /// (what commands take), with the first message as its title and how it

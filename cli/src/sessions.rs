@@ -160,6 +160,40 @@ pub trait Sessions: Send + Sync {
         stream: Stream,
     ) -> Result<DecisionAnswer>;
 
+    /// Adds the tenant `request` names, as `by` asks; its first token.
+    async fn add_tenant(
+        &self,
+        request: runtime::api::CreateTenant,
+        by: &str,
+    ) -> Result<runtime::api::TenantToken>;
+
+    /// Every tenant, erased ones too.
+    async fn tenants(&self) -> Result<Vec<runtime::api::TenantView>>;
+
+    /// Issues another token of tenant `name`.
+    async fn issue_token(&self, name: &str, by: &str) -> Result<runtime::api::TenantToken>;
+
+    /// Revokes every token of tenant `name`.
+    async fn revoke_tokens(&self, name: &str, by: &str) -> Result<runtime::api::TokensRevoked>;
+
+    /// Sets tenant `name`'s limits as `set` says.
+    async fn set_tenant(
+        &self,
+        name: &str,
+        set: runtime::api::SetTenant,
+        by: &str,
+    ) -> Result<runtime::api::TenantView>;
+
+    /// Erases tenant `name` (see `Control::erase_tenant`).
+    async fn erase_tenant(
+        &self,
+        name: &str,
+        erase: runtime::api::EraseTenant,
+    ) -> Result<runtime::api::TenantErased>;
+
+    /// Spend, as `query` asks.
+    async fn spend(&self, query: runtime::api::SpendQuery) -> Result<runtime::api::SpendReport>;
+
     /// Writes session `session`'s records (default: every session's) as
     /// JSON lines to `output` (default: stdout).
     async fn export(&self, session: Option<Uuid>, output: Option<&Path>) -> Result<Exported>;

@@ -52,7 +52,7 @@ pub fn print(rows: &[Value], args: &LogArgs) -> Result<ExitCode> {
             break; // nobody reads the rest
         }
         let event: Event = serde_json::from_value(row["event"].clone())?;
-        if let Event::SessionStarted { spec: s } | Event::SpecChanged { spec: s, .. } = &event {
+        if let Event::SessionStarted { spec: s, .. } | Event::SpecChanged { spec: s, .. } = &event {
             spec = Some(s.clone());
         }
         if let Event::ModelReplied(reply) = &event {

@@ -71,7 +71,8 @@ async fn the_served_document_names_exactly_the_routes_served() {
         let url = daemon.url(
             &path
                 .replace("{id}", "0192a000-0000-7000-8000-000000000000")
-                .replace("{call}", "call_0"),
+                .replace("{call}", "call_0")
+                .replace("{name}", "nobody"),
         );
         for method in METHODS {
             let documented = item.get(method.to_lowercase()).is_some();
@@ -100,7 +101,7 @@ async fn the_served_document_names_exactly_the_routes_served() {
             }
         }
     }
-    assert_eq!(checked, 29, "operations checked");
+    assert_eq!(checked, 36, "operations checked");
     // And a path the document does not name is not served.
     let (status, body) = daemon.get("/sessions/x/undocumented").await;
     assert_eq!(status, 404, "{body}");

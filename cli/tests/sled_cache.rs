@@ -25,6 +25,7 @@ async fn fill(dir: &Path) -> Uuid {
     let session = Uuid::now_v7();
     let start = replay::Event::SessionStarted {
         spec: Box::new(bench_spec("http://127.0.0.1:9/v1", "http://127.0.0.1:9/x")),
+        tenant: None,
     };
     log.append(session, 1, vec![to_new_event(&start)])
         .await

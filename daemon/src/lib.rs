@@ -12,6 +12,7 @@
 //! deadline, pauses those turns with a SessionPaused, checkpoints and exits 0.
 
 mod api;
+mod fair;
 mod heads;
 mod http;
 mod memory;
@@ -20,6 +21,7 @@ mod openapi;
 mod schedules;
 mod statuses;
 mod streams;
+mod tenancy;
 pub mod token;
 mod ui;
 
@@ -103,6 +105,9 @@ pub struct DaemonConfig {
     pub max_body_bytes: usize,
     /// Tool calls running at once across every session.
     pub max_parallel_calls: usize,
+    /// Turns running at once across every session (`usize::MAX`: no
+    /// limit); the others wait, served round-robin across tenants.
+    pub max_running_turns: usize,
     /// How long a client has to send a request's head.
     pub header_timeout: Duration,
     /// How long a keep-alive connection may wait for its next request.
@@ -219,6 +224,11 @@ pub(crate) struct Daemon {
     files: FileBudget,
     /// The schedules this daemon fires.
     pub(crate) schedules: schedules::Schedules,
+    /// The tenant of each session a request named (`None`: the
+    /// operator's), as its start records it: it never changes.
+    pub(crate) owners: Mutex<HashMap<Uuid, Option<String>>>,
+    /// The turns running and waiting, a fair share for each tenant.
+    pub(crate) fair: Arc<fair::FairShare>,
 }
 
 /// Bytes of hot sessions (folded state and rendered prompt, estimated)
@@ -377,6 +387,7 @@ impl Daemon {
             .with_call_cap(config.max_parallel_calls)
             .with_deltas(publish)
             .with_inboxes(inboxes.clone());
+        let most_turns = config.max_running_turns;
         Daemon {
             files: FileBudget {
                 limit: runtime::control::open_file_limit(),
@@ -400,6 +411,8 @@ impl Daemon {
             metrics,
             statuses: Statuses::default(),
             schedules: schedules::Schedules::default(),
+            owners: Mutex::default(),
+            fair: Arc::new(fair::FairShare::new(most_turns)),
             shutdown,
             heads,
         }
@@ -423,7 +436,10 @@ impl Daemon {
         let admitting = &self.files.admitting;
         let others = admitting.fetch_add(1, Ordering::SeqCst);
         let admitted = Admitted(Some(admitting));
-        let turns = self.scheduler.turns.len() as u64 + others;
+        // Turns waiting for their place (the fair share) hold no files.
+        let (_, queued) = self.fair.counts();
+        let tasks = (self.scheduler.turns.len() as u64).saturating_sub(queued as u64);
+        let turns = tasks + others;
         let open = runtime::control::open_files();
         fits_one_more_turn(limit, open, turns, self.files.calls)?;
         Ok(admitted)
@@ -476,6 +492,12 @@ impl Daemon {
         start: TurnStart,
         lock: Arc<tokio::sync::Mutex<()>>,
     ) -> Result<TurnEnd, RuntimeError> {
+        // Its place among the daemon's turns, its tenant's share, before
+        // the session is its: a turn waiting for a place holds nothing a
+        // person's pause or cancel of the session waits for.
+        let (whose, limits) = self.share_of(id).await;
+        let most = limits.max_running_turns.map_or(usize::MAX, |n| n as usize);
+        let _place = self.fair.place(whose, most).await;
         let _turn = lock.lock().await;
         // Refused while another process runs it (a message's poster hears
         // of it from the turn's end).
@@ -601,6 +623,14 @@ impl Daemon {
     /// The operations on this daemon's sessions, their turns scheduled here.
     pub(crate) fn control(self: &Arc<Self>) -> Control<Scheduled> {
         Control::new(self.service.clone(), Scheduled(self.clone()))
+    }
+
+    /// The service acting for `caller`: what it creates is its tenant's.
+    pub(crate) fn service_for(&self, caller: &tenancy::Caller) -> Service {
+        match caller {
+            tenancy::Caller::Operator => self.service.clone(),
+            tenancy::Caller::Tenant(tenant) => self.service.for_tenant(Some((**tenant).clone())),
+        }
     }
 
     /// Folds every session once to learn its status, and resumes those that

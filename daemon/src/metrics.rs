@@ -165,7 +165,12 @@ impl Metrics {
     /// The metrics in the Prometheus text format: the gauges of this moment
     /// (sessions by status, turns running, the prefix cache's hit ratio),
     /// then the counters and histograms.
-    pub fn render(&self, sessions: &HashMap<String, usize>, running_turns: usize) -> String {
+    pub fn render(
+        &self,
+        sessions: &HashMap<String, usize>,
+        running_turns: usize,
+        queued_turns: usize,
+    ) -> String {
         let mut now = Registry::default();
         let by_status = Family::<[(&'static str, String); 1], Gauge>::default();
         for (status, count) in sessions {
@@ -177,6 +182,13 @@ impl Metrics {
         let running = Gauge::<i64>::default();
         running.set(running_turns as i64);
         now.register("mneme_turns_running", "Turns running now", running);
+        let queued = Gauge::<i64>::default();
+        queued.set(queued_turns as i64);
+        now.register(
+            "mneme_turns_queued",
+            "Turns waiting for their place (--max-running-turns, a tenant's max_running_turns)",
+            queued,
+        );
         let (prompt, cached) = (self.prompt_tokens.get(), self.cached_tokens.get());
         let ratio = Gauge::<f64, AtomicU64>::default();
         ratio.set(if prompt == 0 {
@@ -194,6 +206,81 @@ impl Metrics {
         prometheus_text::encode(&mut out, &self.registry).expect("a String takes any text");
         out
     }
+}
+
+/// Sessions by status, alone: what a tenant's `/metrics` shows of its
+/// sessions.
+pub(crate) fn render_sessions(sessions: &HashMap<String, usize>) -> String {
+    let mut now = Registry::default();
+    let by_status = Family::<[(&'static str, String); 1], Gauge>::default();
+    for (status, count) in sessions {
+        by_status
+            .get_or_create(&[("status", status.clone())])
+            .set(*count as i64);
+    }
+    now.register("mneme_sessions", "Sessions by status", by_status);
+    let mut out = String::new();
+    prometheus_text::encode(&mut out, &now).expect("a String takes any text");
+    out
+}
+
+/// What sessions spent, by tenant (`tenant=""`: the operator's own),
+/// summed from their logs: `mneme_spend_cost` (in their agents' prices),
+/// `mneme_spend_model_calls`, `mneme_spend_prompt_tokens`,
+/// `mneme_spend_completion_tokens`, `mneme_spend_cached_tokens`. Gauges:
+/// each is a sum read from the log at the scrape.
+pub(crate) fn render_spend(report: &api::SpendReport) -> String {
+    type ByTenant<G> = Family<[(&'static str, String); 1], G>;
+    let cost = ByTenant::<Gauge<f64, AtomicU64>>::default();
+    let counts: [(&str, &str, ByTenant<Gauge>); 4] = [
+        (
+            "mneme_spend_model_calls",
+            "Model requests answered, by tenant",
+            Family::default(),
+        ),
+        (
+            "mneme_spend_prompt_tokens",
+            "Prompt tokens, by tenant",
+            Family::default(),
+        ),
+        (
+            "mneme_spend_completion_tokens",
+            "Completion tokens, by tenant",
+            Family::default(),
+        ),
+        (
+            "mneme_spend_cached_tokens",
+            "Prompt tokens served from the cache, by tenant",
+            Family::default(),
+        ),
+    ];
+    for row in &report.rows {
+        let label = [("tenant", row.tenant.clone().unwrap_or_default())];
+        cost.get_or_create(&label).set(row.cost);
+        let values = [
+            row.model_calls,
+            row.prompt_tokens,
+            row.completion_tokens,
+            row.cached_tokens,
+        ];
+        for ((_, _, family), value) in counts.iter().zip(values) {
+            family
+                .get_or_create(&label)
+                .set(value.min(i64::MAX as u64) as i64);
+        }
+    }
+    let mut now = Registry::default();
+    now.register(
+        "mneme_spend_cost",
+        "Cost of model requests in their agents' prices, by tenant",
+        cost,
+    );
+    for (name, help, family) in counts {
+        now.register(name, help, family);
+    }
+    let mut out = String::new();
+    prometheus_text::encode(&mut out, &now).expect("a String takes any text");
+    out
 }
 
 impl SessionObserver for Metrics {
@@ -237,7 +324,7 @@ mod tests {
         metrics.recovered();
         metrics.durable(Uuid::nil(), 3, Duration::from_millis(2));
         let sessions = HashMap::from([("idle".to_string(), 2)]);
-        let text = metrics.render(&sessions, 1);
+        let text = metrics.render(&sessions, 1, 0);
         for line in [
             "# TYPE mneme_sessions gauge",
             "mneme_sessions{status=\"idle\"} 2",
@@ -288,7 +375,7 @@ mod tests {
         }
         // Another session's first reply has nothing before it to miss.
         metrics.watch(Uuid::now_v7(), &reply(5000, 0));
-        let text = metrics.render(&HashMap::new(), 0);
+        let text = metrics.render(&HashMap::new(), 0, 0);
         for line in [
             "# TYPE mneme_cache_misses_total counter",
             "mneme_cache_misses_total{cause=\"evicted\"} 1",

@@ -118,6 +118,7 @@ mod tests {
             include_str!("api/wake.rs"),
             include_str!("api/deltas.rs"),
             include_str!("api/schedules.rs"),
+            include_str!("api/tenants.rs"),
         ]
         .concat();
         for undocumented in [
@@ -180,6 +181,13 @@ mod tests {
             ("get", "/schedules"),
             ("post", "/schedules"),
             ("delete", "/schedules/{id}"),
+            ("get", "/tenants"),
+            ("post", "/tenants"),
+            ("patch", "/tenants/{name}"),
+            ("delete", "/tenants/{name}"),
+            ("post", "/tenants/{name}/tokens"),
+            ("delete", "/tenants/{name}/tokens"),
+            ("get", "/spend"),
         ]
         .iter()
         .map(|(m, p)| (m.to_string(), p.to_string()))
@@ -187,6 +195,14 @@ mod tests {
         .into_iter()
         .collect();
         assert_eq!(operations(&document), expected);
+        // Generated clients name an operation by its id: no two alike.
+        let mut ids = std::collections::BTreeSet::new();
+        for (method, path) in operations(&document) {
+            let id = document["paths"][&path][&method]["operationId"]
+                .as_str()
+                .unwrap();
+            assert!(ids.insert(id.to_string()), "operationId {id} twice");
+        }
         for (method, path) in operations(&document) {
             let operation = &document["paths"][&path][&method];
             let responses = operation["responses"].as_object().unwrap();

@@ -44,17 +44,24 @@ pub(crate) const ACTION_HEADER: &str = "x-mneme-ui";
 pub const MAX_NAME_CHARS: usize = 64;
 
 /// Who a signed-in browser acts as: the name recorded as `by` for what it
-/// decides.
+/// decides, and the tenant whose sessions it sees (`None`: the operator's
+/// sign-in, which sees every session), as the token that asked for its
+/// code was.
 #[derive(Debug, Clone)]
-pub(crate) struct SignedIn(pub(crate) String);
+pub(crate) struct SignedIn(pub(crate) String, pub(crate) Option<String>);
+
+/// A signed-in browser: (name, tenant, digest of the key its script
+/// sends).
+type Browser = (String, Option<String>, [u8; 32]);
 
 /// One-time codes and the sign-ins they were traded for, each kept as the
 /// SHA-256 of its secret.
 #[derive(Default)]
 pub(crate) struct SignIns {
-    codes: Mutex<Expiring<String>>,
-    /// (name, digest of the key the script sends) by cookie digest.
-    browsers: Mutex<Expiring<(String, [u8; 32])>>,
+    /// (name, tenant) by code digest.
+    codes: Mutex<Expiring<(String, Option<String>)>>,
+    /// Each sign-in, by cookie digest.
+    browsers: Mutex<Expiring<Browser>>,
     /// When each name's last forks were made, within [`FORK_WINDOW`].
     forks: Mutex<HashMap<String, std::collections::VecDeque<Instant>>>,
 }
@@ -109,27 +116,37 @@ fn random_secret() -> std::io::Result<String> {
 }
 
 impl SignIns {
-    /// A new one-time code that signs a browser in as `name`; valid once,
-    /// for [`CODE_VALID`].
-    pub(crate) fn issue(&self, name: &str) -> std::io::Result<String> {
+    /// A new one-time code that signs a browser in as `name`, seeing
+    /// `tenant`'s sessions (`None`: every session); valid once, for
+    /// [`CODE_VALID`].
+    pub(crate) fn issue(&self, name: &str, tenant: Option<&str>) -> std::io::Result<String> {
         let code = random_secret()?;
         let mut codes = self.codes.lock().expect("codes lock");
-        codes.insert(digest(&code), name.to_string(), CODE_VALID, MAX_CODES);
+        let whose = (name.to_string(), tenant.map(String::from));
+        codes.insert(digest(&code), whose, CODE_VALID, MAX_CODES);
         Ok(code)
+    }
+
+    /// Signs out every browser signed in for `tenant` (its tokens were
+    /// revoked, or it was erased), and forgets its codes.
+    pub(crate) fn sign_out_tenant(&self, tenant: &str) {
+        let theirs = |t: &Option<String>| t.as_deref() == Some(tenant);
+        (self.codes.lock().expect("codes lock").0).retain(|_, ((_, t), _)| !theirs(t));
+        (self.browsers.lock().expect("sign-ins lock").0).retain(|_, ((_, t, _), _)| !theirs(t));
     }
 
     /// Trades `code` for a sign-in: (the cookie's value, the script's key),
     /// once; a used, lapsed or unknown code gets nothing.
     fn redeem(&self, code: &str) -> Option<(String, String)> {
-        let name = {
+        let (name, tenant) = {
             let mut codes = self.codes.lock().expect("codes lock");
-            let name = codes.get(&digest(code))?;
+            let whose = codes.get(&digest(code))?;
             codes.0.remove(&digest(code));
-            name
+            whose
         };
         let (cookie, key) = (random_secret().ok()?, random_secret().ok()?);
         let mut browsers = self.browsers.lock().expect("sign-ins lock");
-        let signed_in = (name, digest(&key));
+        let signed_in = (name, tenant, digest(&key));
         browsers.insert(digest(&cookie), signed_in, SIGNED_IN_FOR, MAX_SIGNED_IN);
         Some((cookie, key))
     }
@@ -143,8 +160,8 @@ impl SignIns {
         let browsers = self.browsers.lock().expect("sign-ins lock");
         cookies(headers, COOKIE)
             .filter_map(|value| browsers.get(&digest(value)))
-            .find(|(_, expected)| same(expected, &key))
-            .map(|(name, _)| SignedIn(name))
+            .find(|(_, _, expected)| same(expected, &key))
+            .map(|(name, tenant, _)| SignedIn(name, tenant))
     }
 
     /// Counts a fork by `who`, or refuses it (why) if they made
@@ -178,7 +195,7 @@ impl SignIns {
         let mut browsers = self.browsers.lock().expect("sign-ins lock");
         let signed_in = cookies(headers, COOKIE)
             .map(digest)
-            .find(|cookie| browsers.get(cookie).is_some_and(|(_, k)| same(&k, &key)));
+            .find(|cookie| browsers.get(cookie).is_some_and(|(_, _, k)| same(&k, &key)));
         signed_in.is_some_and(|cookie| browsers.0.remove(&cookie).is_some())
     }
 }
@@ -327,7 +344,9 @@ async fn login(State(sign_ins): State<Arc<SignIns>>, Query(q): Query<LoginQuery>
 /// `/ui/me`: the name the browser is signed in as, or 401.
 async fn me(State(sign_ins): State<Arc<SignIns>>, headers: HeaderMap) -> Response {
     match sign_ins.who(&headers) {
-        Some(SignedIn(name)) => axum::Json(serde_json::json!({ "name": name })).into_response(),
+        Some(SignedIn(name, tenant)) => {
+            axum::Json(serde_json::json!({ "name": name, "tenant": tenant })).into_response()
+        }
         None => (
             StatusCode::UNAUTHORIZED,
             axum::Json(serde_json::json!({ "error": "not signed in: run `mneme ui`" })),
@@ -384,7 +403,7 @@ mod tests {
     #[test]
     fn a_code_signs_in_once_with_a_cookie_and_a_key_together() {
         let sign_ins = SignIns::default();
-        let code = sign_ins.issue("ada").unwrap();
+        let code = sign_ins.issue("ada", None).unwrap();
         let (cookie, key) = sign_ins.redeem(&code).unwrap();
         assert!(sign_ins.redeem(&code).is_none(), "a second use is refused");
         let with = |c: &str, k: &str| sign_ins.who(&signed(c, k)).map(|s| s.0);
@@ -406,6 +425,28 @@ mod tests {
     }
 
     #[test]
+    fn a_sign_in_belongs_to_its_codes_tenant_and_ends_with_it() {
+        let sign_ins = SignIns::default();
+        let code = sign_ins.issue("ada", Some("acme")).unwrap();
+        let (cookie, key) = sign_ins.redeem(&code).unwrap();
+        let (own, own_key) = sign_ins
+            .redeem(&sign_ins.issue("op", None).unwrap())
+            .unwrap();
+        let headers = signed(&format!("{COOKIE}={cookie}"), &key);
+        let who = sign_ins.who(&headers).unwrap();
+        assert_eq!((who.0.as_str(), who.1.as_deref()), ("ada", Some("acme")));
+        let unused = sign_ins.issue("bob", Some("acme")).unwrap();
+        sign_ins.sign_out_tenant("acme");
+        assert!(
+            sign_ins.who(&headers).is_none(),
+            "signed out with its tenant"
+        );
+        assert!(sign_ins.redeem(&unused).is_none(), "its codes forgotten");
+        let operator = signed(&format!("{COOKIE}={own}"), &own_key);
+        assert!(sign_ins.who(&operator).is_some(), "another's sign-in stays");
+    }
+
+    #[test]
     fn a_sign_in_may_look_and_decide_but_not_start_or_send() {
         assert!(view_may(&Method::GET, "/sessions"));
         assert!(!view_may(&Method::POST, "/sessions/x/approve"));
@@ -421,7 +462,7 @@ mod tests {
     #[test]
     fn a_sign_in_forks_a_few_times_a_minute_and_each_name_counts_alone() {
         let sign_ins = SignIns::default();
-        let (ada, bob) = (SignedIn("ada".into()), SignedIn("bob".into()));
+        let (ada, bob) = (SignedIn("ada".into(), None), SignedIn("bob".into(), None));
         for _ in 0..FORKS_PER_WINDOW {
             sign_ins.may_fork(&ada).unwrap();
         }
@@ -436,7 +477,9 @@ mod tests {
     #[test]
     fn signing_out_takes_the_cookie_and_key_together_and_ends_the_sign_in() {
         let sign_ins = SignIns::default();
-        let (cookie, key) = sign_ins.redeem(&sign_ins.issue("ada").unwrap()).unwrap();
+        let (cookie, key) = sign_ins
+            .redeem(&sign_ins.issue("ada", None).unwrap())
+            .unwrap();
         let cookie = format!("{COOKIE}={cookie}");
         assert!(
             !sign_ins.sign_out(&signed(&cookie, "forged")),
@@ -451,9 +494,9 @@ mod tests {
     #[test]
     fn the_oldest_code_makes_room() {
         let sign_ins = SignIns::default();
-        let first = sign_ins.issue("a").unwrap();
+        let first = sign_ins.issue("a", None).unwrap();
         for _ in 0..MAX_CODES {
-            sign_ins.issue("b").unwrap();
+            sign_ins.issue("b", None).unwrap();
         }
         assert!(sign_ins.redeem(&first).is_none());
         assert_eq!(sign_ins.codes.lock().unwrap().0.len(), MAX_CODES);

@@ -1031,7 +1031,7 @@ function toggleHelp() {
 async function whoAmI() {
   try {
     const me = await api("/ui/me");
-    document.getElementById("who").textContent = visible(`signed in as ${me.name}`);
+    document.getElementById("who").textContent = visible(`signed in as ${me.name}${me.tenant ? ` (tenant ${me.tenant})` : ""}`);
     document.getElementById("sign-out").hidden = false;
   } catch (_) { /* the page says so */ }
 }

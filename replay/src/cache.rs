@@ -98,7 +98,7 @@ impl MissWatch {
                     causes,
                 });
             }
-            Event::SessionStarted { spec } => self.system = Some(system(&spec.system)),
+            Event::SessionStarted { spec, .. } => self.system = Some(system(&spec.system)),
             Event::ContextCompacted { .. } => self.causes.push("compaction"),
             Event::SpecChanged { spec, .. } => {
                 let now = system(&spec.system);

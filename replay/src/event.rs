@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 /// is written with the version it needs: [`Event::schema`]). Older
 /// versions are read; newer ones are refused with
 /// [`DecodeError::UnknownSchema`].
-pub const EVENT_SCHEMA: u16 = 10;
+pub const EVENT_SCHEMA: u16 = 11;
 
 /// One thing that happened in a session. Immutable once appended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -50,6 +50,9 @@ pub enum Event {
     SessionStarted {
         /// The spec as it was at the start.
         spec: Box<AgentSpec>,
+        /// The tenant it belongs to (absent: the operator's).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tenant: Option<Tenancy>,
     },
     /// A person said something.
     UserMessage {
@@ -333,6 +336,95 @@ pub enum Event {
         /// Who removed it.
         by: String,
     },
+    /// A tenant was added: the first record of a tenant's entry in the
+    /// registry of tenants (a log of its own holding only the `Tenant*`
+    /// kinds; see [`crate::tenant`]).
+    TenantAdded {
+        /// Its name ([`crate::tenant::check_name`]).
+        name: String,
+        /// The slot of the store's key store that holds its key, which
+        /// wraps the keys of its sessions.
+        key: uuid::Uuid,
+        /// The salt of its sessions' prompt caches (hex), sent as
+        /// `cache_salt`.
+        cache_salt: String,
+        /// Who added it.
+        by: String,
+    },
+    /// A token of a tenant was issued: the SHA-256 of the token (hex),
+    /// never the token.
+    TenantTokenIssued {
+        /// The tenant.
+        tenant: String,
+        /// SHA-256 of the token, hex.
+        digest: String,
+        /// Who issued it.
+        by: String,
+    },
+    /// Every token of a tenant issued before was revoked.
+    TenantTokensRevoked {
+        /// The tenant.
+        tenant: String,
+        /// Who revoked them.
+        by: String,
+    },
+    /// A tenant's limits are these from here on.
+    TenantLimitsSet {
+        /// The tenant.
+        tenant: String,
+        /// Its limits, whole.
+        limits: crate::tenant::TenantLimits,
+        /// Who set them.
+        by: String,
+    },
+    /// A tenant was erased: its key destroyed (every session of it
+    /// unreadable at once), its tokens revoked; its name is not given
+    /// again.
+    TenantErased {
+        /// The tenant.
+        tenant: String,
+        /// Why.
+        reason: String,
+        /// Who asked.
+        by: String,
+    },
+    /// The worst case of one model request of `session` was reserved
+    /// against the cap of this ledger (a log of its own per cap and UTC
+    /// day, holding only the `Spend*` kinds; see [`crate::spend`]).
+    SpendReserved {
+        /// The session whose request it is.
+        session: uuid::Uuid,
+        /// The worst-case cost reserved.
+        cost: f64,
+        /// The cap it was reserved against.
+        cap: f64,
+    },
+    /// The reservation recorded at seq `reserved` of this ledger was
+    /// settled by what the request really cost (0 for a request that got
+    /// no reply).
+    SpendSettled {
+        /// The seq of its `SpendReserved`.
+        reserved: u64,
+        /// The real cost.
+        cost: f64,
+    },
+}
+
+/// The tenant a session belongs to, as its start records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tenancy {
+    /// The tenant's name.
+    pub name: String,
+    /// The tenant's prompt-cache salt, sent as `cache_salt` with the
+    /// session's chat-completions requests (vLLM's prefix-cache
+    /// isolation), unless the spec turns it off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_salt: Option<String>,
+    /// The key store's slot of the tenant's key, which wraps the session's
+    /// key (with encryption at rest): destroying it erases every session
+    /// of the tenant at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<uuid::Uuid>,
 }
 
 /// A child session's run, as its parent's call records it.
@@ -611,6 +703,13 @@ impl Event {
         "ScheduleFired",
         "ScheduleSkipped",
         "ScheduleRemoved",
+        "TenantAdded",
+        "TenantTokenIssued",
+        "TenantTokensRevoked",
+        "TenantLimitsSet",
+        "TenantErased",
+        "SpendReserved",
+        "SpendSettled",
     ];
 
     /// The name of this kind of event, as stored in the envelope.
@@ -646,6 +745,13 @@ impl Event {
             Event::ScheduleFired { .. } => "ScheduleFired",
             Event::ScheduleSkipped { .. } => "ScheduleSkipped",
             Event::ScheduleRemoved { .. } => "ScheduleRemoved",
+            Event::TenantAdded { .. } => "TenantAdded",
+            Event::TenantTokenIssued { .. } => "TenantTokenIssued",
+            Event::TenantTokensRevoked { .. } => "TenantTokensRevoked",
+            Event::TenantLimitsSet { .. } => "TenantLimitsSet",
+            Event::TenantErased { .. } => "TenantErased",
+            Event::SpendReserved { .. } => "SpendReserved",
+            Event::SpendSettled { .. } => "SpendSettled",
         }
     }
 
@@ -720,6 +826,9 @@ impl Event {
     /// calls, a spec's `interleaved_thinking`, and the Responses API (a
     /// reply's output items, a spec with `provider = "openai-responses"`);
     /// 10 a fork that shares its parent's records instead of copying them.
+    /// 11 tenants and spend caps (a session's or a schedule's tenant, the
+    /// registry of tenants, the ledgers of caps, a spec's
+    /// `max_cost_per_day` or `cache_salt`).
     /// A build that
     /// reads only older versions then refuses such an event by name instead
     /// of misreading it (it would run a call with the model's arguments
@@ -728,13 +837,29 @@ impl Event {
     /// event stays readable by it.
     pub fn schema(&self) -> u16 {
         match self {
+            Event::SessionStarted {
+                tenant: Some(_), ..
+            }
+            | Event::TenantAdded { .. }
+            | Event::TenantTokenIssued { .. }
+            | Event::TenantTokensRevoked { .. }
+            | Event::TenantLimitsSet { .. }
+            | Event::TenantErased { .. }
+            | Event::SpendReserved { .. }
+            | Event::SpendSettled { .. } => 11,
+            Event::ScheduleCreated { schedule } if schedule.tenant.is_some() => 11,
+            Event::SessionStarted { spec, .. } | Event::SpecChanged { spec, .. }
+                if spec.limits.max_cost_per_day.is_some() || spec.model.cache_salt.is_some() =>
+            {
+                11
+            }
             Event::SessionForked { shared: true, .. } => 10,
             Event::ModelReplied(reply)
                 if !reply.thinking_at.is_empty() || !reply.items.is_empty() =>
             {
                 9
             }
-            Event::SessionStarted { spec } | Event::SpecChanged { spec, .. }
+            Event::SessionStarted { spec, .. } | Event::SpecChanged { spec, .. }
                 if spec.model.interleaved_thinking || spec.model.is_responses() =>
             {
                 9
@@ -744,7 +869,7 @@ impl Event {
             {
                 8
             }
-            Event::SessionStarted { spec } | Event::SpecChanged { spec, .. }
+            Event::SessionStarted { spec, .. } | Event::SpecChanged { spec, .. }
                 if spec.model.reasoning != crate::spec::Reasoning::default()
                     || spec.model.thinking_budget_tokens.is_some() =>
             {
@@ -756,7 +881,7 @@ impl Event {
             | Event::ScheduleSkipped { .. }
             | Event::ScheduleRemoved { .. } => 7,
             Event::WakeScheduled { .. } | Event::Woken { .. } => 6,
-            Event::SessionStarted { spec } | Event::SpecChanged { spec, .. }
+            Event::SessionStarted { spec, .. } | Event::SpecChanged { spec, .. }
                 if spec.has_sleep_tools() =>
             {
                 6
@@ -764,7 +889,7 @@ impl Event {
             Event::ModelReplied(reply) if reply.tool_calls.iter().any(|c| c.invented.is_some()) => {
                 5
             }
-            Event::SessionStarted { spec } | Event::SpecChanged { spec, .. }
+            Event::SessionStarted { spec, .. } | Event::SpecChanged { spec, .. }
                 if spec.has_agent_tools() =>
             {
                 4
@@ -778,7 +903,7 @@ impl Event {
             } => 2,
             Event::ApprovalDecided { reason, args, .. } if reason.is_some() || args.is_some() => 2,
             Event::MidTurnMessage { .. } | Event::MidTurnDelivered { .. } => 3,
-            Event::SessionStarted { spec } | Event::SpecChanged { spec, .. }
+            Event::SessionStarted { spec, .. } | Event::SpecChanged { spec, .. }
                 if spec.mid_turn_messages != crate::spec::MidTurn::default()
                     || spec.limits.max_waiting_messages.is_some() =>
             {

@@ -13,11 +13,13 @@ pub mod rerun;
 pub mod responses;
 pub mod schedule;
 pub mod spec;
+pub mod spend;
 pub mod state;
+pub mod tenant;
 
 pub use event::{
     child_session_id, digest_hex, idempotency_key, CheckAnswer, ChildRun, DecodeError, Event,
-    ModelReply, Resolution, SessionOutcome, ToolCall, ToolOutcome, Usage, WokenBy, ERASED,
+    ModelReply, Resolution, SessionOutcome, Tenancy, ToolCall, ToolOutcome, Usage, WokenBy, ERASED,
     EVENT_SCHEMA, EXPIRED, EXPIRY_BY,
 };
 pub use plan::{plan, CallDecision, CallPlan, NextStep, ResumePlan};

@@ -107,6 +107,33 @@ struct ChatRequest<'a> {
     /// routed to the same cache.
     #[serde(skip_serializing_if = "Option::is_none")]
     prompt_cache_key: Option<&'a str>,
+    /// vLLM's prefix-cache salt: only requests with the same salt share
+    /// cached prefixes (a tenant's, so no other tenant can probe them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_salt: Option<&'a str>,
+}
+
+/// What a chat-completions request carries for the server's prefix cache:
+/// the session id as its routing key, and its tenant's salt.
+#[derive(Debug, Clone, Copy, Default)]
+struct CacheFields<'a> {
+    key: Option<&'a str>,
+    salt: Option<&'a str>,
+}
+
+/// The cache fields of the session `session` in `state`: its id unless the
+/// spec turns `prompt_cache_key` off, its tenant's salt unless the spec
+/// turns `cache_salt` off.
+fn cache_fields<'a>(
+    spec: &AgentSpec,
+    state: &'a SessionState,
+    session: &'a str,
+) -> CacheFields<'a> {
+    let salt = state.tenant.as_ref().and_then(|t| t.cache_salt.as_deref());
+    CacheFields {
+        key: cache_key(spec, session),
+        salt: salt.filter(|_| spec.model.cache_salt.unwrap_or(true)),
+    }
 }
 
 #[derive(Serialize)]
@@ -380,6 +407,7 @@ pub fn next_request_incremental(
         return crate::anthropic::request(state, room_to_finish(state)).map(PreparedRequest::whole);
     }
     let key = cache_key(spec, session);
+    let fields = cache_fields(spec, state, session);
     prefix.extend(state);
     let widened = room_to_finish(state);
     let first = prefix.json.is_empty();
@@ -392,7 +420,7 @@ pub fn next_request_incremental(
                 entry_messages(entry, prefix.reasoning, &mut last);
             }
             write_items(&mut tail, &last, first);
-            (body(spec, &[], key, widened), b"\"messages\":[]")
+            (body(spec, &[], fields, widened), b"\"messages\":[]")
         }
         Api::Responses => {
             let mut last = Vec::new();
@@ -507,6 +535,7 @@ pub fn compaction_request(state: &SessionState, upto: usize) -> Option<Vec<u8>> 
         stream: false,
         stream_options: None,
         prompt_cache_key: None,
+        cache_salt: None,
     };
     Some(serde_json::to_vec(&request).expect("requests always serialize"))
 }
@@ -539,7 +568,8 @@ pub fn next_request(session: &str, state: &SessionState) -> Option<Vec<u8>> {
             room_to_finish(state),
         ));
     }
-    Some(body(spec, &messages(state), key, room_to_finish(state)))
+    let fields = cache_fields(spec, state, session);
+    Some(body(spec, &messages(state), fields, room_to_finish(state)))
 }
 
 /// Whether the next request gives the reply twice the spec's tokens: the
@@ -552,12 +582,16 @@ fn room_to_finish(state: &SessionState) -> bool {
 /// The exact body of a chat-completions request, with the spec's token
 /// limits.
 pub fn request_body(spec: &AgentSpec, messages: &[Message], cache_key: Option<&str>) -> Vec<u8> {
-    body(spec, messages, cache_key, false)
+    let fields = CacheFields {
+        key: cache_key,
+        salt: None,
+    };
+    body(spec, messages, fields, false)
 }
 
 /// The exact body of a chat-completions request; with `widened`, its token
 /// limits doubled.
-fn body(spec: &AgentSpec, messages: &[Message], cache_key: Option<&str>, widened: bool) -> Vec<u8> {
+fn body(spec: &AgentSpec, messages: &[Message], cache: CacheFields, widened: bool) -> Vec<u8> {
     let widen = |limit: Option<u64>| match widened {
         true => limit.map(|l| l.saturating_mul(2)),
         false => limit,
@@ -584,7 +618,8 @@ fn body(spec: &AgentSpec, messages: &[Message], cache_key: Option<&str>, widened
         stream_options: spec.model.streams().then_some(StreamOptions {
             include_usage: true,
         }),
-        prompt_cache_key: cache_key,
+        prompt_cache_key: cache.key,
+        cache_salt: cache.salt,
     };
     serde_json::to_vec(&request).expect("requests always serialize")
 }

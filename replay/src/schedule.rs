@@ -174,6 +174,10 @@ pub struct ScheduleSpec {
     pub catch_up: CatchUp,
     /// Ticks come after this moment (milliseconds since the Unix epoch).
     pub from_ms: i64,
+    /// The tenant whose schedule it is: the sessions its firings start are
+    /// that tenant's (absent: the operator's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<crate::event::Tenancy>,
 }
 
 impl ScheduleSpec {
@@ -202,7 +206,10 @@ impl ScheduleSpec {
             ),
             (Target::New, Some(spec)) => {
                 spec.validate()?;
-                let started = Event::SessionStarted { spec: spec.clone() };
+                let started = Event::SessionStarted {
+                    spec: spec.clone(),
+                    tenant: self.tenant.clone(),
+                };
                 self.refuse_past_the_window(&crate::SessionState::fold([(1, started)]))
             }
             (Target::Session(_), _) => Ok(()),
@@ -477,6 +484,7 @@ mod tests {
             overlap,
             catch_up,
             from_ms: 0,
+            tenant: None,
         };
         ScheduleState::fold([(
             1,

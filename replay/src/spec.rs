@@ -573,6 +573,12 @@ pub struct ModelSpec {
     /// refuse unknown fields.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_cache_key: Option<bool>,
+    /// Whether a tenant's session sends its tenant's salt as `cache_salt`
+    /// (vLLM's prefix-cache isolation: one tenant's cached prefixes cannot
+    /// be probed by another's timing) with its chat-completions requests
+    /// (default true). Turn off for servers that refuse unknown fields.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_salt: Option<bool>,
     /// The model's context window, in tokens: shown in reports, and the
     /// conversation is compacted as it nears it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -847,6 +853,12 @@ pub struct Limits {
     /// (default: no limit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_cost_per_turn: Option<f64>,
+    /// Cost of the model requests of every session of this agent (of its
+    /// tenant) in one UTC day, in the spec's prices (default: no limit):
+    /// a request whose worst case would cross it is not sent, and its
+    /// session pauses until the day ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost_per_day: Option<f64>,
     /// Tool calls one reply may make (default [`DEFAULT_MAX_CALLS_PER_REPLY`]);
     /// a reply with more is refused and the model told.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -906,12 +918,18 @@ impl Limits {
         positive("max_calls_per_reply", self.max_calls_per_reply).map_err(limits)?;
         positive("max_parallel_calls", self.max_parallel_calls).map_err(limits)?;
         positive("max_waiting_messages", self.max_waiting_messages).map_err(limits)?;
-        match self.max_cost_per_turn {
-            Some(cost) if !(cost > 0.0 && cost.is_finite()) => Err(limits(format!(
-                "max_cost_per_turn = {cost} must be a positive number"
-            ))),
-            _ => Ok(()),
+        for (name, cost) in [
+            ("max_cost_per_turn", self.max_cost_per_turn),
+            ("max_cost_per_day", self.max_cost_per_day),
+        ] {
+            match cost {
+                Some(cost) if !(cost > 0.0 && cost.is_finite()) => {
+                    return Err(limits(format!("{name} = {cost} must be a positive number")))
+                }
+                _ => {}
+            }
         }
+        Ok(())
     }
 }
 
@@ -1018,6 +1036,11 @@ impl AgentSpec {
         self.limits.validate()?;
         let priced =
             self.model.input_cost_per_mtok.is_some() || self.model.output_cost_per_mtok.is_some();
+        if self.limits.max_cost_per_day.is_some() && !priced {
+            return Err("[limits] max_cost_per_day needs prices in [model] \
+                 (input_cost_per_mtok, output_cost_per_mtok): without them every request costs 0"
+                .into());
+        }
         if self.limits.max_cost_per_turn.is_some() && !priced {
             return Err("[limits] max_cost_per_turn needs prices in [model] \
                  (input_cost_per_mtok, output_cost_per_mtok): without them every turn costs 0"

@@ -221,18 +221,10 @@ pub struct Totals {
 }
 
 /// Cost of one request's `usage` at the spec's prices (0 without prices).
-fn cost(usage: &Usage, spec: Option<&AgentSpec>) -> f64 {
-    let Some(model) = spec.map(|s| &s.model) else {
-        return 0.0;
-    };
-    let per = |price: Option<f64>, tokens: u64| price.unwrap_or(0.0) * tokens as f64 / 1e6;
-    let input = model.input_cost_per_mtok;
-    let read = usage.cached_tokens.min(usage.prompt_tokens);
-    let written = usage.cache_write_tokens.min(usage.prompt_tokens - read);
-    per(input, usage.prompt_tokens - read - written)
-        + per(model.cached_input_cost_per_mtok.or(input), read)
-        + per(model.cache_write_cost_per_mtok.or(input), written)
-        + per(model.output_cost_per_mtok, usage.completion_tokens)
+pub fn cost(usage: &Usage, spec: Option<&AgentSpec>) -> f64 {
+    spec.map_or(0.0, |spec| {
+        crate::spend::Prices::of(&spec.model).cost(usage)
+    })
 }
 
 /// What the current turn has spent, against the spec's `[limits]`: since
@@ -335,12 +327,18 @@ impl Totals {
     /// Counts a reply. A server reports its usage: counts it made huge stop
     /// at the largest number rather than overflow the fold.
     fn add(&mut self, usage: &Usage, spec: Option<&AgentSpec>) {
+        self.count(usage, cost(usage, spec));
+    }
+
+    /// Counts a reply whose `usage` cost `cost` (counts stop at the
+    /// largest number rather than overflow).
+    pub fn count(&mut self, usage: &Usage, cost: f64) {
         self.model_calls = self.model_calls.saturating_add(1);
         self.prompt_tokens = self.prompt_tokens.saturating_add(usage.prompt_tokens);
         self.completion_tokens = (self.completion_tokens).saturating_add(usage.completion_tokens);
         self.cached_tokens = self.cached_tokens.saturating_add(usage.cached_tokens);
         self.reasoning_tokens = (self.reasoning_tokens).saturating_add(usage.reasoning_tokens);
-        self.cost += cost(usage, spec);
+        self.cost += cost;
     }
 
     /// Adds `other`'s counts to these (stopping at the largest number).
@@ -375,8 +373,9 @@ pub const FALLBACK_BYTES_PER_TOKEN: u64 = 3;
 /// hides them and drop a message or run a rerun's side effects live. 9
 /// added sub-agents' links and their trees' totals; 10 the schedule firing
 /// that started a session or messaged it; 11 the reasoning tokens in the
-/// totals (an older build's snapshot would count none).
-pub const STATE_FORMAT: u16 = 11;
+/// totals (an older build's snapshot would count none); 12 the session's
+/// tenant (an older build's snapshot would send no `cache_salt`).
+pub const STATE_FORMAT: u16 = 12;
 
 /// A link between a parent session and a child (a sub-agent): the other
 /// session, the seq of the parent's `ToolStarted` that started the child,
@@ -487,6 +486,10 @@ pub struct SessionState {
     /// message (`ScheduledBy`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheduled_by: Option<crate::schedule::ScheduledBy>,
+    /// The tenant the session belongs to, from its (first) start: a fork
+    /// keeps its parent's, a sub-agent its parent's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<crate::event::Tenancy>,
 }
 
 /// A message that arrived mid-turn and waits in the mailbox.
@@ -563,9 +566,13 @@ impl SessionState {
                     used: Default::default(),
                 });
             }
-            Event::SessionStarted { spec } | Event::SpecChanged { spec, .. } => {
-                self.spec = Some(*spec)
+            Event::SessionStarted { spec, tenant } => {
+                self.spec = Some(*spec);
+                if self.tenant.is_none() {
+                    self.tenant = tenant;
+                }
             }
+            Event::SpecChanged { spec, .. } => self.spec = Some(*spec),
             Event::UserMessage { text } => self.open_turn_with(seq, text),
             Event::MidTurnMessage { text, policy } => match policy {
                 crate::spec::MidTurn::Reject => self.turn.rejected_messages += 1,
@@ -773,11 +780,19 @@ impl SessionState {
             Event::ScheduledBy { schedule, tick_ms } => {
                 self.scheduled_by = Some(crate::schedule::ScheduledBy { schedule, tick_ms })
             }
-            // A schedule's own log; no session holds these.
+            // A schedule's, the registry of tenants' or a ledger's own
+            // log; no session holds these.
             Event::ScheduleCreated { .. }
             | Event::ScheduleFired { .. }
             | Event::ScheduleSkipped { .. }
-            | Event::ScheduleRemoved { .. } => {}
+            | Event::ScheduleRemoved { .. }
+            | Event::TenantAdded { .. }
+            | Event::TenantTokenIssued { .. }
+            | Event::TenantTokensRevoked { .. }
+            | Event::TenantLimitsSet { .. }
+            | Event::TenantErased { .. }
+            | Event::SpendReserved { .. }
+            | Event::SpendSettled { .. } => {}
             Event::McpToolsRefreshed { server, tools, .. } => {
                 self.spec = self
                     .spec

@@ -42,6 +42,7 @@ fn spec() -> AgentSpec {
             timeout_secs: None,
             connect_timeout_secs: None,
             prompt_cache_key: None,
+            cache_salt: None,
             context_window: None,
             kv: None,
             input_cost_per_mtok: Some(1.0),
@@ -129,6 +130,7 @@ fn story() -> Vec<Event> {
     vec![
         Event::SessionStarted {
             spec: Box::new(spec()),
+            tenant: None,
         },
         Event::UserMessage {
             text: "Charge ada 500 and email her.".into(),
@@ -217,6 +219,7 @@ fn a_forks_links_are_its_own_not_those_of_the_history_it_copies() {
     let [grandparent, parent, caller] = [7, 8, 9].map(uuid::Uuid::from_u128);
     let started = Event::SessionStarted {
         spec: Box::new(spec()),
+        tenant: None,
     };
     let hi = Event::UserMessage { text: "hi".into() };
     let a_rerun = vec![
@@ -371,6 +374,7 @@ fn an_interrupted_call_with_a_check_is_checked_before_anything_else() {
     let mut events = vec![
         Event::SessionStarted {
             spec: Box::new(with_check),
+            tenant: None,
         },
         story()[1].clone(),
         reply(None, vec![call("c2", "email")]),
@@ -512,6 +516,7 @@ fn a_refused_reply_runs_none_of_its_calls_and_the_model_is_told() {
     let mut events = vec![
         Event::SessionStarted {
             spec: Box::new(spec()),
+            tenant: None,
         },
         Event::UserMessage { text: "hi".into() },
     ];
@@ -553,6 +558,7 @@ fn a_reply_cut_off_mid_call_gets_room_to_finish_once() {
     let mut events = vec![
         Event::SessionStarted {
             spec: Box::new(spec),
+            tenant: None,
         },
         Event::UserMessage { text: "go".into() },
     ];
@@ -636,6 +642,7 @@ fn a_turn_stops_at_its_budget_and_an_extending_resume_starts_it_again() {
     let mut events = vec![
         Event::SessionStarted {
             spec: Box::new(spec),
+            tenant: None,
         },
         Event::UserMessage { text: "go".into() },
         reply(None, vec![call("a", "lookup")]),
@@ -869,6 +876,7 @@ fn thinking_goes_back_where_it_stood_and_unfinished_thinking_never() {
     spec.model.provider = "anthropic".into();
     let started = Event::SessionStarted {
         spec: Box::new(spec),
+        tenant: None,
     };
     let user = Event::UserMessage {
         text: "charge".into(),
@@ -915,6 +923,7 @@ fn calls_needing_approval_wait_then_run_or_are_denied() {
     let mut events = vec![
         Event::SessionStarted {
             spec: Box::new(spec),
+            tenant: None,
         },
         Event::UserMessage {
             text: "refund".into(),
@@ -972,6 +981,7 @@ fn waiting_for_approval() -> Vec<Event> {
     vec![
         Event::SessionStarted {
             spec: Box::new(spec),
+            tenant: None,
         },
         Event::UserMessage {
             text: "refund".into(),
@@ -1044,7 +1054,7 @@ fn an_edited_approval_runs_the_persons_arguments_and_the_model_is_told() {
     assert_eq!(built.to_vec(), body);
     // Anthropic's request tells it too.
     let mut anthropic = events.clone();
-    if let Event::SessionStarted { spec } = &mut anthropic[0] {
+    if let Event::SessionStarted { spec, .. } = &mut anthropic[0] {
         spec.model.provider = "anthropic".into();
     }
     let body = String::from_utf8(next_request("s", &fold(&anthropic)).unwrap()).unwrap();
@@ -1086,7 +1096,7 @@ fn an_approval_expires_at_its_deadline_and_the_model_is_told_why() {
         Some("error: denied (expired after 2s: nobody approved it in time)")
     );
     // Without a timeout in the spec (an older log), it still says why.
-    if let Event::SessionStarted { spec } = &mut events[0] {
+    if let Event::SessionStarted { spec, .. } = &mut events[0] {
         spec.tools[0].approval_timeout = None;
     }
     assert_eq!(
@@ -1418,10 +1428,12 @@ fn golden_bytes_of_every_event_kind() {
             mid_turn_messages: crate::spec::MidTurn::Reject,
             ..spec()
         }),
+        tenant: None,
     });
     all.extend(rerun_events());
     all.push(Event::SessionStarted {
         spec: Box::new(parent_spec()),
+        tenant: None,
     });
     all.push(Event::SpawnedBy {
         parent: uuid::Uuid::from_u128(7),
@@ -1457,8 +1469,12 @@ fn golden_bytes_of_every_event_kind() {
     // items and reasoning tokens.
     all.push(Event::SessionStarted {
         spec: Box::new(responses_api::spec()),
+        tenant: None,
     });
     all.push(responses_api::reasoned_calls());
+    // Tenants and spend caps (schema 10): a tenant's session and its
+    // capped spec, the registry of tenants, a ledger.
+    all.extend(tenant_events());
     let text: String = all
         .iter()
         .map(|e| {
@@ -1488,6 +1504,130 @@ fn golden_bytes_of_every_event_kind() {
 
 /// Builds a plausible log from random choices: tool events name calls of
 /// the latest reply most of the time, and garbage otherwise.
+/// A tenant's session (its spec capped per day, its salt sent), the
+/// registry's kinds and a ledger's, one of each.
+fn tenant_events() -> Vec<Event> {
+    let mut capped = spec();
+    capped.limits.max_cost_per_day = Some(20.0);
+    capped.model.cache_salt = Some(false);
+    vec![
+        Event::SessionStarted {
+            spec: Box::new(capped),
+            tenant: Some(crate::Tenancy {
+                name: "acme".into(),
+                cache_salt: Some("5a17".into()),
+                key: Some(uuid::Uuid::from_u128(11)),
+            }),
+        },
+        Event::TenantAdded {
+            name: "acme".into(),
+            key: uuid::Uuid::from_u128(11),
+            cache_salt: "5a17".into(),
+            by: "op".into(),
+        },
+        Event::TenantTokenIssued {
+            tenant: "acme".into(),
+            digest: crate::digest_hex(b"token"),
+            by: "op".into(),
+        },
+        Event::TenantTokensRevoked {
+            tenant: "acme".into(),
+            by: "op".into(),
+        },
+        Event::TenantLimitsSet {
+            tenant: "acme".into(),
+            limits: crate::tenant::TenantLimits {
+                max_cost_per_day: Some(20.0),
+                ..crate::tenant::TenantLimits::default()
+            },
+            by: "op".into(),
+        },
+        Event::TenantErased {
+            tenant: "acme".into(),
+            reason: "contract ended".into(),
+            by: "op".into(),
+        },
+        Event::SpendReserved {
+            session: uuid::Uuid::from_u128(12),
+            cost: 0.25,
+            cap: 20.0,
+        },
+        Event::SpendSettled {
+            reserved: 1,
+            cost: 0.125,
+        },
+    ]
+}
+
+#[test]
+fn tenants_and_caps_are_written_with_schema_10_and_refused_by_older_readers() {
+    for event in tenant_events() {
+        assert_eq!(event.schema(), 10, "{event:?}");
+        assert_eq!(
+            &Event::decode(event.schema(), &event.encode()).unwrap(),
+            &event
+        );
+    }
+    let plain = Event::SessionStarted {
+        spec: Box::new(spec()),
+        tenant: None,
+    };
+    assert_eq!(plain.schema(), 1, "the operator's sessions as before");
+}
+
+#[test]
+fn a_tenants_salt_is_sent_with_its_requests_unless_the_spec_says_not() {
+    let salted = |cache_salt: Option<bool>| {
+        let mut spec = spec();
+        spec.model.cache_salt = cache_salt;
+        let state = SessionState::fold([
+            (
+                1,
+                Event::SessionStarted {
+                    spec: Box::new(spec),
+                    tenant: Some(crate::Tenancy {
+                        name: "acme".into(),
+                        cache_salt: Some("5a17".into()),
+                        key: None,
+                    }),
+                },
+            ),
+            (2, Event::UserMessage { text: "hi".into() }),
+        ]);
+        let whole = next_request("s", &state).unwrap();
+        let mut prefix = crate::RenderedPrefix::default();
+        let incremental = crate::next_request_incremental("s", &state, &mut prefix).unwrap();
+        assert_eq!(incremental.to_vec(), whole, "both renderings agree");
+        String::from_utf8(whole).unwrap()
+    };
+    assert!(salted(None).contains(r#""cache_salt":"5a17""#));
+    assert!(!salted(Some(false)).contains("cache_salt"));
+    // A fork keeps its parent's tenant: its copy holds the parent's start.
+    let forked = SessionState::fold([
+        (
+            1,
+            Event::SessionForked {
+                parent: uuid::Uuid::from_u128(1),
+                at_seq: 1,
+                rerun: None,
+                shared: false,
+            },
+        ),
+        (
+            2,
+            Event::SessionStarted {
+                spec: Box::new(spec()),
+                tenant: Some(crate::Tenancy {
+                    name: "acme".into(),
+                    cache_salt: None,
+                    key: None,
+                }),
+            },
+        ),
+    ]);
+    assert_eq!(forked.tenant.unwrap().name, "acme");
+}
+
 /// A schedule's log, one of each kind, and the mark it leaves in a session.
 fn schedule_events() -> Vec<Event> {
     use crate::schedule::{CatchUp, Overlap, ScheduleSpec, SkipReason, Target, When};
@@ -1506,6 +1646,7 @@ fn schedule_events() -> Vec<Event> {
                 overlap: Overlap::Queue,
                 catch_up: CatchUp::All,
                 from_ms: 1_764_000_000_000,
+                tenant: None,
             }),
         },
         Event::ScheduleFired {
@@ -1566,6 +1707,7 @@ fn arbitrary_log() -> impl Strategy<Value = Vec<Event>> {
         }
         let mut events = vec![Event::SessionStarted {
             spec: Box::new(spec),
+            tenant: None,
         }];
         let mut last_calls: Vec<ToolCall> = Vec::new();
         for (i, (op, pick, flag)) in ops.into_iter().enumerate() {
@@ -1761,7 +1903,7 @@ proptest! {
 #[test]
 fn anthropic_requests_carry_the_same_conversation_with_cache_breakpoints() {
     let mut events = story();
-    if let Event::SessionStarted { spec } = &mut events[0] {
+    if let Event::SessionStarted { spec, .. } = &mut events[0] {
         spec.model.provider = "anthropic".into();
         spec.model.base_url = None;
     }
@@ -1841,6 +1983,7 @@ fn cache_reads_and_writes_are_priced_apart_where_the_spec_says() {
         fold(&[
             Event::SessionStarted {
                 spec: Box::new(spec),
+                tenant: None,
             },
             Event::UserMessage { text: "x".into() },
             reply.clone(),
@@ -1865,6 +2008,7 @@ fn a_refresh_changes_the_tools_offered_and_a_report_does_not() {
     let mut events = vec![
         Event::SessionStarted {
             spec: Box::new(spec()),
+            tenant: None,
         },
         Event::UserMessage { text: "hi".into() },
     ];
@@ -1969,6 +2113,7 @@ fn a_childs_spending_rolls_up_once_into_the_tree_and_the_turn() {
     let events = vec![
         Event::SessionStarted {
             spec: Box::new(parent_spec()),
+            tenant: None,
         },
         Event::UserMessage { text: "go".into() },
         reply(None, vec![call("c1", "ask_child")]),
@@ -2013,6 +2158,7 @@ fn a_childs_spending_rolls_up_once_into_the_tree_and_the_turn() {
     let child = fold(&[
         Event::SessionStarted {
             spec: Box::new(spec()),
+            tenant: None,
         },
         Event::SpawnedBy {
             parent,
@@ -2030,6 +2176,7 @@ fn an_interrupted_agent_call_runs_again_to_continue_its_child() {
     let mut events = vec![
         Event::SessionStarted {
             spec: Box::new(parent_spec()),
+            tenant: None,
         },
         Event::UserMessage { text: "go".into() },
         reply(None, vec![call("c1", "ask_child")]),
@@ -2046,6 +2193,7 @@ fn sub_agent_events_are_written_as_version_4() {
     let newer = [
         Event::SessionStarted {
             spec: Box::new(parent),
+            tenant: None,
         },
         Event::SpawnedBy {
             parent: uuid::Uuid::from_u128(1),
@@ -2175,6 +2323,7 @@ fn mid_turn_messages_are_written_with_schema_3_and_refused_by_older_readers() {
     assert_eq!(Event::MidTurnDelivered { arrived: 1 }.schema(), 3);
     let plain = Event::SessionStarted {
         spec: Box::new(spec()),
+        tenant: None,
     };
     assert_eq!(
         plain.schema(),
@@ -2186,6 +2335,7 @@ fn mid_turn_messages_are_written_with_schema_3_and_refused_by_older_readers() {
             mid_turn_messages: MidTurn::Reject,
             ..spec()
         }),
+        tenant: None,
     };
     assert_eq!(rejecting.schema(), 3);
     let bounded = Event::SessionStarted {
@@ -2196,6 +2346,7 @@ fn mid_turn_messages_are_written_with_schema_3_and_refused_by_older_readers() {
             },
             ..spec()
         }),
+        tenant: None,
     };
     assert_eq!(bounded.schema(), 3);
     let delivered = Event::MidTurnDelivered { arrived: 9 };
@@ -2272,6 +2423,7 @@ fn recorded() -> Vec<(u64, Event)> {
     let events = vec![
         Event::SessionStarted {
             spec: Box::new(spec()),
+            tenant: None,
         },
         Event::UserMessage { text: "one".into() },
         reply(None, vec![charge("c1", r#"{"x":1}"#), lookup]),
@@ -2391,6 +2543,7 @@ fn the_fold_knows_a_rerun_and_the_records_it_used() {
         rerun_events()[0].clone(),
         Event::SessionStarted {
             spec: Box::new(spec()),
+            tenant: None,
         },
         Event::UserMessage { text: "one".into() },
         reply(None, vec![call("c1", "charge"), call("c2", "email")]),
@@ -2445,6 +2598,7 @@ fn huge_token_counts_from_a_server_do_not_overflow_the_fold() {
     let events = vec![
         Event::SessionStarted {
             spec: Box::new(spec()),
+            tenant: None,
         },
         Event::UserMessage { text: "a".into() },
         huge(reply(Some("x"), vec![])),
@@ -2467,6 +2621,7 @@ fn sleeping_at(at_ms: i64) -> Vec<Event> {
     vec![
         Event::SessionStarted {
             spec: Box::new(spec),
+            tenant: None,
         },
         Event::UserMessage {
             text: "look her up, then wait".into(),
@@ -2562,6 +2717,7 @@ fn a_cache_miss_is_explained_by_the_event_that_changed_the_request_or_eviction()
     let user = |text: &str| Event::UserMessage { text: text.into() };
     let started = Event::SessionStarted {
         spec: Box::new(spec()),
+        tenant: None,
     };
     let log = |middle: Vec<Event>, cached: u64| {
         let mut events = vec![started.clone(), user("a"), answer_with_cache("A", 2000, 0)];

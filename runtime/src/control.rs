@@ -448,6 +448,82 @@ impl<T: Turns> Control<T> {
         Ok(answer)
     }
 
+    /// Erases tenant `name` for good, as `by` asks and why: records it
+    /// erased in the registry (its tokens revoked: nothing of it is done
+    /// again), then destroys its key (every session of it, wrapped by that
+    /// key, unreadable at once, its chain still verifying), then erases each
+    /// of its sessions on its own (a running turn stops first; each records
+    /// its `SessionErased` and its own key is destroyed), telling `each`.
+    /// Refused, before anything is recorded, when the tenant has sessions
+    /// and no key: they were written without encryption, and records are
+    /// never rewritten.
+    pub async fn erase_tenant(
+        &self,
+        name: &str,
+        reason: &str,
+        by: &str,
+        each: &(dyn Fn(Uuid) + Send + Sync),
+    ) -> Result<api::TenantErased, RuntimeError> {
+        let service = &self.service;
+        let registry = service.tenants().registry().await?;
+        let tenant = (registry.tenants.get(name))
+            .ok_or_else(|| RuntimeError::NoSuchTenant(name.to_string()))?
+            .clone();
+        let sessions = service.sessions_of_tenant(name).await?;
+        let store = service.log().side_store();
+        let kept = store.get_key(tenant.key).await?;
+        let had_key = kept
+            .as_deref()
+            .is_some_and(|k| k != crate::privacy::ERASED_TENANT_KEY);
+        if kept.is_none() && !sessions.is_empty() {
+            return Err(RuntimeError::Tenant(format!(
+                "cannot erase tenant {name}: its {} sessions were written without encryption (mneme had no --master-key when they began), so their content cannot be erased: records are never rewritten",
+                sessions.len()
+            )));
+        }
+        service.tenants().mark_erased(name, reason, by).await?;
+        // Its schedules start nothing more.
+        for id in service.schedule_ids().await? {
+            let state = service.schedule(id).await?;
+            let spec = state.spec.as_ref();
+            let whose = spec
+                .and_then(|s| s.tenant.as_ref())
+                .map(|t| t.name.as_str());
+            if whose == Some(name) && state.removed.is_none() {
+                service.remove_schedule(id, by).await?;
+            }
+        }
+        // The one key: once it is gone, every session of the tenant reads
+        // as erased. Its slot then holds a mark, so no process makes the
+        // tenant a key again (one made meanwhile is destroyed in turn).
+        loop {
+            store.destroy_key(tenant.key).await?;
+            let mark = crate::privacy::ERASED_TENANT_KEY;
+            if store.put_key(tenant.key, mark).await? == mark {
+                break;
+            }
+        }
+        let mut answer = api::TenantErased {
+            tenant: name.to_string(),
+            key_destroyed: had_key,
+            erased: Vec::new(),
+            not_erased: Vec::new(),
+        };
+        let why = format!("{reason} (tenant {name} erased)");
+        for id in sessions {
+            let erased = self.erase(id, &why, by).await;
+            each(id);
+            match erased {
+                Ok(()) => answer.erased.push(id),
+                Err(e) => answer.not_erased.push(api::NotErased {
+                    session: id,
+                    error: e.to_string(),
+                }),
+            }
+        }
+        Ok(answer)
+    }
+
     /// A new session holding session `id`'s events up to seq `at`, run
     /// with `spec` from there on if given (`by` recorded as who changed it).
     pub async fn fork(

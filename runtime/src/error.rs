@@ -91,6 +91,18 @@ pub enum RuntimeError {
         #[source]
         source: std::io::Error,
     },
+    /// No tenant of this name (never added), or not one the caller may
+    /// name.
+    #[error("no tenant {0:?}")]
+    NoSuchTenant(String),
+    /// What was asked of a tenant cannot be done: a name that is not one,
+    /// a name taken, limits that are not numbers; the message says why.
+    #[error("tenant: {0}")]
+    Tenant(String),
+    /// A tenant's session was asked for something only the operator may
+    /// do, or names what the tenant may not reach; the message says why.
+    #[error("{0}")]
+    Forbidden(String),
     /// The daemon cannot run as asked (its token, its address, its limits,
     /// its server); the message says what and how to fix it.
     #[error("{0}")]

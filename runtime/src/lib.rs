@@ -28,6 +28,7 @@
 mod agent;
 mod anthropic;
 mod blobs;
+mod budgets;
 pub mod control;
 mod diff;
 mod error;
@@ -49,9 +50,11 @@ mod session;
 mod signing;
 mod sleep;
 mod snapshot;
+mod spend;
 mod sse;
 mod subagent;
 mod telemetry;
+mod tenants;
 pub mod text;
 mod transfer;
 mod views;
@@ -65,6 +68,7 @@ pub use runner::{DeltaSink, Runner, StopCheck, StopFuture, TurnEnd, TurnParts};
 pub use service::Service;
 pub use session::{Session, SessionObserver};
 pub use telemetry::{OtlpConfig, Tracer};
+pub use tenants::{limits_of, limits_set, tenant_view, IssuedToken, Tenants, TOKEN_PREFIX};
 
 /// What is kept of a session beyond its live state, and the shapes it is
 /// shown in: reading and decoding its records (and the trace ids they are

@@ -283,6 +283,7 @@ async fn check_model(spec: &AgentSpec, message: Option<&str>) -> Found {
             1,
             Event::SessionStarted {
                 spec: Box::new(spec.clone()),
+                tenant: None,
             },
         ),
         (2, Event::UserMessage { text: text.into() }),

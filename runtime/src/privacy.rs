@@ -39,8 +39,23 @@ pub(crate) const SEALED_SCHEMA: u16 = 0x8000;
 /// The first bytes of encrypted derived data.
 const DERIVED_MAGIC: &[u8; 4] = b"mnx1";
 
-/// The format byte of a wrapped session key.
+/// The format byte of a session key wrapped by the master key (and of a
+/// tenant's key, wrapped by the master key too).
 const WRAPPED_FORMAT: u8 = 1;
+
+/// The format byte of a session key wrapped by its tenant's key: then the
+/// 16 bytes of the tenant key's slot, then the wrapped key.
+pub(crate) const TENANT_WRAPPED_FORMAT: u8 = 2;
+
+/// What the key store keeps in an erased tenant's key slot once its key
+/// is destroyed: so that no process makes the tenant a new key, and no
+/// session of it is written again.
+pub(crate) const ERASED_TENANT_KEY: &[u8] = b"mneme: this tenant was erased";
+
+/// How long a process reads a tenant's session with the key it unwrapped
+/// before it looks again whether the tenant's key still exists (another
+/// process may have erased the tenant).
+const TENANT_KEY_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 const NONCE_LEN: usize = 24;
 
@@ -97,13 +112,77 @@ impl MasterKey {
         let Some((&WRAPPED_FORMAT, sealed)) = wrapped.split_first() else {
             return Err(refused("its key is in an unknown format"));
         };
-        let key = decrypt(&self.0, sealed, &wrap_aad(session)).ok_or_else(|| {
-            refused("the master key given is not the one its key was wrapped with")
+        let key = unwrap_with(&self.0, sealed, &wrap_aad(session)).map_err(|why| {
+            refused(match why {
+                Unwrapped::WrongKey => {
+                    "the master key given is not the one its key was wrapped with"
+                }
+                Unwrapped::WrongLength => "its key has the wrong length",
+            })
         })?;
-        let key: [u8; 32] = key
-            .try_into()
-            .map_err(|_| refused("its key has the wrong length"))?;
         Ok(SessionCipher::new(&key))
+    }
+
+    /// A tenant's key, wrapped for its slot `slot`.
+    fn wrap_tenant(&self, slot: Uuid, key: &[u8; 32]) -> Result<Vec<u8>, LogError> {
+        let mut wrapped = vec![WRAPPED_FORMAT];
+        wrapped.extend(encrypt(&self.0, key, &tenant_aad(slot), slot)?);
+        Ok(wrapped)
+    }
+
+    /// The tenant key kept in slot `slot` as `wrapped`, for session
+    /// `session` (named in the error).
+    fn unwrap_tenant(
+        &self,
+        session: Uuid,
+        slot: Uuid,
+        wrapped: &[u8],
+    ) -> Result<XChaCha20Poly1305, LogError> {
+        let refused = |reason: &str| LogError::Encrypted {
+            session,
+            reason: format!("its tenant's key (slot {slot}) {reason}"),
+        };
+        let Some((&WRAPPED_FORMAT, sealed)) = wrapped.split_first() else {
+            return Err(refused("is in an unknown format"));
+        };
+        let key = unwrap_with(&self.0, sealed, &tenant_aad(slot)).map_err(|why| {
+            refused(match why {
+                Unwrapped::WrongKey => "was wrapped with another master key than the one given",
+                Unwrapped::WrongLength => "has the wrong length",
+            })
+        })?;
+        Ok(XChaCha20Poly1305::new(&key.into()))
+    }
+}
+
+/// Why a wrapped key did not open.
+enum Unwrapped {
+    WrongKey,
+    WrongLength,
+}
+
+/// The 32-byte key `sealed` holds under `cipher` and `aad`.
+fn unwrap_with(
+    cipher: &XChaCha20Poly1305,
+    sealed: &[u8],
+    aad: &[u8],
+) -> Result<[u8; 32], Unwrapped> {
+    let key = decrypt(cipher, sealed, aad).ok_or(Unwrapped::WrongKey)?;
+    key.try_into().map_err(|_| Unwrapped::WrongLength)
+}
+
+fn tenant_aad(slot: Uuid) -> Vec<u8> {
+    [b"mneme tenant key ".as_slice(), slot.as_bytes()].concat()
+}
+
+/// The tenant key slot a session's wrapped key names, if it is wrapped by
+/// a tenant's key.
+pub(crate) fn tenant_slot_of(wrapped: &[u8]) -> Option<Uuid> {
+    match wrapped.split_first() {
+        Some((&TENANT_WRAPPED_FORMAT, rest)) if rest.len() > 16 => {
+            Some(Uuid::from_slice(&rest[..16]).expect("16 bytes"))
+        }
+        _ => None,
     }
 }
 
@@ -218,6 +297,23 @@ fn decrypt(cipher: &XChaCha20Poly1305, sealed: &[u8], aad: &[u8]) -> Option<Vec<
         .ok()
 }
 
+/// The tenant key slot named by the start among `events` (a session's or
+/// a schedule's first append), if it starts a tenant's session or
+/// schedule.
+fn tenant_slot(events: &[NewEvent]) -> Option<Uuid> {
+    events
+        .iter()
+        .filter(|e| e.kind == "SessionStarted" || e.kind == "ScheduleCreated")
+        .find_map(|e| match Event::decode(e.schema, &e.payload) {
+            Ok(Event::SessionStarted {
+                tenant: Some(tenant),
+                ..
+            }) => tenant.key,
+            Ok(Event::ScheduleCreated { schedule }) => schedule.tenant.and_then(|t| t.key),
+            _ => None,
+        })
+}
+
 /// A sealed payload: the event's outline, and its personal fields,
 /// encrypted.
 #[derive(Serialize, Deserialize)]
@@ -251,6 +347,9 @@ pub struct SealedLog {
     inner: Arc<dyn EventLog>,
     master: Option<MasterKey>,
     keys: Mutex<HashMap<Uuid, SessionKey>>,
+    /// Of the sessions whose keys are cached, those wrapped by a tenant's
+    /// key: its slot, and when this process last saw it there.
+    tenant_wrapped: Mutex<HashMap<Uuid, (Uuid, std::time::Instant)>>,
 }
 
 impl SealedLog {
@@ -262,6 +361,7 @@ impl SealedLog {
             inner,
             master,
             keys: Mutex::default(),
+            tenant_wrapped: Mutex::default(),
         }
     }
 
@@ -285,42 +385,140 @@ impl SealedLog {
 
     /// The key of `session`: `None` if it keeps none (written in the
     /// clear, or erased); an error if it keeps one this process cannot
-    /// unwrap.
+    /// unwrap. A key wrapped by a tenant's key is given while that key
+    /// exists: looked at again at most every [`TENANT_KEY_RECHECK`], so a
+    /// tenant erased by another process is unreadable here within it.
     async fn key(&self, session: Uuid) -> Result<SessionKey, LogError> {
         if let Some(key) = self.cached(session) {
-            return Ok(key);
+            let stale = (self.tenant_wrapped.lock().expect("keys lock"))
+                .get(&session)
+                .filter(|(_, seen)| seen.elapsed() >= TENANT_KEY_RECHECK)
+                .map(|(slot, _)| *slot);
+            let Some(slot) = stale else { return Ok(key) };
+            if self.tenant_key_kept(slot).await? {
+                let mut wrapped = self.tenant_wrapped.lock().expect("keys lock");
+                wrapped.insert(session, (slot, std::time::Instant::now()));
+                return Ok(key);
+            }
+            self.tenant_wrapped
+                .lock()
+                .expect("keys lock")
+                .remove(&session);
+            return Ok(self.remember(session, SessionKey::Destroyed));
         }
         let Some(wrapped) = self.inner.side_store().get_key(session).await? else {
             return Ok(self.remember(session, SessionKey::None));
         };
+        self.unwrap_kept(session, &wrapped).await
+    }
+
+    /// Whether the key store keeps a tenant's key in `slot` (not erased).
+    async fn tenant_key_kept(&self, slot: Uuid) -> Result<bool, LogError> {
+        let kept = self.inner.side_store().get_key(slot).await?;
+        Ok(kept.is_some_and(|k| k != ERASED_TENANT_KEY))
+    }
+
+    /// The key `wrapped` (as the key store keeps it for `session`) opens
+    /// to, remembered: a session of an erased tenant reads as erased.
+    async fn unwrap_kept(&self, session: Uuid, wrapped: &[u8]) -> Result<SessionKey, LogError> {
         let master = self.master.as_ref().ok_or_else(|| LogError::Encrypted {
             session,
             reason: "this process was not given the master key (--master-key)".into(),
         })?;
-        let cipher = master.unwrap(session, &wrapped)?;
+        let Some(slot) = tenant_slot_of(wrapped) else {
+            let cipher = master.unwrap(session, wrapped)?;
+            return Ok(self.remember(session, SessionKey::Some(Arc::new(cipher))));
+        };
+        let tenant = match self.inner.side_store().get_key(slot).await? {
+            Some(kept) if kept != ERASED_TENANT_KEY => {
+                master.unwrap_tenant(session, slot, &kept)?
+            }
+            // Its tenant was erased: its content is gone.
+            _ => return Ok(self.remember(session, SessionKey::Destroyed)),
+        };
+        let key = unwrap_with(&tenant, &wrapped[17..], &wrap_aad(session)).map_err(|_| {
+            LogError::Encrypted {
+                session,
+                reason: format!("its key does not open with its tenant's key (slot {slot})"),
+            }
+        })?;
+        let seen = (slot, std::time::Instant::now());
+        (self.tenant_wrapped.lock().expect("keys lock")).insert(session, seen);
+        let cipher = SessionCipher::new(&key);
         Ok(self.remember(session, SessionKey::Some(Arc::new(cipher))))
     }
 
     /// The key appends to `session` are sealed with: a new one for a `new`
-    /// session when a master key was given.
-    async fn key_for_append(&self, session: Uuid, new: bool) -> Result<SessionKey, LogError> {
-        match (&self.master, new) {
-            (Some(master), true) if self.cached(session).is_none() => {
+    /// session when a master key was given, wrapped by its tenant's key if
+    /// `events` start a tenant's session or it `inherits` one (a fork of a
+    /// tenant's session; the tenant's key made on its first session). The
+    /// logs that hold nothing personal (the registry of tenants, the
+    /// ledgers of caps) get none.
+    async fn key_for_append(
+        &self,
+        session: Uuid,
+        new: bool,
+        events: &[NewEvent],
+        inherits: Option<Uuid>,
+    ) -> Result<SessionKey, LogError> {
+        let Some(master) = &self.master else {
+            return Ok(SessionKey::None);
+        };
+        if !new || self.cached(session).is_some() {
+            return self.key(session).await;
+        }
+        let first = events.first().map_or("", |e| e.kind.as_str());
+        if replay::tenant::is_tenant_kind(first) || replay::spend::is_ledger_kind(first) {
+            return Ok(self.remember(session, SessionKey::None));
+        }
+        let fresh = crate::secret::random::<32>().map_err(|e| LogError::Encrypted {
+            session,
+            reason: format!("no key from the random source: {e}"),
+        })?;
+        let wrapped = match tenant_slot(events).or(inherits) {
+            None => master.wrap(session, &fresh)?,
+            Some(slot) => {
+                let tenant = self.tenant_key_for_new_session(session, slot).await?;
+                let mut wrapped = vec![TENANT_WRAPPED_FORMAT];
+                wrapped.extend_from_slice(slot.as_bytes());
+                wrapped.extend(encrypt(&tenant, &fresh, &wrap_aad(session), session)?);
+                wrapped
+            }
+        };
+        let kept = self.inner.side_store().put_key(session, &wrapped).await?;
+        self.unwrap_kept(session, &kept).await
+    }
+
+    /// The key of the tenant whose key is in `slot`, for its new session
+    /// `session`: made (and kept) if the tenant has none yet; refused if
+    /// the tenant was erased.
+    async fn tenant_key_for_new_session(
+        &self,
+        session: Uuid,
+        slot: Uuid,
+    ) -> Result<XChaCha20Poly1305, LogError> {
+        let master = self.master.as_ref().expect("called with a master key");
+        let store = self.inner.side_store();
+        let kept = match store.get_key(slot).await? {
+            Some(kept) => kept,
+            None => {
                 let fresh = crate::secret::random::<32>().map_err(|e| LogError::Encrypted {
                     session,
                     reason: format!("no key from the random source: {e}"),
                 })?;
-                let kept = self
-                    .inner
-                    .side_store()
-                    .put_key(session, &master.wrap(session, &fresh)?)
-                    .await?;
-                let cipher = master.unwrap(session, &kept)?;
-                Ok(self.remember(session, SessionKey::Some(Arc::new(cipher))))
+                store
+                    .put_key(slot, &master.wrap_tenant(slot, &fresh)?)
+                    .await?
             }
-            (Some(_), _) => self.key(session).await,
-            (None, _) => Ok(SessionKey::None),
+        };
+        if kept == ERASED_TENANT_KEY {
+            return Err(LogError::Encrypted {
+                session,
+                reason: "its tenant was erased (its key destroyed): no session of it is written"
+                    .into(),
+            });
         }
+        master.unwrap_tenant(session, slot, &kept)
     }
 
     /// `event`, to be stored at `seq`, as an outline and its personal
@@ -481,6 +679,7 @@ impl SealedLog {
             session,
             first_seq,
             new,
+            inherits: None,
         }
     }
 
@@ -502,12 +701,15 @@ struct Sealing<'a> {
     session: Uuid,
     first_seq: u64,
     new: bool,
+    /// The tenant key slot a fork inherits from its parent, if any.
+    inherits: Option<Uuid>,
 }
 
 impl Sealing<'_> {
     /// The key, and `events` sealed under it.
     async fn with(self, events: Vec<NewEvent>) -> Result<(SessionKey, Vec<NewEvent>), LogError> {
-        let key = self.log.key_for_append(self.session, self.new).await?;
+        let (session, new, inherits) = (self.session, self.new, self.inherits);
+        let key = (self.log.key_for_append(session, new, &events, inherits)).await?;
         let events = match &key {
             SessionKey::Some(cipher) => events
                 .into_iter()
@@ -572,9 +774,13 @@ impl EventLog for SealedLog {
         base_head: Head,
         events: Vec<NewEvent>,
     ) -> Result<Vec<Record>, LogError> {
-        let (key, events) = (self.sealed_events(session, base.through + 1, true))
-            .with(events)
-            .await?;
+        // A tenant's fork is its tenant's: its key is wrapped by the same.
+        let parent_key = self.inner.side_store().get_key(base.parent).await?;
+        let sealing = Sealing {
+            inherits: parent_key.as_deref().and_then(tenant_slot_of),
+            ..self.sealed_events(session, base.through + 1, true)
+        };
+        let (key, events) = sealing.with(events).await?;
         let records = (self.inner)
             .fork_after(session, base, base_head, events)
             .await?;
@@ -664,8 +870,24 @@ impl SideStore for SealedLog {
         self.keys.lock().expect("keys lock").remove(&session);
         self.inner.side_store().put_key(session, key).await
     }
+    /// Destroys `session`'s key; if it is a tenant's key slot, every
+    /// session of the tenant this process knows reads as erased at once.
     async fn destroy_key(&self, session: Uuid) -> Result<(), LogError> {
         self.remember(session, SessionKey::Destroyed);
+        let wrapped_by_it: Vec<Uuid> = {
+            let mut wrapped = self.tenant_wrapped.lock().expect("keys lock");
+            let of_it: Vec<Uuid> = (wrapped.iter())
+                .filter(|(_, (slot, _))| *slot == session)
+                .map(|(id, _)| *id)
+                .collect();
+            of_it.iter().for_each(|id| {
+                wrapped.remove(id);
+            });
+            of_it
+        };
+        for id in wrapped_by_it {
+            self.remember(id, SessionKey::Destroyed);
+        }
         self.inner.side_store().destroy_key(session).await
     }
 }
@@ -784,6 +1006,100 @@ mod tests {
             );
         }
         assert_eq!(log.verify(id).await.unwrap(), 2, "the chain still holds");
+    }
+
+    /// A tenant's session's first append: its start (naming the tenant's
+    /// key slot) and a message.
+    fn tenant_session(slot: Uuid) -> Vec<NewEvent> {
+        let spec: replay::AgentSpec =
+            toml::from_str("name = \"t\"\n[model]\nprovider = \"scripted\"\nscript = \"x.json\"\n")
+                .unwrap();
+        let started = Event::SessionStarted {
+            spec: Box::new(spec),
+            tenant: Some(replay::Tenancy {
+                name: "acme".into(),
+                cache_salt: None,
+                key: Some(slot),
+            }),
+        };
+        let start = NewEvent {
+            kind: started.kind().into(),
+            schema: started.schema(),
+            caused_by: None,
+            payload: started.encode(),
+        };
+        [vec![start], events()].concat()
+    }
+
+    #[tokio::test]
+    async fn destroying_a_tenants_key_erases_every_session_of_it_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let raw: Arc<dyn EventLog> = Arc::new(SledLog::open(dir.path()).unwrap());
+        let log = SealedLog::new(raw.clone(), Some(master()));
+        let other = SealedLog::new(raw.clone(), Some(master()));
+        let (slot, a, b, own) = (
+            Uuid::now_v7(),
+            Uuid::now_v7(),
+            Uuid::now_v7(),
+            Uuid::now_v7(),
+        );
+        log.append(a, 1, tenant_session(slot)).await.unwrap();
+        log.append(b, 1, tenant_session(slot)).await.unwrap();
+        log.append(own, 1, events()).await.unwrap();
+        let wrapped = raw.side_store().get_key(a).await.unwrap().unwrap();
+        assert_eq!(
+            tenant_slot_of(&wrapped),
+            Some(slot),
+            "wrapped by the tenant's key"
+        );
+        assert!(raw.side_store().get_key(slot).await.unwrap().is_some());
+        let text = |records: &[Record]| match crate::session::decode(&records[1]).unwrap() {
+            Event::UserMessage { text } => text,
+            other => panic!("{other:?}"),
+        };
+        for reader in [&log, &other] {
+            for id in [a, b] {
+                assert_eq!(text(&reader.read(id, 1, 3).await.unwrap()), SECRET);
+            }
+        }
+        // The tenant's key goes: every session of it reads as erased, here
+        // at once, in another process within the recheck.
+        log.side_store().destroy_key(slot).await.unwrap();
+        log.side_store()
+            .put_key(slot, ERASED_TENANT_KEY)
+            .await
+            .unwrap();
+        for id in [a, b] {
+            assert_eq!(text(&log.read(id, 1, 3).await.unwrap()), replay::ERASED);
+        }
+        tokio::time::sleep(TENANT_KEY_RECHECK).await;
+        for id in [a, b] {
+            assert_eq!(text(&other.read(id, 1, 3).await.unwrap()), replay::ERASED);
+            let fresh = SealedLog::new(raw.clone(), Some(master()));
+            assert_eq!(text(&fresh.read(id, 1, 3).await.unwrap()), replay::ERASED);
+            assert_eq!(log.verify(id).await.unwrap(), 3, "the chain still holds");
+        }
+        let stored: String = (raw.read(a, 1, 3).await.unwrap().iter())
+            .map(|r| String::from_utf8_lossy(&r.envelope.payload).to_string())
+            .collect();
+        assert!(!stored.contains(SECRET));
+        // The operator's own session is untouched; no session of the
+        // tenant is written again.
+        let own_first = crate::session::decode(&log.read(own, 1, 1).await.unwrap()[0]).unwrap();
+        assert_eq!(
+            own_first,
+            Event::UserMessage {
+                text: SECRET.into()
+            }
+        );
+        let refused = log
+            .append(Uuid::now_v7(), 1, tenant_session(slot))
+            .await
+            .unwrap_err();
+        assert!(
+            refused.to_string().contains("tenant was erased"),
+            "{refused}"
+        );
     }
 
     #[test]

@@ -269,6 +269,7 @@ mod tests {
         let original = numbered(vec![
             Event::SessionStarted {
                 spec: Box::new(spec("old")),
+                tenant: None,
             },
             user("one"),
             reply(None, &[("lookup", r#"{"a":1}"#)], 100, 0),
@@ -295,6 +296,7 @@ mod tests {
             },
             Event::SessionStarted {
                 spec: Box::new(spec("new")),
+                tenant: None,
             },
             user("one"),
             reply(None, &[("lookup", r#"{"a": 1}"#)], 100, 0),
@@ -331,6 +333,7 @@ mod tests {
         let original = numbered(vec![
             Event::SessionStarted {
                 spec: Box::new(spec("m")),
+                tenant: None,
             },
             user("one"),
             reply(Some("A."), &[], 10, 0),
@@ -350,6 +353,7 @@ mod tests {
             },
             Event::SessionStarted {
                 spec: Box::new(spec("m")),
+                tenant: None,
             },
             user("one"),
             reply(Some("A."), &[], 10, 0),

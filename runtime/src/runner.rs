@@ -56,6 +56,70 @@ pub struct Runner {
     tracer: Option<Arc<crate::telemetry::Tracer>>,
     /// Messages posted while a turn runs (see [`crate::inbox`]).
     inboxes: Option<Arc<Inboxes>>,
+    /// The daily caps every model request is reserved against.
+    budgets: Option<Arc<crate::budgets::Budgets>>,
+    /// Each tenant's room for tool calls at once (its `max_parallel_calls`).
+    tenant_calls: Option<Arc<TenantCalls>>,
+}
+
+/// Tool calls of each tenant's sessions running at once across the
+/// sessions a runner (and its clones) drives: at most the tenant's
+/// `max_parallel_calls`, read from the registry at most a second old.
+pub(crate) struct TenantCalls {
+    tenants: Arc<crate::tenants::Tenants>,
+    /// Each tenant's room, and the limit it was made for.
+    rooms: std::sync::Mutex<HashMap<String, (Arc<tokio::sync::Semaphore>, u64)>>,
+}
+
+impl TenantCalls {
+    pub(crate) fn new(tenants: Arc<crate::tenants::Tenants>) -> TenantCalls {
+        TenantCalls {
+            tenants,
+            rooms: Default::default(),
+        }
+    }
+
+    /// Tenant `name`'s room and its size, if its limits give one. A limit
+    /// changed makes a new room (calls under way keep the old one's).
+    async fn room_of(
+        &self,
+        name: &str,
+    ) -> Result<Option<(Arc<tokio::sync::Semaphore>, u64)>, RuntimeError> {
+        let registry = (self.tenants)
+            .registry_within(Duration::from_secs(1))
+            .await?;
+        let limit = (registry.tenants.get(name)).and_then(|t| t.limits.max_parallel_calls);
+        let Some(limit) = limit else { return Ok(None) };
+        let mut rooms = self.rooms.lock().expect("rooms lock");
+        let room = match rooms.get(name) {
+            Some((room, size)) if *size == limit => room.clone(),
+            _ => {
+                let permits = limit.min(tokio::sync::Semaphore::MAX_PERMITS as u64) as usize;
+                let room = Arc::new(tokio::sync::Semaphore::new(permits));
+                rooms.insert(name.to_string(), (room.clone(), limit));
+                room
+            }
+        };
+        Ok(Some((room, limit)))
+    }
+}
+
+/// The room tool calls of a wave hold: the runner's cap's, and their
+/// tenant's; each call takes one of each and gives them back when it ends.
+#[derive(Default)]
+struct Room {
+    cap: Option<tokio::sync::OwnedSemaphorePermit>,
+    tenant: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Room {
+    /// One call's room, split from this one.
+    fn one(&mut self) -> Room {
+        Room {
+            cap: self.cap.as_mut().and_then(|p| p.split(1)),
+            tenant: self.tenant.as_mut().and_then(|p| p.split(1)),
+        }
+    }
 }
 
 /// Events a long turn appends between two signed heads, by default.
@@ -93,6 +157,8 @@ impl Runner {
             signer: None,
             tracer: None,
             inboxes: None,
+            budgets: None,
+            tenant_calls: None,
         }
     }
 
@@ -149,6 +215,22 @@ impl Runner {
     /// under way (a model request, running tools) finishes first.
     pub fn with_stop(mut self, stop: StopCheck) -> Runner {
         self.stop = Some(stop);
+        self
+    }
+
+    /// Reserves every model request's worst case against the daily caps
+    /// that apply to its session, and pauses the session (a budget pause
+    /// naming the cap) instead of sending one that would cross a cap.
+    pub(crate) fn with_budgets(mut self, budgets: Arc<crate::budgets::Budgets>) -> Runner {
+        self.budgets = Some(budgets);
+        self
+    }
+
+    /// Lets a tenant's sessions run at most its `max_parallel_calls` tool
+    /// calls at once, across every session this runner (and its clones)
+    /// drives.
+    pub(crate) fn with_tenant_calls(mut self, calls: Arc<TenantCalls>) -> Runner {
+        self.tenant_calls = Some(calls);
         self
     }
 
@@ -549,23 +631,102 @@ impl Runner {
         Err(error)
     }
 
+    /// Reserves `bytes`' worth of request of `session` (its worst case)
+    /// against the daily caps that apply: the reservations, or, when one
+    /// would be crossed, none: the session is then paused on its budget,
+    /// naming the cap (durable), and the request is not sent.
+    async fn reserve_or_pause(
+        &self,
+        session: &mut Session,
+        bytes: u64,
+    ) -> Result<Option<crate::budgets::Held>, RuntimeError> {
+        let Some(budgets) = &self.budgets else {
+            return Ok(Some(Default::default()));
+        };
+        let worst = replay::spend::worst_case(session.state(), bytes);
+        let now = crate::text::now_ms();
+        match budgets
+            .reserve(session.id(), session.state(), worst, now)
+            .await?
+        {
+            Ok(held) => Ok(Some(held)),
+            Err(crate::budgets::OverCap(reason)) => {
+                let event = Event::SessionPaused {
+                    reason,
+                    budget: true,
+                };
+                session.append(vec![event], None).await?;
+                session.barrier(self.durability).await?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Settles `held` at what `usage` cost at the session's prices (none: a
+    /// request that got no reply, at 0).
+    async fn settle(
+        &self,
+        session: &Session,
+        held: crate::budgets::Held,
+        usage: Option<&replay::Usage>,
+    ) -> Result<(), RuntimeError> {
+        let Some(budgets) = &self.budgets else {
+            return Ok(());
+        };
+        let cost = usage.map_or(0.0, |u| {
+            replay::state::cost(u, session.state().spec.as_ref())
+        });
+        budgets.settle(held, cost).await
+    }
+
+    /// [`Runner::request_reply`] under a reservation of the request's worst
+    /// case, settled by the reply; `None` when a cap paused the session
+    /// instead (nothing sent).
+    async fn budgeted_request(
+        &self,
+        session: &mut Session,
+        model: &dyn ModelClient,
+    ) -> Result<
+        Option<Result<(replay::PreparedRequest, replay::ModelReply), ModelError>>,
+        RuntimeError,
+    > {
+        let bytes = session.next_request()?.len() as u64;
+        let Some(held) = self.reserve_or_pause(session, bytes).await? else {
+            return Ok(None);
+        };
+        let asked = self.request_reply(session, model).await?;
+        let usage = asked.as_ref().ok().map(|(_, reply)| reply.usage);
+        self.settle(session, held, usage.as_ref()).await?;
+        Ok(Some(asked))
+    }
+
     async fn call_model(
         &self,
         session: &mut Session,
         model: &dyn ModelClient,
     ) -> Result<(), RuntimeError> {
         session.barrier(self.durability).await?;
-        self.compact_if_needed(session, model).await?;
+        if !self.compact_if_needed(session, model).await? {
+            return Ok(()); // paused on a cap
+        }
         crash::point(crash::BEFORE_MODEL_CALL);
         let cause = session.state().last_seq;
-        let asked = match self.request_reply(session, model).await? {
+        let Some(asked) = self.budgeted_request(session, model).await? else {
+            return Ok(()); // paused on a cap
+        };
+        let asked = match asked {
             // The server says the prompt exceeds its context: summarize all
             // but the newest entry, once, and ask again.
             Err(error) if error.is_context_overflow() => {
                 match session.state().compactable_keeping(1) {
                     Some(coverage) => {
-                        self.compact(session, model, coverage).await?;
-                        self.request_reply(session, model).await?
+                        if !self.compact(session, model, coverage).await? {
+                            return Ok(());
+                        }
+                        match self.budgeted_request(session, model).await? {
+                            Some(asked) => asked,
+                            None => return Ok(()),
+                        }
                     }
                     None => Err(error),
                 }
@@ -616,34 +777,37 @@ impl Runner {
     /// model's context window, asks the model to summarize the oldest entries
     /// and records the summary (ContextCompacted). The log keeps everything;
     /// only the prompt changes. A failed summary request fails the turn.
+    /// False when a cap paused the session instead (nothing sent).
     async fn compact_if_needed(
         &self,
         session: &mut Session,
         model: &dyn ModelClient,
-    ) -> Result<(), RuntimeError> {
+    ) -> Result<bool, RuntimeError> {
         let Some(window) = session.spec()?.model.context_window else {
-            return Ok(());
+            return Ok(true);
         };
         let bytes = session.next_request()?.len() as u64;
         let tokens = session.state().estimate_tokens(bytes);
         if (tokens as f64) < window as f64 * COMPACT_AT {
-            return Ok(());
+            return Ok(true);
         }
         let Some(coverage) = session.state().compactable() else {
-            return Ok(());
+            return Ok(true);
         };
         self.compact(session, model, coverage).await
     }
 
     /// Asks the model to summarize the first `upto` entries (spanning the
     /// seqs `covers`) and records the summary (ContextCompacted). A failed
-    /// summary request fails the turn.
+    /// summary request fails the turn. The request is reserved against the
+    /// daily caps like any other: false when a cap paused the session
+    /// instead (nothing sent).
     async fn compact(
         &self,
         session: &mut Session,
         model: &dyn ModelClient,
         (upto, covers): (usize, (u64, u64)),
-    ) -> Result<(), RuntimeError> {
+    ) -> Result<bool, RuntimeError> {
         let request = replay::compaction_request(session.state(), upto).ok_or(
             RuntimeError::InvalidRequest {
                 session: session.id(),
@@ -652,10 +816,15 @@ impl Runner {
         )?;
         let cause = session.state().last_seq;
         let request = replay::PreparedRequest::whole(request);
-        let reply = match model
+        let Some(held) = self.reserve_or_pause(session, request.len() as u64).await? else {
+            return Ok(false);
+        };
+        let replied = model
             .complete(ModelCall::next(session.state()), &request, None)
-            .await
-        {
+            .await;
+        let usage = replied.as_ref().ok().map(|reply| reply.usage);
+        self.settle(session, held, usage.as_ref()).await?;
+        let reply = match replied {
             Ok(reply) => reply,
             Err(error) => {
                 self.record_failure(
@@ -674,7 +843,8 @@ impl Runner {
             summary,
         };
         session.append(vec![event], Some(cause)).await?;
-        session.barrier(self.durability).await
+        session.barrier(self.durability).await?;
+        Ok(true)
     }
 
     async fn run_tools(
@@ -800,12 +970,18 @@ impl Runner {
         // call of a sub-agent takes no room under the cap (its child's
         // calls take theirs; one it held would be one its child waits
         // for), and each call gives its room back when it ends.
-        let wave = self.wave_size(session.spec()?.limits.parallel_calls());
+        let tenant_room = match (&self.tenant_calls, &session.state().tenant) {
+            (Some(calls), Some(tenant)) => calls.room_of(&tenant.name).await?,
+            _ => None,
+        };
+        let per_session = session.spec()?.limits.parallel_calls();
+        let per_tenant = tenant_room.as_ref().map_or(u64::MAX, |(_, size)| *size);
+        let wave = self.wave_size(per_session.min(per_tenant));
         let mut starts = starts.into_iter().peekable();
         while starts.peek().is_some() {
             let batch: Vec<_> = starts.by_ref().take(wave).collect();
             let working = batch.iter().filter(|(tool, ..)| !is_agent(tool)).count();
-            let permits = self.permits(working).await;
+            let permits = self.permits(working, tenant_room.as_ref()).await;
             if let Some(reason) = self
                 .start_and_run(session, batch, reply_seq, permits)
                 .await?
@@ -847,12 +1023,21 @@ impl Runner {
         per_session.clamp(1, u64::from(cap)) as usize
     }
 
-    /// Waits for `n` calls' room under the runner's cap (never more than
-    /// the cap: see [`Runner::wave_size`]).
-    async fn permits(&self, n: usize) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        let (cap, _) = self.calls.as_ref()?;
-        let permits = cap.clone().acquire_many_owned(n as u32).await;
-        Some(permits.expect("the cap is never closed"))
+    /// Waits for `n` calls' room: under their tenant's room first (`tenant`,
+    /// if it has one), then under the runner's cap (never more than either:
+    /// see [`Runner::wave_size`]). A tenant waiting for its own room holds
+    /// none of the cap meanwhile.
+    async fn permits(&self, n: usize, tenant: Option<&(Arc<tokio::sync::Semaphore>, u64)>) -> Room {
+        let mut room = Room::default();
+        if let Some((own, _)) = tenant {
+            let permits = own.clone().acquire_many_owned(n as u32).await;
+            room.tenant = Some(permits.expect("a tenant's room is never closed"));
+        }
+        if let Some((cap, _)) = self.calls.as_ref() {
+            let permits = cap.clone().acquire_many_owned(n as u32).await;
+            room.cap = Some(permits.expect("the cap is never closed"));
+        }
+        room
     }
 
     /// Starts `starts` (durably), runs them and records their outcomes.
@@ -864,7 +1049,7 @@ impl Runner {
         session: &mut Session,
         starts: Vec<(Arc<dyn Tool>, CallContext, String)>,
         reply_seq: u64,
-        mut permits: Option<tokio::sync::OwnedSemaphorePermit>,
+        mut permits: Room,
     ) -> Result<Option<String>, RuntimeError> {
         let events = starts
             .iter()
@@ -899,10 +1084,11 @@ impl Runner {
                 spec: spec.clone(),
                 remaining,
                 args: args.clone(),
+                tenant: session.state().tenant.clone(),
             });
             let room = match child {
-                Some(_) => None,
-                None => permits.as_mut().and_then(|p| p.split(1)),
+                Some(_) => Room::default(),
+                None => permits.one(),
             };
             let task = running.spawn(async move {
                 let _room = room;

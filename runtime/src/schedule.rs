@@ -63,14 +63,25 @@ pub(crate) fn spec_of(
         overlap: request.overlap.as_deref().unwrap_or("skip").parse()?,
         catch_up: request.catch_up.as_deref().unwrap_or("one").parse()?,
         from_ms: now_ms,
+        tenant: None,
     };
     schedule.validate()?;
     Ok(schedule)
 }
 
-/// Whether stream `meta` of the log is a schedule (else a session).
+/// Whether stream `meta` of the log is a schedule.
 pub(crate) fn is_schedule(meta: &SessionMeta) -> bool {
     is_schedule_kind(&meta.last_kind)
+}
+
+/// Whether stream `meta` of the log is a session: not a schedule's log,
+/// the registry of tenants' or a ledger's (each holds only kinds of its
+/// own, so its last one says what it is).
+pub(crate) fn is_session(meta: &SessionMeta) -> bool {
+    let kind = meta.last_kind.as_str();
+    !(is_schedule_kind(kind)
+        || replay::tenant::is_tenant_kind(kind)
+        || replay::spend::is_ledger_kind(kind))
 }
 
 impl Service {
@@ -90,12 +101,18 @@ impl Service {
         if let Some(spec) = schedule.spec.take() {
             schedule.spec = Some(Box::new(self.checked(*spec).await?));
         }
+        schedule.tenant = self.live_tenancy().await?;
         if let Target::Session(id) = schedule.into {
             let meta = self.log.meta(id).await?;
-            if meta.as_ref().is_none_or(is_schedule) {
+            if meta.as_ref().is_none_or(|m| !is_session(m)) {
                 return Err(RuntimeError::NoSuchSession(id));
             }
             let session = self.load(id).await?;
+            // A tenant's schedule sends only to its own sessions.
+            let whose = |t: Option<&replay::Tenancy>| t.map(|t| t.name.clone());
+            if whose(session.state().tenant.as_ref()) != whose(schedule.tenant.as_ref()) {
+                return Err(RuntimeError::NoSuchSession(id));
+            }
             schedule
                 .refuse_past_the_window(session.state())
                 .map_err(RuntimeError::Schedule)?;
@@ -115,7 +132,7 @@ impl Service {
     /// schedules').
     pub async fn session_metas(&self) -> Result<Vec<SessionMeta>, RuntimeError> {
         let mut metas = self.log.sessions().await?;
-        metas.retain(|m| !is_schedule(m));
+        metas.retain(is_session);
         Ok(metas)
     }
 
@@ -238,8 +255,15 @@ impl Service {
                 "schedule {id} names no agent to start a session of"
             )));
         };
+        // A tenant's schedule starts sessions only while the tenant is.
+        if let Some(tenant) = &schedule.tenant {
+            self.tenants().live(&tenant.name).await?;
+        }
         let first = vec![
-            Event::SessionStarted { spec },
+            Event::SessionStarted {
+                spec,
+                tenant: schedule.tenant.clone(),
+            },
             Event::ScheduledBy {
                 schedule: id,
                 tick_ms: firing.tick_ms,

@@ -26,11 +26,27 @@ pub struct Service {
     snapshot_every: u64,
     signer: Option<Arc<crate::signing::HeadSigner>>,
     tracer: Option<Arc<crate::telemetry::Tracer>>,
+    /// The store's tenants.
+    tenants: Arc<crate::tenants::Tenants>,
+    /// The daily caps its runners reserve requests against.
+    budgets: Arc<crate::budgets::Budgets>,
+    /// Each tenant's room for tool calls at once, shared by its runners.
+    tenant_calls: Arc<crate::runner::TenantCalls>,
+    /// The tenant this service acts for (`None`: the operator): the
+    /// sessions and schedules it creates are that tenant's.
+    tenant: Option<replay::tenant::Tenant>,
 }
 
 impl Service {
     /// Sessions of `log`; barriers give `durability`.
     pub fn new(log: Arc<dyn EventLog>, durability: Durability) -> Service {
+        let tenants = Arc::new(crate::tenants::Tenants::new(log.clone(), durability));
+        let budgets = Arc::new(crate::budgets::Budgets::new(
+            log.clone(),
+            durability,
+            tenants.clone(),
+        ));
+        let tenant_calls = Arc::new(crate::runner::TenantCalls::new(tenants.clone()));
         Service {
             log,
             durability,
@@ -38,7 +54,30 @@ impl Service {
             snapshot_every: snapshot::DEFAULT_EVERY,
             signer: None,
             tracer: None,
+            tenants,
+            budgets,
+            tenant_calls,
+            tenant: None,
         }
+    }
+
+    /// This service acting for `tenant` (`None`: the operator): the
+    /// sessions and schedules it creates are the tenant's, and record it.
+    pub fn for_tenant(&self, tenant: Option<replay::tenant::Tenant>) -> Service {
+        Service {
+            tenant,
+            ..self.clone()
+        }
+    }
+
+    /// The tenant this service acts for, if any.
+    pub fn tenant(&self) -> Option<&replay::tenant::Tenant> {
+        self.tenant.as_ref()
+    }
+
+    /// The store's tenants.
+    pub fn tenants(&self) -> &Arc<crate::tenants::Tenants> {
+        &self.tenants
     }
 
     /// Traces each turn its runners drive (see [`crate::Tracer`]).
@@ -180,8 +219,10 @@ impl Service {
 
     async fn begin(&self, spec: AgentSpec, text: Option<String>) -> Result<Session, RuntimeError> {
         let spec = self.checked(spec).await?;
+        let tenant = self.live_tenancy().await?;
         let mut first = vec![Event::SessionStarted {
             spec: Box::new(spec),
+            tenant,
         }];
         if let Some(text) = &text {
             let started = SessionState::fold([(1, first[0].clone())]);
@@ -203,6 +244,15 @@ impl Service {
             crate::control::crash::point(crate::control::crash::USER_MESSAGE_DURABLE);
         }
         Ok(session)
+    }
+
+    /// What a session this service starts records of its tenant: the
+    /// tenant as the registry says now (refused once it is erased).
+    pub(crate) async fn live_tenancy(&self) -> Result<Option<replay::Tenancy>, RuntimeError> {
+        match &self.tenant {
+            None => Ok(None),
+            Some(tenant) => Ok(Some(self.tenants.live(&tenant.name).await?.tenancy())),
+        }
     }
 
     /// `spec` checked, with its MCP tools pinned, as a session records it.
@@ -389,7 +439,9 @@ impl Service {
 
     /// A runner with this service's durability.
     pub fn runner(&self) -> Runner {
-        let mut runner = Runner::new(self.durability);
+        let mut runner = Runner::new(self.durability)
+            .with_budgets(self.budgets.clone())
+            .with_tenant_calls(self.tenant_calls.clone());
         if let Some(signer) = &self.signer {
             runner = runner.with_signer(signer.clone(), crate::runner::SIGN_EVERY);
         }
@@ -881,6 +933,11 @@ impl Service {
         let through_seq = all.last().map_or(0, |(r, _)| r.envelope.seq);
         let numbered: Vec<(u64, Event)> =
             all.into_iter().map(|(r, e)| (r.envelope.seq, e)).collect();
+        // The rerun is its original's tenant's, like a fork.
+        let tenant = numbered.iter().find_map(|(_, e)| match e {
+            Event::SessionStarted { tenant, .. } => Some(tenant.clone()),
+            _ => None,
+        });
         let mut messages = replay::rerun::user_messages(&numbered, through_seq).into_iter();
         let first = messages
             .next()
@@ -898,6 +955,7 @@ impl Service {
         };
         let started = Event::SessionStarted {
             spec: Box::new(spec),
+            tenant: tenant.flatten(),
         };
         // Its link, its start and its first message are one append.
         let first = [forked, started, Event::UserMessage { text: first }];
@@ -1184,6 +1242,7 @@ mod tests {
         .unwrap();
         let started = Event::SessionStarted {
             spec: Box::new(spec),
+            tenant: None,
         };
         let forked = |parent, rerun| Event::SessionForked {
             parent,

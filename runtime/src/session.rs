@@ -169,6 +169,7 @@ impl Session {
     ) -> Result<Session, RuntimeError> {
         let start = Event::SessionStarted {
             spec: Box::new(spec),
+            tenant: None,
         };
         Session::create_observed_with(log, vec![(start, None)], observer).await
     }

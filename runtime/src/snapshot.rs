@@ -126,6 +126,11 @@ pub struct Summary {
     pub seq: u64,
     /// The agent's name.
     pub agent: String,
+    /// Its tenant's name (absent: the operator's session). A summary
+    /// stored before tenants existed has none, rightly: every session of
+    /// then was the operator's.
+    #[serde(default)]
+    pub tenant: Option<String>,
     /// Status at `seq`.
     pub status: String,
     /// Why it is paused, if it is.
@@ -206,6 +211,7 @@ impl Summary {
                 .spec
                 .as_ref()
                 .map_or(String::new(), |s| s.name.clone()),
+            tenant: state.tenant.as_ref().map(|t| t.name.clone()),
             status: state.status().to_string(),
             paused: state.paused.clone(),
             waits_for_a_person: state.waits_for_a_person(),

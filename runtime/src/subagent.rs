@@ -47,6 +47,8 @@ pub(crate) struct ChildCall {
     pub remaining: Remaining,
     /// The call's arguments (the person's, where they edited them).
     pub args: String,
+    /// The parent's tenant: the child is that tenant's too.
+    pub tenant: Option<replay::Tenancy>,
 }
 
 /// How a child's run ended, for its parent's call.
@@ -91,12 +93,14 @@ impl ChildCall {
     /// The child as the log holds it, started if it is not there yet.
     async fn open_or_start(&self, id: Uuid) -> Result<Session, RuntimeError> {
         if self.log.head(id).await?.seq > 0 {
-            return Session::load(self.log.clone(), id).await;
+            let child = Session::load(self.log.clone(), id).await?;
+            return self.own(child);
         }
         let spec = crate::mcp::pin(self.spec.bounded_by(&self.remaining), "sub-agent").await?;
         let first = vec![
             Event::SessionStarted {
                 spec: Box::new(spec),
+                tenant: self.tenant.clone(),
             },
             Event::SpawnedBy {
                 parent: self.parent,
@@ -115,10 +119,28 @@ impl ChildCall {
             }
             // Started meanwhile by another attempt: that one is the child.
             Err(RuntimeError::Log(eventlog::LogError::Conflict { .. })) => {
-                Session::load(self.log.clone(), id).await
+                self.own(Session::load(self.log.clone(), id).await?)
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// `child`, the session the store holds at the child's id, if it is
+    /// this call's own: started by this parent's call, and of the parent's
+    /// tenant. Anything else (a session of another tenant, or one no call
+    /// of this parent started) is refused, never driven.
+    fn own(&self, child: Session) -> Result<Session, RuntimeError> {
+        let state = child.state();
+        let parent = state.parent.as_ref().map(|p| p.session);
+        let tenant = |t: &Option<replay::Tenancy>| t.as_ref().map(|t| t.name.clone());
+        if parent == Some(self.parent) && tenant(&state.tenant) == tenant(&self.tenant) {
+            return Ok(child);
+        }
+        Err(RuntimeError::Forbidden(format!(
+            "call {}: session {} is not a sub-agent this session started, and is not run as one",
+            self.call_id,
+            child.id()
+        )))
     }
 
     /// Continues the child from where it stands.
@@ -280,6 +302,91 @@ pub(crate) fn remaining(state: &SessionState) -> Remaining {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn tenancy(name: &str) -> Option<replay::Tenancy> {
+        Some(replay::Tenancy {
+            name: name.into(),
+            cache_salt: None,
+            key: None,
+        })
+    }
+
+    /// A session whose first append says a call of `parent` started it,
+    /// for `tenant`.
+    async fn spawned(
+        log: &Arc<dyn EventLog>,
+        id: Uuid,
+        parent: Uuid,
+        tenant: Option<replay::Tenancy>,
+    ) -> Session {
+        let spec: AgentSpec = toml::from_str(
+            "name = \"child\"\n[model]\nprovider = \"scripted\"\nscript = \"x.json\"\n",
+        )
+        .unwrap();
+        let first = vec![
+            (
+                Event::SessionStarted {
+                    spec: Box::new(spec),
+                    tenant,
+                },
+                None,
+            ),
+            (
+                Event::SpawnedBy {
+                    parent,
+                    seq: 3,
+                    call_id: "call_0".into(),
+                },
+                None,
+            ),
+        ];
+        Session::create_as(id, log.clone(), first, None)
+            .await
+            .unwrap()
+    }
+
+    /// A tenant's agent cannot run another tenant's session (or one its
+    /// own call did not start) as its sub-agent: the store's session at
+    /// the child's id is driven only if it is this call's own.
+    #[tokio::test]
+    async fn a_child_is_driven_only_if_this_calls_own_and_of_its_tenant() {
+        let dir = tempfile::tempdir().unwrap();
+        let log: Arc<dyn EventLog> = Arc::new(eventlog::SledLog::open(dir.path()).unwrap());
+        let parent = Uuid::now_v7();
+        let call = |tenant: Option<replay::Tenancy>| ChildCall {
+            log: log.clone(),
+            runner: Runner::new(eventlog::Durability::Flushed),
+            parent,
+            started_seq: 3,
+            call_id: "call_0".into(),
+            key: "k".into(),
+            spec: toml::from_str(
+                "name = \"child\"\n[model]\nprovider = \"scripted\"\nscript = \"x.json\"\n",
+            )
+            .unwrap(),
+            remaining: Remaining {
+                steps: 1,
+                cost: None,
+            },
+            args: "{}".into(),
+            tenant,
+        };
+        let own = spawned(&log, Uuid::now_v7(), parent, tenancy("acme")).await;
+        assert!(call(tenancy("acme")).own(own).is_ok());
+        let others = spawned(&log, Uuid::now_v7(), parent, tenancy("beta")).await;
+        let refused = call(tenancy("acme")).own(others).err().unwrap();
+        assert!(matches!(refused, RuntimeError::Forbidden(_)), "{refused}");
+        let strangers = spawned(&log, Uuid::now_v7(), Uuid::now_v7(), tenancy("acme")).await;
+        assert!(
+            call(tenancy("acme")).own(strangers).is_err(),
+            "another parent's"
+        );
+        let operators = spawned(&log, Uuid::now_v7(), parent, None).await;
+        assert!(
+            call(tenancy("acme")).own(operators).is_err(),
+            "the operator's"
+        );
+    }
 
     #[test]
     fn the_childs_message_is_the_message_argument_or_the_whole_arguments() {

@@ -132,14 +132,32 @@ async fn write_key(
     if !keyed.insert(session) {
         return Ok(());
     }
-    if let Some(wrapped) = log.side_store().get_key(session).await? {
-        let line = KeyLine {
-            session,
-            wrapped_key: hex::encode(wrapped),
-        };
-        serde_json::to_writer(&mut *out, &line).map_err(std::io::Error::from)?;
-        out.write_all(b"\n")?;
+    let Some(wrapped) = log.side_store().get_key(session).await? else {
+        return Ok(());
+    };
+    // A tenant's session: its key is wrapped by the tenant's, which goes
+    // first (once), so the target reads it with the master key.
+    let slot = crate::privacy::tenant_slot_of(&wrapped).filter(|s| keyed.insert(*s));
+    if let Some(slot) = slot {
+        if let Some(tenant_key) = log.side_store().get_key(slot).await? {
+            write_key_line(slot, &tenant_key, out)?;
+        }
     }
+    write_key_line(session, &wrapped, out)
+}
+
+/// One key line: `session`'s key as the store keeps it.
+fn write_key_line(
+    session: Uuid,
+    wrapped: &[u8],
+    out: &mut (dyn Write + Send),
+) -> Result<(), TransferError> {
+    let line = KeyLine {
+        session,
+        wrapped_key: hex::encode(wrapped),
+    };
+    serde_json::to_writer(&mut *out, &line).map_err(std::io::Error::from)?;
+    out.write_all(b"\n")?;
     Ok(())
 }
 

@@ -21,6 +21,7 @@ pub fn summary_of(meta: &SessionMeta, summary: &Summary) -> SessionSummary {
     let t = &summary.totals;
     SessionSummary {
         session: meta.session,
+        tenant: summary.tenant.clone(),
         parent: summary.parent,
         forked_from: summary.forked_from,
         rerun_of: summary.rerun_of,
@@ -63,6 +64,7 @@ pub(crate) fn row_of(
         Ok(summary) => summary_of(meta, &summary),
         Err(error) => SessionSummary {
             session: meta.session,
+            tenant: None,
             parent: None,
             forked_from: None,
             rerun_of: None,

@@ -297,6 +297,7 @@ fn fill(dir: &Path, n: usize) -> Uuid {
     let session = Uuid::now_v7();
     let spec_event = Event::SessionStarted {
         spec: Box::new(bench_spec("http://127.0.0.1:9/v1", "http://127.0.0.1:9/x")),
+        tenant: None,
     };
     let first = to_new_event(&spec_event);
     block(log.append(session, 1, vec![first])).unwrap();
@@ -463,6 +464,7 @@ fn prompt_rebuild() {
         1,
         Event::SessionStarted {
             spec: Box::new(spec),
+            tenant: None,
         },
     );
     let mut prefix = RenderedPrefix::default();
@@ -542,6 +544,7 @@ fn fill_compacted(dir: &Path, n: usize) -> Uuid {
     push(
         Event::SessionStarted {
             spec: Box::new(spec),
+            tenant: None,
         },
         &mut state,
         &mut pending,

@@ -35,6 +35,7 @@ fn fill_idle(dir: &Path, n: usize) {
     let log = SledLog::open(dir).unwrap();
     let spec = Event::SessionStarted {
         spec: Box::new(bench_spec("http://127.0.0.1:9/v1", "http://127.0.0.1:9/x")),
+        tenant: None,
     };
     let events = [
         spec,
@@ -77,6 +78,7 @@ fn fill_forked(dir: &Path) -> uuid::Uuid {
     let session = uuid::Uuid::now_v7();
     let start = Event::SessionStarted {
         spec: Box::new(bench_spec("http://127.0.0.1:9/v1", "http://127.0.0.1:9/x")),
+        tenant: None,
     };
     block(log.append(session, 1, vec![to_new_event(&start)])).unwrap();
     let mut seed = 11;
@@ -220,6 +222,7 @@ fn run_child(dir: &str) {
             shutdown_grace: Duration::from_secs(1),
             max_body_bytes: 1 << 20,
             max_parallel_calls: 64,
+            max_running_turns: usize::MAX,
             header_timeout: Duration::from_secs(daemon::DEFAULT_HEADER_TIMEOUT_SECS),
             idle_timeout: Duration::from_secs(daemon::DEFAULT_IDLE_TIMEOUT_SECS),
             max_connections: daemon::DEFAULT_MAX_CONNECTIONS,

@@ -146,6 +146,7 @@ fn fill(log: &dyn EventLog) -> Vec<Uuid> {
     let spec = bench_spec("http://127.0.0.1:9/v1", "http://127.0.0.1:9/x");
     let first = to_new_event(&Event::SessionStarted {
         spec: Box::new(spec),
+        tenant: None,
     });
     let rest: Vec<NewEvent> = (0..EVENTS - 1).map(new_event).collect();
     let sessions: Vec<Uuid> = (0..SESSIONS).map(|_| Uuid::now_v7()).collect();

@@ -27,6 +27,7 @@ fn fill(log: &Arc<dyn EventLog>, events: usize) -> Uuid {
     let id = Uuid::now_v7();
     let start = replay::Event::SessionStarted {
         spec: Box::new(bench_spec("http://127.0.0.1:9/v1", "http://127.0.0.1:9/x")),
+        tenant: None,
     };
     block(log.append(id, 1, vec![to_new_event(&start)])).unwrap();
     let mut seq = 2;

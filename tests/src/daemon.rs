@@ -92,6 +92,20 @@ impl DaemonProcess {
         std::fs::read_to_string(log).unwrap()
     }
 
+    /// A client of this daemon that sends `token` (a tenant's, say)
+    /// instead of [`TOKEN`].
+    pub fn client_with(&self, token: &str) -> reqwest::Client {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(
+            reqwest::header::AUTHORIZATION,
+            format!("Bearer {token}").parse().unwrap(),
+        );
+        reqwest::Client::builder()
+            .default_headers(headers)
+            .build()
+            .unwrap()
+    }
+
     /// The daemon's process id.
     pub fn pid(&self) -> u32 {
         self.child.id().expect("the daemon runs")
@@ -207,9 +221,20 @@ impl DaemonProcess {
     /// from `POST /ui/codes`, its login link followed once): a client that
     /// sends the sign-in's cookie and key, and not the token.
     pub async fn sign_in(&self, name: &str) -> SignedIn {
-        let (status, code) = self
-            .post("/ui/codes", &serde_json::json!({"name": name}))
-            .await;
+        self.sign_in_with(&self.http, name).await
+    }
+
+    /// [`DaemonProcess::sign_in`], the code asked for by `http` (a client
+    /// with a tenant's token, say: the sign-in is then that tenant's).
+    pub async fn sign_in_with(&self, http: &reqwest::Client, name: &str) -> SignedIn {
+        let response = http
+            .post(self.url("/ui/codes"))
+            .json(&serde_json::json!({"name": name}))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let code: Value = response.json().await.unwrap_or(Value::Null);
         assert_eq!(status, 201, "{code}");
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())

@@ -17,6 +17,7 @@ pub mod powercut;
 pub mod responses_api;
 pub mod scenario;
 pub mod schedules;
+pub mod slow;
 mod testbed;
 
 pub use eventually::{eventually, eventually_blocking, Check};

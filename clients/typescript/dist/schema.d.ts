@@ -527,6 +527,107 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/spend": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * What sessions spent, from their logs at their agents' prices: grouped
+         *     by tenant, and by `agent`, `day` or `session` if asked. A tenant's
+         *     token sees its own only (another tenant named: 404).
+         */
+        get: operations["spend"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/tenants": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Every tenant, erased ones too: how many of its tokens work, its cap.
+         *     The operator's token only.
+         */
+        get: operations["list_tenants"];
+        put?: never;
+        /**
+         * Adds a tenant and issues its first token, shown this once (kept only
+         *     as its SHA-256). Its sessions are its own: no other tenant's token
+         *     reaches them. The operator's token only.
+         */
+        post: operations["create_tenant"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/tenants/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /**
+         * Erases a tenant for good: recorded in the registry (its tokens revoked,
+         *     its name never given again), then its key is destroyed (every session
+         *     of it unreadable at once, each chain still verifying), then each of its
+         *     sessions is erased on its own (a running turn stops first). Refused
+         *     when its sessions were written without encryption. The operator's
+         *     token only.
+         */
+        delete: operations["erase_tenant"];
+        options?: never;
+        head?: never;
+        /**
+         * Sets a tenant's limits: each field given replaces its own (`null`
+         *     removes it). A new cap holds everywhere within a second. The
+         *     operator's token only.
+         */
+        patch: operations["set_tenant"];
+        trace?: never;
+    };
+    "/tenants/{name}/tokens": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Issues another token of a tenant (its others still work), shown this
+         *     once. The operator's token only.
+         */
+        post: operations["issue_tenant_token"];
+        /**
+         * Revokes every token of a tenant, and signs out its web view sign-ins
+         *     on this daemon: none opens anything from then on (on every daemon
+         *     sharing the store within a second). Its sessions stay. The operator's
+         *     token only.
+         */
+        delete: operations["revoke_tenant_tokens"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/ui/codes": {
         parameters: {
             query?: never;
@@ -539,7 +640,8 @@ export interface paths {
         /**
          * A one-time code that signs a browser in to the web view as `name`
          *     (`mneme ui` asks for it): valid once, for two minutes. Only a holder of
-         *     the token may ask; a signed-in browser may not.
+         *     a token may ask (a signed-in browser may not); a tenant's token signs
+         *     the browser in for that tenant, seeing its sessions only.
          */
         post: operations["ui_code"];
         delete?: never;
@@ -679,6 +781,37 @@ export interface components {
             /** @description An agent spec, as an agent file's TOML would read as JSON. */
             spec?: Record<string, unknown> | null;
         };
+        /** @description A new tenant (`POST /tenants`, `mneme tenant add`). */
+        CreateTenant: {
+            /**
+             * Format: double
+             * @description The most the model requests of all its sessions may cost in one
+             *     UTC day, in their agents' prices (absent: no cap).
+             */
+            max_cost_per_day?: number | null;
+            /**
+             * Format: int64
+             * @description Tool calls of its sessions running at once in a process.
+             */
+            max_parallel_calls?: number | null;
+            /**
+             * Format: int64
+             * @description Turns of its sessions waiting on a daemon, past which one more is
+             *     refused (429).
+             */
+            max_queued_turns?: number | null;
+            /**
+             * Format: int64
+             * @description Turns of its sessions running at once on a daemon (absent: no
+             *     limit but the daemon's).
+             */
+            max_running_turns?: number | null;
+            /**
+             * @description Its name: 1 to 32 lower-case letters, digits, `-` and `_`,
+             *     starting with a letter or a digit.
+             */
+            name: string;
+        };
         /** @description A session just created. */
         Created: {
             /**
@@ -807,6 +940,13 @@ export interface components {
              */
             cascade: boolean;
             /** @description Why (recorded): a person's request, a retention window. */
+            reason: string;
+        };
+        /** @description Erasing a tenant (`DELETE /tenants/{name}`, `mneme erase --tenant`). */
+        EraseTenant: {
+            /** @description Who asks. */
+            by?: string;
+            /** @description Why (recorded in the registry and in each session). */
             reason: string;
         };
         /**
@@ -956,6 +1096,16 @@ export interface components {
              * @description The seq of the recorded message.
              */
             seq: number;
+            /**
+             * Format: uuid
+             * @description The session.
+             */
+            session: string;
+        };
+        /** @description A session of an erased tenant that could not be erased on its own. */
+        NotErased: {
+            /** @description Why. */
+            error: string;
             /**
              * Format: uuid
              * @description The session.
@@ -1448,6 +1598,8 @@ export interface components {
             session: string;
             /** @description Its status. */
             status: components["schemas"]["SessionStatus"];
+            /** @description The tenant it belongs to (absent: the operator's own). */
+            tenant?: string | null;
             /** @description Its first user message (on one line, clipped): what it is about. */
             title?: string | null;
             /** @description The event a sleeping session waits for (`POST /sessions/{id}/wake`). */
@@ -1477,6 +1629,165 @@ export interface components {
             spawned_by?: null | components["schemas"]["SessionLinkView"];
             /** @description Every call that waits for a person, with what the model asked for. */
             waiting?: components["schemas"]["WaitingCall"][];
+        };
+        /**
+         * @description A tenant's limits as `PATCH /tenants/{name}` sets them (`mneme tenant
+         *     set`): each field given replaces the tenant's; `null` removes it.
+         */
+        SetTenant: {
+            /**
+             * Format: double
+             * @description The most the model requests of all its sessions may cost in one
+             *     UTC day; `null` removes the cap.
+             */
+            max_cost_per_day?: number | null;
+            /**
+             * Format: int64
+             * @description Tool calls of its sessions running at once in a process; `null`
+             *     removes the limit.
+             */
+            max_parallel_calls?: number | null;
+            /**
+             * Format: int64
+             * @description Turns of its sessions waiting on a daemon; `null` removes the bound.
+             */
+            max_queued_turns?: number | null;
+            /**
+             * Format: int64
+             * @description Turns of its sessions running at once on a daemon; `null` removes
+             *     the limit.
+             */
+            max_running_turns?: number | null;
+        };
+        /**
+         * @description How spend is grouped, besides by tenant.
+         * @enum {string}
+         */
+        SpendBy: "tenant" | "agent" | "day" | "session";
+        /**
+         * @description Spend, summed from every session's model requests at their agents'
+         *     prices.
+         */
+        SpendReport: {
+            /** @description How the rows are grouped. */
+            by: components["schemas"]["SpendBy"];
+            /** @description The day it is limited to, if any. */
+            day?: string | null;
+            /**
+             * @description One a group, in order of tenant (the operator's own first), then
+             *     agent, day or session.
+             */
+            rows: components["schemas"]["SpendRow"][];
+            /** @description The tenant it is limited to, if any. */
+            tenant?: string | null;
+            /** @description Every row summed. */
+            total: components["schemas"]["SpendRow"];
+        };
+        /** @description What one group of sessions spent. */
+        SpendRow: {
+            /** @description The agent, when grouped by agent. */
+            agent?: string | null;
+            /**
+             * Format: int64
+             * @description Prompt tokens served from the server's cache.
+             */
+            cached_tokens: number;
+            /**
+             * Format: int64
+             * @description Completion tokens.
+             */
+            completion_tokens: number;
+            /**
+             * Format: double
+             * @description Cost, in the agents' prices.
+             */
+            cost: number;
+            /** @description The UTC day, when grouped by day. */
+            day?: string | null;
+            /**
+             * Format: int64
+             * @description Model requests answered.
+             */
+            model_calls: number;
+            /**
+             * Format: int64
+             * @description Prompt tokens.
+             */
+            prompt_tokens: number;
+            /**
+             * Format: uuid
+             * @description The session, when grouped by session.
+             */
+            session?: string | null;
+            /** @description The tenant (null: the operator's own sessions). */
+            tenant?: string | null;
+        };
+        /** @description What erasing a tenant did. */
+        TenantErased: {
+            /** @description Its sessions, each erased (recorded in it, its own key destroyed). */
+            erased: string[];
+            /**
+             * @description Whether its key was destroyed (false: its sessions were written
+             *     without encryption, and only their erasure one by one, refused,
+             *     could have erased them).
+             */
+            key_destroyed: boolean;
+            /**
+             * @description Its sessions not erased one by one, each with why (their content is
+             *     unreadable all the same once the tenant's key is gone).
+             */
+            not_erased: components["schemas"]["NotErased"][];
+            /** @description The tenant. */
+            tenant: string;
+        };
+        /**
+         * @description A tenant's token, as issued: shown this once, kept only as its
+         *     SHA-256.
+         */
+        TenantToken: {
+            /** @description The tenant. */
+            tenant: string;
+            /**
+             * @description The token (`Authorization: Bearer TOKEN`): it sees only the
+             *     tenant's sessions, schedules, spend and metrics.
+             */
+            token: string;
+        };
+        /** @description A tenant as `GET /tenants` lists it. */
+        TenantView: {
+            /** @description Who erased it and why, if it was erased. */
+            erased?: string | null;
+            /**
+             * Format: double
+             * @description Its daily cap on cost, if it has one.
+             */
+            max_cost_per_day?: number | null;
+            /**
+             * Format: int64
+             * @description Its tool calls running at once, at most.
+             */
+            max_parallel_calls?: number | null;
+            /**
+             * Format: int64
+             * @description Its turns waiting, at most.
+             */
+            max_queued_turns?: number | null;
+            /**
+             * Format: int64
+             * @description Its turns running at once, at most.
+             */
+            max_running_turns?: number | null;
+            /** @description Its name. */
+            name: string;
+            /** @description How many of its tokens work. */
+            tokens: number;
+        };
+        /** @description Revoking a tenant's tokens. */
+        TokensRevoked: {
+            /** @description How many worked until now. */
+            revoked: number;
+            /** @description The tenant. */
+            tenant: string;
         };
         /** @description One tool of a session. */
         ToolView: {
@@ -1963,6 +2274,11 @@ export interface operations {
                 status?: components["schemas"]["SessionStatus"];
                 /** @description Only sessions of this agent. */
                 agent?: string;
+                /**
+                 * @description Only sessions of this tenant (a tenant's token sees only its own
+                 *     anyway).
+                 */
+                tenant?: string;
             };
             header?: never;
             path?: never;
@@ -3711,6 +4027,585 @@ export interface operations {
             };
             /** @description The daemon is shutting down, or near its open-file limit */
             503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+        };
+    };
+    spend: {
+        parameters: {
+            query?: {
+                /** @description Only this tenant's sessions (a tenant's token sees only its own). */
+                tenant?: string;
+                /**
+                 * @description Grouped by tenant (the default), or by tenant and `agent`, `day`
+                 *     or `session`.
+                 */
+                by?: components["schemas"]["SpendBy"];
+                /** @description Only this UTC day (`YYYY-MM-DD`). */
+                day?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The spend */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SpendReport"];
+                };
+            };
+            /** @description A day that is not YYYY-MM-DD */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description Missing or wrong bearer token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description A tenant's token named another tenant */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description The daemon failed */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+        };
+    };
+    list_tenants: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The tenants, by name */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TenantView"][];
+                };
+            };
+            /** @description Missing or wrong bearer token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description Asked with a tenant's token */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description The daemon failed */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+        };
+    };
+    create_tenant: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateTenant"];
+            };
+        };
+        responses: {
+            /** @description Added; its token */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TenantToken"];
+                };
+            };
+            /** @description Not a tenant's name, or a cap that is not a positive number */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description Missing or wrong bearer token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description Asked with a tenant's token */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description The name is taken (an erased tenant's too) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description The body is larger than the daemon's limit */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description The body's content type is not one the operation takes */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description The body is JSON of the wrong shape */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description The daemon failed */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+        };
+    };
+    erase_tenant: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The tenant's name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["EraseTenant"];
+            };
+        };
+        responses: {
+            /** @description Erased, with each of its sessions */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TenantErased"];
+                };
+            };
+            /** @description The request does not parse (path, query or body), or asks for something impossible */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description Missing or wrong bearer token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description Asked with a tenant's token */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description No such tenant */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description Its sessions were written without encryption */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description The body is larger than the daemon's limit */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description The body's content type is not one the operation takes */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description The body is JSON of the wrong shape */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description The daemon failed */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+        };
+    };
+    set_tenant: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The tenant's name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SetTenant"];
+            };
+        };
+        responses: {
+            /** @description The tenant as it is now */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TenantView"];
+                };
+            };
+            /** @description A cap that is not a positive number */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description Missing or wrong bearer token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description Asked with a tenant's token */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description No such tenant */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description The tenant was erased */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description The body is larger than the daemon's limit */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description The body's content type is not one the operation takes */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description The body is JSON of the wrong shape */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description The daemon failed */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+        };
+    };
+    issue_tenant_token: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The tenant's name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The new token */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TenantToken"];
+                };
+            };
+            /** @description The request does not parse (path, query or body), or asks for something impossible */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description Missing or wrong bearer token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description Asked with a tenant's token */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description No such tenant */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description The tenant was erased */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description The daemon failed */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+        };
+    };
+    revoke_tenant_tokens: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The tenant's name. */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Revoked */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TokensRevoked"];
+                };
+            };
+            /** @description The request does not parse (path, query or body), or asks for something impossible */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description Missing or wrong bearer token */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description Asked with a tenant's token */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description No such tenant */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description The tenant was erased */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApiError"];
+                };
+            };
+            /** @description The daemon failed */
+            500: {
                 headers: {
                     [name: string]: unknown;
                 };

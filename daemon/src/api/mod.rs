@@ -3,6 +3,7 @@
 //! and the router is built from those annotations (`routes!`), so the
 //! document served at `/openapi.json` and the routes served are one list.
 
+use super::tenancy::Caller;
 use super::ui::{self, SignedIn};
 use super::Daemon;
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
@@ -36,6 +37,7 @@ mod deltas;
 mod reads;
 mod schedules;
 mod stream;
+mod tenants;
 mod wake;
 
 type Shared = Arc<Daemon>;
@@ -54,7 +56,10 @@ impl From<RuntimeError> for ApiError {
         let status = match &e {
             RuntimeError::NoSuchSession(_)
             | RuntimeError::NoSuchBlob { .. }
-            | RuntimeError::NoSuchSchedule(_) => StatusCode::NOT_FOUND,
+            | RuntimeError::NoSuchSchedule(_)
+            | RuntimeError::NoSuchTenant(_) => StatusCode::NOT_FOUND,
+            RuntimeError::Tenant(_) => StatusCode::CONFLICT,
+            RuntimeError::Forbidden(_) => StatusCode::FORBIDDEN,
             RuntimeError::InvalidRequest { .. }
             | RuntimeError::Erased { .. }
             | RuntimeError::Log(
@@ -117,6 +122,13 @@ fn guarded_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(wake::wake))
         .routes(routes!(schedules::list, schedules::create))
         .routes(routes!(schedules::remove))
+        .routes(routes!(tenants::list_tenants, tenants::create_tenant))
+        .routes(routes!(tenants::set_tenant, tenants::erase_tenant))
+        .routes(routes!(
+            tenants::issue_tenant_token,
+            tenants::revoke_tenant_tokens
+        ))
+        .routes(routes!(tenants::spend))
 }
 
 /// The operations of every route, as [`router`] serves them, undressed:
@@ -131,6 +143,11 @@ pub(crate) fn operations() -> utoipa::openapi::OpenApi {
 pub(crate) fn router(daemon: Shared, stopped: CancellationToken) -> Router {
     let (guarded, _) = guarded_routes().split_for_parts();
     let guarded = guarded
+        // Inside the token's check: a tenant reaches its own sessions only.
+        .layer(axum::middleware::from_fn_with_state(
+            daemon.clone(),
+            super::tenancy::scope,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             daemon.clone(),
             require_token,
@@ -244,24 +261,48 @@ impl axum::extract::FromRef<AppState> for Shared {
     }
 }
 
-/// Admits a request that carries the bearer token, or a web view sign-in
-/// (its cookie and key; it then acts as its signed-in name, and may only
-/// look and decide, from the view itself).
+/// Admits a request that carries the operator's bearer token or a
+/// tenant's, or a web view sign-in (its cookie and key; it then acts as its
+/// signed-in name, and may only look and decide, from the view itself);
+/// and says who it acts for ([`Caller`]).
 async fn require_token(State(daemon): State<Shared>, mut request: Request, next: Next) -> Response {
-    let admitted = request
+    let given = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|given| daemon.bearer.admits(given));
-    if admitted {
+        .map(String::from);
+    if given
+        .as_deref()
+        .is_some_and(|given| daemon.bearer.admits(given))
+    {
+        request.extensions_mut().insert(Caller::Operator);
         return next.run(request).await;
     }
-    let Some(signed_in) = daemon.sign_ins.who(request.headers()) else {
-        return ApiError(
+    let bearer = given.as_deref().and_then(|given| {
+        let (scheme, token) = given.trim_start().split_once([' ', '\t'])?;
+        let token = super::token::trimmed(token);
+        // Only what could be a token is looked up.
+        let plausible = scheme.eq_ignore_ascii_case("bearer")
+            && (super::token::MIN_BYTES..=MAX_TOKEN_BYTES).contains(&token.len());
+        plausible.then_some(token)
+    });
+    if let Some(token) = bearer {
+        if let Some(tenant) = daemon.tenant_of_token(token).await {
+            request
+                .extensions_mut()
+                .insert(Caller::Tenant(Box::new(tenant)));
+            return next.run(request).await;
+        }
+    }
+    let refused = || {
+        ApiError(
             StatusCode::UNAUTHORIZED,
             "missing or wrong bearer token (Authorization: Bearer <token>), and no web view sign-in (run `mneme ui`)".into(),
         )
-        .into_response();
+        .into_response()
+    };
+    let Some(signed_in) = daemon.sign_ins.who(request.headers()) else {
+        return refused();
     };
     if let Some(why) = ui::cross_site_refusal(request.method(), request.headers()) {
         return ApiError(StatusCode::FORBIDDEN, why).into_response();
@@ -274,9 +315,22 @@ async fn require_token(State(daemon): State<Shared>, mut request: Request, next:
         )
         .into_response();
     }
+    let caller = match &signed_in.1 {
+        None => Caller::Operator,
+        // A sign-in of a tenant erased since opens nothing.
+        Some(name) => match daemon.live_tenant(name).await {
+            Some(tenant) => Caller::Tenant(Box::new(tenant)),
+            None => return refused(),
+        },
+    };
+    request.extensions_mut().insert(caller);
     request.extensions_mut().insert(signed_in);
     next.run(request).await
 }
+
+/// The longest token looked up among tenants' (a tenant's is 68 bytes):
+/// longer is nobody's.
+const MAX_TOKEN_BYTES: usize = 256;
 
 /// Who a request acts as: a signed-in browser's name, else the `by` it
 /// gives.
@@ -312,10 +366,53 @@ async fn health() -> Json<Health> {
 /// latencies.
 #[utoipa::path(get, path = "/metrics",
     responses((status = 200, description = "Prometheus text format 0.0.4", body = String, content_type = "text/plain")))]
-async fn metrics(State(daemon): State<Shared>) -> impl IntoResponse {
-    let running = daemon.scheduler.turns.len();
-    let text = daemon.metrics.render(&daemon.statuses.counts(), running);
-    ([(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)], text)
+async fn metrics(
+    State(daemon): State<Shared>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Response, ApiError> {
+    let service = daemon.service_for(&caller);
+    let mut spend = service.spend(&wire::SpendQuery::default()).await?;
+    // Every tenant the caller reaches has its line, at 0 before it spends.
+    let registry = service.tenants().registry().await?;
+    for tenant in registry.tenants.values().filter(|t| t.erased.is_none()) {
+        let listed = spend
+            .rows
+            .iter()
+            .any(|r| r.tenant.as_ref() == Some(&tenant.name));
+        if caller.reaches(Some(&tenant.name)) && !listed {
+            spend.rows.push(wire::SpendRow {
+                tenant: Some(tenant.name.clone()),
+                agent: None,
+                day: None,
+                session: None,
+                model_calls: 0,
+                prompt_tokens: 0,
+                completion_tokens: 0,
+                cached_tokens: 0,
+                cost: 0.0,
+            });
+        }
+    }
+    let text = match &caller {
+        Caller::Operator => {
+            let (running, queued) = daemon.fair.counts();
+            daemon
+                .metrics
+                .render(&daemon.statuses.counts(), running, queued)
+        }
+        // A tenant's: its own sessions by status, nothing of the daemon's.
+        Caller::Tenant(_) => {
+            let mut counts = std::collections::HashMap::new();
+            for row in service.rows().await? {
+                if caller.reaches(row.tenant.as_deref()) {
+                    *counts.entry(row.status.to_string()).or_insert(0) += 1;
+                }
+            }
+            super::metrics::render_sessions(&counts)
+        }
+    };
+    let text = text + &super::metrics::render_spend(&spend);
+    Ok(([(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)], text).into_response())
 }
 
 /// This document: the API's contract, generated from the daemon's code.
@@ -330,12 +427,17 @@ async fn openapi() -> Json<Value> {
     responses((status = 200, description = "Every session that passes the filter", body = Vec<SessionSummary>)))]
 async fn list_sessions(
     State(daemon): State<Shared>,
+    Extension(caller): Extension<Caller>,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<Vec<SessionSummary>>, ApiError> {
     let mut rows = daemon.service.rows().await?;
     rows.retain(|row| {
-        q.status.is_none_or(|s| row.status == s)
+        caller.reaches(row.tenant.as_deref())
+            && q.status.is_none_or(|s| row.status == s)
             && q.agent.as_deref().is_none_or(|a| row.agent == a)
+            && q.tenant
+                .as_deref()
+                .is_none_or(|t| row.tenant.as_deref() == Some(t))
     });
     Ok(Json(rows))
 }
@@ -348,6 +450,7 @@ async fn list_sessions(
     responses((status = 201, description = "Created", body = Created)))]
 async fn create_session(
     State(daemon): State<Shared>,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
     body: String,
 ) -> Result<(StatusCode, Json<Created>), ApiError> {
@@ -356,15 +459,17 @@ async fn create_session(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|t| t.contains("toml"));
     let (spec, first_message) = if toml_body {
+        refuse_own_spec(&caller)?;
         let spec = toml::from_str::<AgentSpec>(&body)
             .map_err(|e| bad_request(format!("agent spec (TOML): {e}")))?;
         (spec, None)
     } else {
-        spec_from_json(&daemon, &body)?
+        spec_from_json(&daemon, &caller, &body)?
     };
+    let service = daemon.service_for(&caller);
     let session = match first_message {
-        Some(text) => daemon.service.start(spec, text).await?,
-        None => daemon.service.create(spec).await?,
+        Some(text) => service.start(spec, text).await?,
+        None => service.create(spec).await?,
     };
     daemon.statuses.saw(session.id(), session.state());
     Ok((
@@ -378,16 +483,33 @@ async fn create_session(
 /// What `POST /sessions` takes, for a request that gave none of it.
 const CREATE_TAKES: &str = "POST /sessions takes {\"agent\": \"NAME\"} (NAME.toml in the daemon's --agents directory), {\"spec\": {...}} (an agent spec as JSON), or an agent file as the body with Content-Type: application/toml; \"first_message\": \"...\" adds the first user message, whose turn POST /sessions/{id}/resume runs";
 
+/// 403 for a tenant giving a spec of its own: its tools could run any
+/// command, read any file and name any variable of the daemon's user, which
+/// would reach every other tenant.
+pub(super) fn refuse_own_spec(caller: &Caller) -> Result<(), ApiError> {
+    match caller.tenant() {
+        None => Ok(()),
+        Some(tenant) => Err(ApiError(
+            StatusCode::FORBIDDEN,
+            format!("tenant {tenant}: a tenant's token runs its own agents only ({{\"agent\": \"NAME\"}}, NAME.toml in the daemon's agents directory for {tenant}), never a spec of its own: its tools would run as the daemon's user"),
+        )),
+    }
+}
+
 /// The spec and first message of a JSON request to create a session.
-fn spec_from_json(daemon: &Daemon, body: &str) -> Result<(AgentSpec, Option<String>), ApiError> {
+fn spec_from_json(
+    daemon: &Daemon,
+    caller: &Caller,
+    body: &str,
+) -> Result<(AgentSpec, Option<String>), ApiError> {
     if body.trim().is_empty() {
         return Err(bad_request(format!("no request body: {CREATE_TAKES}")));
     }
     let create: wire::CreateSession = serde_json::from_str(body)
         .map_err(|e| bad_request(format!("request body: {e}. {CREATE_TAKES}")))?;
     let spec = match (create.agent, create.spec) {
-        (Some(name), None) => agent_named(daemon, &name),
-        (None, Some(spec)) => Ok(spec),
+        (Some(name), None) => agent_named(daemon, caller, &name),
+        (None, Some(spec)) => refuse_own_spec(caller).map(|()| spec),
         _ => Err(bad_request(format!(
             "give exactly one of \"agent\" (a name) or \"spec\" (an agent spec): {CREATE_TAKES}"
         ))),
@@ -395,12 +517,18 @@ fn spec_from_json(daemon: &Daemon, body: &str) -> Result<(AgentSpec, Option<Stri
     Ok((spec, create.first_message))
 }
 
-/// The agent file `NAME.toml` of the daemon's agents directory.
-fn agent_named(daemon: &Daemon, name: &str) -> Result<AgentSpec, ApiError> {
+/// The agent file `NAME.toml` of the daemon's agents directory: for a
+/// tenant, of its own directory in it (`DIR/TENANT/NAME.toml`).
+fn agent_named(daemon: &Daemon, caller: &Caller, name: &str) -> Result<AgentSpec, ApiError> {
     let Some(dir) = &daemon.config.agents_dir else {
         return Err(bad_request(
             "this daemon has no agents directory (--agents DIR)",
         ));
+    };
+    // A tenant's name is a word of letters, digits, '-' and '_'.
+    let dir = match caller.tenant() {
+        Some(tenant) => dir.join(tenant),
+        None => dir.clone(),
     };
     if !name
         .chars()
@@ -410,7 +538,22 @@ fn agent_named(daemon: &Daemon, name: &str) -> Result<AgentSpec, ApiError> {
             "agent name {name:?}: letters, digits, '-' and '_' only"
         )));
     }
-    Ok(runtime::load_agent_file(&dir.join(format!("{name}.toml")))?)
+    let path = dir.join(format!("{name}.toml"));
+    let Some(tenant) = caller.tenant() else {
+        return Ok(runtime::load_agent_file(&path)?);
+    };
+    // A tenant is told nothing of the daemon's files.
+    if name.is_empty() || !path.is_file() {
+        return Err(bad_request(format!(
+            "tenant {tenant} has no agent {name:?} (its agent files are NAME.toml in the daemon's agents directory, under {tenant}/, put there by the operator)"
+        )));
+    }
+    runtime::load_agent_file(&path).map_err(|e| {
+        runtime::warn_line!("mneme serve: tenant {tenant}'s agent {name}: {e}");
+        bad_request(format!(
+            "tenant {tenant}'s agent {name:?} does not load (the daemon's log says why)"
+        ))
+    })
 }
 
 /// A session's status, usage, answer, calls in doubt, and `running_on`:
@@ -510,6 +653,7 @@ async fn post_message(
         Ok(answer) => return mid_turn(&daemon, id, body.wait, answer).await,
         Err(text) => text, // no turn of it runs here
     };
+    daemon.refuse_when_queue_full(id).await?; // 429, nothing recorded
     let admitted = admit_turn(&daemon)?;
     let (recorded, seq) = tokio::sync::oneshot::channel();
     let message = TurnStart::Message {
@@ -620,6 +764,7 @@ async fn resume(
     let admitted = admit_turn(&daemon)?;
     daemon.service.ensure_exists(id).await?; // 404 before spawning
     daemon.service.refuse_if_erased(id).await?; // 409
+    daemon.refuse_when_queue_full(id).await?; // 429
     if signed_in.is_some() {
         refuse_a_turn_nobody_started(&daemon, id).await?; // 403
     }
@@ -733,10 +878,14 @@ pub(crate) async fn erase(
         (status = 429, description = "A sign-in made the most forks it may in a minute", body = wire::ApiError)))]
 async fn fork(
     State(daemon): State<Shared>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<Uuid>,
     signed_in: Option<Extension<SignedIn>>,
     Json(body): Json<Fork>,
 ) -> Result<(StatusCode, Json<Forked>), ApiError> {
+    if body.spec.is_some() {
+        refuse_own_spec(&caller)?;
+    }
     if signed_in.is_some() && body.spec.is_some() {
         return Err(ApiError(
             StatusCode::FORBIDDEN,
@@ -774,9 +923,11 @@ async fn fork(
         (status = 503, description = "The daemon is shutting down, or near its open-file limit", body = wire::ApiError)))]
 async fn rerun(
     State(daemon): State<Shared>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<Uuid>,
     Json(body): Json<wire::Rerun>,
 ) -> Result<Json<wire::RerunReport>, ApiError> {
+    refuse_own_spec(&caller)?;
     // Held through the rerun: its turns count twice, never not at all.
     let _admitted = admit_turn(&daemon)?;
     let control = daemon.control();
@@ -869,6 +1020,9 @@ async fn decide(
     by: String,
     (proceed, wait): (bool, bool),
 ) -> Result<Response, ApiError> {
+    if proceed {
+        daemon.refuse_when_queue_full(id).await?; // 429, nothing recorded
+    }
     let admitted = match proceed {
         true => Some(admit_turn(daemon)?),
         false => refuse_when_stopping(daemon).map(|()| None)?,

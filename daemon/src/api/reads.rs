@@ -78,13 +78,15 @@ pub(super) async fn diff(
 
 /// A one-time code that signs a browser in to the web view as `name`
 /// (`mneme ui` asks for it): valid once, for two minutes. Only a holder of
-/// the token may ask; a signed-in browser may not.
+/// a token may ask (a signed-in browser may not); a tenant's token signs
+/// the browser in for that tenant, seeing its sessions only.
 #[utoipa::path(post, path = "/ui/codes", request_body = wire::UiCodeRequest,
     responses(
         (status = 201, description = "The code, as a sign-in link", body = wire::UiCode),
         (status = 403, description = "Asked by a signed-in browser", body = wire::ApiError)))]
 pub(super) async fn ui_code(
     State(daemon): State<Shared>,
+    Extension(caller): Extension<Caller>,
     Json(body): Json<wire::UiCodeRequest>,
 ) -> Result<(StatusCode, Json<wire::UiCode>), ApiError> {
     let name = body.name.trim();
@@ -95,7 +97,8 @@ pub(super) async fn ui_code(
             ui::MAX_NAME_CHARS
         )));
     }
-    let code = daemon.sign_ins.issue(name).map_err(|e| {
+    // A tenant's sign-in sees that tenant's sessions only.
+    let code = daemon.sign_ins.issue(name, caller.tenant()).map_err(|e| {
         ApiError(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("random source: {e}"),

@@ -20,6 +20,7 @@ pub(super) async fn wake(
 ) -> Result<Response, ApiError> {
     let admitted = admit_turn(&daemon)?;
     daemon.service.ensure_exists(id).await?; // 404 before anything
+    daemon.refuse_when_queue_full(id).await?; // 429, nothing recorded
     if !runtime::control::is_event_name(&body.event) {
         return Err(bad_request(format!(
             "event {:?}: 1 to 128 letters, digits, '_', '-', '.' or ':'",

@@ -49,6 +49,7 @@ fn story() -> Vec<Event> {
     let mut events = super::story()[..7].to_vec();
     events[0] = Event::SessionStarted {
         spec: Box::new(spec()),
+        tenant: None,
     };
     events[2] = reasoned_calls();
     events
@@ -253,6 +254,7 @@ fn a_reply_from_another_api_goes_back_as_its_text_and_function_calls() {
     let mut events = super::story();
     events[0] = Event::SessionStarted {
         spec: Box::new(spec()),
+        tenant: None,
     };
     let input = request_input(&events[..7]);
     assert_eq!(
@@ -279,6 +281,7 @@ fn a_reply_cut_off_in_its_calls_gets_twice_the_output_tokens_once() {
     let mut events = vec![
         Event::SessionStarted {
             spec: Box::new(spec),
+            tenant: None,
         },
         Event::UserMessage { text: "go".into() },
     ];

@@ -188,6 +188,40 @@ class CreateSession(BaseModel):
     """
 
 
+class CreateTenant(BaseModel):
+    """
+    A new tenant (`POST /tenants`, `mneme tenant add`).
+    """
+
+    model_config = ConfigDict(
+        extra='forbid',
+    )
+    max_cost_per_day: float | None = None
+    """
+    The most the model requests of all its sessions may cost in one
+    UTC day, in their agents' prices (absent: no cap).
+    """
+    max_parallel_calls: int | None = Field(None, ge=0)
+    """
+    Tool calls of its sessions running at once in a process.
+    """
+    max_queued_turns: int | None = Field(None, ge=0)
+    """
+    Turns of its sessions waiting on a daemon, past which one more is
+    refused (429).
+    """
+    max_running_turns: int | None = Field(None, ge=0)
+    """
+    Turns of its sessions running at once on a daemon (absent: no
+    limit but the daemon's).
+    """
+    name: str
+    """
+    Its name: 1 to 32 lower-case letters, digits, `-` and `_`,
+    starting with a letter or a digit.
+    """
+
+
 class Created(BaseModel):
     """
     A session just created.
@@ -351,6 +385,24 @@ class Erase(BaseModel):
     reason: str
     """
     Why (recorded): a person's request, a retention window.
+    """
+
+
+class EraseTenant(BaseModel):
+    """
+    Erasing a tenant (`DELETE /tenants/{name}`, `mneme erase --tenant`).
+    """
+
+    model_config = ConfigDict(
+        extra='forbid',
+    )
+    by: str | None = None
+    """
+    Who asks.
+    """
+    reason: str
+    """
+    Why (recorded in the registry and in each session).
     """
 
 
@@ -530,6 +582,21 @@ class MessageAccepted(BaseModel):
     seq: int = Field(..., ge=0)
     """
     The seq of the recorded message.
+    """
+    session: UUID
+    """
+    The session.
+    """
+
+
+class NotErased(BaseModel):
+    """
+    A session of an erased tenant that could not be erased on its own.
+    """
+
+    error: str
+    """
+    Why.
     """
     session: UUID
     """
@@ -1057,6 +1124,10 @@ class SessionSummary(BaseModel):
     """
     Its status.
     """
+    tenant: str | None = None
+    """
+    The tenant it belongs to (absent: the operator's own).
+    """
     title: str | None = None
     """
     Its first user message (on one line, clipped): what it is about.
@@ -1074,6 +1145,183 @@ class SessionSummary(BaseModel):
     """
     When a sleeping session wakes on its own (UTC, milliseconds): its
     timer, or the deadline of its wait for an event.
+    """
+
+
+class SetTenant(BaseModel):
+    """
+    A tenant's limits as `PATCH /tenants/{name}` sets them (`mneme tenant
+    set`): each field given replaces the tenant's; `null` removes it.
+    """
+
+    model_config = ConfigDict(
+        extra='forbid',
+    )
+    max_cost_per_day: float | None = None
+    """
+    The most the model requests of all its sessions may cost in one
+    UTC day; `null` removes the cap.
+    """
+    max_parallel_calls: int | None = Field(None, ge=0)
+    """
+    Tool calls of its sessions running at once in a process; `null`
+    removes the limit.
+    """
+    max_queued_turns: int | None = Field(None, ge=0)
+    """
+    Turns of its sessions waiting on a daemon; `null` removes the bound.
+    """
+    max_running_turns: int | None = Field(None, ge=0)
+    """
+    Turns of its sessions running at once on a daemon; `null` removes
+    the limit.
+    """
+
+
+class SpendBy(str, Enum):
+    """
+    How spend is grouped, besides by tenant.
+    """
+
+    tenant = 'tenant'
+    agent = 'agent'
+    day = 'day'
+    session = 'session'
+
+
+class SpendRow(BaseModel):
+    """
+    What one group of sessions spent.
+    """
+
+    agent: str | None = None
+    """
+    The agent, when grouped by agent.
+    """
+    cached_tokens: int = Field(..., ge=0)
+    """
+    Prompt tokens served from the server's cache.
+    """
+    completion_tokens: int = Field(..., ge=0)
+    """
+    Completion tokens.
+    """
+    cost: float
+    """
+    Cost, in the agents' prices.
+    """
+    day: str | None = None
+    """
+    The UTC day, when grouped by day.
+    """
+    model_calls: int = Field(..., ge=0)
+    """
+    Model requests answered.
+    """
+    prompt_tokens: int = Field(..., ge=0)
+    """
+    Prompt tokens.
+    """
+    session: UUID | None = None
+    """
+    The session, when grouped by session.
+    """
+    tenant: str | None = None
+    """
+    The tenant (null: the operator's own sessions).
+    """
+
+
+class TenantErased(BaseModel):
+    """
+    What erasing a tenant did.
+    """
+
+    erased: list[UUID]
+    """
+    Its sessions, each erased (recorded in it, its own key destroyed).
+    """
+    key_destroyed: bool
+    """
+    Whether its key was destroyed (false: its sessions were written
+    without encryption, and only their erasure one by one, refused,
+    could have erased them).
+    """
+    not_erased: list[NotErased]
+    """
+    Its sessions not erased one by one, each with why (their content is
+    unreadable all the same once the tenant's key is gone).
+    """
+    tenant: str
+    """
+    The tenant.
+    """
+
+
+class TenantToken(BaseModel):
+    """
+    A tenant's token, as issued: shown this once, kept only as its
+    SHA-256.
+    """
+
+    tenant: str
+    """
+    The tenant.
+    """
+    token: str
+    """
+    The token (`Authorization: Bearer TOKEN`): it sees only the
+    tenant's sessions, schedules, spend and metrics.
+    """
+
+
+class TenantView(BaseModel):
+    """
+    A tenant as `GET /tenants` lists it.
+    """
+
+    erased: str | None = None
+    """
+    Who erased it and why, if it was erased.
+    """
+    max_cost_per_day: float | None = None
+    """
+    Its daily cap on cost, if it has one.
+    """
+    max_parallel_calls: int | None = Field(None, ge=0)
+    """
+    Its tool calls running at once, at most.
+    """
+    max_queued_turns: int | None = Field(None, ge=0)
+    """
+    Its turns waiting, at most.
+    """
+    max_running_turns: int | None = Field(None, ge=0)
+    """
+    Its turns running at once, at most.
+    """
+    name: str
+    """
+    Its name.
+    """
+    tokens: int = Field(..., ge=0)
+    """
+    How many of its tokens work.
+    """
+
+
+class TokensRevoked(BaseModel):
+    """
+    Revoking a tenant's tokens.
+    """
+
+    revoked: int = Field(..., ge=0)
+    """
+    How many worked until now.
+    """
+    tenant: str
+    """
+    The tenant.
     """
 
 
@@ -1496,4 +1744,33 @@ class SessionView(SessionSummary):
     waiting: list[WaitingCall] | None = None
     """
     Every call that waits for a person, with what the model asked for.
+    """
+
+
+class SpendReport(BaseModel):
+    """
+    Spend, summed from every session's model requests at their agents'
+    prices.
+    """
+
+    by: SpendBy
+    """
+    How the rows are grouped.
+    """
+    day: str | None = None
+    """
+    The day it is limited to, if any.
+    """
+    rows: list[SpendRow]
+    """
+    One a group, in order of tenant (the operator's own first), then
+    agent, day or session.
+    """
+    tenant: str | None = None
+    """
+    The tenant it is limited to, if any.
+    """
+    total: SpendRow
+    """
+    Every row summed.
     """
