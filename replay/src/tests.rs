@@ -1560,9 +1560,9 @@ fn tenant_events() -> Vec<Event> {
 }
 
 #[test]
-fn tenants_and_caps_are_written_with_schema_10_and_refused_by_older_readers() {
+fn tenants_and_caps_are_written_with_schema_11_and_refused_by_older_readers() {
     for event in tenant_events() {
-        assert_eq!(event.schema(), 10, "{event:?}");
+        assert_eq!(event.schema(), 11, "{event:?}");
         assert_eq!(
             &Event::decode(event.schema(), &event.encode()).unwrap(),
             &event
