@@ -478,6 +478,27 @@ async fn a_daily_cap_pauses_a_tenants_second_session_before_its_request_is_sent(
         metrics.contains("mneme_spend_model_calls{tenant=\"free\"} 2"),
         "{metrics}"
     );
+    // The web view says it too: today's spend, by tenant.
+    let wait = std::time::Duration::from_secs(20);
+    let (browser, page) = mneme_e2e::browser::signed_in_page(&bed.world, "ops", wait).await;
+    let said = tokio::task::block_in_place(|| {
+        page.wait_for(
+            "(n => n && !n.hidden && n.textContent)(document.getElementById('spend'))",
+            wait,
+        )
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    drop(browser);
+    let said = said.as_str().unwrap();
+    for part in [
+        "Spent today (",
+        "capped $0.0",
+        "(1 model requests)",
+        "free $",
+        "(2 model requests)",
+    ] {
+        assert!(said.contains(part), "{part:?} in {said}");
+    }
     // A higher cap, a resume that extends: the request goes now.
     let out = bed
         .mneme(&["tenant", "set", "capped", "--max-cost-per-day", "1"])

@@ -202,6 +202,7 @@ async function sessionsPage(query, current) {
       el("label", {}, "Find ", find),
       el("span", {}, `${kept.length} of ${rows.length} sessions`),
       waiting ? el("span", { class: "badge waits" }, `${waiting} wait for a person`) : null),
+    el("p", { id: "spend", class: "spend", hidden: true }),
     el("table", { id: "sessions" },
       el("thead", {}, el("tr", {},
         ["Session", "Status", "Agent"].map((h) => el("th", {}, h)),
@@ -217,6 +218,20 @@ async function sessionsPage(query, current) {
         el("td", { class: "num" }, fmt.pct(r.cache_hit_ratio)),
         el("td", { class: "num" }, `${fmt.n(r.prompt_tokens)} / ${fmt.n(r.completion_tokens)}`),
         el("td", { class: "num" }, fmt.cost(r.cost)))))));
+  showSpend(current).catch(failed);
+}
+
+// What was spent today (UTC), by tenant (a tenant's sign-in: its own), as
+// the daemon's ledgers of the log say (`GET /spend`).
+async function showSpend(current) {
+  const day = new Date().toISOString().slice(0, 10);
+  const report = await api(`/spend?by=day&day=${day}`);
+  const node = document.getElementById("spend");
+  if (current !== shown || !node) return;
+  const rows = report.rows.filter((r) => r.model_calls > 0);
+  const each = rows.map((r) => `${r.tenant === null || r.tenant === undefined ? "the operator's own" : r.tenant} ${fmt.cost(r.cost)} (${fmt.n(r.model_calls)} model requests)`);
+  node.textContent = visible(`Spent today (${day}, UTC): ${rows.length ? each.join(" · ") : "nothing"}`);
+  node.hidden = false;
 }
 
 // A listed session: its title (its first message) linking to it, its id's
