@@ -4,12 +4,14 @@
 //! timed through the real daemon, then the whole page in headless Chromium
 //! (sign-in to timeline drawn).
 //!
-//! Run: `cargo build -p mneme && cargo bench -p mneme-e2e --bench web_view`
+//! Run: `cargo build --release --bin mneme && cargo bench -p mneme-e2e --bench web_view`
 //! (`MNEME_BENCH_EVENTS` sets the long session's events, default 100000;
 //! `MNEME_BENCH_DIR` the disk).
 
 use eventlog::{Durability, EventLog, SledLog};
-use mneme_e2e::bench::{bench_dir, bench_spec, block, daemon_address, new_event, to_new_event};
+use mneme_e2e::bench::{
+    bench_dir, bench_spec, block, daemon_address, new_event, release_mneme, to_new_event,
+};
 use mneme_e2e::browser::Browser;
 use runtime::Session;
 use std::path::Path;
@@ -52,26 +54,9 @@ fn fill(log: &Arc<dyn EventLog>, events: usize) -> Uuid {
     id
 }
 
-/// The `mneme` binary: `MNEME_BIN`, else the one beside this benchmark
-/// (`cargo build --release --bin mneme` makes it: the benchmark's package
-/// does not build the binary).
-fn mneme_bin() -> std::path::PathBuf {
-    if let Some(bin) = std::env::var_os("MNEME_BIN") {
-        return bin.into();
-    }
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().unwrap().parent().unwrap().join("mneme");
-    assert!(
-        bin.exists(),
-        "{} is missing: run `cargo build --release --bin mneme` first",
-        bin.display()
-    );
-    bin
-}
-
 /// Starts `mneme serve` on `dir`; its child process and address.
 fn serve(dir: &Path) -> (std::process::Child, String) {
-    let child = std::process::Command::new(mneme_bin())
+    let child = std::process::Command::new(release_mneme())
         .arg("--data-dir")
         .arg(dir)
         .args(["serve", "--listen", "127.0.0.1:0"])

@@ -177,3 +177,22 @@ pub fn runtime() -> &'static tokio::runtime::Runtime {
 pub fn block<F: std::future::Future>(work: F) -> F::Output {
     runtime().block_on(work)
 }
+
+/// The release `mneme` binary for benchmarks that drive the real daemon:
+/// `MNEME_BIN`, else the one beside this benchmark's executable (`cargo
+/// build --release --bin mneme` makes it: the benchmarks' package does not
+/// build the binary). Sets `MNEME_BIN` to it, for [`crate::mneme_bin`].
+pub fn release_mneme() -> PathBuf {
+    if let Some(bin) = std::env::var_os("MNEME_BIN") {
+        return bin.into();
+    }
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().unwrap().parent().unwrap().join("mneme");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build --release --bin mneme` first",
+        bin.display()
+    );
+    std::env::set_var("MNEME_BIN", &bin);
+    bin
+}

@@ -11,6 +11,7 @@ pub mod bench;
 pub mod browser;
 pub mod daemon;
 mod eventually;
+pub mod floor;
 pub mod hostile;
 pub mod mcp;
 pub mod powercut;
