@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
+use tokio::time::Interval;
 use tools::check::Checked;
 use tools::{CallContext, Tool, ToolError, Toolbox};
 
@@ -473,6 +474,7 @@ impl Runner {
         let (model, toolbox) = (&parts.model, &parts.toolbox);
         let mut signed_at = session.head().0;
         let mut stepped = false;
+        let mut look = None;
         loop {
             if let Some((_, every)) = &self.signer {
                 if session.head().0 >= signed_at + every {
@@ -508,7 +510,7 @@ impl Runner {
                     stepped = true;
                     let record = parts.record.as_deref();
                     let step = self
-                        .run_tools(session, (toolbox, record), &plan.calls)
+                        .run_tools(session, (toolbox, record), &plan.calls, &mut look)
                         .await;
                     self.fail_on_refused_record(session, step).await?
                 }
@@ -852,6 +854,7 @@ impl Runner {
         session: &mut Session,
         (toolbox, record): (&Toolbox, Option<&replay::Record>),
         calls: &[CallPlan],
+        look: &mut Option<Interval>,
     ) -> Result<(), RuntimeError> {
         let reply_seq = session.state().latest_reply_seq().unwrap_or_default();
         // Outcomes known without running anything: calls in doubt, unknown
@@ -983,7 +986,7 @@ impl Runner {
             let working = batch.iter().filter(|(tool, ..)| !is_agent(tool)).count();
             let permits = self.permits(working, tenant_room.as_ref()).await;
             if let Some(reason) = self
-                .start_and_run(session, batch, reply_seq, permits)
+                .start_and_run(session, batch, reply_seq, permits, look)
                 .await?
             {
                 // Asked to stop while calls ran: the rest wait for the resume.
@@ -1041,7 +1044,8 @@ impl Runner {
     }
 
     /// Starts `starts` (durably), runs them and records their outcomes.
-    /// Meanwhile it looks for a stop every [`LOOK_FOR_STOP`]: a person's
+    /// Meanwhile it looks for a stop when `look` (the turn's clock, see
+    /// [`look_for_stop`]) ticks, every [`LOOK_FOR_STOP`]: a person's
     /// pause cancels the calls that can give up (MCP calls); the reason of
     /// a stop heard is returned, for the turn to pause on.
     async fn start_and_run(
@@ -1050,6 +1054,7 @@ impl Runner {
         starts: Vec<(Arc<dyn Tool>, CallContext, String)>,
         reply_seq: u64,
         mut permits: Room,
+        look: &mut Option<Interval>,
     ) -> Result<Option<String>, RuntimeError> {
         let events = starts
             .iter()
@@ -1103,8 +1108,7 @@ impl Runner {
         let mut retry = false;
         let mut stopping: Option<String> = None;
         let mut waiting: Option<String> = None;
-        let mut look = tokio::time::interval(LOOK_FOR_STOP);
-        look.tick().await;
+        let look = look.get_or_insert_with(look_for_stop);
         loop {
             let joined = tokio::select! {
                 joined = running.join_next_with_id() => match joined {
@@ -1336,6 +1340,17 @@ pub(crate) const COMPACT_AT: f64 = 0.8;
 pub(crate) const MAX_TOOL_ATTEMPTS: u32 = 3;
 /// How often a turn with calls running looks for a stop.
 const LOOK_FOR_STOP: Duration = Duration::from_secs(1);
+
+/// A turn's clock for looking for a stop while its calls run, first due
+/// [`LOOK_FOR_STOP`] from now: one timer a turn, armed when its first
+/// calls start. (A timer armed afresh for every step woke the runtime's
+/// parked worker to re-arm its own, a context switch a step.)
+fn look_for_stop() -> Interval {
+    let first = tokio::time::Instant::now() + LOOK_FOR_STOP;
+    let mut look = tokio::time::interval_at(first, LOOK_FOR_STOP);
+    look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    look
+}
 const RETRY_BACKOFF: Duration = Duration::from_millis(200);
 
 /// What running one call gave.
