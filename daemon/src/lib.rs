@@ -58,9 +58,19 @@ const LOOK_FOR_LAPSED_LEASES: Duration = Duration::from_secs(1);
 /// deadline, sleeping calls whose time came.
 const LOOK_FOR_DUE: Duration = Duration::from_millis(250);
 
-/// How often it looks for schedules other processes created (those made
-/// through its own API it knows at once).
+/// How often, at the most, it looks for schedules other processes created
+/// (those made through its own API it knows at once).
 const LOOK_FOR_SCHEDULES: Duration = Duration::from_secs(1);
+
+/// A look for schedules lists every session of the store: on a large store
+/// the looks are spaced so that they take at most one part in this many of
+/// the daemon's time (a store of 10,000 sessions takes about 8 ms a look).
+const LOOK_FOR_SCHEDULES_SHARE: u32 = 50;
+
+/// The wait before the next look for schedules, after one that took `took`.
+fn next_look_for_schedules(took: Duration) -> Duration {
+    LOOK_FOR_SCHEDULES.max(took * LOOK_FOR_SCHEDULES_SHARE)
+}
 
 /// How often it reads every session's deadline from the store (its own
 /// turns and decisions tell it theirs at once; this finds those of other
@@ -720,17 +730,20 @@ impl Daemon {
     async fn fire_deadlines(self: Arc<Self>) {
         let mut read_at = tokio::time::Instant::now();
         let mut looked_for_schedules = None::<tokio::time::Instant>;
+        let mut look_for_schedules = LOOK_FOR_SCHEDULES;
         loop {
             tokio::select! {
                 () = self.shutdown.cancelled() => return,
                 () = tokio::time::sleep(LOOK_FOR_DUE) => {}
             }
             self.scheduler.forget_idle_locks();
-            let discover = looked_for_schedules.is_none_or(|at| at.elapsed() >= LOOK_FOR_SCHEDULES);
+            let discover = looked_for_schedules.is_none_or(|at| at.elapsed() >= look_for_schedules);
             if discover {
                 looked_for_schedules = Some(tokio::time::Instant::now());
             }
-            self.fire_schedules(discover).await;
+            if let Some(took) = self.fire_schedules(discover).await {
+                look_for_schedules = next_look_for_schedules(took);
+            }
             if read_at.elapsed() >= READ_APPROVAL_DEADLINES {
                 read_at = tokio::time::Instant::now();
                 // And once a minute, what large turns and reads freed.
@@ -1019,6 +1032,19 @@ impl ShutdownSignals {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn looks_for_schedules_are_spaced_by_what_a_look_costs() {
+        // A small store is looked at every second.
+        let quick = next_look_for_schedules(Duration::from_millis(8));
+        assert_eq!(quick, LOOK_FOR_SCHEDULES);
+        // A look of 80 ms (about 100,000 sessions) waits 4 s, one of 800 ms
+        // 40 s: at most a fiftieth of the time goes to looking.
+        let slow = next_look_for_schedules(Duration::from_millis(80));
+        assert_eq!(slow, Duration::from_secs(4));
+        let slower = next_look_for_schedules(Duration::from_millis(800));
+        assert_eq!(slower, Duration::from_secs(40));
+    }
 
     #[test]
     fn a_turn_fits_while_what_turns_may_open_and_the_spare_fit() {

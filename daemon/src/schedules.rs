@@ -11,6 +11,7 @@ use runtime::control::TurnStart;
 use runtime::RuntimeError;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use uuid::Uuid;
 
 /// The schedules this daemon knows, each with its state as last read.
@@ -39,23 +40,28 @@ impl Schedules {
 
 impl Daemon {
     /// Steps every schedule known here once; with `discover`, first looks
-    /// for schedules other processes created.
-    pub(crate) async fn fire_schedules(self: &Arc<Self>, discover: bool) {
+    /// for schedules other processes created, and returns how long that
+    /// look took.
+    pub(crate) async fn fire_schedules(self: &Arc<Self>, discover: bool) -> Option<Duration> {
+        let mut looked = None;
         if discover {
+            let started = std::time::Instant::now();
             match self.service.schedule_ids().await {
                 Ok(ids) => ids.into_iter().for_each(|id| self.schedules.know(id)),
                 Err(e) => runtime::warn_line!("mneme serve: cannot list the schedules: {e}"),
             }
+            looked = Some(started.elapsed());
         }
         let ids: Vec<Uuid> = self.schedules.lock().keys().copied().collect();
         for id in ids {
             if self.is_shutting_down() {
-                return;
+                break;
             }
             if let Err(e) = self.step_schedule(id).await {
                 runtime::warn_line!("mneme serve: schedule {id}: {e}");
             }
         }
+        looked
     }
 
     /// Schedule `id`'s state, read from where this daemon last read it (a
