@@ -3,26 +3,26 @@
 //! thing, prints, and returns an exit code.
 
 use crate::local::Local;
-use crate::remote::Remote;
+use crate::open::{default_data_dir, open_log, register_secrets, serve, Opened, ServeSettings};
 use crate::sessions::{Decision, Sessions, Stream};
+use crate::witness::{heads_of, signed_heads, witnessed};
 use crate::{Cli, Command, EXIT_NEEDS_DECISION};
 use anyhow::{bail, Context, Result};
-use eventlog::{EventLog, SledLog};
-use pglog::PgLog;
+use eventlog::EventLog;
 use runtime::api::PostMessage;
 use runtime::api::{
     Approve, DecisionAnswer, DerivedOutcome, DerivedSession, Erase, Resolve, SessionStatus,
-    TurnOutcome, Verified,
+    TurnOutcome,
 };
 use runtime::load_agent_file;
-use runtime::store::{HeadKey, HeadSigner, Witnessed};
+use runtime::store::{HeadKey, HeadSigner};
 use runtime::store::{MasterKey, SealedLog};
 use runtime::Service;
 use runtime::{store, TurnEnd};
 use runtime::{OtlpConfig, Tracer};
 use serde::Serialize;
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -596,170 +596,6 @@ fn imported(report: &crate::sessions::ImportReport) {
     }
 }
 
-/// Checks session `verified.session`'s signed heads with `key`, marking
-/// it failed (with why) if one does not check out or there is none.
-async fn signed_heads(
-    sessions: &dyn Sessions,
-    key: &HeadKey,
-    verified: &mut Verified,
-) -> Result<()> {
-    let id = verified.session;
-    let records: Vec<(u64, String, replay::Event)> = (sessions.events(id).await?.iter())
-        .map(|row| {
-            let seq = row["seq"].as_u64().context("a row without a seq")?;
-            let event = serde_json::from_value(row["event"].clone())
-                .with_context(|| format!("seq {seq}: an event this build does not read"))?;
-            Ok((
-                seq,
-                row["hash"].as_str().unwrap_or_default().to_string(),
-                event,
-            ))
-        })
-        .collect::<Result<_>>()?;
-    let failed = |why: String, verified: &mut Verified| {
-        verified.ok = false;
-        verified.error = Some(format!("signed heads: {why}"));
-    };
-    let vouched = match key.check(id, &records) {
-        Ok(vouched) => vouched,
-        Err(why) => {
-            failed(why, verified);
-            return Ok(());
-        }
-    };
-    let last = match vouched.at_ms {
-        0 => format!(
-            "{} of the history it shares with the session it was forked from",
-            vouched.copied
-        ),
-        at => format!("the last signed {}", runtime::api::format_time(at)),
-    };
-    let checked = format!(
-        "{} signed heads check out ({last}), vouching for seq 1–{}",
-        vouched.heads + vouched.copied,
-        vouched.through
-    );
-    match vouched.unvouched {
-        None => verified.signed = Some(checked),
-        // A turn under way signs when it ends.
-        Some((first, last)) if running_now(sessions, id).await? => {
-            verified.signed = Some(format!(
-                "{checked}; seq {first}–{last} are a turn still running (signed when it ends)"
-            ))
-        }
-        Some((first, last)) => failed(
-            format!(
-                "seq {first}–{last} are not vouched for: {checked}, and nothing signed after it"
-            ),
-            verified,
-        ),
-    }
-    Ok(())
-}
-
-/// The signed heads session `id` holds of its own, as a witness keeps them.
-async fn heads_of(sessions: &dyn Sessions, id: Uuid) -> Result<Vec<Witnessed>> {
-    let mut heads = Vec::new();
-    for row in sessions.events(id).await? {
-        let event: replay::Event = serde_json::from_value(row["event"].clone())?;
-        if let replay::Event::HeadSigned {
-            seq,
-            hash,
-            at_ms,
-            key,
-            signature,
-        } = event
-        {
-            let witnessed = Witnessed {
-                session: id,
-                seq,
-                hash,
-                at_ms,
-                key,
-                signature,
-            };
-            heads.push(witnessed);
-        }
-    }
-    Ok(heads)
-}
-
-/// Checks that the store still holds every head the witness `file` saw,
-/// each signed with `key`: one result per witnessed session (failed, with
-/// why, if it is gone, or cut or rewritten before a witnessed head).
-async fn witnessed(sessions: &dyn Sessions, key: &HeadKey, file: &Path) -> Result<Vec<Verified>> {
-    let text =
-        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-    let held = sessions.ids().await?;
-    let mut by_session: std::collections::BTreeMap<Uuid, Vec<Witnessed>> = Default::default();
-    for (n, line) in text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-    {
-        let head: Witnessed = serde_json::from_str(line)
-            .with_context(|| format!("{} line {}: not a witnessed head", file.display(), n + 1))?;
-        if !key.signed(&head) {
-            bail!(
-                "{} line {}: a head this key did not sign",
-                file.display(),
-                n + 1
-            );
-        }
-        by_session.entry(head.session).or_default().push(head);
-    }
-    let mut results = Vec::new();
-    for (id, heads) in by_session {
-        let latest = heads.iter().map(|h| h.seq).max().unwrap_or(0);
-        let mut verified = Verified {
-            session: id,
-            ok: true,
-            events: None,
-            head: None,
-            error: None,
-            signed: Some(format!(
-                "the witness's {} heads, to seq {latest}, are held",
-                heads.len()
-            )),
-        };
-        let fault = match held.contains(&id) {
-            false => Some(format!(
-                "the witness saw it to seq {latest}; the store no longer holds it"
-            )),
-            true => {
-                let rows = sessions.events(id).await?;
-                verified.events = Some(rows.len() as u64);
-                heads.iter().find_map(|head| {
-                    let stored = rows.iter().find(|r| r["seq"].as_u64() == Some(head.seq));
-                    let hash = stored.and_then(|r| r["hash"].as_str());
-                    (hash != Some(head.hash.as_str())).then(|| match hash {
-                        None => format!("the witness saw seq {} (signed {}); the store holds {} records: cut", head.seq, runtime::api::format_time(head.at_ms), rows.len()),
-                        Some(_) => format!("seq {} holds another record than the witness saw (signed {}): rewritten", head.seq, runtime::api::format_time(head.at_ms)),
-                    })
-                })
-            }
-        };
-        if let Some(why) = fault {
-            verified.ok = false;
-            verified.signed = None;
-            verified.error = Some(format!("witness: {why}"));
-        }
-        results.push(verified);
-    }
-    Ok(results)
-}
-
-/// Whether a turn of session `id` runs now, under a live lease.
-async fn running_now(sessions: &dyn Sessions, id: Uuid) -> Result<bool> {
-    let rows = sessions.list().await?;
-    let row = rows.iter().find(|r| r.session == id);
-    Ok(row.is_some_and(|r| {
-        r.status == SessionStatus::Running
-            && r.interrupted == Some(false)
-            && r.pending == Some(false)
-    }))
-}
-
 /// `mneme keygen --out FILE`: a new signing key, kept outside the data
 /// directory; prints its public key.
 fn keygen(data_dir: &Path, out: &Path, master: bool) -> Result<ExitCode> {
@@ -1142,197 +978,6 @@ fn report(outcome: &TurnOutcome, json: bool, streamed: bool) -> Result<ExitCode>
 
 fn to_json(value: &impl Serialize) -> serde_json::Value {
     serde_json::to_value(value).expect("API types serialize")
-}
-
-/// Makes what this process knows to be secret (the daemon token in the
-/// environment, the store's password) redacted from everything it records
-/// and prints.
-fn register_secrets(cli: &Cli) {
-    if let Ok(token) = std::env::var("MNEME_TOKEN") {
-        runtime::text::register_secret(&token);
-    }
-    let given = cli.command.store().and_then(|o| o.store.as_deref());
-    let store = (given.or(cli.store.as_deref())).and_then(|s| reqwest::Url::parse(s).ok());
-    if let Some(encoded) = store.as_ref().and_then(|url| url.password()) {
-        // As written in the address, and as the server gets it.
-        runtime::text::register_secret(encoded);
-        let decoded = percent_encoding::percent_decode_str(encoded).decode_utf8_lossy();
-        runtime::text::register_secret(&decoded);
-    }
-}
-
-/// Where a command's log is: opened here, or behind a running daemon.
-enum Opened {
-    Log(Arc<dyn EventLog>),
-    Daemon(Remote),
-}
-
-/// Opens the sled log in `data_dir`, with `cache_bytes` of page cache, on
-/// tokio's blocking pool: opening replays the write-ahead file and
-/// checkpoints (reads, writes, fsyncs).
-async fn open_sled(
-    data_dir: &Path,
-    cache_bytes: u64,
-    holder: &str,
-) -> Result<SledLog, eventlog::LogError> {
-    let (dir, holder) = (data_dir.to_path_buf(), holder.to_string());
-    tokio::task::spawn_blocking(move || SledLog::open_with(dir, &holder, cache_bytes))
-        .await
-        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
-}
-
-/// Opens the PostgreSQL store `store` names, else the sled log in
-/// `data_dir` (with `cache_bytes` of page cache) as `holder`; a data
-/// directory a daemon holds is reached through it.
-async fn open_log(
-    store: &Option<String>,
-    data_dir: &Path,
-    cache_bytes: u64,
-    command: &Command,
-    holder: &str,
-) -> Result<Opened> {
-    if let Some(url) = store {
-        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-            bail!("--store {url:?}: expected a postgres:// address (the sled log is chosen with --data-dir)");
-        }
-        return Ok(Opened::Log(Arc::new(PgLog::connect(url).await?)));
-    }
-    let log = match open_sled(data_dir, cache_bytes, holder).await {
-        Ok(log) => log,
-        Err(eventlog::LogError::Locked { .. }) if !matches!(command, Command::Serve(_)) => {
-            match beside_the_holder(data_dir, cache_bytes, holder).await? {
-                Ok(remote) => return Ok(Opened::Daemon(remote)),
-                Err(log) => log,
-            }
-        }
-        Err(e) => return Err(e.into()),
-    };
-    if let Some(torn) = log.torn_tail() {
-        runtime::warn_line!(
-            "mneme: warning: the write-ahead file ended in a partial write ({} bytes, never acknowledged); moved to {}",
-            torn.bytes,
-            torn.saved_to.display()
-        );
-    }
-    Ok(Opened::Log(Arc::new(log)))
-}
-
-/// How long a command waits for the process holding the data directory to
-/// say where it answers (it does just after opening it), or to let go.
-const HOLDER_WAIT: Duration = Duration::from_secs(3);
-
-/// Reaches the data directory another process holds: through it (a daemon,
-/// or a command answering reads, once it has said where), or opened here
-/// if it lets go within [`HOLDER_WAIT`].
-async fn beside_the_holder(
-    data_dir: &Path,
-    cache_bytes: u64,
-    holder: &str,
-) -> Result<std::result::Result<Remote, SledLog>> {
-    let deadline = std::time::Instant::now() + HOLDER_WAIT;
-    loop {
-        if let Some(remote) = Remote::discover(data_dir)? {
-            return Ok(Ok(remote));
-        }
-        match open_sled(data_dir, cache_bytes, holder).await {
-            Ok(log) => return Ok(Err(log)),
-            Err(eventlog::LogError::Locked { .. }) if std::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(eventlog::LogError::Locked { dir, holder }) => bail!(
-                "the data directory {dir} is in use by another process ({holder}): wait for it to finish, or run sessions under `mneme serve`, which takes any number of commands side by side"
-            ),
-            Err(e) => return Err(e.into()),
-        }
-    }
-}
-
-/// What `serve` takes from the global options.
-struct ServeSettings<'a> {
-    signer: Option<Arc<HeadSigner>>,
-    tracer: Option<Arc<Tracer>>,
-    data_dir: &'a Path,
-    durability: eventlog::Durability,
-    snapshot_every: u64,
-    lease_ttl: Duration,
-}
-
-async fn serve(
-    log: Arc<dyn EventLog>,
-    settings: ServeSettings<'_>,
-    a: crate::ServeArgs,
-) -> Result<ExitCode> {
-    std::fs::create_dir_all(settings.data_dir)
-        .with_context(|| format!("creating {}", settings.data_dir.display()))?;
-    let (token, token_file) = token(settings.data_dir, a.token_file)?;
-    runtime::text::register_secret(&token);
-    let config = daemon::DaemonConfig {
-        listen: a.listen,
-        allow_public: a.allow_public,
-        data_dir: settings.data_dir.to_path_buf(),
-        token,
-        token_file,
-        agents_dir: a.agents,
-        durability: settings.durability,
-        snapshot_every: settings.snapshot_every,
-        shutdown_grace: Duration::from_secs(a.shutdown_grace),
-        max_body_bytes: a.max_body_bytes,
-        max_parallel_calls: a.max_parallel_calls,
-        max_running_turns: a.max_running_turns.unwrap_or(usize::MAX),
-        header_timeout: Duration::from_secs(a.header_timeout_secs),
-        idle_timeout: Duration::from_secs(a.idle_timeout_secs),
-        max_connections: a.max_connections,
-        owner: runtime::control::owner_name("daemon"),
-        lease_ttl: settings.lease_ttl,
-        signer: settings.signer,
-        retain: a.retain,
-        tracer: settings.tracer,
-    };
-    daemon::serve(log, config).await?;
-    Ok(ExitCode::SUCCESS)
-}
-
-/// The daemon's token: from `--token-file`, else `$MNEME_TOKEN`, else a new
-/// random one written to `DATA_DIR/mneme.token`, readable by this user only.
-/// A given token must be long enough, and its file private.
-fn token(data_dir: &std::path::Path, file: Option<PathBuf>) -> Result<(String, Option<PathBuf>)> {
-    use daemon::token;
-    if let Some(file) = file {
-        return Ok((token::read_file(&file)?, Some(file)));
-    }
-    let given = std::env::var("MNEME_TOKEN").unwrap_or_default();
-    if !token::trimmed(&given).is_empty() {
-        return Ok((token::checked(&given, "$MNEME_TOKEN")?, None));
-    }
-    use std::io::{Read, Write};
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut random = [0u8; 32];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut random)?;
-    let token = hex::encode(random);
-    let path = data_dir.join("mneme.token");
-    let _ = std::fs::remove_file(&path);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)?;
-    file.write_all(token.as_bytes())?;
-    runtime::log_line!(
-        "mneme serve: generated a token in {} (readable by this user only)",
-        path.display()
-    );
-    Ok((token, Some(path)))
-}
-
-/// `$XDG_DATA_HOME/mneme`, else `~/.local/share/mneme`, else `./.mneme`.
-fn default_data_dir() -> PathBuf {
-    if let Some(xdg) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
-        return PathBuf::from(xdg).join("mneme");
-    }
-    match std::env::var_os("HOME").filter(|v| !v.is_empty()) {
-        Some(home) => PathBuf::from(home).join(".local/share/mneme"),
-        None => PathBuf::from(".mneme"),
-    }
 }
 
 /// Streamed replies' text on stdout as it comes (see

@@ -19,6 +19,7 @@ mod commands;
 mod demo;
 mod diff;
 mod local;
+mod open;
 mod progress;
 mod reader;
 mod remote;
@@ -26,6 +27,7 @@ mod render;
 mod sessions;
 mod timeline;
 mod ui;
+mod witness;
 
 use args::*;
 use clap::{CommandFactory, FromArgMatches};
