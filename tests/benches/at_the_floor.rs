@@ -20,7 +20,7 @@
 //! `MNEME_BENCH_DIR` another disk, `MNEME_BENCH_PASSES` the passes, default
 //! 3).
 
-use mneme_e2e::bench::{bench_dir, release_mneme};
+use mneme_e2e::bench::{bench_dir, built_mneme};
 use mneme_e2e::daemon::DaemonProcess;
 use mneme_e2e::floor::{round, NodeSink, SESSIONS, SESSION_STEPS, SINGLE_STEPS};
 use std::collections::BTreeMap;
@@ -170,7 +170,7 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    release_mneme();
+    built_mneme("release");
     let passes: usize = std::env::var("MNEME_BENCH_PASSES").map_or(3, |p| p.parse().unwrap());
     let runtime = mneme_e2e::bench::runtime();
     let sink = NodeSink::start();

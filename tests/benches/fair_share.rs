@@ -21,20 +21,6 @@ const FLOOD: usize = 200;
 const TURNS: usize = 20;
 const DELAY: Duration = Duration::from_millis(100);
 
-/// The `mneme` binary: `MNEME_BIN`, else the debug build beside this
-/// benchmark's.
-fn set_mneme_bin() {
-    if std::env::var_os("MNEME_BIN").is_none() {
-        let bin = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/mneme");
-        assert!(
-            bin.exists(),
-            "no {}: `cargo build -p mneme` first",
-            bin.display()
-        );
-        std::env::set_var("MNEME_BIN", bin);
-    }
-}
-
 /// A tenant's client.
 struct Tenant {
     http: reqwest::Client,
@@ -172,7 +158,8 @@ async fn run(a_limit: Option<u64>) -> f64 {
 }
 
 fn main() {
-    set_mneme_bin();
+    // The debug build: the figures are ratios of latencies, not speeds.
+    mneme_e2e::bench::built_mneme("debug");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -10,7 +10,7 @@
 
 use eventlog::{Durability, EventLog, SledLog};
 use mneme_e2e::bench::{
-    bench_dir, bench_spec, block, daemon_address, new_event, release_mneme, to_new_event,
+    bench_dir, bench_spec, block, built_mneme, daemon_address, new_event, to_new_event,
 };
 use mneme_e2e::browser::Browser;
 use runtime::Session;
@@ -56,7 +56,7 @@ fn fill(log: &Arc<dyn EventLog>, events: usize) -> Uuid {
 
 /// Starts `mneme serve` on `dir`; its child process and address.
 fn serve(dir: &Path) -> (std::process::Child, String) {
-    let child = std::process::Command::new(release_mneme())
+    let child = std::process::Command::new(built_mneme("release"))
         .arg("--data-dir")
         .arg(dir)
         .args(["serve", "--listen", "127.0.0.1:0"])

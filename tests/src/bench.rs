@@ -178,19 +178,27 @@ pub fn block<F: std::future::Future>(work: F) -> F::Output {
     runtime().block_on(work)
 }
 
-/// The release `mneme` binary for benchmarks that drive the real daemon:
-/// `MNEME_BIN`, else the one beside this benchmark's executable (`cargo
-/// build --release --bin mneme` makes it: the benchmarks' package does not
-/// build the binary). Sets `MNEME_BIN` to it, for [`crate::mneme_bin`].
-pub fn release_mneme() -> PathBuf {
+/// The `mneme` binary of cargo's `profile` ("release", "debug") for
+/// benchmarks that drive the real binary: `MNEME_BIN`, else the one in the
+/// target directory beside this benchmark's executable (the benchmarks'
+/// package does not build the binary: `cargo build [--release] --bin
+/// mneme` does). Sets `MNEME_BIN` to it, for [`crate::mneme_bin`].
+pub fn built_mneme(profile: &str) -> PathBuf {
     if let Some(bin) = std::env::var_os("MNEME_BIN") {
         return bin.into();
     }
     let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().unwrap().parent().unwrap().join("mneme");
+    // target/PROFILE/deps/BENCH: three levels up is the target directory.
+    let target = exe.ancestors().nth(3).unwrap();
+    let bin = target.join(profile).join("mneme");
+    let flag = if profile == "release" {
+        " --release"
+    } else {
+        ""
+    };
     assert!(
         bin.exists(),
-        "{} is missing: run `cargo build --release --bin mneme` first",
+        "{} is missing: run `cargo build{flag} --bin mneme` first",
         bin.display()
     );
     std::env::set_var("MNEME_BIN", &bin);
