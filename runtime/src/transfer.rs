@@ -20,7 +20,8 @@
 //! A fork that shares its parent's records exports them as its parent
 //! stores them (lines of the parent's session, with the parent's key
 //! line), then its own: an import stores them as the parent's (or finds
-//! them held) and the fork's after them.
+//! them held) and the fork's after them. One export writes each record
+//! once, whichever of a parent and its forks comes first.
 
 use eventlog::{EventLog, LogError, Record};
 use replay::Event;
@@ -99,6 +100,9 @@ pub async fn export(
 ) -> Result<u64, TransferError> {
     let mut written = 0;
     let mut keyed = std::collections::HashSet::new();
+    // The last seq written of each session: a parent's records shared by
+    // a fork exported before it (or by several forks) are written once.
+    let mut through = std::collections::HashMap::<Uuid, u64>::new();
     for &session in sessions {
         write_key(log, session, &mut keyed, out).await?;
         let head = log.head(session).await?.seq;
@@ -107,8 +111,14 @@ pub async fn export(
             let to = head.min(from + BATCH - 1);
             let (records, sealed) = log.read_sealed(session, from, to).await?;
             for (record, bytes) in records.iter().zip(sealed) {
+                let (owner, seq) = (record.envelope.session, record.envelope.seq);
+                let done = through.entry(owner).or_default();
+                if seq <= *done {
+                    continue;
+                }
+                *done = seq;
                 // A fork's first records are its parent's, under its key.
-                write_key(log, record.envelope.session, &mut keyed, out).await?;
+                write_key(log, owner, &mut keyed, out).await?;
                 serde_json::to_writer(&mut *out, &line_of(record, &bytes))
                     .map_err(std::io::Error::from)?;
                 out.write_all(b"\n")?;
@@ -632,6 +642,32 @@ mod tests {
             );
         }
         assert_eq!(exported(&target, &[a, b]).await, text);
+    }
+
+    #[tokio::test]
+    async fn a_parent_and_its_forks_export_each_record_once_in_any_order() {
+        let parent = Uuid::now_v7();
+        let (_dir, source) = log_with(&[(parent, 4)]).await;
+        let forks = [Uuid::now_v7(), Uuid::now_v7()];
+        for fork in forks {
+            let own = vec![user_message("own")];
+            source.fork(fork, parent, 3, own).await.unwrap();
+        }
+        for order in [[parent, forks[0], forks[1]], [forks[1], parent, forks[0]]] {
+            let text = exported(&source, &order).await;
+            assert_eq!(text.lines().count(), 4 + 2, "{order:?}: {text}");
+            let (_dir2, target) = log_with(&[]).await;
+            import(&target, &mut text.as_bytes(), Policy::default())
+                .await
+                .unwrap();
+            for id in [parent, forks[0], forks[1]] {
+                assert_eq!(
+                    target.read(id, 1, 10).await.unwrap(),
+                    source.read(id, 1, 10).await.unwrap(),
+                    "{order:?}"
+                );
+            }
+        }
     }
 
     #[tokio::test]
