@@ -1,15 +1,18 @@
 //! Stores written by an earlier build open in this one. The fixtures under
-//! `tests/fixtures/upgrade/v1/` were written by the build of 2026-12-01
-//! (event schema 1) and are frozen: a sled data directory, an export, and a
+//! `tests/fixtures/upgrade/` are frozen, one directory a format: `v1/` was
+//! written by the build of 2026-12-01 (event schema 1), `v2/` by the build
+//! of 2026-12-05 (event schema 11, forks sharing their parent's records,
+//! every record its own key in sled). Each holds a sled data directory, an
+//! export, and a
 //! PostgreSQL dump of the same sessions (one that went through a call in
 //! doubt, a resolve, an approval and two turns; and a fork of it with
 //! another agent). Every later build must: open each, `verify` it, rebuild
 //! each session's prompt byte for byte, export every record byte for byte,
 //! and continue the session.
 //!
-//! `MNEME_BLESS_UPGRADE=1` writes the fixtures again (with
+//! `MNEME_BLESS_UPGRADE=1` writes the fixtures of [`NEWEST`] (with
 //! `scripts/with-postgres.sh`): only when a new format version starts a new
-//! directory (`v2/`), never to make an old one pass.
+//! directory, never to make an old one pass.
 
 mneme_e2e::binary!(env!("CARGO_BIN_EXE_mneme"));
 
@@ -17,28 +20,36 @@ use mneme_e2e::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
-/// Where the agent files lived when the fixtures were written: the log
-/// records the scripts' absolute paths, so the test puts them back there.
-const AGENT_DIR: &str = "/tmp/mneme-upgrade-fixture-v1";
+/// The fixtures a blessing writes: the newest frozen format.
+const NEWEST: &str = "v2";
 
-fn fixture() -> PathBuf {
-    fixtures().join("upgrade/v1")
+/// Where the agent files lived when the fixtures of `version` were written:
+/// the log records the scripts' absolute paths, so the test puts them back
+/// there.
+fn agent_dir(version: &str) -> String {
+    format!("/tmp/mneme-upgrade-fixture-{version}")
+}
+
+fn fixture(version: &str) -> PathBuf {
+    fixtures().join("upgrade").join(version)
 }
 
 /// The sessions of the fixture: (main, fork).
-fn sessions() -> (String, String) {
-    let ids: Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture().join("sessions.json")).unwrap())
-            .unwrap();
+fn sessions(version: &str) -> (String, String) {
+    let ids: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture(version).join("sessions.json")).unwrap(),
+    )
+    .unwrap();
     let id = |k: &str| ids[k].as_str().unwrap().to_string();
     (id("main"), id("fork"))
 }
 
 /// Puts the agent files and scripts where the log says they are.
-fn place_agent_files() {
-    std::fs::create_dir_all(AGENT_DIR).unwrap();
+fn place_agent_files(version: &str) {
+    let dir = agent_dir(version);
+    std::fs::create_dir_all(&dir).unwrap();
     for name in ["agent.toml", "branch.toml", "replies.json", "branch.json"] {
-        std::fs::copy(fixture().join(name), Path::new(AGENT_DIR).join(name)).unwrap();
+        std::fs::copy(fixture(version).join(name), Path::new(&dir).join(name)).unwrap();
     }
 }
 
@@ -69,64 +80,73 @@ async fn raw_request(world: &World, id: &str) -> Vec<u8> {
 }
 
 /// What every later build must do with a store holding the fixture.
-async fn holds_the_fixture(world: &World, what: &str) {
-    let (main, fork) = sessions();
+async fn holds_the_fixture(world: &World, version: &str, what: &str) {
+    let (main, fork) = sessions(version);
     ok(world, &["verify"]).await;
     for (id, name) in [(&main, "request-main.bin"), (&fork, "request-fork.bin")] {
-        let expected = std::fs::read(fixture().join(name)).unwrap();
+        let expected = std::fs::read(fixture(version).join(name)).unwrap();
         assert!(
             raw_request(world, id).await == expected,
-            "{what}: the prompt of {id} is not rebuilt byte for byte"
+            "{version} {what}: the prompt of {id} is not rebuilt byte for byte"
         );
     }
     let export = world.dir.path().join("export.jsonl");
     ok(world, &["export", "-o", export.to_str().unwrap()]).await;
-    let expected = std::fs::read_to_string(fixture().join("export.jsonl")).unwrap();
+    let expected = std::fs::read_to_string(fixture(version).join("export.jsonl")).unwrap();
     let exported = std::fs::read_to_string(&export).unwrap();
     assert!(
         exported == expected,
-        "{what}: the export differs from the one the fixture was written with"
+        "{version} {what}: the export differs from the one the fixture was written with"
     );
     // The session goes on: the script's next reply.
     let answer = ok(world, &["run", "--session", &main, "Still there?"]).await;
-    assert_eq!(answer.trim(), "Still here.", "{what}");
+    assert_eq!(answer.trim(), "Still here.", "{version} {what}");
     ok(world, &["verify", &main]).await;
 }
 
+/// The frozen format versions, oldest first.
+const VERSIONS: [&str; 2] = ["v1", NEWEST];
+
 #[tokio::test]
-async fn a_sled_data_directory_of_v1_opens_verifies_and_goes_on() {
+async fn sled_data_directories_of_every_version_open_verify_and_go_on() {
     if bless() {
         return;
     }
-    place_agent_files();
-    let world = World::new();
-    copy_dir(&fixture().join("sled"), &world.data());
-    holds_the_fixture(&world, "sled").await;
+    for version in VERSIONS {
+        place_agent_files(version);
+        let world = World::new();
+        copy_dir(&fixture(version).join("sled"), &world.data());
+        holds_the_fixture(&world, version, "sled").await;
+    }
 }
 
 #[tokio::test]
-async fn an_export_of_v1_imports_and_goes_on() {
+async fn exports_of_every_version_import_and_go_on() {
     if bless() {
         return;
     }
-    place_agent_files();
-    let world = World::new();
-    let export = fixture().join("export.jsonl");
-    ok(&world, &["import", export.to_str().unwrap()]).await;
-    holds_the_fixture(&world, "export").await;
+    for version in VERSIONS {
+        place_agent_files(version);
+        let world = World::new();
+        let export = fixture(version).join("export.jsonl");
+        ok(&world, &["import", export.to_str().unwrap()]).await;
+        holds_the_fixture(&world, version, "export").await;
+    }
 }
 
 #[tokio::test]
-async fn a_postgres_dump_of_v1_restores_verifies_and_goes_on() {
+async fn postgres_dumps_of_every_version_restore_verify_and_go_on() {
     if bless() {
         return;
     }
-    place_agent_files();
-    let world = World::on_postgres();
-    let store = world.store.clone().unwrap();
-    let dump = std::fs::read_to_string(fixture().join("pg.sql")).unwrap();
-    psql(&store, &dump.replace(SCHEMA, schema_of(&store)));
-    holds_the_fixture(&world, "PostgreSQL").await;
+    for version in VERSIONS {
+        place_agent_files(version);
+        let world = World::on_postgres();
+        let store = world.store.clone().unwrap();
+        let dump = std::fs::read_to_string(fixture(version).join("pg.sql")).unwrap();
+        psql(&store, &dump.replace(SCHEMA, schema_of(&store)));
+        holds_the_fixture(&world, version, "PostgreSQL").await;
+    }
 }
 
 /// The schema name the dump was written with, replaced on restore.
@@ -166,7 +186,7 @@ async fn write_the_fixtures_when_blessing() {
     if !bless() {
         return;
     }
-    let dir = fixture();
+    let dir = fixture(NEWEST);
     assert!(
         !dir.join("sled").exists(),
         "{} exists: fixtures are frozen; start a new version directory",
@@ -174,9 +194,9 @@ async fn write_the_fixtures_when_blessing() {
     );
     std::fs::create_dir_all(&dir).unwrap();
     write_agent_files(&dir);
-    place_agent_files();
+    place_agent_files(NEWEST);
     let world = World::new();
-    let agent = format!("{AGENT_DIR}/agent.toml");
+    let agent = format!("{}/agent.toml", agent_dir(NEWEST));
     // A call in doubt (a side effect that ignores keys, killed as it
     // started), resolved; then a call that waits for approval, approved.
     let crashed = world
@@ -209,7 +229,7 @@ async fn write_the_fixtures_when_blessing() {
         .find(|e| e["event"]["ModelReplied"]["content"] == "Noted and refunded.")
         .unwrap()["seq"]
         .to_string();
-    let branch = format!("{AGENT_DIR}/branch.toml");
+    let branch = format!("{}/branch.toml", agent_dir(NEWEST));
     let fork = ok(
         &world,
         &["fork", &main, "--at", &first_answer, "--agent", &branch],
