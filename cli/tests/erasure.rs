@@ -96,9 +96,10 @@ impl Private {
     }
 }
 
-/// Every file under `dir`, its bytes, and every value sled keeps there
-/// (decompressed: sled compresses its pages, so the files alone would hide
-/// plaintext).
+/// Every file under `dir`, its bytes, every value sled keeps there and
+/// every run of records in its segment files (decompressed: sled
+/// compresses its pages and the log its runs, so the files alone would
+/// hide plaintext).
 fn every_byte(dir: &Path) -> Vec<(String, Vec<u8>)> {
     let mut found = Vec::new();
     let mut pending = vec![dir.to_path_buf()];
@@ -109,11 +110,8 @@ fn every_byte(dir: &Path) -> Vec<(String, Vec<u8>)> {
             found.push((path.display().to_string(), std::fs::read(&path).unwrap()));
         }
     }
-    let db = eventlog::sled_config(dir).open().unwrap();
-    for entry in db.iter() {
-        let (key, value) = entry.unwrap();
-        found.push((format!("sled value {}", hex::encode(&key)), value.to_vec()));
-    }
+    let log = eventlog::SledLog::open(dir).unwrap();
+    found.extend(log.every_stored_value().unwrap());
     found
 }
 

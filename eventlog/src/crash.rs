@@ -35,13 +35,15 @@ impl std::fmt::Display for CrashPoint {
     }
 }
 
-/// An append is in the write-ahead file but not yet in sled.
+/// An append is in the write-ahead file but not yet checkpointed.
 pub const LOG_WAL_WRITTEN: CrashPoint = CrashPoint::named("log_wal_written");
+/// A checkpoint synced its records into a segment but has not indexed them.
+pub const LOG_SEGMENT_SYNCED: CrashPoint = CrashPoint::named("log_segment_synced");
 /// A checkpoint made sled durable but has not emptied the write-ahead file.
 pub const LOG_CHECKPOINT_SYNCED: CrashPoint = CrashPoint::named("log_checkpoint_synced");
 
 /// The log's crash points.
-pub const POINTS: &[CrashPoint] = &[LOG_WAL_WRITTEN, LOG_CHECKPOINT_SYNCED];
+pub const POINTS: &[CrashPoint] = &[LOG_WAL_WRITTEN, LOG_SEGMENT_SYNCED, LOG_CHECKPOINT_SYNCED];
 
 /// What a process killed at a crash point says on stderr, before the name.
 pub const REACHED: &str = "mneme: crash point ";

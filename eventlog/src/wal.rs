@@ -7,8 +7,9 @@
 //! same records in memory and persists them at its own pace; a checkpoint
 //! (sled flush + `fdatasync` of sled's files) empties this file.
 //!
-//! Format (version 2, after SQLite's WAL): a 20-byte file header, `"MWAL"`,
-//! `version: u32 LE` (2), an 8-byte `salt` drawn from `/dev/urandom` each
+//! Format (version 3, after SQLite's WAL): a 20-byte file header, `"MWAL"`,
+//! `version: u32 LE` (3; version 2, read too, had the same frames before
+//! checkpoints wrote segment files), an 8-byte `salt` drawn from `/dev/urandom` each
 //! time the file is emptied, `crc32` of those 16 bytes; then frames, each
 //! `salt` (a copy), `len: u32 LE` (of key + value), `prev: u32 LE` (the
 //! previous frame's checksum, the header's for the first frame), `sum: u32
@@ -66,8 +67,14 @@ const V1_MAGIC: u32 = 0x4d57_4c31;
 const V1_FRAME_HEADER: usize = 12;
 /// The first bytes of a file of version 2 or later.
 const FILE_MAGIC: [u8; 4] = *b"MWAL";
-/// The format this build writes.
-const VERSION: u32 = 2;
+/// The format this build writes. Version 3 has version 2's frames; it says
+/// that checkpoints moved records into segment files, which a build that
+/// reads only version 2 would not see, so such a build refuses the
+/// directory instead of serving it without them.
+const VERSION: u32 = 3;
+/// The oldest version with a file header: read, and started afresh in
+/// [`VERSION`] once empty.
+const FIRST_HEADERED: u32 = 2;
 /// Bytes of the file header: what an emptied file holds.
 pub(crate) const FILE_HEADER: usize = 20;
 const FRAME_HEADER: usize = 20;
@@ -117,22 +124,11 @@ pub(crate) struct Wal {
     torn_tail: Option<TornTail>,
 }
 
-/// Where the file ended before an append, for [`Wal::cut_back_to`]. Only
-/// [`Wal::append`] makes one, once the file has the header its frames are
-/// keyed by, so undoing an append never reaches back across a fresh start.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Mark {
-    len: u64,
-    chain: u32,
-}
-
 /// What an append wrote.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Appended {
     /// Bytes written.
     pub(crate) bytes: u64,
-    /// Where the file ended before it.
-    pub(crate) before: Mark,
 }
 
 /// A partial write found at the end of the write-ahead file on open: the
@@ -160,7 +156,7 @@ enum Refusal {
     )]
     Header,
     #[error(
-        "write-ahead file has format version {0}, this build reads versions 1 and {VERSION}; \
+        "write-ahead file has format version {0}, this build reads versions 1 to {VERSION}; \
          a newer mneme wrote it"
     )]
     UnknownVersion(u32),
@@ -217,6 +213,7 @@ impl Wal {
             torn_tail = Some(set_aside(&file, path, tail, contents.valid)?);
             allocated = contents.valid as u64;
         }
+        let older = contents.format.is_some_and(|f| f != Format::V1) && word(&bytes, 4) < VERSION;
         let mut wal = Wal {
             file,
             path: path.to_path_buf(),
@@ -227,7 +224,10 @@ impl Wal {
             uncut: false,
             torn_tail,
         };
-        if wal.format.is_none() {
+        // An older version's file holding no frame starts afresh in this
+        // one at once (one with frames does at the checkpoint after they
+        // are replayed), before anything else is written.
+        if wal.format.is_none() || (older && contents.frames.is_empty()) {
             wal.truncate()?;
         }
         Ok((wal, contents.frames))
@@ -242,10 +242,6 @@ impl Wal {
     /// trace. A file still holding version 1 frames is refused.
     pub(crate) fn append(&mut self, records: &[Frame]) -> std::io::Result<Appended> {
         let salt = self.ready()?;
-        let before = Mark {
-            len: self.len,
-            chain: self.chain,
-        };
         let mut buf = Vec::with_capacity(
             records
                 .iter()
@@ -272,7 +268,7 @@ impl Wal {
         self.allocated = self.allocated.max(self.len + buf.len() as u64);
         self.len += bytes;
         self.chain = chain;
-        Ok(Appended { bytes, before })
+        Ok(Appended { bytes })
     }
 
     /// Makes the file ready for frames; returns its salt.
@@ -300,14 +296,6 @@ impl Wal {
                  before anything is appended, so the formats never mix",
             )),
         }
-    }
-
-    /// Undoes the appends made since `mark` (which sled then refused). If
-    /// the file cannot be cut back, the next append tries again first.
-    pub(crate) fn cut_back_to(&mut self, mark: Mark) {
-        self.len = mark.len;
-        self.chain = mark.chain;
-        let _ = self.cut_back();
     }
 
     /// Cuts the file back to `len` (its preallocated zeros too: a failed
@@ -396,7 +384,7 @@ fn room_left(file: &File, needed: u64) -> std::io::Result<()> {
 }
 
 /// A new file's name is durable only once its directory is synced.
-fn sync_parent(path: &Path) -> std::io::Result<()> {
+pub(crate) fn sync_parent(path: &Path) -> std::io::Result<()> {
     File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()
 }
 
@@ -452,7 +440,7 @@ fn new_side_file(path: &Path) -> std::io::Result<(PathBuf, File)> {
     }
 }
 
-/// Writes a version 2 header with a fresh salt at the start of the empty
+/// Writes a header of [`VERSION`] with a fresh salt at the start of the empty
 /// `file` and syncs it; returns the format and the checksum the first frame
 /// chains from.
 fn start(file: &File) -> std::io::Result<(Format, u32)> {
@@ -638,7 +626,7 @@ fn read(bytes: &[u8]) -> Result<Contents, Refusal> {
         return Err(Refusal::Foreign);
     }
     match word(bytes, 4) {
-        VERSION => {}
+        FIRST_HEADERED..=VERSION => {}
         version => return Err(Refusal::UnknownVersion(version)),
     }
     if !header_checks {
@@ -767,8 +755,6 @@ mod tests {
     enum Step {
         /// Append one frame per value, in one write.
         Append(Vec<Vec<u8>>),
-        /// Undo the last append (sled refused it).
-        UndoLast,
         /// Empty the file (a checkpoint).
         Empty,
         /// Close and open again.
@@ -779,7 +765,6 @@ mod tests {
         use proptest::prelude::*;
         prop_oneof![
             8 => proptest::collection::vec(step_value(100_000), 1..4).prop_map(Step::Append),
-            1 => Just(Step::UndoLast),
             1 => Just(Step::Empty),
             2 => Just(Step::Reopen),
         ]
@@ -789,8 +774,8 @@ mod tests {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
 
         /// Across appends (some past the zeros written ahead, some of zeros
-        /// themselves), undone appends, emptyings and reopenings, opening
-        /// returns exactly the frames appended and not undone since the last
+        /// themselves), emptyings and reopenings, opening
+        /// returns exactly the frames appended since the last
         /// emptying; a last append whose end never reached the disk (its
         /// bytes from some point on still zeros) is set aside, and only it.
         #[test]
@@ -802,25 +787,16 @@ mod tests {
             let path = dir.path().join("wal");
             let (mut wal, _) = Wal::open(&path).unwrap();
             let mut expected: Vec<Vec<u8>> = Vec::new();
-            let mut last: Option<(Mark, usize)> = None;
             for step in steps {
                 match step {
                     Step::Append(values) => {
                         let frames: Vec<Frame> = values.iter().map(|v| (key(1), v.clone())).collect();
-                        let appended = wal.append(&frames).unwrap();
-                        last = Some((appended.before, values.len()));
+                        wal.append(&frames).unwrap();
                         expected.extend(values);
-                    }
-                    Step::UndoLast => {
-                        if let Some((mark, n)) = last.take() {
-                            wal.cut_back_to(mark);
-                            expected.truncate(expected.len() - n);
-                        }
                     }
                     Step::Empty => {
                         wal.truncate().unwrap();
                         expected.clear();
-                        last = None;
                     }
                     Step::Reopen => {
                         drop(wal);
@@ -828,7 +804,6 @@ mod tests {
                         proptest::prop_assert!(reopened.torn_tail().is_none());
                         proptest::prop_assert_eq!(values(&frames), expected.iter().map(Vec::as_slice).collect::<Vec<_>>());
                         wal = reopened;
-                        last = None;
                     }
                 }
                 let size = std::fs::metadata(&path).unwrap().len();
@@ -1075,7 +1050,7 @@ mod tests {
     }
 
     #[test]
-    fn a_v1_file_still_opens_and_is_emptied_into_version_2() {
+    fn a_v1_file_still_opens_and_is_emptied_into_the_newest_version() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("wal");
         let v1 = v1_file();
@@ -1091,11 +1066,48 @@ mod tests {
         assert_eq!(std::fs::read(&path).unwrap(), v1, "formats never mix");
         wal.truncate().unwrap();
         assert!(wal.is_empty());
-        assert_eq!(std::fs::read(&path).unwrap()[..8], *b"MWAL\x02\0\0\0");
+        assert_eq!(std::fs::read(&path).unwrap()[..8], *b"MWAL\x03\0\0\0");
         wal.append(&[(key(1), b"new".to_vec())]).unwrap();
         drop(wal);
         let (_, frames) = Wal::open(&path).unwrap();
         assert_eq!(values(&frames), [b"new"]);
+    }
+
+    /// A version 2 file (the same frames under a header saying 2) holding
+    /// `values`.
+    fn v2_file(values: &[&[u8]]) -> Vec<u8> {
+        let salt = [7u8; 8];
+        let mut bytes = b"MWAL".to_vec();
+        bytes.extend_from_slice(&2u32.to_le_bytes());
+        bytes.extend_from_slice(&salt);
+        let mut chain = crc32fast::hash(&bytes);
+        bytes.extend_from_slice(&chain.to_le_bytes());
+        for (i, value) in values.iter().enumerate() {
+            let offset = bytes.len() as u64;
+            chain =
+                encode_frame(&mut bytes, salt, offset, chain, &key(i as u8 + 1), value).unwrap();
+        }
+        bytes
+    }
+
+    #[test]
+    fn a_version_2_file_is_read_and_starts_afresh_in_version_3_once_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wal");
+        let version = |path: &Path| std::fs::read(path).unwrap()[4];
+        // With frames: read as they are, left in version 2 until emptied.
+        std::fs::write(&path, v2_file(&[b"one", b"two"])).unwrap();
+        let (mut wal, frames) = Wal::open(&path).unwrap();
+        assert_eq!(values(&frames), [&b"one"[..], b"two"]);
+        assert_eq!(version(&path), 2);
+        wal.truncate().unwrap();
+        assert_eq!(version(&path), 3);
+        drop(wal);
+        // Without: version 3 as soon as it is opened.
+        std::fs::write(&path, v2_file(&[])).unwrap();
+        let (wal, frames) = Wal::open(&path).unwrap();
+        assert!(frames.is_empty() && wal.is_empty());
+        assert_eq!(version(&path), 3);
     }
 
     #[test]
@@ -1205,27 +1217,6 @@ mod tests {
     }
 
     #[test]
-    fn an_append_undone_after_a_fresh_start_leaves_nothing_and_the_next_one_chains() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("wal");
-        let (mut wal, _) = Wal::open(&path).unwrap();
-        wal.append(&[(key(1), b"checkpointed".to_vec())]).unwrap();
-        let writable = std::mem::replace(&mut wal.file, File::open(&path).unwrap());
-        assert!(wal.truncate().is_err());
-        wal.file = writable;
-        // The append starts the file afresh; sled then refuses its records.
-        let appended = wal
-            .append(&[(key(1), b"refused by sled".to_vec())])
-            .unwrap();
-        wal.cut_back_to(appended.before);
-        wal.append(&[(key(1), b"next".to_vec())]).unwrap();
-        drop(wal);
-        let (wal, frames) = Wal::open(&path).unwrap();
-        assert_eq!(values(&frames), [b"next"]);
-        assert!(wal.torn_tail().is_none());
-    }
-
-    #[test]
     fn an_interrupted_emptying_is_set_aside_and_the_file_starts_afresh() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("wal");
@@ -1265,16 +1256,17 @@ mod tests {
         };
         // A header of a newer format that checks out, with nothing after it.
         let mut newer = good[..FILE_HEADER].to_vec();
-        newer[4] = 3;
+        newer[4] = 4;
         let check = crc32fast::hash(&newer[..16]);
         newer[16..].copy_from_slice(&check.to_le_bytes());
-        let cases: [(Vec<u8>, &str); 6] = [
+        let cases: [(Vec<u8>, &str); 7] = [
             (flipped(10), "its header fails its checksum"),
-            (flipped(4), "format version 3"),
+            (flipped(4), "its header fails its checksum"),
+            (flipped(5), "format version 259"),
             (flipped(0), "not a mneme write-ahead file"),
             (vec![0; FILE_HEADER + 1], "not a mneme write-ahead file"),
             (vec![0; good.len()], "not a mneme write-ahead file"),
-            (newer, "format version 3"),
+            (newer, "format version 4"),
         ];
         for (bytes, expected) in cases {
             std::fs::write(&path, &bytes).unwrap();

@@ -622,7 +622,8 @@ impl PowerCut {
         let post = read_all(&data);
         let mut tally = self.tally.lock().unwrap();
         tally.cuts += 1;
-        if report.files.iter().any(|f| f == "db" || f == "mneme.wal") {
+        if (report.files.iter()).any(|f| f == "db" || f == "mneme.wal" || f.starts_with("segments"))
+        {
             tally.cuts_dropping += 1;
         }
         tally.dropped.add(&report);

@@ -1,22 +1,28 @@
 //! The sled backend of [`EventLog`].
 //!
-//! One sled tree holds two kinds of keys:
-//! - `e ‖ session (16 bytes) ‖ seq (u64 big-endian)` → a stored record;
+//! Records are kept in segment files, a run of a session's records at a
+//! time, compressed ([`segments`]); one sled tree indexes them and holds the
+//! rest:
+//! - `r ‖ session (16 bytes) ‖ first seq (u64 big-endian)` → where a run is;
+//! - `e ‖ session ‖ seq` → a record of its own (written by builds before
+//!   segment files, read in place; see [`stored`]);
 //! - `s ‖ session` → the session's [`StoredMeta`] (head and timestamps).
 //!
 //! Durability and atomicity come from mneme's write-ahead file
-//! ([`crate::wal`]), not from sled: each append is written there first (all
-//! its records in one `write(2)`), synced barriers share `fdatasync`s of it
-//! (group commit), and opening the log puts into sled whatever sled lost and
-//! brings each session's meta up to its last record (the records are the
-//! truth). A checkpoint (sled flush + `fdatasync` of sled's files) empties
-//! the file.
+//! ([`crate::wal`]): each append is written there first (all its records
+//! in one `write(2)`), synced barriers share `fdatasync`s of it (group
+//! commit), and opening the log takes back from it whatever was not
+//! checkpointed and brings each session's meta up to its last record (the
+//! records are the truth). A checkpoint writes the records appended since
+//! the last one into a segment and syncs it, then indexes them in sled and
+//! makes sled durable (flush + `fdatasync`), and only then empties the
+//! write-ahead file.
 //!
 //! One writer per store, behind an async lock: an append (or import) takes
 //! it on the caller's task, checks and seals its records, writes them to the
-//! write-ahead file (one `write(2)` into the page cache) and inserts them into
-//! sled's memory, tens of microseconds, with no thread to wake and none to
-//! wake it back. A dedicated sync thread does what may wait on the device:
+//! write-ahead file (one `write(2)` into the page cache) and keeps them in
+//! memory until the next checkpoint (pending), tens of microseconds, with
+//! no thread to wake and none to wake it back. A dedicated sync thread does what may wait on the device:
 //! every `fdatasync` and checkpoint, so no tokio worker ever waits on one.
 //! Group commit is its channel: it takes every synced barrier waiting in it,
 //! notes how far the file is written, and one `fdatasync` answers them all
@@ -36,7 +42,8 @@ use crate::{
 use crate::{Leases, SideStore, Totals};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::fs::File;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -46,7 +53,9 @@ use uuid::Uuid;
 mod encoding;
 mod open;
 mod recovery;
+mod segments;
 mod shared;
+mod stored;
 #[cfg(test)]
 mod tests;
 mod writer;
@@ -55,6 +64,7 @@ use encoding::*;
 pub use open::sled_config;
 use open::*;
 use recovery::*;
+use segments::*;
 use shared::*;
 use writer::*;
 
@@ -65,10 +75,11 @@ const HOLDER_FILE: &str = "mneme.holder";
 /// Sessions and records at the last checkpoint: what sled must still hold.
 const ANCHOR_FILE: &str = "mneme.anchor";
 const WAL_FILE: &str = "mneme.wal";
-/// The write-ahead file is emptied into sled once it grows past this. It
-/// holds every record since the last checkpoint uncompressed, so this bounds
-/// what it adds to the directory; a checkpoint costs a few `fdatasync`s, about
-/// a thousand 1 KiB events apart.
+/// The write-ahead file is emptied into a segment once it grows past this.
+/// It holds every record since the last checkpoint uncompressed (and the
+/// process holds them in memory), so this bounds what it adds to the
+/// directory; a checkpoint costs a few `fdatasync`s, about a thousand 1 KiB
+/// events apart.
 const CHECKPOINT_BYTES: u64 = 1 << 20;
 /// sled's log segment size for a new data directory. sled cleans a segment
 /// once half of it is dead; smaller segments are cleaned sooner (records are
@@ -177,6 +188,7 @@ impl SledLog {
         let (wal, frames) = Wal::open(&wal_path).map_err(io(&wal_path))?;
         let wal_sync = File::open(&wal_path).map_err(io(&wal_path))?;
         write_holder(&dir, holder);
+        let segments = Segments::new(&dir);
         let mut shared = Shared {
             dir,
             db,
@@ -184,6 +196,8 @@ impl SledLog {
             recovered: 0,
             torn_tail: wal.torn_tail().cloned(),
             metas: Mutex::new(HashMap::new()),
+            pending: Mutex::new(HashMap::new()),
+            segments,
             syncs: AtomicU64::new(0),
             leases: LocalLeases::default(),
             #[cfg(test)]

@@ -15,6 +15,12 @@ pub(super) struct Shared {
     pub(super) torn_tail: Option<crate::TornTail>,
     /// Cached session metadata; only the writer inserts.
     pub(super) metas: Mutex<HashMap<Uuid, StoredMeta>>,
+    /// Records appended since the last checkpoint, by session: the
+    /// write-ahead file holds them, the next checkpoint writes them into a
+    /// segment. Only the writer (and recovery) changes it.
+    pub(super) pending: Mutex<HashMap<Uuid, Pending>>,
+    /// The segment files checkpoints write records to.
+    pub(super) segments: Segments,
     /// `fdatasync`s of the write-ahead file issued by synced barriers.
     pub(super) syncs: AtomicU64,
     /// The one process that holds the directory is the only writer.
@@ -35,22 +41,23 @@ impl Shared {
         }
     }
 
-    /// Puts into sled every write-ahead record it lacks or holds otherwise,
-    /// and brings the head of each session concerned up to its last
-    /// write-ahead record (the opener then checkpoints).
+    /// Takes back every write-ahead record not stored already, or stored
+    /// otherwise (as pending, for the opener's checkpoint to write), and
+    /// brings the head of each session concerned up to its last
+    /// write-ahead record.
     ///
-    /// A different record sled holds at a frame's key is one a power cut
-    /// kept in sled's file while it took that record's own frame (never
-    /// synced, so never acknowledged); the session went on without it, and
-    /// the frame, written after it, is the record. Records sled holds past
-    /// a session's last frame are such records too, and stay past its head.
+    /// A different record stored at a frame's seq is one a power cut kept
+    /// while it took that record's own frame (never synced, so never
+    /// acknowledged); the session went on without it, and the frame, written
+    /// after it, is the record. Records stored past a session's last frame
+    /// are such records too, and stay past its head.
     pub(super) fn recover(&self, frames: Vec<Frame>) -> Result<u64, LogError> {
         let mut recovered = 0;
         let mut last = std::collections::BTreeMap::new();
         let mut bases = HashMap::new();
         for (key, value) in frames {
             let (session, seq) = parse_event_key(&key);
-            let stored = self.db.get(&key).map_err(|e| self.storage(e))?;
+            let stored = self.stored_record(session, seq)?;
             let record = Record::open(session, seq, &value)?;
             if let Some(base) = record.envelope.base {
                 bases.insert(session, base);
@@ -65,7 +72,7 @@ impl Shared {
                 _ => self.stored_head_at(session, seq - 1)?,
             };
             crate::check_link(session, &prev, &record)?;
-            self.db.insert(key, value).map_err(|e| self.storage(e))?;
+            self.keep_pending(session, seq, value.into());
             last.insert(session, record);
             recovered += 1;
         }
@@ -73,6 +80,23 @@ impl Shared {
             self.repair_meta(session, &record, bases.get(&session).copied())?;
         }
         Ok(recovered)
+    }
+
+    /// Keeps `bytes` as `session`'s pending record at `seq`, after its
+    /// pending records before `seq` (those at or after it go).
+    pub(super) fn keep_pending(&self, session: Uuid, seq: u64, bytes: sled::IVec) {
+        let mut pending = self.pending.lock().expect("pending lock poisoned");
+        let run = pending.entry(session).or_insert_with(|| Pending {
+            first: seq,
+            records: Vec::new(),
+        });
+        if !(run.first..=run.end()).contains(&seq) {
+            *run = Pending {
+                first: seq,
+                records: Vec::new(),
+            };
+        }
+        run.put(seq, bytes);
     }
 
     /// Record `seq` of `session` as a chain head, found where it is stored
@@ -98,11 +122,7 @@ impl Shared {
 
     /// The record at `seq` as a chain head; an error if it is missing.
     pub(super) fn stored_head_at(&self, session: Uuid, seq: u64) -> Result<Head, LogError> {
-        let bytes = self
-            .db
-            .get(event_key(session, seq))
-            .map_err(|e| self.storage(e))?;
-        let Some(bytes) = bytes else {
+        let Some(bytes) = self.stored_record(session, seq)? else {
             return Err(LogError::Corrupt {
                 session,
                 seq,
@@ -211,24 +231,9 @@ impl Shared {
 }
 
 impl Shared {
-    /// Inserts an append's records. On failure, removes what it inserted
-    /// (best effort), so a refused append leaves no record.
-    pub(super) fn insert_all(&self, frames: Vec<Frame>) -> Result<(), LogError> {
-        let keys: Vec<Vec<u8>> = frames.iter().map(|(k, _)| k.clone()).collect();
-        let result = frames
-            .into_iter()
-            .try_for_each(|(key, bytes)| self.db.insert(key, bytes).map(drop));
-        result.map_err(|e| {
-            for key in keys {
-                let _ = self.db.remove(key);
-            }
-            self.storage(e)
-        })
-    }
-
-    /// The range scan stops at the first record over the budget: its bytes
-    /// are fetched, no later record's are, and none past the budget is
-    /// decoded or hashed.
+    /// The range stops at the first record over the budget: its bytes are
+    /// fetched, no later record's are, and none past the budget is decoded
+    /// or hashed.
     pub(super) fn read_bounded(
         &self,
         session: Uuid,
@@ -240,27 +245,9 @@ impl Shared {
         if from > to {
             return Ok(Vec::new());
         }
-        let mut spent: Option<usize> = None;
-        let stored = self
-            .db
-            .range(event_key(session, from)..=event_key(session, to))
-            .map(|item| {
-                let (key, value) = item.map_err(|e| self.storage(e))?;
-                Ok((parse_event_key(&key).1, value))
-            })
-            .take_while(|item| {
-                let Ok((_, value)) = item else {
-                    return true;
-                };
-                let total = spent.map_or(value.len(), |s| s.saturating_add(value.len()));
-                let fits = spent.is_none() || total <= max_bytes;
-                if fits {
-                    spent = Some(total);
-                }
-                fits
-            });
+        let stored = self.stored_range(session, from, to, Some(max_bytes))?;
         let long = to.saturating_sub(from) >= PARALLEL_OPEN_MIN;
-        let records = scan_and_open(session, stored, long)?;
+        let records = scan_and_open(session, stored.into_iter().map(Ok), long)?;
         crate::check_run(session, from, &records)?;
         Ok(records)
     }
@@ -277,10 +264,9 @@ impl Shared {
         if from > to {
             return Ok((records, sealed));
         }
-        for item in (self.db).range(event_key(session, from)..=event_key(session, to)) {
-            let (key, value) = item.map_err(|e| self.storage(e))?;
-            records.push(Record::open(session, parse_event_key(&key).1, &value)?);
-            sealed.push(value.to_vec());
+        for (seq, bytes) in self.stored_range(session, from, to, None)? {
+            records.push(Record::open(session, seq, &bytes)?);
+            sealed.push(bytes.to_vec());
         }
         crate::check_run(session, from, &records)?;
         Ok((records, sealed))

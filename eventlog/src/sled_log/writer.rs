@@ -1,5 +1,5 @@
-//! The writer (appends: the write-ahead file, then sled's memory, on the
-//! caller's task) and the sync thread (every fdatasync and checkpoint,
+//! The writer (appends: the write-ahead file, then the pending records in
+//! memory, on the caller's task) and the sync thread (every fdatasync and checkpoint,
 //! group commit of synced barriers).
 
 use super::*;
@@ -136,8 +136,9 @@ impl Syncer {
 }
 
 impl Writer {
-    /// Makes sled's copy durable, records the anchor, then empties the
-    /// write-ahead file. Everything appended is then durable.
+    /// Writes the pending records into a segment, indexes them in sled and
+    /// makes sled durable, records the anchor, then empties the write-ahead
+    /// file. Everything appended is then durable.
     pub(super) fn checkpoint(&mut self) -> Result<(), LogError> {
         self.checkpoint_files()?;
         self.durable = self.appended;
@@ -150,6 +151,7 @@ impl Writer {
             return Ok(());
         }
         self.refuse_if_sled_unsynced()?;
+        self.store_runs()?;
         self.store_heads()?;
         let shared = &self.shared;
         shared.db.flush().map_err(|e| shared.storage(e))?;
@@ -173,10 +175,63 @@ impl Writer {
         let shared = &self.shared;
         let anchor = shared.dir.join(ANCHOR_FILE);
         self.totals.store(&anchor).map_err(io(anchor))?;
+        // Durable in a segment and indexed: the memory can go.
+        shared
+            .pending
+            .lock()
+            .expect("pending lock poisoned")
+            .clear();
         crate::crash::point(crate::crash::LOG_CHECKPOINT_SYNCED);
         self.wal
             .truncate()
             .map_err(io(self.wal.path().to_path_buf()))
+    }
+
+    /// Writes every session's pending records into a segment (one write,
+    /// synced), then indexes them in sled, after removing the session's
+    /// index entries from the first of them on: runs a checkpoint wrote
+    /// before a crash, of records past the head the session went on from.
+    pub(super) fn store_runs(&mut self) -> Result<(), LogError> {
+        let shared = &self.shared;
+        let pending: Vec<(Uuid, Pending)> = {
+            let pending = shared.pending.lock().expect("pending lock poisoned");
+            pending.iter().map(|(id, run)| (*id, run.clone())).collect()
+        };
+        let runs: Vec<(Uuid, u64, &[sled::IVec])> = pending
+            .iter()
+            .flat_map(|(id, run)| {
+                run.runs()
+                    .into_iter()
+                    .map(|(first, records)| (*id, first, records))
+            })
+            .collect();
+        if runs.is_empty() {
+            return Ok(());
+        }
+        let placed = shared
+            .segments
+            .append(&runs)
+            .map_err(|source| LogError::Io {
+                path: shared.segments.dir().display().to_string(),
+                source: std::sync::Arc::new(source),
+            })?;
+        crate::crash::point(crate::crash::LOG_SEGMENT_SYNCED);
+        for (session, run) in &pending {
+            let stale = shared
+                .db
+                .range(run_key(*session, run.first)..=run_key(*session, u64::MAX));
+            for item in stale {
+                let (key, _) = item.map_err(|e| shared.storage(e))?;
+                shared.db.remove(key).map_err(|e| shared.storage(e))?;
+            }
+        }
+        for ((session, first, _), entry) in runs.iter().zip(placed) {
+            (shared
+                .db
+                .insert(run_key(*session, *first), &entry.encode()[..]))
+            .map_err(|e| shared.storage(e))?;
+        }
+        Ok(())
     }
 
     /// Writes into sled the cached head of every session appended to
@@ -304,7 +359,9 @@ impl Writer {
     }
 
     /// Stores checked, sealed records that follow the session's head: first
-    /// in the write-ahead file, then in sled; `meta` is the head after them.
+    /// in the write-ahead file, then as pending records (which reads see
+    /// and the next checkpoint writes into a segment); `meta` is the head
+    /// after them.
     pub(super) fn store(
         &mut self,
         session: Uuid,
@@ -324,15 +381,12 @@ impl Writer {
             source: std::sync::Arc::new(source),
         })?;
         crate::crash::point(crate::crash::LOG_WAL_WRITTEN);
-        // Plain inserts, not a sled batch: a batch forces sled to write and
-        // sync its buffer on every append. Atomicity comes from the
-        // write-ahead file. The session's head goes into sled at the next
-        // checkpoint (each insert costs sled a compression); until then it
-        // is served from the cache, and recovery repairs it from the
-        // records the write-ahead file holds.
-        if let Err(e) = self.shared.insert_all(frames) {
-            self.wal.cut_back_to(appended.before);
-            return Err(e);
+        // The session's head goes into sled at the next checkpoint; until
+        // then it is served from the cache, and recovery repairs it from
+        // the records the write-ahead file holds.
+        for ((_, bytes), record) in frames.into_iter().zip(records) {
+            self.shared
+                .keep_pending(session, record.envelope.seq, bytes.into());
         }
         self.stale_heads.insert(session);
         self.appended += appended.bytes;
