@@ -384,7 +384,7 @@ async fn forged_frames_inside_a_torn_last_record_are_not_taken_for_whole_ones() 
     // and chain, the attacker's encoder writes exactly the file's first frame.
     assert_eq!(
         &wal[..8],
-        b"MWAL\x02\0\0\0",
+        b"MWAL\x03\0\0\0",
         "a file header with the format version"
     );
     let salt: [u8; 8] = wal[8..16].try_into().unwrap();
