@@ -15,10 +15,22 @@ pub(super) struct StoredMeta {
     pub(super) base: Option<crate::Base>,
 }
 
-pub(super) fn parse_event_key(key: &[u8]) -> (Uuid, u64) {
-    let session = Uuid::from_slice(&key[1..17]).expect("event key holds a uuid");
-    let seq = u64::from_be_bytes(key[17..25].try_into().expect("event key is 25 bytes"));
+/// The session and seq of a key made by [`seq_key`] (a record's or a
+/// run's).
+pub(super) fn parse_seq_key(key: &[u8]) -> (Uuid, u64) {
+    let session = Uuid::from_slice(&key[1..17]).expect("a seq key holds a uuid");
+    let seq = u64::from_be_bytes(key[17..25].try_into().expect("a seq key is 25 bytes"));
     (session, seq)
+}
+
+/// `prefix ‖ session ‖ seq` (big-endian): a session's keys of one kind
+/// sort by seq.
+pub(super) fn seq_key(prefix: u8, session: Uuid, seq: u64) -> [u8; 25] {
+    let mut key = [0u8; 25];
+    key[0] = prefix;
+    key[1..17].copy_from_slice(session.as_bytes());
+    key[17..].copy_from_slice(&seq.to_be_bytes());
+    key
 }
 
 impl StoredMeta {
@@ -50,11 +62,7 @@ impl StoredMeta {
 }
 
 pub(super) fn event_key(session: Uuid, seq: u64) -> [u8; 25] {
-    let mut key = [0u8; 25];
-    key[0] = EVENT_PREFIX;
-    key[1..17].copy_from_slice(session.as_bytes());
-    key[17..].copy_from_slice(&seq.to_be_bytes());
-    key
+    seq_key(EVENT_PREFIX, session, seq)
 }
 
 pub(super) fn derived_key(session: Uuid, name: &str) -> Vec<u8> {

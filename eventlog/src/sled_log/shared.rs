@@ -56,7 +56,7 @@ impl Shared {
         let mut last = std::collections::BTreeMap::new();
         let mut bases = HashMap::new();
         for (key, value) in frames {
-            let (session, seq) = parse_event_key(&key);
+            let (session, seq) = parse_seq_key(&key);
             let stored = self.stored_record(session, seq)?;
             let record = Record::open(session, seq, &value)?;
             if let Some(base) = record.envelope.base {

@@ -110,7 +110,7 @@ impl Shared {
                 if !budget.take(value.len()) {
                     return Ok(true);
                 }
-                found.push((parse_event_key(&key).1, value));
+                found.push((parse_seq_key(&key).1, value));
             }
         }
         for (i, (first, entry)) in runs.iter().enumerate() {
@@ -150,7 +150,7 @@ impl Shared {
         let mut runs = Vec::new();
         for item in holding_from.into_iter().chain(after.into_iter().flatten()) {
             let (key, value) = item.map_err(|e| self.storage(e))?;
-            let first = parse_event_key(&key).1;
+            let first = parse_seq_key(&key).1;
             let entry = RunEntry::decode(&value).ok_or_else(|| LogError::Corrupt {
                 session,
                 seq: first,
@@ -274,7 +274,7 @@ impl SledLog {
             let (key, value) = item.map_err(|e| shared.storage(e))?;
             let name = hex::encode(&key);
             if key.first() == Some(&RUN_PREFIX) {
-                let (session, first) = parse_event_key(&key);
+                let (session, first) = parse_seq_key(&key);
                 let entry = RunEntry::decode(&value).expect("a run's index entry");
                 let records = shared.run_records(session, first, &entry)?;
                 found.push((format!("run {name}"), records.concat()));
