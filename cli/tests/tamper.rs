@@ -115,6 +115,29 @@ async fn flipped_byte_in_a_segment_file_is_reported() {
     );
 }
 
+/// A run's index entry in sled that claims 4 GiB: refused as corrupt
+/// before anything is read or allocated for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_index_entry_claiming_a_huge_run_is_refused_by_name() {
+    let (world, session) = finished_session().await;
+    {
+        let db = eventlog::sled_config(&world.data()).open().unwrap();
+        let (key, entry) = db.scan_prefix([b'r']).next().unwrap().unwrap();
+        let mut entry = entry.to_vec();
+        // segment u32, offset u64, length u32, uncompressed length u32, ...
+        entry[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
+        db.insert(key, entry).unwrap();
+        db.flush().unwrap();
+    }
+    let out = world.run(&["verify", &session]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let said = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(
+        said.contains(&session) && said.contains("a run takes at most"),
+        "{said}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn record_from_a_newer_format_is_refused_with_its_version() {
     let (world, session) = finished_session().await;

@@ -26,6 +26,13 @@ const SEGMENT_FILE_BYTES: u64 = 64 << 20;
 /// uncompressed bytes (a record bigger than that is a run of its own), so
 /// reading one record decompresses at most this much besides it.
 const RUN_BYTES: usize = 64 << 10;
+/// The most bytes a run can hold uncompressed: a record of the largest size
+/// alone, or records up to [`RUN_BYTES`] with a 4-byte length each (a
+/// record has at least one byte). An index entry naming more is damage,
+/// refused before anything is read or allocated for it.
+const MAX_RUN_RAW: u32 = (crate::MAX_RECORD_BYTES + 4 + RUN_BYTES * 5) as u32;
+/// The most bytes such a run takes compressed (zstd's bound, rounded up).
+const MAX_RUN_FRAME: u32 = MAX_RUN_RAW + MAX_RUN_RAW / 128 + (1 << 10);
 /// zstd level of a run: zstd's default, a run is compressed once.
 const RUN_LEVEL: i32 = 3;
 const SEGMENTS_DIR: &str = "segments";
@@ -54,17 +61,44 @@ impl RunEntry {
         out
     }
 
-    pub(super) fn decode(bytes: &[u8]) -> Option<RunEntry> {
-        let bytes: &[u8; Self::BYTES] = bytes.try_into().ok()?;
+    /// The entry of a run starting at seq `first`, or why these bytes
+    /// cannot be one (a length past what a run can take, a last seq
+    /// before its first).
+    pub(super) fn decode(bytes: &[u8], first: u64) -> Result<RunEntry, String> {
+        let bytes: &[u8; Self::BYTES] = (bytes.try_into()).map_err(|_| {
+            format!(
+                "a run's index entry of {} bytes, not {}",
+                bytes.len(),
+                Self::BYTES
+            )
+        })?;
         let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
         let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
-        Some(RunEntry {
+        let entry = RunEntry {
             segment: u32_at(0),
             offset: u64_at(4),
             len: u32_at(12),
             raw_len: u32_at(16),
             last: u64_at(20),
-        })
+        };
+        if entry.len > MAX_RUN_FRAME || entry.raw_len > MAX_RUN_RAW {
+            return Err(format!(
+                "a run's index entry names {} bytes ({} uncompressed); a run takes at most {MAX_RUN_FRAME} ({MAX_RUN_RAW})",
+                entry.len, entry.raw_len
+            ));
+        }
+        if entry.last < first {
+            return Err(format!(
+                "a run's index entry ends at seq {} before its first, {first}",
+                entry.last
+            ));
+        }
+        Ok(entry)
+    }
+
+    /// How many records the run holds.
+    pub(super) fn records(&self, first: u64) -> u64 {
+        self.last + 1 - first
     }
 }
 
@@ -86,13 +120,13 @@ impl Pending {
         self.first + self.records.len() as u64
     }
 
-    /// Puts `bytes` at `seq`, which must follow its records or replace
-    /// some (recovery: a record the write-ahead file holds again after a
-    /// crash); records after `seq` go.
-    pub(super) fn put(&mut self, seq: u64, bytes: sled::IVec) {
+    /// Puts `records` from `seq` on, which must follow its records or
+    /// replace some (recovery: a record the write-ahead file holds again
+    /// after a crash); its records from `seq` on go.
+    pub(super) fn put(&mut self, seq: u64, records: Vec<sled::IVec>) {
         debug_assert!((self.first..=self.end()).contains(&seq));
         self.records.truncate((seq - self.first) as usize);
-        self.records.push(bytes);
+        self.records.extend(records);
     }
 
     /// Its records cut into runs of at most [`RUN_BYTES`]: (first seq,
@@ -349,7 +383,41 @@ mod tests {
                 Ok(read) => assert_ne!(read, run, "damage must not read back as the run"),
             }
         }
-        assert_eq!(RunEntry::decode(&entry.encode()), Some(entry));
+        assert_eq!(RunEntry::decode(&entry.encode(), 3), Ok(entry));
+    }
+
+    #[test]
+    fn an_index_entry_past_what_a_run_can_take_is_refused_before_any_read() {
+        let entry = RunEntry {
+            segment: 0,
+            offset: 0,
+            len: 100,
+            raw_len: 200,
+            last: 9,
+        };
+        let damaged = [
+            (
+                RunEntry {
+                    raw_len: u32::MAX,
+                    ..entry
+                },
+                "uncompressed",
+            ),
+            (
+                RunEntry {
+                    len: MAX_RUN_FRAME + 1,
+                    ..entry
+                },
+                "at most",
+            ),
+            (RunEntry { last: 4, ..entry }, "before its first"),
+        ];
+        for (bad, said) in damaged {
+            let err = RunEntry::decode(&bad.encode(), 5).unwrap_err();
+            assert!(err.contains(said), "{err}");
+        }
+        assert!(RunEntry::decode(&entry.encode()[..27], 5).is_err());
+        assert_eq!(RunEntry::decode(&entry.encode(), 9), Ok(entry));
     }
 
     #[test]

@@ -151,10 +151,10 @@ impl Shared {
         for item in holding_from.into_iter().chain(after.into_iter().flatten()) {
             let (key, value) = item.map_err(|e| self.storage(e))?;
             let first = parse_seq_key(&key).1;
-            let entry = RunEntry::decode(&value).ok_or_else(|| LogError::Corrupt {
+            let entry = RunEntry::decode(&value, first).map_err(|reason| LogError::Corrupt {
                 session,
                 seq: first,
-                reason: "the index entry of a run does not decode".into(),
+                reason,
             })?;
             runs.push((first, entry));
         }
@@ -180,14 +180,14 @@ impl Shared {
                 entry.segment, entry.offset
             ),
         })?;
-        if records.len() as u64 != entry.last + 1 - first {
+        if records.len() as u64 != entry.records(first) {
             return Err(LogError::Corrupt {
                 session,
                 seq: first,
                 reason: format!(
                     "run holds {} records, its index entry says {}",
                     records.len(),
-                    entry.last + 1 - first
+                    entry.records(first)
                 ),
             });
         }
@@ -275,7 +275,7 @@ impl SledLog {
             let name = hex::encode(&key);
             if key.first() == Some(&RUN_PREFIX) {
                 let (session, first) = parse_seq_key(&key);
-                let entry = RunEntry::decode(&value).expect("a run's index entry");
+                let entry = RunEntry::decode(&value, first).expect("a run's index entry");
                 let records = shared.run_records(session, first, &entry)?;
                 found.push((format!("run {name}"), records.concat()));
             }
