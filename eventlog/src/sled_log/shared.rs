@@ -72,7 +72,7 @@ impl Shared {
                 _ => self.stored_head_at(session, seq - 1)?,
             };
             crate::check_link(session, &prev, &record)?;
-            self.keep_pending(session, seq, value.into());
+            self.keep_pending(session, seq, vec![value.into()]);
             last.insert(session, record);
             recovered += 1;
         }
@@ -82,21 +82,17 @@ impl Shared {
         Ok(recovered)
     }
 
-    /// Keeps `bytes` as `session`'s pending record at `seq`, after its
-    /// pending records before `seq` (those at or after it go).
-    pub(super) fn keep_pending(&self, session: Uuid, seq: u64, bytes: sled::IVec) {
+    /// Keeps `records` as `session`'s pending records from seq `first` on,
+    /// after its pending records before `first` (those at or after it go;
+    /// all go if `first` does not follow them).
+    pub(super) fn keep_pending(&self, session: Uuid, first: u64, records: Vec<sled::IVec>) {
         let mut pending = self.pending.lock().expect("pending lock poisoned");
-        let run = pending.entry(session).or_insert_with(|| Pending {
-            first: seq,
-            records: Vec::new(),
-        });
-        if !(run.first..=run.end()).contains(&seq) {
-            *run = Pending {
-                first: seq,
-                records: Vec::new(),
-            };
+        match pending.get_mut(&session) {
+            Some(run) if (run.first..=run.end()).contains(&first) => run.put(first, records),
+            _ => {
+                pending.insert(session, Pending { first, records });
+            }
         }
-        run.put(seq, bytes);
     }
 
     /// Record `seq` of `session` as a chain head, found where it is stored

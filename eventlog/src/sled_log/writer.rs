@@ -384,9 +384,10 @@ impl Writer {
         // The session's head goes into sled at the next checkpoint; until
         // then it is served from the cache, and recovery repairs it from
         // the records the write-ahead file holds.
-        for ((_, bytes), record) in frames.into_iter().zip(records) {
+        if let Some(first) = records.first() {
+            let sealed = frames.into_iter().map(|(_, bytes)| bytes.into()).collect();
             self.shared
-                .keep_pending(session, record.envelope.seq, bytes.into());
+                .keep_pending(session, first.envelope.seq, sealed);
         }
         self.stale_heads.insert(session);
         self.appended += appended.bytes;
