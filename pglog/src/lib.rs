@@ -7,9 +7,8 @@
 //! - an append is one transaction (`mneme_append`), durable once it
 //!   commits (connections set `synchronous_commit=on`); a deferred append
 //!   (a model reply, which the `ToolStarted` after it makes durable) is
-//!   committed without waiting for the server's flush, which the next
-//!   durable commit includes (the server's log is one sequence), or a
-//!   barrier waits for: a step costs two flushes, not three;
+//!   held in the handle and stored in one transaction with the session's
+//!   next append (see `holding.rs`): a step costs two commits, not three;
 //! - optimistic concurrency on (session, seq): a writer that lost a race
 //!   gets [`LogError::Conflict`], as on sled;
 //! - leases with fencing tokens: while this handle holds a session's lease,
@@ -32,6 +31,7 @@
 //! `follow` the task that listens for others' appends; both end when the
 //! handle is dropped.
 
+mod holding;
 mod schema;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
@@ -75,6 +75,8 @@ pub struct PgLog {
     /// Bases read or written, by session (`None`: it has none); a base
     /// never changes.
     bases: Mutex<HashMap<Uuid, Option<eventlog::Base>>>,
+    /// Deferred appends not yet sent, by session.
+    holding: holding::Holding,
     /// Committed appends, (session, last seq), to announce to followers.
     appended: tokio::sync::mpsc::UnboundedSender<(Uuid, u64)>,
     /// How many of this handle's deferred appends committed, and how many
@@ -137,6 +139,7 @@ impl PgLog {
             listeners: Arc::default(),
             listening: Once::new(),
             commits: Commits::default(),
+            holding: holding::Holding::default(),
         };
         schema::migrate(&log.pool, &log.store, &target).await?;
         Ok(log)
@@ -165,12 +168,11 @@ impl PgLog {
         session: Uuid,
         head: Head,
         events: &[NewEvent],
-        deferred: bool,
     ) -> Result<Result<Vec<Record>, u64>, LogError> {
         let (records, sealed) = eventlog::seal_after(session, head, events.to_vec(), now_ms())?;
         Ok(
             match self
-                .store_after(session, head, &records, sealed, deferred)
+                .store_after(session, head, &records, sealed, false)
                 .await?
             {
                 Stored::Done => Ok(records),
@@ -189,36 +191,56 @@ impl PgLog {
             .filter(|h| h.seq + 1 == expected_seq)
     }
 
-    /// [`EventLog::append`], or `deferred` ([`EventLog::append_deferred`]).
-    async fn append_as(
+    /// [`EventLog::append`], now: from the head this handle last wrote,
+    /// which saves a round trip (the store checks it, and a stale one
+    /// costs one retry from the store's head).
+    async fn append_now(
         &self,
         session: Uuid,
         expected_seq: u64,
         events: Vec<NewEvent>,
-        deferred: bool,
     ) -> Result<Vec<Record>, LogError> {
-        // The head this handle last wrote saves a round trip; the store
-        // checks it, and a stale one costs one retry from the real head.
         if let Some(head) = self.cached_head(session, expected_seq) {
-            if let Ok(records) = self.append_after(session, head, &events, deferred).await? {
+            if let Ok(records) = self.append_after(session, head, &events).await? {
                 return Ok(records);
             }
             self.forget_head(session);
         }
-        let head = self.head(session).await?;
+        let head = self.head_before(session, expected_seq).await?;
         let conflict = |actual| LogError::Conflict {
             session,
             expected: expected_seq,
             actual,
         };
-        if expected_seq != head.seq + 1 {
-            // A writer that was taken over hears that, not a stale seq.
-            self.check_fence(session).await?;
-            return Err(conflict(head.seq + 1));
-        }
-        self.append_after(session, head, &events, deferred)
+        self.append_after(session, head, &events)
             .await?
             .map_err(conflict)
+    }
+
+    /// The head a record at `expected_seq` follows: the one this handle
+    /// last saw, or the store's; [`LogError::Conflict`] if the store's is
+    /// elsewhere (or [`LogError::Fenced`], for a writer taken over).
+    async fn head_before(&self, session: Uuid, expected_seq: u64) -> Result<Head, LogError> {
+        if let Some(head) = self.cached_head(session, expected_seq) {
+            return Ok(head);
+        }
+        let head = self.head_now(session).await?;
+        if expected_seq != head.seq + 1 {
+            self.check_fence(session).await?;
+            return Err(LogError::Conflict {
+                session,
+                expected: expected_seq,
+                actual: head.seq + 1,
+            });
+        }
+        Ok(head)
+    }
+
+    /// The session's head in the store (what it holds here not counted).
+    async fn head_now(&self, session: Uuid) -> Result<Head, LogError> {
+        let head = self.db().head(session).await?;
+        self.remember_head(session, head);
+        Ok(head)
     }
 
     fn remember_head(&self, session: Uuid, head: Head) {
@@ -640,8 +662,8 @@ impl EventLog for PgLog {
     ) -> Result<Vec<Record>, LogError> {
         self.append_as(session, expected_seq, events, false).await
     }
-    /// Committed without waiting for the server's flush, which the next
-    /// durable append (of any session) or barrier waits for.
+    /// Held in this handle and stored with the session's next append, in
+    /// one transaction (or by a read of the session, or a barrier).
     async fn append_deferred(
         &self,
         session: Uuid,
@@ -656,6 +678,7 @@ impl EventLog for PgLog {
         from: u64,
         to: u64,
     ) -> Result<(Vec<Record>, Vec<Vec<u8>>), LogError> {
+        self.settle(session, false).await?;
         let from = from.max(1);
         let (lo, hi) = (from as i64, to.min(i64::MAX as u64) as i64);
         let rows = self
@@ -686,6 +709,7 @@ impl EventLog for PgLog {
         to: u64,
         max_bytes: usize,
     ) -> Result<Vec<Record>, LogError> {
+        self.settle(session, false).await?;
         let budget =
             (max_bytes != usize::MAX).then(|| i64::try_from(max_bytes).unwrap_or(i64::MAX));
         self.read_range(session, from, to, budget).await
@@ -745,12 +769,11 @@ impl EventLog for PgLog {
         }
     }
     async fn head(&self, session: Uuid) -> Result<Head, LogError> {
-        let db = self.db();
-        let head = db.head(session).await?;
-        self.remember_head(session, head);
-        Ok(head)
+        self.settle(session, false).await?;
+        self.head_now(session).await
     }
     async fn sessions(&self) -> Result<Vec<SessionMeta>, LogError> {
+        self.settle_all(false).await?;
         let db = self.db();
         let rows = db
             .query(
@@ -762,6 +785,7 @@ impl EventLog for PgLog {
         Ok(rows.iter().map(meta_of).collect())
     }
     async fn meta(&self, session: Uuid) -> Result<Option<SessionMeta>, LogError> {
+        self.settle(session, false).await?;
         let db = self.db();
         let rows = db
             .query(
@@ -772,12 +796,14 @@ impl EventLog for PgLog {
             .await?;
         Ok(rows.first().map(meta_of))
     }
-    /// Every append but a deferred one is durable once it committed; a
-    /// barrier (but [`Durability::Buffered`]'s) waits for the server's
+    /// Stores what this handle holds (committed with the server's flush,
+    /// but for [`Durability::Buffered`]). Every append but a deferred one
+    /// is durable once it committed; a barrier waits for the server's
     /// flush only if a deferred append came after the last durable one.
     /// Barriers that meet share one flush: the first waits, the others
     /// find their appends flushed by it.
     async fn barrier(&self, durability: Durability) -> Result<(), LogError> {
+        self.settle_all(durability != Durability::Buffered).await?;
         if durability == Durability::Buffered {
             return Ok(());
         }
@@ -925,6 +951,7 @@ impl Leases for PgLog {
         }
     }
     async fn release_lease(&self, lease: &Lease) -> Result<(), LogError> {
+        self.settle(lease.session, false).await?;
         {
             let mut held = self.held.lock().expect("lease lock poisoned");
             if held.get(&lease.session) == Some(&lease.token) {

@@ -250,14 +250,60 @@ async fn connections_commit_synchronously_whatever_the_server_default() {
     assert_eq!((commit.as_str(), timeout.as_str()), ("on", "1min"));
 }
 
-/// A deferred append commits without waiting for the server's flush;
-/// a barrier after it returns only once the server's write-ahead log
-/// is on disk past it, as does a durable append after it; and the
-/// deferred append's setting stays its own.
+/// `(seq, xmin)` of each of `session`'s records: the transaction that
+/// stored it.
+async fn transactions(log: &PgLog, session: Uuid) -> Vec<(i64, String)> {
+    let rows = (log.db())
+        .query(
+            "read transactions",
+            "SELECT seq, xmin::text FROM mneme_events WHERE session = $1 ORDER BY seq",
+            &[&session],
+        )
+        .await
+        .unwrap();
+    rows.iter().map(|r| (r.get(0), r.get(1))).collect()
+}
+
+fn event(seq: u64) -> Vec<NewEvent> {
+    vec![eventlog::conformance::event(seq as u8)]
+}
+
+/// A deferred append (a model reply) is held in the handle: no other
+/// process sees it, and the session's next append (its `ToolStarted`)
+/// stores both in one transaction.
 #[tokio::test]
-async fn a_deferred_append_is_flushed_by_the_next_barrier_or_durable_append() {
+async fn a_deferred_append_is_stored_in_one_transaction_with_the_next() {
     let url = Postgres.create().await;
-    let log = PgLog::connect(&url).await.unwrap();
+    let (log, other) = (
+        PgLog::connect(&url).await.unwrap(),
+        PgLog::connect(&url).await.unwrap(),
+    );
+    let session = Uuid::now_v7();
+    log.append(session, 1, event(1)).await.unwrap();
+    let reply = log.append_deferred(session, 2, event(2)).await.unwrap();
+    assert_eq!(other.head(session).await.unwrap().seq, 1);
+    let started = log.append(session, 3, event(3)).await.unwrap();
+    assert_eq!(reply[0].hash, started[0].envelope.prev_hash);
+    assert_eq!(other.head(session).await.unwrap().seq, 3);
+    let stored = transactions(&log, session).await;
+    assert_eq!(stored.len(), 3);
+    assert_eq!(stored[1].1, stored[2].1, "{stored:?}");
+    assert_ne!(stored[0].1, stored[1].1, "{stored:?}");
+    assert_eq!(other.verify(session).await.unwrap(), 3);
+}
+
+/// What a handle holds, it reads back itself (storing it without waiting
+/// for the server's flush, so other processes see it too), and a barrier
+/// after that returns once the server's write-ahead log is on disk past
+/// it; a barrier stores what is held, a buffered one too; and the
+/// connections' own setting stays synchronous.
+#[tokio::test]
+async fn held_records_are_stored_by_a_read_or_a_barrier() {
+    let url = Postgres.create().await;
+    let (log, other) = (
+        PgLog::connect(&url).await.unwrap(),
+        PgLog::connect(&url).await.unwrap(),
+    );
     let db = log.db();
     let lsn = |sql: &'static str| {
         let db = &db;
@@ -269,27 +315,28 @@ async fn a_deferred_append_is_flushed_by_the_next_barrier_or_durable_append() {
     const INSERTED: &str = "SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint";
     const FLUSHED: &str = "SELECT (pg_current_wal_flush_lsn() - '0/0')::bigint";
     let session = Uuid::now_v7();
-    let event = |seq: u64| vec![eventlog::conformance::event(seq as u8)];
     for seq in (1..=60).step_by(3) {
         log.append_deferred(session, seq, event(seq)).await.unwrap();
-        let deferred = lsn(INSERTED).await;
+        let read = log.read(session, seq, seq).await.unwrap();
+        assert_eq!(read.len(), 1, "seq {seq}: read back by its handle");
+        assert_eq!(other.head(session).await.unwrap().seq, seq);
+        let stored = lsn(INSERTED).await;
         log.barrier(Durability::Synced).await.unwrap();
         let flushed = lsn(FLUSHED).await;
         assert!(
-            flushed >= deferred,
-            "seq {seq}: flushed to {flushed}, appended to {deferred}"
+            flushed >= stored,
+            "seq {seq}: flushed to {flushed}, stored to {stored}"
         );
         log.append_deferred(session, seq + 1, event(seq + 1))
             .await
             .unwrap();
-        let deferred = lsn(INSERTED).await;
-        log.append(session, seq + 2, event(seq + 2)).await.unwrap();
-        let flushed = lsn(FLUSHED).await;
-        assert!(
-            flushed >= deferred,
-            "seq {}: flushed to {flushed}, appended to {deferred}",
-            seq + 1
-        );
+        log.barrier(Durability::Synced).await.unwrap();
+        assert_eq!(other.head(session).await.unwrap().seq, seq + 1);
+        log.append_deferred(session, seq + 2, event(seq + 2))
+            .await
+            .unwrap();
+        log.barrier(Durability::Buffered).await.unwrap();
+        assert_eq!(other.head(session).await.unwrap().seq, seq + 2);
     }
     assert_eq!(log.head(session).await.unwrap().seq, 60);
     let setting = db
@@ -301,6 +348,75 @@ async fn a_deferred_append_is_flushed_by_the_next_barrier_or_durable_append() {
         .await
         .unwrap();
     assert_eq!(setting[0].get::<_, String>(0), "on");
+}
+
+/// A handle dropped while it holds a deferred append loses that append
+/// and nothing before it, as a crash would; and when another writer took
+/// the seq meanwhile, the next append is refused as a conflict and the
+/// held records are not stored.
+#[tokio::test]
+async fn held_records_are_lost_with_their_handle_or_refused_after_another_write() {
+    let url = Postgres.create().await;
+    let other = PgLog::connect(&url).await.unwrap();
+    let session = Uuid::now_v7();
+    {
+        let log = PgLog::connect(&url).await.unwrap();
+        log.append(session, 1, event(1)).await.unwrap();
+        log.append_deferred(session, 2, event(2)).await.unwrap();
+    }
+    assert_eq!(other.head(session).await.unwrap().seq, 1);
+    let log = PgLog::connect(&url).await.unwrap();
+    log.append_deferred(session, 2, event(2)).await.unwrap();
+    let theirs = other.append(session, 2, event(20)).await.unwrap();
+    let refused = log.append(session, 3, event(3)).await.unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            LogError::Conflict {
+                expected: 2,
+                actual: 3,
+                ..
+            }
+        ),
+        "{refused}"
+    );
+    let stored = log.read(session, 1, u64::MAX).await.unwrap();
+    assert_eq!(stored.len(), 2);
+    assert_eq!(stored[1].hash, theirs[0].hash);
+}
+
+/// Readers of a session that holds records (a web view following a turn)
+/// store them as they read, behind the same lock as the session's next
+/// append: the appender never sees a conflict of its own making.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_while_a_session_holds_records_never_break_its_appends() {
+    let url = Postgres.create().await;
+    let log = Arc::new(PgLog::connect(&url).await.unwrap());
+    let session = Uuid::now_v7();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let (log, done) = (log.clone(), done.clone());
+            tokio::spawn(async move {
+                let mut reads = 0;
+                while !done.load(Ordering::Relaxed) {
+                    let head = log.head(session).await.unwrap();
+                    log.read(session, 1, head.seq).await.unwrap();
+                    reads += 1;
+                }
+                reads
+            })
+        })
+        .collect();
+    for seq in (1..=200).step_by(2) {
+        log.append_deferred(session, seq, event(seq)).await.unwrap();
+        log.append(session, seq + 1, event(seq + 1)).await.unwrap();
+    }
+    done.store(true, Ordering::Relaxed);
+    for reader in readers {
+        assert!(reader.await.unwrap() > 0);
+    }
+    assert_eq!(log.verify(session).await.unwrap(), 200);
 }
 
 #[tokio::test]
