@@ -22,12 +22,15 @@
 //! it on the caller's task, checks and seals its records, writes them to the
 //! write-ahead file (one `write(2)` into the page cache) and keeps them in
 //! memory until the next checkpoint (pending), tens of microseconds, with
-//! no thread to wake and none to wake it back. A dedicated sync thread does what may wait on the device:
-//! every `fdatasync` and checkpoint, so no tokio worker ever waits on one.
-//! Group commit is its channel: it takes every synced barrier waiting in it,
-//! notes how far the file is written, and one `fdatasync` answers them all
-//! (each was enqueued after the appends it covers). Appends go on while it
-//! syncs; barriers that come meanwhile form the next batch.
+//! no thread to wake and none to wake it back. A dedicated sync thread does
+//! what may wait on the device: checkpoints, and the `fdatasync`s of synced
+//! barriers. Group commit is its channel: it takes every synced barrier
+//! waiting in it, notes how far the file is written, and one `fdatasync`
+//! answers them all (each was enqueued after the appends it covers).
+//! Appends go on while it syncs; barriers that come meanwhile form the
+//! next batch. A lone barrier, one session at work with no other barrier
+//! in flight, runs its `fdatasync` on the caller's worker instead, and
+//! saves the two thread wake-ups of the handoff ([`lone`]).
 //!
 //! Reads: point lookups (a head not cached, derived data) stay inline, as
 //! sled serves them from its page cache in microseconds; range scans and the
@@ -51,6 +54,7 @@ use tokio::sync::oneshot;
 use uuid::Uuid;
 
 mod encoding;
+mod lone;
 mod open;
 mod recovery;
 mod segments;
@@ -109,6 +113,10 @@ pub struct SledLog {
     syncer: Option<std::thread::JoinHandle<()>>,
     /// The directory, as [`held_here`] knows it while this handle is open.
     held: PathBuf,
+    /// Synced barriers in flight ([`lone`]).
+    barriers: lone::Barriers,
+    /// The write-ahead file's descriptor, for a lone barrier's `fdatasync`.
+    wal_sync: File,
 }
 
 /// The data directories this process holds open, canonical.
@@ -228,7 +236,7 @@ impl SledLog {
         let syncer = Syncer {
             writer: writer.clone(),
             shared: shared.clone(),
-            wal_sync,
+            wal_sync: wal_sync.try_clone().map_err(io(&wal_path))?,
         };
         let (requests, queue) = mpsc::channel();
         let syncer = std::thread::Builder::new()
@@ -243,6 +251,8 @@ impl SledLog {
             requests: Some(requests),
             syncer: Some(syncer),
             held,
+            barriers: lone::Barriers::default(),
+            wal_sync,
         })
     }
 
@@ -270,6 +280,14 @@ impl SledLog {
     }
 
     /// Hands `request` to the writer.
+    /// A synced barrier answered by the sync thread, with every other
+    /// waiting in its queue.
+    async fn sync_by_thread(&self) -> Result<(), LogError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Request::Sync(reply))?;
+        answer.await.map_err(|_| self.shared.writer_stopped())?
+    }
+
     fn send(&self, request: Request) -> Result<(), LogError> {
         self.requests
             .as_ref()
@@ -423,18 +441,23 @@ impl EventLog for SledLog {
     /// storage (made so by an `fdatasync` of the write-ahead file that
     /// started after that append's write, or by a checkpoint). Every synced
     /// barrier waiting in the queue shares one `fdatasync`, and a barrier
-    /// with nothing new to cover costs none. If the `fdatasync` that would
-    /// cover a caller fails, the caller gets its error.
+    /// with nothing new to cover costs none; a lone barrier (one session at
+    /// work, [`lone`]) runs its `fdatasync` itself. If the `fdatasync` that
+    /// would cover a caller fails, the caller gets its error.
     async fn barrier(&self, durability: Durability) -> Result<(), LogError> {
         if durability < Durability::Synced {
             return Ok(());
         }
-        if self.writer.lock().await.all_durable() {
-            return Ok(());
-        }
-        let (reply, answer) = oneshot::channel();
-        self.send(Request::Sync(reply))?;
-        answer.await.map_err(|_| self.shared.writer_stopped())?
+        let barrier = self.barriers.enter();
+        let target = self.writer.lock().await.sync_target();
+        let upto = match target {
+            SyncTarget::Durable => return Ok(()),
+            SyncTarget::Upto(upto) if barrier.lone => upto,
+            _ => return self.sync_by_thread().await,
+        };
+        let result = self.shared.sync_wal(&self.wal_sync);
+        self.writer.lock().await.synced(upto, &result);
+        result
     }
 
     fn leases(&self) -> &dyn Leases {

@@ -537,6 +537,41 @@ async fn a_failed_sync_fails_its_waiters_and_a_checkpoint_covers_its_range() {
     assert_eq!(log.verify(s).await.unwrap(), 2);
 }
 
+/// One session's barriers, one after another on a multi-thread runtime,
+/// run their `fdatasync`s on their own threads once a streak of them met no
+/// other; a failed one there is covered by a checkpoint as on the sync
+/// thread, and what they made durable survives a reopen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_barrier_syncs_on_its_own_thread_and_a_failed_one_is_covered() {
+    let is_eio = |r: Result<(), LogError>| matches!(r, Err(LogError::Io { source, .. }) if source.raw_os_error() == Some(libc::EIO));
+    let dir = tempfile::tempdir().unwrap();
+    let log = reopen(dir.path());
+    let s = Uuid::now_v7();
+    let streak = u64::from(super::lone::LONE_STREAK);
+    for seq in 1..=streak + 2 {
+        log.append(s, seq, vec![event(seq as u8)]).await.unwrap();
+        log.barrier(Durability::Synced).await.unwrap();
+    }
+    assert_eq!(log.syncs(), streak + 2, "one fdatasync a barrier");
+    assert_eq!(log.barriers.lone.load(Ordering::Relaxed), 2);
+    log.append(s, streak + 3, vec![event(0)]).await.unwrap();
+    log.shared.fail_syncs.store(1, Ordering::Relaxed);
+    assert!(is_eio(log.barrier(Durability::Synced).await));
+    assert_eq!(log.barriers.lone.load(Ordering::Relaxed), 3);
+    log.barrier(Durability::Synced).await.unwrap();
+    assert_eq!(log.syncs(), streak + 3, "covered by a checkpoint");
+    assert_eq!(
+        std::fs::metadata(dir.path().join(WAL_FILE)).unwrap().len(),
+        crate::wal::FILE_HEADER as u64,
+        "checkpointed: the header alone"
+    );
+    log.append(s, streak + 4, vec![event(1)]).await.unwrap();
+    log.barrier(Durability::Synced).await.unwrap();
+    assert_eq!(log.syncs(), streak + 4, "syncing again once covered");
+    drop(log);
+    assert_eq!(reopen(dir.path()).verify(s).await.unwrap(), streak + 4);
+}
+
 /// Copies the files under `from` into `to` (a closed data directory).
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();

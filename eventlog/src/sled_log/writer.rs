@@ -105,33 +105,45 @@ impl Syncer {
     /// failed sync's range is not covered yet; nothing if nothing was
     /// appended since.
     pub(super) fn sync(&self) -> Result<(), LogError> {
-        let target = {
+        let upto = {
             let mut writer = self.writer.blocking_lock();
-            if writer.all_durable() {
-                return Ok(());
+            match writer.sync_target() {
+                SyncTarget::Durable => return Ok(()),
+                SyncTarget::Suspect => return writer.checkpoint(),
+                SyncTarget::Upto(upto) => upto,
             }
-            if writer.suspect {
-                return writer.checkpoint();
-            }
-            writer.appended
         };
-        self.shared.syncs.fetch_add(1, Ordering::Relaxed);
-        let result = self.sync_data().map_err(|source| LogError::Io {
-            path: self.shared.dir.join(WAL_FILE).display().to_string(),
-            source: std::sync::Arc::new(source),
-        });
-        let mut writer = self.writer.blocking_lock();
-        match &result {
-            Ok(()) => writer.durable = writer.durable.max(target),
-            Err(_) => writer.suspect = true,
-        }
+        let result = self.shared.sync_wal(&self.wal_sync);
+        self.writer.blocking_lock().synced(upto, &result);
         result
     }
+}
 
-    pub(super) fn sync_data(&self) -> std::io::Result<()> {
+/// What a sync of the write-ahead file has to do.
+pub(super) enum SyncTarget {
+    /// Nothing: everything appended is durable.
+    Durable,
+    /// A failed sync's range is not covered yet: only a checkpoint makes
+    /// it durable.
+    Suspect,
+    /// An `fdatasync` makes everything appended up to here durable.
+    Upto(u64),
+}
+
+impl Shared {
+    /// One `fdatasync` of the write-ahead file through `file`, counted.
+    pub(super) fn sync_wal(&self, file: &File) -> Result<(), LogError> {
+        self.syncs.fetch_add(1, Ordering::Relaxed);
         #[cfg(test)]
-        injected_eio(&self.shared.fail_syncs)?;
-        self.wal_sync.sync_data()
+        let injected = injected_eio(&self.fail_syncs);
+        #[cfg(not(test))]
+        let injected = Ok(());
+        injected
+            .and_then(|()| file.sync_data())
+            .map_err(|source| LogError::Io {
+                path: self.dir.join(WAL_FILE).display().to_string(),
+                source: std::sync::Arc::new(source),
+            })
     }
 }
 
@@ -428,6 +440,26 @@ impl Writer {
     /// Whether everything appended is durable already.
     pub(super) fn all_durable(&self) -> bool {
         self.durable >= self.appended
+    }
+
+    /// What a sync has to do now.
+    pub(super) fn sync_target(&self) -> SyncTarget {
+        if self.all_durable() {
+            SyncTarget::Durable
+        } else if self.suspect {
+            SyncTarget::Suspect
+        } else {
+            SyncTarget::Upto(self.appended)
+        }
+    }
+
+    /// Notes how a sync that set out to reach `upto` ended: after a failed
+    /// one, only a checkpoint proves the range durable.
+    pub(super) fn synced(&mut self, upto: u64, result: &Result<(), LogError>) {
+        match result {
+            Ok(()) => self.durable = self.durable.max(upto),
+            Err(_) => self.suspect = true,
+        }
     }
 
     /// Whether the write-ahead file is due to be emptied and no checkpoint
