@@ -299,9 +299,11 @@ pub enum LogError {
 ///
 /// The trait is async: a call that must wait for a disk or a server
 /// returns a future instead of blocking the caller's thread. A store does
-/// its blocking work on threads of its own (sled's writer, tokio's
-/// blocking pool) or natively async (PostgreSQL), never on the caller's
-/// runtime workers, and never runs a runtime of its own.
+/// its blocking work on threads of its own (sled's sync thread, tokio's
+/// blocking pool) or natively async (PostgreSQL), not on the caller's
+/// runtime workers (but for sled's lone barrier: one session at work, on
+/// a multi-thread runtime, syncs on its own worker), and never runs a
+/// runtime of its own.
 #[async_trait::async_trait]
 pub trait EventLog: Send + Sync {
     /// Appends `events` atomically to `session` at seqs `expected_seq..`:
