@@ -521,7 +521,18 @@ pub trait EventLog: Send + Sync {
     ///
     /// An append or import is all or nothing; one whose future is dropped
     /// before it returns may have happened or not (the head says which).
+    /// A deferred append the store could not keep (its writer was fenced
+    /// meanwhile) is that session's error, told to its next append or
+    /// [`EventLog::barrier_of`], not to this barrier.
     async fn barrier(&self, durability: Durability) -> Result<(), LogError>;
+
+    /// [`EventLog::barrier`] for a caller that appended to `session`:
+    /// whatever kept that session's appends from being stored is its
+    /// error. By default, `barrier`.
+    async fn barrier_of(&self, session: Uuid, durability: Durability) -> Result<(), LogError> {
+        let _ = session;
+        self.barrier(durability).await
+    }
 
     /// Appends records sealed elsewhere (an export), byte for byte, after
     /// `session`'s head: each must open (hash, format) under its seq and

@@ -12,7 +12,11 @@
 //! durable.
 //!
 //! Every store of a holding session's records takes the session's slot
-//! lock, so a read's store and the runner's next append never race.
+//! lock, so a read's store and the runner's next append never race. When
+//! records are stored for someone else (a read, another session's
+//! barrier) and refused (the session's writer was fenced meanwhile), the
+//! refusal is kept for the session: its next append or `barrier_of` is
+//! told, and the other caller goes on.
 
 use crate::{now_ms, PgLog, Stored};
 use eventlog::{Head, LogError, NewEvent, Record};
@@ -39,10 +43,21 @@ impl Held {
     }
 }
 
-type Slot = Arc<tokio::sync::Mutex<Option<Held>>>;
+/// What a session has that its writer has not heard the end of.
+#[derive(Default)]
+pub(crate) enum Pending {
+    #[default]
+    Nothing,
+    /// Records not sent yet.
+    Held(Held),
+    /// Why held records stored for someone else were not kept.
+    Refused(LogError),
+}
+
+type Slot = Arc<tokio::sync::Mutex<Pending>>;
 
 /// Each holding session's slot: what it holds, behind the lock its stores
-/// take. A session holding nothing has no slot.
+/// take. A session with nothing pending has no slot.
 #[derive(Default)]
 pub(crate) struct Holding {
     slots: Mutex<HashMap<Uuid, Slot>>,
@@ -65,7 +80,7 @@ impl Holding {
 
     /// `session`'s slot, locked: the one in the map once the lock is had
     /// (a slot removed meanwhile is not used).
-    async fn lock(&self, session: Uuid) -> OwnedMutexGuard<Option<Held>> {
+    async fn lock(&self, session: Uuid) -> OwnedMutexGuard<Pending> {
         loop {
             let slot = self.slots().entry(session).or_default().clone();
             let guard = slot.clone().lock_owned().await;
@@ -79,9 +94,9 @@ impl Holding {
         }
     }
 
-    /// Unlocks `guard`, removing the slot if it holds nothing.
-    fn unlock(&self, session: Uuid, guard: OwnedMutexGuard<Option<Held>>) {
-        if guard.is_none() {
+    /// Unlocks `guard`, removing the slot if nothing is pending.
+    fn unlock(&self, session: Uuid, guard: OwnedMutexGuard<Pending>) {
+        if matches!(*guard, Pending::Nothing) {
             self.slots().remove(&session);
         }
     }
@@ -111,21 +126,22 @@ impl PgLog {
 
     async fn append_holding(
         &self,
-        slot: &mut Option<Held>,
+        slot: &mut Pending,
         session: Uuid,
         expected_seq: u64,
         events: Vec<NewEvent>,
         deferred: bool,
     ) -> Result<Vec<Record>, LogError> {
-        let held = match slot.take() {
-            Some(held) if held.head().seq + 1 == expected_seq => Some(held),
+        let held = match std::mem::take(slot) {
+            Pending::Refused(error) => return Err(error),
+            Pending::Held(held) if held.head().seq + 1 == expected_seq => Some(held),
             // Not where the held records end: they go first, and the
             // store's head decides.
-            Some(held) => {
+            Pending::Held(held) => {
                 self.store_held(session, held, true).await?;
                 None
             }
-            None => None,
+            Pending::Nothing => None,
         };
         let after = match &held {
             Some(held) => held.head(),
@@ -141,7 +157,7 @@ impl PgLog {
         held.records.extend(records.iter().cloned());
         held.sealed.extend(sealed);
         if deferred {
-            *slot = Some(held);
+            *slot = Pending::Held(held);
         } else {
             self.store_held(session, held, false).await?;
         }
@@ -164,24 +180,50 @@ impl PgLog {
     }
 
     /// Stores what `session` holds, if anything (`durable`: committed with
-    /// the server's flush).
-    pub(crate) async fn settle(&self, session: Uuid, durable: bool) -> Result<(), LogError> {
+    /// the server's flush). For the session's writer (`own`), a refusal
+    /// kept from earlier is the error; for anyone else, a refusal now is
+    /// kept for the writer, and only a failure to reach the store is the
+    /// caller's too.
+    pub(crate) async fn settle(
+        &self,
+        session: Uuid,
+        durable: bool,
+        own: bool,
+    ) -> Result<(), LogError> {
         if !self.holding.has(session) {
             return Ok(());
         }
         let mut slot = self.holding.lock(session).await;
-        let stored = match slot.take() {
-            Some(held) => self.store_held(session, held, !durable).await,
-            None => Ok(()),
+        let stored = match std::mem::take(&mut *slot) {
+            Pending::Held(held) => self.store_held(session, held, !durable).await,
+            Pending::Refused(error) if !own => {
+                *slot = Pending::Refused(error);
+                Ok(())
+            }
+            Pending::Refused(error) => Err(error),
+            Pending::Nothing => Ok(()),
+        };
+        let told = match stored {
+            Err(error) if !own => {
+                let theirs = !matches!(error, LogError::Backend { .. });
+                *slot = Pending::Refused(error.clone());
+                if theirs {
+                    Ok(())
+                } else {
+                    Err(error)
+                }
+            }
+            stored => stored,
         };
         self.holding.unlock(session, slot);
-        stored
+        told
     }
 
-    /// Stores what every session holds.
+    /// Stores what every session holds, for someone else than their
+    /// writers (see [`PgLog::settle`]).
     pub(crate) async fn settle_all(&self, durable: bool) -> Result<(), LogError> {
         for session in self.holding.sessions() {
-            self.settle(session, durable).await?;
+            self.settle(session, durable, false).await?;
         }
         Ok(())
     }

@@ -678,7 +678,7 @@ impl EventLog for PgLog {
         from: u64,
         to: u64,
     ) -> Result<(Vec<Record>, Vec<Vec<u8>>), LogError> {
-        self.settle(session, false).await?;
+        self.settle(session, false, false).await?;
         let from = from.max(1);
         let (lo, hi) = (from as i64, to.min(i64::MAX as u64) as i64);
         let rows = self
@@ -709,7 +709,7 @@ impl EventLog for PgLog {
         to: u64,
         max_bytes: usize,
     ) -> Result<Vec<Record>, LogError> {
-        self.settle(session, false).await?;
+        self.settle(session, false, false).await?;
         let budget =
             (max_bytes != usize::MAX).then(|| i64::try_from(max_bytes).unwrap_or(i64::MAX));
         self.read_range(session, from, to, budget).await
@@ -769,7 +769,7 @@ impl EventLog for PgLog {
         }
     }
     async fn head(&self, session: Uuid) -> Result<Head, LogError> {
-        self.settle(session, false).await?;
+        self.settle(session, false, false).await?;
         self.head_now(session).await
     }
     async fn sessions(&self) -> Result<Vec<SessionMeta>, LogError> {
@@ -785,7 +785,7 @@ impl EventLog for PgLog {
         Ok(rows.iter().map(meta_of).collect())
     }
     async fn meta(&self, session: Uuid) -> Result<Option<SessionMeta>, LogError> {
-        self.settle(session, false).await?;
+        self.settle(session, false, false).await?;
         let db = self.db();
         let rows = db
             .query(
@@ -819,6 +819,12 @@ impl EventLog for PgLog {
         self.db().flush().await?;
         self.commits.flushed.fetch_max(upto, Ordering::AcqRel);
         Ok(())
+    }
+    /// Stores what `session` holds first, its refusal the caller's error.
+    async fn barrier_of(&self, session: Uuid, durability: Durability) -> Result<(), LogError> {
+        self.settle(session, durability != Durability::Buffered, true)
+            .await?;
+        self.barrier(durability).await
     }
     async fn import_own(
         &self,
@@ -950,8 +956,10 @@ impl Leases for PgLog {
             }
         }
     }
+    /// Stores what the session holds first; released whether or not
+    /// that was kept (the error, if it was not, is the caller's).
     async fn release_lease(&self, lease: &Lease) -> Result<(), LogError> {
-        self.settle(lease.session, false).await?;
+        let stored = self.settle(lease.session, false, true).await;
         {
             let mut held = self.held.lock().expect("lease lock poisoned");
             if held.get(&lease.session) == Some(&lease.token) {
@@ -965,8 +973,8 @@ impl Leases for PgLog {
             "UPDATE mneme_leases SET released = true WHERE session = $1 AND token = $2",
             &[&session, &token],
         )
-        .await
-        .map(drop)
+        .await?;
+        stored
     }
     async fn expired_leases(&self) -> Result<Vec<Lease>, LogError> {
         let db = self.db();

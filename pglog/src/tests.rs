@@ -385,6 +385,41 @@ async fn held_records_are_lost_with_their_handle_or_refused_after_another_write(
     assert_eq!(stored[1].hash, theirs[0].hash);
 }
 
+/// A writer fenced out while it holds a reply: others' listings, reads
+/// and barriers through its handle go on (the reply is not kept), and the
+/// writer hears it at its next append, or at its own `barrier_of`.
+#[tokio::test]
+async fn a_refused_held_reply_is_its_writers_error_not_the_readers() {
+    let url = Postgres.create().await;
+    let (log, other) = (
+        PgLog::connect(&url).await.unwrap(),
+        PgLog::connect(&url).await.unwrap(),
+    );
+    let fenced = |e: LogError| matches!(e, LogError::Fenced { .. });
+    for by_barrier in [false, true] {
+        let s = Uuid::now_v7();
+        let ttl = Duration::from_secs(60);
+        let lease = log.leases().acquire_lease(s, "old", ttl).await.unwrap();
+        log.append(s, 1, event(1)).await.unwrap();
+        log.append_deferred(s, 2, event(2)).await.unwrap();
+        other
+            .leases()
+            .take_over_lease(&lease, "new", ttl)
+            .await
+            .unwrap();
+        let listed = log.sessions().await.unwrap();
+        assert_eq!(listed.iter().find(|m| m.session == s).unwrap().events, 1);
+        log.barrier(Durability::Synced).await.unwrap();
+        assert_eq!(log.read(s, 1, u64::MAX).await.unwrap().len(), 1);
+        let told = match by_barrier {
+            true => log.barrier_of(s, Durability::Synced).await.unwrap_err(),
+            false => log.append(s, 2, event(3)).await.unwrap_err(),
+        };
+        assert!(fenced(told.clone()), "{told}");
+        assert_eq!(other.head(s).await.unwrap().seq, 1);
+    }
+}
+
 /// Readers of a session that holds records (a web view following a turn)
 /// store them as they read, behind the same lock as the session's next
 /// append: the appender never sees a conflict of its own making.

@@ -798,6 +798,9 @@ impl EventLog for SealedLog {
     async fn barrier(&self, durability: Durability) -> Result<(), LogError> {
         self.inner.barrier(durability).await
     }
+    async fn barrier_of(&self, session: Uuid, durability: Durability) -> Result<(), LogError> {
+        self.inner.barrier_of(session, durability).await
+    }
     async fn import_own(
         &self,
         session: Uuid,

@@ -519,7 +519,7 @@ impl Session {
             return Ok(());
         }
         let started = std::time::Instant::now();
-        self.log.barrier(durability).await?;
+        self.log.barrier_of(self.id, durability).await?;
         self.durable_seq = self.state.last_seq;
         if let Some(observer) = &self.observer {
             observer.durable(self.id, self.durable_seq, started.elapsed());
