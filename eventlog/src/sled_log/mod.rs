@@ -279,7 +279,6 @@ impl SledLog {
         &self.shared.dir
     }
 
-    /// Hands `request` to the writer.
     /// A synced barrier answered by the sync thread, with every other
     /// waiting in its queue.
     async fn sync_by_thread(&self) -> Result<(), LogError> {
@@ -288,6 +287,7 @@ impl SledLog {
         answer.await.map_err(|_| self.shared.writer_stopped())?
     }
 
+    /// Hands `request` to the writer.
     fn send(&self, request: Request) -> Result<(), LogError> {
         self.requests
             .as_ref()
